@@ -1,0 +1,32 @@
+#include "common/atomic_file.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace tpusim {
+
+void write_file_atomically(const std::string& path, std::string_view content) {
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream stream(temporary, std::ios::binary | std::ios::trunc);
+    if (!stream) {
+      throw UserError("cannot write file '" + path + "'");
+    }
+    stream.write(content.data(), static_cast<std::streamsize>(content.size()));
+    stream.flush();
+    if (!stream) {
+      std::remove(temporary.c_str());
+      throw UserError("failed while writing file '" + path + "'");
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    throw UserError("cannot move finished file into place at '" + path + "'");
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,25 @@
+// common/error.h: the one exception type for expected failures caused by the user's input.
+//
+// Bad input (unknown key, wrong type, impossible mesh, unknown slice, malformed YAML/CSV, absurd
+// sizes) throws UserError with a one-line message that names the bad key or value. The CLI catches
+// it, prints "tpusim: <message>" on stderr and exits with kUserErrorExitCode. Programming errors
+// (broken invariants) are not UserErrors: they use assert or std::logic_error.
+//
+// Example:
+//   if (chips <= 0) throw UserError("compile_topology: '" + name + "' has no chips");
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tpusim {
+
+// Exit status of the CLI for any invalid input.
+inline constexpr int kUserErrorExitCode = 2;
+
+class UserError : public std::runtime_error {
+ public:
+  explicit UserError(const std::string& message) : std::runtime_error(message) {}
+};
+
+}  // namespace tpusim

@@ -1,0 +1,38 @@
+#include "common/yaml_text.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace tpusim {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) {
+    throw UserError("cannot read file '" + path + "'");
+  }
+  std::ostringstream buffer;
+  buffer << stream.rdbuf();
+  return buffer.str();
+}
+
+YAML::Node parse_yaml(std::string_view text, std::string_view origin) {
+  try {
+    return YAML::Load(std::string(text));
+  } catch (const YAML::Exception& error) {
+    throw UserError("malformed YAML in " + std::string(origin) + " at line " +
+                    std::to_string(error.mark.line + 1) + ", column " +
+                    std::to_string(error.mark.column + 1) + ": " + error.msg);
+  }
+}
+
+std::string yaml_location(const YAML::Node& node, std::string_view origin) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) {
+    return std::string(origin);
+  }
+  return std::string(origin) + ":" + std::to_string(mark.line + 1);
+}
+
+}  // namespace tpusim

@@ -1,0 +1,90 @@
+// model/config.h: a MaxText-style configuration, loaded and type-checked.
+//
+// Loading order is MaxText's (pyconfig): configs/base.yml -> configs/models/<model_name>.yml ->
+// `key=value` overrides from the command line. base.yml is the schema: every key tpusim understands
+// is there with a comment, and the form of its default fixes its type (4096 int, 12.0 float, true
+// bool, "x" string, [a, b] list). Unknown keys, wrong types and a key set both by the model preset
+// and the command line (without override_model_config=true) are UserErrors naming the key.
+//
+// Example:
+//   Config config = Config::load("", {"model_name=llama3.1-70b", "per_device_batch_size=4"});
+//   config.get_int("base_emb_dim");          // 8192 (from configs/models/llama3.1-70b.yml)
+//   config.get_float("per_device_batch_size"); // 4.0
+//   config.origin("base_emb_dim");            // "configs/models/llama3.1-70b.yml"
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+namespace tpusim {
+
+enum class ConfigType { kInt, kFloat, kBool, kString, kList };
+
+const char* config_type_name(ConfigType type);
+
+class Config {
+ public:
+  // The embedded base.yml's path; pass "" as base_path to use it.
+  static constexpr const char* kEmbeddedBasePath = "configs/base.yml";
+
+  // Loads base.yml (a file, or the embedded copy when `base_path` is empty), the model preset
+  // named by model_name, then the `key=value` overrides, and validates the result.
+  static Config load(const std::string& base_path, const std::vector<std::string>& overrides);
+
+  // As load(), from texts: `base_text` and a resolver for presets (tests).
+  static Config load_from_texts(std::string_view base_text, std::string_view base_origin,
+                                const std::map<std::string, std::string>& presets,
+                                const std::vector<std::string>& overrides);
+
+  bool has(std::string_view key) const;
+  ConfigType type(std::string_view key) const;
+
+  int64_t get_int(std::string_view key) const;
+  double get_float(std::string_view key) const;  // int keys are widened
+  bool get_bool(std::string_view key) const;
+  std::string get_string(std::string_view key) const;
+  std::vector<std::string> get_string_list(std::string_view key) const;
+  YAML::Node get_node(std::string_view key) const;
+
+  // Where the value came from: the base file, the preset file, or "command line".
+  const std::string& origin(std::string_view key) const;
+
+  // Sets `key` from override text as the command line would (type-checked). UserError if bad.
+  void set(std::string_view key, std::string_view value_text, const std::string& origin);
+
+  // Keys in base.yml order.
+  const std::vector<std::string>& keys() const { return order_; }
+
+  nlohmann::json to_json() const;
+
+  // The overrides (key=value) that differ from base.yml + preset, in key order, e.g. for printing
+  // the exact command that reproduces this config.
+  std::vector<std::string> command_line_overrides() const;
+
+ private:
+  struct Entry {
+    ConfigType type = ConfigType::kString;
+    YAML::Node value;
+    std::string origin;
+  };
+
+  const Entry& entry(std::string_view key) const;
+  void apply(std::string_view key, const YAML::Node& value, const std::string& origin);
+
+  std::vector<std::string> order_;
+  std::map<std::string, Entry, std::less<>> entries_;
+};
+
+// Parses "key=value" into its parts; UserError when there is no '=' or the key is empty.
+std::pair<std::string, std::string> split_override(std::string_view text);
+
+// Names of the model presets available (embedded, plus those beside `base_path`).
+std::vector<std::string> available_model_presets(const std::string& base_path);
+
+}  // namespace tpusim

@@ -1,0 +1,239 @@
+#include "model/config_rules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/suggest.h"
+#include "model/config.h"
+
+namespace tpusim {
+namespace {
+
+// Upper bounds that no real model reaches; values above them are typos or unit mistakes.
+constexpr double kMaxDim = 1 << 20;            // base_emb_dim, mlp dims, heads x head_dim
+constexpr double kMaxLayers = 10000;
+constexpr double kMaxVocab = 1 << 24;
+constexpr double kMaxSequence = 1 << 24;       // 16M tokens
+constexpr double kMaxPerDeviceBatch = 1 << 20;
+constexpr double kMaxExperts = 1 << 16;
+
+struct EnumRule {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+struct RangeRule {
+  std::string key;
+  double min;
+  double max;
+  bool min_exclusive;
+};
+
+const std::vector<std::string> kRematValues = {"remat", "device", "offload"};
+
+const std::vector<EnumRule>& enum_rules() {
+  static const std::vector<EnumRule> rules = {
+      {"remat_policy",
+       {"full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
+        "save_dot_except_mlp", "save_dot_except_mlpwi", "save_qkv_proj", "save_out_proj",
+        "qkv_proj_offloaded", "minimal_offloaded", "minimal_with_quantization",
+        "minimal_with_context_and_quantization", "custom", "none"}},
+      {"attention", {"autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"}},
+      {"attention_type", {"global", "local_sliding", "mla", "chunk", "full"}},
+      {"dtype", {"bfloat16", "float32", "float16"}},
+      {"weight_dtype", {"bfloat16", "float32", "float16"}},
+      {"grad_dtype", {"bfloat16", "float32", "float16"}},
+      {"mu_dtype", {"", "bfloat16", "float32"}},
+      {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8", "fp4", "int4"}},
+      {"decoder_block",
+       {"llama2", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "gpt3", "qwen3", "qwen3_moe",
+        "deepseek", "gpt_oss", "simple"}},
+      {"opt_type", {"adamw", "adam_pax", "sgd"}},
+      {"dataset_type", {"synthetic", "text", "jsonl", "tfds", "hf", "grain"}},
+      {"context_parallel_strategy", {"all_gather", "ring", "ulysses", "usp"}},
+      {"sparse_core_collective_offload", {"auto", "on", "off"}},
+      {"functional_dtype", {"float32", "bfloat16_matmul"}},
+      {"hardware", {"tpu", "cpu", "gpu", "gpu_multiprocess"}},
+      {"decoder_layer_input", kRematValues},
+      {"context", kRematValues},
+      {"mlpwi", kRematValues},
+      {"mlpwi_0", kRematValues},
+      {"mlpwi_1", kRematValues},
+      {"mlpwo", kRematValues},
+      {"query_proj", kRematValues},
+      {"key_proj", kRematValues},
+      {"value_proj", kRematValues},
+      {"qkv_proj", kRematValues},
+      {"out_proj", kRematValues},
+      {"kv_proj", kRematValues},
+      {"moe_mlpwi", kRematValues},
+      {"moe_mlpwi_0", kRematValues},
+      {"moe_mlpwi_1", kRematValues},
+      {"moe_mlpwo", kRematValues},
+      {"mla_q", kRematValues},
+      {"mla_kv", kRematValues},
+      {"attention_out", kRematValues},
+  };
+  return rules;
+}
+
+const std::vector<RangeRule>& range_rules() {
+  static const std::vector<RangeRule> rules = {
+      {"global_parameter_scale", 1, 1 << 20, false},
+      {"base_emb_dim", 1, kMaxDim, false},
+      {"base_num_query_heads", 1, kMaxDim, false},
+      {"base_num_kv_heads", 1, kMaxDim, false},
+      {"head_dim", 1, kMaxDim, false},
+      {"base_mlp_dim", 1, kMaxDim, false},
+      {"base_moe_mlp_dim", 1, kMaxDim, false},
+      {"base_num_decoder_layers", 1, kMaxLayers, false},
+      {"vocab_size", 1, kMaxVocab, false},
+      {"max_target_length", 1, kMaxSequence, false},
+      {"per_device_batch_size", 0, kMaxPerDeviceBatch, true},
+      {"gradient_accumulation_steps", 1, 1 << 20, false},
+      {"num_vocab_tiling", 1, 1 << 16, false},
+      {"num_experts", 1, kMaxExperts, false},
+      {"num_experts_per_tok", 1, kMaxExperts, false},
+      {"shared_experts", 0, kMaxExperts, false},
+      {"first_num_dense_layers", 0, kMaxLayers, false},
+      {"sliding_window_size", 0, kMaxSequence, false},
+      {"q_lora_rank", 0, kMaxDim, false},
+      {"kv_lora_rank", 0, kMaxDim, false},
+      {"qk_nope_head_dim", 0, kMaxDim, false},
+      {"qk_rope_head_dim", 0, kMaxDim, false},
+      {"v_head_dim", 0, kMaxDim, false},
+      {"dropout_rate", 0, 1, false},
+      {"adam_b1", 0, 1, false},
+      {"adam_b2", 0, 1, false},
+      {"adam_eps", 0, 1, false},
+      {"adam_weight_decay", 0, 1e3, false},
+      {"learning_rate", 0, 1e3, false},
+      {"warmup_steps_fraction", 0, 1, false},
+      {"steps", -1, 1e12, false},
+      {"hbm_headroom_fraction", 0, 1, false},
+      {"collectives_in_flight_per_type", 1, 1024, false},
+      {"num_threads", 0, 4096, false},
+      {"sa_block_q", 1, kMaxSequence, false},
+      {"sa_block_kv", 1, kMaxSequence, false},
+  };
+  return rules;
+}
+
+std::string join(const std::vector<std::string>& values) {
+  std::ostringstream out;
+  for (size_t index = 0; index < values.size(); ++index) {
+    out << (index == 0 ? "" : ", ") << (values[index].empty() ? "\"\"" : values[index]);
+  }
+  return out.str();
+}
+
+std::string format_number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+void check_enum(const Config& config, const EnumRule& rule) {
+  const std::string value = config.get_string(rule.key);
+  if (std::find(rule.values.begin(), rule.values.end(), value) == rule.values.end()) {
+    throw UserError(rule.key + ": '" + value + "' is not one of " + join(rule.values) +
+                    did_you_mean(value, rule.values));
+  }
+}
+
+void check_range(const Config& config, const RangeRule& rule) {
+  const double value = config.get_float(rule.key);
+  const bool too_small = rule.min_exclusive ? value <= rule.min : value < rule.min;
+  if (too_small || value > rule.max) {
+    throw UserError(rule.key + ": " + format_number(value) + " is out of range (" +
+                    (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) + " and <= " +
+                    format_number(rule.max) + ")");
+  }
+}
+
+bool is_power_of_two(int64_t value) { return value > 0 && (value & (value - 1)) == 0; }
+
+void check_cross_key_rules(const Config& config) {
+  if (!is_power_of_two(config.get_int("global_parameter_scale"))) {
+    throw UserError("global_parameter_scale: " +
+                    std::to_string(config.get_int("global_parameter_scale")) +
+                    " must be a power of two (MaxText get_individual_scales)");
+  }
+  const int64_t query_heads = config.get_int("base_num_query_heads");
+  const int64_t kv_heads = config.get_int("base_num_kv_heads");
+  if (query_heads % kv_heads != 0) {
+    throw UserError("base_num_kv_heads: " + std::to_string(kv_heads) +
+                    " must divide base_num_query_heads (" + std::to_string(query_heads) + ")");
+  }
+  const int64_t experts = config.get_int("num_experts");
+  const int64_t top_k = config.get_int("num_experts_per_tok");
+  if (top_k > experts) {
+    throw UserError("num_experts_per_tok: " + std::to_string(top_k) + " exceeds num_experts (" +
+                    std::to_string(experts) + ")");
+  }
+  if (config.get_int("first_num_dense_layers") > config.get_int("base_num_decoder_layers")) {
+    throw UserError("first_num_dense_layers: exceeds base_num_decoder_layers");
+  }
+  static const std::vector<std::string> kActivations = {"silu", "linear", "relu", "gelu",
+                                                        "sigmoid", "swish", "gelu_tanh"};
+  const std::vector<std::string> activations = config.get_string_list("mlp_activations");
+  if (activations.empty()) {
+    throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]");
+  }
+  for (const std::string& activation : activations) {
+    if (std::find(kActivations.begin(), kActivations.end(), activation) == kActivations.end()) {
+      throw UserError("mlp_activations: '" + activation + "' is not one of " + join(kActivations) +
+                      did_you_mean(activation, kActivations));
+    }
+  }
+  const double sequence = static_cast<double>(config.get_int("max_target_length"));
+  if (config.get_float("per_device_batch_size") * sequence < 1.0) {
+    throw UserError("per_device_batch_size: " +
+                    format_number(config.get_float("per_device_batch_size")) +
+                    " x max_target_length is less than one token per device");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> allowed_values(const std::string& key) {
+  for (const EnumRule& rule : enum_rules()) {
+    if (rule.key == key) {
+      return rule.values;
+    }
+  }
+  return {};
+}
+
+std::vector<std::string> config_rule_keys() {
+  std::vector<std::string> keys;
+  for (const EnumRule& rule : enum_rules()) {
+    keys.push_back(rule.key);
+  }
+  for (const RangeRule& rule : range_rules()) {
+    keys.push_back(rule.key);
+  }
+  return keys;
+}
+
+void validate_config(const Config& config) {
+  // Rules apply to the keys the base config defines; ConfigRules.EveryRuleKeyIsInBase keeps the
+  // shipped base.yml and this table in step.
+  for (const EnumRule& rule : enum_rules()) {
+    if (config.has(rule.key)) {
+      check_enum(config, rule);
+    }
+  }
+  for (const RangeRule& rule : range_rules()) {
+    if (config.has(rule.key)) {
+      check_range(config, rule);
+    }
+  }
+  if (config.has("base_emb_dim")) {
+    check_cross_key_rules(config);
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,48 @@
+#include "model/model_dims.h"
+
+#include "common/error.h"
+#include "model/config.h"
+
+namespace tpusim {
+
+ParameterScales individual_scales(int64_t global_parameter_scale) {
+  int log2_scale = 0;
+  while ((int64_t{1} << (log2_scale + 1)) <= global_parameter_scale) {
+    ++log2_scale;
+  }
+  if ((int64_t{1} << log2_scale) != global_parameter_scale) {
+    throw UserError("global_parameter_scale: " + std::to_string(global_parameter_scale) +
+                    " must be a power of two");
+  }
+  const int base = log2_scale / 3;
+  const int remainder = log2_scale % 3;
+  ParameterScales scales;
+  scales.heads = base + (remainder > 0 ? 1 : 0);
+  scales.mlp = scales.heads;
+  scales.emb = base + (remainder > 1 ? 1 : 0);
+  scales.layers = base;
+  return scales;
+}
+
+ModelDims ModelDims::from_config(const Config& config) {
+  const ParameterScales scales = individual_scales(config.get_int("global_parameter_scale"));
+  ModelDims dims;
+  dims.emb_dim = config.get_int("base_emb_dim") << scales.emb;
+  dims.num_query_heads = config.get_int("base_num_query_heads") << scales.heads;
+  dims.num_kv_heads = config.get_int("base_num_kv_heads") << scales.heads;
+  dims.head_dim = config.get_int("head_dim");
+  dims.mlp_dim = config.get_int("base_mlp_dim") << scales.mlp;
+  dims.moe_mlp_dim = config.get_int("base_moe_mlp_dim") << scales.mlp;
+  dims.num_layers = config.get_int("base_num_decoder_layers") << scales.layers;
+  dims.vocab_size = config.get_int("vocab_size");
+  dims.mlp_activations = config.get_string_list("mlp_activations");
+  dims.decoder_block = config.get_string("decoder_block");
+  dims.num_experts = config.get_int("num_experts");
+  dims.num_experts_per_tok = config.get_int("num_experts_per_tok");
+  dims.shared_experts = config.get_int("shared_experts");
+  dims.first_num_dense_layers = config.get_int("first_num_dense_layers");
+  dims.logits_via_embedding = config.get_bool("logits_via_embedding");
+  return dims;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,51 @@
+// model/model_dims.h: the model's actual dimensions from a config, as MaxText derives them.
+//
+// MaxText scales the base_* dims by global_parameter_scale (pyconfig get_individual_scales):
+// with s = 2^k and (b, r) = divmod(k, 3), heads and mlp dims grow by 2^(b + (r > 0)), emb by
+// 2^(b + (r > 1)) and layers by 2^b; head_dim and vocab are not scaled.
+//
+// Example:
+//   ModelDims dims = ModelDims::from_config(config);  // llama3.1-8b
+//   dims.emb_dim == 4096; dims.num_kv_heads == 8; dims.mlp_dim == 14336; dims.num_layers == 32
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tpusim {
+
+class Config;
+
+struct ModelDims {
+  int64_t emb_dim = 0;
+  int64_t num_query_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t mlp_dim = 0;
+  int64_t moe_mlp_dim = 0;
+  int64_t num_layers = 0;
+  int64_t vocab_size = 0;
+  std::vector<std::string> mlp_activations;
+  std::string decoder_block;
+  int64_t num_experts = 1;
+  int64_t num_experts_per_tok = 1;
+  int64_t shared_experts = 0;
+  int64_t first_num_dense_layers = 0;
+  bool logits_via_embedding = false;
+
+  static ModelDims from_config(const Config& config);
+
+  bool is_moe() const { return num_experts > 1; }
+};
+
+// MaxText get_individual_scales: {emb, heads, mlp, layers} exponents of two for a scale.
+struct ParameterScales {
+  int emb = 0;
+  int heads = 0;
+  int mlp = 0;
+  int layers = 0;
+};
+ParameterScales individual_scales(int64_t global_parameter_scale);
+
+}  // namespace tpusim

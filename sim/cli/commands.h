@@ -1,0 +1,16 @@
+// sim/cli/commands.h: the tpusim subcommands, each registered on a CLI11 app.
+//
+// Each register_* function adds one subcommand with its options and a callback that prints its
+// result (human text, or --json). Callbacks throw UserError on bad input; main() turns that into
+// exit code 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tpusim {
+
+void register_topology_command(CLI::App& app);
+void register_hw_command(CLI::App& app);
+void register_config_command(CLI::App& app);
+
+}  // namespace tpusim

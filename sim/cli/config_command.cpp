@@ -1,0 +1,66 @@
+// `tpusim config [base.yml] [key=value ...] [--json]`: the resolved config, where each value came
+// from, and (when compile_topology is set) the mesh it gives. A quick way to check a MaxText
+// command line before estimating it.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "hw/slice.h"
+#include "model/config.h"
+#include "model/model_dims.h"
+#include "sharding/mesh.h"
+#include "sim/cli/command_args.h"
+#include "sim/cli/commands.h"
+
+namespace tpusim {
+
+void register_config_command(CLI::App& app) {
+  auto args = std::make_shared<std::vector<std::string>>();
+  auto json_output = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand(
+      "config", "Load base.yml -> model preset -> key=value overrides, validate, and print");
+  command->add_option("args", *args, "[config.yml] key=value ...");
+  command->add_flag("--json", *json_output, "Print JSON");
+  command->callback([args, json_output] {
+    const CommandArgs split = split_command_args(*args);
+    const Config config = Config::load(split.base_path, split.overrides);
+    const ModelDims dims = ModelDims::from_config(config);
+    nlohmann::json json;
+    json["config"] = config.to_json();
+    json["model"] = {{"emb_dim", dims.emb_dim},       {"num_query_heads", dims.num_query_heads},
+                     {"num_kv_heads", dims.num_kv_heads}, {"head_dim", dims.head_dim},
+                     {"mlp_dim", dims.mlp_dim},       {"num_layers", dims.num_layers},
+                     {"vocab_size", dims.vocab_size}, {"num_experts", dims.num_experts}};
+    const std::string topology = config.get_string("compile_topology");
+    if (!topology.empty()) {
+      const int64_t num_slices = std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
+      const Slice slice = parse_slice(topology, static_cast<int>(num_slices));
+      const MeshShape mesh = resolve_mesh(config, slice);
+      nlohmann::json axes;
+      for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+        axes[mesh_axis_names()[axis]] = {{"ici", mesh.ici[axis]}, {"dcn", mesh.dcn[axis]}};
+      }
+      json["mesh"] = axes;
+      json["devices"] = slice.total_devices();
+    }
+    if (*json_output) {
+      std::cout << json.dump(2) << "\n";
+      return;
+    }
+    for (const std::string& key : config.keys()) {
+      std::cout << std::left << std::setw(40) << key << " " << std::setw(24)
+                << json["config"][key].dump() << " # " << config.origin(key) << "\n";
+    }
+    if (json.contains("mesh")) {
+      std::cout << "\nmesh on " << topology << " (" << json["devices"] << " devices): "
+                << resolve_mesh(config, parse_slice(topology, static_cast<int>(std::max<int64_t>(
+                                                              1, config.get_int("compile_topology_num_slices")))))
+                       .describe()
+                << "\n";
+    }
+  });
+}
+
+}  // namespace tpusim

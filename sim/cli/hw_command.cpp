@@ -1,0 +1,90 @@
+// `tpusim hw [CHIP] [--json]`: the chip catalog with the source of every number.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "hw/catalog.h"
+#include "hw/slice.h"
+#include "sim/cli/commands.h"
+
+namespace tpusim {
+namespace {
+
+nlohmann::json chip_json(const ChipSpec& chip) {
+  nlohmann::json json;
+  json["name"] = chip.name;
+  json["display_name"] = chip.display_name;
+  json["slice_name_prefixes"] = chip.slice.name_prefixes;
+  json["slice_names_count"] =
+      chip.slice.name_counts == SliceNameUnit::kTensorCores ? "tensorcores" : "chips";
+  json["example_slices"] = example_slice_names(chip);
+  nlohmann::json specs;
+  for (const std::string& key : chip_spec_keys()) {
+    const Provenance& provenance = chip.provenance.at(key);
+    nlohmann::json entry;
+    entry["value"] = spec_value(chip, key);
+    entry[provenance.is_assumption ? "assumption" : "source"] = provenance.text;
+    specs[key] = entry;
+  }
+  json["specs"] = specs;
+  return json;
+}
+
+}  // namespace
+
+void register_hw_command(CLI::App& app) {
+  auto chip_name = std::make_shared<std::string>();
+  auto json_output = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand("hw", "List the chip catalog (configs/hw/*.yml)");
+  command->add_option("chip", *chip_name, "Show one chip with every number's source, e.g. v5p");
+  command->add_flag("--json", *json_output, "Print JSON");
+  command->callback([chip_name, json_output] {
+    const HardwareCatalog& catalog = HardwareCatalog::builtin();
+    std::vector<const ChipSpec*> chips;
+    if (chip_name->empty()) {
+      for (const ChipSpec& chip : catalog.chips()) {
+        chips.push_back(&chip);
+      }
+    } else {
+      chips.push_back(&catalog.chip(*chip_name));
+    }
+    if (*json_output) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const ChipSpec* chip : chips) {
+        list.push_back(chip_json(*chip));
+      }
+      std::cout << (chip_name->empty() ? list : list[0]).dump(2) << "\n";
+      return;
+    }
+    if (chip_name->empty()) {
+      std::cout << std::left << std::setw(6) << "chip" << std::right << std::setw(10) << "bf16 TF/s"
+                << std::setw(9) << "HBM GiB" << std::setw(10) << "HBM GB/s" << std::setw(9)
+                << "dev/chip" << std::setw(10) << "ICI GB/s" << std::setw(7) << "links"
+                << "  slice names\n";
+      for (const ChipSpec* chip : chips) {
+        std::cout << std::left << std::setw(6) << chip->name << std::right << std::setw(10)
+                  << chip->peak_bf16_tflops << std::setw(9) << chip->hbm_capacity_gib
+                  << std::setw(10) << chip->hbm_bandwidth_gbps << std::setw(9)
+                  << chip->devices_per_chip << std::setw(10) << chip->ici_link_bandwidth_uni_gbps
+                  << std::setw(7) << chip->ici_links_per_chip << "  "
+                  << chip->slice.name_prefixes.front() << "-N ("
+                  << (chip->slice.name_counts == SliceNameUnit::kTensorCores ? "N TensorCores"
+                                                                              : "N chips")
+                  << ")\n";
+      }
+      return;
+    }
+    const ChipSpec& chip = *chips.front();
+    std::cout << chip.display_name << " (" << chip.name << ")\n";
+    for (const std::string& key : chip_spec_keys()) {
+      const Provenance& provenance = chip.provenance.at(key);
+      std::cout << "  " << std::left << std::setw(40) << key << std::right << std::setw(10)
+                << spec_value(chip, key) << "  " << (provenance.is_assumption ? "assumption: " : "")
+                << provenance.text << "\n";
+    }
+  });
+}
+
+}  // namespace tpusim

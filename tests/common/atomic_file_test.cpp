@@ -1,0 +1,44 @@
+#include "common/atomic_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/yaml_text.h"
+
+namespace tpusim {
+namespace {
+
+TEST(AtomicFile, WritesWholeContentAndLeavesNoTemporary) {
+  const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_test";
+  std::filesystem::create_directories(directory);
+  const std::string path = (directory / "out.txt").string();
+  write_file_atomically(path, "first");
+  write_file_atomically(path, "second version");
+  EXPECT_EQ(read_text_file(path), "second version");
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(directory)) {
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  std::filesystem::remove_all(directory);
+}
+
+TEST(AtomicFile, UnwritableDirectoryIsUserError) {
+  EXPECT_THROW(write_file_atomically("/nonexistent_dir_tpusim/x.txt", "a"), UserError);
+}
+
+TEST(YamlText, MalformedYamlNamesOriginAndLine) {
+  try {
+    parse_yaml("a: 1\nb: [unclosed\n", "bad.yml");
+    FAIL() << "expected UserError";
+  } catch (const UserError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("bad.yml"), std::string::npos) << message;
+    EXPECT_NE(message.find("line"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace tpusim

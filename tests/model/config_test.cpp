@@ -1,0 +1,174 @@
+#include "model/config.h"
+
+#include <gtest/gtest.h>
+
+#include "common/embedded_files.h"
+#include "common/error.h"
+#include "model/config_rules.h"
+
+namespace tpusim {
+namespace {
+
+std::string error_of(const std::vector<std::string>& overrides) {
+  try {
+    Config::load("", overrides);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Config, EmbeddedBaseLoadsWithMaxTextDefaults) {
+  const Config config = Config::load("", {});
+  EXPECT_EQ(config.get_int("base_emb_dim"), 2048);
+  EXPECT_DOUBLE_EQ(config.get_float("per_device_batch_size"), 12.0);
+  EXPECT_EQ(config.get_int("ici_fsdp_parallelism"), -1);
+  EXPECT_EQ(config.get_int("dcn_data_parallelism"), -1);
+  EXPECT_EQ(config.get_string("remat_policy"), "full");
+  EXPECT_EQ(config.get_string_list("mlp_activations"), (std::vector<std::string>{"silu", "linear"}));
+  EXPECT_TRUE(config.get_bool("scan_layers"));
+  EXPECT_EQ(config.origin("base_emb_dim"), "configs/base.yml");
+}
+
+TEST(Config, LoadingOrderBaseThenPresetThenCommandLine) {
+  const Config config =
+      Config::load("", {"model_name=llama3.1-70b", "per_device_batch_size=4", "remat_policy=minimal"});
+  EXPECT_EQ(config.get_int("base_emb_dim"), 8192);
+  EXPECT_EQ(config.origin("base_emb_dim"), "configs/models/llama3.1-70b.yml");
+  EXPECT_EQ(config.get_int("base_num_kv_heads"), 8);
+  EXPECT_EQ(config.get_int("vocab_size"), 128256);
+  EXPECT_DOUBLE_EQ(config.get_float("per_device_batch_size"), 4.0);
+  EXPECT_EQ(config.origin("per_device_batch_size"), "command line");
+  EXPECT_EQ(config.get_string("remat_policy"), "minimal");
+  EXPECT_EQ(config.get_int("max_target_length"), 2048);  // untouched: from base
+}
+
+TEST(Config, PresetKeyOnCommandLineNeedsOverrideModelConfig) {
+  const std::string message = error_of({"model_name=llama2-7b", "base_emb_dim=1024"});
+  EXPECT_NE(message.find("base_emb_dim"), std::string::npos) << message;
+  EXPECT_NE(message.find("override_model_config"), std::string::npos) << message;
+  const Config config =
+      Config::load("", {"model_name=llama2-7b", "override_model_config=true", "base_emb_dim=1024"});
+  EXPECT_EQ(config.get_int("base_emb_dim"), 1024);
+}
+
+TEST(Config, ListsAndBoolsParseAsInMaxText) {
+  const Config config = Config::load("", {"mlp_activations=[relu]", "scan_layers=False",
+                                          "logits_via_embedding=true", "per_device_batch_size=0.125",
+                                          "max_target_length=1048576"});
+  EXPECT_EQ(config.get_string_list("mlp_activations"), std::vector<std::string>{"relu"});
+  EXPECT_FALSE(config.get_bool("scan_layers"));
+  EXPECT_TRUE(config.get_bool("logits_via_embedding"));
+  EXPECT_DOUBLE_EQ(config.get_float("per_device_batch_size"), 0.125);
+}
+
+TEST(Config, UnknownKeySuggestsClosest) {
+  const std::string message = error_of({"ici_fsdp_paralelism=4"});
+  EXPECT_NE(message.find("ici_fsdp_paralelism"), std::string::npos) << message;
+  EXPECT_NE(message.find("did you mean 'ici_fsdp_parallelism'"), std::string::npos) << message;
+}
+
+TEST(Config, WrongTypesAreRejectedNamingTheKey) {
+  for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
+           {"base_emb_dim=4096.5"},
+           {"base_emb_dim=big"},
+           {"per_device_batch_size=four"},
+           {"scan_layers=maybe"},
+           {"mlp_activations=silu"},
+           {"steps=1e400"},
+           {"learning_rate=nan"},
+       }) {
+    const std::string key = overrides[0].substr(0, overrides[0].find('='));
+    const std::string message = error_of(overrides);
+    EXPECT_NE(message.find(key), std::string::npos) << overrides[0] << " -> " << message;
+  }
+}
+
+TEST(Config, OutOfRangeAndAbsurdValuesAreRejected) {
+  for (const std::string text :
+       {"base_emb_dim=0", "base_emb_dim=100000000", "per_device_batch_size=0",
+        "per_device_batch_size=-1.0", "base_num_decoder_layers=-3", "vocab_size=1000000000",
+        "adam_b1=1.5", "num_experts_per_tok=4", "base_num_kv_heads=5", "global_parameter_scale=3",
+        "remat_policy=ful", "attention=flesh", "dtype=fp7", "decoder_layer_input=somewhere",
+        "mlp_activations=[silu,tanhh]"}) {
+    const std::string key = text.substr(0, text.find('='));
+    const std::string message = error_of({text});
+    EXPECT_NE(message.find(key), std::string::npos) << text << " -> " << message;
+  }
+}
+
+TEST(Config, EnumErrorsSuggest) {
+  const std::string message = error_of({"remat_policy=minmal"});
+  EXPECT_NE(message.find("did you mean 'minimal'"), std::string::npos) << message;
+}
+
+TEST(Config, UnknownModelSuggests) {
+  const std::string message = error_of({"model_name=llama3.1-7b"});
+  EXPECT_NE(message.find("llama3.1-7b"), std::string::npos) << message;
+  EXPECT_NE(message.find("did you mean"), std::string::npos) << message;
+}
+
+TEST(Config, MalformedOverridesAndFiles) {
+  EXPECT_NE(error_of({"=4"}).find("key=value"), std::string::npos);
+  EXPECT_NE(error_of({"steps=1", "steps=2"}).find("twice"), std::string::npos);
+  EXPECT_THROW(Config::load("/nonexistent/base.yml", {}), UserError);
+  EXPECT_THROW(Config::load_from_texts("a: [1, 2\n", "bad.yml", {}, {}), UserError);
+  EXPECT_THROW(Config::load_from_texts("- a\n- b\n", "list.yml", {}, {}), UserError);
+  EXPECT_THROW(Config::load_from_texts("a: 1\na: 2\n", "dup.yml", {}, {}), UserError);
+  EXPECT_THROW(Config::load_from_texts("a: null\n", "null.yml", {}, {}), UserError);
+}
+
+TEST(Config, TypesAreInferredFromBaseDefaults) {
+  const Config config = Config::load_from_texts(
+      "i: 3\nf: 3.0\nb: false\ns: \"3\"\nl: [x, y]\n", "t.yml", {}, {"f=2", "s=abc"});
+  EXPECT_EQ(config.type("i"), ConfigType::kInt);
+  EXPECT_EQ(config.type("f"), ConfigType::kFloat);
+  EXPECT_EQ(config.type("b"), ConfigType::kBool);
+  EXPECT_EQ(config.type("s"), ConfigType::kString);
+  EXPECT_EQ(config.type("l"), ConfigType::kList);
+  EXPECT_DOUBLE_EQ(config.get_float("f"), 2.0);
+  EXPECT_EQ(config.get_string("s"), "abc");
+}
+
+TEST(Config, EveryPresetLoadsAndOnlySetsModelKeys) {
+  const std::vector<std::string> presets = available_model_presets("");
+  ASSERT_GE(presets.size(), 15u);
+  for (const std::string& name : presets) {
+    SCOPED_TRACE(name);
+    const Config config = Config::load("", {"model_name=" + name});
+    for (const std::string& key : config.keys()) {
+      if (config.origin(key) != "configs/base.yml") {
+        EXPECT_TRUE(key.find("parallelism") == std::string::npos && key != "compile_topology" &&
+                    key != "per_device_batch_size")
+            << key;
+      }
+    }
+  }
+}
+
+TEST(Config, RequiredPresetsExist) {
+  for (const char* name : {"llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
+                           "llama3.1-405b", "mistral-7b", "mixtral-8x7b", "mixtral-8x22b",
+                           "gpt3-175b", "gemma-7b", "qwen3-235b-a22b", "deepseek3-671b",
+                           "gpt-oss-120b", "tiny-llama", "tiny-gpt3", "tiny-moe"}) {
+    EXPECT_TRUE(embedded_file(std::string("configs/models/") + name + ".yml").has_value()) << name;
+  }
+}
+
+TEST(ConfigRules, EveryRuleKeyIsInBase) {
+  const Config config = Config::load("", {});
+  for (const std::string& key : config_rule_keys()) {
+    EXPECT_TRUE(config.has(key)) << key;
+  }
+}
+
+TEST(Config, CommandLineOverridesRoundTrip) {
+  const Config config = Config::load("", {"steps=7", "mlp_activations=[relu]"});
+  const std::vector<std::string> overrides = config.command_line_overrides();
+  const Config again = Config::load("", overrides);
+  EXPECT_EQ(again.get_int("steps"), 7);
+  EXPECT_EQ(again.get_string_list("mlp_activations"), std::vector<std::string>{"relu"});
+}
+
+}  // namespace
+}  // namespace tpusim

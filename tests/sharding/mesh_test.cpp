@@ -1,0 +1,74 @@
+#include "sharding/mesh.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "hw/slice.h"
+#include "model/config.h"
+
+namespace tpusim {
+namespace {
+
+MeshShape mesh_for(const std::string& slice_name, int num_slices,
+                   const std::vector<std::string>& overrides) {
+  return resolve_mesh(Config::load("", overrides), parse_slice(slice_name, num_slices));
+}
+
+std::string error_of(const std::string& slice_name, int num_slices,
+                     const std::vector<std::string>& overrides) {
+  try {
+    mesh_for(slice_name, num_slices, overrides);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Mesh, AxisNamesAndKeysAreMaxTexts) {
+  EXPECT_EQ(mesh_axis_names().size(), 12u);
+  EXPECT_EQ(mesh_axis_key(false, "fsdp"), "ici_fsdp_parallelism");
+  EXPECT_EQ(mesh_axis_key(true, "stage"), "dcn_pipeline_parallelism");
+  const Config config = Config::load("", {});
+  for (const std::string& axis : mesh_axis_names()) {
+    EXPECT_TRUE(config.has(mesh_axis_key(false, axis))) << axis;
+    EXPECT_TRUE(config.has(mesh_axis_key(true, axis))) << axis;
+  }
+  EXPECT_EQ(config.get_string_list("mesh_axes"),
+            std::vector<std::string>(mesh_axis_names().begin(), mesh_axis_names().end()));
+}
+
+TEST(Mesh, DefaultAutoFillsFsdpAndData) {
+  const MeshShape mesh = mesh_for("v5p-128", 1, {});
+  EXPECT_EQ(mesh.size("fsdp"), 64);
+  EXPECT_EQ(mesh.size("data"), 1);
+  EXPECT_EQ(mesh.num_devices(), 64);
+  const MeshShape multi = mesh_for("v5e-256", 8, {});
+  EXPECT_EQ(multi.ici[mesh_axis_index("fsdp")], 256);
+  EXPECT_EQ(multi.dcn[mesh_axis_index("data")], 8);
+  EXPECT_EQ(multi.num_devices(), 2048);
+}
+
+TEST(Mesh, ExplicitAxesWithAutoFill) {
+  const MeshShape mesh = mesh_for("v5p-128", 1, {"ici_tensor_parallelism=4"});
+  EXPECT_EQ(mesh.size("fsdp"), 16);
+  EXPECT_EQ(mesh.size("tensor"), 4);
+  const MeshShape v7x = mesh_for("tpu7x-128", 1, {"ici_tensor_parallelism=2", "ici_context_parallelism=2"});
+  EXPECT_EQ(v7x.size("fsdp"), 32);  // 128 devices
+  EXPECT_EQ(mesh.describe(), "fsdp=16 tensor=4");
+}
+
+TEST(Mesh, BadMeshesAreUserErrors) {
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=5"}).find("ici_fsdp_parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_data_parallelism=-1"}).find("only one"), std::string::npos);
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_fsdp_parallelism=32"}).find("64"), std::string::npos);
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=0"}).find("ici_tensor_parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=-2"}).find("ici_tensor_parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of("v5e-256", 4, {"dcn_data_parallelism=3"}).find("slices"), std::string::npos);
+  EXPECT_NE(error_of("v5e-256", 2, {"dcn_fsdp_parallelism=-1"}).find("only one"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpusim

@@ -1,0 +1,117 @@
+// End-to-end tests of the tpusim command line: output contracts and exit codes.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "support/run_command.h"
+
+namespace tpusim {
+namespace {
+
+using testing::run_tpusim;
+
+// A bad input must exit 2 with exactly one line on stderr that names the bad value.
+void expect_user_error(const std::vector<std::string>& args, const std::string& named) {
+  const auto result = run_tpusim(args);
+  std::string joined;
+  for (const auto& arg : args) {
+    joined += arg + " ";
+  }
+  EXPECT_EQ(result.exit_code, 2) << joined << "\n" << result.err;
+  EXPECT_NE(result.err.find(named), std::string::npos) << joined << "\n" << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+}
+
+TEST(TopologyCommand, JsonContract) {
+  const auto result = run_tpusim({"topology", "tpu7x-128", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["chips"], 64);
+  EXPECT_EQ(json["devices"], 128);
+  EXPECT_EQ(json["shape"], nlohmann::json({4, 4, 4}));
+  EXPECT_EQ(json["wraparound"], nlohmann::json({true, true, true}));
+  EXPECT_EQ(json["hosts"], 16);
+  EXPECT_EQ(json["chips_per_host"], 4);
+}
+
+TEST(TopologyCommand, MultisliceAndHumanOutput) {
+  const auto json_result = run_tpusim({"topology", "v5e-256", "--num-slices", "2", "--json"});
+  ASSERT_EQ(json_result.exit_code, 0) << json_result.err;
+  EXPECT_EQ(nlohmann::json::parse(json_result.out)["chips"], 512);
+  const auto human = run_tpusim({"topology", "v6e-256"});
+  ASSERT_EQ(human.exit_code, 0);
+  EXPECT_NE(human.out.find("16x16"), std::string::npos);
+  EXPECT_NE(human.out.find("bisection"), std::string::npos);
+}
+
+TEST(TopologyCommand, DotToStdout) {
+  const auto result = run_tpusim({"topology", "v5p-8", "--dot"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("graph", 0), 0u);
+}
+
+TEST(TopologyCommand, InvalidInputsExit2) {
+  expect_user_error({"topology", "v5q-128"}, "v5q");
+  expect_user_error({"topology", "v5p-100"}, "v5p-100");
+  expect_user_error({"topology", "v6e-512"}, "v6e-512");
+  expect_user_error({"topology", "v5p:3x3x3"}, "3x3x3");
+  expect_user_error({"topology", "v5p-128", "--num-slices", "0"}, "num_slices");
+  expect_user_error({"topology"}, "slice");
+  expect_user_error({"topology", "v5p-8", "--bogus"}, "--bogus");
+}
+
+TEST(HwCommand, ListsCatalogWithSources) {
+  const auto result = run_tpusim({"hw", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_GE(json.size(), 5u);
+  for (const auto& chip : json) {
+    for (const auto& [key, spec] : chip["specs"].items()) {
+      EXPECT_TRUE(spec.contains("source") != spec.contains("assumption")) << key;
+      EXPECT_TRUE(spec["value"].is_number()) << key;
+    }
+  }
+  expect_user_error({"hw", "v9z"}, "v9z");
+  const auto one = run_tpusim({"hw", "v5p"});
+  EXPECT_EQ(one.exit_code, 0);
+  EXPECT_NE(one.out.find("hbm_bandwidth_gbps"), std::string::npos);
+}
+
+TEST(ConfigCommand, LoadingOrderAndMesh) {
+  const auto result = run_tpusim({"config", "model_name=llama3.1-70b", "compile_topology=v6e-256",
+                                  "per_device_batch_size=4", "ici_tensor_parallelism=4", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["config"]["base_emb_dim"], 8192);
+  EXPECT_EQ(json["config"]["per_device_batch_size"], 4.0);
+  EXPECT_EQ(json["mesh"]["fsdp"]["ici"], 64);
+  EXPECT_EQ(json["mesh"]["tensor"]["ici"], 4);
+  EXPECT_EQ(json["devices"], 256);
+}
+
+TEST(ConfigCommand, ReadsBaseFileFromDiskWithPresetsBesideIt) {
+  const std::string base = testing::source_dir() + "/configs/base.yml";
+  const auto result = run_tpusim({"config", base, "model_name=mistral-7b", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["config"]["base_mlp_dim"], 14336);
+}
+
+TEST(ConfigCommand, EveryBadInputClassExits2) {
+  expect_user_error({"config", "ici_fsdp_paralelism=4"}, "ici_fsdp_parallelism");
+  expect_user_error({"config", "base_emb_dim=abc"}, "base_emb_dim");
+  expect_user_error({"config", "base_emb_dim=99999999999"}, "base_emb_dim");
+  expect_user_error({"config", "per_device_batch_size=0"}, "per_device_batch_size");
+  expect_user_error({"config", "model_name=llama9-1b"}, "llama9-1b");
+  expect_user_error({"config", "compile_topology=v5p-100"}, "v5p-100");
+  expect_user_error({"config", "compile_topology=v5p-128", "ici_tensor_parallelism=3"},
+                    "ici_fsdp_parallelism");
+  expect_user_error({"config", "ici_data_parallelism=-1"}, "-1");
+  expect_user_error({"config", "compile_topology=v5p-128", "ici_fsdp_parallelism=8"}, "64");
+  expect_user_error({"config", "mlp_activations=[silu"}, "mlp_activations");
+  expect_user_error({"config", "notakeyvalue"}, "notakeyvalue");
+  expect_user_error({"config", "/nonexistent/base.yml"}, "/nonexistent/base.yml");
+  expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
+}
+
+}  // namespace
+}  // namespace tpusim
