@@ -42,6 +42,14 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.shared_experts = config.get_int("shared_experts");
   dims.first_num_dense_layers = config.get_int("first_num_dense_layers");
   dims.logits_via_embedding = config.get_bool("logits_via_embedding");
+  dims.attention_type = config.get_string("attention_type");
+  dims.sliding_window_size = config.get_int("sliding_window_size");
+  dims.inhomogeneous_layer_cycle_interval = config.get_int("inhomogeneous_layer_cycle_interval");
+  dims.q_lora_rank = config.get_int("q_lora_rank");
+  dims.kv_lora_rank = config.get_int("kv_lora_rank");
+  dims.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
+  dims.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
+  dims.v_head_dim = config.get_int("v_head_dim");
   return dims;
 }
 

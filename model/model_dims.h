@@ -33,6 +33,18 @@ struct ModelDims {
   int64_t shared_experts = 0;
   int64_t first_num_dense_layers = 0;
   bool logits_via_embedding = false;
+  // Attention pattern (attention_type): global, local_sliding, mla, chunk, full.
+  std::string attention_type = "global";
+  // Window in tokens of local sliding-window layers (gemma2/gemma3/gpt_oss); 0 = none.
+  int64_t sliding_window_size = 0;
+  // Period of repeating non-identical layers (gpt_oss: 2 = sliding-window, then global).
+  int64_t inhomogeneous_layer_cycle_interval = 1;
+  // MLA (attention_type "mla"); not scaled by global_parameter_scale, as in MaxText.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
 
   static ModelDims from_config(const Config& config);
 

@@ -12,5 +12,6 @@ namespace tpusim {
 void register_topology_command(CLI::App& app);
 void register_hw_command(CLI::App& app);
 void register_config_command(CLI::App& app);
+void register_program_command(CLI::App& app);
 
 }  // namespace tpusim

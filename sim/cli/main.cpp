@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   tpusim::register_topology_command(app);
   tpusim::register_hw_command(app);
   tpusim::register_config_command(app);
+  tpusim::register_program_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

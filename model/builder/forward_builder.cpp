@@ -1,0 +1,410 @@
+#include "model/builder/forward_builder.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "model/config.h"
+#include "model/model_dims.h"
+
+namespace tpusim {
+namespace {
+
+// Builds one model into a ForwardGraph; holds the config-derived sizes the layers share.
+class ForwardBuilder {
+ public:
+  ForwardBuilder(const Config& config, int64_t batch)
+      : config_(config), dims_(ModelDims::from_config(config)), batch_(batch),
+        length_(config.get_int("max_target_length")),
+        activation_dtype_(parse_dtype(config.get_string("dtype"), "dtype")),
+        weight_dtype_(parse_dtype(config.get_string("weight_dtype"), "weight_dtype")),
+        block_(config.get_string("decoder_block")) {}
+
+  ForwardGraph build() {
+    result_.batch = batch_;
+    result_.length = length_;
+    TensorId x = build_embedding();
+    result_.embed_output = x;
+    for (const LayerGroup& group : plan_layers(config_)) {
+      const int region = graph().add_region(group.name(), group.count, Phase::kForward);
+      result_.layer_regions.push_back(region);
+      const TensorId input = graph().add_tensor(group.name() + "/input", activation_dims(),
+                                                activation_dtype_, TensorKind::kActivation, region,
+                                                "decoder_layer_input");
+      // The previous region's output `x` is this region's input (the scan carry).
+      result_.layer_inputs.push_back(input);
+      const TensorId output = build_layer(group, region, input);
+      result_.layer_outputs.push_back(output);
+      x = output;
+    }
+    build_head();
+    return std::move(result_);
+  }
+
+ private:
+  Graph& graph() { return result_.graph; }
+
+  Dim act(const std::string& name, int64_t size, const std::string& logical) const {
+    return Dim{name, size, logical};
+  }
+  std::vector<Dim> activation_dims() const {
+    return {act("batch", batch_, "activation_batch"), act("length", length_, "activation_length"),
+            act("embed", dims_.emb_dim, "activation_embed")};
+  }
+  std::vector<Dim> with_last(std::vector<Dim> dims, std::vector<Dim> last) const {
+    dims.pop_back();
+    dims.insert(dims.end(), last.begin(), last.end());
+    return dims;
+  }
+  std::vector<Dim> token_dims() const {
+    return {act("batch", batch_, "activation_batch"), act("length", length_, "activation_length")};
+  }
+
+  TensorId weight(const std::string& name, std::vector<Dim> dims, int region) {
+    return graph().add_tensor(name, std::move(dims), weight_dtype_, TensorKind::kParameter, region);
+  }
+  TensorId activation(const std::string& name, std::vector<Dim> dims, int region,
+                      const std::string& remat_name = "") {
+    return graph().add_tensor(name, std::move(dims), activation_dtype_, TensorKind::kActivation,
+                              region, remat_name);
+  }
+  TensorId einsum(const std::string& name, TensorId lhs, TensorId rhs,
+                  std::vector<std::string> contracted, std::vector<Dim> out_dims, int region,
+                  const std::string& remat_name = "") {
+    const TensorId out = activation(name, std::move(out_dims), region, remat_name);
+    OpAttrs attrs;
+    attrs.contracted = std::move(contracted);
+    graph().add_op(OpKind::kEinsum, name, {lhs, rhs}, {out}, attrs, region);
+    return out;
+  }
+  TensorId elementwise(const std::string& name, ElementwiseFn fn, std::vector<TensorId> inputs,
+                       int region, const std::string& remat_name = "") {
+    const TensorId out =
+        activation(name, graph().tensor(inputs.front()).dims, region, remat_name);
+    OpAttrs attrs;
+    attrs.function = fn;
+    graph().add_op(OpKind::kElementwise, name, std::move(inputs), {out}, attrs, region);
+    return out;
+  }
+  TensorId norm(const std::string& name, TensorId x, int region) {
+    // Copies: adding tensors below may move the graph's storage.
+    const std::vector<Dim> input_dims = graph().tensor(x).dims;
+    const Dim last = input_dims.back();
+    const bool layer_norm = block_ == "gpt3";
+    std::vector<TensorId> inputs = {x, weight(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
+    if (layer_norm) {
+      inputs.push_back(weight(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
+    }
+    const TensorId out = activation(name, input_dims, region);
+    OpAttrs attrs;
+    attrs.contracted = {last.name};
+    graph().add_op(layer_norm ? OpKind::kLayerNorm : OpKind::kRmsNorm, name, inputs, {out}, attrs,
+                   region);
+    return out;
+  }
+
+  TensorId build_embedding() {
+    const int region = graph().add_region("embed", 1, Phase::kForward);
+    result_.embed_region = region;
+    tokens_ = graph().add_tensor("tokens", token_dims(), DType::kI32, TensorKind::kInput, region);
+    table_ = weight("token_embedding", {Dim{"vocab", dims_.vocab_size, "vocab"},
+                                        Dim{"embed", dims_.emb_dim, "embed"}},
+                    region);
+    TensorId x = activation("embedded", activation_dims(), region);
+    graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, {}, region);
+    const int64_t positions = config_.get_int("trainable_position_size");
+    if (block_ == "gpt3" && positions > 0) {
+      if (positions < length_) {
+        throw UserError("trainable_position_size: " + std::to_string(positions) +
+                        " is shorter than max_target_length (" + std::to_string(length_) + ")");
+      }
+      const TensorId position_ids =
+          graph().add_tensor("positions", token_dims(), DType::kI32, TensorKind::kInput, region);
+      const TensorId position_table =
+          weight("position_embedding", {Dim{"position", positions, "vocab"},
+                                        Dim{"embed", dims_.emb_dim, "embed"}},
+                 region);
+      const TensorId position_x = activation("position_embedded", activation_dims(), region);
+      graph().add_op(OpKind::kEmbeddingLookup, "position_embedding", {position_ids, position_table},
+                     {position_x}, {}, region);
+      x = elementwise("embedded_with_positions", ElementwiseFn::kAdd, {x, position_x}, region);
+    }
+    return x;
+  }
+
+  TensorId build_layer(const LayerGroup& group, int region, TensorId x) {
+    const TensorId attention_in = norm("pre_attention_norm", x, region);
+    TensorId attention_out = group.attention == AttentionKind::kMla
+                                 ? build_mla(region, attention_in)
+                                 : build_attention(group, region, attention_in);
+    if (config_.get_bool("use_post_attn_norm")) {
+      attention_out = norm("post_attention_norm", attention_out, region);
+    }
+    const TensorId residual =
+        elementwise("attention_residual", ElementwiseFn::kAdd, {x, attention_out}, region);
+    const TensorId mlp_in = norm("pre_mlp_norm", residual, region);
+    TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe ? build_moe(region, mlp_in)
+                                                                   : build_mlp("mlp", region, mlp_in,
+                                                                               dims_.mlp_dim);
+    if (config_.get_bool("use_post_ffw_norm")) {
+      mlp_out = norm("post_mlp_norm", mlp_out, region);
+    }
+    return elementwise("mlp_residual", ElementwiseFn::kAdd, {residual, mlp_out}, region);
+  }
+
+  std::vector<Dim> head_dims(int64_t heads, const std::string& heads_name,
+                             const std::string& activation_logical, const std::string& dim_name,
+                             int64_t dim_size) const {
+    return with_last(activation_dims(), {act(heads_name, heads, activation_logical),
+                                         act(dim_name, dim_size, "activation_kv")});
+  }
+
+  TensorId attention_op(const LayerGroup& group, int region, std::vector<TensorId> inputs,
+                        int64_t heads, const std::string& out_dim, int64_t out_dim_size) {
+    const TensorId context =
+        activation("attention/context",
+                   head_dims(heads, "heads", "activation_heads", out_dim, out_dim_size), region,
+                   "context");
+    OpAttrs attrs;
+    attrs.mask = group.attention == AttentionKind::kSlidingWindow ? AttentionMask::kSlidingWindow
+                                                                  : AttentionMask::kCausal;
+    attrs.window = config_.get_int("sliding_window_size");
+    graph().add_op(OpKind::kAttention, "attention", std::move(inputs), {context}, attrs, region);
+    return context;
+  }
+
+  TensorId out_projection(int region, TensorId context, const std::string& head_dim_name,
+                          int64_t head_dim_size) {
+    const TensorId wo = weight("attention/out",
+                               {Dim{"heads", dims_.num_query_heads, "heads"},
+                                Dim{head_dim_name, head_dim_size, "kv"},
+                                Dim{"embed", dims_.emb_dim, "embed"}},
+                               region);
+    return einsum("attention/out", context, wo, {"heads", head_dim_name}, activation_dims(), region,
+                  "out_proj");
+  }
+
+  TensorId build_attention(const LayerGroup& group, int region, TensorId x) {
+    const int64_t head_dim = dims_.head_dim;
+    auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
+                          const std::string& weight_logical, const std::string& act_logical,
+                          const std::string& remat) {
+      const TensorId w = weight("attention/" + name,
+                                {Dim{"embed", dims_.emb_dim, "embed"},
+                                 Dim{heads_name, heads, weight_logical},
+                                 Dim{"head_dim", head_dim, "kv"}},
+                                region);
+      return einsum("attention/" + name, x, w, {"embed"},
+                    head_dims(heads, heads_name, act_logical, "head_dim", head_dim), region, remat);
+    };
+    TensorId query = projection("query", "heads", dims_.num_query_heads, "q_heads",
+                                "activation_heads", "query_proj");
+    TensorId key = projection("key", "kv_heads", dims_.num_kv_heads, "kv_heads",
+                              "activation_kv_heads", "key_proj");
+    const TensorId value = projection("value", "kv_heads", dims_.num_kv_heads, "kv_heads",
+                                      "activation_kv_heads", "value_proj");
+    if (block_ != "gpt3") {
+      query = rope("attention/query_rope", query, region);
+      key = rope("attention/key_rope", key, region);
+    }
+    const TensorId context =
+        attention_op(group, region, {query, key, value}, dims_.num_query_heads, "head_dim", head_dim);
+    return out_projection(region, context, "head_dim", head_dim);
+  }
+
+  TensorId rope(const std::string& name, TensorId x, int region) {
+    const TensorId out = activation(name, graph().tensor(x).dims, region);
+    graph().add_op(OpKind::kRope, name, {x}, {out}, {}, region);
+    return out;
+  }
+
+  // DeepSeek multi-head latent attention: low-rank query (q_lora_rank > 0) and key/value
+  // (kv_lora_rank) projections, a shared rotary key, per-head nope+rope query/key dims.
+  TensorId build_mla(int region, TensorId x) {
+    const int64_t heads = dims_.num_query_heads;
+    const int64_t q_lora = config_.get_int("q_lora_rank");
+    const int64_t kv_lora = config_.get_int("kv_lora_rank");
+    const int64_t nope = config_.get_int("qk_nope_head_dim");
+    const int64_t rope_dim = config_.get_int("qk_rope_head_dim");
+    const int64_t value_dim = config_.get_int("v_head_dim");
+    const Dim embed_w{"embed", dims_.emb_dim, "embed"};
+    const Dim heads_w{"heads", heads, "q_heads"};
+    TensorId query = -1;
+    const auto query_dims = head_dims(heads, "heads", "activation_heads", "qk_head_dim", nope + rope_dim);
+    if (q_lora > 0) {
+      const TensorId wq_a = weight("mla/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region);
+      TensorId q_latent = einsum("mla/q_latent", x, wq_a, {"embed"},
+                                 with_last(activation_dims(), {act("q_lora", q_lora, "activation_embed")}),
+                                 region, "mla_q");
+      q_latent = norm("mla/q_norm", q_latent, region);
+      const TensorId wq_b = weight("mla/wq_b", {Dim{"q_lora", q_lora, "q_lora"}, heads_w,
+                                                Dim{"qk_head_dim", nope + rope_dim, "kv"}},
+                                   region);
+      query = einsum("mla/query", q_latent, wq_b, {"q_lora"}, query_dims, region, "query_proj");
+    } else {
+      const TensorId wq = weight("mla/wq", {embed_w, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}},
+                                 region);
+      query = einsum("mla/query", x, wq, {"embed"}, query_dims, region, "query_proj");
+    }
+    query = rope("mla/query_rope", query, region);
+    const TensorId wkv_a = weight("mla/wkv_a", {embed_w, Dim{"kv_lora", kv_lora, "kv_lora"}}, region);
+    TensorId kv_latent = einsum("mla/kv_latent", x, wkv_a, {"embed"},
+                                with_last(activation_dims(), {act("kv_lora", kv_lora, "activation_embed")}),
+                                region, "mla_kv");
+    kv_latent = norm("mla/kv_norm", kv_latent, region);
+    const TensorId wk_rope = weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}}, region);
+    TensorId key_rope = einsum("mla/key_rope", x, wk_rope, {"embed"},
+                               with_last(activation_dims(), {act("qk_rope", rope_dim, "activation_kv")}),
+                               region);
+    key_rope = rope("mla/key_rope_rotated", key_rope, region);
+    const TensorId wk_b = weight("mla/wk_b", {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w,
+                                              Dim{"qk_nope", nope, "kv"}},
+                                 region);
+    const TensorId key = einsum("mla/key", kv_latent, wk_b, {"kv_lora"},
+                                head_dims(heads, "heads", "activation_heads", "qk_nope", nope), region,
+                                "key_proj");
+    const TensorId wv_b = weight("mla/wv_b", {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w,
+                                              Dim{"v_head_dim", value_dim, "kv"}},
+                                 region);
+    const TensorId value = einsum("mla/value", kv_latent, wv_b, {"kv_lora"},
+                                  head_dims(heads, "heads", "activation_heads", "v_head_dim", value_dim),
+                                  region, "value_proj");
+    LayerGroup mla;
+    mla.attention = AttentionKind::kMla;
+    const TensorId context =
+        attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim);
+    return out_projection(region, context, "v_head_dim", value_dim);
+  }
+
+  // Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation = plain.
+  TensorId build_mlp(const std::string& prefix, int region, TensorId x, int64_t mlp_dim,
+                     const std::string& experts_prefix = "") {
+    const bool moe = !experts_prefix.empty();
+    const std::vector<Dim> in_dims = graph().tensor(x).dims;
+    std::vector<Dim> weight_lead;
+    if (moe) {
+      weight_lead.push_back(Dim{"experts", dims_.num_experts, "exp"});
+    }
+    const std::string embed_logical = moe ? "embed_moe" : "embed";
+    const std::string mlp_logical = moe ? "mlp_moe" : "mlp";
+    const std::string remat_prefix = moe ? "moe_mlpwi" : "mlpwi";
+    std::vector<Dim> hidden_dims = with_last(in_dims, {act("mlp", mlp_dim, "activation_mlp")});
+    TensorId gated = -1;
+    const auto& activations = dims_.mlp_activations;
+    for (size_t index = 0; index < activations.size(); ++index) {
+      std::vector<Dim> w_dims = weight_lead;
+      w_dims.push_back(Dim{"embed", dims_.emb_dim, embed_logical});
+      w_dims.push_back(Dim{"mlp", mlp_dim, mlp_logical});
+      const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
+      const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region);
+      TensorId hidden = einsum(prefix + "/wi" + suffix, x, w, {"embed"}, hidden_dims, region,
+                               remat_prefix + (activations.size() > 1 ? suffix : ""));
+      const std::string& function = activations[index];
+      if (function != "linear") {
+        const ElementwiseFn fn = function == "silu" || function == "swish" ? ElementwiseFn::kSilu
+                                 : function == "relu"                      ? ElementwiseFn::kRelu
+                                 : function == "sigmoid"                   ? ElementwiseFn::kSigmoid
+                                                                           : ElementwiseFn::kGelu;
+        hidden = elementwise(prefix + "/" + function + suffix, fn, {hidden}, region);
+      }
+      gated = gated < 0 ? hidden
+                        : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
+    }
+    std::vector<Dim> wo_dims = weight_lead;
+    wo_dims.push_back(Dim{"mlp", mlp_dim, mlp_logical});
+    wo_dims.push_back(Dim{"embed", dims_.emb_dim, embed_logical});
+    const TensorId wo = weight(prefix + "/wo", wo_dims, region);
+    return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo");
+  }
+
+  // Routed experts (top-k of num_experts) plus shared experts. Tokens are grouped per expert:
+  // dropless gives B*S*k/E tokens per expert (MaxText's FLOP convention); with sparse_matmul=false
+  // and capacity_factor > 0 each expert is padded to its capacity.
+  TensorId build_moe(int region, TensorId x) {
+    const int64_t experts = dims_.num_experts;
+    const int64_t top_k = dims_.num_experts_per_tok;
+    const TensorId w_gate = weight("moe/gate", {Dim{"embed", dims_.emb_dim, "embed"},
+                                                Dim{"experts", experts, "exp"}},
+                                   region);
+    const TensorId router_logits =
+        einsum("moe/router", x, w_gate, {"embed"},
+               with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
+    const TensorId routing = activation(
+        "moe/routing", with_last(activation_dims(), {act("top_k", top_k, "activation_exp")}), region);
+    OpAttrs router_attrs;
+    router_attrs.top_k = top_k;
+    graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
+                   region);
+    const double tokens = static_cast<double>(batch_ * length_);
+    const double capacity_factor = config_.get_float("capacity_factor");
+    const bool padded = !config_.get_bool("sparse_matmul") && capacity_factor > 0;
+    const double per_expert = tokens * static_cast<double>(top_k) / static_cast<double>(experts) *
+                              (padded ? capacity_factor : 1.0);
+    const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
+    const std::vector<Dim> grouped_dims = {act("experts", experts, "activation_exp"),
+                                           act("expert_tokens", expert_tokens, "activation_batch"),
+                                           act("embed", dims_.emb_dim, "activation_embed")};
+    const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
+    OpAttrs dispatch_attrs;
+    dispatch_attrs.top_k = top_k;
+    dispatch_attrs.capacity_factor = padded ? capacity_factor : 0.0;
+    graph().add_op(OpKind::kMoeDispatch, "moe/dispatch", {x, routing}, {grouped}, dispatch_attrs,
+                   region);
+    const TensorId expert_out = build_mlp("moe/experts", region, grouped, dims_.moe_mlp_dim, "moe");
+    TensorId combined = activation("moe/combined", activation_dims(), region);
+    graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
+                   dispatch_attrs, region);
+    if (dims_.shared_experts > 0) {
+      const TensorId shared = build_mlp("moe/shared", region, x, dims_.moe_mlp_dim * dims_.shared_experts);
+      combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
+    }
+    return combined;
+  }
+
+  void build_head() {
+    const int region = graph().add_region("head", 1, Phase::kForward);
+    result_.head_region = region;
+    const TensorId input = graph().add_tensor("head/input", activation_dims(), activation_dtype_,
+                                              TensorKind::kActivation, region);
+    result_.head_input = input;
+    const TensorId normed = norm("final_norm", input, region);
+    TensorId unembed = table_;
+    std::vector<std::string> contracted = {"embed"};
+    if (!dims_.logits_via_embedding) {
+      unembed = weight("unembedding", {Dim{"embed", dims_.emb_dim, "embed"},
+                                       Dim{"vocab", dims_.vocab_size, "vocab"}},
+                       region);
+    }
+    const TensorId logits =
+        einsum("logits", normed, unembed, contracted,
+               with_last(activation_dims(), {act("vocab", dims_.vocab_size, "activation_vocab")}),
+               region);
+    const TensorId targets =
+        graph().add_tensor("targets", token_dims(), DType::kI32, TensorKind::kInput, region);
+    const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
+    graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, {}, region);
+    result_.loss = loss;
+  }
+
+  const Config& config_;
+  ModelDims dims_;
+  int64_t batch_;
+  int64_t length_;
+  DType activation_dtype_;
+  DType weight_dtype_;
+  std::string block_;
+  TensorId tokens_ = -1;
+  TensorId table_ = -1;
+  ForwardGraph result_;
+};
+
+}  // namespace
+
+ForwardGraph build_forward(const Config& config, int64_t batch) {
+  if (batch < 1) {
+    throw UserError("the global batch must hold at least one sequence (per_device_batch_size x "
+                    "devices = " + std::to_string(batch) + ")");
+  }
+  return ForwardBuilder(config, batch).build();
+}
+
+}  // namespace tpusim

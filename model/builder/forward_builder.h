@@ -1,0 +1,44 @@
+// model/builder/forward_builder.h: the forward pass of a MaxText decoder-only model as a Graph.
+//
+// Builds [embed x1] [one region per layer group x count] [head x1] from the config: token
+// embedding (plus learned positions for gpt3), each decoder layer (RMSNorm or LayerNorm, RoPE,
+// GQA or MLA attention, SwiGLU/GeGLU/GELU MLP or a routed mixture of experts with shared experts),
+// the final norm, the unembedding (tied when logits_via_embedding) and the cross-entropy loss.
+// Tensors carry MaxText's logical axis names and checkpoint names so the partitioner and the remat
+// policies can read them.
+//
+// Example:
+//   ForwardGraph forward = build_forward(config, /*batch=*/8);
+//   forward.graph.to_text(forward.layer_regions[0]);   // one decoder layer
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/builder/layer_plan.h"
+#include "model/ir/graph.h"
+
+namespace tpusim {
+
+class Config;
+
+struct ForwardGraph {
+  Graph graph;
+  int embed_region = -1;
+  std::vector<int> layer_regions;  // one per LayerGroup, in plan order
+  int head_region = -1;
+  // The residual stream between regions: embed_output feeds layer_inputs[0], layer_outputs[i]
+  // feeds layer_inputs[i + 1] (the scan carry), the last layer output feeds head_input.
+  TensorId embed_output = -1;
+  std::vector<TensorId> layer_inputs;
+  std::vector<TensorId> layer_outputs;
+  TensorId head_input = -1;
+  TensorId loss = -1;
+  int64_t batch = 0;     // sequences in the graph
+  int64_t length = 0;    // tokens per sequence
+};
+
+// `batch` is the number of sequences the graph processes (a whole microbatch before partitioning).
+ForwardGraph build_forward(const Config& config, int64_t batch);
+
+}  // namespace tpusim

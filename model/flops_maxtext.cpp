@@ -1,0 +1,249 @@
+#include "model/flops_maxtext.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "model/config.h"
+#include "model/model_dims.h"
+
+namespace tpusim {
+namespace {
+
+// A matmul of an [m, n] by an [n, p] matrix costs m.n.p multiply-adds, 2 FLOPs each.
+constexpr double kFlopsPerMultiplyAdd = 2.0;
+// Training costs the forward matmul plus two backward ones (input and weight gradients).
+constexpr double kTrainingPassesPerForward = 3.0;
+constexpr double kFlopsPerTflop = 1e12;
+// Core attention is two matmuls per head: Q.K^T (scores) and P.V (weighted values).
+constexpr double kAttentionMatmuls = 2.0;
+// MaxText (since PR #1988) counts half of the S x S score matrix under the causal mask.
+constexpr double kCausalFraction = 0.5;
+// A sliding window W keeps S.W - W^2/2 of the S^2 (query, key) pairs.
+constexpr double kWindowTriangleFraction = 0.5;
+// Each gemma2 decoder layer is a (local sliding-window, global) pair of real layers.
+constexpr int64_t kGemma2LayersPerDecoderLayer = 2;
+// Gemma 3 repeats 5 local sliding-window layers then 1 global layer (MaxText
+// GEMMA3_ATTENTION_PATTERN_LENGTH).
+constexpr int64_t kGemma3AttentionPatternLength = 6;
+// 2023 convention: 6 FLOPs per parameter per token (2 forward, 4 backward).
+constexpr double kTrainingFlopsPerParamPerToken = 6.0;
+// 2023 parameter count: RMSNorm scales before attention and before the MLP in each layer.
+constexpr int64_t kNormsPerLayer = 2;
+
+double as_double(int64_t value) {
+  return static_cast<double>(value);
+}
+
+// 2.T.D.F.a (the a input matmuls: gate, up, ...) + 2.T.D.F (the output matmul), T tokens.
+double ffn_flops(double tokens, const ModelDims& dims, int64_t mlp_dim) {
+  const double activations = as_double(static_cast<int64_t>(dims.mlp_activations.size()));
+  const double one_matmul =
+      kFlopsPerMultiplyAdd * tokens * as_double(dims.emb_dim) * as_double(mlp_dim);
+  return one_matmul * activations + one_matmul;
+}
+
+// Weights of one FFN: a input matrices and one output matrix of D x F.
+double ffn_params(const ModelDims& dims, int64_t mlp_dim) {
+  const double activations = as_double(static_cast<int64_t>(dims.mlp_activations.size()));
+  return (activations + 1.0) * as_double(dims.emb_dim) * as_double(mlp_dim);
+}
+
+bool is_mla(const ModelDims& dims) {
+  return dims.attention_type == "mla";
+}
+
+// The real depth: gemma2 counts (local, global) pairs in base_num_decoder_layers.
+int64_t real_num_layers(const ModelDims& dims) {
+  return dims.decoder_block == "gemma2" ? dims.num_layers * kGemma2LayersPerDecoderLayer
+                                        : dims.num_layers;
+}
+
+struct FfnLayerCounts {
+  int64_t dense = 0;
+  int64_t moe = 0;
+};
+
+// MoE models: DeepSeek has first_num_dense_layers dense layers then MoE ones; other blocks
+// (mixtral, qwen3_moe, gpt_oss, ...) are MoE in every layer.
+FfnLayerCounts ffn_layer_counts(const ModelDims& dims, int64_t num_layers) {
+  if (!dims.is_moe()) {
+    return {num_layers, 0};
+  }
+  if (dims.decoder_block == "deepseek") {
+    const int64_t dense = std::min(dims.first_num_dense_layers, num_layers);
+    return {dense, num_layers - dense};
+  }
+  return {0, num_layers};
+}
+
+struct AttentionLayerCounts {
+  int64_t global = 0;
+  int64_t local = 0;
+};
+
+// Which layers use sliding-window attention, per MaxText's accounting: gemma2 alternates
+// (local, global); gemma3 has one global layer per 6; gpt_oss one per
+// inhomogeneous_layer_cycle_interval. Other blocks count every layer as global, whatever
+// attention_type says (MaxText does the same).
+AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
+  if (dims.decoder_block == "gemma2") {
+    return {num_layers / kGemma2LayersPerDecoderLayer, num_layers / kGemma2LayersPerDecoderLayer};
+  }
+  int64_t pattern_length = 1;
+  if (dims.decoder_block == "gemma3") {
+    pattern_length = kGemma3AttentionPatternLength;
+  } else if (dims.decoder_block == "gpt_oss") {
+    pattern_length = dims.inhomogeneous_layer_cycle_interval;
+    if (pattern_length < 1) {
+      throw UserError("inhomogeneous_layer_cycle_interval: " + std::to_string(pattern_length) +
+                      " must be >= 1 for decoder_block gpt_oss");
+    }
+  }
+  const int64_t global = num_layers / pattern_length;
+  return {global, num_layers - global};
+}
+
+// Query + key/value projections of one MLA layer (MaxText calculate_mla_tflops_per_device).
+double mla_qkv_flops(double tokens, const ModelDims& dims) {
+  const double emb = as_double(dims.emb_dim);
+  const double heads = as_double(dims.num_query_heads);
+  const double qk_head_dim = as_double(dims.qk_nope_head_dim + dims.qk_rope_head_dim);
+  const double q_lora = as_double(dims.q_lora_rank);
+  const double kv_lora = as_double(dims.kv_lora_rank);
+  const double query_macs = dims.q_lora_rank > 0
+                                ? emb * q_lora + q_lora * heads * qk_head_dim  // down, then up
+                                : emb * heads * qk_head_dim;
+  const double kv_macs = emb * (kv_lora + as_double(dims.qk_rope_head_dim)) +
+                         kv_lora * heads * as_double(dims.qk_nope_head_dim + dims.v_head_dim);
+  return kFlopsPerMultiplyAdd * tokens * (query_macs + kv_macs);
+}
+
+double mla_params(const ModelDims& dims) {
+  return mla_qkv_flops(1.0, dims) / kFlopsPerMultiplyAdd +
+         as_double(dims.num_query_heads * dims.v_head_dim * dims.emb_dim);
+}
+
+struct BatchShape {
+  double batch = 0;     // B, sequences per device per microbatch
+  double sequence = 0;  // S
+  int64_t gradient_accumulation_steps = 1;
+  double tokens() const { return batch * sequence; }
+};
+
+BatchShape batch_shape(const Config& config) {
+  BatchShape shape;
+  shape.batch = config.get_float("per_device_batch_size");
+  shape.sequence = as_double(config.get_int("max_target_length"));
+  shape.gradient_accumulation_steps = config.get_int("gradient_accumulation_steps");
+  return shape;
+}
+
+}  // namespace
+
+double MaxTextForwardFlops::learnable_weight_flops() const {
+  return dense_ffn * as_double(num_dense_layers) + (moe_ffn + router) * as_double(num_moe_layers) +
+         (qkv + out_proj) * as_double(num_layers) + unembed;
+}
+
+double MaxTextForwardFlops::attention_flops() const {
+  return global_attention * as_double(num_global_attention_layers) +
+         local_attention * as_double(num_local_attention_layers);
+}
+
+MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
+  const ModelDims dims = ModelDims::from_config(config);
+  const BatchShape shape = batch_shape(config);
+  const double tokens = shape.tokens();
+  const double emb = as_double(dims.emb_dim);
+  const double heads = as_double(dims.num_query_heads);
+  const double head_dim = as_double(dims.head_dim);
+
+  MaxTextForwardFlops forward;
+  forward.num_layers = real_num_layers(dims);
+  const FfnLayerCounts ffn_layers = ffn_layer_counts(dims, forward.num_layers);
+  forward.num_dense_layers = ffn_layers.dense;
+  forward.num_moe_layers = ffn_layers.moe;
+  const AttentionLayerCounts attention_layers = attention_layer_counts(dims, forward.num_layers);
+  forward.num_global_attention_layers = attention_layers.global;
+  forward.num_local_attention_layers = attention_layers.local;
+
+  forward.dense_ffn = ffn_flops(tokens, dims, dims.mlp_dim);
+  if (dims.is_moe()) {
+    forward.router = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.num_experts);
+    // Shared experts only in DeepSeek-style blocks; the generic MoE path ignores them.
+    const int64_t shared = dims.decoder_block == "deepseek" ? dims.shared_experts : 0;
+    forward.moe_ffn =
+        as_double(shared + dims.num_experts_per_tok) * ffn_flops(tokens, dims, dims.moe_mlp_dim);
+  }
+
+  // Non-causal core attention is kAttentionMatmuls x 2.B.S^2.H.(per-head width of the matmul);
+  // for MLA the two matmuls have widths qk_nope + qk_rope (scores) and v_head_dim (values).
+  const double score_pairs = shape.batch * shape.sequence * shape.sequence;
+  if (is_mla(dims)) {
+    forward.qkv = mla_qkv_flops(tokens, dims);
+    forward.out_proj = kFlopsPerMultiplyAdd * tokens * emb * heads * as_double(dims.v_head_dim);
+    const double head_widths =
+        as_double(dims.qk_nope_head_dim + dims.qk_rope_head_dim + dims.v_head_dim);
+    forward.global_attention =
+        kCausalFraction * kFlopsPerMultiplyAdd * score_pairs * heads * head_widths;
+  } else {
+    forward.qkv = kFlopsPerMultiplyAdd * tokens * emb *
+                  as_double(dims.num_query_heads + 2 * dims.num_kv_heads) * head_dim;
+    forward.out_proj = kFlopsPerMultiplyAdd * tokens * emb * heads * head_dim;
+    forward.global_attention =
+        kCausalFraction * kAttentionMatmuls * kFlopsPerMultiplyAdd * score_pairs * heads * head_dim;
+  }
+  if (forward.num_local_attention_layers > 0) {
+    // A window longer than the sequence is the whole (causal) sequence: S.W - W^2/2 = S^2/2.
+    const double window = std::min(as_double(dims.sliding_window_size), shape.sequence);
+    const double window_pairs =
+        shape.batch * (shape.sequence * window - kWindowTriangleFraction * window * window);
+    forward.local_attention =
+        kAttentionMatmuls * kFlopsPerMultiplyAdd * window_pairs * heads * head_dim;
+  }
+  forward.unembed = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.vocab_size);
+
+  MaxTextFlops flops;
+  flops.forward = forward;
+  flops.gradient_accumulation_steps = shape.gradient_accumulation_steps;
+  const double per_step = kTrainingPassesPerForward * as_double(shape.gradient_accumulation_steps);
+  flops.learnable_weight_tflops = per_step * forward.learnable_weight_flops() / kFlopsPerTflop;
+  flops.attention_tflops = per_step * forward.attention_flops() / kFlopsPerTflop;
+  return flops;
+}
+
+MaxText2023Flops maxtext_2023_flops_per_device(const Config& config) {
+  const ModelDims dims = ModelDims::from_config(config);
+  const BatchShape shape = batch_shape(config);
+  const int64_t num_layers = real_num_layers(dims);
+  const FfnLayerCounts ffn_layers = ffn_layer_counts(dims, num_layers);
+  const double emb = as_double(dims.emb_dim);
+  const double heads = as_double(dims.num_query_heads);
+  const double head_dim = as_double(dims.head_dim);
+
+  const double attention_params =
+      is_mla(dims) ? mla_params(dims)
+                   : emb * as_double(dims.num_query_heads + 2 * dims.num_kv_heads) * head_dim +
+                         heads * head_dim * emb;
+  const double moe_params =
+      as_double(dims.num_experts + dims.shared_experts) * ffn_params(dims, dims.moe_mlp_dim) +
+      emb * as_double(dims.num_experts);  // experts + router
+  const double layer_params = attention_params + as_double(kNormsPerLayer) * emb;
+  const double embedding_params = as_double(dims.vocab_size) * emb;
+
+  MaxText2023Flops flops;
+  flops.num_params = layer_params * as_double(num_layers) +
+                     ffn_params(dims, dims.mlp_dim) * as_double(ffn_layers.dense) +
+                     moe_params * as_double(ffn_layers.moe) + embedding_params +
+                     (dims.logits_via_embedding ? 0.0 : embedding_params) + emb;  // + final norm
+  const double accumulation = as_double(shape.gradient_accumulation_steps);
+  flops.weight_tflops = kTrainingFlopsPerParamPerToken * flops.num_params * shape.tokens() *
+                        accumulation / kFlopsPerTflop;
+  flops.attention_tflops = kTrainingPassesPerForward * kAttentionMatmuls * kFlopsPerMultiplyAdd *
+                           as_double(num_layers) * heads * head_dim * shape.sequence *
+                           shape.sequence * shape.batch * accumulation / kFlopsPerTflop;
+  return flops;
+}
+
+}  // namespace tpusim

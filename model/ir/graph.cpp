@@ -1,0 +1,99 @@
+#include "model/ir/graph.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace tpusim {
+
+int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region) {
+  if (repeat < 1) {
+    throw std::logic_error("region '" + name + "' must repeat at least once");
+  }
+  regions_.push_back(Region{name, repeat, phase, forward_region});
+  return static_cast<int>(regions_.size()) - 1;
+}
+
+TensorId Graph::add_tensor(const std::string& name, std::vector<Dim> dims, DType dtype,
+                           TensorKind kind, int region, const std::string& remat_name) {
+  Tensor tensor;
+  tensor.id = static_cast<TensorId>(tensors_.size());
+  tensor.name = name;
+  tensor.dims = std::move(dims);
+  tensor.dtype = dtype;
+  tensor.kind = kind;
+  tensor.region = region;
+  tensor.remat_name = remat_name;
+  tensors_.push_back(std::move(tensor));
+  producer_.push_back(-1);
+  return tensors_.back().id;
+}
+
+int Graph::add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+                  std::vector<TensorId> outputs, OpAttrs attrs, int region) {
+  Op op;
+  op.id = static_cast<int>(ops_.size());
+  op.kind = kind;
+  op.name = name;
+  op.inputs = std::move(inputs);
+  op.outputs = std::move(outputs);
+  op.attrs = std::move(attrs);
+  op.region = region;
+  op.phase = regions_.at(static_cast<size_t>(region)).phase;
+  for (const TensorId output : op.outputs) {
+    if (producer_.at(static_cast<size_t>(output)) >= 0) {
+      throw std::logic_error("tensor '" + tensor(output).name + "' is written by two ops");
+    }
+    producer_[static_cast<size_t>(output)] = op.id;
+  }
+  ops_.push_back(std::move(op));
+  return ops_.back().id;
+}
+
+int Graph::producer(TensorId id) const { return producer_.at(static_cast<size_t>(id)); }
+
+std::string Graph::to_text(int only_region) const {
+  std::ostringstream out;
+  for (size_t region_id = 0; region_id < regions_.size(); ++region_id) {
+    if (only_region >= 0 && static_cast<int>(region_id) != only_region) {
+      continue;
+    }
+    const Region& region = regions_[region_id];
+    out << "region " << region.name << " x" << region.repeat << " (" << phase_name(region.phase)
+        << ")\n";
+    for (const Op& op : ops_) {
+      if (op.region != static_cast<int>(region_id)) {
+        continue;
+      }
+      out << "  " << op_kind_name(op.kind);
+      if (op.kind == OpKind::kElementwise) {
+        out << "." << elementwise_name(op.attrs.function);
+      }
+      out << " " << op.name << " (";
+      for (size_t index = 0; index < op.inputs.size(); ++index) {
+        out << (index == 0 ? "" : ", ") << tensor(op.inputs[index]).describe();
+      }
+      out << ") -> ";
+      for (size_t index = 0; index < op.outputs.size(); ++index) {
+        out << (index == 0 ? "" : ", ") << tensor(op.outputs[index]).describe();
+      }
+      if (!op.attrs.contracted.empty()) {
+        out << " contract {";
+        for (size_t index = 0; index < op.attrs.contracted.size(); ++index) {
+          out << (index == 0 ? "" : ",") << op.attrs.contracted[index];
+        }
+        out << "}";
+      }
+      if (!op.attrs.mesh_axes.empty()) {
+        out << " over {";
+        for (size_t index = 0; index < op.attrs.mesh_axes.size(); ++index) {
+          out << (index == 0 ? "" : ",") << op.attrs.mesh_axes[index];
+        }
+        out << "}";
+      }
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace tpusim

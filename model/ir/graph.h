@@ -1,0 +1,67 @@
+// model/ir/graph.h: the training step as a graph of ops on named-dim tensors, in regions.
+//
+// A region is a run of ops executed `repeat` times: MaxText scans the decoder layers
+// (scan_layers), so the step is [embed x1] [layer x L] [head x1] forward, then the backward
+// regions in reverse, then the optimizer. A repeated region holds ONE iteration's ops and tensors
+// (one layer's weights, one layer's activations); totals multiply by `repeat`. This keeps the
+// program's size independent of the layer count, which both interpreters rely on.
+//
+// Example:
+//   Graph graph;
+//   int layer = graph.add_region("decoder_layer", 32, Phase::kForward);
+//   TensorId w = graph.add_tensor("mlp/wi_0", {{"embed", 4096, "embed"}, {"mlp", 14336, "mlp"}},
+//                                 DType::kF32, TensorKind::kParameter, layer);
+//   graph.add_op(OpKind::kEinsum, "mlp/wi_0", {h, w}, {g}, {.contracted = {"embed"}}, layer);
+//   std::cout << graph.to_text();
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/ir/op.h"
+#include "model/ir/tensor.h"
+
+namespace tpusim {
+
+struct Region {
+  std::string name;
+  int64_t repeat = 1;
+  Phase phase = Phase::kForward;
+  int forward_region = -1;  // for a backward region: the forward region it differentiates
+};
+
+class Graph {
+ public:
+  int add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region = -1);
+
+  TensorId add_tensor(const std::string& name, std::vector<Dim> dims, DType dtype, TensorKind kind,
+                      int region, const std::string& remat_name = "");
+
+  // Adds an op; its phase is the region's. Returns the op id.
+  int add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+             std::vector<TensorId> outputs, OpAttrs attrs, int region);
+
+  const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }
+  Tensor& mutable_tensor(TensorId id) { return tensors_.at(static_cast<size_t>(id)); }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  Op& mutable_op(int id) { return ops_.at(static_cast<size_t>(id)); }
+  const std::vector<Region>& regions() const { return regions_; }
+  const Region& region(int id) const { return regions_.at(static_cast<size_t>(id)); }
+
+  // The op that writes `id`, or -1 (parameters and inputs have none).
+  int producer(TensorId id) const;
+
+  // Readable listing: regions with their repeat count, then one line per op:
+  //   einsum mlp/wi_0 (x[batch:8,...] bf16, w[...] f32) -> g[...] bf16 contract {embed}
+  std::string to_text(int only_region = -1) const;
+
+ private:
+  std::vector<Region> regions_;
+  std::vector<Tensor> tensors_;
+  std::vector<Op> ops_;
+  std::vector<int> producer_;  // by tensor id
+};
+
+}  // namespace tpusim

@@ -1,0 +1,85 @@
+// model/ir/op.h: one operation of the training-step graph.
+//
+// Ops read and write tensors by id. Einsums name the dims they contract, so the graph reads like
+// Haliax: einsum(x[batch,length,embed], w[embed,mlp]) contracting {embed} -> h[batch,length,mlp].
+// Backward ops are ops too (autodiff emits each op's vector-Jacobian product as ops), and so are
+// collectives once the partitioner has run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/ir/tensor.h"
+
+namespace tpusim {
+
+enum class OpKind {
+  kEinsum,           // contracts attrs.contracted dims; every other dim passes through
+  kElementwise,      // attrs.function over inputs of the output's shape (broadcast by dim name)
+  kRmsNorm,          // x, scale -> y (over attrs.reduced dims)
+  kLayerNorm,        // x, scale, bias -> y
+  kRope,             // rotary position embedding on head_dim
+  kAttention,        // q, k, v -> out (fused softmax(q k^T) v, mask in attrs)
+  kEmbeddingLookup,  // tokens, table -> x
+  kCrossEntropy,     // logits, targets -> loss (mean over tokens)
+  kMoeRouter,        // router logits -> top-k weights and expert assignment
+  kMoeDispatch,      // tokens -> expert-grouped tokens
+  kMoeCombine,       // expert outputs, weights -> tokens
+  // Backward-only kinds (vector-Jacobian products that are not einsums or elementwise).
+  kNormGrad,           // d(norm) for RMSNorm/LayerNorm: dy, x, scale -> dx (and dscale)
+  kAttentionGrad,      // dout, q, k, v, out -> dq, dk, dv
+  kEmbeddingGrad,      // dx, tokens -> dtable (scatter-add)
+  kCrossEntropyGrad,   // logits, targets -> dlogits
+  kRouterGrad,         // d(router weights) -> d(router logits)
+  kReduceSum,          // sums attrs.contracted dims (bias and scale gradients)
+  // Optimizer.
+  kAdamUpdate,  // param, grad, mu, nu -> param', mu', nu'
+  // Collectives, inserted by the partitioner.
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kAllToAll,
+  kCollectivePermute,
+  // Host offload (remat policy "offload").
+  kHostOffload,
+  kHostLoad,
+};
+
+const char* op_kind_name(OpKind kind);
+bool is_collective(OpKind kind);
+
+enum class ElementwiseFn { kAdd, kMul, kSilu, kGelu, kRelu, kSigmoid, kScale, kCast, kSiluGrad,
+                           kGeluGrad, kReluGrad, kSigmoidGrad };
+
+const char* elementwise_name(ElementwiseFn fn);
+
+// Which part of the step an op belongs to.
+enum class Phase { kForward, kBackward, kRecompute, kOptimizer };
+
+const char* phase_name(Phase phase);
+
+enum class AttentionMask { kCausal, kSlidingWindow, kNone };
+
+struct OpAttrs {
+  std::vector<std::string> contracted;  // einsum / reduce: dim names summed over
+  ElementwiseFn function = ElementwiseFn::kAdd;
+  AttentionMask mask = AttentionMask::kCausal;
+  int64_t window = 0;        // sliding window size
+  int64_t top_k = 0;         // MoE router
+  double capacity_factor = 0;  // MoE dispatch (<= 0: dropless)
+  std::vector<std::string> mesh_axes;  // collectives: the mesh axes they span
+  int64_t group_size = 1;              // collectives: devices in each group
+};
+
+struct Op {
+  int id = -1;
+  OpKind kind = OpKind::kEinsum;
+  std::string name;
+  std::vector<TensorId> inputs;
+  std::vector<TensorId> outputs;
+  OpAttrs attrs;
+  Phase phase = Phase::kForward;
+  int region = 0;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,128 @@
+#include "model/ir/op_flops.h"
+
+#include <map>
+
+namespace tpusim {
+namespace {
+
+constexpr double kFlopsPerMac = 2.0;
+// Vector work per element, rough operation counts (assumption; refined by calibration later):
+constexpr double kSimpleElementwiseFlops = 1.0;  // add, mul, scale, cast
+constexpr double kActivationFlops = 4.0;          // silu/gelu/sigmoid: exp + divide + multiply
+constexpr double kNormFlopsPerElement = 4.0;      // square, sum, scale, multiply
+constexpr double kSoftmaxFlopsPerScore = 5.0;     // max, subtract, exp, sum, divide
+constexpr double kRopeFlopsPerElement = 3.0;      // two multiplies and an add
+constexpr double kAdamFlopsPerParameter = 12.0;   // two moments, bias correction, sqrt, update
+constexpr double kCrossEntropyFlopsPerLogit = 4.0;
+constexpr double kAttentionGradMatmulFactor = 2.0;  // dq, dk, dv, dp vs q k^T, p v
+
+double elements(const Graph& graph, TensorId id) {
+  return static_cast<double>(graph.tensor(id).num_elements());
+}
+
+double einsum_flops(const Graph& graph, const Op& op) {
+  std::map<std::string, int64_t> sizes;
+  for (const TensorId input : op.inputs) {
+    for (const Dim& dim : graph.tensor(input).dims) {
+      sizes[dim.name] = dim.size;
+    }
+  }
+  double product = kFlopsPerMac;
+  for (const auto& [name, size] : sizes) {
+    product *= static_cast<double>(size);
+  }
+  return product;
+}
+
+int64_t dim_size(const Tensor& tensor, const std::string& name) {
+  const int index = tensor.dim_index(name);
+  return index < 0 ? 1 : tensor.dims[static_cast<size_t>(index)].size;
+}
+
+// q[batch,length,heads,head_dim], k[batch,kv_length,kv_heads,head_dim], v[...,v_head_dim].
+OpFlops attention_forward_flops(const Graph& graph, const Op& op) {
+  const Tensor& query = graph.tensor(op.inputs.at(0));
+  const Tensor& value = graph.tensor(op.inputs.at(2));
+  const double batch = static_cast<double>(dim_size(query, "batch"));
+  const int64_t length = dim_size(query, "length");
+  const double heads = static_cast<double>(dim_size(query, "heads"));
+  const double qk_dim = static_cast<double>(query.dims.back().size);
+  const double v_dim = static_cast<double>(value.dims.back().size);
+  const double scores = batch * heads * static_cast<double>(length) * static_cast<double>(length) *
+                        attention_mask_fraction(op.attrs.mask, length, op.attrs.window);
+  return {kFlopsPerMac * scores * (qk_dim + v_dim), kSoftmaxFlopsPerScore * scores};
+}
+
+}  // namespace
+
+double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t window) {
+  const double sequence = static_cast<double>(length);
+  switch (mask) {
+    case AttentionMask::kNone:
+      return 1.0;
+    case AttentionMask::kCausal:
+      return 0.5;
+    case AttentionMask::kSlidingWindow: {
+      if (window <= 0 || window >= length) {
+        return 0.5;
+      }
+      const double width = static_cast<double>(window);
+      return (sequence * width - width * width / 2.0) / (sequence * sequence);
+    }
+  }
+  return 1.0;
+}
+
+OpFlops op_flops(const Graph& graph, const Op& op) {
+  switch (op.kind) {
+    case OpKind::kEinsum:
+      return {einsum_flops(graph, op), 0};
+    case OpKind::kAttention:
+      return attention_forward_flops(graph, op);
+    case OpKind::kAttentionGrad: {
+      // Inputs: dout, q, k, v, ...: forward q, k, v start at index 1.
+      Op forward = op;
+      forward.inputs.erase(forward.inputs.begin());
+      const OpFlops flops = attention_forward_flops(graph, forward);
+      return {kAttentionGradMatmulFactor * flops.matmul, 2.0 * flops.vector};
+    }
+    case OpKind::kElementwise: {
+      const bool simple = op.attrs.function == ElementwiseFn::kAdd ||
+                          op.attrs.function == ElementwiseFn::kMul ||
+                          op.attrs.function == ElementwiseFn::kScale ||
+                          op.attrs.function == ElementwiseFn::kCast;
+      return {0, elements(graph, op.outputs.at(0)) *
+                     (simple ? kSimpleElementwiseFlops : kActivationFlops)};
+    }
+    case OpKind::kRmsNorm:
+    case OpKind::kLayerNorm:
+    case OpKind::kNormGrad:
+      return {0, kNormFlopsPerElement * elements(graph, op.inputs.at(0))};
+    case OpKind::kRope:
+      return {0, kRopeFlopsPerElement * elements(graph, op.inputs.at(0))};
+    case OpKind::kCrossEntropy:
+    case OpKind::kCrossEntropyGrad:
+      return {0, kCrossEntropyFlopsPerLogit * elements(graph, op.inputs.at(0))};
+    case OpKind::kAdamUpdate:
+      return {0, kAdamFlopsPerParameter * elements(graph, op.inputs.at(0))};
+    case OpKind::kReduceSum:
+    case OpKind::kEmbeddingGrad:
+    case OpKind::kMoeRouter:
+    case OpKind::kRouterGrad:
+    case OpKind::kMoeCombine:
+      return {0, elements(graph, op.inputs.at(0))};
+    case OpKind::kEmbeddingLookup:
+    case OpKind::kMoeDispatch:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+    case OpKind::kHostOffload:
+    case OpKind::kHostLoad:
+      return {};
+  }
+  return {};
+}
+
+}  // namespace tpusim

@@ -1,0 +1,27 @@
+// model/ir/op_flops.h: the floating-point work of one op, as the interpreters count it.
+//
+// Matmul FLOPs (MXU work) follow MaxText's convention so that the program's forward + backward
+// matmul FLOPs equal calculate_tflops_training_per_device: an einsum costs 2 x the product of all
+// distinct dim sizes of its inputs; causal attention counts half of the score matrix (PR #1988);
+// a sliding window counts S*W - W^2/2 of S^2; an attention gradient costs 2 x its forward.
+// Vector FLOPs (VPU work) are per-element estimates named below.
+//
+// Example:
+//   einsum(x[batch:8,length:2048,embed:4096], w[embed:4096,mlp:14336]) -> 2*8*2048*4096*14336
+#pragma once
+
+#include "model/ir/graph.h"
+
+namespace tpusim {
+
+struct OpFlops {
+  double matmul = 0;  // MXU
+  double vector = 0;  // VPU/EUP
+};
+
+OpFlops op_flops(const Graph& graph, const Op& op);
+
+// Fraction of the Sq x Skv score matrix an attention op counts (MaxText convention).
+double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t window);
+
+}  // namespace tpusim

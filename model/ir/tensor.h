@@ -1,0 +1,58 @@
+// model/ir/tensor.h: a tensor of the training-step graph, with named dims.
+//
+// Every dim has a semantic name (used to match dims of an einsum: contract "embed" with "embed")
+// and a logical axis name (the MaxText logical_axis_rules key that decides its sharding: a weight's
+// embed dim is "embed", an activation's embed dim is "activation_embed").
+//
+// Example:
+//   x[batch:8 @activation_batch, length:2048 @activation_length, embed:4096 @activation_embed] bf16
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/ir/dtype.h"
+
+namespace tpusim {
+
+struct Dim {
+  std::string name;     // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
+  int64_t size = 1;
+  std::string logical;  // MaxText logical axis, e.g. "activation_embed" or "embed"
+};
+
+// What a tensor is, which decides which memory category it counts in.
+enum class TensorKind {
+  kParameter,       // a weight (master copy, weight_dtype)
+  kInput,           // tokens, targets, positions, segment ids
+  kActivation,      // forward intermediate
+  kGradient,        // gradient of an activation (backward intermediate)
+  kParameterGrad,   // gradient of a weight
+  kOptimizerState,  // Adam moments
+  kScalar,          // loss and other scalars
+};
+
+const char* tensor_kind_name(TensorKind kind);
+
+using TensorId = int;
+
+struct Tensor {
+  TensorId id = -1;
+  std::string name;  // "layer/mlp/wi_0", "layer/attention/q"
+  std::vector<Dim> dims;
+  DType dtype = DType::kF32;
+  TensorKind kind = TensorKind::kActivation;
+  int region = 0;  // region that produces it (parameters: the region that owns them)
+  // MaxText checkpoint name used by remat policies ("query_proj", "mlpwi_0", "context", ...), or "".
+  std::string remat_name;
+
+  int64_t num_elements() const;
+  int64_t bytes() const;
+  // Index of the dim named `dim_name`, or -1.
+  int dim_index(const std::string& dim_name) const;
+  // "x[batch:8,length:2048,embed:4096] bf16"
+  std::string describe() const;
+};
+
+}  // namespace tpusim
