@@ -117,7 +117,7 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
       edge.bandwidth_uni_bytes_per_s =
           chip.dcn_bandwidth_per_chip_gbps * kGiga * slice.chips_per_host;
       edge.latency_s = chip.dcn_latency_us * kMicro;
-      boost::add_edge(static_cast<size_t>(first_host + host), fabric_vertex, edge, graph_);
+      boost::add_edge(first_host + host, fabric_vertex, edge, graph_);
     }
   }
 }
@@ -203,8 +203,8 @@ int Topology::ici_links_per_chip() const {
   const int per_chip = slice_.devices_per_chip;
   for (int chip_id = 0; chip_id < slice_.chips; ++chip_id) {
     int count = 0;
-    for (const auto& edge :
-         boost::make_iterator_range(boost::out_edges(chip_id * per_chip, graph_))) {
+    const int first_device = chip_id * per_chip;
+    for (const auto& edge : boost::make_iterator_range(boost::out_edges(first_device, graph_))) {
       if (graph_[edge].kind == LinkKind::kIci) {
         ++count;
       }

@@ -43,7 +43,7 @@ ConfigType infer_type(const YAML::Node& node, const std::string& key, const std:
   if (node.Tag() == "!") {
     return ConfigType::kString;
   }
-  const std::string text = node.Scalar();
+  const std::string& text = node.Scalar();
   if (text == "true" || text == "false") {
     return ConfigType::kBool;
   }
@@ -234,7 +234,9 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
   for (const auto& item : base) {
     const std::string key = item.first.as<std::string>();
     if (config.entries_.contains(key)) {
-      throw UserError(base_name + ": key '" + key + "' appears twice");
+      std::string message = base_name;
+      message += ": key '" + key + "' appears twice";
+      throw UserError(message);
     }
     Entry entry;
     entry.type = infer_type(item.second, key, base_name);

@@ -31,8 +31,12 @@ class ForwardBuilder {
                                                 activation_dtype_, TensorKind::kActivation, region,
                                                 "decoder_layer_input");
       // The previous region's output `x` is this region's input (the scan carry).
+      graph().add_carry(x, input);
       result_.layer_inputs.push_back(input);
       const TensorId output = build_layer(group, region, input);
+      if (group.count > 1) {
+        graph().add_carry(output, input);
+      }
       result_.layer_outputs.push_back(output);
       x = output;
     }
@@ -366,6 +370,9 @@ class ForwardBuilder {
     const TensorId input = graph().add_tensor("head/input", activation_dims(), activation_dtype_,
                                               TensorKind::kActivation, region);
     result_.head_input = input;
+    graph().add_carry(result_.layer_outputs.empty() ? result_.embed_output
+                                                    : result_.layer_outputs.back(),
+                      input);
     const TensorId normed = norm("final_norm", input, region);
     TensorId unembed = table_;
     std::vector<std::string> contracted = {"embed"};

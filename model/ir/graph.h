@@ -53,6 +53,15 @@ class Graph {
   // The op that writes `id`, or -1 (parameters and inputs have none).
   int producer(TensorId id) const;
 
+  // A carry: the value of `from` when its region ends becomes `to` (the residual stream between
+  // regions, and from one iteration of a repeated region to the next when from and to share it).
+  struct Carry {
+    TensorId from = -1;
+    TensorId to = -1;
+  };
+  void add_carry(TensorId from, TensorId to) { carries_.push_back({from, to}); }
+  const std::vector<Carry>& carries() const { return carries_; }
+
   // Readable listing: regions with their repeat count, then one line per op:
   //   einsum mlp/wi_0 (x[batch:8,...] bf16, w[...] f32) -> g[...] bf16 contract {embed}
   std::string to_text(int only_region = -1) const;
@@ -62,6 +71,7 @@ class Graph {
   std::vector<Tensor> tensors_;
   std::vector<Op> ops_;
   std::vector<int> producer_;  // by tensor id
+  std::vector<Carry> carries_;
 };
 
 }  // namespace tpusim

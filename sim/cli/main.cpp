@@ -1,4 +1,5 @@
 // tpusim: TPU-topology simulator and MaxText performance model. See README.md.
+#include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -7,7 +8,9 @@
 #include "common/error.h"
 #include "sim/cli/commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"tpusim: estimate, explore and functionally run MaxText training on TPU slices"};
   app.require_subcommand(1);
   tpusim::register_topology_command(app);
@@ -31,4 +34,16 @@ int main(int argc, char** argv) {
     return tpusim::kUserErrorExitCode;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Anything else is a programming error: report it instead of letting it escape main.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::cerr << "tpusim: internal error: " << error.what() << "\n";
+    return 1;
+  }
 }

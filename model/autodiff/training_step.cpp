@@ -1,0 +1,418 @@
+#include "model/autodiff/training_step.h"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "model/config.h"
+
+namespace tpusim {
+namespace {
+
+std::vector<std::string> dim_names(const Tensor& tensor) {
+  std::vector<std::string> names;
+  for (const Dim& dim : tensor.dims) {
+    names.push_back(dim.name);
+  }
+  return names;
+}
+
+// Dims in `a` or `b` that are not in `out`: what an einsum producing `out` from a and b contracts.
+std::vector<std::string> contracted_for(const Tensor& a, const Tensor& b, const Tensor& out) {
+  std::vector<std::string> result;
+  const std::vector<std::string> out_names = dim_names(out);
+  for (const Tensor* tensor : {&a, &b}) {
+    for (const Dim& dim : tensor->dims) {
+      const bool in_out = std::find(out_names.begin(), out_names.end(), dim.name) != out_names.end();
+      const bool seen = std::find(result.begin(), result.end(), dim.name) != result.end();
+      if (!in_out && !seen) {
+        result.push_back(dim.name);
+      }
+    }
+  }
+  return result;
+}
+
+class BackwardBuilder {
+ public:
+  BackwardBuilder(const Config& config, ForwardGraph forward)
+      : forward_(std::move(forward)), graph_(forward_.graph),
+        policy_(RematPolicy::from_config(config)),
+        grad_dtype_(parse_dtype(config.get_string("grad_dtype"), "grad_dtype")),
+        moment_dtype_(config.get_string("mu_dtype").empty()
+                          ? parse_dtype(config.get_string("weight_dtype"), "weight_dtype")
+                          : parse_dtype(config.get_string("mu_dtype"), "mu_dtype")) {}
+
+  TrainingStep build() {
+    TrainingStep step;
+    const std::vector<int> forward_order = forward_region_order();
+    TensorId incoming = -1;  // gradient of the current region's output, from the region after it
+    for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+      incoming = differentiate_region(*it, incoming, step);
+    }
+    build_optimizer(step);
+    step.parameter_grads = parameter_grads_;
+    step.saved = saved_;
+    step.graph = std::move(graph_);
+    step.forward_info = std::move(forward_);
+    step.forward_info.graph = Graph();
+    return step;
+  }
+
+ private:
+  std::vector<int> forward_region_order() const {
+    std::vector<int> order = {forward_.embed_region};
+    order.insert(order.end(), forward_.layer_regions.begin(), forward_.layer_regions.end());
+    order.push_back(forward_.head_region);
+    return order;
+  }
+
+  bool is_layer_region(int region) const {
+    return std::find(forward_.layer_regions.begin(), forward_.layer_regions.end(), region) !=
+           forward_.layer_regions.end();
+  }
+
+  // The carry input and output of a forward region.
+  std::pair<TensorId, TensorId> region_io(int region) const {
+    if (region == forward_.embed_region) {
+      return {-1, forward_.embed_output};
+    }
+    if (region == forward_.head_region) {
+      return {forward_.head_input, forward_.loss};
+    }
+    for (size_t index = 0; index < forward_.layer_regions.size(); ++index) {
+      if (forward_.layer_regions[index] == region) {
+        return {forward_.layer_inputs[index], forward_.layer_outputs[index]};
+      }
+    }
+    throw std::logic_error("unknown forward region");
+  }
+
+  TensorId new_grad(const Tensor& of, int region, const std::string& suffix = "/grad") {
+    const bool parameter = of.kind == TensorKind::kParameter;
+    const DType dtype = parameter ? grad_dtype_ : of.dtype;
+    return graph_.add_tensor(of.name + suffix, of.dims, dtype,
+                             parameter ? TensorKind::kParameterGrad : TensorKind::kGradient, region);
+  }
+
+  // Adds `contribution` to the gradient of forward tensor `of` (summing fan-out).
+  void accumulate(TensorId of, TensorId contribution, int region) {
+    auto& grads = graph_.tensor(of).kind == TensorKind::kParameter ? parameter_grads_ : grads_;
+    const auto found = grads.find(of);
+    if (found == grads.end()) {
+      grads[of] = contribution;
+      return;
+    }
+    const TensorId sum = new_grad(graph_.tensor(of), region, "/grad_sum");
+    OpAttrs attrs;
+    attrs.function = ElementwiseFn::kAdd;
+    graph_.add_op(OpKind::kElementwise, graph_.tensor(of).name + "/grad_sum",
+                  {found->second, contribution}, {sum}, attrs, region);
+    found->second = sum;
+  }
+
+  // The forward tensor `id` as the backward region `region` can read it.
+  TensorId available(TensorId id, int region) {
+    const Tensor& tensor = graph_.tensor(id);
+    if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
+      return id;
+    }
+    if (const auto found = materialized_.find(id); found != materialized_.end()) {
+      return found->second;
+    }
+    const int forward_region = tensor.region;
+    RematDecision decision = RematDecision::kDevice;
+    if (is_layer_region(forward_region)) {
+      const bool carry = id == region_io(forward_region).first;
+      decision = policy_.decision(carry ? "decoder_layer_input" : tensor.remat_name);
+    }
+    TensorId result = id;
+    if (decision == RematDecision::kRemat) {
+      result = recompute(id, region);
+    } else {
+      saved_[id] = decision;
+      if (decision == RematDecision::kOffload) {
+        const TensorId on_host = graph_.add_tensor(tensor.name + "/host", tensor.dims, tensor.dtype,
+                                                   TensorKind::kActivation, forward_region);
+        graph_.add_op(OpKind::kHostOffload, tensor.name + "/offload", {id}, {on_host}, {},
+                      forward_region);
+        result = graph_.add_tensor(tensor.name + "/reloaded", tensor.dims, tensor.dtype,
+                                   TensorKind::kActivation, region);
+        graph_.add_op(OpKind::kHostLoad, tensor.name + "/reload", {on_host}, {result}, {}, region);
+      }
+    }
+    materialized_[id] = result;
+    return result;
+  }
+
+  // Clones the producer of `id` (and, recursively, what it needs) into the backward region.
+  TensorId recompute(TensorId id, int region) {
+    const int producer = graph_.producer(id);
+    if (producer < 0) {
+      throw std::logic_error("cannot recompute '" + graph_.tensor(id).name + "': no producer");
+    }
+    const Op op = graph_.ops()[static_cast<size_t>(producer)];
+    std::vector<TensorId> inputs;
+    for (const TensorId input : op.inputs) {
+      inputs.push_back(available(input, region));
+    }
+    std::vector<TensorId> outputs;
+    TensorId result = -1;
+    for (const TensorId output : op.outputs) {
+      const Tensor& original = graph_.tensor(output);
+      const TensorId copy = graph_.add_tensor(original.name + "/remat", original.dims,
+                                              original.dtype, original.kind, region,
+                                              original.remat_name);
+      outputs.push_back(copy);
+      materialized_[output] = copy;
+      if (output == id) {
+        result = copy;
+      }
+    }
+    const int clone = graph_.add_op(op.kind, op.name, inputs, outputs, op.attrs, region);
+    graph_.mutable_op(clone).phase = Phase::kRecompute;
+    return result;
+  }
+
+  void emit_einsum_grad(const Op& op, TensorId grad_out, int region) {
+    const TensorId lhs = op.inputs[0];
+    const TensorId rhs = op.inputs[1];
+    const Tensor& out = graph_.tensor(op.outputs[0]);
+    for (const auto& [target, other] : {std::pair{lhs, rhs}, std::pair{rhs, lhs}}) {
+      const Tensor& target_tensor = graph_.tensor(target);
+      if (target_tensor.kind == TensorKind::kInput) {
+        continue;
+      }
+      const TensorId grad = new_grad(target_tensor, region);
+      OpAttrs attrs;
+      attrs.contracted = contracted_for(out, graph_.tensor(other), graph_.tensor(grad));
+      graph_.add_op(OpKind::kEinsum, op.name + "/grad_" + target_tensor.name,
+                    {grad_out, available(other, region)}, {grad}, attrs, region);
+      accumulate(target, grad, region);
+    }
+  }
+
+  TensorId simple_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+                     const Tensor& grad_of, int region, OpAttrs attrs = {}) {
+    const TensorId grad = new_grad(grad_of, region);
+    graph_.add_op(kind, name, std::move(inputs), {grad}, std::move(attrs), region);
+    return grad;
+  }
+
+  void emit_vjp(const Op& op, int region) {
+    std::vector<TensorId> grad_outs;
+    bool any = false;
+    for (const TensorId output : op.outputs) {
+      const auto found = grads_.find(output);
+      grad_outs.push_back(found == grads_.end() ? -1 : found->second);
+      any = any || found != grads_.end();
+    }
+    if (!any) {
+      return;
+    }
+    const TensorId dy = grad_outs[0];
+    const std::string grad_name = op.name + "/grad";
+    switch (op.kind) {
+      case OpKind::kEinsum:
+        emit_einsum_grad(op, dy, region);
+        return;
+      case OpKind::kElementwise: {
+        const ElementwiseFn fn = op.attrs.function;
+        if (fn == ElementwiseFn::kAdd) {
+          for (const TensorId input : op.inputs) {
+            accumulate(input, dy, region);
+          }
+          return;
+        }
+        if (fn == ElementwiseFn::kMul) {
+          for (size_t index = 0; index < 2; ++index) {
+            OpAttrs attrs;
+            attrs.function = ElementwiseFn::kMul;
+            const TensorId grad = simple_op(OpKind::kElementwise, grad_name,
+                                            {dy, available(op.inputs[1 - index], region)},
+                                            graph_.tensor(op.inputs[index]), region, attrs);
+            accumulate(op.inputs[index], grad, region);
+          }
+          return;
+        }
+        OpAttrs attrs;
+        attrs.function = fn == ElementwiseFn::kSilu      ? ElementwiseFn::kSiluGrad
+                         : fn == ElementwiseFn::kRelu    ? ElementwiseFn::kReluGrad
+                         : fn == ElementwiseFn::kSigmoid ? ElementwiseFn::kSigmoidGrad
+                         : fn == ElementwiseFn::kGelu    ? ElementwiseFn::kGeluGrad
+                                                         : fn;
+        const TensorId grad = simple_op(OpKind::kElementwise, grad_name,
+                                        {dy, available(op.inputs[0], region)},
+                                        graph_.tensor(op.inputs[0]), region, attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kRmsNorm:
+      case OpKind::kLayerNorm: {
+        std::vector<TensorId> inputs = {dy};
+        std::vector<TensorId> outputs;
+        for (const TensorId input : op.inputs) {
+          inputs.push_back(available(input, region));
+          outputs.push_back(new_grad(graph_.tensor(input), region));
+        }
+        graph_.add_op(OpKind::kNormGrad, grad_name, inputs, outputs, op.attrs, region);
+        for (size_t index = 0; index < op.inputs.size(); ++index) {
+          accumulate(op.inputs[index], outputs[index], region);
+        }
+        return;
+      }
+      case OpKind::kRope: {
+        const TensorId grad = simple_op(OpKind::kRope, grad_name, {dy},
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kAttention: {
+        std::vector<TensorId> inputs = {dy};
+        std::vector<TensorId> outputs;
+        for (const TensorId input : op.inputs) {
+          inputs.push_back(available(input, region));
+          outputs.push_back(new_grad(graph_.tensor(input), region));
+        }
+        inputs.push_back(available(op.outputs[0], region));
+        graph_.add_op(OpKind::kAttentionGrad, grad_name, inputs, outputs, op.attrs, region);
+        for (size_t index = 0; index < op.inputs.size(); ++index) {
+          accumulate(op.inputs[index], outputs[index], region);
+        }
+        return;
+      }
+      case OpKind::kEmbeddingLookup: {
+        const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name,
+                                        {dy, op.inputs[0]}, graph_.tensor(op.inputs[1]), region);
+        accumulate(op.inputs[1], grad, region);
+        return;
+      }
+      case OpKind::kCrossEntropy: {
+        const TensorId grad = simple_op(OpKind::kCrossEntropyGrad, grad_name,
+                                        {available(op.inputs[0], region), op.inputs[1]},
+                                        graph_.tensor(op.inputs[0]), region);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kMoeDispatch: {
+        // Gradient of a dispatch is a combine of the gradient (unweighted gather back).
+        const TensorId grad = simple_op(OpKind::kMoeCombine, grad_name,
+                                        {dy, available(op.inputs[1], region)},
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kMoeCombine: {
+        const TensorId routing = available(op.inputs[1], region);
+        const TensorId grad_experts = simple_op(OpKind::kMoeDispatch, grad_name, {dy, routing},
+                                                graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad_experts, region);
+        const TensorId grad_routing =
+            simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
+                      {dy, available(op.inputs[0], region), routing}, graph_.tensor(op.inputs[1]),
+                      region);
+        accumulate(op.inputs[1], grad_routing, region);
+        return;
+      }
+      case OpKind::kMoeRouter: {
+        const TensorId grad = simple_op(OpKind::kRouterGrad, grad_name,
+                                        {dy, available(op.inputs[0], region)},
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kHostOffload:
+      case OpKind::kHostLoad:
+        return;
+      default:
+        throw std::logic_error(std::string("no VJP for op kind ") + op_kind_name(op.kind));
+    }
+  }
+
+  // Emits the backward region of forward region `region`; returns the gradient of its input.
+  TensorId differentiate_region(int region, TensorId incoming, TrainingStep& step) {
+    const Region& info = graph_.region(region);
+    const int backward =
+        graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward, region);
+    step.backward_regions.push_back(backward);
+    const auto [input, output] = region_io(region);
+    materialized_.clear();
+    if (region != forward_.head_region) {
+      const Tensor& out = graph_.tensor(output);
+      const TensorId seed = graph_.add_tensor(out.name + "/grad_in", out.dims, out.dtype,
+                                              TensorKind::kGradient, backward);
+      graph_.add_carry(incoming, seed);
+      grads_[output] = seed;
+    } else {
+      // d loss / d loss = 1: cross_entropy_grad produces the logits gradient directly.
+      grads_[output] = output;
+    }
+    std::vector<Op> ops;
+    for (const Op& op : graph_.ops()) {
+      if (op.region == region) {
+        ops.push_back(op);
+      }
+    }
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+      emit_vjp(*it, backward);
+    }
+    if (input < 0) {
+      return -1;
+    }
+    const TensorId grad_input = grads_.at(input);
+    if (info.repeat > 1) {
+      graph_.add_carry(grad_input, grads_.at(output));
+    }
+    return grad_input;
+  }
+
+  void build_optimizer(TrainingStep& step) {
+    std::map<int, int> optimizer_region_for;
+    for (const Tensor& parameter : std::vector<Tensor>(graph_.tensors())) {
+      if (parameter.kind != TensorKind::kParameter) {
+        continue;
+      }
+      const auto grad = parameter_grads_.find(parameter.id);
+      if (grad == parameter_grads_.end()) {
+        continue;
+      }
+      if (!optimizer_region_for.contains(parameter.region)) {
+        const Region& owner = graph_.region(parameter.region);
+        optimizer_region_for[parameter.region] =
+            graph_.add_region("optimizer/" + owner.name, owner.repeat, Phase::kOptimizer);
+        step.optimizer_regions.push_back(optimizer_region_for[parameter.region]);
+      }
+      const int region = optimizer_region_for[parameter.region];
+      std::vector<TensorId> outputs;
+      std::vector<TensorId> inputs = {parameter.id, grad->second};
+      for (const char* moment : {"/mu", "/nu"}) {
+        inputs.push_back(graph_.add_tensor(parameter.name + moment, parameter.dims, moment_dtype_,
+                                           TensorKind::kOptimizerState, parameter.region));
+      }
+      for (const TensorId state : {parameter.id, inputs[2], inputs[3]}) {
+        const Tensor& tensor = graph_.tensor(state);
+        outputs.push_back(graph_.add_tensor(tensor.name + "/new", tensor.dims, tensor.dtype,
+                                            tensor.kind, region));
+      }
+      graph_.add_op(OpKind::kAdamUpdate, parameter.name + "/adamw", inputs, outputs, {}, region);
+    }
+  }
+
+  ForwardGraph forward_;
+  Graph& graph_;
+  RematPolicy policy_;
+  DType grad_dtype_;
+  DType moment_dtype_;
+  std::map<TensorId, TensorId> grads_;            // activation -> its gradient
+  std::map<TensorId, TensorId> parameter_grads_;  // parameter -> its gradient
+  std::map<TensorId, TensorId> materialized_;     // forward tensor -> readable in this region
+  std::map<TensorId, RematDecision> saved_;
+};
+
+}  // namespace
+
+TrainingStep build_training_step(const Config& config, int64_t batch) {
+  return BackwardBuilder(config, build_forward(config, batch)).build();
+}
+
+}  // namespace tpusim

@@ -1,0 +1,129 @@
+#include "model/autodiff/training_step.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "model/config.h"
+#include "model/flops_maxtext.h"
+#include "model/ir/op_flops.h"
+
+namespace tpusim {
+namespace {
+
+struct PhaseFlops {
+  double forward = 0;
+  double backward = 0;
+  double recompute = 0;
+  double optimizer_vector = 0;
+};
+
+PhaseFlops matmul_flops_by_phase(const TrainingStep& step) {
+  PhaseFlops flops;
+  for (const Op& op : step.graph.ops()) {
+    const double repeat = static_cast<double>(step.graph.region(op.region).repeat);
+    const OpFlops op_cost = op_flops(step.graph, op);
+    switch (op.phase) {
+      case Phase::kForward: flops.forward += repeat * op_cost.matmul; break;
+      case Phase::kBackward: flops.backward += repeat * op_cost.matmul; break;
+      case Phase::kRecompute: flops.recompute += repeat * op_cost.matmul; break;
+      case Phase::kOptimizer: flops.optimizer_vector += repeat * op_cost.vector; break;
+    }
+  }
+  return flops;
+}
+
+Config config_for(const std::string& model, const std::string& remat, int batch = 2) {
+  return Config::load("", {"model_name=" + model, "remat_policy=" + remat,
+                           "per_device_batch_size=" + std::to_string(batch) + ".0",
+                           "max_target_length=512"});
+}
+
+// Autodiff is independent of the FLOP formula: forward + backward matmuls of the built step
+// (without remat recompute) must equal MaxText's count for every preset.
+TEST(TrainingStep, ModelFlopsWithoutRecomputeEqualMaxTextForEveryPreset) {
+  for (const std::string& name : available_model_presets("")) {
+    SCOPED_TRACE(name);
+    const Config config = config_for(name, "full");
+    const TrainingStep step = build_training_step(config, 2);
+    const PhaseFlops flops = matmul_flops_by_phase(step);
+    const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12;
+    EXPECT_NEAR((flops.forward + flops.backward) / expected, 1.0, 1e-9);
+    EXPECT_NEAR(flops.backward / flops.forward, 2.0, 1e-9);
+  }
+}
+
+TEST(TrainingStep, RematPolicyChangesRecompute) {
+  const auto recompute = [](const std::string& remat) {
+    return matmul_flops_by_phase(build_training_step(config_for("llama2-7b", remat), 2)).recompute;
+  };
+  const Config config = config_for("llama2-7b", "full");
+  const PhaseFlops full = matmul_flops_by_phase(build_training_step(config, 2));
+  // Full remat re-runs each decoder layer's forward matmuls that backward needs: everything but the
+  // MLP output matmul, whose result only feeds the layer's final residual add (its VJP needs no
+  // values; XLA drops it too). The out projection is needed: the pre-MLP norm's VJP reads the
+  // attention residual it produces.
+  const MaxTextForwardFlops layer = maxtext_training_flops_per_device(config).forward;
+  const double mlp_out = 2.0 * 2 * 512 * 4096 * 11008;
+  const double expected = static_cast<double>(layer.num_layers) *
+                          (layer.qkv + layer.global_attention + layer.out_proj + layer.dense_ffn - mlp_out);
+  EXPECT_NEAR(full.recompute / expected, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(recompute("none"), 0.0);
+  EXPECT_DOUBLE_EQ(recompute("minimal_with_context"), 0.0);
+  // minimal saves every projection but not the attention context: attention is recomputed.
+  EXPECT_GT(recompute("minimal"), 0.0);
+  EXPECT_LT(recompute("minimal"), recompute("save_qkv_proj"));
+  EXPECT_LT(recompute("save_qkv_proj"), recompute("full"));
+  EXPECT_LT(recompute("save_dot_except_mlp"), recompute("save_qkv_proj"));
+}
+
+TEST(TrainingStep, RematPolicySavesWhatItNames) {
+  const auto saved_names = [](const std::string& remat, RematDecision decision) {
+    const TrainingStep step = build_training_step(config_for("tiny-llama", remat), 2);
+    std::set<std::string> names;
+    for (const auto& [tensor, kept] : step.saved) {
+      const Tensor& info = step.graph.tensor(tensor);
+      if (kept == decision && !info.remat_name.empty()) {
+        names.insert(info.remat_name);
+      }
+    }
+    return names;
+  };
+  EXPECT_EQ(saved_names("full", RematDecision::kDevice), std::set<std::string>{"decoder_layer_input"});
+  EXPECT_EQ(saved_names("save_qkv_proj", RematDecision::kDevice),
+            (std::set<std::string>{"decoder_layer_input", "query_proj", "key_proj", "value_proj"}));
+  EXPECT_EQ(saved_names("qkv_proj_offloaded", RematDecision::kOffload),
+            (std::set<std::string>{"query_proj", "key_proj", "value_proj"}));
+  const TrainingStep custom = build_training_step(
+      Config::load("", {"model_name=tiny-llama", "remat_policy=custom", "mlpwi_0=offload",
+                        "context=device", "decoder_layer_input=offload",
+                        "per_device_batch_size=2.0", "max_target_length=64"}),
+      2);
+  int host_loads = 0;
+  for (const Op& op : custom.graph.ops()) {
+    host_loads += op.kind == OpKind::kHostLoad ? 1 : 0;
+  }
+  EXPECT_EQ(host_loads, 2);  // mlpwi_0 and the layer input
+}
+
+TEST(TrainingStep, EveryParameterHasGradientAndAdamUpdate) {
+  for (const char* name : {"tiny-llama", "tiny-gpt3", "tiny-moe", "tiny-mla", "gemma-2b"}) {
+    SCOPED_TRACE(name);
+    const TrainingStep step = build_training_step(config_for(name, "full"), 2);
+    int parameters = 0;
+    int updates = 0;
+    for (const Tensor& tensor : step.graph.tensors()) {
+      if (tensor.kind == TensorKind::kParameter && step.graph.producer(tensor.id) < 0) {
+        ++parameters;
+        EXPECT_TRUE(step.parameter_grads.contains(tensor.id)) << tensor.name;
+      }
+    }
+    for (const Op& op : step.graph.ops()) {
+      updates += op.kind == OpKind::kAdamUpdate ? 1 : 0;
+    }
+    EXPECT_EQ(parameters, updates);
+  }
+}
+
+}  // namespace
+}  // namespace tpusim
