@@ -101,7 +101,8 @@ SliceRules parse_slice_rules(const YAML::Node& node, std::string_view origin) {
     throw UserError(where + ".small_shapes must be a list of shapes like \"2x2x1\"");
   }
   for (const YAML::Node& shape : shapes) {
-    rules.small_shapes.push_back(parse_shape_text(shape.as<std::string>(), where + ".small_shapes"));
+    rules.small_shapes.push_back(
+        parse_shape_text(shape.as<std::string>(), where + ".small_shapes"));
   }
   const std::string wrap = required_string(node, "wraparound", where);
   if (wrap == "full_cube") {
@@ -197,7 +198,8 @@ ChipSpec parse_chip_spec(const YAML::Node& root, std::string_view origin) {
       throw UserError(where + " is missing (every chip defines every spec key)");
     }
     if (!entry.IsMap() || !entry["value"]) {
-      throw UserError(where + " must be {value: N, source: \"...\"} or {value: N, assumption: \"...\"}");
+      throw UserError(where +
+                      " must be {value: N, source: \"...\"} or {value: N, assumption: \"...\"}");
     }
     const bool has_source = static_cast<bool>(entry["source"]);
     const bool has_assumption = static_cast<bool>(entry["assumption"]);

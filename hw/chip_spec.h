@@ -8,7 +8,8 @@
 // Example (configs/hw/v5p.yml):
 //   specs:
 //     hbm_bandwidth_gbps: {value: 2765, source: "[GC5p] 2765 GB/s"}
-//   -> ChipSpec::hbm_bandwidth_gbps == 2765, provenance["hbm_bandwidth_gbps"].source == "[GC5p] ..."
+//   -> ChipSpec::hbm_bandwidth_gbps == 2765,
+//      provenance["hbm_bandwidth_gbps"].text == "[GC5p] 2765 GB/s" (is_assumption false)
 #pragma once
 
 #include <map>
@@ -47,7 +48,7 @@ struct SliceRules {
 
 // Where a catalog number came from.
 struct Provenance {
-  std::string text;         // the source citation or the assumption note
+  std::string text;  // the source citation or the assumption note
   bool is_assumption = false;
 };
 

@@ -59,7 +59,8 @@ std::string legal_sizes_hint(const ChipSpec& chip) {
     hint += "or a multiple of " + std::to_string(kCubeChips * unit);
   } else {
     for (size_t index = 0; index < chip.slice.small_shapes.size(); ++index) {
-      hint += (index == 0 ? "" : ", ") + std::to_string(product(chip.slice.small_shapes[index]) * unit);
+      hint +=
+          (index == 0 ? "" : ", ") + std::to_string(product(chip.slice.small_shapes[index]) * unit);
     }
   }
   return hint;
@@ -133,11 +134,12 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
     const size_t rank = chip->slice.shape_rule == ShapeRule::kCube ? 3 : 2;
     const bool listed = std::find(chip->slice.small_shapes.begin(), chip->slice.small_shapes.end(),
                                   slice.shape) != chip->slice.small_shapes.end();
-    const bool cube_ok = chip->slice.shape_rule == ShapeRule::kCube && is_full_cube_shape(slice.shape);
+    const bool cube_ok =
+        chip->slice.shape_rule == ShapeRule::kCube && is_full_cube_shape(slice.shape);
     if (slice.shape.size() != rank || !(listed || cube_ok)) {
       throw UserError("compile_topology: '" + std::string(name) + "' is not a legal " + chip->name +
-                      " shape (" + std::to_string(rank) + "D; legal sizes: " +
-                      legal_sizes_hint(*chip) + ")");
+                      " shape (" + std::to_string(rank) +
+                      "D; legal sizes: " + legal_sizes_hint(*chip) + ")");
     }
     slice.chips = product(slice.shape);
   } else {
@@ -152,7 +154,8 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
     if (chip->slice.name_counts == SliceNameUnit::kTensorCores) {
       const auto cores_per_chip = static_cast<long long>(chip->tensorcores_per_chip);
       if (count % cores_per_chip != 0) {
-        throw UserError("compile_topology: '" + std::string(name) + "' counts TensorCores and must be a multiple of " +
+        throw UserError("compile_topology: '" + std::string(name) +
+                        "' counts TensorCores and must be a multiple of " +
                         std::to_string(cores_per_chip));
       }
       chips = count / cores_per_chip;

@@ -20,8 +20,8 @@ namespace tpusim {
 
 struct Slice {
   const ChipSpec* chip = nullptr;
-  std::string name;             // as given, e.g. "v5p-128"
-  std::vector<int> shape;       // chips per torus axis, e.g. {4, 4, 4}
+  std::string name;              // as given, e.g. "v5p-128"
+  std::vector<int> shape;        // chips per torus axis, e.g. {4, 4, 4}
   std::vector<bool> wraparound;  // per axis
   int chips = 0;                 // per slice
   int devices_per_chip = 1;

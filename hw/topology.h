@@ -42,7 +42,7 @@ struct TopologyEdge {
   LinkKind kind = LinkKind::kIci;
   double bandwidth_uni_bytes_per_s = 0;  // one direction
   double latency_s = 0;
-  int axis = -1;          // torus axis for ICI links
+  int axis = -1;            // torus axis for ICI links
   bool wraparound = false;  // ICI link that closes a ring
 };
 

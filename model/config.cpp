@@ -110,7 +110,8 @@ YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& k
       }
     }
     case ConfigType::kFloat: {
-      if (!value.IsScalar() || !(looks_like_int(value.Scalar()) || looks_like_float(value.Scalar()))) {
+      if (!value.IsScalar() ||
+          !(looks_like_int(value.Scalar()) || looks_like_float(value.Scalar()))) {
         return fail("a number");
       }
       double number = 0;
@@ -307,7 +308,8 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
   YAML::Node value;
   if (found->second.type == ConfigType::kString) {
     std::string text(value_text);
-    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') && text.back() == text.front()) {
+    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+        text.back() == text.front()) {
       text = text.substr(1, text.size() - 2);
     }
     value = YAML::Node(text);
@@ -317,7 +319,9 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
   apply(key, value, origin);
 }
 
-bool Config::has(std::string_view key) const { return entries_.find(key) != entries_.end(); }
+bool Config::has(std::string_view key) const {
+  return entries_.find(key) != entries_.end();
+}
 
 const Config::Entry& Config::entry(std::string_view key) const {
   const auto found = entries_.find(key);
@@ -327,7 +331,9 @@ const Config::Entry& Config::entry(std::string_view key) const {
   return found->second;
 }
 
-ConfigType Config::type(std::string_view key) const { return entry(key).type; }
+ConfigType Config::type(std::string_view key) const {
+  return entry(key).type;
+}
 
 int64_t Config::get_int(std::string_view key) const {
   const Entry& found = entry(key);
@@ -377,9 +383,13 @@ std::vector<std::string> Config::get_string_list(std::string_view key) const {
   return items;
 }
 
-YAML::Node Config::get_node(std::string_view key) const { return entry(key).value; }
+YAML::Node Config::get_node(std::string_view key) const {
+  return entry(key).value;
+}
 
-const std::string& Config::origin(std::string_view key) const { return entry(key).origin; }
+const std::string& Config::origin(std::string_view key) const {
+  return entry(key).origin;
+}
 
 namespace {
 

@@ -12,10 +12,10 @@ namespace tpusim {
 namespace {
 
 // Upper bounds that no real model reaches; values above them are typos or unit mistakes.
-constexpr double kMaxDim = 1 << 20;            // base_emb_dim, mlp dims, heads x head_dim
+constexpr double kMaxDim = 1 << 20;  // base_emb_dim, mlp dims, heads x head_dim
 constexpr double kMaxLayers = 10000;
 constexpr double kMaxVocab = 1 << 24;
-constexpr double kMaxSequence = 1 << 24;       // 16M tokens
+constexpr double kMaxSequence = 1 << 24;  // 16M tokens
 constexpr double kMaxPerDeviceBatch = 1 << 20;
 constexpr double kMaxExperts = 1 << 16;
 
@@ -40,7 +40,8 @@ const std::vector<EnumRule>& enum_rules() {
         "save_dot_except_mlp", "save_dot_except_mlpwi", "save_qkv_proj", "save_out_proj",
         "qkv_proj_offloaded", "minimal_offloaded", "minimal_with_quantization",
         "minimal_with_context_and_quantization", "custom", "none"}},
-      {"attention", {"autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"}},
+      {"attention",
+       {"autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"}},
       {"attention_type", {"global", "local_sliding", "mla", "chunk", "full"}},
       {"dtype", {"bfloat16", "float32", "float16"}},
       {"weight_dtype", {"bfloat16", "float32", "float16"}},
@@ -148,18 +149,20 @@ void check_range(const Config& config, const RangeRule& rule) {
   const bool too_small = rule.min_exclusive ? value <= rule.min : value < rule.min;
   if (too_small || value > rule.max) {
     throw UserError(rule.key + ": " + format_number(value) + " is out of range (" +
-                    (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) + " and <= " +
-                    format_number(rule.max) + ")");
+                    (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) +
+                    " and <= " + format_number(rule.max) + ")");
   }
 }
 
-bool is_power_of_two(int64_t value) { return value > 0 && (value & (value - 1)) == 0; }
+bool is_power_of_two(int64_t value) {
+  return value > 0 && (value & (value - 1)) == 0;
+}
 
 void check_cross_key_rules(const Config& config) {
   if (!is_power_of_two(config.get_int("global_parameter_scale"))) {
-    throw UserError("global_parameter_scale: " +
-                    std::to_string(config.get_int("global_parameter_scale")) +
-                    " must be a power of two (MaxText get_individual_scales)");
+    throw UserError(
+        "global_parameter_scale: " + std::to_string(config.get_int("global_parameter_scale")) +
+        " must be a power of two (MaxText get_individual_scales)");
   }
   const int64_t query_heads = config.get_int("base_num_query_heads");
   const int64_t kv_heads = config.get_int("base_num_kv_heads");
@@ -176,8 +179,8 @@ void check_cross_key_rules(const Config& config) {
   if (config.get_int("first_num_dense_layers") > config.get_int("base_num_decoder_layers")) {
     throw UserError("first_num_dense_layers: exceeds base_num_decoder_layers");
   }
-  static const std::vector<std::string> kActivations = {"silu", "linear", "relu", "gelu",
-                                                        "sigmoid", "swish", "gelu_tanh"};
+  static const std::vector<std::string> kActivations = {"silu",    "linear", "relu",     "gelu",
+                                                        "sigmoid", "swish",  "gelu_tanh"};
   const std::vector<std::string> activations = config.get_string_list("mlp_activations");
   if (activations.empty()) {
     throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]");
@@ -190,9 +193,9 @@ void check_cross_key_rules(const Config& config) {
   }
   const double sequence = static_cast<double>(config.get_int("max_target_length"));
   if (config.get_float("per_device_batch_size") * sequence < 1.0) {
-    throw UserError("per_device_batch_size: " +
-                    format_number(config.get_float("per_device_batch_size")) +
-                    " x max_target_length is less than one token per device");
+    throw UserError(
+        "per_device_batch_size: " + format_number(config.get_float("per_device_batch_size")) +
+        " x max_target_length is less than one token per device");
   }
 }
 

@@ -52,9 +52,8 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
 
 const std::array<std::string, kNumMeshAxes>& mesh_axis_names() {
   static const std::array<std::string, kNumMeshAxes> names = {
-      "diloco", "data",   "stage",          "fsdp",   "fsdp_transpose", "context",
-      "context_usp_ulysses", "context_autoregressive", "tensor", "tensor_sequence", "expert",
-      "autoregressive"};
+      {"diloco", "data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses",
+       "context_autoregressive", "tensor", "tensor_sequence", "expert", "autoregressive"}};
   return names;
 }
 
@@ -74,7 +73,9 @@ int mesh_axis_index(const std::string& axis) {
                   did_you_mean(axis, std::vector<std::string>(names.begin(), names.end())));
 }
 
-int MeshShape::size(const std::string& axis) const { return size(mesh_axis_index(axis)); }
+int MeshShape::size(const std::string& axis) const {
+  return size(mesh_axis_index(axis));
+}
 
 int MeshShape::num_devices() const {
   int devices = 1;
@@ -88,7 +89,8 @@ std::string MeshShape::describe() const {
   std::string text;
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     if (size(axis) > 1) {
-      text += (text.empty() ? "" : " ") + mesh_axis_names()[axis] + "=" + std::to_string(size(axis));
+      text +=
+          (text.empty() ? "" : " ") + mesh_axis_names()[axis] + "=" + std::to_string(size(axis));
     }
   }
   return text.empty() ? "(single device)" : text;
@@ -96,8 +98,7 @@ std::string MeshShape::describe() const {
 
 MeshShape resolve_mesh(const Config& config, const Slice& slice) {
   MeshShape mesh;
-  mesh.ici = fill_group(config, false, slice.devices(),
-                        "the devices per slice of " + slice.name);
+  mesh.ici = fill_group(config, false, slice.devices(), "the devices per slice of " + slice.name);
   mesh.dcn = fill_group(config, true, slice.num_slices, "the number of slices");
   return mesh;
 }

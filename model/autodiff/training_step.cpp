@@ -113,7 +113,7 @@ class BackwardBuilder {
 
   // The forward tensor `id` as the backward region `region` can read it.
   TensorId available(TensorId id, int region) {
-    const Tensor& tensor = graph_.tensor(id);
+    const Tensor tensor = graph_.tensor(id);  // a copy: add_tensor may move the storage
     if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
       return id;
     }
@@ -224,6 +224,14 @@ class BackwardBuilder {
           }
           return;
         }
+        if (fn == ElementwiseFn::kCast) {
+          OpAttrs attrs;
+          attrs.function = ElementwiseFn::kCast;
+          const TensorId grad = simple_op(OpKind::kElementwise, grad_name, {dy},
+                                          graph_.tensor(op.inputs[0]), region, attrs);
+          accumulate(op.inputs[0], grad, region);
+          return;
+        }
         if (fn == ElementwiseFn::kMul) {
           for (size_t index = 0; index < 2; ++index) {
             OpAttrs attrs;
@@ -331,7 +339,7 @@ class BackwardBuilder {
 
   // Emits the backward region of forward region `region`; returns the gradient of its input.
   TensorId differentiate_region(int region, TensorId incoming, TrainingStep& step) {
-    const Region& info = graph_.region(region);
+    const Region info = graph_.region(region);  // a copy: add_region may move the storage
     const int backward =
         graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward, region);
     step.backward_regions.push_back(backward);
@@ -368,7 +376,8 @@ class BackwardBuilder {
 
   void build_optimizer(TrainingStep& step) {
     std::map<int, int> optimizer_region_for;
-    for (const Tensor& parameter : std::vector<Tensor>(graph_.tensors())) {
+    const std::vector<Tensor> parameters(graph_.tensors().begin(), graph_.tensors().end());
+    for (const Tensor& parameter : parameters) {
       if (parameter.kind != TensorKind::kParameter) {
         continue;
       }

@@ -63,7 +63,22 @@ class ForwardBuilder {
     return {act("batch", batch_, "activation_batch"), act("length", length_, "activation_length")};
   }
 
+  // A parameter as a matmul reads it: MaxText keeps weights in weight_dtype and casts them to
+  // dtype inside the layer; the cast runs on each device's shard, so FSDP gathers move dtype bytes.
   TensorId weight(const std::string& name, std::vector<Dim> dims, int region) {
+    const TensorId parameter = parameter_tensor(name, std::move(dims), region);
+    if (weight_dtype_ == activation_dtype_) {
+      return parameter;
+    }
+    const TensorId cast = graph().add_tensor(name + "/cast", graph().tensor(parameter).dims,
+                                             activation_dtype_, TensorKind::kActivation, region);
+    OpAttrs attrs;
+    attrs.function = ElementwiseFn::kCast;
+    graph().add_op(OpKind::kElementwise, name + "/cast", {parameter}, {cast}, attrs, region);
+    return cast;
+  }
+  // A parameter used as is (norm scales and biases, embedding tables).
+  TensorId parameter_tensor(const std::string& name, std::vector<Dim> dims, int region) {
     return graph().add_tensor(name, std::move(dims), weight_dtype_, TensorKind::kParameter, region);
   }
   TensorId activation(const std::string& name, std::vector<Dim> dims, int region,
@@ -94,9 +109,10 @@ class ForwardBuilder {
     const std::vector<Dim> input_dims = graph().tensor(x).dims;
     const Dim last = input_dims.back();
     const bool layer_norm = block_ == "gpt3";
-    std::vector<TensorId> inputs = {x, weight(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
+    std::vector<TensorId> inputs = {
+        x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
     if (layer_norm) {
-      inputs.push_back(weight(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
+      inputs.push_back(parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
     }
     const TensorId out = activation(name, input_dims, region);
     OpAttrs attrs;
@@ -110,7 +126,7 @@ class ForwardBuilder {
     const int region = graph().add_region("embed", 1, Phase::kForward);
     result_.embed_region = region;
     tokens_ = graph().add_tensor("tokens", token_dims(), DType::kI32, TensorKind::kInput, region);
-    table_ = weight("token_embedding", {Dim{"vocab", dims_.vocab_size, "vocab"},
+    table_ = parameter_tensor("token_embedding", {Dim{"vocab", dims_.vocab_size, "vocab"},
                                         Dim{"embed", dims_.emb_dim, "embed"}},
                     region);
     TensorId x = activation("embedded", activation_dims(), region);
@@ -124,7 +140,7 @@ class ForwardBuilder {
       const TensorId position_ids =
           graph().add_tensor("positions", token_dims(), DType::kI32, TensorKind::kInput, region);
       const TensorId position_table =
-          weight("position_embedding", {Dim{"position", positions, "vocab"},
+          parameter_tensor("position_embedding", {Dim{"position", positions, "vocab"},
                                         Dim{"embed", dims_.emb_dim, "embed"}},
                  region);
       const TensorId position_x = activation("position_embedded", activation_dims(), region);
@@ -345,7 +361,7 @@ class ForwardBuilder {
                               (padded ? capacity_factor : 1.0);
     const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
     const std::vector<Dim> grouped_dims = {act("experts", experts, "activation_exp"),
-                                           act("expert_tokens", expert_tokens, "activation_batch"),
+                                           act("expert_tokens", expert_tokens, "activation_batch_no_exp"),
                                            act("embed", dims_.emb_dim, "activation_embed")};
     const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
     OpAttrs dispatch_attrs;
@@ -375,6 +391,13 @@ class ForwardBuilder {
                       input);
     const TensorId normed = norm("final_norm", input, region);
     TensorId unembed = table_;
+    if (dims_.logits_via_embedding && weight_dtype_ != activation_dtype_) {
+      unembed = graph().add_tensor("token_embedding/cast", graph().tensor(table_).dims,
+                                   activation_dtype_, TensorKind::kActivation, region);
+      OpAttrs attrs;
+      attrs.function = ElementwiseFn::kCast;
+      graph().add_op(OpKind::kElementwise, "token_embedding/cast", {table_}, {unembed}, attrs, region);
+    }
     std::vector<std::string> contracted = {"embed"};
     if (!dims_.logits_via_embedding) {
       unembed = weight("unembedding", {Dim{"embed", dims_.emb_dim, "embed"},

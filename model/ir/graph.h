@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,10 @@ class Graph {
 
   const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }
   Tensor& mutable_tensor(TensorId id) { return tensors_.at(static_cast<size_t>(id)); }
-  const std::vector<Tensor>& tensors() const { return tensors_; }
-  const std::vector<Op>& ops() const { return ops_; }
+  const std::deque<Tensor>& tensors() const { return tensors_; }
+  const std::deque<Op>& ops() const { return ops_; }
   Op& mutable_op(int id) { return ops_.at(static_cast<size_t>(id)); }
-  const std::vector<Region>& regions() const { return regions_; }
+  const std::deque<Region>& regions() const { return regions_; }
   const Region& region(int id) const { return regions_.at(static_cast<size_t>(id)); }
 
   // The op that writes `id`, or -1 (parameters and inputs have none).
@@ -67,9 +68,11 @@ class Graph {
   std::string to_text(int only_region = -1) const;
 
  private:
-  std::vector<Region> regions_;
-  std::vector<Tensor> tensors_;
-  std::vector<Op> ops_;
+  // Deques: adding a tensor, op or region never moves the existing ones, so references to them
+  // stay valid while a builder extends the graph.
+  std::deque<Region> regions_;
+  std::deque<Tensor> tensors_;
+  std::deque<Op> ops_;
   std::vector<int> producer_;  // by tensor id
   std::vector<Carry> carries_;
 };

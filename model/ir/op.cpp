@@ -21,6 +21,9 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::kCrossEntropyGrad: return "cross_entropy_grad";
     case OpKind::kRouterGrad: return "router_grad";
     case OpKind::kReduceSum: return "reduce_sum";
+    case OpKind::kNormStatistics: return "norm_statistics";
+    case OpKind::kCrossEntropyStatistics: return "cross_entropy_statistics";
+    case OpKind::kDynamicSlice: return "dynamic_slice";
     case OpKind::kAdamUpdate: return "adam_update";
     case OpKind::kAllGather: return "all_gather";
     case OpKind::kReduceScatter: return "reduce_scatter";

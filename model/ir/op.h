@@ -32,6 +32,11 @@ enum class OpKind {
   kCrossEntropyGrad,   // logits, targets -> dlogits
   kRouterGrad,         // d(router weights) -> d(router logits)
   kReduceSum,          // sums attrs.contracted dims (bias and scale gradients)
+  // Partial statistics of a reduction over a dim split across devices (inserted by the
+  // partitioner before the all-reduce that completes them).
+  kNormStatistics,         // x -> per-row sum of squares (and sum, for LayerNorm)
+  kCrossEntropyStatistics, // logits, targets -> per-token max, sum of exp, target logit
+  kDynamicSlice,           // keeps this device's part of a replicated dim (no communication)
   // Optimizer.
   kAdamUpdate,  // param, grad, mu, nu -> param', mu', nu'
   // Collectives, inserted by the partitioner.
@@ -60,6 +65,10 @@ const char* phase_name(Phase phase);
 
 enum class AttentionMask { kCausal, kSlidingWindow, kNone };
 
+// How a reducing collective combines values: sums, or the (max, sum of exp) pairs of a softmax
+// split over devices.
+enum class ReduceOp { kSum, kLogSumExp };
+
 struct OpAttrs {
   std::vector<std::string> contracted;  // einsum / reduce: dim names summed over
   ElementwiseFn function = ElementwiseFn::kAdd;
@@ -69,6 +78,7 @@ struct OpAttrs {
   double capacity_factor = 0;  // MoE dispatch (<= 0: dropless)
   std::vector<std::string> mesh_axes;  // collectives: the mesh axes they span
   int64_t group_size = 1;              // collectives: devices in each group
+  ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
 };
 
 struct Op {

@@ -106,12 +106,15 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     case OpKind::kAdamUpdate:
       return {0, kAdamFlopsPerParameter * elements(graph, op.inputs.at(0))};
     case OpKind::kReduceSum:
+    case OpKind::kNormStatistics:
+    case OpKind::kCrossEntropyStatistics:
     case OpKind::kEmbeddingGrad:
     case OpKind::kMoeRouter:
     case OpKind::kRouterGrad:
     case OpKind::kMoeCombine:
       return {0, elements(graph, op.inputs.at(0))};
     case OpKind::kEmbeddingLookup:
+    case OpKind::kDynamicSlice:
     case OpKind::kMoeDispatch:
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:

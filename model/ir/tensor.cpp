@@ -44,7 +44,11 @@ int Tensor::dim_index(const std::string& dim_name) const {
 std::string Tensor::describe() const {
   std::string text = name + "[";
   for (size_t index = 0; index < dims.size(); ++index) {
-    text += (index == 0 ? "" : ",") + dims[index].name + ":" + std::to_string(dims[index].size);
+    const Dim& dim = dims[index];
+    text += (index == 0 ? "" : ",") + dim.name + ":" + std::to_string(dim.size);
+    for (size_t axis = 0; axis < dim.sharded_over.size(); ++axis) {
+      text += (axis == 0 ? "@" : "+") + dim.sharded_over[axis];
+    }
   }
   return text + "] " + dtype_name(dtype);
 }

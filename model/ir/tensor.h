@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/ir/dtype.h"
@@ -17,9 +18,17 @@
 namespace tpusim {
 
 struct Dim {
+  Dim() = default;
+  Dim(std::string dim_name, int64_t dim_size, std::string logical_axis)
+      : name(std::move(dim_name)), size(dim_size), logical(std::move(logical_axis)) {}
+
   std::string name;     // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
-  int64_t size = 1;
+  int64_t size = 1;     // in a per-device program: the local (shard) size, padded up
   std::string logical;  // MaxText logical axis, e.g. "activation_embed" or "embed"
+  // Set by the partitioner: the mesh axes this dim is split over (major to minor) and its global
+  // size before splitting (0 = not partitioned, size is global).
+  std::vector<std::string> sharded_over;
+  int64_t global_size = 0;
 };
 
 // What a tensor is, which decides which memory category it counts in.
@@ -51,7 +60,7 @@ struct Tensor {
   int64_t bytes() const;
   // Index of the dim named `dim_name`, or -1.
   int dim_index(const std::string& dim_name) const;
-  // "x[batch:8,length:2048,embed:4096] bf16"
+  // "x[batch:8,length:2048,embed:4096] bf16"; split dims show their mesh axes: "embed:256@fsdp"
   std::string describe() const;
 };
 

@@ -19,7 +19,8 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
       result.base_path = arg;
       continue;
     }
-    throw UserError("argument '" + arg + "' is neither a key=value override nor a .yml config file");
+    throw UserError("argument '" + arg +
+                    "' is neither a key=value override nor a .yml config file");
   }
   return result;
 }

@@ -29,13 +29,15 @@ void register_config_command(CLI::App& app) {
     const ModelDims dims = ModelDims::from_config(config);
     nlohmann::json json;
     json["config"] = config.to_json();
-    json["model"] = {{"emb_dim", dims.emb_dim},       {"num_query_heads", dims.num_query_heads},
+    json["model"] = {{"emb_dim", dims.emb_dim},           {"num_query_heads", dims.num_query_heads},
                      {"num_kv_heads", dims.num_kv_heads}, {"head_dim", dims.head_dim},
-                     {"mlp_dim", dims.mlp_dim},       {"num_layers", dims.num_layers},
-                     {"vocab_size", dims.vocab_size}, {"num_experts", dims.num_experts}};
+                     {"mlp_dim", dims.mlp_dim},           {"num_layers", dims.num_layers},
+                     {"vocab_size", dims.vocab_size},     {"num_experts", dims.num_experts}};
     const std::string topology = config.get_string("compile_topology");
+    std::string mesh_description;  // set when compile_topology names a slice
     if (!topology.empty()) {
-      const int64_t num_slices = std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
+      const int64_t num_slices =
+          std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
       const Slice slice = parse_slice(topology, static_cast<int>(num_slices));
       const MeshShape mesh = resolve_mesh(config, slice);
       nlohmann::json axes;
@@ -44,6 +46,7 @@ void register_config_command(CLI::App& app) {
       }
       json["mesh"] = axes;
       json["devices"] = slice.total_devices();
+      mesh_description = mesh.describe();
     }
     if (*json_output) {
       std::cout << json.dump(2) << "\n";
@@ -53,12 +56,9 @@ void register_config_command(CLI::App& app) {
       std::cout << std::left << std::setw(40) << key << " " << std::setw(24)
                 << json["config"][key].dump() << " # " << config.origin(key) << "\n";
     }
-    if (json.contains("mesh")) {
-      std::cout << "\nmesh on " << topology << " (" << json["devices"] << " devices): "
-                << resolve_mesh(config, parse_slice(topology, static_cast<int>(std::max<int64_t>(
-                                                              1, config.get_int("compile_topology_num_slices")))))
-                       .describe()
-                << "\n";
+    if (!mesh_description.empty()) {
+      std::cout << "\nmesh on " << topology << " (" << json["devices"]
+                << " devices): " << mesh_description << "\n";
     }
   });
 }

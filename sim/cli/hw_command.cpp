@@ -71,7 +71,7 @@ void register_hw_command(CLI::App& app) {
                   << std::setw(7) << chip->ici_links_per_chip << "  "
                   << chip->slice.name_prefixes.front() << "-N ("
                   << (chip->slice.name_counts == SliceNameUnit::kTensorCores ? "N TensorCores"
-                                                                              : "N chips")
+                                                                             : "N chips")
                   << ")\n";
       }
       return;

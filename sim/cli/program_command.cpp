@@ -1,13 +1,12 @@
-// `tpusim program [base.yml] [key=value ...] [--layer N]`: the training step's graph as text.
-//
-// Today this prints the forward graph of one device's microbatch (per_device_batch_size
-// sequences); the partitioner will turn it into the per-device program with collectives.
+// `tpusim program [base.yml] [key=value ...] [--layer N] [--global]`: the per-device program as
+// text: every op with local shapes (split dims show their mesh axes) and the collectives the
+// partitioner inserted, with their mesh axes and bytes.
 #include <iostream>
 #include <memory>
 
 #include "common/error.h"
-#include "model/builder/forward_builder.h"
 #include "model/config.h"
+#include "sharding/step_program.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 
@@ -16,22 +15,39 @@ namespace tpusim {
 void register_program_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto layer = std::make_shared<int>(-1);
-  CLI::App* command =
-      app.add_subcommand("program", "Print the training step's graph (ops, shapes) as text");
+  auto global = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand(
+      "program", "Print the per-device training-step program (ops, local shapes, collectives)");
   command->add_option("args", *args, "[config.yml] key=value ...");
-  command->add_option("--layer", *layer, "Print only layer group N (0 = first decoder layer kind)");
-  command->callback([args, layer] {
+  command->add_option("--layer", *layer,
+                      "Print only layer group N (0 = first decoder layer kind): its forward, "
+                      "backward and optimizer regions");
+  command->add_flag("--global", *global, "Print the global (unpartitioned) step instead");
+  command->callback([args, layer, global] {
     const CommandArgs split = split_command_args(*args);
     const Config config = Config::load(split.base_path, split.overrides);
-    const double per_device = config.get_float("per_device_batch_size");
-    const auto batch = static_cast<int64_t>(std::max(1.0, per_device));
-    const ForwardGraph forward = build_forward(config, batch);
-    if (*layer >= static_cast<int>(forward.layer_regions.size())) {
+    const StepProgram built = build_step_program(config);
+    const Graph& graph = *global ? built.step.graph : built.program.graph;
+    const auto& layers = built.step.forward_info.layer_regions;
+    if (*layer >= static_cast<int>(layers.size())) {
       throw UserError("--layer: " + std::to_string(*layer) + " but the model has " +
-                      std::to_string(forward.layer_regions.size()) + " layer group(s)");
+                      std::to_string(layers.size()) + " layer group(s)");
     }
-    const int region = *layer < 0 ? -1 : forward.layer_regions[static_cast<size_t>(*layer)];
-    std::cout << forward.graph.to_text(region);
+    std::cout << "# " << built.slice.name << ", mesh " << built.mesh.shape.describe()
+              << ", microbatch " << built.microbatch << " of " << built.global_batch
+              << " sequences\n";
+    if (*layer < 0) {
+      std::cout << graph.to_text();
+      return;
+    }
+    const int forward = layers[static_cast<size_t>(*layer)];
+    const std::string& name = graph.region(forward).name;
+    for (int region = 0; region < static_cast<int>(graph.regions().size()); ++region) {
+      const std::string& candidate = graph.region(region).name;
+      if (candidate == name || candidate == name + "/grad" || candidate == "optimizer/" + name) {
+        std::cout << graph.to_text(region);
+      }
+    }
   });
 }
 

@@ -50,7 +50,8 @@ nlohmann::json topology_json(const Topology& topology) {
   }
   json["axes"] = axes;
   json["bisection_bandwidth_tbps"] = topology.bisection_bandwidth_bytes_per_s() / 1e12;
-  json["d2d_bandwidth_uni_gbps"] = slice.devices_per_chip > 1 ? slice.chip->d2d_bandwidth_uni_gbps : 0.0;
+  json["d2d_bandwidth_uni_gbps"] =
+      slice.devices_per_chip > 1 ? slice.chip->d2d_bandwidth_uni_gbps : 0.0;
   json["dcn_bandwidth_per_slice_gbps"] = topology.dcn_bandwidth_per_slice_bytes_per_s() / kGiga;
   return json;
 }
@@ -76,7 +77,8 @@ void print_human(const nlohmann::json& json) {
   std::cout << "ICI links/chip   " << json["ici_links_per_chip"] << " x "
             << json["ici_link_bandwidth_uni_gbps"].get<double>() << " GB/s per direction\n";
   for (const auto& axis : json["axes"]) {
-    std::cout << "axis " << axis["axis"] << "           size " << std::setw(3) << axis["size"].get<int>()
+    std::cout << "axis " << axis["axis"] << "           size " << std::setw(3)
+              << axis["size"].get<int>()
               << (axis["wraps"].get<bool>() ? "  wraps   " : "  no wrap ") << " ring "
               << axis["ring_bandwidth_gbps"].get<double>() << " GB/s per device, max "
               << axis["max_hops"] << " hops\n";
@@ -96,13 +98,18 @@ void print_human(const nlohmann::json& json) {
 void register_topology_command(CLI::App& app) {
   auto options = std::make_shared<TopologyOptions>();
   CLI::App* command = app.add_subcommand(
-      "topology", "Show a slice's physical topology: chips, devices, shape, wraparound, hosts, "
-                  "links and bandwidths");
-  command->add_option("slice", options->slice_name, "Slice name, e.g. v5p-128, v6e-256, tpu7x-512, v5p:4x4x8")
+      "topology",
+      "Show a slice's physical topology: chips, devices, shape, wraparound, hosts, "
+      "links and bandwidths");
+  command
+      ->add_option("slice", options->slice_name,
+                   "Slice name, e.g. v5p-128, v6e-256, tpu7x-512, v5p:4x4x8")
       ->required();
-  command->add_option("--num-slices", options->num_slices, "Slices joined over DCN (compile_topology_num_slices)");
+  command->add_option("--num-slices", options->num_slices,
+                      "Slices joined over DCN (compile_topology_num_slices)");
   command->add_flag("--json", options->json, "Print one JSON object");
-  command->add_option("--dot", options->dot_path, "Write Graphviz (to FILE, or stdout when no FILE)")
+  command
+      ->add_option("--dot", options->dot_path, "Write Graphviz (to FILE, or stdout when no FILE)")
       ->expected(0, 1);
   command->callback([options, command] {
     options->dot = command->count("--dot") > 0;

@@ -13,7 +13,8 @@ TEST(EditDistance, CountsInsertionsDeletionsAndSubstitutions) {
 }
 
 TEST(ClosestMatch, FindsPlausibleTypoOnly) {
-  const std::vector<std::string> keys = {"ici_fsdp_parallelism", "ici_data_parallelism", "remat_policy"};
+  const std::vector<std::string> keys = {"ici_fsdp_parallelism", "ici_data_parallelism",
+                                         "remat_policy"};
   EXPECT_EQ(closest_match("ici_fsdp_paralelism", keys), "ici_fsdp_parallelism");
   EXPECT_EQ(closest_match("remat_polcy", keys), "remat_policy");
   EXPECT_FALSE(closest_match("completely_unrelated", keys).has_value());

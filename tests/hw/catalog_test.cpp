@@ -83,14 +83,17 @@ TEST(Catalog, RejectsNumberWithoutProvenance) {
   EXPECT_NO_THROW(HardwareCatalog::from_texts({{"ok.yml", chip_text_with("", "")}}));
   EXPECT_THROW(HardwareCatalog::from_texts({{"a.yml", chip_text_with("clock_ghz", "{value: 1}")}}),
                UserError);
-  EXPECT_THROW(HardwareCatalog::from_texts(
-                   {{"b.yml", chip_text_with("clock_ghz", "{value: 1, source: s, assumption: a}")}}),
+  EXPECT_THROW(
+      HardwareCatalog::from_texts(
+          {{"b.yml", chip_text_with("clock_ghz", "{value: 1, source: s, assumption: a}")}}),
+      UserError);
+  EXPECT_THROW(HardwareCatalog::from_texts({{"c.yml", chip_text_with("clock_ghz", "")}}),
                UserError);
-  EXPECT_THROW(HardwareCatalog::from_texts({{"c.yml", chip_text_with("clock_ghz", "")}}), UserError);
   EXPECT_THROW(HardwareCatalog::from_texts(
                    {{"d.yml", chip_text_with("clock_ghz", "{value: fast, source: s}")}}),
                UserError);
-  EXPECT_THROW(HardwareCatalog::from_texts({{"e.yml", chip_text_with("", "") + "  clok_ghz: {value: 1, source: s}\n"}}),
+  EXPECT_THROW(HardwareCatalog::from_texts(
+                   {{"e.yml", chip_text_with("", "") + "  clok_ghz: {value: 1, source: s}\n"}}),
                UserError);
 }
 

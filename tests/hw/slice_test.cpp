@@ -62,11 +62,11 @@ TEST(ParseSlice, NamesAcrossGenerations) {
 }
 
 TEST(ParseSlice, HostsFollowChipsPerHost) {
-  EXPECT_EQ(parse_slice("v5p-128").hosts, 16);      // 4 chips per host
-  EXPECT_EQ(parse_slice("v5e-256").hosts, 32);      // 8 chips per host
+  EXPECT_EQ(parse_slice("v5p-128").hosts, 16);  // 4 chips per host
+  EXPECT_EQ(parse_slice("v5e-256").hosts, 32);  // 8 chips per host
   EXPECT_EQ(parse_slice("v5e-4").hosts, 1);
   EXPECT_EQ(parse_slice("v5e-4").chips_per_host, 4);
-  EXPECT_EQ(parse_slice("tpu7x-512").hosts, 64);    // 4 chips per VM
+  EXPECT_EQ(parse_slice("tpu7x-512").hosts, 64);  // 4 chips per VM
 }
 
 TEST(ParseSlice, Multislice) {
@@ -78,10 +78,11 @@ TEST(ParseSlice, Multislice) {
 }
 
 TEST(ParseSlice, InvalidNamesAreUserErrors) {
-  for (const char* name : {"", "v5p", "v5p-", "-128", "v5q-128", "v5p-100", "v5p-7", "v5p-0",
-                           "v5p--8", "v5p-abc", "v6e-512", "v6e-12", "tpu7x-7", "v5e-3",
-                           "v5p:4x4", "v5p:3x3x3", "v6e:3x5", "v5p:4x0x4", "v5p:4xx4",
-                           "v4-16384", "v5p-99999999999"}) {
+  for (const char* name :
+       {"",         "v5p",      "v5p-",           "-128",      "v5q-128", "v5p-100",
+        "v5p-7",    "v5p-0",    "v5p--8",         "v5p-abc",   "v6e-512", "v6e-12",
+        "tpu7x-7",  "v5e-3",    "v5p:4x4",        "v5p:3x3x3", "v6e:3x5", "v5p:4x0x4",
+        "v5p:4xx4", "v4-16384", "v5p-99999999999"}) {
     SCOPED_TRACE(name);
     EXPECT_THROW(parse_slice(name), UserError);
   }

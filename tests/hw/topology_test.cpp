@@ -67,14 +67,14 @@ TEST(Topology, HopDistanceUsesWraparound) {
   // Device 0 is (0,0,0); device 3 is (3,0,0): one hop over the wraparound link.
   EXPECT_EQ(wrapped.hop_distance(0, 3), 1);
   EXPECT_EQ(wrapped.hop_distance(0, 2), 2);
-  EXPECT_EQ(wrapped.hop_distance(0, 63), 3);  // (3,3,3)
+  EXPECT_EQ(wrapped.hop_distance(0, 63), 3);   // (3,3,3)
   const Topology open(parse_slice("v5e-16"));  // 4x4 mesh
   EXPECT_EQ(open.hop_distance(0, 3), 3);
   EXPECT_EQ(open.hop_distance(0, 15), 6);
   const Topology v7x(parse_slice("tpu7x-8"));  // 2x2x1 chips, 2 chiplets each
-  EXPECT_EQ(v7x.hop_distance(0, 1), 1);  // the two chiplets of chip 0, over D2D
-  EXPECT_EQ(v7x.hop_distance(0, 2), 1);  // chiplet 0 of chip 1
-  EXPECT_EQ(v7x.hop_distance(0, 3), 2);  // chiplet 1 of chip 1
+  EXPECT_EQ(v7x.hop_distance(0, 1), 1);        // the two chiplets of chip 0, over D2D
+  EXPECT_EQ(v7x.hop_distance(0, 2), 1);        // chiplet 0 of chip 1
+  EXPECT_EQ(v7x.hop_distance(0, 3), 2);        // chiplet 1 of chip 1
 }
 
 TEST(Topology, AxisRingBandwidthWithAndWithoutWrap) {
@@ -93,7 +93,7 @@ TEST(Topology, AxisRingBandwidthWithAndWithoutWrap) {
 TEST(Topology, MultisliceConnectsHostsThroughDcn) {
   const Topology topology(parse_slice("v5e-16", 4));
   EXPECT_EQ(topology.num_devices(), 64);
-  EXPECT_EQ(count_edges(topology, LinkKind::kDcn), 8);   // 2 hosts x 4 slices
+  EXPECT_EQ(count_edges(topology, LinkKind::kDcn), 8);  // 2 hosts x 4 slices
   EXPECT_EQ(count_edges(topology, LinkKind::kPcie), 64);
   EXPECT_EQ(topology.hop_distance(0, 15), 6);
   EXPECT_DOUBLE_EQ(topology.dcn_bandwidth_per_slice_bytes_per_s(),

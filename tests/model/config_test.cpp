@@ -25,14 +25,15 @@ TEST(Config, EmbeddedBaseLoadsWithMaxTextDefaults) {
   EXPECT_EQ(config.get_int("ici_fsdp_parallelism"), -1);
   EXPECT_EQ(config.get_int("dcn_data_parallelism"), -1);
   EXPECT_EQ(config.get_string("remat_policy"), "full");
-  EXPECT_EQ(config.get_string_list("mlp_activations"), (std::vector<std::string>{"silu", "linear"}));
+  EXPECT_EQ(config.get_string_list("mlp_activations"),
+            (std::vector<std::string>{"silu", "linear"}));
   EXPECT_TRUE(config.get_bool("scan_layers"));
   EXPECT_EQ(config.origin("base_emb_dim"), "configs/base.yml");
 }
 
 TEST(Config, LoadingOrderBaseThenPresetThenCommandLine) {
-  const Config config =
-      Config::load("", {"model_name=llama3.1-70b", "per_device_batch_size=4", "remat_policy=minimal"});
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-70b", "per_device_batch_size=4", "remat_policy=minimal"});
   EXPECT_EQ(config.get_int("base_emb_dim"), 8192);
   EXPECT_EQ(config.origin("base_emb_dim"), "configs/models/llama3.1-70b.yml");
   EXPECT_EQ(config.get_int("base_num_kv_heads"), 8);
@@ -53,9 +54,9 @@ TEST(Config, PresetKeyOnCommandLineNeedsOverrideModelConfig) {
 }
 
 TEST(Config, ListsAndBoolsParseAsInMaxText) {
-  const Config config = Config::load("", {"mlp_activations=[relu]", "scan_layers=False",
-                                          "logits_via_embedding=true", "per_device_batch_size=0.125",
-                                          "max_target_length=1048576"});
+  const Config config =
+      Config::load("", {"mlp_activations=[relu]", "scan_layers=False", "logits_via_embedding=true",
+                        "per_device_batch_size=0.125", "max_target_length=1048576"});
   EXPECT_EQ(config.get_string_list("mlp_activations"), std::vector<std::string>{"relu"});
   EXPECT_FALSE(config.get_bool("scan_layers"));
   EXPECT_TRUE(config.get_bool("logits_via_embedding"));
@@ -119,8 +120,8 @@ TEST(Config, MalformedOverridesAndFiles) {
 }
 
 TEST(Config, TypesAreInferredFromBaseDefaults) {
-  const Config config = Config::load_from_texts(
-      "i: 3\nf: 3.0\nb: false\ns: \"3\"\nl: [x, y]\n", "t.yml", {}, {"f=2", "s=abc"});
+  const Config config = Config::load_from_texts("i: 3\nf: 3.0\nb: false\ns: \"3\"\nl: [x, y]\n",
+                                                "t.yml", {}, {"f=2", "s=abc"});
   EXPECT_EQ(config.type("i"), ConfigType::kInt);
   EXPECT_EQ(config.type("f"), ConfigType::kFloat);
   EXPECT_EQ(config.type("b"), ConfigType::kBool);
@@ -147,10 +148,10 @@ TEST(Config, EveryPresetLoadsAndOnlySetsModelKeys) {
 }
 
 TEST(Config, RequiredPresetsExist) {
-  for (const char* name : {"llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
-                           "llama3.1-405b", "mistral-7b", "mixtral-8x7b", "mixtral-8x22b",
-                           "gpt3-175b", "gemma-7b", "qwen3-235b-a22b", "deepseek3-671b",
-                           "gpt-oss-120b", "tiny-llama", "tiny-gpt3", "tiny-moe"}) {
+  for (const char* name :
+       {"llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b",
+        "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "gpt3-175b", "gemma-7b", "qwen3-235b-a22b",
+        "deepseek3-671b", "gpt-oss-120b", "tiny-llama", "tiny-gpt3", "tiny-moe"}) {
     EXPECT_TRUE(embedded_file(std::string("configs/models/") + name + ".yml").has_value()) << name;
   }
 }

@@ -52,7 +52,8 @@ TEST(Mesh, ExplicitAxesWithAutoFill) {
   const MeshShape mesh = mesh_for("v5p-128", 1, {"ici_tensor_parallelism=4"});
   EXPECT_EQ(mesh.size("fsdp"), 16);
   EXPECT_EQ(mesh.size("tensor"), 4);
-  const MeshShape v7x = mesh_for("tpu7x-128", 1, {"ici_tensor_parallelism=2", "ici_context_parallelism=2"});
+  const MeshShape v7x =
+      mesh_for("tpu7x-128", 1, {"ici_tensor_parallelism=2", "ici_context_parallelism=2"});
   EXPECT_EQ(v7x.size("fsdp"), 32);  // 128 devices
   EXPECT_EQ(mesh.describe(), "fsdp=16 tensor=4");
 }
@@ -60,14 +61,16 @@ TEST(Mesh, ExplicitAxesWithAutoFill) {
 TEST(Mesh, BadMeshesAreUserErrors) {
   EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=5"}).find("ici_fsdp_parallelism"),
             std::string::npos);
-  EXPECT_NE(error_of("v5p-128", 1, {"ici_data_parallelism=-1"}).find("only one"), std::string::npos);
+  EXPECT_NE(error_of("v5p-128", 1, {"ici_data_parallelism=-1"}).find("only one"),
+            std::string::npos);
   EXPECT_NE(error_of("v5p-128", 1, {"ici_fsdp_parallelism=32"}).find("64"), std::string::npos);
   EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=0"}).find("ici_tensor_parallelism"),
             std::string::npos);
   EXPECT_NE(error_of("v5p-128", 1, {"ici_tensor_parallelism=-2"}).find("ici_tensor_parallelism"),
             std::string::npos);
   EXPECT_NE(error_of("v5e-256", 4, {"dcn_data_parallelism=3"}).find("slices"), std::string::npos);
-  EXPECT_NE(error_of("v5e-256", 2, {"dcn_fsdp_parallelism=-1"}).find("only one"), std::string::npos);
+  EXPECT_NE(error_of("v5e-256", 2, {"dcn_fsdp_parallelism=-1"}).find("only one"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,155 @@
+#include "sharding/device_mesh.h"
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace tpusim {
+namespace {
+
+struct PhysicalAxis {
+  int index = 0;  // torus dim or kChipletAxis
+  int remaining = 1;
+  int full = 1;
+};
+
+// Finds whole free axes whose sizes multiply to `size`, preferring fewer axes.
+std::vector<size_t> whole_axes_for(const std::vector<PhysicalAxis>& axes, int size) {
+  std::vector<size_t> best;
+  const size_t count = axes.size();
+  for (unsigned mask = 1; mask < (1u << count); ++mask) {
+    long long product = 1;
+    std::vector<size_t> chosen;
+    bool usable = true;
+    for (size_t bit = 0; bit < count; ++bit) {
+      if ((mask & (1u << bit)) == 0) {
+        continue;
+      }
+      if (axes[bit].remaining != axes[bit].full || axes[bit].full == 1) {
+        usable = false;
+        break;
+      }
+      product *= axes[bit].full;
+      chosen.push_back(bit);
+    }
+    if (usable && product == size && (best.empty() || chosen.size() < best.size())) {
+      best = chosen;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+bool MeshAxisPlacement::uses_chiplets() const {
+  return std::any_of(portions.begin(), portions.end(),
+                     [](const PhysicalPortion& portion) { return portion.physical_axis == kChipletAxis; });
+}
+
+bool MeshAxisPlacement::wraps(const Slice& slice) const {
+  bool any_torus = false;
+  for (const PhysicalPortion& portion : portions) {
+    if (portion.physical_axis == kChipletAxis) {
+      continue;
+    }
+    any_torus = true;
+    if (!portion.whole_axis || !slice.wraparound[static_cast<size_t>(portion.physical_axis)]) {
+      return false;
+    }
+  }
+  return any_torus;
+}
+
+std::string MeshAxisPlacement::describe(const Slice& slice) const {
+  static const char* const kNames[] = {"x", "y", "z"};
+  std::string text;
+  for (const PhysicalPortion& portion : portions) {
+    text += text.empty() ? "" : " + ";
+    if (portion.physical_axis == kChipletAxis) {
+      text += "chiplet pair (D2D)";
+      continue;
+    }
+    text += std::string("torus ") + kNames[portion.physical_axis] + " (" + std::to_string(portion.size);
+    if (!portion.whole_axis) {
+      text += " of " + std::to_string(slice.shape[static_cast<size_t>(portion.physical_axis)]);
+    }
+    text += portion.whole_axis && slice.wraparound[static_cast<size_t>(portion.physical_axis)]
+                ? ", wraps)"
+                : ")";
+  }
+  if (dcn_size > 1) {
+    text += (text.empty() ? "" : " + ") + std::string("DCN x") + std::to_string(dcn_size);
+  }
+  return text.empty() ? "-" : text;
+}
+
+const MeshAxisPlacement& DeviceMesh::axis(const std::string& name) const {
+  return axes.at(static_cast<size_t>(mesh_axis_index(name)));
+}
+
+DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice) {
+  DeviceMesh mesh;
+  mesh.shape = shape;
+  std::vector<PhysicalAxis> physical;
+  if (slice.devices_per_chip == 2) {
+    physical.push_back({kChipletAxis, 2, 2});
+  }
+  for (size_t dim = 0; dim < slice.shape.size(); ++dim) {
+    physical.push_back({static_cast<int>(dim), slice.shape[dim], slice.shape[dim]});
+  }
+  mesh.axes.resize(kNumMeshAxes);
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    mesh.axes[static_cast<size_t>(axis)].mesh_axis = axis;
+    mesh.axes[static_cast<size_t>(axis)].ici_size = shape.ici[static_cast<size_t>(axis)];
+    mesh.axes[static_cast<size_t>(axis)].dcn_size = shape.dcn[static_cast<size_t>(axis)];
+  }
+  for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+    MeshAxisPlacement& placement = mesh.axes[static_cast<size_t>(axis)];
+    int needed = placement.ici_size;
+    if (needed == 1) {
+      continue;
+    }
+    // 1. One whole free axis of exactly this size (the chiplet pair is first in the list).
+    auto exact = std::find_if(physical.begin(), physical.end(), [&](const PhysicalAxis& candidate) {
+      return candidate.remaining == candidate.full && candidate.full == needed;
+    });
+    if (exact != physical.end()) {
+      placement.portions.push_back({exact->index, needed, true});
+      exact->remaining = 1;
+      continue;
+    }
+    // 2. Several whole free axes.
+    const std::vector<size_t> whole = whole_axes_for(physical, needed);
+    if (!whole.empty()) {
+      for (const size_t index : whole) {
+        placement.portions.push_back({physical[index].index, physical[index].full, true});
+        physical[index].remaining = 1;
+      }
+      continue;
+    }
+    // 3. Parts of axes, minor first: take what divides.
+    placement.split = true;
+    for (PhysicalAxis& candidate : physical) {
+      if (needed == 1) {
+        break;
+      }
+      int take = std::gcd(candidate.remaining, needed);
+      if (take <= 1) {
+        continue;
+      }
+      placement.portions.push_back({candidate.index, take, take == candidate.full});
+      candidate.remaining /= take;
+      needed /= take;
+    }
+    if (needed != 1) {
+      throw UserError(mesh_axis_key(false, mesh_axis_names()[static_cast<size_t>(axis)]) + "=" +
+                      std::to_string(placement.ici_size) + " cannot be laid onto the " +
+                      shape_to_text(slice.shape) + " devices of " + slice.name);
+    }
+  }
+  return mesh;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,673 @@
+#include "sharding/partitioner.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "common/error.h"
+
+namespace tpusim {
+namespace {
+
+using AxisList = std::vector<int>;  // mesh axis indices, major to minor
+using Layout = std::vector<AxisList>;  // one AxisList per dim
+
+bool contains(const AxisList& axes, int axis) {
+  return std::find(axes.begin(), axes.end(), axis) != axes.end();
+}
+
+AxisList without(const AxisList& axes, const AxisList& removed) {
+  AxisList result;
+  for (const int axis : axes) {
+    if (!contains(removed, axis)) {
+      result.push_back(axis);
+    }
+  }
+  return result;
+}
+
+// Axes of each dim in mesh order (major to minor), so equal splits compare equal.
+Layout normalized(Layout layout) {
+  for (AxisList& axes : layout) {
+    std::sort(axes.begin(), axes.end());
+  }
+  return layout;
+}
+
+std::string layout_key(const Layout& layout) {
+  std::string key;
+  for (const AxisList& axes : layout) {
+    for (const int axis : axes) {
+      key += std::to_string(axis) + ",";
+    }
+    key += "|";
+  }
+  return key;
+}
+
+// A dim as the partitioner plans with it: name, global size, mesh axes.
+struct PlanDim {
+  std::string name;
+  AxisList axes;
+};
+
+class Partitioner {
+ public:
+  Partitioner(const TrainingStep& step, const LogicalAxisRules& rules, const DeviceMesh& mesh)
+      : global_(step.graph), rules_(rules), mesh_(mesh) {}
+
+  PartitionedProgram run() {
+    for (const Region& region : global_.regions()) {
+      out_.add_region(region.name, region.repeat, region.phase, region.forward_region);
+    }
+    layouts_.resize(global_.tensors().size());
+    local_.assign(global_.tensors().size(), -1);
+    for (const Tensor& tensor : global_.tensors()) {
+      layouts_[static_cast<size_t>(tensor.id)] =
+          normalized(rules_.shard_dims(tensor.dims, mesh_.shape));
+      local_[static_cast<size_t>(tensor.id)] =
+          make_local(tensor, layouts_[static_cast<size_t>(tensor.id)], tensor.region, "");
+    }
+    for (int region = 0; region < static_cast<int>(global_.regions().size()); ++region) {
+      alternates_.clear();
+      for (const Op& op : global_.ops()) {
+        if (op.region == region) {
+          partition_op(op);
+        }
+      }
+    }
+    for (const Graph::Carry& carry : global_.carries()) {
+      out_.add_carry(local(carry.from), local(carry.to));
+    }
+    PartitionedProgram program;
+    program.graph = std::move(out_);
+    program.mesh = mesh_;
+    program.padding = std::move(padding_);
+    program.local_of_global = local_;
+    return program;
+  }
+
+ private:
+  int axis_size(int axis) const { return mesh_.shape.size(axis); }
+  int64_t shards(const AxisList& axes) const {
+    int64_t product = 1;
+    for (const int axis : axes) {
+      product *= axis_size(axis);
+    }
+    return product;
+  }
+  TensorId local(TensorId global) const { return local_[static_cast<size_t>(global)]; }
+  const Layout& layout(TensorId global) const { return layouts_[static_cast<size_t>(global)]; }
+
+  TensorId make_local(const Tensor& global, const Layout& layout_in, int region,
+                      const std::string& suffix) {
+    std::vector<Dim> dims = global.dims;
+    for (size_t index = 0; index < dims.size(); ++index) {
+      Dim& dim = dims[index];
+      const int64_t split = shards(layout_in[index]);
+      dim.global_size = dim.size;
+      dim.sharded_over.clear();
+      for (const int axis : layout_in[index]) {
+        dim.sharded_over.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
+      }
+      const int64_t local_size = (dim.size + split - 1) / split;
+      if (split > 1 && dim.size % split != 0 && suffix.empty()) {
+        padding_.push_back({global.name, dim.name, dim.size, split, local_size * split});
+      }
+      dim.size = local_size;
+    }
+    return out_.add_tensor(global.name + suffix, std::move(dims), global.dtype, global.kind, region,
+                           global.remat_name);
+  }
+
+  // Emits a collective over `axes`; writes `into` when given, else a new local tensor.
+  TensorId collective(OpKind kind, const std::string& name, TensorId input, const Tensor& global,
+                      const Layout& result_layout, const AxisList& axes, int region,
+                      ReduceOp reduce = ReduceOp::kSum, TensorId into = -1) {
+    const TensorId output = into >= 0 ? into : make_local(global, result_layout, region, "/" + name);
+    OpAttrs attrs;
+    for (const int axis : axes) {
+      attrs.mesh_axes.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
+    }
+    attrs.group_size = shards(axes);
+    attrs.reduce = reduce;
+    out_.add_op(kind, global.name + "/" + name, {input}, {output}, attrs, region);
+    return output;
+  }
+
+  // The local tensor of `global` in layout `target`, inserting collectives or slices as needed.
+  TensorId reshard(TensorId global, const Layout& target_in, int region) {
+    const Layout target = normalized(target_in);
+    const Layout& current = layout(global);
+    if (current == target) {
+      return local(global);
+    }
+    const std::string key = std::to_string(global) + "#" + layout_key(target);
+    if (const auto found = alternates_.find(key); found != alternates_.end()) {
+      return found->second;
+    }
+    const Tensor& tensor = global_.tensor(global);
+    // Axes that leave one dim and shard another: all-to-all.
+    AxisList moved;
+    AxisList gathered;
+    for (size_t dim = 0; dim < current.size(); ++dim) {
+      for (const int axis : current[dim]) {
+        if (contains(target[dim], axis)) {
+          continue;
+        }
+        bool reappears = false;
+        for (size_t other = 0; other < target.size(); ++other) {
+          reappears = reappears || (other != dim && contains(target[other], axis));
+        }
+        (reappears ? moved : gathered).push_back(axis);
+      }
+    }
+    TensorId value = local(global);
+    Layout step = current;
+    if (!gathered.empty()) {
+      for (AxisList& axes : step) {
+        axes = without(axes, gathered);
+      }
+      value = collective(OpKind::kAllGather, "all_gather", value, tensor, step, gathered, region);
+    }
+    if (!moved.empty()) {
+      for (size_t dim = 0; dim < step.size(); ++dim) {
+        step[dim] = without(step[dim], moved);
+        for (const int axis : target[dim]) {
+          if (contains(moved, axis)) {
+            step[dim].push_back(axis);
+          }
+        }
+      }
+      value = collective(OpKind::kAllToAll, "all_to_all", value, tensor, step, moved, region);
+    }
+    step = normalized(step);
+    if (step != target) {
+      const TensorId sliced = make_local(tensor, target, region, "/slice");
+      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {sliced}, {}, region);
+      value = sliced;
+    }
+    alternates_[key] = value;
+    return value;
+  }
+
+  // Layout of `global`'s dims following `reference` by dim name; dims `reference` lacks keep
+  // their own axes unless listed in `must_be_whole`.
+  Layout follow(TensorId global, const std::map<std::string, AxisList>& reference,
+                const std::set<std::string>& must_be_whole = {}) const {
+    const Tensor& tensor = global_.tensor(global);
+    Layout result = layout(global);
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      const std::string& name = tensor.dims[dim].name;
+      if (must_be_whole.contains(name)) {
+        result[dim].clear();
+      } else if (const auto found = reference.find(name); found != reference.end()) {
+        result[dim] = found->second;
+      }
+    }
+    // An axis may shard only one dim: drop later repeats.
+    std::set<int> used;
+    for (AxisList& axes : result) {
+      AxisList kept;
+      for (const int axis : axes) {
+        if (used.insert(axis).second) {
+          kept.push_back(axis);
+        }
+      }
+      axes = kept;
+    }
+    return normalized(result);
+  }
+
+  std::map<std::string, AxisList> by_name(TensorId global, const Layout& layout_in) const {
+    std::map<std::string, AxisList> names;
+    const Tensor& tensor = global_.tensor(global);
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      names[tensor.dims[dim].name] = layout_in[dim];
+    }
+    return names;
+  }
+
+  // Emits `op` computed with its outputs in `computed` layouts, then reduces partial sums over
+  // `partial` axes into each output's own layout.
+  void emit(const Op& op, std::vector<TensorId> inputs, const std::vector<Layout>& computed,
+            const AxisList& partial, ReduceOp reduce = ReduceOp::kSum) {
+    emit_with_partials(op, std::move(inputs), computed,
+                       std::vector<AxisList>(op.outputs.size(), partial), reduce);
+  }
+
+  // As emit(), with each output's own partial-sum axes.
+  void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
+                          const std::vector<Layout>& computed, const std::vector<AxisList>& partials,
+                          ReduceOp reduce = ReduceOp::kSum) {
+    std::vector<TensorId> outputs;
+    std::vector<bool> direct;
+    for (size_t index = 0; index < op.outputs.size(); ++index) {
+      const TensorId global = op.outputs[index];
+      const AxisList& partial = partials[index];
+      const bool same = computed[index] == layout(global) && partial.empty();
+      direct.push_back(same);
+      outputs.push_back(same ? local(global)
+                             : make_local(global_.tensor(global), computed[index], op.region,
+                                          partial.empty() ? "/computed" : "/partial"));
+    }
+    out_.add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
+    for (size_t index = 0; index < op.outputs.size(); ++index) {
+      if (direct[index]) {
+        continue;
+      }
+      finish_output(op.outputs[index], outputs[index], computed[index], partials[index], op.region,
+                    reduce);
+    }
+  }
+
+  // Axes of `input`'s dims that `output` lacks: an output that sums over those dims (a norm
+  // scale's gradient sums over batch and length) holds partial sums over these axes.
+  AxisList summed_axes(TensorId input, const Layout& input_layout, TensorId output) const {
+    const Tensor& in = global_.tensor(input);
+    const Tensor& out = global_.tensor(output);
+    AxisList axes;
+    for (size_t dim = 0; dim < in.dims.size(); ++dim) {
+      if (out.dim_index(in.dims[dim].name) < 0) {
+        axes.insert(axes.end(), input_layout[dim].begin(), input_layout[dim].end());
+      }
+    }
+    return axes;
+  }
+
+  // Turns a computed (possibly partial) output into the tensor's own layout.
+  void finish_output(TensorId global, TensorId value, const Layout& computed, const AxisList& partial,
+                     int region, ReduceOp reduce) {
+    const Tensor& tensor = global_.tensor(global);
+    const Layout& target = layout(global);
+    Layout current = computed;
+    AxisList scatter;
+    AxisList all_reduce;
+    for (const int axis : partial) {
+      bool in_target = false;
+      for (size_t dim = 0; dim < target.size(); ++dim) {
+        in_target = in_target || (contains(target[dim], axis) && !contains(current[dim], axis));
+      }
+      (in_target ? scatter : all_reduce).push_back(axis);
+    }
+    Layout after_reduce = current;
+    for (size_t dim = 0; dim < after_reduce.size(); ++dim) {
+      for (const int axis : target[dim]) {
+        if (contains(scatter, axis)) {
+          after_reduce[dim].push_back(axis);
+        }
+      }
+    }
+    after_reduce = normalized(after_reduce);
+    const bool sliced = after_reduce != target;
+    // Reduce-scatter first, so the all-reduce (often over DCN) moves only the shard.
+    if (!scatter.empty()) {
+      const bool last = all_reduce.empty() && !sliced;
+      value = collective(OpKind::kReduceScatter, "reduce_scatter", value, tensor, after_reduce,
+                         scatter, region, reduce, last ? local(global) : -1);
+    }
+    if (!all_reduce.empty()) {
+      value = collective(OpKind::kAllReduce, "all_reduce", value, tensor, after_reduce, all_reduce,
+                         region, reduce, sliced ? -1 : local(global));
+    }
+    if (sliced) {
+      // The unsliced value stays reusable in this region.
+      alternates_[std::to_string(global) + "#" + layout_key(after_reduce)] = value;
+      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {}, region);
+    }
+  }
+
+  // Einsum over named dims; `lhs_dims`/`rhs_dims` describe the operands (virtual one-hot operands
+  // of lookups have no tensor: their id is -1).
+  void partition_einsum(const Op& op, std::vector<TensorId> operands,
+                        const std::vector<std::vector<PlanDim>>& operand_dims,
+                        const std::vector<std::string>& contracted) {
+    const TensorId output = op.outputs[0];
+    const Layout& out_layout = layout(output);
+    const Tensor& out_tensor = global_.tensor(output);
+    std::map<std::string, AxisList> iteration;
+    AxisList used;
+    for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+      iteration[out_tensor.dims[dim].name] = out_layout[dim];
+      used.insert(used.end(), out_layout[dim].begin(), out_layout[dim].end());
+    }
+    AxisList partial;
+    for (const std::string& name : contracted) {
+      std::vector<const AxisList*> sharding;
+      for (const auto& dims : operand_dims) {
+        for (const PlanDim& dim : dims) {
+          if (dim.name == name) {
+            sharding.push_back(&dim.axes);
+          }
+        }
+      }
+      AxisList chosen;
+      if (sharding.size() == 2) {
+        for (const int axis : *sharding[0]) {
+          const bool both = contains(*sharding[1], axis);
+          if (both && !contains(partial, axis)) {
+            chosen.push_back(axis);
+          }
+        }
+        // An axis only one operand splits, free in the output: slice the other operand and
+        // reduce the output rather than gathering, when the output is the smaller of the two.
+        for (size_t which = 0; which < 2; ++which) {
+          for (const int axis : *sharding[which]) {
+            if (contains(chosen, axis) || contains(used, axis) || contains(partial, axis)) {
+              continue;
+            }
+            const TensorId operand = operands[which];
+            const double operand_bytes =
+                operand < 0 ? 0.0 : static_cast<double>(out_.tensor(local(operand)).bytes());
+            const double output_bytes = 2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
+            if (operand >= 0 && output_bytes < operand_bytes) {
+              chosen.push_back(axis);
+            }
+          }
+        }
+      }
+      iteration[name] = chosen;
+      partial.insert(partial.end(), chosen.begin(), chosen.end());
+    }
+    // Output dims lose the partial axes (they come back through reduce-scatter).
+    Layout computed = out_layout;
+    for (AxisList& axes : computed) {
+      axes = without(axes, partial);
+    }
+    for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+      iteration[out_tensor.dims[dim].name] = computed[dim];
+    }
+    std::vector<TensorId> inputs;
+    for (const TensorId operand : op.inputs) {
+      inputs.push_back(reshard(operand, follow(operand, iteration), op.region));
+    }
+    emit(op, inputs, {computed}, partial);
+  }
+
+  std::vector<PlanDim> plan_dims(TensorId global) const {
+    std::vector<PlanDim> dims;
+    const Tensor& tensor = global_.tensor(global);
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      dims.push_back({tensor.dims[dim].name, layout(global)[dim]});
+    }
+    return dims;
+  }
+
+  // Generic op: computed in its first output's layout; inputs follow by dim name, dims in
+  // `must_be_whole` are gathered.
+  void partition_following_output(const Op& op, const std::set<std::string>& must_be_whole = {}) {
+    const TensorId first = op.outputs.at(0);
+    std::map<std::string, AxisList> reference = by_name(first, layout(first));
+    for (const std::string& name : must_be_whole) {
+      reference.erase(name);
+    }
+    std::vector<TensorId> inputs;
+    for (const TensorId input : op.inputs) {
+      inputs.push_back(reshard(input, follow(input, reference, must_be_whole), op.region));
+    }
+    std::vector<Layout> computed;
+    std::vector<AxisList> partials;
+    for (const TensorId output : op.outputs) {
+      computed.push_back(follow(output, reference, must_be_whole));
+      partials.push_back(op.kind == OpKind::kNormGrad && output != first
+                             ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
+                             : AxisList{});
+    }
+    emit_with_partials(op, inputs, computed, partials);
+  }
+
+  // Norms and cross-entropy reduce over a dim; when it is split, partial statistics are
+  // all-reduced first (small: one or a few floats per row).
+  void partition_reduction(const Op& op, const std::string& reduced_dim, OpKind statistics_kind,
+                           int statistics_values, ReduceOp reduce) {
+    const TensorId input = op.inputs[0];
+    const Tensor& tensor = global_.tensor(input);
+    const int dim_index = tensor.dim_index(reduced_dim);
+    const AxisList split = dim_index < 0 ? AxisList{} : layout(input)[static_cast<size_t>(dim_index)];
+    if (split.empty()) {
+      partition_following_output(op);
+      return;
+    }
+    std::map<std::string, AxisList> reference = by_name(input, layout(input));
+    std::vector<TensorId> inputs;
+    for (const TensorId operand : op.inputs) {
+      inputs.push_back(reshard(operand, follow(operand, reference), op.region));
+    }
+    // Statistics tensor: the input's dims without the reduced one, plus the values per row.
+    std::vector<Dim> stat_dims;
+    for (const Dim& dim : tensor.dims) {
+      if (dim.name != reduced_dim) {
+        stat_dims.push_back(dim);
+      }
+    }
+    stat_dims.push_back(Dim{"statistics", statistics_values, ""});
+    const TensorId global_stats = extra_.add_tensor(
+        op.name + "/statistics", stat_dims, DType::kF32, TensorKind::kActivation, op.region);
+    Layout stat_layout;
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      if (static_cast<int>(dim) != dim_index) {
+        stat_layout.push_back(layout(input)[dim]);
+      }
+    }
+    stat_layout.push_back({});
+    const Tensor& stats_info = extra_.tensor(global_stats);
+    const TensorId partial = make_local(stats_info, stat_layout, op.region, "/partial");
+    OpAttrs stat_attrs;
+    stat_attrs.contracted = {reduced_dim};
+    out_.add_op(statistics_kind, op.name + "/statistics", inputs, {partial}, stat_attrs, op.region);
+    const TensorId full =
+        collective(OpKind::kAllReduce, "all_reduce", partial, stats_info, stat_layout, split,
+                   op.region, reduce);
+    inputs.push_back(full);
+    std::vector<Layout> computed;
+    std::vector<AxisList> partials;
+    for (const TensorId output : op.outputs) {
+      computed.push_back(follow(output, reference));
+      partials.push_back(op.kind == OpKind::kNormGrad && output != op.outputs[0]
+                             ? summed_axes(input, layout(input), output)
+                             : AxisList{});
+    }
+    emit_with_partials(op, inputs, computed, partials);
+  }
+
+  void partition_attention(const Op& op, bool gradient) {
+    // Forward inputs: q, k, v, [k_rope]; gradient inputs: dout, q, k, v, [k_rope], out.
+    const size_t first_forward = gradient ? 1 : 0;
+    const TensorId query = op.inputs[first_forward];
+    const std::map<std::string, AxisList> reference = by_name(query, layout(query));
+    const std::set<std::string> whole_length = {"length"};
+    const size_t key_begin = first_forward + 1;
+    const size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
+    std::vector<TensorId> inputs;
+    for (size_t index = 0; index < op.inputs.size(); ++index) {
+      const TensorId input = op.inputs[index];
+      const bool key_side = index >= key_begin && index < key_end;
+      inputs.push_back(reshard(input, key_side ? follow(input, {}, whole_length)
+                                               : follow(input, reference),
+                               op.region));
+    }
+    if (!gradient) {
+      emit(op, inputs, {follow(op.outputs[0], reference)}, {});
+      return;
+    }
+    // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length.
+    const int length_dim = global_.tensor(query).dim_index("length");
+    const AxisList context = length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
+    std::vector<TensorId> outputs;
+    std::vector<std::pair<size_t, TensorId>> pending;
+    for (size_t index = 0; index < op.outputs.size(); ++index) {
+      const TensorId global = op.outputs[index];
+      if (index == 0 || context.empty()) {
+        const Layout computed = index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+        if (computed == layout(global)) {
+          outputs.push_back(local(global));
+        } else {
+          outputs.push_back(make_local(global_.tensor(global), computed, op.region, "/computed"));
+          pending.emplace_back(index, outputs.back());
+        }
+        continue;
+      }
+      outputs.push_back(make_local(global_.tensor(global), follow(global, {}, whole_length),
+                                   op.region, "/partial"));
+      pending.emplace_back(index, outputs.back());
+    }
+    out_.add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
+    for (const auto& [index, value] : pending) {
+      const TensorId global = op.outputs[index];
+      const Layout computed = index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+      finish_output(global, value, computed, index == 0 ? AxisList{} : context, op.region,
+                    ReduceOp::kSum);
+    }
+  }
+
+  // MoE dispatch/combine: expert-parallel axes move between the token dims and the experts dim.
+  void partition_moe_exchange(const Op& op) {
+    const bool dispatch = op.kind == OpKind::kMoeDispatch;
+    const TensorId tokens = op.inputs[0];
+    const TensorId grouped_out = op.outputs[0];
+    // Dispatch: tokens -> grouped; combine: grouped -> tokens. Let the grouped side be G.
+    const TensorId grouped = dispatch ? grouped_out : tokens;
+    const Tensor& grouped_tensor = global_.tensor(grouped);
+    const int experts_dim = grouped_tensor.dim_index("experts");
+    const AxisList expert_axes =
+        experts_dim < 0 ? AxisList{} : layout(grouped)[static_cast<size_t>(experts_dim)];
+    // Compute with the expert axes on the token dim of the grouped tensor (tokens stay where they
+    // are), then all-to-all them onto the experts dim.
+    Layout local_grouped = layout(grouped);
+    const int token_dim = grouped_tensor.dim_index("expert_tokens");
+    if (experts_dim >= 0 && token_dim >= 0) {
+      local_grouped[static_cast<size_t>(experts_dim)].clear();
+      for (const int axis : expert_axes) {
+        local_grouped[static_cast<size_t>(token_dim)].push_back(axis);
+      }
+    }
+    local_grouped = normalized(local_grouped);
+    if (dispatch) {
+      std::vector<TensorId> inputs;
+      for (const TensorId input : op.inputs) {
+        inputs.push_back(reshard(input, layout(input), op.region));
+      }
+      const TensorId computed = make_local(grouped_tensor, local_grouped, op.region, "/local");
+      out_.add_op(op.kind, op.name, inputs, {computed}, op.attrs, op.region);
+      if (!expert_axes.empty()) {
+        collective(OpKind::kAllToAll, "all_to_all", computed, grouped_tensor, layout(grouped),
+                   expert_axes, op.region, ReduceOp::kSum, local(grouped_out));
+      } else {
+        out_.add_op(OpKind::kDynamicSlice, grouped_tensor.name + "/slice", {computed},
+                    {local(grouped_out)}, {}, op.region);
+      }
+      return;
+    }
+    TensorId value = local(grouped);
+    if (!expert_axes.empty()) {
+      value = collective(OpKind::kAllToAll, "all_to_all", value, grouped_tensor, local_grouped,
+                         expert_axes, op.region);
+    }
+    std::vector<TensorId> inputs = {value};
+    for (size_t index = 1; index < op.inputs.size(); ++index) {
+      inputs.push_back(reshard(op.inputs[index], layout(op.inputs[index]), op.region));
+    }
+    emit(op, inputs, {layout(op.outputs[0])}, {});
+  }
+
+  void partition_op(const Op& op) {
+    switch (op.kind) {
+      case OpKind::kEinsum:
+        partition_einsum(op, op.inputs, {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])},
+                         op.attrs.contracted);
+        return;
+      case OpKind::kEmbeddingLookup: {
+        // = einsum(one_hot(tokens)[batch, length, vocab], table[vocab, embed]) over vocab.
+        std::vector<PlanDim> one_hot = plan_dims(op.inputs[0]);
+        const Tensor& table = global_.tensor(op.inputs[1]);
+        one_hot.push_back({table.dims[0].name, {}});
+        partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])},
+                         {table.dims[0].name});
+        return;
+      }
+      case OpKind::kEmbeddingGrad: {
+        // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
+        std::vector<PlanDim> one_hot = plan_dims(op.inputs[1]);
+        one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
+        partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])},
+                         {"batch", "length"});
+        return;
+      }
+      case OpKind::kRmsNorm:
+      case OpKind::kLayerNorm:
+      case OpKind::kNormGrad:
+        partition_reduction(op, op.attrs.contracted.empty() ? "" : op.attrs.contracted[0],
+                            OpKind::kNormStatistics, op.kind == OpKind::kRmsNorm ? 1 : 2,
+                            ReduceOp::kSum);
+        return;
+      case OpKind::kCrossEntropy:
+      case OpKind::kCrossEntropyGrad: {
+        partition_reduction(op, "vocab", OpKind::kCrossEntropyStatistics, 3, ReduceOp::kLogSumExp);
+        if (op.kind == OpKind::kCrossEntropy) {
+          // The mean loss over tokens split across devices.
+          const Tensor& logits = global_.tensor(op.inputs[0]);
+          AxisList token_axes;
+          for (size_t dim = 0; dim < logits.dims.size(); ++dim) {
+            if (logits.dims[dim].name != "vocab") {
+              token_axes.insert(token_axes.end(), layout(op.inputs[0])[dim].begin(),
+                                layout(op.inputs[0])[dim].end());
+            }
+          }
+          if (!token_axes.empty()) {
+            const Tensor& loss = global_.tensor(op.outputs[0]);
+            collective(OpKind::kAllReduce, "all_reduce", local(op.outputs[0]), loss, {}, token_axes,
+                       op.region);
+          }
+        }
+        return;
+      }
+      case OpKind::kAttention:
+        partition_attention(op, false);
+        return;
+      case OpKind::kAttentionGrad:
+        partition_attention(op, true);
+        return;
+      case OpKind::kMoeDispatch:
+      case OpKind::kMoeCombine:
+        partition_moe_exchange(op);
+        return;
+      default:
+        partition_following_output(op);
+        return;
+    }
+  }
+
+  const Graph& global_;
+  const LogicalAxisRules& rules_;
+  const DeviceMesh& mesh_;
+  Graph out_;
+  Graph extra_;  // global descriptions of tensors the partitioner invents (statistics)
+  std::vector<Layout> layouts_;
+  std::vector<TensorId> local_;
+  std::map<std::string, TensorId> alternates_;  // "global#layout" -> local tensor, per region
+  std::vector<PaddingNote> padding_;
+};
+
+}  // namespace
+
+PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& rules,
+                             const DeviceMesh& mesh) {
+  return Partitioner(step, rules, mesh).run();
+}
+
+int64_t collective_bytes(const Graph& graph, const Op& op) {
+  switch (op.kind) {
+    case OpKind::kAllGather:
+      return graph.tensor(op.outputs[0]).bytes();
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+      return graph.tensor(op.inputs[0]).bytes();
+    default:
+      return 0;
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,55 @@
+// sharding/partitioner.h: rewrites the global training step into ONE per-device SPMD program.
+//
+// Every tensor gets a layout from logical_axis_rules (which mesh axes split each dim); each tensor
+// of the per-device program holds one device's shard (local sizes, padded up when an axis does
+// not divide, as XLA does). Each op is computed in a layout derived from its output's, and the
+// partitioner inserts the collectives that make that possible, tagged with their mesh axes:
+//   - all_gather of an input split on an axis the op needs whole (FSDP weight gathers, sequence-
+//     parallel activations, K/V over context);
+//   - reduce_scatter / all_reduce of partial sums when a contracted dim is split (tensor-parallel
+//     out projections, gradient reductions over data/fsdp);
+//   - all_to_all when an axis moves from tokens to experts (expert-parallel dispatch/combine);
+//   - small all_reduces of statistics for norms and cross-entropy over split dims;
+//   - dynamic_slice (no communication) where an op needs less than a device holds.
+// The same program is read by the performance model and the functional engine.
+//
+// Example:
+//   PartitionedProgram program = partition(step, config, parse_slice("v5p-128"));
+//   program.graph.to_text();  // ... all_gather layer/mlp/wi_0/gathered[embed:4096,mlp:14336] over {fsdp}
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hw/slice.h"
+#include "model/autodiff/training_step.h"
+#include "sharding/device_mesh.h"
+#include "sharding/logical_rules.h"
+
+namespace tpusim {
+
+class Config;
+
+struct PaddingNote {
+  std::string tensor;
+  std::string dim;
+  int64_t global_size = 0;
+  int64_t shards = 1;
+  int64_t padded_size = 0;  // global size after padding: shards x local
+};
+
+struct PartitionedProgram {
+  Graph graph;  // per-device program
+  DeviceMesh mesh;
+  std::vector<PaddingNote> padding;
+  std::vector<TensorId> local_of_global;  // global tensor id -> its local tensor
+};
+
+PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& rules,
+                             const DeviceMesh& mesh);
+
+// Bytes a collective op is charged for: the per-device array it gathers into, reduces, or
+// exchanges (V in shared/reference/tpu_hardware.md §2). 0 for non-collectives.
+int64_t collective_bytes(const Graph& graph, const Op& op);
+
+}  // namespace tpusim

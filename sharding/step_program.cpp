@@ -1,0 +1,47 @@
+#include "sharding/step_program.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "model/config.h"
+
+namespace tpusim {
+
+Slice slice_from_config(const Config& config) {
+  const std::string topology = config.get_string("compile_topology");
+  if (topology.empty()) {
+    throw UserError("compile_topology: no slice given (e.g. compile_topology=v5p-128)");
+  }
+  const int64_t num_slices = config.get_int("compile_topology_num_slices");
+  if (num_slices == 0 || num_slices < -1) {
+    throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
+                    " must be -1 (one slice) or a positive count");
+  }
+  return parse_slice(topology, static_cast<int>(std::max<int64_t>(1, num_slices)));
+}
+
+StepProgram build_step_program(const Config& config) {
+  StepProgram result;
+  result.slice = slice_from_config(config);
+  result.mesh = place_mesh(resolve_mesh(config, result.slice), result.slice);
+  const double per_device = config.get_float("per_device_batch_size");
+  const double global = per_device * static_cast<double>(result.slice.total_devices());
+  result.global_batch = static_cast<int64_t>(std::floor(global + 1e-9));
+  if (result.global_batch < 1) {
+    throw UserError("per_device_batch_size: " + std::to_string(per_device) + " x " +
+                    std::to_string(result.slice.total_devices()) +
+                    " devices is less than one sequence per step");
+  }
+  result.accumulation_steps = config.get_int("gradient_accumulation_steps");
+  if (result.global_batch % result.accumulation_steps != 0) {
+    throw UserError("gradient_accumulation_steps: " + std::to_string(result.accumulation_steps) +
+                    " does not divide the global batch of " + std::to_string(result.global_batch) +
+                    " sequences");
+  }
+  result.microbatch = result.global_batch / result.accumulation_steps;
+  result.step = build_training_step(config, result.microbatch);
+  result.program = partition(result.step, LogicalAxisRules::from_config(config), result.mesh);
+  return result;
+}
+
+}  // namespace tpusim

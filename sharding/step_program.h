@@ -1,0 +1,38 @@
+// sharding/step_program.h: config -> slice -> mesh -> training step -> per-device program.
+//
+// The one pipeline every command uses, so `estimate`, `program`, `explore` and `train` all read
+// the same program for the same config. The graph holds one microbatch of the global batch
+// (global = per_device_batch_size x devices, split into gradient_accumulation_steps microbatches).
+//
+// Example:
+//   StepProgram program = build_step_program(Config::load("", {"model_name=llama2-7b",
+//                                                              "compile_topology=v5p-128"}));
+//   program.program.graph.to_text();
+#pragma once
+
+#include <cstdint>
+
+#include "hw/slice.h"
+#include "model/autodiff/training_step.h"
+#include "sharding/partitioner.h"
+
+namespace tpusim {
+
+class Config;
+
+struct StepProgram {
+  Slice slice;
+  DeviceMesh mesh;
+  TrainingStep step;           // the global step (before partitioning)
+  PartitionedProgram program;  // one device's program
+  int64_t global_batch = 0;        // sequences per optimizer step
+  int64_t microbatch = 0;          // sequences per microbatch (the graph's batch)
+  int64_t accumulation_steps = 1;
+};
+
+// The slice a config names (compile_topology, compile_topology_num_slices; -1 = 1 slice).
+Slice slice_from_config(const Config& config);
+
+StepProgram build_step_program(const Config& config);
+
+}  // namespace tpusim

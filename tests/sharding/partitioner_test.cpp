@@ -1,0 +1,176 @@
+// Sharding cases with collective byte counts derived by hand from the model dims.
+#include "sharding/partitioner.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "model/config.h"
+#include "sharding/step_program.h"
+
+namespace tpusim {
+namespace {
+
+constexpr int64_t kBf16 = 2;
+constexpr int64_t kF32 = 4;
+// llama2-7b: D = 4096, F = 11008, 32 heads x 128 (MHA), vocab 32000.
+constexpr int64_t kEmbed = 4096;
+constexpr int64_t kMlp = 11008;
+constexpr int64_t kLength = 1024;
+
+StepProgram program_for(const std::vector<std::string>& extra) {
+  std::vector<std::string> overrides = {"model_name=llama2-7b", "compile_topology=v5p-8",
+                                        "per_device_batch_size=1",
+                                        "max_target_length=" + std::to_string(kLength)};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return build_step_program(Config::load("", overrides));
+}
+
+struct CollectiveSummary {
+  int count = 0;
+  int64_t bytes = 0;
+};
+
+// Collectives of `kind` over exactly `axes` in the region named `region_name`.
+CollectiveSummary collectives(const StepProgram& built, const std::string& region_name, OpKind kind,
+                              const std::vector<std::string>& axes) {
+  const Graph& graph = built.program.graph;
+  CollectiveSummary summary;
+  for (const Op& op : graph.ops()) {
+    if (graph.region(op.region).name == region_name && op.kind == kind && op.attrs.mesh_axes == axes) {
+      ++summary.count;
+      summary.bytes += collective_bytes(graph, op);
+    }
+  }
+  return summary;
+}
+
+// FSDP (fsdp=4): each layer gathers every weight in forward (bf16, cast on the shard) and again in
+// backward, and reduce-scatters every weight gradient.
+TEST(Partitioner, FsdpGathersWeightsAndReduceScattersGradients) {
+  const StepProgram built = program_for({});
+  ASSERT_EQ(built.mesh.shape.size("fsdp"), 4);
+  const int64_t layer_weight_elements = 4 * kEmbed * kEmbed + 3 * kEmbed * kMlp;
+  const CollectiveSummary forward = collectives(built, "layer", OpKind::kAllGather, {"fsdp"});
+  EXPECT_EQ(forward.count, 7);
+  EXPECT_EQ(forward.bytes, layer_weight_elements * kBf16);
+  const CollectiveSummary backward_gathers =
+      collectives(built, "layer/grad", OpKind::kAllGather, {"fsdp"});
+  EXPECT_EQ(backward_gathers.count, 7);
+  EXPECT_EQ(backward_gathers.bytes, layer_weight_elements * kBf16);
+  const CollectiveSummary scatters =
+      collectives(built, "layer/grad", OpKind::kReduceScatter, {"fsdp"});
+  EXPECT_EQ(scatters.count, 7);
+  EXPECT_EQ(scatters.bytes, layer_weight_elements * kBf16);
+  // The two norm scales are replicated: their f32 gradients are all-reduced over fsdp.
+  const CollectiveSummary norms = collectives(built, "layer/grad", OpKind::kAllReduce, {"fsdp"});
+  EXPECT_EQ(norms.count, 2);
+  EXPECT_EQ(norms.bytes, 2 * kEmbed * kF32);
+}
+
+// Tensor parallelism (tensor=4) with MaxText's sequence-parallel activation rules: per layer two
+// all-gathers of the activations (before attention and MLP) and two reduce-scatters of partial
+// sums (after the out projection and the MLP output), each of batch x length x embed in bf16.
+TEST(Partitioner, TensorParallelReduceScattersActivations) {
+  const StepProgram built = program_for({"ici_fsdp_parallelism=1", "ici_tensor_parallelism=4"});
+  const int64_t batch = 4;  // the whole global batch: nothing splits it
+  const int64_t activation = batch * kLength * kEmbed * kBf16;
+  const CollectiveSummary scatters = collectives(built, "layer", OpKind::kReduceScatter, {"tensor"});
+  EXPECT_EQ(scatters.count, 2);
+  EXPECT_EQ(scatters.bytes, 2 * activation);
+  const CollectiveSummary gathers = collectives(built, "layer", OpKind::kAllGather, {"tensor"});
+  EXPECT_EQ(gathers.count, 2);
+  EXPECT_EQ(gathers.bytes, 2 * activation);
+  // No weight moves in forward: each device holds its own heads and mlp columns.
+  EXPECT_EQ(collectives(built, "layer", OpKind::kAllGather, {"fsdp"}).count, 0);
+}
+
+// Context parallelism (context=2, fsdp=2): attention gathers K and V over context; backward
+// reduce-scatters their gradients back.
+TEST(Partitioner, ContextParallelGathersKeysAndValues) {
+  const StepProgram built = program_for({"ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+  const int64_t local_batch = 2;  // 4 sequences over fsdp=2
+  const int64_t kv = local_batch * kLength * 32 * 128 * kBf16;
+  const CollectiveSummary gathers = collectives(built, "layer", OpKind::kAllGather, {"context"});
+  EXPECT_EQ(gathers.count, 2);
+  EXPECT_EQ(gathers.bytes, 2 * kv);
+  const CollectiveSummary scatters =
+      collectives(built, "layer/grad", OpKind::kReduceScatter, {"context"});
+  EXPECT_GE(scatters.count, 2);
+}
+
+// Expert parallelism (expert=4, tiny-moe): dispatch and combine exchange tokens with all-to-all.
+TEST(Partitioner, ExpertParallelAllToAll) {
+  const StepProgram built = build_step_program(
+      Config::load("", {"model_name=tiny-moe", "compile_topology=v5p-8", "per_device_batch_size=2",
+                        "max_target_length=64", "ici_fsdp_parallelism=1",
+                        "ici_expert_parallelism=4"}));
+  // 8 sequences x 64 tokens x top-2 / 4 experts = 256 tokens per expert; one expert per device.
+  const int64_t grouped = 1 * 256 * 64 * kBf16;
+  const CollectiveSummary forward = collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
+  EXPECT_EQ(forward.count, 2);  // dispatch, combine
+  EXPECT_EQ(forward.bytes, 2 * grouped);
+  EXPECT_GE(collectives(built, "moe_layer/grad", OpKind::kAllToAll, {"expert"}).count, 2);
+}
+
+// Multislice data parallelism over DCN: gradients are also all-reduced across slices.
+TEST(Partitioner, DcnDataParallelAllReducesGradients) {
+  const StepProgram built = program_for({"compile_topology_num_slices=2"});
+  ASSERT_EQ(built.mesh.shape.dcn[mesh_axis_index("data")], 2);
+  const int64_t layer_weight_elements = 4 * kEmbed * kEmbed + 3 * kEmbed * kMlp;
+  const CollectiveSummary dcn = collectives(built, "layer/grad", OpKind::kAllReduce, {"data"});
+  // Each weight gradient's shard, 1/4 after the fsdp reduce-scatter.
+  EXPECT_EQ(dcn.count, 7);
+  EXPECT_EQ(dcn.bytes, layer_weight_elements * kBf16 / 4);
+  // The replicated norm scales' gradients are all-reduced over both axes at once.
+  const CollectiveSummary norms =
+      collectives(built, "layer/grad", OpKind::kAllReduce, {"data", "fsdp"});
+  EXPECT_EQ(norms.bytes, 2 * kEmbed * kF32);
+}
+
+TEST(Partitioner, ParametersScaleAsOneOverShards) {
+  auto parameter_bytes = [](const StepProgram& built) {
+    double total = 0;
+    const Graph& graph = built.program.graph;
+    for (const Tensor& tensor : graph.tensors()) {
+      if (tensor.kind == TensorKind::kParameter && graph.producer(tensor.id) < 0) {
+        total += static_cast<double>(tensor.bytes()) *
+                 static_cast<double>(graph.region(tensor.region).repeat);
+      }
+    }
+    return total;
+  };
+  const double four = parameter_bytes(program_for({}));
+  const double eight = parameter_bytes(build_step_program(Config::load(
+      "", {"model_name=llama2-7b", "compile_topology=v5p-16", "per_device_batch_size=1",
+           "max_target_length=1024"})));
+  // Norm scales stay replicated; everything else halves.
+  EXPECT_NEAR(eight / four, 0.5, 0.001);
+}
+
+TEST(Partitioner, PaddingIsReported) {
+  // llama3.1-8b has 8 kv heads: over tensor=16 each device holds one (padded) head, as XLA pads.
+  const StepProgram built = build_step_program(Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=v5p-32", "per_device_batch_size=1",
+           "max_target_length=1024", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=16"}));
+  bool kv_heads_padded = false;
+  for (const PaddingNote& note : built.program.padding) {
+    kv_heads_padded = kv_heads_padded || (note.dim == "kv_heads" && note.global_size == 8 &&
+                                          note.shards == 16 && note.padded_size == 16);
+  }
+  EXPECT_TRUE(kv_heads_padded);
+}
+
+TEST(Partitioner, BadRulesAreUserErrors) {
+  EXPECT_THROW(build_step_program(Config::load(
+                   "", {"compile_topology=v5p-8", "logical_axis_rules=[[embed, [fsdpp]]]"})),
+               UserError);
+  EXPECT_THROW(build_step_program(Config::load(
+                   "", {"compile_topology=v5p-8", "logical_axis_rules=[[embed]]"})),
+               UserError);
+  EXPECT_THROW(build_step_program(Config::load("", {"compile_topology=v5p-8",
+                                                    "ici_tensor_parallelism=3"})),
+               UserError);
+}
+
+}  // namespace
+}  // namespace tpusim
