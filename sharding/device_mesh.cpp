@@ -44,8 +44,9 @@ std::vector<size_t> whole_axes_for(const std::vector<PhysicalAxis>& axes, int si
 }  // namespace
 
 bool MeshAxisPlacement::uses_chiplets() const {
-  return std::any_of(portions.begin(), portions.end(),
-                     [](const PhysicalPortion& portion) { return portion.physical_axis == kChipletAxis; });
+  return std::any_of(portions.begin(), portions.end(), [](const PhysicalPortion& portion) {
+    return portion.physical_axis == kChipletAxis;
+  });
 }
 
 bool MeshAxisPlacement::wraps(const Slice& slice) const {
@@ -71,7 +72,8 @@ std::string MeshAxisPlacement::describe(const Slice& slice) const {
       text += "chiplet pair (D2D)";
       continue;
     }
-    text += std::string("torus ") + kNames[portion.physical_axis] + " (" + std::to_string(portion.size);
+    text +=
+        std::string("torus ") + kNames[portion.physical_axis] + " (" + std::to_string(portion.size);
     if (!portion.whole_axis) {
       text += " of " + std::to_string(slice.shape[static_cast<size_t>(portion.physical_axis)]);
     }

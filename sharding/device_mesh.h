@@ -25,8 +25,8 @@ namespace tpusim {
 inline constexpr int kChipletAxis = -1;
 
 struct PhysicalPortion {
-  int physical_axis = 0;  // torus dimension, or kChipletAxis
-  int size = 1;           // how many positions of that axis the mesh axis spans
+  int physical_axis = 0;   // torus dimension, or kChipletAxis
+  int size = 1;            // how many positions of that axis the mesh axis spans
   bool whole_axis = true;  // spans the entire physical axis (can use its wraparound)
 };
 
@@ -35,7 +35,7 @@ struct MeshAxisPlacement {
   int ici_size = 1;
   int dcn_size = 1;
   std::vector<PhysicalPortion> portions;  // ICI placement, minor to major
-  bool split = false;                      // needed part of a physical axis
+  bool split = false;                     // needed part of a physical axis
   bool uses_chiplets() const;
   // True when every torus portion spans a whole wrapped axis (a bidirectional ring is possible).
   bool wraps(const Slice& slice) const;

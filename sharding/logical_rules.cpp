@@ -28,8 +28,10 @@ LogicalAxisRules LogicalAxisRules::from_config(const Config& config) {
   std::vector<LogicalRule> rules;
   for (const YAML::Node& entry : node) {
     if (!entry.IsSequence() || entry.size() != 2 || !entry[0].IsScalar()) {
-      throw UserError("logical_axis_rules: each rule must be [logical_name, [mesh axes]], got an "
-                      "entry with " + std::to_string(entry.size()) + " item(s)");
+      throw UserError(
+          "logical_axis_rules: each rule must be [logical_name, [mesh axes]], got an "
+          "entry with " +
+          std::to_string(entry.size()) + " item(s)");
     }
     LogicalRule rule;
     rule.logical = entry[0].Scalar();

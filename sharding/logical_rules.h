@@ -1,4 +1,5 @@
-// sharding/logical_rules.h: MaxText's logical_axis_rules, which give every tensor dim its mesh axes.
+// sharding/logical_rules.h: MaxText's logical_axis_rules, which give every tensor dim its mesh
+// axes.
 //
 // The rules are an ordered list of [logical_name, [mesh axes...]]; a name may appear more than once
 // (fallbacks). As in flax's logical_to_mesh_axes, rules are applied in list order: a rule shards
@@ -35,7 +36,8 @@ class LogicalAxisRules {
   static LogicalAxisRules from_rules(std::vector<LogicalRule> rules);
 
   // Mesh axis indices sharding each dim (outer list: dims; inner: mesh axes, major to minor).
-  std::vector<std::vector<int>> shard_dims(const std::vector<Dim>& dims, const MeshShape& mesh) const;
+  std::vector<std::vector<int>> shard_dims(const std::vector<Dim>& dims,
+                                           const MeshShape& mesh) const;
 
   const std::vector<LogicalRule>& rules() const { return rules_; }
 

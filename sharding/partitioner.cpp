@@ -10,7 +10,7 @@
 namespace tpusim {
 namespace {
 
-using AxisList = std::vector<int>;  // mesh axis indices, major to minor
+using AxisList = std::vector<int>;     // mesh axis indices, major to minor
 using Layout = std::vector<AxisList>;  // one AxisList per dim
 
 bool contains(const AxisList& axes, int axis) {
@@ -125,7 +125,8 @@ class Partitioner {
   TensorId collective(OpKind kind, const std::string& name, TensorId input, const Tensor& global,
                       const Layout& result_layout, const AxisList& axes, int region,
                       ReduceOp reduce = ReduceOp::kSum, TensorId into = -1) {
-    const TensorId output = into >= 0 ? into : make_local(global, result_layout, region, "/" + name);
+    const TensorId output =
+        into >= 0 ? into : make_local(global, result_layout, region, "/" + name);
     OpAttrs attrs;
     for (const int axis : axes) {
       attrs.mesh_axes.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
@@ -239,8 +240,8 @@ class Partitioner {
 
   // As emit(), with each output's own partial-sum axes.
   void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                          const std::vector<Layout>& computed, const std::vector<AxisList>& partials,
-                          ReduceOp reduce = ReduceOp::kSum) {
+                          const std::vector<Layout>& computed,
+                          const std::vector<AxisList>& partials, ReduceOp reduce = ReduceOp::kSum) {
     std::vector<TensorId> outputs;
     std::vector<bool> direct;
     for (size_t index = 0; index < op.outputs.size(); ++index) {
@@ -277,8 +278,8 @@ class Partitioner {
   }
 
   // Turns a computed (possibly partial) output into the tensor's own layout.
-  void finish_output(TensorId global, TensorId value, const Layout& computed, const AxisList& partial,
-                     int region, ReduceOp reduce) {
+  void finish_output(TensorId global, TensorId value, const Layout& computed,
+                     const AxisList& partial, int region, ReduceOp reduce) {
     const Tensor& tensor = global_.tensor(global);
     const Layout& target = layout(global);
     Layout current = computed;
@@ -314,7 +315,8 @@ class Partitioner {
     if (sliced) {
       // The unsliced value stays reusable in this region.
       alternates_[std::to_string(global) + "#" + layout_key(after_reduce)] = value;
-      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {}, region);
+      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {},
+                  region);
     }
   }
 
@@ -360,7 +362,8 @@ class Partitioner {
             const TensorId operand = operands[which];
             const double operand_bytes =
                 operand < 0 ? 0.0 : static_cast<double>(out_.tensor(local(operand)).bytes());
-            const double output_bytes = 2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
+            const double output_bytes =
+                2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
             if (operand >= 0 && output_bytes < operand_bytes) {
               chosen.push_back(axis);
             }
@@ -424,7 +427,8 @@ class Partitioner {
     const TensorId input = op.inputs[0];
     const Tensor& tensor = global_.tensor(input);
     const int dim_index = tensor.dim_index(reduced_dim);
-    const AxisList split = dim_index < 0 ? AxisList{} : layout(input)[static_cast<size_t>(dim_index)];
+    const AxisList split =
+        dim_index < 0 ? AxisList{} : layout(input)[static_cast<size_t>(dim_index)];
     if (split.empty()) {
       partition_following_output(op);
       return;
@@ -442,8 +446,8 @@ class Partitioner {
       }
     }
     stat_dims.push_back(Dim{"statistics", statistics_values, ""});
-    const TensorId global_stats = extra_.add_tensor(
-        op.name + "/statistics", stat_dims, DType::kF32, TensorKind::kActivation, op.region);
+    const TensorId global_stats = extra_.add_tensor(op.name + "/statistics", stat_dims, DType::kF32,
+                                                    TensorKind::kActivation, op.region);
     Layout stat_layout;
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       if (static_cast<int>(dim) != dim_index) {
@@ -456,9 +460,8 @@ class Partitioner {
     OpAttrs stat_attrs;
     stat_attrs.contracted = {reduced_dim};
     out_.add_op(statistics_kind, op.name + "/statistics", inputs, {partial}, stat_attrs, op.region);
-    const TensorId full =
-        collective(OpKind::kAllReduce, "all_reduce", partial, stats_info, stat_layout, split,
-                   op.region, reduce);
+    const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,
+                                     stat_layout, split, op.region, reduce);
     inputs.push_back(full);
     std::vector<Layout> computed;
     std::vector<AxisList> partials;
@@ -483,9 +486,8 @@ class Partitioner {
     for (size_t index = 0; index < op.inputs.size(); ++index) {
       const TensorId input = op.inputs[index];
       const bool key_side = index >= key_begin && index < key_end;
-      inputs.push_back(reshard(input, key_side ? follow(input, {}, whole_length)
-                                               : follow(input, reference),
-                               op.region));
+      inputs.push_back(reshard(
+          input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
     }
     if (!gradient) {
       emit(op, inputs, {follow(op.outputs[0], reference)}, {});
@@ -493,13 +495,15 @@ class Partitioner {
     }
     // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length.
     const int length_dim = global_.tensor(query).dim_index("length");
-    const AxisList context = length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
+    const AxisList context =
+        length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
     std::vector<TensorId> outputs;
     std::vector<std::pair<size_t, TensorId>> pending;
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       const TensorId global = op.outputs[index];
       if (index == 0 || context.empty()) {
-        const Layout computed = index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+        const Layout computed =
+            index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
         if (computed == layout(global)) {
           outputs.push_back(local(global));
         } else {
@@ -515,7 +519,8 @@ class Partitioner {
     out_.add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
     for (const auto& [index, value] : pending) {
       const TensorId global = op.outputs[index];
-      const Layout computed = index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+      const Layout computed =
+          index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
       finish_output(global, value, computed, index == 0 ? AxisList{} : context, op.region,
                     ReduceOp::kSum);
     }

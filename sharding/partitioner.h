@@ -15,7 +15,8 @@
 //
 // Example:
 //   PartitionedProgram program = partition(step, config, parse_slice("v5p-128"));
-//   program.graph.to_text();  // ... all_gather layer/mlp/wi_0/gathered[embed:4096,mlp:14336] over {fsdp}
+//   program.graph.to_text();  // ... all_gather layer/mlp/wi_0/gathered[embed:4096,mlp:14336] over
+//   {fsdp}
 #pragma once
 
 #include <string>

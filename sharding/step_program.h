@@ -25,8 +25,8 @@ struct StepProgram {
   DeviceMesh mesh;
   TrainingStep step;           // the global step (before partitioning)
   PartitionedProgram program;  // one device's program
-  int64_t global_batch = 0;        // sequences per optimizer step
-  int64_t microbatch = 0;          // sequences per microbatch (the graph's batch)
+  int64_t global_batch = 0;    // sequences per optimizer step
+  int64_t microbatch = 0;      // sequences per microbatch (the graph's batch)
   int64_t accumulation_steps = 1;
 };
 

@@ -8,9 +8,9 @@ namespace tpusim {
 namespace {
 
 const std::vector<std::string> kQkv = {"query_proj", "key_proj", "value_proj", "qkv_proj",
-                                       "kv_proj", "mla_q", "mla_kv"};
-const std::vector<std::string> kMlpIn = {"mlpwi", "mlpwi_0", "mlpwi_1", "moe_mlpwi",
-                                         "moe_mlpwi_0", "moe_mlpwi_1"};
+                                       "kv_proj",    "mla_q",    "mla_kv"};
+const std::vector<std::string> kMlpIn = {"mlpwi",     "mlpwi_0",     "mlpwi_1",
+                                         "moe_mlpwi", "moe_mlpwi_0", "moe_mlpwi_1"};
 const std::vector<std::string> kMlpOut = {"mlpwo", "moe_mlpwo"};
 
 void mark(std::map<std::string, RematDecision>& named, const std::vector<std::string>& names,

@@ -15,8 +15,8 @@
 #pragma once
 
 #include <map>
-#include <vector>
 #include <string>
+#include <vector>
 
 namespace tpusim {
 

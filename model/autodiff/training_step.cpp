@@ -23,7 +23,8 @@ std::vector<std::string> contracted_for(const Tensor& a, const Tensor& b, const 
   const std::vector<std::string> out_names = dim_names(out);
   for (const Tensor* tensor : {&a, &b}) {
     for (const Dim& dim : tensor->dims) {
-      const bool in_out = std::find(out_names.begin(), out_names.end(), dim.name) != out_names.end();
+      const bool in_out =
+          std::find(out_names.begin(), out_names.end(), dim.name) != out_names.end();
       const bool seen = std::find(result.begin(), result.end(), dim.name) != result.end();
       if (!in_out && !seen) {
         result.push_back(dim.name);
@@ -36,7 +37,8 @@ std::vector<std::string> contracted_for(const Tensor& a, const Tensor& b, const 
 class BackwardBuilder {
  public:
   BackwardBuilder(const Config& config, ForwardGraph forward)
-      : forward_(std::move(forward)), graph_(forward_.graph),
+      : forward_(std::move(forward)),
+        graph_(forward_.graph),
         policy_(RematPolicy::from_config(config)),
         grad_dtype_(parse_dtype(config.get_string("grad_dtype"), "grad_dtype")),
         moment_dtype_(config.get_string("mu_dtype").empty()
@@ -92,7 +94,8 @@ class BackwardBuilder {
     const bool parameter = of.kind == TensorKind::kParameter;
     const DType dtype = parameter ? grad_dtype_ : of.dtype;
     return graph_.add_tensor(of.name + suffix, of.dims, dtype,
-                             parameter ? TensorKind::kParameterGrad : TensorKind::kGradient, region);
+                             parameter ? TensorKind::kParameterGrad : TensorKind::kGradient,
+                             region);
   }
 
   // Adds `contribution` to the gradient of forward tensor `of` (summing fan-out).
@@ -160,9 +163,9 @@ class BackwardBuilder {
     TensorId result = -1;
     for (const TensorId output : op.outputs) {
       const Tensor& original = graph_.tensor(output);
-      const TensorId copy = graph_.add_tensor(original.name + "/remat", original.dims,
-                                              original.dtype, original.kind, region,
-                                              original.remat_name);
+      const TensorId copy =
+          graph_.add_tensor(original.name + "/remat", original.dims, original.dtype, original.kind,
+                            region, original.remat_name);
       outputs.push_back(copy);
       materialized_[output] = copy;
       if (output == id) {
@@ -249,9 +252,9 @@ class BackwardBuilder {
                          : fn == ElementwiseFn::kSigmoid ? ElementwiseFn::kSigmoidGrad
                          : fn == ElementwiseFn::kGelu    ? ElementwiseFn::kGeluGrad
                                                          : fn;
-        const TensorId grad = simple_op(OpKind::kElementwise, grad_name,
-                                        {dy, available(op.inputs[0], region)},
-                                        graph_.tensor(op.inputs[0]), region, attrs);
+        const TensorId grad =
+            simple_op(OpKind::kElementwise, grad_name, {dy, available(op.inputs[0], region)},
+                      graph_.tensor(op.inputs[0]), region, attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -270,8 +273,8 @@ class BackwardBuilder {
         return;
       }
       case OpKind::kRope: {
-        const TensorId grad = simple_op(OpKind::kRope, grad_name, {dy},
-                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        const TensorId grad = simple_op(OpKind::kRope, grad_name, {dy}, graph_.tensor(op.inputs[0]),
+                                        region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -290,8 +293,8 @@ class BackwardBuilder {
         return;
       }
       case OpKind::kEmbeddingLookup: {
-        const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name,
-                                        {dy, op.inputs[0]}, graph_.tensor(op.inputs[1]), region);
+        const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name, {dy, op.inputs[0]},
+                                        graph_.tensor(op.inputs[1]), region);
         accumulate(op.inputs[1], grad, region);
         return;
       }
@@ -304,9 +307,9 @@ class BackwardBuilder {
       }
       case OpKind::kMoeDispatch: {
         // Gradient of a dispatch is a combine of the gradient (unweighted gather back).
-        const TensorId grad = simple_op(OpKind::kMoeCombine, grad_name,
-                                        {dy, available(op.inputs[1], region)},
-                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        const TensorId grad =
+            simple_op(OpKind::kMoeCombine, grad_name, {dy, available(op.inputs[1], region)},
+                      graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -315,17 +318,16 @@ class BackwardBuilder {
         const TensorId grad_experts = simple_op(OpKind::kMoeDispatch, grad_name, {dy, routing},
                                                 graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad_experts, region);
-        const TensorId grad_routing =
-            simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
-                      {dy, available(op.inputs[0], region), routing}, graph_.tensor(op.inputs[1]),
-                      region);
+        const TensorId grad_routing = simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
+                                                {dy, available(op.inputs[0], region), routing},
+                                                graph_.tensor(op.inputs[1]), region);
         accumulate(op.inputs[1], grad_routing, region);
         return;
       }
       case OpKind::kMoeRouter: {
-        const TensorId grad = simple_op(OpKind::kRouterGrad, grad_name,
-                                        {dy, available(op.inputs[0], region)},
-                                        graph_.tensor(op.inputs[0]), region, op.attrs);
+        const TensorId grad =
+            simple_op(OpKind::kRouterGrad, grad_name, {dy, available(op.inputs[0], region)},
+                      graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }

@@ -28,8 +28,8 @@ class Config;
 struct TrainingStep {
   Graph graph;
   ForwardGraph forward_info;  // region ids and carries of the forward part (graph moved out)
-  std::vector<int> backward_regions;   // in execution order (head first)
-  std::vector<int> optimizer_regions;  // one per forward region that owns parameters
+  std::vector<int> backward_regions;             // in execution order (head first)
+  std::vector<int> optimizer_regions;            // one per forward region that owns parameters
   std::map<TensorId, TensorId> parameter_grads;  // parameter -> its gradient
   std::map<TensorId, RematDecision> saved;       // forward activations kept for backward
 };

@@ -13,7 +13,9 @@ namespace {
 class ForwardBuilder {
  public:
   ForwardBuilder(const Config& config, int64_t batch)
-      : config_(config), dims_(ModelDims::from_config(config)), batch_(batch),
+      : config_(config),
+        dims_(ModelDims::from_config(config)),
+        batch_(batch),
         length_(config.get_int("max_target_length")),
         activation_dtype_(parse_dtype(config.get_string("dtype"), "dtype")),
         weight_dtype_(parse_dtype(config.get_string("weight_dtype"), "weight_dtype")),
@@ -27,9 +29,9 @@ class ForwardBuilder {
     for (const LayerGroup& group : plan_layers(config_)) {
       const int region = graph().add_region(group.name(), group.count, Phase::kForward);
       result_.layer_regions.push_back(region);
-      const TensorId input = graph().add_tensor(group.name() + "/input", activation_dims(),
-                                                activation_dtype_, TensorKind::kActivation, region,
-                                                "decoder_layer_input");
+      const TensorId input =
+          graph().add_tensor(group.name() + "/input", activation_dims(), activation_dtype_,
+                             TensorKind::kActivation, region, "decoder_layer_input");
       // The previous region's output `x` is this region's input (the scan carry).
       graph().add_carry(x, input);
       result_.layer_inputs.push_back(input);
@@ -97,8 +99,7 @@ class ForwardBuilder {
   }
   TensorId elementwise(const std::string& name, ElementwiseFn fn, std::vector<TensorId> inputs,
                        int region, const std::string& remat_name = "") {
-    const TensorId out =
-        activation(name, graph().tensor(inputs.front()).dims, region, remat_name);
+    const TensorId out = activation(name, graph().tensor(inputs.front()).dims, region, remat_name);
     OpAttrs attrs;
     attrs.function = fn;
     graph().add_op(OpKind::kElementwise, name, std::move(inputs), {out}, attrs, region);
@@ -112,7 +113,8 @@ class ForwardBuilder {
     std::vector<TensorId> inputs = {
         x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
     if (layer_norm) {
-      inputs.push_back(parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
+      inputs.push_back(
+          parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
     }
     const TensorId out = activation(name, input_dims, region);
     OpAttrs attrs;
@@ -126,9 +128,9 @@ class ForwardBuilder {
     const int region = graph().add_region("embed", 1, Phase::kForward);
     result_.embed_region = region;
     tokens_ = graph().add_tensor("tokens", token_dims(), DType::kI32, TensorKind::kInput, region);
-    table_ = parameter_tensor("token_embedding", {Dim{"vocab", dims_.vocab_size, "vocab"},
-                                        Dim{"embed", dims_.emb_dim, "embed"}},
-                    region);
+    table_ = parameter_tensor(
+        "token_embedding",
+        {Dim{"vocab", dims_.vocab_size, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
     TensorId x = activation("embedded", activation_dims(), region);
     graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, {}, region);
     const int64_t positions = config_.get_int("trainable_position_size");
@@ -139,10 +141,9 @@ class ForwardBuilder {
       }
       const TensorId position_ids =
           graph().add_tensor("positions", token_dims(), DType::kI32, TensorKind::kInput, region);
-      const TensorId position_table =
-          parameter_tensor("position_embedding", {Dim{"position", positions, "vocab"},
-                                        Dim{"embed", dims_.emb_dim, "embed"}},
-                 region);
+      const TensorId position_table = parameter_tensor(
+          "position_embedding",
+          {Dim{"position", positions, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
       const TensorId position_x = activation("position_embedded", activation_dims(), region);
       graph().add_op(OpKind::kEmbeddingLookup, "position_embedding", {position_ids, position_table},
                      {position_x}, {}, region);
@@ -162,9 +163,9 @@ class ForwardBuilder {
     const TensorId residual =
         elementwise("attention_residual", ElementwiseFn::kAdd, {x, attention_out}, region);
     const TensorId mlp_in = norm("pre_mlp_norm", residual, region);
-    TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe ? build_moe(region, mlp_in)
-                                                                   : build_mlp("mlp", region, mlp_in,
-                                                                               dims_.mlp_dim);
+    TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe
+                           ? build_moe(region, mlp_in)
+                           : build_mlp("mlp", region, mlp_in, dims_.mlp_dim);
     if (config_.get_bool("use_post_ffw_norm")) {
       mlp_out = norm("post_mlp_norm", mlp_out, region);
     }
@@ -180,10 +181,9 @@ class ForwardBuilder {
 
   TensorId attention_op(const LayerGroup& group, int region, std::vector<TensorId> inputs,
                         int64_t heads, const std::string& out_dim, int64_t out_dim_size) {
-    const TensorId context =
-        activation("attention/context",
-                   head_dims(heads, "heads", "activation_heads", out_dim, out_dim_size), region,
-                   "context");
+    const TensorId context = activation(
+        "attention/context", head_dims(heads, "heads", "activation_heads", out_dim, out_dim_size),
+        region, "context");
     OpAttrs attrs;
     attrs.mask = group.attention == AttentionKind::kSlidingWindow ? AttentionMask::kSlidingWindow
                                                                   : AttentionMask::kCausal;
@@ -194,11 +194,11 @@ class ForwardBuilder {
 
   TensorId out_projection(int region, TensorId context, const std::string& head_dim_name,
                           int64_t head_dim_size) {
-    const TensorId wo = weight("attention/out",
-                               {Dim{"heads", dims_.num_query_heads, "heads"},
-                                Dim{head_dim_name, head_dim_size, "kv"},
-                                Dim{"embed", dims_.emb_dim, "embed"}},
-                               region);
+    const TensorId wo =
+        weight("attention/out",
+               {Dim{"heads", dims_.num_query_heads, "heads"},
+                Dim{head_dim_name, head_dim_size, "kv"}, Dim{"embed", dims_.emb_dim, "embed"}},
+               region);
     return einsum("attention/out", context, wo, {"heads", head_dim_name}, activation_dims(), region,
                   "out_proj");
   }
@@ -208,11 +208,11 @@ class ForwardBuilder {
     auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
                           const std::string& weight_logical, const std::string& act_logical,
                           const std::string& remat) {
-      const TensorId w = weight("attention/" + name,
-                                {Dim{"embed", dims_.emb_dim, "embed"},
-                                 Dim{heads_name, heads, weight_logical},
-                                 Dim{"head_dim", head_dim, "kv"}},
-                                region);
+      const TensorId w =
+          weight("attention/" + name,
+                 {Dim{"embed", dims_.emb_dim, "embed"}, Dim{heads_name, heads, weight_logical},
+                  Dim{"head_dim", head_dim, "kv"}},
+                 region);
       return einsum("attention/" + name, x, w, {"embed"},
                     head_dims(heads, heads_name, act_logical, "head_dim", head_dim), region, remat);
     };
@@ -226,8 +226,8 @@ class ForwardBuilder {
       query = rope("attention/query_rope", query, region);
       key = rope("attention/key_rope", key, region);
     }
-    const TensorId context =
-        attention_op(group, region, {query, key, value}, dims_.num_query_heads, "head_dim", head_dim);
+    const TensorId context = attention_op(group, region, {query, key, value}, dims_.num_query_heads,
+                                          "head_dim", head_dim);
     return out_projection(region, context, "head_dim", head_dim);
   }
 
@@ -249,45 +249,52 @@ class ForwardBuilder {
     const Dim embed_w{"embed", dims_.emb_dim, "embed"};
     const Dim heads_w{"heads", heads, "q_heads"};
     TensorId query = -1;
-    const auto query_dims = head_dims(heads, "heads", "activation_heads", "qk_head_dim", nope + rope_dim);
+    const auto query_dims =
+        head_dims(heads, "heads", "activation_heads", "qk_head_dim", nope + rope_dim);
     if (q_lora > 0) {
       const TensorId wq_a = weight("mla/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region);
-      TensorId q_latent = einsum("mla/q_latent", x, wq_a, {"embed"},
-                                 with_last(activation_dims(), {act("q_lora", q_lora, "activation_embed")}),
-                                 region, "mla_q");
+      TensorId q_latent =
+          einsum("mla/q_latent", x, wq_a, {"embed"},
+                 with_last(activation_dims(), {act("q_lora", q_lora, "activation_embed")}), region,
+                 "mla_q");
       q_latent = norm("mla/q_norm", q_latent, region);
-      const TensorId wq_b = weight("mla/wq_b", {Dim{"q_lora", q_lora, "q_lora"}, heads_w,
-                                                Dim{"qk_head_dim", nope + rope_dim, "kv"}},
-                                   region);
+      const TensorId wq_b = weight(
+          "mla/wq_b",
+          {Dim{"q_lora", q_lora, "q_lora"}, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}},
+          region);
       query = einsum("mla/query", q_latent, wq_b, {"q_lora"}, query_dims, region, "query_proj");
     } else {
-      const TensorId wq = weight("mla/wq", {embed_w, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}},
-                                 region);
+      const TensorId wq =
+          weight("mla/wq", {embed_w, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}}, region);
       query = einsum("mla/query", x, wq, {"embed"}, query_dims, region, "query_proj");
     }
     query = rope("mla/query_rope", query, region);
-    const TensorId wkv_a = weight("mla/wkv_a", {embed_w, Dim{"kv_lora", kv_lora, "kv_lora"}}, region);
-    TensorId kv_latent = einsum("mla/kv_latent", x, wkv_a, {"embed"},
-                                with_last(activation_dims(), {act("kv_lora", kv_lora, "activation_embed")}),
-                                region, "mla_kv");
+    const TensorId wkv_a =
+        weight("mla/wkv_a", {embed_w, Dim{"kv_lora", kv_lora, "kv_lora"}}, region);
+    TensorId kv_latent =
+        einsum("mla/kv_latent", x, wkv_a, {"embed"},
+               with_last(activation_dims(), {act("kv_lora", kv_lora, "activation_embed")}), region,
+               "mla_kv");
     kv_latent = norm("mla/kv_norm", kv_latent, region);
-    const TensorId wk_rope = weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}}, region);
-    TensorId key_rope = einsum("mla/key_rope", x, wk_rope, {"embed"},
-                               with_last(activation_dims(), {act("qk_rope", rope_dim, "activation_kv")}),
-                               region);
+    const TensorId wk_rope =
+        weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}}, region);
+    TensorId key_rope =
+        einsum("mla/key_rope", x, wk_rope, {"embed"},
+               with_last(activation_dims(), {act("qk_rope", rope_dim, "activation_kv")}), region);
     key_rope = rope("mla/key_rope_rotated", key_rope, region);
-    const TensorId wk_b = weight("mla/wk_b", {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w,
-                                              Dim{"qk_nope", nope, "kv"}},
-                                 region);
-    const TensorId key = einsum("mla/key", kv_latent, wk_b, {"kv_lora"},
-                                head_dims(heads, "heads", "activation_heads", "qk_nope", nope), region,
-                                "key_proj");
-    const TensorId wv_b = weight("mla/wv_b", {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w,
-                                              Dim{"v_head_dim", value_dim, "kv"}},
-                                 region);
-    const TensorId value = einsum("mla/value", kv_latent, wv_b, {"kv_lora"},
-                                  head_dims(heads, "heads", "activation_heads", "v_head_dim", value_dim),
-                                  region, "value_proj");
+    const TensorId wk_b =
+        weight("mla/wk_b",
+               {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"qk_nope", nope, "kv"}}, region);
+    const TensorId key =
+        einsum("mla/key", kv_latent, wk_b, {"kv_lora"},
+               head_dims(heads, "heads", "activation_heads", "qk_nope", nope), region, "key_proj");
+    const TensorId wv_b = weight(
+        "mla/wv_b",
+        {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"v_head_dim", value_dim, "kv"}}, region);
+    const TensorId value =
+        einsum("mla/value", kv_latent, wv_b, {"kv_lora"},
+               head_dims(heads, "heads", "activation_heads", "v_head_dim", value_dim), region,
+               "value_proj");
     LayerGroup mla;
     mla.attention = AttentionKind::kMla;
     const TensorId context =
@@ -295,7 +302,8 @@ class ForwardBuilder {
     return out_projection(region, context, "v_head_dim", value_dim);
   }
 
-  // Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation = plain.
+  // Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation =
+  // plain.
   TensorId build_mlp(const std::string& prefix, int region, TensorId x, int64_t mlp_dim,
                      const std::string& experts_prefix = "") {
     const bool moe = !experts_prefix.empty();
@@ -326,8 +334,9 @@ class ForwardBuilder {
                                                                            : ElementwiseFn::kGelu;
         hidden = elementwise(prefix + "/" + function + suffix, fn, {hidden}, region);
       }
-      gated = gated < 0 ? hidden
-                        : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
+      gated = gated < 0
+                  ? hidden
+                  : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
     }
     std::vector<Dim> wo_dims = weight_lead;
     wo_dims.push_back(Dim{"mlp", mlp_dim, mlp_logical});
@@ -342,14 +351,14 @@ class ForwardBuilder {
   TensorId build_moe(int region, TensorId x) {
     const int64_t experts = dims_.num_experts;
     const int64_t top_k = dims_.num_experts_per_tok;
-    const TensorId w_gate = weight("moe/gate", {Dim{"embed", dims_.emb_dim, "embed"},
-                                                Dim{"experts", experts, "exp"}},
-                                   region);
+    const TensorId w_gate = weight(
+        "moe/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"experts", experts, "exp"}}, region);
     const TensorId router_logits =
         einsum("moe/router", x, w_gate, {"embed"},
                with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
-    const TensorId routing = activation(
-        "moe/routing", with_last(activation_dims(), {act("top_k", top_k, "activation_exp")}), region);
+    const TensorId routing =
+        activation("moe/routing",
+                   with_last(activation_dims(), {act("top_k", top_k, "activation_exp")}), region);
     OpAttrs router_attrs;
     router_attrs.top_k = top_k;
     graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
@@ -360,9 +369,10 @@ class ForwardBuilder {
     const double per_expert = tokens * static_cast<double>(top_k) / static_cast<double>(experts) *
                               (padded ? capacity_factor : 1.0);
     const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
-    const std::vector<Dim> grouped_dims = {act("experts", experts, "activation_exp"),
-                                           act("expert_tokens", expert_tokens, "activation_batch_no_exp"),
-                                           act("embed", dims_.emb_dim, "activation_embed")};
+    const std::vector<Dim> grouped_dims = {
+        act("experts", experts, "activation_exp"),
+        act("expert_tokens", expert_tokens, "activation_batch_no_exp"),
+        act("embed", dims_.emb_dim, "activation_embed")};
     const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
     OpAttrs dispatch_attrs;
     dispatch_attrs.top_k = top_k;
@@ -374,7 +384,8 @@ class ForwardBuilder {
     graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
                    dispatch_attrs, region);
     if (dims_.shared_experts > 0) {
-      const TensorId shared = build_mlp("moe/shared", region, x, dims_.moe_mlp_dim * dims_.shared_experts);
+      const TensorId shared =
+          build_mlp("moe/shared", region, x, dims_.moe_mlp_dim * dims_.shared_experts);
       combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
     }
     return combined;
@@ -386,9 +397,8 @@ class ForwardBuilder {
     const TensorId input = graph().add_tensor("head/input", activation_dims(), activation_dtype_,
                                               TensorKind::kActivation, region);
     result_.head_input = input;
-    graph().add_carry(result_.layer_outputs.empty() ? result_.embed_output
-                                                    : result_.layer_outputs.back(),
-                      input);
+    graph().add_carry(
+        result_.layer_outputs.empty() ? result_.embed_output : result_.layer_outputs.back(), input);
     const TensorId normed = norm("final_norm", input, region);
     TensorId unembed = table_;
     if (dims_.logits_via_embedding && weight_dtype_ != activation_dtype_) {
@@ -396,18 +406,18 @@ class ForwardBuilder {
                                    activation_dtype_, TensorKind::kActivation, region);
       OpAttrs attrs;
       attrs.function = ElementwiseFn::kCast;
-      graph().add_op(OpKind::kElementwise, "token_embedding/cast", {table_}, {unembed}, attrs, region);
+      graph().add_op(OpKind::kElementwise, "token_embedding/cast", {table_}, {unembed}, attrs,
+                     region);
     }
     std::vector<std::string> contracted = {"embed"};
     if (!dims_.logits_via_embedding) {
-      unembed = weight("unembedding", {Dim{"embed", dims_.emb_dim, "embed"},
-                                       Dim{"vocab", dims_.vocab_size, "vocab"}},
-                       region);
+      unembed = weight(
+          "unembedding",
+          {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"vocab", dims_.vocab_size, "vocab"}}, region);
     }
-    const TensorId logits =
-        einsum("logits", normed, unembed, contracted,
-               with_last(activation_dims(), {act("vocab", dims_.vocab_size, "activation_vocab")}),
-               region);
+    const TensorId logits = einsum(
+        "logits", normed, unembed, contracted,
+        with_last(activation_dims(), {act("vocab", dims_.vocab_size, "activation_vocab")}), region);
     const TensorId targets =
         graph().add_tensor("targets", token_dims(), DType::kI32, TensorKind::kInput, region);
     const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
@@ -431,8 +441,10 @@ class ForwardBuilder {
 
 ForwardGraph build_forward(const Config& config, int64_t batch) {
   if (batch < 1) {
-    throw UserError("the global batch must hold at least one sequence (per_device_batch_size x "
-                    "devices = " + std::to_string(batch) + ")");
+    throw UserError(
+        "the global batch must hold at least one sequence (per_device_batch_size x "
+        "devices = " +
+        std::to_string(batch) + ")");
   }
   return ForwardBuilder(config, batch).build();
 }

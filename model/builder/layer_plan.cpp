@@ -22,7 +22,8 @@ AttentionKind attention_for_layer(const Config& config, int64_t index) {
                                                  : AttentionKind::kSlidingWindow;
   }
   if (block == "gemma2" || block == "gpt_oss") {
-    const int64_t cycle = std::max<int64_t>(2, config.get_int("inhomogeneous_layer_cycle_interval"));
+    const int64_t cycle =
+        std::max<int64_t>(2, config.get_int("inhomogeneous_layer_cycle_interval"));
     return index % cycle == 0 ? AttentionKind::kSlidingWindow : AttentionKind::kGlobal;
   }
   if (config.get_string("attention_type") == "local_sliding") {

@@ -49,7 +49,9 @@ int Graph::add_op(OpKind kind, const std::string& name, std::vector<TensorId> in
   return ops_.back().id;
 }
 
-int Graph::producer(TensorId id) const { return producer_.at(static_cast<size_t>(id)); }
+int Graph::producer(TensorId id) const {
+  return producer_.at(static_cast<size_t>(id));
+}
 
 std::string Graph::to_text(int only_region) const {
   std::ostringstream out;

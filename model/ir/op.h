@@ -26,17 +26,17 @@ enum class OpKind {
   kMoeDispatch,      // tokens -> expert-grouped tokens
   kMoeCombine,       // expert outputs, weights -> tokens
   // Backward-only kinds (vector-Jacobian products that are not einsums or elementwise).
-  kNormGrad,           // d(norm) for RMSNorm/LayerNorm: dy, x, scale -> dx (and dscale)
-  kAttentionGrad,      // dout, q, k, v, out -> dq, dk, dv
-  kEmbeddingGrad,      // dx, tokens -> dtable (scatter-add)
-  kCrossEntropyGrad,   // logits, targets -> dlogits
-  kRouterGrad,         // d(router weights) -> d(router logits)
-  kReduceSum,          // sums attrs.contracted dims (bias and scale gradients)
+  kNormGrad,          // d(norm) for RMSNorm/LayerNorm: dy, x, scale -> dx (and dscale)
+  kAttentionGrad,     // dout, q, k, v, out -> dq, dk, dv
+  kEmbeddingGrad,     // dx, tokens -> dtable (scatter-add)
+  kCrossEntropyGrad,  // logits, targets -> dlogits
+  kRouterGrad,        // d(router weights) -> d(router logits)
+  kReduceSum,         // sums attrs.contracted dims (bias and scale gradients)
   // Partial statistics of a reduction over a dim split across devices (inserted by the
   // partitioner before the all-reduce that completes them).
-  kNormStatistics,         // x -> per-row sum of squares (and sum, for LayerNorm)
-  kCrossEntropyStatistics, // logits, targets -> per-token max, sum of exp, target logit
-  kDynamicSlice,           // keeps this device's part of a replicated dim (no communication)
+  kNormStatistics,          // x -> per-row sum of squares (and sum, for LayerNorm)
+  kCrossEntropyStatistics,  // logits, targets -> per-token max, sum of exp, target logit
+  kDynamicSlice,            // keeps this device's part of a replicated dim (no communication)
   // Optimizer.
   kAdamUpdate,  // param, grad, mu, nu -> param', mu', nu'
   // Collectives, inserted by the partitioner.
@@ -53,8 +53,20 @@ enum class OpKind {
 const char* op_kind_name(OpKind kind);
 bool is_collective(OpKind kind);
 
-enum class ElementwiseFn { kAdd, kMul, kSilu, kGelu, kRelu, kSigmoid, kScale, kCast, kSiluGrad,
-                           kGeluGrad, kReluGrad, kSigmoidGrad };
+enum class ElementwiseFn {
+  kAdd,
+  kMul,
+  kSilu,
+  kGelu,
+  kRelu,
+  kSigmoid,
+  kScale,
+  kCast,
+  kSiluGrad,
+  kGeluGrad,
+  kReluGrad,
+  kSigmoidGrad
+};
 
 const char* elementwise_name(ElementwiseFn fn);
 
@@ -73,9 +85,9 @@ struct OpAttrs {
   std::vector<std::string> contracted;  // einsum / reduce: dim names summed over
   ElementwiseFn function = ElementwiseFn::kAdd;
   AttentionMask mask = AttentionMask::kCausal;
-  int64_t window = 0;        // sliding window size
-  int64_t top_k = 0;         // MoE router
-  double capacity_factor = 0;  // MoE dispatch (<= 0: dropless)
+  int64_t window = 0;                  // sliding window size
+  int64_t top_k = 0;                   // MoE router
+  double capacity_factor = 0;          // MoE dispatch (<= 0: dropless)
   std::vector<std::string> mesh_axes;  // collectives: the mesh axes they span
   int64_t group_size = 1;              // collectives: devices in each group
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination

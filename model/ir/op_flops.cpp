@@ -8,11 +8,11 @@ namespace {
 constexpr double kFlopsPerMac = 2.0;
 // Vector work per element, rough operation counts (assumption; refined by calibration later):
 constexpr double kSimpleElementwiseFlops = 1.0;  // add, mul, scale, cast
-constexpr double kActivationFlops = 4.0;          // silu/gelu/sigmoid: exp + divide + multiply
-constexpr double kNormFlopsPerElement = 4.0;      // square, sum, scale, multiply
-constexpr double kSoftmaxFlopsPerScore = 5.0;     // max, subtract, exp, sum, divide
-constexpr double kRopeFlopsPerElement = 3.0;      // two multiplies and an add
-constexpr double kAdamFlopsPerParameter = 12.0;   // two moments, bias correction, sqrt, update
+constexpr double kActivationFlops = 4.0;         // silu/gelu/sigmoid: exp + divide + multiply
+constexpr double kNormFlopsPerElement = 4.0;     // square, sum, scale, multiply
+constexpr double kSoftmaxFlopsPerScore = 5.0;    // max, subtract, exp, sum, divide
+constexpr double kRopeFlopsPerElement = 3.0;     // two multiplies and an add
+constexpr double kAdamFlopsPerParameter = 12.0;  // two moments, bias correction, sqrt, update
 constexpr double kCrossEntropyFlopsPerLogit = 4.0;
 constexpr double kAttentionGradMatmulFactor = 2.0;  // dq, dk, dv, dp vs q k^T, p v
 
@@ -87,10 +87,9 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
       return {kAttentionGradMatmulFactor * flops.matmul, 2.0 * flops.vector};
     }
     case OpKind::kElementwise: {
-      const bool simple = op.attrs.function == ElementwiseFn::kAdd ||
-                          op.attrs.function == ElementwiseFn::kMul ||
-                          op.attrs.function == ElementwiseFn::kScale ||
-                          op.attrs.function == ElementwiseFn::kCast;
+      const bool simple =
+          op.attrs.function == ElementwiseFn::kAdd || op.attrs.function == ElementwiseFn::kMul ||
+          op.attrs.function == ElementwiseFn::kScale || op.attrs.function == ElementwiseFn::kCast;
       return {0, elements(graph, op.outputs.at(0)) *
                      (simple ? kSimpleElementwiseFlops : kActivationFlops)};
     }

@@ -30,7 +30,9 @@ int64_t Tensor::num_elements() const {
   return count;
 }
 
-int64_t Tensor::bytes() const { return num_elements() * dtype_bytes(dtype); }
+int64_t Tensor::bytes() const {
+  return num_elements() * dtype_bytes(dtype);
+}
 
 int Tensor::dim_index(const std::string& dim_name) const {
   for (size_t index = 0; index < dims.size(); ++index) {

@@ -22,8 +22,8 @@ struct Dim {
   Dim(std::string dim_name, int64_t dim_size, std::string logical_axis)
       : name(std::move(dim_name)), size(dim_size), logical(std::move(logical_axis)) {}
 
-  std::string name;     // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
-  int64_t size = 1;     // in a per-device program: the local (shard) size, padded up
+  std::string name;  // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
+  int64_t size = 1;  // in a per-device program: the local (shard) size, padded up
   std::string logical;  // MaxText logical axis, e.g. "activation_embed" or "embed"
   // Set by the partitioner: the mesh axes this dim is split over (major to minor) and its global
   // size before splitting (0 = not partitioned, size is global).
@@ -53,7 +53,8 @@ struct Tensor {
   DType dtype = DType::kF32;
   TensorKind kind = TensorKind::kActivation;
   int region = 0;  // region that produces it (parameters: the region that owns them)
-  // MaxText checkpoint name used by remat policies ("query_proj", "mlpwi_0", "context", ...), or "".
+  // MaxText checkpoint name used by remat policies ("query_proj", "mlpwi_0", "context", ...), or
+  // "".
   std::string remat_name;
 
   int64_t num_elements() const;

@@ -89,9 +89,8 @@ TEST(ForwardBuilder, LayerPlansFollowDecoderBlocks) {
 
 TEST(ForwardBuilder, SizeDoesNotGrowWithLayerCount) {
   const auto ops_for = [](int layers) {
-    const Config config =
-        Config::load("", {"model_name=tiny-llama", "override_model_config=true",
-                          "base_num_decoder_layers=" + std::to_string(layers)});
+    const Config config = Config::load("", {"model_name=tiny-llama", "override_model_config=true",
+                                            "base_num_decoder_layers=" + std::to_string(layers)});
     return build_forward(config, 1).graph.ops().size();
   };
   EXPECT_EQ(ops_for(2), ops_for(200));

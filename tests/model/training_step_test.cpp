@@ -24,19 +24,27 @@ PhaseFlops matmul_flops_by_phase(const TrainingStep& step) {
     const double repeat = static_cast<double>(step.graph.region(op.region).repeat);
     const OpFlops op_cost = op_flops(step.graph, op);
     switch (op.phase) {
-      case Phase::kForward: flops.forward += repeat * op_cost.matmul; break;
-      case Phase::kBackward: flops.backward += repeat * op_cost.matmul; break;
-      case Phase::kRecompute: flops.recompute += repeat * op_cost.matmul; break;
-      case Phase::kOptimizer: flops.optimizer_vector += repeat * op_cost.vector; break;
+      case Phase::kForward:
+        flops.forward += repeat * op_cost.matmul;
+        break;
+      case Phase::kBackward:
+        flops.backward += repeat * op_cost.matmul;
+        break;
+      case Phase::kRecompute:
+        flops.recompute += repeat * op_cost.matmul;
+        break;
+      case Phase::kOptimizer:
+        flops.optimizer_vector += repeat * op_cost.vector;
+        break;
     }
   }
   return flops;
 }
 
 Config config_for(const std::string& model, const std::string& remat, int batch = 2) {
-  return Config::load("", {"model_name=" + model, "remat_policy=" + remat,
-                           "per_device_batch_size=" + std::to_string(batch) + ".0",
-                           "max_target_length=512"});
+  return Config::load(
+      "", {"model_name=" + model, "remat_policy=" + remat,
+           "per_device_batch_size=" + std::to_string(batch) + ".0", "max_target_length=512"});
 }
 
 // Autodiff is independent of the FLOP formula: forward + backward matmuls of the built step
@@ -65,8 +73,9 @@ TEST(TrainingStep, RematPolicyChangesRecompute) {
   // attention residual it produces.
   const MaxTextForwardFlops layer = maxtext_training_flops_per_device(config).forward;
   const double mlp_out = 2.0 * 2 * 512 * 4096 * 11008;
-  const double expected = static_cast<double>(layer.num_layers) *
-                          (layer.qkv + layer.global_attention + layer.out_proj + layer.dense_ffn - mlp_out);
+  const double expected =
+      static_cast<double>(layer.num_layers) *
+      (layer.qkv + layer.global_attention + layer.out_proj + layer.dense_ffn - mlp_out);
   EXPECT_NEAR(full.recompute / expected, 1.0, 1e-9);
   EXPECT_DOUBLE_EQ(recompute("none"), 0.0);
   EXPECT_DOUBLE_EQ(recompute("minimal_with_context"), 0.0);
@@ -89,15 +98,16 @@ TEST(TrainingStep, RematPolicySavesWhatItNames) {
     }
     return names;
   };
-  EXPECT_EQ(saved_names("full", RematDecision::kDevice), std::set<std::string>{"decoder_layer_input"});
+  EXPECT_EQ(saved_names("full", RematDecision::kDevice),
+            std::set<std::string>{"decoder_layer_input"});
   EXPECT_EQ(saved_names("save_qkv_proj", RematDecision::kDevice),
             (std::set<std::string>{"decoder_layer_input", "query_proj", "key_proj", "value_proj"}));
   EXPECT_EQ(saved_names("qkv_proj_offloaded", RematDecision::kOffload),
             (std::set<std::string>{"query_proj", "key_proj", "value_proj"}));
   const TrainingStep custom = build_training_step(
-      Config::load("", {"model_name=tiny-llama", "remat_policy=custom", "mlpwi_0=offload",
-                        "context=device", "decoder_layer_input=offload",
-                        "per_device_batch_size=2.0", "max_target_length=64"}),
+      Config::load(
+          "", {"model_name=tiny-llama", "remat_policy=custom", "mlpwi_0=offload", "context=device",
+               "decoder_layer_input=offload", "per_device_batch_size=2.0", "max_target_length=64"}),
       2);
   int host_loads = 0;
   for (const Op& op : custom.graph.ops()) {

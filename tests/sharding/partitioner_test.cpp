@@ -36,7 +36,8 @@ CollectiveSummary collectives(const StepProgram& built, const std::string& regio
   const Graph& graph = built.program.graph;
   CollectiveSummary summary;
   for (const Op& op : graph.ops()) {
-    if (graph.region(op.region).name == region_name && op.kind == kind && op.attrs.mesh_axes == axes) {
+    if (graph.region(op.region).name == region_name && op.kind == kind &&
+        op.attrs.mesh_axes == axes) {
       ++summary.count;
       summary.bytes += collective_bytes(graph, op);
     }
@@ -74,7 +75,8 @@ TEST(Partitioner, TensorParallelReduceScattersActivations) {
   const StepProgram built = program_for({"ici_fsdp_parallelism=1", "ici_tensor_parallelism=4"});
   const int64_t batch = 4;  // the whole global batch: nothing splits it
   const int64_t activation = batch * kLength * kEmbed * kBf16;
-  const CollectiveSummary scatters = collectives(built, "layer", OpKind::kReduceScatter, {"tensor"});
+  const CollectiveSummary scatters =
+      collectives(built, "layer", OpKind::kReduceScatter, {"tensor"});
   EXPECT_EQ(scatters.count, 2);
   EXPECT_EQ(scatters.bytes, 2 * activation);
   const CollectiveSummary gathers = collectives(built, "layer", OpKind::kAllGather, {"tensor"});
@@ -100,10 +102,9 @@ TEST(Partitioner, ContextParallelGathersKeysAndValues) {
 
 // Expert parallelism (expert=4, tiny-moe): dispatch and combine exchange tokens with all-to-all.
 TEST(Partitioner, ExpertParallelAllToAll) {
-  const StepProgram built = build_step_program(
-      Config::load("", {"model_name=tiny-moe", "compile_topology=v5p-8", "per_device_batch_size=2",
-                        "max_target_length=64", "ici_fsdp_parallelism=1",
-                        "ici_expert_parallelism=4"}));
+  const StepProgram built = build_step_program(Config::load(
+      "", {"model_name=tiny-moe", "compile_topology=v5p-8", "per_device_batch_size=2",
+           "max_target_length=64", "ici_fsdp_parallelism=1", "ici_expert_parallelism=4"}));
   // 8 sequences x 64 tokens x top-2 / 4 experts = 256 tokens per expert; one expert per device.
   const int64_t grouped = 1 * 256 * 64 * kBf16;
   const CollectiveSummary forward = collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
@@ -140,9 +141,9 @@ TEST(Partitioner, ParametersScaleAsOneOverShards) {
     return total;
   };
   const double four = parameter_bytes(program_for({}));
-  const double eight = parameter_bytes(build_step_program(Config::load(
-      "", {"model_name=llama2-7b", "compile_topology=v5p-16", "per_device_batch_size=1",
-           "max_target_length=1024"})));
+  const double eight = parameter_bytes(
+      build_step_program(Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-16",
+                                           "per_device_batch_size=1", "max_target_length=1024"})));
   // Norm scales stay replicated; everything else halves.
   EXPECT_NEAR(eight / four, 0.5, 0.001);
 }
@@ -164,12 +165,12 @@ TEST(Partitioner, BadRulesAreUserErrors) {
   EXPECT_THROW(build_step_program(Config::load(
                    "", {"compile_topology=v5p-8", "logical_axis_rules=[[embed, [fsdpp]]]"})),
                UserError);
-  EXPECT_THROW(build_step_program(Config::load(
-                   "", {"compile_topology=v5p-8", "logical_axis_rules=[[embed]]"})),
+  EXPECT_THROW(build_step_program(
+                   Config::load("", {"compile_topology=v5p-8", "logical_axis_rules=[[embed]]"})),
                UserError);
-  EXPECT_THROW(build_step_program(Config::load("", {"compile_topology=v5p-8",
-                                                    "ici_tensor_parallelism=3"})),
-               UserError);
+  EXPECT_THROW(
+      build_step_program(Config::load("", {"compile_topology=v5p-8", "ici_tensor_parallelism=3"})),
+      UserError);
 }
 
 }  // namespace
