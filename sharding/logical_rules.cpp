@@ -54,8 +54,28 @@ LogicalAxisRules LogicalAxisRules::from_config(const Config& config) {
   return from_rules(std::move(rules));
 }
 
-std::vector<std::vector<int>> LogicalAxisRules::shard_dims(const std::vector<Dim>& dims,
+std::vector<std::vector<int>> LogicalAxisRules::shard_dims(const std::vector<Dim>& tensor_dims,
                                                            const MeshShape& mesh) const {
+  // A merged dim ("activation_batch_no_exp+activation_length") resolves each part as its own
+  // dim, then takes the union of their axes.
+  std::vector<Dim> dims;
+  std::vector<size_t> owner;
+  for (size_t index = 0; index < tensor_dims.size(); ++index) {
+    const std::string& logical = tensor_dims[index].logical;
+    size_t start = 0;
+    while (true) {
+      const size_t plus = logical.find('+', start);
+      Dim part = tensor_dims[index];
+      part.logical =
+          logical.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+      dims.push_back(part);
+      owner.push_back(index);
+      if (plus == std::string::npos) {
+        break;
+      }
+      start = plus + 1;
+    }
+  }
   std::vector<std::vector<std::string>> assigned(dims.size());
   std::vector<bool> done(dims.size(), false);
   std::set<std::string> used;
@@ -79,12 +99,12 @@ std::vector<std::vector<int>> LogicalAxisRules::shard_dims(const std::vector<Dim
     done[target] = true;
     used.insert(rule.mesh_axes.begin(), rule.mesh_axes.end());
   }
-  std::vector<std::vector<int>> result(dims.size());
+  std::vector<std::vector<int>> result(tensor_dims.size());
   for (size_t index = 0; index < dims.size(); ++index) {
     for (const std::string& axis : assigned[index]) {
       const int axis_index = mesh_axis_index(axis);
       if (mesh.size(axis_index) > 1) {
-        result[index].push_back(axis_index);
+        result[owner[index]].push_back(axis_index);
       }
     }
   }

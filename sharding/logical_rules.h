@@ -6,7 +6,9 @@
 // the first still-unassigned dim with its logical name over its mesh axes, unless one of those
 // mesh axes already shards another dim of the same tensor, in which case the next rule for that
 // name is tried. Dims no rule assigns are replicated. Mesh axes of size 1 are dropped from the
-// result (they do not split anything).
+// result (they do not split anything). A dim that merges several logical axes names them joined
+// by '+' ("activation_batch_no_exp+activation_length" for MoE tokens grouped per expert) and is
+// split over the union of their axes.
 //
 // Example (default rules, mesh fsdp=16 tensor=4):
 //   wi[embed @embed, mlp @mlp] -> embed over {fsdp}, mlp over {tensor}

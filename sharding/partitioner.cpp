@@ -133,7 +133,7 @@ class Partitioner {
     }
     attrs.group_size = shards(axes);
     attrs.reduce = reduce;
-    out_.add_op(kind, global.name + "/" + name, {input}, {output}, attrs, region);
+    add_op(kind, global.name + "/" + name, {input}, {output}, attrs, region);
     return output;
   }
 
@@ -186,7 +186,7 @@ class Partitioner {
     step = normalized(step);
     if (step != target) {
       const TensorId sliced = make_local(tensor, target, region, "/slice");
-      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {sliced}, {}, region);
+      add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {sliced}, {}, region);
       value = sliced;
     }
     alternates_[key] = value;
@@ -253,7 +253,7 @@ class Partitioner {
                              : make_local(global_.tensor(global), computed[index], op.region,
                                           partial.empty() ? "/computed" : "/partial"));
     }
-    out_.add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
+    add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       if (direct[index]) {
         continue;
@@ -301,22 +301,38 @@ class Partitioner {
       }
     }
     after_reduce = normalized(after_reduce);
-    const bool sliced = after_reduce != target;
+    // Axes the computation split an output dim over that the tensor's layout does not: gathered.
+    AxisList gathered;
+    Layout after_gather = after_reduce;
+    for (size_t dim = 0; dim < after_gather.size(); ++dim) {
+      for (const int axis : after_reduce[dim]) {
+        if (!contains(target[dim], axis)) {
+          gathered.push_back(axis);
+        }
+      }
+      after_gather[dim] = without(after_gather[dim], gathered);
+    }
+    const bool sliced = after_gather != target;
     // Reduce-scatter first, so the all-reduce (often over DCN) moves only the shard.
     if (!scatter.empty()) {
-      const bool last = all_reduce.empty() && !sliced;
+      const bool last = all_reduce.empty() && gathered.empty() && !sliced;
       value = collective(OpKind::kReduceScatter, "reduce_scatter", value, tensor, after_reduce,
                          scatter, region, reduce, last ? local(global) : -1);
     }
     if (!all_reduce.empty()) {
+      const bool last = gathered.empty() && !sliced;
       value = collective(OpKind::kAllReduce, "all_reduce", value, tensor, after_reduce, all_reduce,
+                         region, reduce, last ? local(global) : -1);
+    }
+    if (!gathered.empty()) {
+      value = collective(OpKind::kAllGather, "all_gather", value, tensor, after_gather, gathered,
                          region, reduce, sliced ? -1 : local(global));
     }
+    after_reduce = after_gather;
     if (sliced) {
       // The unsliced value stays reusable in this region.
       alternates_[std::to_string(global) + "#" + layout_key(after_reduce)] = value;
-      out_.add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {},
-                  region);
+      add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {}, region);
     }
   }
 
@@ -378,6 +394,33 @@ class Partitioner {
     for (AxisList& axes : computed) {
       axes = without(axes, partial);
     }
+    // An output dim an operand splits over an axis the output leaves free: keep the split and
+    // gather the (smaller) result instead of gathering the operand, as XLA would.
+    const double output_bytes = static_cast<double>(out_.tensor(local(output)).bytes());
+    for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+      for (size_t which = 0; which < operands.size(); ++which) {
+        if (operands[which] < 0) {
+          continue;
+        }
+        for (const PlanDim& plan : operand_dims[which]) {
+          if (plan.name != out_tensor.dims[dim].name) {
+            continue;
+          }
+          for (const int axis : plan.axes) {
+            if (contains(used, axis) || contains(partial, axis)) {
+              continue;
+            }
+            const double operand_bytes =
+                static_cast<double>(out_.tensor(local(operands[which])).bytes());
+            if (output_bytes < operand_bytes) {
+              computed[dim].push_back(axis);
+              used.push_back(axis);
+            }
+          }
+        }
+      }
+    }
+    computed = normalized(computed);
     for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
       iteration[out_tensor.dims[dim].name] = computed[dim];
     }
@@ -459,7 +502,7 @@ class Partitioner {
     const TensorId partial = make_local(stats_info, stat_layout, op.region, "/partial");
     OpAttrs stat_attrs;
     stat_attrs.contracted = {reduced_dim};
-    out_.add_op(statistics_kind, op.name + "/statistics", inputs, {partial}, stat_attrs, op.region);
+    add_op(statistics_kind, op.name + "/statistics", inputs, {partial}, stat_attrs, op.region);
     const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,
                                      stat_layout, split, op.region, reduce);
     inputs.push_back(full);
@@ -516,7 +559,7 @@ class Partitioner {
                                    op.region, "/partial"));
       pending.emplace_back(index, outputs.back());
     }
-    out_.add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
+    add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
     for (const auto& [index, value] : pending) {
       const TensorId global = op.outputs[index];
       const Layout computed =
@@ -554,13 +597,13 @@ class Partitioner {
         inputs.push_back(reshard(input, layout(input), op.region));
       }
       const TensorId computed = make_local(grouped_tensor, local_grouped, op.region, "/local");
-      out_.add_op(op.kind, op.name, inputs, {computed}, op.attrs, op.region);
+      add_op(op.kind, op.name, inputs, {computed}, op.attrs, op.region);
       if (!expert_axes.empty()) {
         collective(OpKind::kAllToAll, "all_to_all", computed, grouped_tensor, layout(grouped),
                    expert_axes, op.region, ReduceOp::kSum, local(grouped_out));
       } else {
-        out_.add_op(OpKind::kDynamicSlice, grouped_tensor.name + "/slice", {computed},
-                    {local(grouped_out)}, {}, op.region);
+        add_op(OpKind::kDynamicSlice, grouped_tensor.name + "/slice", {computed},
+               {local(grouped_out)}, {}, op.region);
       }
       return;
     }
@@ -576,7 +619,18 @@ class Partitioner {
     emit(op, inputs, {layout(op.outputs[0])}, {});
   }
 
+  // Adds an op to the program in the phase of the op being partitioned (a recompute clone's
+  // collectives are recompute work too).
+  int add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+             std::vector<TensorId> outputs, OpAttrs attrs, int region) {
+    const int id =
+        out_.add_op(kind, name, std::move(inputs), std::move(outputs), std::move(attrs), region);
+    out_.mutable_op(id).phase = current_phase_;
+    return id;
+  }
+
   void partition_op(const Op& op) {
+    current_phase_ = op.phase;
     switch (op.kind) {
       case OpKind::kEinsum:
         partition_einsum(op, op.inputs, {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])},
@@ -652,6 +706,7 @@ class Partitioner {
   std::vector<TensorId> local_;
   std::map<std::string, TensorId> alternates_;  // "global#layout" -> local tensor, per region
   std::vector<PaddingNote> padding_;
+  Phase current_phase_ = Phase::kForward;
 };
 
 }  // namespace

@@ -24,21 +24,18 @@ StepProgram build_step_program(const Config& config) {
   StepProgram result;
   result.slice = slice_from_config(config);
   result.mesh = place_mesh(resolve_mesh(config, result.slice), result.slice);
+  // MaxText: a microbatch is per_device_batch_size x devices sequences; an optimizer step runs
+  // gradient_accumulation_steps of them (pyconfig calculate_global_batch_sizes).
   const double per_device = config.get_float("per_device_batch_size");
-  const double global = per_device * static_cast<double>(result.slice.total_devices());
-  result.global_batch = static_cast<int64_t>(std::floor(global + 1e-9));
-  if (result.global_batch < 1) {
+  const double microbatch = per_device * static_cast<double>(result.slice.total_devices());
+  result.microbatch = static_cast<int64_t>(std::floor(microbatch + 1e-9));
+  if (result.microbatch < 1) {
     throw UserError("per_device_batch_size: " + std::to_string(per_device) + " x " +
                     std::to_string(result.slice.total_devices()) +
                     " devices is less than one sequence per step");
   }
   result.accumulation_steps = config.get_int("gradient_accumulation_steps");
-  if (result.global_batch % result.accumulation_steps != 0) {
-    throw UserError("gradient_accumulation_steps: " + std::to_string(result.accumulation_steps) +
-                    " does not divide the global batch of " + std::to_string(result.global_batch) +
-                    " sequences");
-  }
-  result.microbatch = result.global_batch / result.accumulation_steps;
+  result.global_batch = result.microbatch * result.accumulation_steps;
   result.step = build_training_step(config, result.microbatch);
   result.program = partition(result.step, LogicalAxisRules::from_config(config), result.mesh);
   return result;

@@ -1,8 +1,8 @@
 // sharding/step_program.h: config -> slice -> mesh -> training step -> per-device program.
 //
 // The one pipeline every command uses, so `estimate`, `program`, `explore` and `train` all read
-// the same program for the same config. The graph holds one microbatch of the global batch
-// (global = per_device_batch_size x devices, split into gradient_accumulation_steps microbatches).
+// the same program for the same config. The graph holds one microbatch (per_device_batch_size x
+// devices sequences); an optimizer step runs gradient_accumulation_steps of them, as in MaxText.
 //
 // Example:
 //   StepProgram program = build_step_program(Config::load("", {"model_name=llama2-7b",

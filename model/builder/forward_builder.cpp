@@ -371,7 +371,7 @@ class ForwardBuilder {
     const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
     const std::vector<Dim> grouped_dims = {
         act("experts", experts, "activation_exp"),
-        act("expert_tokens", expert_tokens, "activation_batch_no_exp"),
+        act("expert_tokens", expert_tokens, "activation_batch_no_exp+activation_length"),
         act("embed", dims_.emb_dim, "activation_embed")};
     const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
     OpAttrs dispatch_attrs;

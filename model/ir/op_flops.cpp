@@ -42,14 +42,19 @@ int64_t dim_size(const Tensor& tensor, const std::string& name) {
 // q[batch,length,heads,head_dim], k[batch,kv_length,kv_heads,head_dim], v[...,v_head_dim].
 OpFlops attention_forward_flops(const Graph& graph, const Op& op) {
   const Tensor& query = graph.tensor(op.inputs.at(0));
+  const Tensor& key = graph.tensor(op.inputs.at(1));
   const Tensor& value = graph.tensor(op.inputs.at(2));
   const double batch = static_cast<double>(dim_size(query, "batch"));
-  const int64_t length = dim_size(query, "length");
+  const int64_t query_length = dim_size(query, "length");
+  const int64_t key_length = dim_size(key, "length");
   const double heads = static_cast<double>(dim_size(query, "heads"));
   const double qk_dim = static_cast<double>(query.dims.back().size);
   const double v_dim = static_cast<double>(value.dims.back().size);
-  const double scores = batch * heads * static_cast<double>(length) * static_cast<double>(length) *
-                        attention_mask_fraction(op.attrs.mask, length, op.attrs.window);
+  // Keys each query attends to on average: a fraction of the (whole) key length. With the
+  // queries split over context devices (load-balanced), each device does its share of that.
+  const double keys_per_query = static_cast<double>(key_length) *
+                                attention_mask_fraction(op.attrs.mask, key_length, op.attrs.window);
+  const double scores = batch * heads * static_cast<double>(query_length) * keys_per_query;
   return {kFlopsPerMac * scores * (qk_dim + v_dim), kSoftmaxFlopsPerScore * scores};
 }
 
