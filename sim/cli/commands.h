@@ -13,5 +13,6 @@ void register_topology_command(CLI::App& app);
 void register_hw_command(CLI::App& app);
 void register_config_command(CLI::App& app);
 void register_program_command(CLI::App& app);
+void register_estimate_command(CLI::App& app);
 
 }  // namespace tpusim

@@ -113,5 +113,37 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
 }
 
+TEST(EstimateCommand, JsonContract) {
+  const auto result = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=v5p-128",
+                                  "per_device_batch_size=2", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["devices"], 64);
+  EXPECT_EQ(json["chips"], 64);
+  for (const char* key : {"model_tflop_per_device_step", "hardware_tflop_per_device_step",
+                          "hbm_peak_bytes_per_device", "hbm_capacity_bytes"}) {
+    EXPECT_TRUE(json[key].is_number()) << key;
+    EXPECT_GT(json[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(json["fits"].is_boolean());
+  EXPECT_TRUE(json["memory"].is_object());
+  EXPECT_GE(json["hardware_tflop_per_device_step"].get<double>(),
+            json["model_tflop_per_device_step"].get<double>());
+}
+
+TEST(EstimateCommand, EmbeddedDefaultConfigRuns) {
+  const auto result = run_tpusim({"estimate"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("fits"), std::string::npos);
+}
+
+TEST(EstimateCommand, BadInputExits2) {
+  expect_user_error({"estimate", "model_name=llama3.1-8b", "compile_topology=v5p-100"}, "v5p-100");
+  expect_user_error({"estimate", "ici_tensor_parallelism=3"}, "ici_fsdp_parallelism");
+  expect_user_error({"estimate", "logical_axis_rules=[[embed, [fsdpp]]]"}, "fsdpp");
+  expect_user_error({"estimate", "gradient_accumulation_steps=0"}, "gradient_accumulation_steps");
+  expect_user_error({"program", "--layer", "9"}, "--layer");
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -1,0 +1,250 @@
+#include "sim/memory/memory_model.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace tpusim {
+namespace {
+
+enum class Category { kWeight, kOptimizer, kGradient, kSaved, kOffloaded, kTemporary, kIgnored };
+
+// One iteration's temporaries at their peak.
+struct RegionTemporaries {
+  double gathered = 0;
+  double other = 0;
+  double total() const { return gathered + other; }
+};
+
+class MemoryModel {
+ public:
+  explicit MemoryModel(const StepProgram& program)
+      : program_(program), graph_(program.program.graph) {}
+
+  MemoryEstimate run() {
+    classify();
+    const size_t regions = graph_.regions().size();
+    std::vector<double> saved(regions, 0);  // per iteration, by forward region
+    std::vector<double> offloaded(regions, 0);
+    std::vector<double> grads(regions, 0);  // per iteration, by backward region
+    MemoryBreakdown persistent;
+    for (const Tensor& tensor : graph_.tensors()) {
+      const double repeat = static_cast<double>(graph_.region(tensor.region).repeat);
+      const auto bytes = static_cast<double>(tensor.bytes());
+      switch (category_[static_cast<size_t>(tensor.id)]) {
+        case Category::kWeight:
+          persistent.weights += bytes * repeat;
+          break;
+        case Category::kOptimizer:
+          persistent.optimizer_state += bytes * repeat;
+          break;
+        case Category::kGradient:
+          grads[static_cast<size_t>(tensor.region)] += bytes;
+          break;
+        case Category::kSaved:
+          saved[static_cast<size_t>(tensor.region)] += bytes;
+          break;
+        case Category::kOffloaded:
+          offloaded[static_cast<size_t>(tensor.region)] += bytes;
+          break;
+        default:
+          break;
+      }
+    }
+    MemoryEstimate estimate;
+    auto consider = [&](const std::string& where, double saved_bytes, double grad_bytes,
+                        double host_bytes, const RegionTemporaries& temporaries) {
+      MemoryBreakdown breakdown = persistent;
+      breakdown.saved_activations = saved_bytes;
+      breakdown.gradients = grad_bytes;
+      breakdown.gathered_weights = temporaries.gathered;
+      breakdown.temporaries = temporaries.other;
+      estimate.timeline.push_back({where, breakdown, host_bytes});
+      if (breakdown.total() > estimate.peak_bytes || estimate.peak_region.empty()) {
+        estimate.peak_bytes = breakdown.total();
+        estimate.at_peak = breakdown;
+        estimate.peak_region = where;
+        estimate.host_offloaded_bytes = host_bytes;
+      }
+    };
+    // Forward: saved activations pile up region by region.
+    double saved_so_far = 0;
+    double host_so_far = 0;
+    std::vector<int> forward_regions;
+    for (int region = 0; region < static_cast<int>(regions); ++region) {
+      const Region& info = graph_.region(region);
+      if (info.phase != Phase::kForward) {
+        continue;
+      }
+      forward_regions.push_back(region);
+      const auto repeat = static_cast<double>(info.repeat);
+      saved_so_far += saved[static_cast<size_t>(region)] * repeat;
+      host_so_far += offloaded[static_cast<size_t>(region)] * repeat;
+      consider(info.name, saved_so_far, 0, host_so_far, temporaries_of(region));
+    }
+    // Backward, in program order (reverse of forward): saved activations drain, gradients grow.
+    double grads_so_far = 0;
+    for (int region = 0; region < static_cast<int>(regions); ++region) {
+      const Region& info = graph_.region(region);
+      if (info.phase != Phase::kBackward) {
+        continue;
+      }
+      const auto forward = static_cast<size_t>(info.forward_region);
+      const auto repeat = static_cast<double>(info.repeat);
+      const double saved_here = saved[forward];
+      const double host_here = offloaded[forward];
+      const double grads_here = grads[static_cast<size_t>(region)];
+      const RegionTemporaries temporaries = temporaries_of(region);
+      consider(info.name + " (first iteration)", saved_so_far, grads_so_far + grads_here,
+               host_so_far, temporaries);
+      consider(info.name + " (last iteration)", saved_so_far - saved_here * (repeat - 1),
+               grads_so_far + grads_here * repeat, host_so_far - host_here * (repeat - 1),
+               temporaries);
+      saved_so_far -= saved_here * repeat;
+      host_so_far -= host_here * repeat;
+      grads_so_far += grads_here * repeat;
+    }
+    for (int region = 0; region < static_cast<int>(regions); ++region) {
+      const Region& info = graph_.region(region);
+      if (info.phase == Phase::kOptimizer) {
+        consider(info.name, 0, grads_so_far, 0, temporaries_of(region));
+      }
+    }
+    estimate.capacity_bytes = program_.slice.chip->hbm_usable_bytes_per_device();
+    estimate.fits = estimate.peak_bytes <= estimate.capacity_bytes;
+    return estimate;
+  }
+
+ private:
+  void classify() {
+    const size_t count = graph_.tensors().size();
+    category_.assign(count, Category::kTemporary);
+    std::set<TensorId> final_grads;
+    for (const auto& [parameter, grad] : program_.step.parameter_grads) {
+      final_grads.insert(program_.program.local_of_global[static_cast<size_t>(grad)]);
+    }
+    std::map<TensorId, RematDecision> saved;
+    for (const auto& [global, decision] : program_.step.saved) {
+      saved[program_.program.local_of_global[static_cast<size_t>(global)]] = decision;
+    }
+    for (const Tensor& tensor : graph_.tensors()) {
+      const auto id = static_cast<size_t>(tensor.id);
+      const bool produced = graph_.producer(tensor.id) >= 0;
+      const Phase phase = graph_.region(tensor.region).phase;
+      if (tensor.kind == TensorKind::kParameter && !produced) {
+        category_[id] = Category::kWeight;
+      } else if (tensor.kind == TensorKind::kOptimizerState && !produced) {
+        category_[id] = Category::kOptimizer;
+      } else if (phase == Phase::kOptimizer) {
+        category_[id] = Category::kIgnored;  // updates are written in place (donated buffers)
+      } else if (final_grads.contains(tensor.id)) {
+        category_[id] = Category::kGradient;
+      } else if (const auto found = saved.find(tensor.id); found != saved.end()) {
+        category_[id] = found->second == RematDecision::kOffload ? Category::kOffloaded
+                                                                 : Category::kSaved;
+      } else if (tensor.kind == TensorKind::kInput) {
+        category_[id] = Category::kSaved;  // the batch stays for the whole step
+      }
+    }
+    // An offloaded tensor's device copy lives until its host_offload op: a temporary.
+    for (const Op& op : graph_.ops()) {
+      if (op.kind == OpKind::kHostOffload) {
+        category_[static_cast<size_t>(op.outputs[0])] = Category::kIgnored;
+      }
+    }
+  }
+
+  bool is_weight_source(TensorId id) const {
+    const Tensor& tensor = graph_.tensor(id);
+    if (tensor.kind == TensorKind::kParameter) {
+      return true;
+    }
+    const int producer = graph_.producer(id);
+    if (producer < 0) {
+      return false;
+    }
+    const Op& op = graph_.ops()[static_cast<size_t>(producer)];
+    return op.kind == OpKind::kElementwise && op.attrs.function == ElementwiseFn::kCast &&
+           graph_.tensor(op.inputs[0]).kind == TensorKind::kParameter;
+  }
+
+  // Peak temporaries of one iteration of `region`, by a linear scan of its ops.
+  RegionTemporaries temporaries_of(int region) {
+    if (const auto found = cache_.find(region); found != cache_.end()) {
+      return found->second;
+    }
+    std::vector<const Op*> ops;
+    for (const Op& op : graph_.ops()) {
+      if (op.region == region) {
+        ops.push_back(&op);
+      }
+    }
+    std::map<TensorId, size_t> last_use;
+    for (size_t index = 0; index < ops.size(); ++index) {
+      for (const TensorId input : ops[index]->inputs) {
+        last_use[input] = index;
+      }
+    }
+    std::map<TensorId, bool> live;  // temporary -> is a gathered weight
+    RegionTemporaries current;
+    RegionTemporaries peak;
+    auto add = [&](TensorId id, bool gathered) {
+      if (category_[static_cast<size_t>(id)] != Category::kTemporary || live.contains(id)) {
+        return;
+      }
+      live[id] = gathered;
+      (gathered ? current.gathered : current.other) += static_cast<double>(graph_.tensor(id).bytes());
+    };
+    for (size_t index = 0; index < ops.size(); ++index) {
+      const Op& op = *ops[index];
+      for (const TensorId input : op.inputs) {
+        add(input, false);  // produced elsewhere (carry, reload): live from the region start
+      }
+      const bool gathers_weight = op.kind == OpKind::kAllGather && is_weight_source(op.inputs[0]);
+      for (const TensorId output : op.outputs) {
+        add(output, gathers_weight);
+      }
+      if (current.total() > peak.total()) {
+        peak = current;
+      }
+      // Free what this op read for the last time (and outputs nobody reads).
+      std::vector<TensorId> dead;
+      for (const auto& [id, gathered] : live) {
+        const auto use = last_use.find(id);
+        const bool unused_output = use == last_use.end();
+        if ((use != last_use.end() && use->second <= index) || (unused_output && !is_carry_out(id))) {
+          dead.push_back(id);
+        }
+      }
+      for (const TensorId id : dead) {
+        (live[id] ? current.gathered : current.other) -= static_cast<double>(graph_.tensor(id).bytes());
+        live.erase(id);
+      }
+    }
+    cache_[region] = peak;
+    return peak;
+  }
+
+  bool is_carry_out(TensorId id) {
+    if (carry_out_.empty()) {
+      for (const Graph::Carry& carry : graph_.carries()) {
+        carry_out_.insert(carry.from);
+      }
+      carry_out_.insert(-1);
+    }
+    return carry_out_.contains(id);
+  }
+
+  const StepProgram& program_;
+  const Graph& graph_;
+  std::vector<Category> category_;
+  std::map<int, RegionTemporaries> cache_;
+  std::set<TensorId> carry_out_;
+};
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const StepProgram& program) { return MemoryModel(program).run(); }
+
+}  // namespace tpusim

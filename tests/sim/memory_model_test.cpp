@@ -1,0 +1,98 @@
+#include "sim/memory/memory_model.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "model/config.h"
+
+namespace tpusim {
+namespace {
+
+constexpr double kBf16 = 2;
+constexpr double kF32 = 4;
+
+MemoryEstimate memory_for(const std::vector<std::string>& extra,
+                          const std::string& topology = "v5p-8") {
+  std::vector<std::string> overrides = {"model_name=llama2-7b", "compile_topology=" + topology,
+                                        "per_device_batch_size=1", "max_target_length=1024"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return estimate_memory(build_step_program(Config::load("", overrides)));
+}
+
+// Memory when the backward pass starts on the decoder layers: every saved activation is live.
+const MemoryCheckpoint& backward_start(const MemoryEstimate& memory) {
+  for (const MemoryCheckpoint& checkpoint : memory.timeline) {
+    if (checkpoint.where == "layer/grad (first iteration)") {
+      return checkpoint;
+    }
+  }
+  throw std::logic_error("no layer/grad checkpoint");
+}
+
+// llama2-7b: 32 layers of 4*D^2 + 3*D*F weights, D=4096, F=11008, plus the embedding and
+// unembedding (32000 x 4096 each) and 2 norms per layer + the final norm (D each).
+constexpr double kLayerParameters = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008 + 2 * 4096;
+constexpr double kParameters = 32 * kLayerParameters + 2.0 * 32000 * 4096 + 4096;
+
+TEST(MemoryModel, WeightsAndOptimizerStateAreShardedOverFsdp) {
+  const MemoryEstimate four = memory_for({});
+  // Norm scales are replicated on every device; everything else is split 4 ways.
+  const double replicated = (32 * 2 + 1) * 4096.0;
+  const double expected_weights = (kParameters - replicated) * kF32 / 4 + replicated * kF32;
+  EXPECT_NEAR(four.at_peak.weights / expected_weights, 1.0, 1e-12);
+  EXPECT_NEAR(four.at_peak.optimizer_state / (2 * expected_weights), 1.0, 1e-12);
+  const MemoryEstimate eight = memory_for({}, "v5p-16");
+  EXPECT_NEAR(eight.at_peak.weights / four.at_peak.weights, 0.5, 0.001);
+}
+
+TEST(MemoryModel, FullRematSavesOnlyLayerInputs) {
+  const MemoryCheckpoint memory = backward_start(memory_for({"remat_policy=full"}));
+  // At the start of the backward pass: every layer's input (1 sequence of 1024 x 4096 in bf16
+  // per device) plus what the head keeps (its input, the final norm's output and the logits).
+  const double layer_inputs = 32 * 1024.0 * 4096 * kBf16;
+  EXPECT_GE(memory.memory.saved_activations, layer_inputs);
+  const double head = 2 * 1024.0 * 4096 * kBf16 + 1024.0 * 32000 * kBf16;
+  EXPECT_LE(memory.memory.saved_activations, layer_inputs + head + 2 * 1024 * 4.0 /*tokens*/);
+}
+
+TEST(MemoryModel, RematPolicyOrdersSavedActivations) {
+  const double full = backward_start(memory_for({"remat_policy=full"})).memory.saved_activations;
+  const double qkv = backward_start(memory_for({"remat_policy=save_qkv_proj"})).memory.saved_activations;
+  const double minimal = backward_start(memory_for({"remat_policy=minimal"})).memory.saved_activations;
+  const double none = backward_start(memory_for({"remat_policy=none"})).memory.saved_activations;
+  EXPECT_LT(full, qkv);
+  EXPECT_LT(qkv, minimal);
+  EXPECT_LT(minimal, none);
+  // save_qkv_proj adds q, k and v per layer: 3 x 1024 x 32 heads x 128 in bf16.
+  EXPECT_NEAR(qkv - full, 32 * 3 * 1024.0 * 4096 * kBf16, 1.0);
+}
+
+TEST(MemoryModel, OffloadMovesLayerInputsToHost) {
+  const MemoryCheckpoint device = backward_start(memory_for({"remat_policy=custom"}));
+  const MemoryCheckpoint host =
+      backward_start(memory_for({"remat_policy=custom", "decoder_layer_input=offload"}));
+  const double layer_inputs = 32 * 1024.0 * 4096 * kBf16;
+  EXPECT_NEAR(device.memory.saved_activations - host.memory.saved_activations, layer_inputs, 1.0);
+  EXPECT_NEAR(host.host_offloaded_bytes, layer_inputs, 1.0);
+}
+
+TEST(MemoryModel, VerdictAgainstUsableHbm) {
+  const MemoryEstimate small = memory_for({});
+  EXPECT_TRUE(small.fits);
+  EXPECT_DOUBLE_EQ(small.capacity_bytes, 95.0 * 1024 * 1024 * 1024);  // v5p: 95 GiB usable
+  const MemoryEstimate big = estimate_memory(build_step_program(Config::load(
+      "", {"model_name=llama2-7b", "compile_topology=v5p-8", "per_device_batch_size=64",
+           "max_target_length=1024", "remat_policy=none"})));
+  EXPECT_FALSE(big.fits);
+  EXPECT_GT(big.peak_bytes, big.capacity_bytes);
+}
+
+TEST(MemoryModel, PeakIsTheSumOfItsCategories) {
+  const MemoryEstimate memory = memory_for({"remat_policy=minimal"});
+  EXPECT_DOUBLE_EQ(memory.peak_bytes, memory.at_peak.total());
+  EXPECT_FALSE(memory.peak_region.empty());
+}
+
+}  // namespace
+}  // namespace tpusim
