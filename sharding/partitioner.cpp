@@ -59,7 +59,8 @@ class Partitioner {
 
   PartitionedProgram run() {
     for (const Region& region : global_.regions()) {
-      out_.add_region(region.name, region.repeat, region.phase, region.forward_region);
+      out_.add_region(region.name, region.repeat, region.phase, region.forward_region,
+                      region.shared_parameters);
     }
     layouts_.resize(global_.tensors().size());
     local_.assign(global_.tensors().size(), -1);

@@ -125,9 +125,12 @@ class BackwardBuilder {
     }
     const int forward_region = tensor.region;
     RematDecision decision = RematDecision::kDevice;
+    const bool carry = id == region_io(forward_region).first;
     if (is_layer_region(forward_region)) {
-      const bool carry = id == region_io(forward_region).first;
       decision = policy_.decision(carry ? "decoder_layer_input" : tensor.remat_name);
+    } else if (forward_region == forward_.head_region && forward_.head_chunks > 1) {
+      // Chunked cross-entropy recomputes each chunk's logits in backward (MaxText's custom VJP).
+      decision = carry ? RematDecision::kDevice : RematDecision::kRemat;
     }
     TensorId result = id;
     if (decision == RematDecision::kRemat) {
@@ -342,8 +345,8 @@ class BackwardBuilder {
   // Emits the backward region of forward region `region`; returns the gradient of its input.
   TensorId differentiate_region(int region, TensorId incoming, TrainingStep& step) {
     const Region info = graph_.region(region);  // a copy: add_region may move the storage
-    const int backward =
-        graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward, region);
+    const int backward = graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward,
+                                           region, info.shared_parameters);
     step.backward_regions.push_back(backward);
     const auto [input, output] = region_io(region);
     materialized_.clear();
@@ -390,7 +393,8 @@ class BackwardBuilder {
       if (!optimizer_region_for.contains(parameter.region)) {
         const Region& owner = graph_.region(parameter.region);
         optimizer_region_for[parameter.region] =
-            graph_.add_region("optimizer/" + owner.name, owner.repeat, Phase::kOptimizer);
+            graph_.add_region("optimizer/" + owner.name, owner.shared_parameters ? 1 : owner.repeat,
+                              Phase::kOptimizer);
         step.optimizer_regions.push_back(optimizer_region_for[parameter.region]);
       }
       const int region = optimizer_region_for[parameter.region];

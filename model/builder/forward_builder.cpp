@@ -391,9 +391,19 @@ class ForwardBuilder {
     return combined;
   }
 
+  // The final norm, logits and loss. With num_vocab_tiling = T > 1 (MaxText's chunked
+  // cross-entropy) the head is a region repeated T times over 1/T of the tokens each.
   void build_head() {
-    const int region = graph().add_region("head", 1, Phase::kForward);
+    const int64_t chunks = config_.get_int("num_vocab_tiling");
+    if (length_ % chunks != 0) {
+      throw UserError("num_vocab_tiling: " + std::to_string(chunks) +
+                      " must divide max_target_length (" + std::to_string(length_) + ")");
+    }
+    const int region = graph().add_region("head", chunks, Phase::kForward, -1, /*shared=*/true);
     result_.head_region = region;
+    result_.head_chunks = chunks;
+    const int64_t full_length = length_;
+    length_ /= chunks;
     const TensorId input = graph().add_tensor("head/input", activation_dims(), activation_dtype_,
                                               TensorKind::kActivation, region);
     result_.head_input = input;
@@ -423,6 +433,7 @@ class ForwardBuilder {
     const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
     graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, {}, region);
     result_.loss = loss;
+    length_ = full_length;
   }
 
   const Config& config_;

@@ -34,8 +34,9 @@ struct ForwardGraph {
   std::vector<TensorId> layer_outputs;
   TensorId head_input = -1;
   TensorId loss = -1;
-  int64_t batch = 0;   // sequences in the graph
-  int64_t length = 0;  // tokens per sequence
+  int64_t head_chunks = 1;  // num_vocab_tiling: the head region runs once per chunk of tokens
+  int64_t batch = 0;        // sequences in the graph
+  int64_t length = 0;       // tokens per sequence
 };
 
 // `batch` is the number of sequences the graph processes (a whole microbatch before partitioning).

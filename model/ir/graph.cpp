@@ -5,11 +5,12 @@
 
 namespace tpusim {
 
-int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region) {
+int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region,
+                      bool shared_parameters) {
   if (repeat < 1) {
     throw std::logic_error("region '" + name + "' must repeat at least once");
   }
-  regions_.push_back(Region{name, repeat, phase, forward_region});
+  regions_.push_back(Region{name, repeat, phase, forward_region, shared_parameters});
   return static_cast<int>(regions_.size()) - 1;
 }
 

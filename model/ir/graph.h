@@ -30,11 +30,15 @@ struct Region {
   int64_t repeat = 1;
   Phase phase = Phase::kForward;
   int forward_region = -1;  // for a backward region: the forward region it differentiates
+  // True when every iteration reads the SAME parameters (the chunks of a tiled cross-entropy);
+  // false for scanned layers, where each iteration has its own layer's weights.
+  bool shared_parameters = false;
 };
 
 class Graph {
  public:
-  int add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region = -1);
+  int add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region = -1,
+                 bool shared_parameters = false);
 
   TensorId add_tensor(const std::string& name, std::vector<Dim> dims, DType dtype, TensorKind kind,
                       int region, const std::string& remat_name = "");

@@ -52,6 +52,14 @@ nlohmann::json estimate_json(const Config& config) {
   json["devices"] = built.slice.total_devices();
   json["chips"] = built.slice.total_chips();
   json["mesh"] = built.mesh.shape.describe();
+  nlohmann::json placement = nlohmann::json::object();
+  for (const MeshAxisPlacement& axis : built.mesh.axes) {
+    if (axis.ici_size * axis.dcn_size > 1) {
+      placement[mesh_axis_names()[static_cast<size_t>(axis.mesh_axis)]] =
+          axis.describe(built.slice);
+    }
+  }
+  json["mesh_placement"] = placement;
   json["global_batch_sequences"] = built.global_batch;
   json["tokens_per_step"] = built.global_batch * config.get_int("max_target_length");
   json["model_tflop_per_device_step"] = maxtext_training_flops_per_device(config).total_tflops();
@@ -67,8 +75,11 @@ nlohmann::json estimate_json(const Config& config) {
   json["fits"] = memory.fits;
   nlohmann::json padding = nlohmann::json::array();
   for (const PaddingNote& note : built.program.padding) {
-    padding.push_back({{"tensor", note.tensor}, {"dim", note.dim}, {"size", note.global_size},
-                       {"shards", note.shards}, {"padded_to", note.padded_size}});
+    padding.push_back({{"tensor", note.tensor},
+                       {"dim", note.dim},
+                       {"size", note.global_size},
+                       {"shards", note.shards},
+                       {"padded_to", note.padded_size}});
   }
   json["padding"] = padding;
   return json;
@@ -93,19 +104,23 @@ void register_estimate_command(CLI::App& app) {
     std::cout << "model      " << json["model_name"].get<std::string>() << " on "
               << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
               << json["devices"] << " devices), mesh " << json["mesh"].get<std::string>() << "\n";
+    for (const auto& [axis, where] : json["mesh_placement"].items()) {
+      std::cout << "  " << std::left << std::setw(9) << axis << std::right
+                << where.get<std::string>() << "\n";
+    }
     std::cout << "batch      " << json["global_batch_sequences"] << " sequences, "
               << json["tokens_per_step"] << " tokens per step\n";
     std::cout << std::fixed << std::setprecision(2);
-    std::cout << "TFLOP/device/step  model (MaxText) " << json["model_tflop_per_device_step"].get<double>()
-              << ", hardware (with remat) " << json["hardware_tflop_per_device_step"].get<double>()
-              << "\n";
-    std::cout << "HBM/device  peak " << gib(json["hbm_peak_bytes_per_device"].get<double>()) << " of "
-              << gib(json["hbm_capacity_bytes"].get<double>()) << " -> "
+    std::cout << "TFLOP/device/step  model (MaxText) "
+              << json["model_tflop_per_device_step"].get<double>() << ", hardware (with remat) "
+              << json["hardware_tflop_per_device_step"].get<double>() << "\n";
+    std::cout << "HBM/device  peak " << gib(json["hbm_peak_bytes_per_device"].get<double>())
+              << " of " << gib(json["hbm_capacity_bytes"].get<double>()) << " -> "
               << (json["fits"].get<bool>() ? "fits" : "OUT OF MEMORY") << " (peak at "
               << memory["peak_at"].get<std::string>() << ")\n";
-    for (const char* key : {"weights_bytes", "optimizer_state_bytes", "gradients_bytes",
-                            "saved_activations_bytes", "gathered_weights_bytes",
-                            "temporaries_bytes"}) {
+    for (const char* key :
+         {"weights_bytes", "optimizer_state_bytes", "gradients_bytes", "saved_activations_bytes",
+          "gathered_weights_bytes", "temporaries_bytes"}) {
       std::string label = key;
       label = label.substr(0, label.size() - 6);
       std::cout << "  " << std::left << std::setw(20) << label << std::right

@@ -30,7 +30,10 @@ class MemoryModel {
     std::vector<double> grads(regions, 0);  // per iteration, by backward region
     MemoryBreakdown persistent;
     for (const Tensor& tensor : graph_.tensors()) {
-      const double repeat = static_cast<double>(graph_.region(tensor.region).repeat);
+      const Region& owner = graph_.region(tensor.region);
+      // Parameters (and their moments) exist once per iteration of a scanned layer region, once
+      // in all for a region whose iterations share them.
+      const double repeat = owner.shared_parameters ? 1.0 : static_cast<double>(owner.repeat);
       const auto bytes = static_cast<double>(tensor.bytes());
       switch (category_[static_cast<size_t>(tensor.id)]) {
         case Category::kWeight:
@@ -94,7 +97,9 @@ class MemoryModel {
       const auto repeat = static_cast<double>(info.repeat);
       const double saved_here = saved[forward];
       const double host_here = offloaded[forward];
-      const double grads_here = grads[static_cast<size_t>(region)];
+      // Shared parameters accumulate one gradient over all iterations.
+      const double grads_here =
+          grads[static_cast<size_t>(region)] / (info.shared_parameters ? repeat : 1.0);
       const RegionTemporaries temporaries = temporaries_of(region);
       consider(info.name + " (first iteration)", saved_so_far, grads_so_far + grads_here,
                host_so_far, temporaries);
@@ -141,8 +146,8 @@ class MemoryModel {
       } else if (final_grads.contains(tensor.id)) {
         category_[id] = Category::kGradient;
       } else if (const auto found = saved.find(tensor.id); found != saved.end()) {
-        category_[id] = found->second == RematDecision::kOffload ? Category::kOffloaded
-                                                                 : Category::kSaved;
+        category_[id] =
+            found->second == RematDecision::kOffload ? Category::kOffloaded : Category::kSaved;
       } else if (tensor.kind == TensorKind::kInput) {
         category_[id] = Category::kSaved;  // the batch stays for the whole step
       }
@@ -194,7 +199,8 @@ class MemoryModel {
         return;
       }
       live[id] = gathered;
-      (gathered ? current.gathered : current.other) += static_cast<double>(graph_.tensor(id).bytes());
+      (gathered ? current.gathered : current.other) +=
+          static_cast<double>(graph_.tensor(id).bytes());
     };
     for (size_t index = 0; index < ops.size(); ++index) {
       const Op& op = *ops[index];
@@ -213,12 +219,14 @@ class MemoryModel {
       for (const auto& [id, gathered] : live) {
         const auto use = last_use.find(id);
         const bool unused_output = use == last_use.end();
-        if ((use != last_use.end() && use->second <= index) || (unused_output && !is_carry_out(id))) {
+        if ((use != last_use.end() && use->second <= index) ||
+            (unused_output && !is_carry_out(id))) {
           dead.push_back(id);
         }
       }
       for (const TensorId id : dead) {
-        (live[id] ? current.gathered : current.other) -= static_cast<double>(graph_.tensor(id).bytes());
+        (live[id] ? current.gathered : current.other) -=
+            static_cast<double>(graph_.tensor(id).bytes());
         live.erase(id);
       }
     }
@@ -245,6 +253,8 @@ class MemoryModel {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const StepProgram& program) { return MemoryModel(program).run(); }
+MemoryEstimate estimate_memory(const StepProgram& program) {
+  return MemoryModel(program).run();
+}
 
 }  // namespace tpusim

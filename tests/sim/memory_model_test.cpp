@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "model/config.h"
@@ -58,8 +59,10 @@ TEST(MemoryModel, FullRematSavesOnlyLayerInputs) {
 
 TEST(MemoryModel, RematPolicyOrdersSavedActivations) {
   const double full = backward_start(memory_for({"remat_policy=full"})).memory.saved_activations;
-  const double qkv = backward_start(memory_for({"remat_policy=save_qkv_proj"})).memory.saved_activations;
-  const double minimal = backward_start(memory_for({"remat_policy=minimal"})).memory.saved_activations;
+  const double qkv =
+      backward_start(memory_for({"remat_policy=save_qkv_proj"})).memory.saved_activations;
+  const double minimal =
+      backward_start(memory_for({"remat_policy=minimal"})).memory.saved_activations;
   const double none = backward_start(memory_for({"remat_policy=none"})).memory.saved_activations;
   EXPECT_LT(full, qkv);
   EXPECT_LT(qkv, minimal);
@@ -86,6 +89,29 @@ TEST(MemoryModel, VerdictAgainstUsableHbm) {
            "max_target_length=1024", "remat_policy=none"})));
   EXPECT_FALSE(big.fits);
   EXPECT_GT(big.peak_bytes, big.capacity_bytes);
+}
+
+// num_vocab_tiling chunks the logits: the head keeps no [tokens, vocab] tensor for backward and
+// works on 1/T of the tokens at a time; its weights are counted once, not once per chunk.
+TEST(MemoryModel, VocabTilingShrinksLogitsMemory) {
+  const auto head_grad = [](const MemoryEstimate& memory) {
+    for (const MemoryCheckpoint& checkpoint : memory.timeline) {
+      if (checkpoint.where == "head/grad (first iteration)") {
+        return checkpoint.memory;
+      }
+    }
+    throw std::logic_error("no head/grad checkpoint");
+  };
+  const MemoryEstimate whole = memory_for({});
+  const MemoryEstimate tiled = memory_for({"num_vocab_tiling=8"});
+  const double logits = 1024.0 * 32000 * kBf16;
+  const MemoryBreakdown before = head_grad(whole);
+  const MemoryBreakdown after = head_grad(tiled);
+  EXPECT_GT(before.saved_activations - after.saved_activations, 0.9 * logits);
+  EXPECT_LT(after.temporaries + after.saved_activations,
+            before.temporaries + before.saved_activations - logits);
+  EXPECT_DOUBLE_EQ(whole.at_peak.weights, tiled.at_peak.weights);
+  EXPECT_DOUBLE_EQ(whole.at_peak.optimizer_state, tiled.at_peak.optimizer_state);
 }
 
 TEST(MemoryModel, PeakIsTheSumOfItsCategories) {
