@@ -14,6 +14,9 @@
 
 namespace tpusim {
 
+// VPU/EUP operations per attention score for the softmax: max, subtract, exp, sum, divide.
+inline constexpr double kSoftmaxFlopsPerScore = 5.0;
+
 struct OpFlops {
   double matmul = 0;  // MXU
   double vector = 0;  // VPU/EUP

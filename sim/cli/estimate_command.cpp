@@ -1,36 +1,20 @@
-// `tpusim estimate [base.yml] [key=value ...] [--json]`: what one training step of a MaxText
-// config costs on a slice: FLOPs per device (MaxText's convention and what the hardware runs) and
-// peak HBM per device with its breakdown and a fits/OOM verdict. (Step time comes with the
-// performance engine.)
+// `tpusim estimate [base.yml] [key=value ...] [--json] [--trace FILE]`: step time, MFU, TFLOP/s
+// and tokens/s per chip, the step breakdown, and peak HBM per device with a fits/OOM verdict.
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "common/atomic_file.h"
 #include "model/config.h"
-#include "model/flops_maxtext.h"
-#include "sharding/step_program.h"
-#include "sim/accounting/program_flops.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
-#include "sim/memory/memory_model.h"
+#include "sim/estimate/estimate.h"
 
 namespace tpusim {
 namespace {
 
-constexpr double kTera = 1e12;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-nlohmann::json memory_json(const MemoryBreakdown& memory) {
-  return {{"weights_bytes", memory.weights},
-          {"optimizer_state_bytes", memory.optimizer_state},
-          {"gradients_bytes", memory.gradients},
-          {"saved_activations_bytes", memory.saved_activations},
-          {"gathered_weights_bytes", memory.gathered_weights},
-          {"temporaries_bytes", memory.temporaries}};
-}
 
 std::string gib(double bytes) {
   std::ostringstream out;
@@ -38,102 +22,92 @@ std::string gib(double bytes) {
   return out.str();
 }
 
-}  // namespace
-
-nlohmann::json estimate_json(const Config& config) {
-  const StepProgram built = build_step_program(config);
-  const ProgramFlops flops = program_flops(built);
-  const MemoryEstimate memory = estimate_memory(built);
-  nlohmann::json json;
-  json["model_name"] = config.get_string("model_name");
-  json["slice"] = built.slice.name;
-  json["num_slices"] = built.slice.num_slices;
-  json["chip"] = built.slice.chip->name;
-  json["devices"] = built.slice.total_devices();
-  json["chips"] = built.slice.total_chips();
-  json["mesh"] = built.mesh.shape.describe();
-  nlohmann::json placement = nlohmann::json::object();
-  for (const MeshAxisPlacement& axis : built.mesh.axes) {
-    if (axis.ici_size * axis.dcn_size > 1) {
-      placement[mesh_axis_names()[static_cast<size_t>(axis.mesh_axis)]] =
-          axis.describe(built.slice);
-    }
+void print_human(const nlohmann::json& json) {
+  std::cout << std::fixed << std::setprecision(2);
+  std::cout << "model      " << json["model_name"].get<std::string>() << " on "
+            << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
+            << json["devices"] << " devices), mesh " << json["mesh"].get<std::string>() << "\n";
+  for (const auto& [axis, where] : json["mesh_placement"].items()) {
+    std::cout << "  " << std::left << std::setw(9) << axis << std::right
+              << where.get<std::string>() << "\n";
   }
-  json["mesh_placement"] = placement;
-  json["global_batch_sequences"] = built.global_batch;
-  json["tokens_per_step"] = built.global_batch * config.get_int("max_target_length");
-  json["model_tflop_per_device_step"] = maxtext_training_flops_per_device(config).total_tflops();
-  json["program_model_tflop_per_device_step"] = flops.model_matmul / kTera;
-  json["hardware_tflop_per_device_step"] = flops.hardware_matmul / kTera;
-  json["recompute_tflop_per_device_step"] = flops.recompute_matmul / kTera;
-  json["vector_tflop_per_device_step"] = flops.vector / kTera;
-  json["memory"] = memory_json(memory.at_peak);
-  json["memory"]["peak_at"] = memory.peak_region;
-  json["memory"]["host_offloaded_bytes"] = memory.host_offloaded_bytes;
-  json["hbm_peak_bytes_per_device"] = memory.peak_bytes;
-  json["hbm_capacity_bytes"] = memory.capacity_bytes;
-  json["fits"] = memory.fits;
-  nlohmann::json padding = nlohmann::json::array();
-  for (const PaddingNote& note : built.program.padding) {
-    padding.push_back({{"tensor", note.tensor},
-                       {"dim", note.dim},
-                       {"size", note.global_size},
-                       {"shards", note.shards},
-                       {"padded_to", note.padded_size}});
+  std::cout << "batch      " << json["global_batch_sequences"].get<int64_t>() << " sequences, "
+            << json["tokens_per_step"].get<double>() << " tokens per step\n";
+  std::cout << "step time  " << std::setprecision(3) << json["step_time_s"].get<double>() << " s\n";
+  std::cout << std::setprecision(1);
+  std::cout << "MFU        " << 100 * json["mfu"].get<double>() << "% of "
+            << json["mfu_peak_tflops_per_device"].get<double>()
+            << " TFLOP/s/device (bf16 peak, MaxText's FLOP convention); hardware FLOP "
+               "utilization "
+            << 100 * json["hardware_flop_utilization"].get<double>() << "%\n";
+  std::cout << "TFLOP/s    " << json["tflops_per_chip"].get<double>() << " per chip, "
+            << json["tflops_per_device"].get<double>() << " per device\n";
+  std::cout << "tokens/s   " << json["tokens_per_s_per_chip"].get<double>() << " per chip, "
+            << json["tokens_per_s"].get<double>() << " total\n";
+  std::cout << std::setprecision(2);
+  std::cout << "TFLOP/device/step  model " << json["model_tflop_per_device_step"].get<double>()
+            << ", hardware (with remat) " << json["hardware_tflop_per_device_step"].get<double>()
+            << "\n";
+  std::cout << "breakdown (s per step)\n";
+  for (const auto& [key, value] : json["breakdown"].items()) {
+    std::cout << "  " << std::left << std::setw(36) << key << std::right << std::setprecision(4)
+              << value.get<double>() << "\n";
   }
-  json["padding"] = padding;
-  return json;
+  const auto& memory = json["memory"];
+  std::cout << std::setprecision(2) << "HBM/device peak "
+            << gib(json["hbm_peak_bytes_per_device"].get<double>()) << " of "
+            << gib(json["hbm_capacity_bytes"].get<double>()) << " -> "
+            << (json["fits"].get<bool>() ? "fits" : "OUT OF MEMORY") << " (peak at "
+            << memory["peak_at"].get<std::string>() << ")\n";
+  for (const char* key : {"weights_bytes", "optimizer_state_bytes", "gradients_bytes",
+                          "saved_activations_bytes", "gathered_weights_bytes", "temporaries_bytes",
+                          "host_offloaded_bytes"}) {
+    std::string label = key;
+    label = label.substr(0, label.size() - 6);
+    std::cout << "  " << std::left << std::setw(20) << label << std::right
+              << gib(memory[key].get<double>()) << "\n";
+  }
+  for (const auto& note : json["padding"]) {
+    std::cout << "padding    " << note["tensor"].get<std::string>() << " "
+              << note["dim"].get<std::string>() << ": " << note["size"] << " over "
+              << note["shards"] << " shards -> " << note["padded_to"] << "\n";
+  }
 }
+
+}  // namespace
 
 void register_estimate_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto json_output = std::make_shared<bool>(false);
+  auto trace_path = std::make_shared<std::string>();
+  auto profile = std::make_shared<int>(0);
   CLI::App* command = app.add_subcommand(
-      "estimate", "Estimate one training step of a MaxText config on a slice (FLOPs, HBM)");
+      "estimate", "Estimate one training step of a MaxText config on a slice: step time, MFU, "
+                  "tokens/s, breakdown, HBM");
   command->add_option("args", *args, "[config.yml] key=value ...");
   command->add_flag("--json", *json_output, "Print one JSON object");
-  command->callback([args, json_output] {
+  command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
+  command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
+  command->callback([args, json_output, trace_path, profile] {
     const CommandArgs split = split_command_args(*args);
     const Config config = Config::load(split.base_path, split.overrides);
-    const nlohmann::json json = estimate_json(config);
+    const Estimate estimate = estimate_config(config);
+    if (!trace_path->empty()) {
+      write_file_atomically(*trace_path, chrome_trace(estimate.timing));
+    }
     if (*json_output) {
-      std::cout << json.dump(2) << "\n";
-      return;
+      std::cout << estimate.json.dump(2) << "\n";
+    } else {
+      print_human(estimate.json);
     }
-    const auto& memory = json["memory"];
-    std::cout << "model      " << json["model_name"].get<std::string>() << " on "
-              << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
-              << json["devices"] << " devices), mesh " << json["mesh"].get<std::string>() << "\n";
-    for (const auto& [axis, where] : json["mesh_placement"].items()) {
-      std::cout << "  " << std::left << std::setw(9) << axis << std::right
-                << where.get<std::string>() << "\n";
-    }
-    std::cout << "batch      " << json["global_batch_sequences"] << " sequences, "
-              << json["tokens_per_step"] << " tokens per step\n";
-    std::cout << std::fixed << std::setprecision(2);
-    std::cout << "TFLOP/device/step  model (MaxText) "
-              << json["model_tflop_per_device_step"].get<double>() << ", hardware (with remat) "
-              << json["hardware_tflop_per_device_step"].get<double>() << "\n";
-    std::cout << "HBM/device  peak " << gib(json["hbm_peak_bytes_per_device"].get<double>())
-              << " of " << gib(json["hbm_capacity_bytes"].get<double>()) << " -> "
-              << (json["fits"].get<bool>() ? "fits" : "OUT OF MEMORY") << " (peak at "
-              << memory["peak_at"].get<std::string>() << ")\n";
-    for (const char* key :
-         {"weights_bytes", "optimizer_state_bytes", "gradients_bytes", "saved_activations_bytes",
-          "gathered_weights_bytes", "temporaries_bytes"}) {
-      std::string label = key;
-      label = label.substr(0, label.size() - 6);
-      std::cout << "  " << std::left << std::setw(20) << label << std::right
-                << gib(memory[key].get<double>()) << "\n";
-    }
-    if (memory["host_offloaded_bytes"].get<double>() > 0) {
-      std::cout << "  host offloaded      " << gib(memory["host_offloaded_bytes"].get<double>())
-                << " (host memory)\n";
-    }
-    for (const auto& note : json["padding"]) {
-      std::cout << "padding    " << note["tensor"].get<std::string>() << " "
-                << note["dim"].get<std::string>() << ": " << note["size"] << " over "
-                << note["shards"] << " shards -> " << note["padded_to"] << "\n";
+    if (*profile > 0 && !*json_output) {
+      std::cout << "top ops (seconds per step, calls, bound)\n";
+      const auto& ops = estimate.timing.profile;
+      for (size_t index = 0; index < ops.size() && static_cast<int>(index) < *profile; ++index) {
+        std::cout << "  " << std::setw(9) << std::setprecision(4) << ops[index].seconds << "  x"
+                  << std::left << std::setw(6) << ops[index].calls << std::setw(5) << ops[index].bound
+                  << std::right << " " << ops[index].region << ": " << ops[index].op << "\n";
+      }
     }
   });
 }

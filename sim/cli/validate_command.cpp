@@ -1,0 +1,147 @@
+// `tpusim validate FILE.csv [--json]`: predicts every row of a results file in the format of
+// shared/calibration/published.csv (its `args` column is a MaxText-style override string) and
+// compares predicted with measured step time and tokens/s per chip.
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/csv.h"
+#include "common/error.h"
+#include "common/yaml_text.h"
+#include "model/config.h"
+#include "sim/cli/commands.h"
+#include "sim/estimate/estimate.h"
+
+namespace tpusim {
+namespace {
+
+double parse_number(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const double value = std::stod(text, &used);
+    if (used != text.size() || !std::isfinite(value)) {
+      throw std::invalid_argument(text);
+    }
+    return value;
+  } catch (const std::exception&) {
+    throw UserError(what + ": '" + text + "' is not a number");
+  }
+}
+
+std::vector<std::string> split_args(const std::string& text) {
+  std::vector<std::string> args;
+  std::istringstream stream(text);
+  std::string word;
+  while (stream >> word) {
+    args.push_back(word);
+  }
+  return args;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) {
+    return 0;
+  }
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+}  // namespace
+
+nlohmann::json validate_csv(const std::string& path) {
+  const CsvTable table = parse_csv(read_text_file(path), path);
+  const size_t id_column = table.column("id");
+  const size_t args_column = table.column("args");
+  const size_t step_column = table.column("measured_step_s");
+  const size_t tokens_column = table.column("measured_tokens_s_chip");
+  const size_t hardware_column = table.column("hardware");
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<double> errors;
+  for (size_t index = 0; index < table.rows.size(); ++index) {
+    const auto& row = table.rows[index];
+    const std::string where = path + " row " + std::to_string(index + 2) + " (" + row[id_column] + ")";
+    const double measured = parse_number(row[step_column], where + " measured_step_s");
+    Config config = [&] {
+      try {
+        return Config::load("", split_args(row[args_column]));
+      } catch (const UserError& error) {
+        throw UserError(where + ": " + error.what());
+      }
+    }();
+    const Estimate estimate = estimate_config(config);
+    const double error = (estimate.step_seconds - measured) / measured;
+    errors.push_back(std::abs(error));
+    nlohmann::json entry = {{"id", row[id_column]},
+                            {"hardware", row[hardware_column]},
+                            {"predicted_step_s", estimate.step_seconds},
+                            {"measured_step_s", measured},
+                            {"error", error},
+                            {"predicted_tokens_s_chip", estimate.tokens_per_s_per_chip},
+                            {"predicted_mfu", estimate.mfu},
+                            {"fits", estimate.memory.fits},
+                            {"hbm_peak_bytes_per_device", estimate.memory.peak_bytes},
+                            {"breakdown", estimate.timing.breakdown}};
+    if (!row[tokens_column].empty()) {
+      const double tokens = parse_number(row[tokens_column], where + " measured_tokens_s_chip");
+      entry["measured_tokens_s_chip"] = tokens;
+      entry["tokens_error"] = (estimate.tokens_per_s_per_chip - tokens) / tokens;
+    }
+    rows.push_back(entry);
+  }
+  double sum = 0;
+  for (const double error : errors) {
+    sum += error;
+  }
+  nlohmann::json summary = {
+      {"rows", errors.size()},
+      {"median_abs_error", median(errors)},
+      {"mean_abs_error", errors.empty() ? 0.0 : sum / static_cast<double>(errors.size())},
+      {"max_abs_error", errors.empty() ? 0.0 : *std::max_element(errors.begin(), errors.end())}};
+  return {{"rows", rows}, {"summary", summary}};
+}
+
+void register_validate_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto json_output = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand(
+      "validate", "Predict every row of a published-results CSV and compare with the measurements");
+  command->add_option("file", *path, "CSV in the format of shared/calibration/published.csv")
+      ->required();
+  command->add_flag("--json", *json_output, "Print JSON");
+  command->callback([path, json_output] {
+    const nlohmann::json result = validate_csv(*path);
+    if (*json_output) {
+      std::cout << result.dump(2) << "\n";
+      return;
+    }
+    std::cout << std::left << std::setw(8) << "id" << std::setw(6) << "chip" << std::right
+              << std::setw(11) << "measured_s" << std::setw(12) << "predicted_s" << std::setw(9)
+              << "error" << std::setw(14) << "tok/s/chip" << std::setw(12) << "predicted"
+              << std::setw(8) << "MFU" << "\n";
+    std::cout << std::fixed;
+    for (const auto& row : result["rows"]) {
+      std::cout << std::left << std::setw(8) << row["id"].get<std::string>() << std::setw(6)
+                << row["hardware"].get<std::string>() << std::right << std::setprecision(3)
+                << std::setw(11) << row["measured_step_s"].get<double>() << std::setw(12)
+                << row["predicted_step_s"].get<double>() << std::setprecision(1) << std::setw(8)
+                << 100 * row["error"].get<double>() << "%" << std::setw(14)
+                << (row.contains("measured_tokens_s_chip") ? row["measured_tokens_s_chip"].get<double>() : 0.0)
+                << std::setw(12) << row["predicted_tokens_s_chip"].get<double>() << std::setw(7)
+                << 100 * row["predicted_mfu"].get<double>() << "%\n";
+    }
+    const auto& summary = result["summary"];
+    std::cout << std::setprecision(1) << "median |error| "
+              << 100 * summary["median_abs_error"].get<double>() << "%, mean "
+              << 100 * summary["mean_abs_error"].get<double>() << "%, max "
+              << 100 * summary["max_abs_error"].get<double>() << "% over " << summary["rows"]
+              << " rows\n";
+  });
+}
+
+}  // namespace tpusim

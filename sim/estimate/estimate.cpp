@@ -1,0 +1,109 @@
+#include "sim/estimate/estimate.h"
+
+#include <map>
+
+#include "model/config.h"
+#include "model/flops_maxtext.h"
+
+namespace tpusim {
+namespace {
+
+constexpr double kTera = 1e12;
+
+nlohmann::json memory_json(const MemoryEstimate& memory) {
+  const MemoryBreakdown& peak = memory.at_peak;
+  return {{"weights_bytes", peak.weights},
+          {"optimizer_state_bytes", peak.optimizer_state},
+          {"gradients_bytes", peak.gradients},
+          {"saved_activations_bytes", peak.saved_activations},
+          {"gathered_weights_bytes", peak.gathered_weights},
+          {"temporaries_bytes", peak.temporaries},
+          {"host_offloaded_bytes", memory.host_offloaded_bytes},
+          {"peak_at", memory.peak_region}};
+}
+
+}  // namespace
+
+Estimate estimate_config(const Config& config) {
+  Estimate estimate;
+  estimate.program = build_step_program(config);
+  const StepProgram& built = estimate.program;
+  const ChipSpec& chip = *built.slice.chip;
+  estimate.flops = program_flops(built);
+  estimate.memory = estimate_memory(built);
+  estimate.timing = simulate_step(built, perf_options_from_config(config, chip));
+  estimate.model_tflop_per_device_step = maxtext_training_flops_per_device(config).total_tflops();
+  estimate.step_seconds = estimate.timing.step_seconds;
+  const double step = estimate.step_seconds;
+  estimate.tflops_per_device = estimate.model_tflop_per_device_step / step;
+  estimate.tflops_per_chip = estimate.tflops_per_device * chip.devices_per_chip;
+  estimate.mfu = estimate.tflops_per_device / chip.mfu_peak_bf16_tflops_per_device;
+  estimate.hardware_utilization =
+      estimate.timing.hardware_matmul_flops / step / chip.peak_bf16_flops_per_device();
+  const double tokens =
+      static_cast<double>(built.global_batch) * static_cast<double>(config.get_int("max_target_length"));
+  estimate.tokens_per_s = tokens / step;
+  estimate.tokens_per_s_per_chip = estimate.tokens_per_s / built.slice.total_chips();
+
+  nlohmann::json& json = estimate.json;
+  json["model_name"] = config.get_string("model_name");
+  json["slice"] = built.slice.name;
+  json["num_slices"] = built.slice.num_slices;
+  json["chip"] = chip.name;
+  json["devices"] = built.slice.total_devices();
+  json["chips"] = built.slice.total_chips();
+  json["mesh"] = built.mesh.shape.describe();
+  nlohmann::json placement = nlohmann::json::object();
+  for (const MeshAxisPlacement& axis : built.mesh.axes) {
+    if (axis.ici_size * axis.dcn_size > 1) {
+      placement[mesh_axis_names()[static_cast<size_t>(axis.mesh_axis)]] = axis.describe(built.slice);
+    }
+  }
+  json["mesh_placement"] = placement;
+  json["global_batch_sequences"] = built.global_batch;
+  json["tokens_per_step"] = tokens;
+  json["step_time_s"] = step;
+  json["mfu"] = estimate.mfu;
+  json["mfu_peak_tflops_per_device"] = chip.mfu_peak_bf16_tflops_per_device;
+  json["hardware_flop_utilization"] = estimate.hardware_utilization;
+  json["tflops_per_device"] = estimate.tflops_per_device;
+  json["tflops_per_chip"] = estimate.tflops_per_chip;
+  json["tokens_per_s"] = estimate.tokens_per_s;
+  json["tokens_per_s_per_chip"] = estimate.tokens_per_s_per_chip;
+  json["model_tflop_per_device_step"] = estimate.model_tflop_per_device_step;
+  json["program_model_tflop_per_device_step"] = estimate.flops.model_matmul / kTera;
+  json["hardware_tflop_per_device_step"] = estimate.flops.hardware_matmul / kTera;
+  json["recompute_tflop_per_device_step"] = estimate.flops.recompute_matmul / kTera;
+  json["vector_tflop_per_device_step"] = estimate.flops.vector / kTera;
+  json["breakdown"] = estimate.timing.breakdown;
+  json["microbatch_time_s"] = estimate.timing.microbatch_seconds;
+  json["optimizer_time_s"] = estimate.timing.optimizer_seconds;
+  json["memory"] = memory_json(estimate.memory);
+  json["hbm_peak_bytes_per_device"] = estimate.memory.peak_bytes;
+  json["hbm_capacity_bytes"] = estimate.memory.capacity_bytes;
+  json["fits"] = estimate.memory.fits;
+  nlohmann::json padding = nlohmann::json::array();
+  for (const PaddingNote& note : built.program.padding) {
+    padding.push_back({{"tensor", note.tensor}, {"dim", note.dim}, {"size", note.global_size},
+                       {"shards", note.shards}, {"padded_to", note.padded_size}});
+  }
+  json["padding"] = padding;
+  return estimate;
+}
+
+std::string chrome_trace(const StepTiming& timing) {
+  nlohmann::json events = nlohmann::json::array();
+  std::map<std::string, int> tracks;
+  for (const TraceEvent& event : timing.trace) {
+    const auto [it, inserted] = tracks.emplace(event.resource, static_cast<int>(tracks.size()));
+    if (inserted) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", it->second},
+                        {"args", {{"name", event.resource}}}});
+    }
+    events.push_back({{"ph", "X"}, {"name", event.name}, {"cat", event.region}, {"pid", 0},
+                      {"tid", it->second}, {"ts", event.start * 1e6}, {"dur", event.duration * 1e6}});
+  }
+  return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
+}
+
+}  // namespace tpusim

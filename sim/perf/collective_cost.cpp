@@ -1,0 +1,102 @@
+#include "sim/perf/collective_cost.h"
+
+#include <algorithm>
+
+namespace tpusim {
+namespace {
+
+constexpr double kGiga = 1e9;
+constexpr double kMicro = 1e-6;
+
+// One ring's bandwidth per device (bytes/s, achievable) and its hop count.
+struct Ring {
+  double bandwidth = 0;
+  double hops = 0;
+  double latency_per_hop = 0;
+  int size = 1;
+  bool chiplet = false;
+};
+
+// Bandwidth term of an all-gather of V over N devices on bandwidth W.
+double gather_seconds(double bytes, double devices, double bandwidth) {
+  if (devices <= 1 || bandwidth <= 0) {
+    return 0;
+  }
+  return (devices - 1) / devices * bytes / bandwidth;
+}
+
+}  // namespace
+
+CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
+                               const DeviceMesh& mesh, const Slice& slice) {
+  const ChipSpec& chip = *slice.chip;
+  // The devices of one chip (v7x chiplets) each run their ring on their share of the chip's links
+  // (hw/topology.h draws every ICI link as one edge per chiplet with that share).
+  const double link = chip.ici_link_bandwidth_uni_gbps * kGiga * chip.ici_achievable_fraction /
+                      slice.devices_per_chip;
+  double ici_bandwidth = 0;
+  double ici_hops = 0;
+  double ici_devices = 1;
+  bool d2d_only = true;
+  double dcn_devices = 1;
+  bool all_wrap = true;
+  for (const std::string& name : mesh_axes) {
+    const MeshAxisPlacement& axis = mesh.axis(name);
+    dcn_devices *= axis.dcn_size;
+    ici_devices *= axis.ici_size;
+    for (const PhysicalPortion& portion : axis.portions) {
+      if (portion.physical_axis == kChipletAxis) {
+        ici_bandwidth += chip.d2d_bandwidth_uni_gbps * kGiga;
+        ici_hops += 1;
+        continue;
+      }
+      d2d_only = false;
+      const bool wraps = portion.whole_axis &&
+                         slice.wraparound[static_cast<size_t>(portion.physical_axis)] &&
+                         portion.size > 2;
+      all_wrap = all_wrap && wraps;
+      // Both neighbours of a wrapped ring take a share; an open line is one direction's worth.
+      ici_bandwidth += (wraps ? 2.0 : 1.0) * link;
+      ici_hops += wraps ? portion.size / 2.0 : portion.size - 1.0;
+    }
+  }
+  const double hop_latency = chip.ici_hop_latency_us * kMicro;
+  const double dcn_bandwidth = chip.dcn_bandwidth_per_chip_gbps * kGiga *
+                               chip.dcn_achievable_fraction / slice.devices_per_chip;
+  auto gather = [&](double size, double devices, double bandwidth, double hops, double latency) {
+    return std::max(hops * latency, gather_seconds(size, devices, bandwidth));
+  };
+  // The ICI stage moves the slice's part: V / (DCN devices) for a hierarchical collective.
+  const double ici_bytes = bytes / std::max(1.0, dcn_devices);
+  double ici = 0;
+  double dcn = 0;
+  const double dcn_latency = chip.dcn_latency_us * kMicro;
+  switch (kind) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+      ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency);
+      dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency);
+      break;
+    case OpKind::kAllReduce:
+      ici = 2 * gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency);
+      dcn = 2 * gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
+                       dcn_devices - 1, dcn_latency);
+      break;
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+      ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency) /
+            (all_wrap && !d2d_only ? 4.0 : 2.0);
+      dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency) / 2.0;
+      break;
+    default:
+      break;
+  }
+  CollectiveTime time;
+  time.ici_seconds = ici;
+  time.dcn_seconds = dcn;
+  time.seconds = ici + dcn + (ici + dcn > 0 ? chip.collective_launch_us * kMicro : 0);
+  time.link = dcn > ici ? "dcn" : (d2d_only && ici_devices > 1 ? "d2d" : "ici");
+  return time;
+}
+
+}  // namespace tpusim

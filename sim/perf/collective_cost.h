@@ -1,0 +1,38 @@
+// sim/perf/collective_cost.h: time of a collective over mesh axes on the physical topology.
+//
+// Each mesh axis is a ring laid on its physical placement (sharding/device_mesh.h). Per
+// shared/reference/tpu_hardware.md §2, for V = the per-device array gathered, scattered or reduced
+// over a group of N devices:
+//   all-gather / reduce-scatter: T = max(T_hop x hops, (N-1)/N x V / W)
+//   all-reduce: reduce-scatter + all-gather;  all-to-all: a quarter of an all-gather on a
+//   bidirectional ring, half on a line
+// where W adds the bandwidth of every physical axis the ring spans: 2 x link per wrapped torus
+// axis (a bidirectional ring), 1 x link on an open line (the far end is N-1 hops away), the D2D
+// link for the v7x chiplet pair, and the host NICs for DCN (each chip's share). Links run at
+// their achievable fraction; each collective pays collective_launch_us. An axis split over ICI
+// and DCN runs hierarchically: the ICI part, then the DCN part.
+//
+// Example:
+//   CollectiveTime time = collective_time(op, bytes, mesh, slice);
+//   time.seconds; time.link;   // "ici", "dcn", "d2d"
+#pragma once
+
+#include <string>
+
+#include "hw/slice.h"
+#include "model/ir/op.h"
+#include "sharding/device_mesh.h"
+
+namespace tpusim {
+
+struct CollectiveTime {
+  double seconds = 0;
+  double ici_seconds = 0;
+  double dcn_seconds = 0;
+  std::string link;  // the slowest part: "ici", "dcn" or "d2d"
+};
+
+CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
+                               const DeviceMesh& mesh, const Slice& slice);
+
+}  // namespace tpusim

@@ -1,0 +1,326 @@
+#include "sim/perf/op_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "model/ir/op_flops.h"
+
+namespace tpusim {
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+constexpr double kMicro = 1e-6;
+constexpr double kMebi = 1024.0 * 1024.0;
+// The MXU consumes the left operand 8 rows per pass ([SB-t]), so rows pad to 8.
+constexpr double kMxuRowTile = 8;
+// Half of VMEM holds a matmul's blocks; the other half double-buffers the next blocks
+// (assumption: XLA's scoped VMEM + prefetch, tpu_hardware.md §4 "Scoped VMEM").
+constexpr double kVmemFractionForBlocks = 0.5;
+// Contraction chunk of a blocked matmul (assumption: Pallas/XLA matmul kernels use 512-1024 deep
+// blocks, [PL-m]); the output block accumulates in f32.
+constexpr double kContractionBlock = 512;
+constexpr double kAccumulatorBytes = 4;
+// Flash attention's backward runs 5 matmuls of the forward's 2 sizes: it recomputes Q.K^T, then
+// dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (the splash kernel's structure).
+constexpr double kFlashBackwardMatmulRatio = 2.5;
+// dot_product attention writes the scores, reads them for the softmax, writes and reads the
+// probabilities: 4 passes over the S x S matrix in bf16 (f32 softmax stays in VMEM).
+constexpr double kDotProductScorePasses = 4;
+
+double roundup(double value, double tile) { return std::ceil(value / tile) * tile; }
+
+double peak_flops_per_device(const CostContext& context) {
+  const ChipSpec& chip = *context.chip;
+  double tflops = chip.peak_bf16_tflops;
+  if (context.int8_matmuls && chip.peak_int8_tops > 0) {
+    tflops = chip.peak_int8_tops;
+  } else if (context.fp8_matmuls && chip.peak_fp8_tflops > 0) {
+    tflops = chip.peak_fp8_tflops;
+  }
+  return tflops * kTera / chip.devices_per_chip;
+}
+
+double hbm_bytes_per_second(const ChipSpec& chip) {
+  return chip.hbm_bandwidth_gbps * kGiga * chip.hbm_achievable_fraction / chip.devices_per_chip;
+}
+
+double vpu_flops_per_second(const ChipSpec& chip) {
+  return chip.vpu_tflops_per_chip * kTera / chip.devices_per_chip;
+}
+
+double product(const std::map<std::string, int64_t>& sizes, const std::set<std::string>& names) {
+  double result = 1;
+  for (const std::string& name : names) {
+    result *= static_cast<double>(sizes.at(name));
+  }
+  return result;
+}
+
+OpCost finish(OpCost cost, const CostContext& context) {
+  const double busy = std::max({cost.mxu_seconds, cost.hbm_seconds, cost.vpu_seconds});
+  cost.seconds = busy + context.chip->op_overhead_us * kMicro;
+  if (busy <= 0) {
+    cost.bound = CostCategory::kOverhead;
+  } else if (busy == cost.mxu_seconds) {
+    cost.bound = CostCategory::kMxu;
+  } else if (busy == cost.hbm_seconds) {
+    cost.bound = CostCategory::kHbm;
+  } else {
+    cost.bound = CostCategory::kVpu;
+  }
+  return cost;
+}
+
+OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
+  const Tensor& lhs = graph.tensor(op.inputs[0]);
+  const Tensor& rhs = graph.tensor(op.inputs[1]);
+  const Tensor& out = graph.tensor(op.outputs[0]);
+  std::map<std::string, int64_t> sizes;
+  std::set<std::string> in_lhs;
+  std::set<std::string> in_rhs;
+  std::set<std::string> in_out;
+  for (const Dim& dim : lhs.dims) {
+    sizes[dim.name] = dim.size;
+    in_lhs.insert(dim.name);
+  }
+  for (const Dim& dim : rhs.dims) {
+    sizes[dim.name] = dim.size;
+    in_rhs.insert(dim.name);
+  }
+  for (const Dim& dim : out.dims) {
+    in_out.insert(dim.name);
+  }
+  std::set<std::string> batch;   // in both operands and the output (experts of a grouped matmul)
+  std::set<std::string> rows;    // lhs and output only
+  std::set<std::string> cols;    // rhs and output only
+  std::set<std::string> contracted;
+  for (const auto& [name, size] : sizes) {
+    const bool l = in_lhs.contains(name);
+    const bool r = in_rhs.contains(name);
+    const bool o = in_out.contains(name);
+    if (l && r && o) {
+      batch.insert(name);
+    } else if (l && r) {
+      contracted.insert(name);
+    } else if (l) {
+      rows.insert(name);
+    } else {
+      cols.insert(name);
+    }
+  }
+  const double m = product(sizes, rows);
+  const double k = product(sizes, contracted);
+  const double n = product(sizes, cols);
+  const double loops = product(sizes, batch);
+  OpCost cost;
+  cost.matmul_flops = 2.0 * loops * m * k * n;
+  const ChipSpec& chip = *context.chip;
+  // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
+  const double efficiency =
+      std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
+  cost.mxu_seconds =
+      cost.matmul_flops / (peak_flops_per_device(context) * chip.mxu_achievable_fraction * efficiency);
+  cost.hbm_seconds = loops *
+                     blocked_matmul_hbm_bytes(chip, m, k, n, dtype_bytes(lhs.dtype),
+                                              dtype_bytes(rhs.dtype), dtype_bytes(out.dtype)) /
+                     hbm_bytes_per_second(chip);
+  return finish(cost, context);
+}
+
+int64_t dim_or_one(const Tensor& tensor, const std::string& name) {
+  const int index = tensor.dim_index(name);
+  return index < 0 ? 1 : tensor.dims[static_cast<size_t>(index)].size;
+}
+
+OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& context, bool backward) {
+  const size_t first = backward ? 1 : 0;
+  const Tensor& query = graph.tensor(op.inputs[first]);
+  const Tensor& key = graph.tensor(op.inputs[first + 1]);
+  const Tensor& value = graph.tensor(op.inputs[first + 2]);
+  const double batch = static_cast<double>(dim_or_one(query, "batch"));
+  const double heads = static_cast<double>(dim_or_one(query, "heads"));
+  const auto query_length = static_cast<double>(dim_or_one(query, "length"));
+  const auto key_length = static_cast<double>(dim_or_one(key, "length"));
+  const auto qk_dim = static_cast<double>(query.dims.back().size);
+  const auto v_dim = static_cast<double>(value.dims.back().size);
+  const ChipSpec& chip = *context.chip;
+  double computed_fraction = 1.0;  // of the Sq x Skv score matrix
+  double hbm_bytes = 0;
+  const double q_bytes = static_cast<double>(query.bytes());
+  const double kv_bytes = static_cast<double>(key.bytes() + value.bytes());
+  const double out_bytes = batch * heads * query_length * v_dim * dtype_bytes(query.dtype);
+  if (context.flash_attention) {
+    // Blocks of block_q x block_kv scores; a causal mask skips blocks wholly above the diagonal.
+    const double block_q = std::min<double>(static_cast<double>(context.block_q), query_length);
+    const double block_kv = std::min<double>(static_cast<double>(context.block_kv), key_length);
+    const double q_blocks = std::ceil(query_length / block_q);
+    const double kv_blocks = std::ceil(key_length / block_kv);
+    if (op.attrs.mask == AttentionMask::kNone) {
+      computed_fraction = 1.0;
+    } else {
+      const double window = op.attrs.mask == AttentionMask::kSlidingWindow && op.attrs.window > 0
+                                ? static_cast<double>(op.attrs.window)
+                                : key_length;
+      // Queries of this device (context-parallel shards hold a load-balanced share of rows).
+      double blocks = 0;
+      for (double q_block = 0; q_block < q_blocks; ++q_block) {
+        const double row_end = (q_block + 1) * block_q * key_length / query_length;
+        const double row_start = std::max(0.0, q_block * block_q * key_length / query_length - window);
+        blocks += std::min(kv_blocks, std::ceil(row_end / block_kv)) -
+                  std::floor(row_start / block_kv);
+      }
+      computed_fraction = blocks / (q_blocks * kv_blocks);
+      if (query_length < key_length) {
+        // A context shard's queries are spread over the sequence (load balancing): the share of
+        // the whole causal matrix, not of its first rows.
+        computed_fraction = std::max(computed_fraction,
+                                     attention_mask_fraction(op.attrs.mask, static_cast<int64_t>(key_length),
+                                                             op.attrs.window));
+      }
+    }
+    hbm_bytes = q_bytes + out_bytes + q_blocks * kv_bytes;
+  } else {
+    const double scores = batch * heads * query_length * key_length;
+    hbm_bytes = q_bytes + kv_bytes + out_bytes + kDotProductScorePasses * scores * 2;
+  }
+  const double scores = batch * heads * query_length * key_length * computed_fraction;
+  OpCost cost;
+  cost.matmul_flops = 2.0 * scores * (qk_dim + v_dim);
+  // Q.K^T contracts head_dim (pads to the array); P.V outputs head_dim columns (pads too).
+  const double qk_efficiency = qk_dim / roundup(qk_dim, chip.mxu_dim);
+  const double pv_efficiency = v_dim / roundup(v_dim, chip.mxu_dim);
+  double mxu_seconds = 2.0 * scores * qk_dim / qk_efficiency + 2.0 * scores * v_dim / pv_efficiency;
+  if (backward) {
+    cost.matmul_flops *= kFlashBackwardMatmulRatio;
+    mxu_seconds *= kFlashBackwardMatmulRatio;
+    hbm_bytes *= 2;  // reads dO and O, writes dQ, dK, dV
+  }
+  cost.mxu_seconds =
+      mxu_seconds / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
+  cost.hbm_seconds = hbm_bytes / hbm_bytes_per_second(chip);
+  cost.vpu_seconds =
+      scores * kSoftmaxFlopsPerScore * (backward ? 2.0 : 1.0) / vpu_flops_per_second(chip);
+  if (context.flash_attention) {
+    // Within a block the softmax needs Q.K^T's result and P.V needs the softmax's: the kernel
+    // runs them one after the other, so MXU and VPU time add (HBM streaming overlaps both).
+    const double serial = cost.mxu_seconds + cost.vpu_seconds;
+    OpCost result = finish(cost, context);
+    if (serial > result.seconds - chip.op_overhead_us * kMicro) {
+      result.seconds = serial + chip.op_overhead_us * kMicro;
+      result.bound = CostCategory::kMxu;
+    }
+    return result;
+  }
+  return finish(cost, context);
+}
+
+// MaxText's dense MoE path (sparse_matmul=false) dispatches and combines tokens with one-hot
+// einsums per sequence: [batch, length, embed] x mask[batch, length, experts, capacity] ->
+// [experts, batch x capacity, embed], i.e. 2 x (grouped elements) x length FLOPs on the MXU.
+OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostContext& context) {
+  const bool dispatch = op.kind == OpKind::kMoeDispatch;
+  const Tensor& tokens = graph.tensor(dispatch ? op.inputs[0] : op.outputs[0]);
+  const Tensor& grouped = graph.tensor(dispatch ? op.outputs[0] : op.inputs[0]);
+  const auto length = static_cast<double>(dim_or_one(tokens, "length"));
+  const ChipSpec& chip = *context.chip;
+  OpCost cost;
+  cost.matmul_flops = 2.0 * static_cast<double>(grouped.num_elements()) * length;
+  cost.mxu_seconds =
+      cost.matmul_flops / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
+  cost.hbm_seconds = static_cast<double>(tokens.bytes() + grouped.bytes()) / hbm_bytes_per_second(chip);
+  return finish(cost, context);
+}
+
+}  // namespace
+
+const char* cost_category_name(CostCategory category) {
+  switch (category) {
+    case CostCategory::kMxu:
+      return "mxu";
+    case CostCategory::kHbm:
+      return "hbm";
+    case CostCategory::kVpu:
+      return "vpu";
+    case CostCategory::kOverhead:
+      return "overhead";
+  }
+  return "?";
+}
+
+double mxu_padding_efficiency(const ChipSpec& chip, double m, double k, double n) {
+  if (m <= 0 || k <= 0 || n <= 0) {
+    return 1.0;
+  }
+  return (m / roundup(m, kMxuRowTile)) * (k / roundup(k, chip.mxu_dim)) * (n / roundup(n, chip.mxu_dim));
+}
+
+double blocked_matmul_hbm_bytes(const ChipSpec& chip, double m, double k, double n,
+                                double lhs_element_bytes, double rhs_element_bytes,
+                                double out_element_bytes) {
+  const double lhs = m * k * lhs_element_bytes;
+  const double rhs = k * n * rhs_element_bytes;
+  const double out = m * n * out_element_bytes;
+  const double budget = chip.vmem_mib_per_tensorcore * kMebi * kVmemFractionForBlocks;
+  if (lhs + rhs + out <= budget) {
+    return lhs + rhs + out;
+  }
+  // Output blocks of b x b accumulate in f32 over contraction chunks of kContractionBlock; both
+  // operand blocks are double-buffered: 2 x b.bk.(lhs + rhs bytes) + 4.b^2 <= budget.
+  const double chunk = std::min(k, kContractionBlock);
+  const double linear = 2.0 * chunk * (lhs_element_bytes + rhs_element_bytes);
+  double block = (-linear + std::sqrt(linear * linear + 4.0 * kAccumulatorBytes * budget)) /
+                 (2.0 * kAccumulatorBytes);
+  block = std::max(block, static_cast<double>(chip.mxu_dim));
+  const double lhs_reads = std::max(1.0, std::ceil(n / block));
+  const double rhs_reads = std::max(1.0, std::ceil(m / block));
+  // Keep the smaller operand resident where it fits (weights of a small layer, short sequences).
+  if (rhs <= budget / 2 || lhs <= budget / 2) {
+    return lhs + rhs + out;
+  }
+  return lhs * lhs_reads + rhs * rhs_reads + out;
+}
+
+OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused) {
+  const ChipSpec& chip = *context.chip;
+  switch (op.kind) {
+    case OpKind::kEinsum:
+      return einsum_cost(graph, op, context);
+    case OpKind::kAttention:
+      return attention_cost(graph, op, context, false);
+    case OpKind::kAttentionGrad:
+      return attention_cost(graph, op, context, true);
+    default:
+      break;
+  }
+  if ((op.kind == OpKind::kMoeDispatch || op.kind == OpKind::kMoeCombine) &&
+      op.attrs.capacity_factor > 0) {
+    return dense_moe_exchange_cost(graph, op, context);
+  }
+  OpCost cost;
+  const OpFlops flops = op_flops(graph, op);
+  cost.vpu_seconds = flops.vector / vpu_flops_per_second(chip);
+  if (fused) {
+    // Runs inside its producer's kernel: VPU work only, no HBM traffic, no launch.
+    cost.seconds = cost.vpu_seconds;
+    cost.bound = CostCategory::kVpu;
+    return cost;
+  }
+  double bytes = 0;
+  for (const TensorId input : op.inputs) {
+    bytes += static_cast<double>(graph.tensor(input).bytes());
+  }
+  for (const TensorId output : op.outputs) {
+    bytes += static_cast<double>(graph.tensor(output).bytes());
+  }
+  if (op.kind == OpKind::kEmbeddingLookup) {
+    // A gather reads the rows it needs, not the table.
+    bytes = 2.0 * static_cast<double>(graph.tensor(op.outputs[0]).bytes());
+  }
+  cost.hbm_seconds = bytes / hbm_bytes_per_second(chip);
+  return finish(cost, context);
+}
+
+}  // namespace tpusim

@@ -1,0 +1,61 @@
+// sim/perf/op_cost.h: how long one compute op of the per-device program takes on a TensorCore.
+//
+// Matmuls (einsums) are tiled onto the MXUs: every dim pads up to the array (rows to 8-row passes,
+// the contracted and output columns to 128 or 256), so a matmul runs at
+//   peak x mxu_achievable_fraction x prod(d / roundup(d, tile))
+// and is charged the HBM traffic of the VMEM blocking that fits: with square-ish output blocks of
+// b x b and the whole contraction resident, each operand is re-read once per block of the other.
+// The op's time is max(MXU, HBM, VPU) + op_overhead_us. Elementwise ops, norms and the optimizer
+// are VPU- or HBM-bound; elementwise ops that directly consume a matmul's only output are fused
+// into it (no extra HBM round trip, as XLA's output fusion). Attention is costed as the kernel
+// the config selects: flash/splash keeps scores in VMEM, skips fully masked causal blocks and
+// re-reads K/V once per query block (sa_block_q); dot_product materializes the scores in HBM and
+// computes the whole square.
+//
+// Example:
+//   OpCost cost = cost_compute_op(graph, op, context);
+//   cost.seconds;  cost.mxu_seconds;  cost.hbm_seconds;
+#pragma once
+
+#include <string>
+
+#include "hw/chip_spec.h"
+#include "model/ir/graph.h"
+
+namespace tpusim {
+
+// What bounds an op, for the step breakdown.
+enum class CostCategory { kMxu, kHbm, kVpu, kOverhead };
+
+const char* cost_category_name(CostCategory category);
+
+struct CostContext {
+  const ChipSpec* chip = nullptr;
+  bool flash_attention = true;  // attention=flash/autoselected vs dot_product
+  int64_t block_q = 512;        // sa_block_q
+  int64_t block_kv = 512;       // sa_block_kv
+  bool int8_matmuls = false;    // quantization=int8 on chips with int8 MXUs
+  bool fp8_matmuls = false;     // quantization=fp8* on chips with fp8 MXUs
+};
+
+struct OpCost {
+  double seconds = 0;
+  double mxu_seconds = 0;
+  double hbm_seconds = 0;
+  double vpu_seconds = 0;
+  double matmul_flops = 0;  // executed on the MXU (with padding waste excluded)
+  CostCategory bound = CostCategory::kOverhead;
+};
+
+// Cost of a non-collective op. `fused` marks an elementwise op fused into its producer.
+OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused);
+
+// MXU padding efficiency of a matmul with m rows, k contracted and n output columns.
+double mxu_padding_efficiency(const ChipSpec& chip, double m, double k, double n);
+
+// HBM bytes a matmul moves with the VMEM blocking that fits (operands and output in bytes).
+double blocked_matmul_hbm_bytes(const ChipSpec& chip, double m, double k, double n,
+                                double lhs_element_bytes, double rhs_element_bytes,
+                                double out_element_bytes);
+
+}  // namespace tpusim

@@ -1,0 +1,75 @@
+// sim/perf/step_simulator.h: the event scheduler that times one training step.
+//
+// The per-device program runs on per-device resources: the TensorCore (compute ops, in program
+// order, as XLA's schedule fixes it), ICI and DCN (collectives), and the host link (offload).
+// Like XLA's latency-hiding scheduler, collectives are asynchronous: each starts as soon as its
+// input is ready and its link is free (filling gaps on the link's timeline), and only the ops
+// that read its result wait for it. Weight preparation (the cast and FSDP all-gather of a layer's
+// weights) depends only on parameters, so it is issued ahead: for scanned layers, one iteration
+// ahead (prefetch of the next layer). Gradient reduce-scatters trail the backward pass; DCN
+// reductions overlap what follows; tensor-parallel activation collectives sit on the critical
+// path unless collective_matmul overlaps them with the matmul they feed. On v7x, SparseCores run
+// all-gather / reduce-scatter / all-reduce (sparse_core_collective_offload) on their own queue.
+//
+// A region repeated R times (scanned layers) is simulated for a few iterations until its period is
+// steady, then extrapolated, so the cost of a step does not grow with layers or chips (one device
+// stands for all: SPMD symmetry).
+//
+// Example:
+//   StepTiming timing = simulate_step(program, options);
+//   timing.step_seconds; timing.breakdown["exposed_collectives"];
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sharding/step_program.h"
+#include "sim/perf/op_cost.h"
+
+namespace tpusim {
+
+class Config;
+
+struct PerfOptions {
+  CostContext cost;
+  bool sparse_core_offload = false;
+  bool collective_matmul = false;
+  int max_simulated_iterations = 4;
+};
+
+PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip);
+
+// One op's place on the timeline, for traces.
+struct TraceEvent {
+  std::string name;
+  std::string resource;  // "TensorCore", "ICI", "DCN", "SparseCore", "Host link"
+  std::string region;
+  double start = 0;
+  double duration = 0;
+};
+
+// Where the TensorCore's time goes, per op of the program (all iterations, all microbatches).
+struct OpProfile {
+  std::string region;
+  std::string op;
+  std::string bound;   // mxu, hbm, vpu, overhead
+  double seconds = 0;
+  double calls = 0;
+};
+
+struct StepTiming {
+  double step_seconds = 0;
+  double microbatch_seconds = 0;      // forward + backward of one microbatch
+  double optimizer_seconds = 0;
+  // Seconds by category over the step: compute_mxu, compute_hbm, compute_vpu, compute_overhead,
+  // exposed collectives as "exposed_<link>_<axes>", host_transfers, idle.
+  std::map<std::string, double> breakdown;
+  double hardware_matmul_flops = 0;   // executed per device per step
+  std::vector<TraceEvent> trace;      // the simulated iterations (not extrapolated ones)
+  std::vector<OpProfile> profile;     // compute ops, most expensive first
+};
+
+StepTiming simulate_step(const StepProgram& program, const PerfOptions& options);
+
+}  // namespace tpusim
