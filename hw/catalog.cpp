@@ -1,6 +1,7 @@
 #include "hw/catalog.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "common/embedded_files.h"
@@ -12,6 +13,11 @@ namespace tpusim {
 
 const HardwareCatalog& HardwareCatalog::builtin() {
   static const HardwareCatalog catalog = [] {
+    // TPUSIM_HW_DIR points at a directory of catalog files to use instead (trying new numbers,
+    // calibration sweeps: benchmarks/calibrate.py).
+    if (const char* directory = std::getenv("TPUSIM_HW_DIR"); directory != nullptr && *directory) {
+      return load_directory(directory);
+    }
     std::vector<std::pair<std::string, std::string>> files;
     for (const std::string& path : embedded_files_under("configs/hw/")) {
       if (path.ends_with(".yml")) {

@@ -19,7 +19,8 @@ namespace tpusim {
 
 class HardwareCatalog {
  public:
-  // Catalog from the embedded configs/hw/*.yml (parsed once).
+  // Catalog from the embedded configs/hw/*.yml (parsed once), or from the directory named by the
+  // TPUSIM_HW_DIR environment variable when it is set.
   static const HardwareCatalog& builtin();
 
   // Catalog from every *.yml in `directory`; UserError on any bad file.

@@ -36,6 +36,8 @@ const std::vector<std::pair<std::string, SpecMember>>& spec_members() {
       {"mxu_achievable_fraction", &ChipSpec::mxu_achievable_fraction},
       {"mxu_fill_drain_cycles", &ChipSpec::mxu_fill_drain_cycles},
       {"op_overhead_us", &ChipSpec::op_overhead_us},
+      {"program_efficiency", &ChipSpec::program_efficiency},
+      {"dispatch_overhead_us", &ChipSpec::dispatch_overhead_us},
       {"ici_links_per_chip", &ChipSpec::ici_links_per_chip},
       {"ici_link_bandwidth_uni_gbps", &ChipSpec::ici_link_bandwidth_uni_gbps},
       {"ici_achievable_fraction", &ChipSpec::ici_achievable_fraction},
@@ -145,6 +147,16 @@ double ChipSpec::hbm_capacity_bytes_per_device() const {
 
 double ChipSpec::hbm_usable_bytes_per_device() const {
   return hbm_usable_gib * 1024.0 * 1024.0 * 1024.0;
+}
+
+double ChipSpec::peak_flops_for_quantization(const std::string& quantization) const {
+  if ((quantization == "int8" || quantization == "intmp") && peak_int8_tops > 0) {
+    return peak_int8_tops * 1e12;
+  }
+  if (quantization.rfind("fp8", 0) == 0 && peak_fp8_tflops > 0) {
+    return peak_fp8_tflops * 1e12;
+  }
+  return peak_bf16_tflops * 1e12;
 }
 
 double ChipSpec::peak_bf16_flops_per_device() const {

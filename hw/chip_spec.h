@@ -74,6 +74,8 @@ struct ChipSpec {
   double mxu_achievable_fraction = 0;
   double mxu_fill_drain_cycles = 0;
   double op_overhead_us = 0;
+  double program_efficiency = 0;    // in-program fraction of the isolated-kernel roofline
+  double dispatch_overhead_us = 0;  // launching one jitted op from the host (standalone ops only)
 
   // Memory.
   double hbm_capacity_gib = 0;
@@ -109,6 +111,8 @@ struct ChipSpec {
   double hbm_capacity_bytes_per_device() const;
   double hbm_usable_bytes_per_device() const;
   double peak_bf16_flops_per_device() const;
+  // Peak FLOP/s per chip for a MaxText quantization setting ("" bf16, "int8", "fp8...").
+  double peak_flops_for_quantization(const std::string& quantization) const;
 };
 
 // Every spec key a catalog file must define, in catalog order.

@@ -90,12 +90,26 @@ class BackwardBuilder {
     throw std::logic_error("unknown forward region");
   }
 
+  // A weight as a matmul reads it: a parameter, or a parameter cast to the compute dtype.
+  bool is_weight(const Tensor& tensor) const {
+    if (tensor.kind == TensorKind::kParameter) {
+      return true;
+    }
+    const int producer = graph_.producer(tensor.id);
+    if (producer < 0) {
+      return false;
+    }
+    const Op& op = graph_.ops()[static_cast<size_t>(producer)];
+    return op.kind == OpKind::kElementwise && op.attrs.function == ElementwiseFn::kCast &&
+           graph_.tensor(op.inputs[0]).kind == TensorKind::kParameter;
+  }
+
   TensorId new_grad(const Tensor& of, int region, const std::string& suffix = "/grad") {
     const bool parameter = of.kind == TensorKind::kParameter;
     const DType dtype = parameter ? grad_dtype_ : of.dtype;
-    return graph_.add_tensor(of.name + suffix, of.dims, dtype,
-                             parameter ? TensorKind::kParameterGrad : TensorKind::kGradient,
-                             region);
+    // The gradient of a cast weight is a parameter gradient too (in the compute dtype).
+    const TensorKind kind = is_weight(of) ? TensorKind::kParameterGrad : TensorKind::kGradient;
+    return graph_.add_tensor(of.name + suffix, of.dims, dtype, kind, region);
   }
 
   // Adds `contribution` to the gradient of forward tensor `of` (summing fan-out).

@@ -15,5 +15,6 @@ void register_config_command(CLI::App& app);
 void register_program_command(CLI::App& app);
 void register_estimate_command(CLI::App& app);
 void register_validate_command(CLI::App& app);
+void register_op_command(CLI::App& app);
 
 }  // namespace tpusim

@@ -19,6 +19,7 @@ int run(int argc, char** argv) {
   tpusim::register_program_command(app);
   tpusim::register_estimate_command(app);
   tpusim::register_validate_command(app);
+  tpusim::register_op_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

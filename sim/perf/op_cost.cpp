@@ -30,7 +30,9 @@ constexpr double kFlashBackwardMatmulRatio = 2.5;
 // probabilities: 4 passes over the S x S matrix in bf16 (f32 softmax stays in VMEM).
 constexpr double kDotProductScorePasses = 4;
 
-double roundup(double value, double tile) { return std::ceil(value / tile) * tile; }
+double roundup(double value, double tile) {
+  return std::ceil(value / tile) * tile;
+}
 
 double peak_flops_per_device(const CostContext& context) {
   const ChipSpec& chip = *context.chip;
@@ -60,6 +62,9 @@ double product(const std::map<std::string, int64_t>& sizes, const std::set<std::
 }
 
 OpCost finish(OpCost cost, const CostContext& context) {
+  cost.mxu_seconds /= context.program_efficiency;
+  cost.hbm_seconds /= context.program_efficiency;
+  cost.vpu_seconds /= context.program_efficiency;
   const double busy = std::max({cost.mxu_seconds, cost.hbm_seconds, cost.vpu_seconds});
   cost.seconds = busy + context.chip->op_overhead_us * kMicro;
   if (busy <= 0) {
@@ -93,9 +98,9 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   for (const Dim& dim : out.dims) {
     in_out.insert(dim.name);
   }
-  std::set<std::string> batch;   // in both operands and the output (experts of a grouped matmul)
-  std::set<std::string> rows;    // lhs and output only
-  std::set<std::string> cols;    // rhs and output only
+  std::set<std::string> batch;  // in both operands and the output (experts of a grouped matmul)
+  std::set<std::string> rows;   // lhs and output only
+  std::set<std::string> cols;   // rhs and output only
   std::set<std::string> contracted;
   for (const auto& [name, size] : sizes) {
     const bool l = in_lhs.contains(name);
@@ -121,8 +126,8 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
   const double efficiency =
       std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
-  cost.mxu_seconds =
-      cost.matmul_flops / (peak_flops_per_device(context) * chip.mxu_achievable_fraction * efficiency);
+  cost.mxu_seconds = cost.matmul_flops /
+                     (peak_flops_per_device(context) * chip.mxu_achievable_fraction * efficiency);
   cost.hbm_seconds = loops *
                      blocked_matmul_hbm_bytes(chip, m, k, n, dtype_bytes(lhs.dtype),
                                               dtype_bytes(rhs.dtype), dtype_bytes(out.dtype)) /
@@ -168,17 +173,19 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
       double blocks = 0;
       for (double q_block = 0; q_block < q_blocks; ++q_block) {
         const double row_end = (q_block + 1) * block_q * key_length / query_length;
-        const double row_start = std::max(0.0, q_block * block_q * key_length / query_length - window);
-        blocks += std::min(kv_blocks, std::ceil(row_end / block_kv)) -
-                  std::floor(row_start / block_kv);
+        const double row_start =
+            std::max(0.0, q_block * block_q * key_length / query_length - window);
+        blocks +=
+            std::min(kv_blocks, std::ceil(row_end / block_kv)) - std::floor(row_start / block_kv);
       }
       computed_fraction = blocks / (q_blocks * kv_blocks);
       if (query_length < key_length) {
         // A context shard's queries are spread over the sequence (load balancing): the share of
         // the whole causal matrix, not of its first rows.
-        computed_fraction = std::max(computed_fraction,
-                                     attention_mask_fraction(op.attrs.mask, static_cast<int64_t>(key_length),
-                                                             op.attrs.window));
+        computed_fraction =
+            std::max(computed_fraction,
+                     attention_mask_fraction(op.attrs.mask, static_cast<int64_t>(key_length),
+                                             op.attrs.window));
       }
     }
     hbm_bytes = q_bytes + out_bytes + q_blocks * kv_bytes;
@@ -198,16 +205,15 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     mxu_seconds *= kFlashBackwardMatmulRatio;
     hbm_bytes *= 2;  // reads dO and O, writes dQ, dK, dV
   }
-  cost.mxu_seconds =
-      mxu_seconds / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
+  cost.mxu_seconds = mxu_seconds / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
   cost.hbm_seconds = hbm_bytes / hbm_bytes_per_second(chip);
   cost.vpu_seconds =
       scores * kSoftmaxFlopsPerScore * (backward ? 2.0 : 1.0) / vpu_flops_per_second(chip);
   if (context.flash_attention) {
     // Within a block the softmax needs Q.K^T's result and P.V needs the softmax's: the kernel
     // runs them one after the other, so MXU and VPU time add (HBM streaming overlaps both).
-    const double serial = cost.mxu_seconds + cost.vpu_seconds;
     OpCost result = finish(cost, context);
+    const double serial = result.mxu_seconds + result.vpu_seconds;
     if (serial > result.seconds - chip.op_overhead_us * kMicro) {
       result.seconds = serial + chip.op_overhead_us * kMicro;
       result.bound = CostCategory::kMxu;
@@ -230,7 +236,8 @@ OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostConte
   cost.matmul_flops = 2.0 * static_cast<double>(grouped.num_elements()) * length;
   cost.mxu_seconds =
       cost.matmul_flops / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
-  cost.hbm_seconds = static_cast<double>(tokens.bytes() + grouped.bytes()) / hbm_bytes_per_second(chip);
+  cost.hbm_seconds =
+      static_cast<double>(tokens.bytes() + grouped.bytes()) / hbm_bytes_per_second(chip);
   return finish(cost, context);
 }
 
@@ -254,7 +261,8 @@ double mxu_padding_efficiency(const ChipSpec& chip, double m, double k, double n
   if (m <= 0 || k <= 0 || n <= 0) {
     return 1.0;
   }
-  return (m / roundup(m, kMxuRowTile)) * (k / roundup(k, chip.mxu_dim)) * (n / roundup(n, chip.mxu_dim));
+  return (m / roundup(m, kMxuRowTile)) * (k / roundup(k, chip.mxu_dim)) *
+         (n / roundup(n, chip.mxu_dim));
 }
 
 double blocked_matmul_hbm_bytes(const ChipSpec& chip, double m, double k, double n,
@@ -304,6 +312,7 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
   cost.vpu_seconds = flops.vector / vpu_flops_per_second(chip);
   if (fused) {
     // Runs inside its producer's kernel: VPU work only, no HBM traffic, no launch.
+    cost.vpu_seconds /= context.program_efficiency;
     cost.seconds = cost.vpu_seconds;
     cost.bound = CostCategory::kVpu;
     return cost;

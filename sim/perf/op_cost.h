@@ -36,6 +36,9 @@ struct CostContext {
   int64_t block_kv = 512;       // sa_block_kv
   bool int8_matmuls = false;    // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;     // quantization=fp8* on chips with fp8 MXUs
+  // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
+  // program_efficiency); 1 for a single op timed alone (`tpusim op`).
+  double program_efficiency = 1.0;
 };
 
 struct OpCost {

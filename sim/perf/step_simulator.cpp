@@ -96,8 +96,7 @@ class Simulator {
                             (producer >= 0 && weight_only_[static_cast<size_t>(producer)]);
         only_weights = only_weights && weight;
       }
-      weight_only_[static_cast<size_t>(op.id)] =
-          only_weights && op.phase != Phase::kOptimizer;
+      weight_only_[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
     }
     fused_.assign(graph_.ops().size(), false);
     find_fusions();
@@ -111,14 +110,16 @@ class Simulator {
     for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
       const Region& info = graph_.region(region);
       if (info.phase == Phase::kOptimizer && optimizer_start < 0) {
+        microbatch_end = tensorcore_free_;
+        flush_deferred_gradient_reductions(total);
         optimizer_start = tensorcore_free_;
-        microbatch_end = optimizer_start;
       }
       total.add(simulate_region(region, timing), 1.0);
     }
     if (optimizer_start < 0) {
+      microbatch_end = tensorcore_free_;
+      flush_deferred_gradient_reductions(total);
       optimizer_start = tensorcore_free_;
-      microbatch_end = optimizer_start;
     }
     const double end = std::max({tensorcore_free_, last_event_end_});
     const double microbatch = microbatch_end;
@@ -176,6 +177,20 @@ class Simulator {
     }
   }
 
+  // Gradient reductions across slices (DCN) are combined by XLA into a few large all-reduces
+  // after the backward pass (all-reduce combiner), so they run then, and the update waits.
+  void flush_deferred_gradient_reductions(Accounting& total) {
+    if (deferred_dcn_seconds_ <= 0) {
+      return;
+    }
+    const double start = dcn_.place(tensorcore_free_, deferred_dcn_seconds_);
+    const double end = start + deferred_dcn_seconds_;
+    total.seconds["exposed_dcn_gradient_reduction"] += end - tensorcore_free_;
+    tensorcore_free_ = end;
+    last_event_end_ = std::max(last_event_end_, end);
+    deferred_dcn_seconds_ = 0;
+  }
+
   double input_ready(TensorId id) const {
     const int source = carry_source_[static_cast<size_t>(id)];
     double ready = ready_[static_cast<size_t>(id)];
@@ -195,6 +210,8 @@ class Simulator {
     }
     const int64_t repeat = info.repeat;
     const int64_t simulated = std::min<int64_t>(repeat, options_.max_simulated_iterations);
+    // Each simulated iteration stands for repeat / simulated real ones (deferred work).
+    iteration_weight_ = static_cast<double>(repeat) / static_cast<double>(simulated);
     Accounting region_total;
     Accounting last_iteration;
     double previous_end = 0;
@@ -256,7 +273,8 @@ class Simulator {
       // Weight preparation is issued ahead: from the previous iteration's start.
       ready = std::min(ready, prefetch_from_);
     }
-    const bool record = iteration < options_.max_simulated_iterations && timing.trace.size() < kMaxTraceEvents;
+    const bool record =
+        iteration < options_.max_simulated_iterations && timing.trace.size() < kMaxTraceEvents;
     double start = 0;
     double end = 0;
     // Collective matmul (Wang et al. ASPLOS'23): an activation all-gather / reduce-scatter is
@@ -277,13 +295,26 @@ class Simulator {
       const double bytes = static_cast<double>(collective_bytes(graph_, op));
       const CollectiveTime time =
           collective_time(op.kind, bytes, op.attrs.mesh_axes, program_.mesh, program_.slice);
+      const bool gradient_across_slices =
+          time.dcn_seconds > 0 && op.phase == Phase::kBackward &&
+          graph_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
+      if (gradient_across_slices) {
+        deferred_dcn_seconds_ += time.seconds * iteration_weight_;
+        for (const TensorId output : op.outputs) {
+          ready_[static_cast<size_t>(output)] = ready;
+        }
+        return ready;
+      }
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      Timeline& link = time.dcn_seconds > time.ici_seconds ? dcn_ : (offloaded ? sparse_core_ : ici_);
+      Timeline& link =
+          time.dcn_seconds > time.ici_seconds ? dcn_ : (offloaded ? sparse_core_ : ici_);
       start = link.place(ready, time.seconds);
       end = start + time.seconds;
-      collective_label_[op.id] = std::string("exposed_") + time.link + "_" + join_axes(op.attrs.mesh_axes);
+      collective_label_[op.id] =
+          std::string("exposed_") + time.link + "_" + join_axes(op.attrs.mesh_axes);
       if (record) {
-        timing.trace.push_back({op.name, offloaded ? "SparseCore" : (time.link == "dcn" ? "DCN" : "ICI"),
+        timing.trace.push_back({op.name,
+                                offloaded ? "SparseCore" : (time.link == "dcn" ? "DCN" : "ICI"),
                                 info.name, start, time.seconds});
       }
     } else if (op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
@@ -297,7 +328,8 @@ class Simulator {
         timing.trace.push_back({op.name, "Host link", info.name, start, seconds});
       }
     } else {
-      const OpCost cost = cost_compute_op(graph_, op, options_.cost, fused_[static_cast<size_t>(op.id)]);
+      const OpCost cost =
+          cost_compute_op(graph_, op, options_.cost, fused_[static_cast<size_t>(op.id)]);
       start = std::max(ready, tensorcore_free_);
       if (start > tensorcore_free_) {
         // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
@@ -329,7 +361,8 @@ class Simulator {
     double output_ready = end;
     if (overlapped_with_matmul && op.kind == OpKind::kAllGather) {
       // The consumer starts on the first chunk and cannot finish before the last one.
-      output_ready = start + (end - start) / static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
+      output_ready =
+          start + (end - start) / static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
       for (const TensorId output : op.outputs) {
         finish_not_before_[output] = end;
       }
@@ -351,8 +384,8 @@ class Simulator {
   std::vector<bool> weight_only_;
   std::vector<bool> fused_;
   std::map<int, std::string> collective_label_;
-  std::map<int, std::pair<double, double>> op_span_;   // op id -> (start, end), latest iteration
-  std::map<TensorId, double> finish_not_before_;       // collective-matmul chunks still arriving
+  std::map<int, std::pair<double, double>> op_span_;  // op id -> (start, end), latest iteration
+  std::map<TensorId, double> finish_not_before_;      // collective-matmul chunks still arriving
   Accounting microbatch_accounting_;
   Timeline ici_;
   Timeline dcn_;
@@ -361,6 +394,8 @@ class Simulator {
   double tensorcore_free_ = 0;
   double last_event_end_ = 0;
   double prefetch_from_ = 0;
+  double iteration_weight_ = 1;
+  double deferred_dcn_seconds_ = 0;
 };
 
 }  // namespace
@@ -368,6 +403,7 @@ class Simulator {
 PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip) {
   PerfOptions options;
   options.cost.chip = &chip;
+  options.cost.program_efficiency = chip.program_efficiency;
   const std::string attention = config.get_string("attention");
   options.cost.flash_attention = attention != "dot_product";
   options.cost.block_q = config.get_int("sa_block_q");
@@ -376,8 +412,8 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
   const std::string offload = config.get_string("sparse_core_collective_offload");
-  options.sparse_core_offload = offload == "on" || (offload == "auto" &&
-                                                    chip.sparsecore_collective_offload_default > 0);
+  options.sparse_core_offload =
+      offload == "on" || (offload == "auto" && chip.sparsecore_collective_offload_default > 0);
   options.collective_matmul = config.get_bool("collective_matmul");
   return options;
 }

@@ -1,6 +1,8 @@
 // End-to-end tests of the tpusim command line: output contracts and exit codes.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "support/run_command.h"
@@ -129,6 +131,100 @@ TEST(EstimateCommand, JsonContract) {
   EXPECT_TRUE(json["memory"].is_object());
   EXPECT_GE(json["hardware_tflop_per_device_step"].get<double>(),
             json["model_tflop_per_device_step"].get<double>());
+}
+
+TEST(EstimateCommand, PerformanceKeys) {
+  const auto result = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=v6e-8",
+                                  "per_device_batch_size=2", "max_target_length=4096", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  for (const char* key : {"step_time_s", "mfu", "tflops_per_chip", "tokens_per_s_per_chip"}) {
+    EXPECT_TRUE(json[key].is_number()) << key;
+    EXPECT_GT(json[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(json["breakdown"].is_object());
+  EXPECT_FALSE(json["breakdown"].empty());
+}
+
+TEST(EstimateCommand, TraceIsChromeTraceJson) {
+  const std::string path = ::testing::TempDir() + "/tpusim_trace.json";
+  const auto result =
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-8", "--trace", path});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(path);
+  const nlohmann::json trace = nlohmann::json::parse(stream);
+  ASSERT_TRUE(trace["traceEvents"].is_array());
+  EXPECT_GT(trace["traceEvents"].size(), 10u);
+}
+
+TEST(OpCommand, MatmulAndCollectives) {
+  const auto matmul = run_tpusim(
+      {"op", "matmul", "m=8192", "n=8192", "k=8192", "compile_topology=v5e-1", "--json"});
+  ASSERT_EQ(matmul.exit_code, 0) << matmul.err;
+  const nlohmann::json json = nlohmann::json::parse(matmul.out);
+  EXPECT_GT(json["percent_of_peak"].get<double>(), 50);
+  EXPECT_LT(json["percent_of_peak"].get<double>(), 100);
+  const auto gather =
+      run_tpusim({"op", "all_gather", "bytes=33554432", "axes=fsdp", "compile_topology=v5e-32",
+                  "ici_fsdp_parallelism=4", "ici_data_parallelism=-1", "--json"});
+  ASSERT_EQ(gather.exit_code, 0) << gather.err;
+  EXPECT_EQ(nlohmann::json::parse(gather.out)["group_size"], 4);
+}
+
+TEST(OpCommand, BadInputExits2) {
+  expect_user_error({"op", "matmull", "m=1", "n=1", "k=1"}, "matmull");
+  expect_user_error({"op", "matmul", "m=0", "n=1", "k=1"}, "m");
+  expect_user_error({"op", "matmul", "m=8", "n=8"}, "k");
+  expect_user_error({"op", "matmul", "m=x", "n=1", "k=1"}, "m");
+  expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdpp"}, "fsdpp");
+  expect_user_error({"op", "all_gather", "axes=fsdp"}, "bytes");
+  expect_user_error({"op", "all_gather", "bytes=100", "axes=tensor"}, "tensor");
+}
+
+TEST(ValidateCommand, JsonContractOnTheSharedSet) {
+  const std::string csv = testing::source_dir() + "/../shared/calibration/published.csv";
+  const auto result = run_tpusim({"validate", csv, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_GE(json["rows"].size(), 10u);
+  for (const auto& row : json["rows"]) {
+    for (const char* key : {"predicted_step_s", "measured_step_s", "error"}) {
+      EXPECT_TRUE(row[key].is_number()) << key;
+    }
+    EXPECT_TRUE(row["id"].is_string());
+  }
+  for (const char* key : {"median_abs_error", "mean_abs_error", "max_abs_error"}) {
+    EXPECT_TRUE(json["summary"][key].is_number()) << key;
+  }
+}
+
+TEST(ValidateCommand, BadFilesExit2) {
+  const std::string directory = ::testing::TempDir();
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(directory + "/" + name) << text;
+    return directory + "/" + name;
+  };
+  expect_user_error({"validate", "/nonexistent/results.csv"}, "/nonexistent/results.csv");
+  expect_user_error(
+      {"validate",
+       write("no_args.csv", "id,hardware,measured_step_s,measured_tokens_s_chip\nA,v5e,1,\n")},
+      "args");
+  expect_user_error(
+      {"validate",
+       write("ragged.csv", "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,v5e\n")},
+      "fields");
+  expect_user_error(
+      {"validate",
+       write("quote.csv", "id,hardware,args,measured_step_s,measured_tokens_s_chip\n\"A,v5e\n")},
+      "quote");
+  expect_user_error({"validate", write("bad_number.csv",
+                                       "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
+                                       "v5e,compile_topology=v5e-8,fast,\n")},
+                    "fast");
+  expect_user_error({"validate", write("bad_key.csv",
+                                       "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
+                                       "v5e,compile_topology=v5e-8 remat_polcy=full,1.0,\n")},
+                    "remat_polcy");
 }
 
 TEST(EstimateCommand, EmbeddedDefaultConfigRuns) {

@@ -1,0 +1,199 @@
+// `tpusim op KIND [key=value ...] [--json]`: times one op alone, like a microbenchmark.
+//   tpusim op matmul m=8192 n=8192 k=8192 compile_topology=v5e-1 [dtype=bfloat16]
+//   tpusim op all_gather bytes=33554432 axes=fsdp compile_topology=v5e-32 ici_fsdp_parallelism=4
+//             ici_data_parallelism=-1
+// KIND is matmul, all_gather, reduce_scatter, all_reduce or all_to_all. Op keys (m, n, k, bytes,
+// axes) are read first; every other key=value is a MaxText config override (the slice, the mesh).
+// A standalone op also pays the chip's dispatch_overhead_us, as a timed jitted call does.
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/suggest.h"
+#include "model/config.h"
+#include "model/ir/graph.h"
+#include "sharding/step_program.h"
+#include "sim/cli/command_args.h"
+#include "sim/cli/commands.h"
+#include "sim/perf/collective_cost.h"
+#include "sim/perf/op_cost.h"
+
+namespace tpusim {
+namespace {
+
+const std::map<std::string, OpKind>& collective_kinds() {
+  static const std::map<std::string, OpKind> kinds = {{"all_gather", OpKind::kAllGather},
+                                                      {"reduce_scatter", OpKind::kReduceScatter},
+                                                      {"all_reduce", OpKind::kAllReduce},
+                                                      {"all_to_all", OpKind::kAllToAll}};
+  return kinds;
+}
+
+int64_t positive_integer(const std::string& key, const std::string& text) {
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value > 0 && value <= (int64_t{1} << 40)) {
+      return value;
+    }
+  } catch (const std::exception&) {
+  }
+  throw UserError(key + ": '" + text + "' must be a positive integer (at most 2^40)");
+}
+
+nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys,
+                           const Config& config) {
+  for (const char* key : {"m", "n", "k"}) {
+    if (!op_keys.contains(key)) {
+      throw UserError(std::string("op matmul: missing ") + key + "=...");
+    }
+  }
+  const int64_t m = positive_integer("m", op_keys.at("m"));
+  const int64_t n = positive_integer("n", op_keys.at("n"));
+  const int64_t k = positive_integer("k", op_keys.at("k"));
+  const Slice slice = slice_from_config(config);
+  const ChipSpec& chip = *slice.chip;
+  const DType dtype = parse_dtype(config.get_string("dtype"), "dtype");
+  Graph graph;
+  const int region = graph.add_region("op", 1, Phase::kForward);
+  const TensorId lhs = graph.add_tensor("lhs", {Dim{"m", m, ""}, Dim{"k", k, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  const TensorId rhs = graph.add_tensor("rhs", {Dim{"k", k, ""}, Dim{"n", n, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  const TensorId out = graph.add_tensor("out", {Dim{"m", m, ""}, Dim{"n", n, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  OpAttrs attrs;
+  attrs.contracted = {"k"};
+  const int id = graph.add_op(OpKind::kEinsum, "matmul", {lhs, rhs}, {out}, attrs, region);
+  CostContext context;
+  context.chip = &chip;
+  const std::string quantization = config.get_string("quantization");
+  context.int8_matmuls = quantization == "int8";
+  const OpCost cost = cost_compute_op(graph, graph.ops()[static_cast<size_t>(id)], context, false);
+  const double seconds = cost.seconds + chip.dispatch_overhead_us * 1e-6;
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double peak = chip.peak_flops_for_quantization(quantization) / chip.devices_per_chip;
+  return {{"op", "matmul"},
+          {"chip", chip.name},
+          {"m", m},
+          {"n", n},
+          {"k", k},
+          {"seconds", seconds},
+          {"kernel_seconds", cost.seconds},
+          {"dispatch_seconds", chip.dispatch_overhead_us * 1e-6},
+          {"tflops", flops / seconds / 1e12},
+          {"percent_of_peak", 100.0 * flops / seconds / peak},
+          {"bound", cost_category_name(cost.bound)},
+          {"mxu_seconds", cost.mxu_seconds},
+          {"hbm_seconds", cost.hbm_seconds}};
+}
+
+nlohmann::json time_collective(const std::string& kind,
+                               const std::map<std::string, std::string>& op_keys,
+                               const Config& config) {
+  if (!op_keys.contains("bytes") || !op_keys.contains("axes")) {
+    throw UserError("op " + kind +
+                    ": needs bytes=N (the per-device array V) and axes=a[,b] (mesh axes)");
+  }
+  const int64_t bytes = positive_integer("bytes", op_keys.at("bytes"));
+  std::vector<std::string> axes;
+  std::string text = op_keys.at("axes");
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string axis = text.substr(start, comma - start);
+    mesh_axis_index(axis);  // UserError with a suggestion when unknown
+    axes.push_back(axis);
+    start = comma + 1;
+  }
+  const Slice slice = slice_from_config(config);
+  const DeviceMesh mesh = place_mesh(resolve_mesh(config, slice), slice);
+  int64_t group = 1;
+  for (const std::string& axis : axes) {
+    group *= mesh.shape.size(axis);
+  }
+  if (group < 2) {
+    throw UserError("axes=" + text +
+                    " spans a single device on this mesh (set its ici_*/dcn_* "
+                    "parallelism above 1)");
+  }
+  const CollectiveTime time =
+      collective_time(collective_kinds().at(kind), static_cast<double>(bytes), axes, mesh, slice);
+  nlohmann::json placement = nlohmann::json::object();
+  for (const std::string& axis : axes) {
+    placement[axis] = mesh.axis(axis).describe(slice);
+  }
+  return {{"op", kind},
+          {"chip", slice.chip->name},
+          {"bytes", bytes},
+          {"group_size", group},
+          {"placement", placement},
+          {"seconds", time.seconds},
+          {"ici_seconds", time.ici_seconds},
+          {"dcn_seconds", time.dcn_seconds},
+          {"link", time.link}};
+}
+
+}  // namespace
+
+void register_op_command(CLI::App& app) {
+  auto kind = std::make_shared<std::string>();
+  auto args = std::make_shared<std::vector<std::string>>();
+  auto json_output = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand("op", "Time one op alone (matmul or a collective)");
+  command->add_option("kind", *kind, "matmul, all_gather, reduce_scatter, all_reduce, all_to_all")
+      ->required();
+  command->add_option("args", *args, "op keys (m n k | bytes axes) and config key=value");
+  command->add_flag("--json", *json_output, "Print JSON");
+  command->callback([kind, args, json_output] {
+    std::vector<std::string> kinds = {"matmul"};
+    for (const auto& [name, value] : collective_kinds()) {
+      kinds.push_back(name);
+    }
+    if (std::find(kinds.begin(), kinds.end(), *kind) == kinds.end()) {
+      throw UserError("op: unknown kind '" + *kind + "'" + did_you_mean(*kind, kinds));
+    }
+    static const std::vector<std::string> kOpKeys = {"m", "n", "k", "bytes", "axes"};
+    std::map<std::string, std::string> op_keys;
+    std::vector<std::string> overrides;
+    for (const std::string& arg : *args) {
+      const auto [key, value] = split_override(arg);
+      if (std::find(kOpKeys.begin(), kOpKeys.end(), key) != kOpKeys.end()) {
+        op_keys[key] = value;
+      } else {
+        overrides.push_back(arg);
+      }
+    }
+    const CommandArgs split = split_command_args(overrides);
+    const Config config = Config::load(split.base_path, split.overrides);
+    const nlohmann::json json =
+        *kind == "matmul" ? time_matmul(op_keys, config) : time_collective(*kind, op_keys, config);
+    if (*json_output) {
+      std::cout << json.dump(2) << "\n";
+      return;
+    }
+    std::cout << std::fixed << std::setprecision(1);
+    if (*kind == "matmul") {
+      std::cout << "matmul " << json["m"] << "x" << json["k"] << " @ " << json["k"] << "x"
+                << json["n"] << " on " << json["chip"].get<std::string>() << ": "
+                << json["seconds"].get<double>() * 1e6 << " us (" << json["tflops"].get<double>()
+                << " TFLOP/s, " << json["percent_of_peak"].get<double>() << "% of peak, "
+                << json["bound"].get<std::string>() << "-bound, incl. "
+                << json["dispatch_seconds"].get<double>() * 1e6 << " us dispatch)\n";
+    } else {
+      std::cout << *kind << " of " << json["bytes"] << " bytes over " << json["group_size"]
+                << " devices (" << json["link"].get<std::string>()
+                << "): " << json["seconds"].get<double>() * 1e6 << " us\n";
+      for (const auto& [axis, where] : json["placement"].items()) {
+        std::cout << "  " << axis << ": " << where.get<std::string>() << "\n";
+      }
+    }
+  });
+}
+
+}  // namespace tpusim

@@ -1,0 +1,314 @@
+// The performance engine's unit models against hand-computed cases, the scheduler's overlap rules
+// on small programs, and step-level properties.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hw/slice.h"
+#include "model/config.h"
+#include "sim/estimate/estimate.h"
+#include "sim/perf/collective_cost.h"
+#include "sim/perf/op_cost.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+namespace {
+
+const ChipSpec& chip(const char* name) {
+  return HardwareCatalog::builtin().chip(name);
+}
+
+Graph matmul_graph(int64_t m, int64_t k, int64_t n, DType dtype = DType::kBF16) {
+  Graph graph;
+  const int region = graph.add_region("r", 1, Phase::kForward);
+  const TensorId lhs = graph.add_tensor("x", {Dim{"m", m, ""}, Dim{"k", k, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  const TensorId rhs = graph.add_tensor("w", {Dim{"k", k, ""}, Dim{"n", n, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  const TensorId out = graph.add_tensor("y", {Dim{"m", m, ""}, Dim{"n", n, ""}}, dtype,
+                                        TensorKind::kActivation, region);
+  OpAttrs attrs;
+  attrs.contracted = {"k"};
+  graph.add_op(OpKind::kEinsum, "mm", {lhs, rhs}, {out}, attrs, region);
+  return graph;
+}
+
+OpCost cost_of(const Graph& graph, const ChipSpec& spec) {
+  CostContext context;
+  context.chip = &spec;
+  return cost_compute_op(graph, graph.ops().front(), context, false);
+}
+
+// Large aligned matmul: time = FLOPs / (peak x achievable) + per-op overhead.
+TEST(OpCost, AlignedMatmulIsMxuBound) {
+  const ChipSpec& v5e = chip("v5e");
+  const OpCost cost = cost_of(matmul_graph(8192, 8192, 8192), v5e);
+  const double expected = 2.0 * 8192.0 * 8192 * 8192 / (197e12 * v5e.mxu_achievable_fraction) +
+                          v5e.op_overhead_us * 1e-6;
+  EXPECT_NEAR(cost.seconds / expected, 1.0, 1e-9);
+  EXPECT_EQ(cost.bound, CostCategory::kMxu);
+}
+
+// Padding: on a 256x256 MXU (v6e), a contraction of 128 uses half the array.
+TEST(OpCost, PaddingToTheArray) {
+  EXPECT_DOUBLE_EQ(mxu_padding_efficiency(chip("v6e"), 4096, 128, 4096), 0.5);
+  EXPECT_DOUBLE_EQ(mxu_padding_efficiency(chip("v5e"), 4096, 128, 4096), 1.0);
+  // Rows pad to 8-row passes: 12 rows use 12/16.
+  EXPECT_DOUBLE_EQ(mxu_padding_efficiency(chip("v5e"), 12, 128, 128), 0.75);
+  const OpCost aligned = cost_of(matmul_graph(8192, 256, 8192), chip("v6e"));
+  const OpCost padded = cost_of(matmul_graph(8192, 128, 8192), chip("v6e"));
+  EXPECT_NEAR(padded.mxu_seconds / aligned.mxu_seconds, 1.0, 1e-9);  // half the work, half the rate
+}
+
+// A thin matmul (one row block) is HBM-bound: it must read the whole weight.
+TEST(OpCost, ThinMatmulIsHbmBound) {
+  const ChipSpec& v5p = chip("v5p");
+  const OpCost cost = cost_of(matmul_graph(8, 8192, 8192), v5p);
+  EXPECT_EQ(cost.bound, CostCategory::kHbm);
+  const double bytes = 2.0 * (8 * 8192 + 8192.0 * 8192 + 8 * 8192);
+  EXPECT_NEAR(cost.hbm_seconds / (bytes / (2765e9 * v5p.hbm_achievable_fraction)), 1.0, 1e-9);
+}
+
+// VMEM blocking: operands larger than VMEM are re-read once per block of the other operand.
+TEST(OpCost, BlockingChargesReReads) {
+  const ChipSpec& v4 = chip("v4");  // 16 MiB VMEM
+  const double small = blocked_matmul_hbm_bytes(v4, 1024, 1024, 1024, 2, 2, 2);
+  EXPECT_DOUBLE_EQ(small, 3 * 1024.0 * 1024 * 2);
+  const double big = blocked_matmul_hbm_bytes(v4, 65536, 8192, 65536, 2, 2, 2);
+  EXPECT_GT(big, 3.0 * 65536 * 8192 * 2);  // re-reads
+}
+
+// Collectives against shared/reference/tpu_hardware.md §2.
+TEST(CollectiveCost, AllGatherOnWrappedAndOpenRings) {
+  const Config config = Config::load(
+      "", {"compile_topology=v5e-256", "ici_fsdp_parallelism=16", "ici_data_parallelism=-1"});
+  const Slice slice = parse_slice("v5e-256");
+  const DeviceMesh mesh = place_mesh(resolve_mesh(config, slice), slice);
+  const ChipSpec& v5e = *slice.chip;
+  const double link = v5e.ici_link_bandwidth_uni_gbps * 1e9 * v5e.ici_achievable_fraction;
+  const double bytes = 64e6;
+  const CollectiveTime wrapped = collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, slice);
+  // Axis of 16 wraps: bidirectional ring, T = (N-1)/N V / (2 W) + launch.
+  EXPECT_NEAR(wrapped.seconds, 15.0 / 16 * bytes / (2 * link) + v5e.collective_launch_us * 1e-6,
+              1e-9);
+  const Config open_config = Config::load(
+      "", {"compile_topology=v5e-32", "ici_fsdp_parallelism=4", "ici_data_parallelism=-1"});
+  const Slice open_slice = parse_slice("v5e-32");  // 4x8: no wraparound
+  const DeviceMesh open_mesh = place_mesh(resolve_mesh(open_config, open_slice), open_slice);
+  const CollectiveTime open =
+      collective_time(OpKind::kAllGather, bytes, {"fsdp"}, open_mesh, open_slice);
+  EXPECT_NEAR(open.seconds, 3.0 / 4 * bytes / link + v5e.collective_launch_us * 1e-6, 1e-9);
+  // All-reduce = reduce-scatter + all-gather; all-to-all a quarter of an all-gather (wrapped).
+  const CollectiveTime reduce = collective_time(OpKind::kAllReduce, bytes, {"fsdp"}, mesh, slice);
+  EXPECT_NEAR(reduce.seconds - v5e.collective_launch_us * 1e-6,
+              2 * (wrapped.seconds - v5e.collective_launch_us * 1e-6), 1e-9);
+  const CollectiveTime exchange = collective_time(OpKind::kAllToAll, bytes, {"fsdp"}, mesh, slice);
+  EXPECT_NEAR(exchange.seconds - v5e.collective_launch_us * 1e-6,
+              (wrapped.seconds - v5e.collective_launch_us * 1e-6) / 4, 1e-9);
+}
+
+TEST(CollectiveCost, LatencyBoundSmallMessages) {
+  const Config config = Config::load(
+      "", {"compile_topology=v5e-256", "ici_fsdp_parallelism=16", "ici_data_parallelism=-1"});
+  const Slice slice = parse_slice("v5e-256");
+  const DeviceMesh mesh = place_mesh(resolve_mesh(config, slice), slice);
+  const CollectiveTime tiny = collective_time(OpKind::kAllGather, 256, {"fsdp"}, mesh, slice);
+  // 8 hops of 1 us each, plus the launch cost.
+  EXPECT_NEAR(tiny.seconds, 8e-6 + slice.chip->collective_launch_us * 1e-6, 1e-12);
+}
+
+TEST(CollectiveCost, ChipletPairUsesD2dAndSlicesUseDcn) {
+  const Slice v7x = parse_slice("tpu7x-128");
+  const DeviceMesh tensor = place_mesh(
+      resolve_mesh(Config::load("", {"compile_topology=tpu7x-128", "ici_tensor_parallelism=2"}),
+                   v7x),
+      v7x);
+  const CollectiveTime d2d = collective_time(OpKind::kAllGather, 1e8, {"tensor"}, tensor, v7x);
+  EXPECT_EQ(d2d.link, "d2d");
+  EXPECT_NEAR(d2d.ici_seconds, 0.5 * 1e8 / (v7x.chip->d2d_bandwidth_uni_gbps * 1e9), 1e-12);
+  const Slice multi = parse_slice("v5e-256", 4);
+  const DeviceMesh dcn = place_mesh(resolve_mesh(Config::load("", {}), multi), multi);
+  const CollectiveTime across = collective_time(OpKind::kAllReduce, 1e8, {"data"}, dcn, multi);
+  EXPECT_EQ(across.link, "dcn");
+  const double bandwidth =
+      multi.chip->dcn_bandwidth_per_chip_gbps * 1e9 * multi.chip->dcn_achievable_fraction;
+  EXPECT_NEAR(across.dcn_seconds, 2 * 0.75 * 1e8 / bandwidth, 1e-9);
+}
+
+// --- The scheduler's overlap rules on hand-built programs. -----------------------------------
+
+struct TinyProgram {
+  StepProgram program;
+  double compute_a = 0;  // seconds of the first matmul
+  double compute_b = 0;
+  double gather = 0;
+};
+
+// region: a = x @ w1; [gather w2 over fsdp]; b = a @ gathered(w2) (the gather is weight-only,
+// so the scheduler may prefetch it) or, with `activation`, b = gathered(a) @ w1.
+TinyProgram tiny_program(int64_t gather_rows, bool activation) {
+  TinyProgram tiny;
+  StepProgram& program = tiny.program;
+  const Config config = Config::load("", {"compile_topology=v5p-8"});
+  program.slice = parse_slice("v5p-8");
+  program.mesh = place_mesh(resolve_mesh(config, program.slice), program.slice);
+  Graph& graph = program.program.graph;
+  const int region = graph.add_region("r", 1, Phase::kForward);
+  auto tensor = [&](const char* name, int64_t rows, int64_t cols, TensorKind kind) {
+    return graph.add_tensor(name, {Dim{"m", rows, ""}, Dim{"k", cols, ""}}, DType::kBF16, kind,
+                            region);
+  };
+  const TensorId x = tensor("x", 8192, 4096, TensorKind::kInput);
+  const TensorId w1 = graph.add_tensor("w1", {Dim{"k", 4096, ""}, Dim{"n", 4096, ""}}, DType::kBF16,
+                                       TensorKind::kParameter, region);
+  const TensorId a = graph.add_tensor("a", {Dim{"m", 8192, ""}, Dim{"n", 4096, ""}}, DType::kBF16,
+                                      TensorKind::kActivation, region);
+  OpAttrs contract_k;
+  contract_k.contracted = {"k"};
+  graph.add_op(OpKind::kEinsum, "a", {x, w1}, {a}, contract_k, region);
+  OpAttrs gather_attrs;
+  gather_attrs.mesh_axes = {"fsdp"};
+  gather_attrs.group_size = 4;
+  TensorId b_input = a;
+  TensorId b_weight = -1;
+  if (activation) {
+    const TensorId gathered =
+        graph.add_tensor("a_full", {Dim{"m", gather_rows, ""}, Dim{"n", 4096, ""}}, DType::kBF16,
+                         TensorKind::kActivation, region);
+    graph.add_op(OpKind::kAllGather, "gather a", {a}, {gathered}, gather_attrs, region);
+    b_input = gathered;
+    b_weight = graph.add_tensor("w3", {Dim{"n", 4096, ""}, Dim{"p", 4096, ""}}, DType::kBF16,
+                                TensorKind::kParameter, region);
+  } else {
+    const TensorId w2 = graph.add_tensor("w2", {Dim{"n", gather_rows / 4, ""}, Dim{"p", 4096, ""}},
+                                         DType::kBF16, TensorKind::kParameter, region);
+    b_weight = graph.add_tensor("w2_full", {Dim{"n", gather_rows, ""}, Dim{"p", 4096, ""}},
+                                DType::kBF16, TensorKind::kActivation, region);
+    graph.add_op(OpKind::kAllGather, "gather w2", {w2}, {b_weight}, gather_attrs, region);
+  }
+  const TensorId b = graph.add_tensor("b", {Dim{"m", 8192, ""}, Dim{"p", 4096, ""}}, DType::kBF16,
+                                      TensorKind::kActivation, region);
+  OpAttrs contract_n;
+  contract_n.contracted = {"n"};
+  graph.add_op(OpKind::kEinsum, "b", {b_input, b_weight}, {b}, contract_n, region);
+  CostContext context;
+  context.chip = program.slice.chip;
+  tiny.compute_a = cost_compute_op(graph, graph.ops()[0], context, false).seconds;
+  tiny.compute_b = cost_compute_op(graph, graph.ops()[2], context, false).seconds;
+  const Op& gather = graph.ops()[1];
+  tiny.gather = collective_time(OpKind::kAllGather,
+                                static_cast<double>(graph.tensor(gather.outputs[0]).bytes()),
+                                {"fsdp"}, program.mesh, program.slice)
+                    .seconds;
+  return tiny;
+}
+
+PerfOptions plain_options(const StepProgram& program) {
+  PerfOptions options;
+  options.cost.chip = program.slice.chip;
+  options.collective_matmul = false;
+  return options;
+}
+
+TEST(Scheduler, WeightGatherFullyHiddenBehindCompute) {
+  const TinyProgram tiny = tiny_program(4096, false);
+  ASSERT_LT(tiny.gather, tiny.compute_a);
+  const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
+  EXPECT_NEAR(timing.step_seconds, tiny.compute_a + tiny.compute_b, 1e-12);
+}
+
+TEST(Scheduler, WeightGatherPartlyExposed) {
+  const TinyProgram tiny = tiny_program(4096 * 64, false);  // a huge weight: gather > compute_a
+  ASSERT_GT(tiny.gather, tiny.compute_a);
+  const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
+  // The gather starts with the step (it depends only on a parameter); b waits for its end.
+  EXPECT_NEAR(timing.step_seconds, tiny.gather + tiny.compute_b, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at("exposed_ici_fsdp"), tiny.gather - tiny.compute_a, 1e-12);
+}
+
+TEST(Scheduler, ActivationCollectiveFullyExposed) {
+  const TinyProgram tiny = tiny_program(8192, true);
+  const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
+  // b needs a, gathered: nothing to overlap with.
+  EXPECT_NEAR(timing.step_seconds, tiny.compute_a + tiny.gather + tiny.compute_b, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at("exposed_ici_fsdp"), tiny.gather, 1e-12);
+}
+
+TEST(Scheduler, CollectiveMatmulHidesActivationGather) {
+  const TinyProgram tiny = tiny_program(8192, true);
+  PerfOptions options = plain_options(tiny.program);
+  options.collective_matmul = true;
+  const StepTiming timing = simulate_step(tiny.program, options);
+  // b starts on the first of 4 chunks and ends no earlier than the gather.
+  const double expected = tiny.compute_a + std::max(tiny.gather / 4 + tiny.compute_b, tiny.gather);
+  EXPECT_NEAR(timing.step_seconds, expected, 1e-12);
+}
+
+// --- Step-level properties. --------------------------------------------------------------
+
+Estimate estimate_for(const std::vector<std::string>& overrides) {
+  return estimate_config(Config::load("", overrides));
+}
+
+// With a fixed per-device batch, more chips never make the forward/backward faster beyond the
+// work that really shrinks per device (each device casts and updates only its shard of the
+// weights: under 2% here), and throughput per chip never beats the ideal: the MXU roofline of the
+// FLOPs each chip executes.
+TEST(StepTime, MoreChipsNeverBeatTheIdeal) {
+  double previous = 0;
+  for (const char* slice : {"v5p-8", "v5p-32", "v5p-128", "v5p-512"}) {
+    const Estimate estimate =
+        estimate_for({"model_name=llama2-7b", std::string("compile_topology=") + slice,
+                      "per_device_batch_size=2", "max_target_length=2048"});
+    EXPECT_GE(estimate.timing.microbatch_seconds, previous * 0.98) << slice;
+    previous = estimate.timing.microbatch_seconds;
+    const double roofline_seconds =
+        estimate.timing.hardware_matmul_flops / chip("v5p").peak_bf16_flops_per_device();
+    const double ideal_tokens_per_chip = 2.0 * 2048 / roofline_seconds;
+    EXPECT_LT(estimate.tokens_per_s_per_chip, ideal_tokens_per_chip) << slice;
+  }
+}
+
+TEST(StepTime, ScanLayersMakeTimeLinearInDepth) {
+  const double thirty_two =
+      estimate_for({"model_name=llama2-7b", "compile_topology=v5p-8", "per_device_batch_size=1"})
+          .step_seconds;
+  const double sixty_four =
+      estimate_for({"model_name=llama2-7b", "compile_topology=v5p-8", "per_device_batch_size=1",
+                    "override_model_config=true", "base_num_decoder_layers=64"})
+          .step_seconds;
+  EXPECT_GT(sixty_four / thirty_two, 1.7);
+  EXPECT_LT(sixty_four / thirty_two, 2.05);
+}
+
+TEST(StepTime, MetricsAreConsistent) {
+  const Estimate estimate = estimate_for({"model_name=llama3.1-8b", "compile_topology=tpu7x-16",
+                                          "per_device_batch_size=2", "max_target_length=4096"});
+  const ChipSpec& v7x = chip("v7x");
+  EXPECT_NEAR(estimate.mfu,
+              estimate.model_tflop_per_device_step / estimate.step_seconds /
+                  v7x.mfu_peak_bf16_tflops_per_device,
+              1e-12);
+  EXPECT_NEAR(estimate.tflops_per_chip, 2 * estimate.tflops_per_device, 1e-9);  // 2 devices/chip
+  EXPECT_NEAR(estimate.tokens_per_s_per_chip * 8, estimate.tokens_per_s, 1e-6);
+  EXPECT_GT(estimate.mfu, 0.05);
+  EXPECT_LT(estimate.mfu, 1.0);
+  double accounted = 0;
+  for (const auto& [key, seconds] : estimate.timing.breakdown) {
+    accounted += seconds;
+  }
+  EXPECT_NEAR(accounted / estimate.step_seconds, 1.0, 0.02);
+}
+
+TEST(StepTime, GradientAccumulationRepeatsMicrobatches) {
+  const Estimate one =
+      estimate_for({"model_name=llama2-7b", "compile_topology=v5p-8", "per_device_batch_size=2"});
+  const Estimate four = estimate_for({"model_name=llama2-7b", "compile_topology=v5p-8",
+                                      "per_device_batch_size=2", "gradient_accumulation_steps=4"});
+  EXPECT_NEAR(four.step_seconds - four.timing.optimizer_seconds,
+              4 * (one.step_seconds - one.timing.optimizer_seconds), 0.01 * four.step_seconds);
+  EXPECT_NEAR(four.tokens_per_s_per_chip / one.tokens_per_s_per_chip, 1.0, 0.05);
+}
+
+}  // namespace
+}  // namespace tpusim
