@@ -52,6 +52,18 @@ struct PlanDim {
   AxisList axes;
 };
 
+// Values per row a norm (or its gradient) needs when its reduced dim is split across devices.
+int norm_statistics_count(const Op& op) {
+  switch (op.kind) {
+    case OpKind::kRmsNorm:
+      return 1;
+    case OpKind::kLayerNorm:
+      return 2;
+    default:  // kNormGrad: inputs dy, x, scale (RMS) or dy, x, scale, bias (LayerNorm)
+      return op.inputs.size() == 3 ? 2 : 4;
+  }
+}
+
 class Partitioner {
  public:
   Partitioner(const TrainingStep& step, const LogicalAxisRules& rules, const DeviceMesh& mesh)
@@ -657,9 +669,10 @@ class Partitioner {
       case OpKind::kRmsNorm:
       case OpKind::kLayerNorm:
       case OpKind::kNormGrad:
+        // Statistics per row: RMSNorm sum(x^2); LayerNorm sum(x), sum(x^2); their gradients
+        // also need sum(dy.scale.x) (RMS) or sum(dy.scale), sum(dy.scale.x) (Layer).
         partition_reduction(op, op.attrs.contracted.empty() ? "" : op.attrs.contracted[0],
-                            OpKind::kNormStatistics, op.kind == OpKind::kRmsNorm ? 1 : 2,
-                            ReduceOp::kSum);
+                            OpKind::kNormStatistics, norm_statistics_count(op), ReduceOp::kSum);
         return;
       case OpKind::kCrossEntropy:
       case OpKind::kCrossEntropyGrad: {

@@ -119,6 +119,7 @@ class ForwardBuilder {
     const TensorId out = activation(name, input_dims, region);
     OpAttrs attrs;
     attrs.contracted = {last.name};
+    attrs.epsilon = config_.get_float("normalization_layer_epsilon");
     graph().add_op(layer_norm ? OpKind::kLayerNorm : OpKind::kRmsNorm, name, inputs, {out}, attrs,
                    region);
     return out;
@@ -233,7 +234,9 @@ class ForwardBuilder {
 
   TensorId rope(const std::string& name, TensorId x, int region) {
     const TensorId out = activation(name, graph().tensor(x).dims, region);
-    graph().add_op(OpKind::kRope, name, {x}, {out}, {}, region);
+    OpAttrs attrs;
+    attrs.rope_max_timescale = static_cast<double>(config_.get_int("rope_max_timescale"));
+    graph().add_op(OpKind::kRope, name, {x}, {out}, attrs, region);
     return out;
   }
 
@@ -358,7 +361,8 @@ class ForwardBuilder {
                with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
     const TensorId routing =
         activation("moe/routing",
-                   with_last(activation_dims(), {act("top_k", top_k, "activation_exp")}), region);
+                   with_last(activation_dims(), {act("top_k", top_k, ""), act("route", 2, "")}),
+                   region);
     OpAttrs router_attrs;
     router_attrs.top_k = top_k;
     graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,

@@ -91,6 +91,8 @@ struct OpAttrs {
   std::vector<std::string> mesh_axes;  // collectives: the mesh axes they span
   int64_t group_size = 1;              // collectives: devices in each group
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
+  double epsilon = 1e-6;               // norms: added to the variance
+  double rope_max_timescale = 10000;   // rope: the longest wavelength (MaxText rope_max_timescale)
 };
 
 struct Op {

@@ -1,0 +1,45 @@
+// sim/functional/device_context.h: what a kernel needs to know about the device running it.
+//
+// A device-local dim split over mesh axes holds the slice [offset, offset + local size) of the
+// global dim; its offset follows from the device's coordinate on each mesh axis (major to minor,
+// as Dim::sharded_over lists them). Kernels need global positions for RoPE and causal masks (a
+// context-parallel shard of the sequence), for embedding lookups (a vocab shard) and for slices.
+//
+// Example:
+//   DeviceContext device{.coordinates = ...};  // fsdp coordinate 2 of 4
+//   device.offset(dim);  // dim "batch" of global 16 split over fsdp: 2 * 4 = 8
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "model/ir/tensor.h"
+#include "sharding/mesh.h"
+
+namespace tpusim {
+
+struct DeviceContext {
+  int device = 0;                                     // global device index
+  std::array<int, kNumMeshAxes> coordinates{};        // position on each mesh axis (ici x dcn)
+  std::array<int, kNumMeshAxes> sizes{};              // mesh axis sizes
+  bool bf16_matmul_inputs = false;                    // functional_dtype=bfloat16_matmul
+
+  // The optimizer step (AdamW, MaxText/optax semantics) this program execution applies.
+  struct Optimizer {
+    double learning_rate = 0;
+    int64_t step = 1;  // 1-based, for bias correction
+    double b1 = 0.9;
+    double b2 = 0.95;
+    double eps = 1e-8;
+    double eps_root = 0;
+    double weight_decay = 0.1;
+    double gradient_scale = 1;  // global-norm clipping factor applied to gradients first
+  } optimizer;
+
+  // Global index of local position 0 of `dim` on this device (0 when the dim is not split).
+  int64_t offset(const Dim& dim) const;
+  // This device's index among the devices sharing `dim`'s mesh axes (0 .. shards-1).
+  int64_t shard_index(const Dim& dim) const;
+};
+
+}  // namespace tpusim
