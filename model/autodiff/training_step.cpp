@@ -408,7 +408,7 @@ class BackwardBuilder {
         const Region& owner = graph_.region(parameter.region);
         optimizer_region_for[parameter.region] =
             graph_.add_region("optimizer/" + owner.name, owner.shared_parameters ? 1 : owner.repeat,
-                              Phase::kOptimizer);
+                              Phase::kOptimizer, parameter.region);
         step.optimizer_regions.push_back(optimizer_region_for[parameter.region]);
       }
       const int region = optimizer_region_for[parameter.region];

@@ -29,7 +29,9 @@ struct Region {
   std::string name;
   int64_t repeat = 1;
   Phase phase = Phase::kForward;
-  int forward_region = -1;  // for a backward region: the forward region it differentiates
+  // For a backward region: the forward region it differentiates; for an optimizer region: the
+  // forward region that owns the parameters it updates.
+  int forward_region = -1;
   // True when every iteration reads the SAME parameters (the chunks of a tiled cross-entropy);
   // false for scanned layers, where each iteration has its own layer's weights.
   bool shared_parameters = false;

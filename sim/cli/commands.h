@@ -16,5 +16,6 @@ void register_program_command(CLI::App& app);
 void register_estimate_command(CLI::App& app);
 void register_validate_command(CLI::App& app);
 void register_op_command(CLI::App& app);
+void register_train_command(CLI::App& app);
 
 }  // namespace tpusim

@@ -20,6 +20,7 @@ int run(int argc, char** argv) {
   tpusim::register_estimate_command(app);
   tpusim::register_validate_command(app);
   tpusim::register_op_command(app);
+  tpusim::register_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

@@ -1,0 +1,81 @@
+// sim/functional/communicator.h: how the functional engine executes the collectives of a
+// per-device program.
+//
+// A Communicator runs ONE collective op (all-gather, reduce-scatter, all-reduce, all-to-all,
+// collective permute) for ONE device: every device of the op's group calls run() for the same op,
+// each with its own input shard, and each receives its own output shard. Transports differ in how
+// the shards travel (threads of one process sharing memory, OpenMPI ranks, ...); all of them give
+// the same results because they compute them with combine_collective() below, in the group order
+// of collective_group().
+//
+// Semantics, by GLOBAL indices: the op's input and output are two local layouts of the same global
+// tensor (same dims, in the same order; Dim::sharded_over and Dim::global_size say how each dim is
+// split). Device d's shard of a dim covers the global indices [d.offset(dim), d.offset(dim) +
+// dim.size). For every element of the output shard:
+//   - all-gather, all-to-all, collective permute: the value of the unique group member whose input
+//     shard holds that global element (an error when no member holds it);
+//   - reduce-scatter, all-reduce: the combination of ALL members' values at that global index, in
+//     group order: ReduceOp::kSum is a left-to-right float sum; ReduceOp::kLogSumExp combines the
+//     (max, sum of exp(x - max), target) triples of the input's last dim pairwise:
+//       m = max(m1, m2), s = s1 * exp(m1 - m) + s2 * exp(m2 - m), t = t1 + t2.
+// Output elements whose global index lies in the padding of a dim (>= its global size, when the
+// size does not divide evenly among the shards) are zero.
+//
+// Example (8 devices, mesh data=2 x fsdp=4, a [batch:8@fsdp (global 32), embed:4] shard gathered
+// into [batch:32, embed:4] over fsdp: two independent groups {0,1,2,3} and {4,5,6,7}):
+//   InProcessCommunicator communicator(sizes);             // see in_process_communicator.h
+//   // on the thread of device d:
+//   DeviceContext device = InProcessCommunicator::context_for(d, sizes);
+//   TensorData gathered;
+//   communicator.run(graph, op, device, shard, gathered);  // blocks until the group has arrived
+#pragma once
+
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/ir/graph.h"
+#include "sharding/mesh.h"
+#include "sim/functional/device_context.h"
+#include "sim/functional/tensor_data.h"
+
+namespace tpusim {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Executes collective `op` (one input, one output) of the per-device program `graph` for
+  // `device`. Every member of the device's group (collective_group over op.attrs.mesh_axes) must
+  // call run() for the same op, and every device must call its collectives in the same order each
+  // time. `output` is resized to the local shape of graph.tensor(op.outputs[0]) when its shape
+  // differs, and must not alias `input`. Throws std::runtime_error when the group cannot complete
+  // (a member never arrives) and std::logic_error when the op or the shards are inconsistent.
+  virtual void run(const Graph& graph, const Op& op, const DeviceContext& device,
+                   const TensorData& input, TensorData& output) = 0;
+
+  // Devices this communicator connects (the product of the mesh axis sizes).
+  virtual int num_devices() const = 0;
+};
+
+// The devices of `device`'s group over `mesh_axes`: those sharing all of its coordinates except on
+// `mesh_axes`, ordered by their coordinates on `mesh_axes` (the first listed axis major). This
+// order is THE reduction order of every transport. `device_of_coordinates` maps a full coordinate
+// array to a device index. Throws std::logic_error for a repeated axis (unknown axes: UserError
+// from mesh_axis_index).
+std::vector<int> collective_group(
+    const DeviceContext& device, const std::vector<std::string>& mesh_axes,
+    const std::function<int(const std::array<int, kNumMeshAxes>&)>& device_of_coordinates);
+
+// Computes `self`'s output of collective `op` from the inputs of every group member, given in
+// group order (`members[i]` is the context of the device whose input is `member_inputs[i]`).
+// Writes `output` (resized to the local shape of graph.tensor(op.outputs[0]) if needed). Throws
+// std::logic_error when an input has the wrong shape, when an element has no holder (or, for the
+// copying collectives, several), or when a member does not hold a reduced element.
+void combine_collective(const Graph& graph, const Op& op,
+                        const std::vector<const DeviceContext*>& members,
+                        const std::vector<const TensorData*>& member_inputs,
+                        const DeviceContext& self, TensorData& output);
+
+}  // namespace tpusim

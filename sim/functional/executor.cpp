@@ -1,0 +1,442 @@
+#include "sim/functional/executor.h"
+
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+#include "common/error.h"
+#include "model/ir/op_flops.h"
+#include "sim/functional/kernels.h"
+
+namespace tpusim {
+namespace {
+
+// splitmix64: a counter-based generator, so a value depends only on (seed, name, index).
+uint64_t mix(uint64_t value) {
+  value += 0x9e3779b97f4a7c15ULL;
+  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
+  return value ^ (value >> 31);
+}
+
+uint64_t hash_name(const std::string& name) {
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a
+  for (const char character : name) {
+    hash = (hash ^ static_cast<unsigned char>(character)) * 1099511628211ULL;
+  }
+  return hash;
+}
+
+// Standard normal from two uniforms of the counter stream (Box-Muller).
+double normal(uint64_t seed, uint64_t name, uint64_t index) {
+  const uint64_t a = mix(seed ^ mix(name ^ mix(2 * index)));
+  const uint64_t b = mix(seed ^ mix(name ^ mix(2 * index + 1)));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;
+  const double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+int64_t global_size(const Dim& dim) {
+  return dim.global_size > 0 ? dim.global_size : dim.size;
+}
+
+}  // namespace
+
+Executor::Executor(const StepProgram& program, DeviceContext device, Communicator& communicator)
+    : program_(program),
+      graph_(program.program.graph),
+      device_(device),
+      communicator_(communicator) {
+  const size_t count = graph_.tensors().size();
+  per_layer_.assign(count, false);
+  persistent_.assign(count, false);
+  dead_after_.assign(graph_.ops().size(), {});
+  std::set<TensorId> carry_ends;
+  for (const Graph::Carry& carry : graph_.carries()) {
+    carry_ends.insert(carry.from);
+    carry_ends.insert(carry.to);
+  }
+  for (const auto& [parameter, grad] : program.step.parameter_grads) {
+    const TensorId local_parameter =
+        program.program.local_of_global[static_cast<size_t>(parameter)];
+    const TensorId local_grad = program.program.local_of_global[static_cast<size_t>(grad)];
+    final_grads_.push_back(local_grad);
+    grad_of_parameter_[local_parameter] = local_grad;
+  }
+  const std::set<TensorId> final_grads(final_grads_.begin(), final_grads_.end());
+  // The loss: the cross-entropy's output, or its all-reduce over the devices sharing the batch.
+  loss_ = program.program.local_of_global[static_cast<size_t>(program.step.forward_info.loss)];
+  for (const Op& op : graph_.ops()) {
+    if (op.kind == OpKind::kAllReduce && op.inputs[0] == loss_) {
+      loss_ = op.outputs[0];
+    }
+  }
+  // Which regions read each tensor, and where it is read last.
+  std::vector<std::set<int>> reader_regions(count);
+  std::vector<int> last_reader(count, -1);
+  for (const Op& op : graph_.ops()) {
+    for (const TensorId input : op.inputs) {
+      reader_regions[static_cast<size_t>(input)].insert(op.region);
+      last_reader[static_cast<size_t>(input)] = op.id;
+    }
+  }
+  // Ops run region by region in region order: the last reader in that order.
+  std::vector<int> region_rank(graph_.regions().size());
+  for (size_t index = 0; index < region_rank.size(); ++index) {
+    region_rank[index] = static_cast<int>(index);
+  }
+  for (const Tensor& tensor : graph_.tensors()) {
+    const auto id = static_cast<size_t>(tensor.id);
+    const bool produced = graph_.producer(tensor.id) >= 0;
+    const bool state = !produced && (tensor.kind == TensorKind::kParameter ||
+                                     tensor.kind == TensorKind::kOptimizerState);
+    persistent_[id] = state || final_grads.contains(tensor.id);
+    const Region& region = graph_.region(tensor.region);
+    const int owner = region.phase == Phase::kForward ? tensor.region : region.forward_region;
+    const bool scanned =
+        owner >= 0 && graph_.region(owner).repeat > 1 && !graph_.region(owner).shared_parameters;
+    bool read_elsewhere = false;
+    for (const int reader : reader_regions[id]) {
+      read_elsewhere = read_elsewhere || reader != tensor.region;
+    }
+    per_layer_[id] =
+        scanned && !carry_ends.contains(tensor.id) && (persistent_[id] || read_elsewhere);
+    const bool kept = persistent_[id] || carry_ends.contains(tensor.id) ||
+                      tensor.kind == TensorKind::kInput || tensor.id == loss_;
+    if (!kept && last_reader[id] >= 0) {
+      dead_after_[static_cast<size_t>(last_reader[id])].push_back(tensor.id);
+    } else if (!kept && produced) {
+      dead_after_[static_cast<size_t>(graph_.producer(tensor.id))].push_back(tensor.id);
+    }
+  }
+}
+
+Executor::Key Executor::key(TensorId id) const {
+  return {id, per_layer_[static_cast<size_t>(id)] ? layer_ : 0};
+}
+
+TensorData& Executor::allocate(TensorId id) {
+  const Key slot = key(id);
+  auto [it, inserted] = values_.try_emplace(slot);
+  if (inserted) {
+    it->second = TensorData::zeros(graph_.tensor(id));
+    live_bytes_ += graph_.tensor(id).bytes();
+    counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
+  }
+  return it->second;
+}
+
+TensorData& Executor::value(TensorId id) {
+  const auto found = values_.find(key(id));
+  if (found == values_.end()) {
+    throw std::logic_error("functional engine: '" + graph_.tensor(id).name +
+                           "' is read before it is written (layer " + std::to_string(layer_) + ")");
+  }
+  return found->second;
+}
+
+void Executor::release(TensorId id) {
+  const auto found = values_.find(key(id));
+  if (found != values_.end()) {
+    live_bytes_ -= graph_.tensor(id).bytes();
+    values_.erase(found);
+  }
+}
+
+bool Executor::owns_global_element(const Tensor& tensor) const {
+  std::set<std::string> split;
+  for (const Dim& dim : tensor.dims) {
+    split.insert(dim.sharded_over.begin(), dim.sharded_over.end());
+  }
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    if (device_.sizes[static_cast<size_t>(axis)] > 1 &&
+        !split.contains(mesh_axis_names()[static_cast<size_t>(axis)]) &&
+        device_.coordinates[static_cast<size_t>(axis)] != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Executor::initialize_parameters(uint64_t seed) {
+  for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
+    const Region& info = graph_.region(region);
+    if (info.phase != Phase::kForward) {
+      continue;
+    }
+    const int64_t layers = info.shared_parameters ? 1 : info.repeat;
+    for (const Tensor& tensor : graph_.tensors()) {
+      const bool state =
+          graph_.producer(tensor.id) < 0 &&
+          (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kOptimizerState);
+      if (!state || tensor.region != region) {
+        continue;
+      }
+      for (layer_ = 0; layer_ < layers; ++layer_) {
+        TensorData& data = allocate(tensor.id);
+        if (tensor.kind == TensorKind::kOptimizerState) {
+          continue;  // moments start at zero
+        }
+        const bool norm = !tensor.dims.empty() && tensor.dims.back().logical == "norm";
+        const bool bias = tensor.name.ends_with("/bias");
+        // Lookup tables (not the unembedding matmul): N(0, 1) as flax nn.Embed.
+        const bool embedding =
+            tensor.name == "token_embedding" || tensor.name == "position_embedding";
+        double fan_in = 1;
+        for (size_t dim = 0; dim + 1 < tensor.dims.size(); ++dim) {
+          if (tensor.dims[dim].name != "experts") {
+            fan_in *= static_cast<double>(global_size(tensor.dims[dim]));
+          }
+        }
+        const double scale = embedding ? 1.0 : 1.0 / std::sqrt(fan_in);
+        const uint64_t name = hash_name(tensor.name) ^ mix(static_cast<uint64_t>(layer_));
+        // Walk the local elements with their global flat index.
+        std::vector<int64_t> index(tensor.dims.size(), 0);
+        for (int64_t flat = 0; flat < data.size(); ++flat) {
+          int64_t global = 0;
+          for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+            global = global * global_size(tensor.dims[dim]) + device_.offset(tensor.dims[dim]) +
+                     index[dim];
+          }
+          float value = 0;
+          if (norm) {
+            value = bias ? 0.0f : 1.0f;
+          } else {
+            value = static_cast<float>(scale * normal(seed, name, static_cast<uint64_t>(global)));
+          }
+          data.values[static_cast<size_t>(flat)] = value;
+          for (size_t dim = tensor.dims.size(); dim-- > 0;) {
+            if (++index[dim] < tensor.dims[dim].size) {
+              break;
+            }
+            index[dim] = 0;
+          }
+        }
+      }
+    }
+  }
+  layer_ = 0;
+}
+
+void Executor::set_batch(const std::vector<std::vector<int32_t>>& tokens,
+                         const std::vector<std::vector<int32_t>>& targets) {
+  tokens_ = tokens;
+  targets_ = targets;
+}
+
+void Executor::fill_input(TensorId id, int microbatch) {
+  const Tensor& tensor = graph_.tensor(id);
+  TensorData& data = allocate(id);
+  const int length_dim = tensor.dim_index("length");
+  const int batch_dim = tensor.dim_index("batch");
+  if (length_dim < 0 || batch_dim < 0 || tensor.dims.size() != 2) {
+    throw std::logic_error("functional engine: input '" + tensor.name + "' is not [batch, length]");
+  }
+  const Dim& batch = tensor.dims[static_cast<size_t>(batch_dim)];
+  const Dim& length = tensor.dims[static_cast<size_t>(length_dim)];
+  const int64_t global_length = global_size(length);
+  const std::vector<int32_t>* source = nullptr;
+  if (tensor.name == "tokens") {
+    source = &tokens_.at(static_cast<size_t>(microbatch));
+  } else if (tensor.name == "targets") {
+    source = &targets_.at(static_cast<size_t>(microbatch));
+  }
+  std::vector<int64_t> index(2);
+  for (int64_t b = 0; b < batch.size; ++b) {
+    for (int64_t l = 0; l < length.size; ++l) {
+      const int64_t global_b = device_.offset(batch) + b;
+      const int64_t global_l = device_.offset(length) + l;
+      float value = static_cast<float>(global_l);  // "positions" (learned position embeddings)
+      if (source != nullptr) {
+        const auto flat = static_cast<size_t>(global_b * global_length + global_l);
+        if (global_b >= global_size(batch) || flat >= source->size()) {
+          value = 0;  // padding rows of a batch dim that does not divide (XLA pads)
+        } else {
+          value = static_cast<float>((*source)[flat]);
+        }
+      }
+      index[static_cast<size_t>(batch_dim)] = b;
+      index[static_cast<size_t>(length_dim)] = l;
+      data.at(index) = value;
+    }
+  }
+}
+
+void Executor::run_op(const Op& op, int microbatch) {
+  std::vector<const TensorData*> inputs;
+  for (const TensorId input : op.inputs) {
+    const Tensor& tensor = graph_.tensor(input);
+    if (tensor.kind == TensorKind::kInput && values_.find(key(input)) == values_.end()) {
+      fill_input(input, microbatch);
+    }
+    inputs.push_back(&value(input));
+  }
+  std::vector<TensorData*> outputs;
+  for (const TensorId output : op.outputs) {
+    outputs.push_back(&allocate(output));
+  }
+  if (is_collective(op.kind)) {
+    communicator_.run(graph_, op, device_, *inputs[0], *outputs[0]);
+    counters_.collective_bytes += static_cast<double>(collective_bytes(graph_, op));
+    ++counters_.collectives;
+  } else {
+    run_kernel(graph_, op, inputs, outputs, device_);
+    if (op.kind == OpKind::kEinsum) {
+      counters_.einsum_flops += op_flops(graph_, op).matmul;
+    }
+  }
+  if (op.kind == OpKind::kAdamUpdate) {
+    // Updates are in place: the new parameter and moments replace the old ones.
+    for (size_t index = 0; index < 3; ++index) {
+      value(op.inputs[index]) = std::move(*outputs[index]);
+      release(op.outputs[index]);
+    }
+  }
+  for (const TensorId dead : dead_after_[static_cast<size_t>(op.id)]) {
+    release(dead);
+  }
+}
+
+void Executor::run_region(int region, int microbatch) {
+  const Region& info = graph_.region(region);
+  std::vector<const Op*> ops;
+  for (const Op& op : graph_.ops()) {
+    if (op.region == region) {
+      ops.push_back(&op);
+    }
+  }
+  for (int64_t iteration = 0; iteration < info.repeat; ++iteration) {
+    layer_ = info.phase == Phase::kBackward ? info.repeat - 1 - iteration : iteration;
+    // Carries into this region: from another region on the first iteration, from this
+    // region's previous iteration afterwards.
+    for (const Graph::Carry& carry : graph_.carries()) {
+      if (graph_.tensor(carry.to).region != region) {
+        continue;
+      }
+      const bool same_region = graph_.tensor(carry.from).region == region;
+      if (same_region != (iteration > 0)) {
+        continue;
+      }
+      const Key from{carry.from, 0};
+      const auto found = values_.find(from);
+      if (found == values_.end()) {
+        throw std::logic_error("functional engine: carry '" + graph_.tensor(carry.from).name +
+                               "' has no value");
+      }
+      const Tensor& to = graph_.tensor(carry.to);
+      TensorData& destination = allocate(carry.to);
+      if (destination.values.size() == found->second.values.size()) {
+        destination.values = found->second.values;
+      } else {
+        // A chunked head reads its chunk of the sequence (num_vocab_tiling).
+        throw UserError("num_vocab_tiling > 1 is not supported by the functional engine yet");
+      }
+      (void)to;
+    }
+    for (const Op* op : ops) {
+      run_op(*op, microbatch);
+    }
+    if (info.phase == Phase::kBackward) {
+      for (const TensorId grad : final_grads_) {
+        if (graph_.tensor(grad).region != region) {
+          continue;
+        }
+        TensorData& sum = accumulated_[key(grad)];
+        const TensorData& now = value(grad);
+        if (sum.values.empty()) {
+          sum = now;
+        } else {
+          for (size_t index = 0; index < sum.values.size(); ++index) {
+            sum.values[index] += now.values[index];
+          }
+        }
+      }
+    }
+  }
+  if (graph_.tensor(loss_).region == region) {
+    loss_sum_ += static_cast<double>(value(loss_).values.at(0));
+  }
+  layer_ = 0;
+}
+
+StepResult Executor::compute_gradients() {
+  counters_ = ExecutionCounters{};
+  counters_.peak_bytes = live_bytes_;
+  loss_sum_ = 0;
+  accumulated_.clear();
+  for (int microbatch = 0; microbatch < static_cast<int>(program_.accumulation_steps);
+       ++microbatch) {
+    for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
+      if (graph_.region(region).phase != Phase::kOptimizer) {
+        run_region(region, microbatch);
+      }
+    }
+    // Inputs and carries of this microbatch are not needed any more.
+    for (auto it = values_.begin(); it != values_.end();) {
+      const Tensor& tensor = graph_.tensor(it->first.first);
+      if (!persistent_[static_cast<size_t>(tensor.id)]) {
+        live_bytes_ -= tensor.bytes();
+        it = values_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  StepResult result;
+  const auto microbatches = static_cast<double>(program_.accumulation_steps);
+  result.loss = loss_sum_ / microbatches;
+  double squares = 0;
+  for (auto& [slot, sum] : accumulated_) {
+    TensorData& grad = values_.at(slot);
+    const bool owner = owns_global_element(graph_.tensor(slot.first));
+    for (size_t index = 0; index < sum.values.size(); ++index) {
+      grad.values[index] = static_cast<float>(sum.values[index] / microbatches);
+      if (owner) {
+        squares += static_cast<double>(grad.values[index]) * grad.values[index];
+      }
+    }
+  }
+  result.grad_norm = squares;
+  result.counters = counters_;
+  return result;
+}
+
+void Executor::apply_update(const DeviceContext::Optimizer& optimizer) {
+  device_.optimizer = optimizer;
+  for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
+    if (graph_.region(region).phase == Phase::kOptimizer) {
+      run_region(region, 0);
+    }
+  }
+}
+
+std::vector<Executor::NamedState> Executor::state() {
+  std::vector<NamedState> result;
+  for (auto& [slot, data] : values_) {
+    const Tensor& tensor = graph_.tensor(slot.first);
+    const bool state =
+        graph_.producer(tensor.id) < 0 &&
+        (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kOptimizerState);
+    if (state) {
+      result.push_back(
+          {graph_.region(tensor.region).name + "/" + tensor.name, slot.second, &tensor, &data});
+    }
+  }
+  return result;
+}
+
+std::vector<Executor::NamedState> Executor::gradients() {
+  std::vector<NamedState> result;
+  for (const auto& [parameter, grad] : grad_of_parameter_) {
+    const Tensor& tensor = graph_.tensor(parameter);
+    for (auto& [slot, data] : values_) {
+      if (slot.first == grad) {
+        result.push_back({graph_.region(tensor.region).name + "/" + tensor.name, slot.second,
+                          &graph_.tensor(grad), &data});
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace tpusim

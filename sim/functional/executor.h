@@ -1,0 +1,112 @@
+// sim/functional/executor.h: runs the per-device program with real numbers on one device.
+//
+// One Executor per simulated device interprets the SAME program the performance model times:
+// regions in order, a scanned region once per layer (iteration k of a forward region is layer k,
+// of its backward region layer R-1-k, of its optimizer region layer k), compute ops through the
+// kernels, collectives through the Communicator (which meets the other devices). The executor
+// owns the device's state: per-layer parameters and Adam moments, per-layer saved activations
+// between a layer's forward and backward, gradients until the update. It counts what it really
+// does: matmul FLOPs executed by einsums and attention, bytes handed to collectives, and the peak
+// of bytes allocated (in the IR's dtypes, so it compares with the memory model).
+//
+// Example (one thread per device):
+//   Executor executor(program, device, communicator);
+//   executor.initialize_parameters(seed);
+//   executor.set_batch(tokens, targets);     // this device's shard of the global batch
+//   StepResult result = executor.run_step(optimizer);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sharding/step_program.h"
+#include "sim/functional/communicator.h"
+#include "sim/functional/device_context.h"
+#include "sim/functional/tensor_data.h"
+
+namespace tpusim {
+
+struct ExecutionCounters {
+  double einsum_flops = 0;      // 2 x M x K x N of every einsum executed
+  double collective_bytes = 0;  // per-device array V of every collective (as the network model)
+  int64_t collectives = 0;
+  int64_t peak_bytes = 0;  // of live tensors, in the IR's dtypes
+};
+
+struct StepResult {
+  double loss = 0;       // mean over the global batch (over microbatches)
+  double grad_norm = 0;  // global L2 norm of the gradients, before clipping (this device's
+                         // sum of squares; the trainer combines devices)
+  ExecutionCounters counters;
+};
+
+class Executor {
+ public:
+  Executor(const StepProgram& program, DeviceContext device, Communicator& communicator);
+
+  // Deterministic initialization by GLOBAL element index, so every sharding gets the same model:
+  // norm scales 1, biases 0, embedding tables N(0, 1), other weights N(0, 1/fan_in); Adam moments
+  // 0.
+  void initialize_parameters(uint64_t seed);
+
+  // The global tokens and targets of every microbatch of the step, each [sequences, length]
+  // row-major (every device gets the whole batch and reads its own shard by its offsets).
+  void set_batch(const std::vector<std::vector<int32_t>>& tokens,
+                 const std::vector<std::vector<int32_t>>& targets);
+
+  // Forward and backward of every microbatch; returns the loss and this device's part of the
+  // squared gradient norm. Gradients are averaged over microbatches.
+  StepResult compute_gradients();
+
+  // The optimizer regions with `optimizer` (learning rate, step, clipping scale).
+  void apply_update(const DeviceContext::Optimizer& optimizer);
+
+  // Parameter and moment state by (tensor name, layer), for checkpoints and comparisons.
+  struct NamedState {
+    std::string name;  // "<region>/<tensor>"
+    int64_t layer = 0;
+    const Tensor* tensor = nullptr;  // local tensor (dims with offsets)
+    TensorData* data = nullptr;
+  };
+  std::vector<NamedState> state();
+  // Gradients by parameter (after compute_gradients), same naming.
+  std::vector<NamedState> gradients();
+
+  const ExecutionCounters& counters() const { return counters_; }
+  const DeviceContext& device() const { return device_; }
+
+ private:
+  using Key = std::pair<TensorId, int64_t>;  // (local tensor, layer; 0 when not per-layer)
+  Key key(TensorId id) const;
+  TensorData& value(TensorId id);
+  TensorData& allocate(TensorId id);
+  void release(TensorId id);
+  void fill_input(TensorId id, int microbatch);
+  void run_region(int region, int microbatch);
+  void run_op(const Op& op, int microbatch);
+  bool owns_global_element(const Tensor& tensor) const;
+
+  const StepProgram& program_;
+  const Graph& graph_;
+  DeviceContext device_;
+  Communicator& communicator_;
+  std::vector<bool> per_layer_;                    // stored once per layer of a scanned region
+  std::vector<bool> persistent_;                   // parameters, moments, final gradients
+  std::vector<std::vector<TensorId>> dead_after_;  // by op id: values never read again
+  std::vector<TensorId> final_grads_;              // local gradients of the parameters
+  std::map<TensorId, TensorId> grad_of_parameter_;
+  std::map<Key, TensorData> values_;
+  std::map<Key, TensorData> accumulated_;  // gradients summed over microbatches
+  std::vector<std::vector<int32_t>> tokens_;
+  std::vector<std::vector<int32_t>> targets_;
+  int64_t layer_ = 0;   // layer of the region iteration being run
+  TensorId loss_ = -1;  // local tensor holding the complete loss
+  double loss_sum_ = 0;
+  DeviceContext::Optimizer optimizer_;
+  ExecutionCounters counters_;
+  int64_t live_bytes_ = 0;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,333 @@
+#include "sim/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+
+namespace tpusim {
+namespace {
+
+constexpr uint64_t kDefaultSeed = 0;
+
+int64_t global_size(const Dim& dim) {
+  return dim.global_size > 0 ? dim.global_size : dim.size;
+}
+
+// Writes a device's local block into the global row-major array of its tensor.
+void place_block(const Tensor& tensor, const TensorData& local, const DeviceContext& device,
+                 std::vector<float>& global) {
+  int64_t total = 1;
+  for (const Dim& dim : tensor.dims) {
+    total *= global_size(dim);
+  }
+  if (global.empty()) {
+    global.assign(static_cast<size_t>(total), 0.0f);
+  }
+  std::vector<int64_t> index(tensor.dims.size(), 0);
+  for (int64_t flat = 0; flat < local.size(); ++flat) {
+    int64_t target = 0;
+    bool inside = true;
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      const int64_t position = device.offset(tensor.dims[dim]) + index[dim];
+      inside = inside && position < global_size(tensor.dims[dim]);
+      target = target * global_size(tensor.dims[dim]) + position;
+    }
+    if (inside) {
+      global[static_cast<size_t>(target)] = local.values[static_cast<size_t>(flat)];
+    }
+    for (size_t dim = tensor.dims.size(); dim-- > 0;) {
+      if (++index[dim] < tensor.dims[dim].size) {
+        break;
+      }
+      index[dim] = 0;
+    }
+  }
+}
+
+double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                               const std::map<std::string, std::vector<float>>& b) {
+  double worst = 0;
+  for (const auto& [name, values] : a) {
+    const auto found = b.find(name);
+    if (found == b.end() || found->second.size() != values.size()) {
+      throw std::logic_error("verify: the reference has no matching '" + name + "'");
+    }
+    double difference = 0;
+    double scale = 0;
+    for (size_t index = 0; index < values.size(); ++index) {
+      difference =
+          std::max(difference, std::abs(static_cast<double>(values[index]) - found->second[index]));
+      scale = std::max(scale, std::abs(static_cast<double>(found->second[index])));
+    }
+    worst = std::max(worst, difference / std::max(scale, 1e-30));
+  }
+  return worst;
+}
+
+}  // namespace
+
+ShardedModel::ShardedModel(const Config& config) : program_(build_step_program(config)) {
+  std::array<int, kNumMeshAxes> sizes{};
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    sizes[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
+  }
+  const int devices = program_.slice.total_devices();
+  constexpr int kMaxSimulatedDevices = 64;
+  if (devices > kMaxSimulatedDevices) {
+    throw UserError("compile_topology: " + program_.slice.name + " has " + std::to_string(devices) +
+                    " devices; tpusim train simulates at most " +
+                    std::to_string(kMaxSimulatedDevices) + " on one machine");
+  }
+  communicator_ = std::make_unique<InProcessCommunicator>(sizes);
+  const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
+  for (int device = 0; device < devices; ++device) {
+    DeviceContext context = InProcessCommunicator::context_for(device, sizes);
+    context.bf16_matmul_inputs = bf16;
+    executors_.push_back(std::make_unique<Executor>(program_, context, *communicator_));
+  }
+  const auto seed = static_cast<uint64_t>(config.get_int("init_weights_seed"));
+  on_every_device(
+      [seed](Executor& executor, int) { executor.initialize_parameters(seed + kDefaultSeed); });
+}
+
+template <typename Work>
+void ShardedModel::on_every_device(const Work& work) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(executors_.size());
+  for (size_t device = 0; device < executors_.size(); ++device) {
+    threads.emplace_back([&, device] {
+      try {
+        work(*executors_[device], static_cast<int>(device));
+      } catch (...) {
+        errors[device] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  // Prefer the root cause: a device that failed on its own, rather than one that timed out
+  // waiting for it in a collective.
+  std::exception_ptr first;
+  for (const std::exception_ptr& error : errors) {
+    if (!error) {
+      continue;
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::runtime_error& failure) {
+      const bool timeout = std::string(failure.what()).find("never arrived") != std::string::npos;
+      if (!first || !timeout) {
+        first = error;
+      }
+      if (!timeout) {
+        break;
+      }
+    } catch (...) {
+      first = error;
+      break;
+    }
+  }
+  if (first) {
+    std::rethrow_exception(first);
+  }
+}
+
+StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatches) {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<int32_t>> targets;
+  for (const Batch& batch : microbatches) {
+    tokens.push_back(batch.tokens);
+    targets.push_back(batch.targets);
+  }
+  std::vector<StepResult> results(executors_.size());
+  on_every_device([&](Executor& executor, int device) {
+    executor.set_batch(tokens, targets);
+    results[static_cast<size_t>(device)] = executor.compute_gradients();
+  });
+  StepResult result = results.front();
+  double squares = 0;
+  for (const StepResult& device_result : results) {
+    squares += device_result.grad_norm;
+  }
+  result.grad_norm = std::sqrt(squares);
+  return result;
+}
+
+void ShardedModel::apply_update(const DeviceContext::Optimizer& optimizer) {
+  on_every_device([&](Executor& executor, int) { executor.apply_update(optimizer); });
+}
+
+std::map<std::string, std::vector<float>> ShardedModel::global_state() {
+  std::map<std::string, std::vector<float>> global;
+  for (auto& executor : executors_) {
+    for (const Executor::NamedState& state : executor->state()) {
+      place_block(*state.tensor, *state.data, executor->device(),
+                  global[state.name + "#" + std::to_string(state.layer)]);
+    }
+  }
+  return global;
+}
+
+std::map<std::string, std::vector<float>> ShardedModel::global_gradients() {
+  std::map<std::string, std::vector<float>> global;
+  for (auto& executor : executors_) {
+    for (const Executor::NamedState& state : executor->gradients()) {
+      place_block(*state.tensor, *state.data, executor->device(),
+                  global[state.name + "#" + std::to_string(state.layer)]);
+    }
+  }
+  return global;
+}
+
+Config unsharded_reference_config(const Config& config) {
+  Config reference = config;
+  const Slice slice = slice_from_config(config);
+  const double per_device = config.get_float("per_device_batch_size");
+  reference.set("per_device_batch_size", std::to_string(per_device * slice.total_devices()),
+                "verify reference");
+  reference.set("compile_topology", "v5e-1", "verify reference");
+  reference.set("compile_topology_num_slices", "1", "verify reference");
+  for (const std::string& key : config.keys()) {
+    if ((key.starts_with("ici_") || key.starts_with("dcn_")) && key.ends_with("_parallelism")) {
+      reference.set(key, "1", "verify reference");
+    }
+  }
+  return reference;
+}
+
+Trainer::Trainer(const Config& config) : config_(config), data_(Dataset::from_config(config)) {}
+
+double Trainer::learning_rate(int64_t step) const {
+  const double peak = config_.get_float("learning_rate");
+  int64_t schedule = config_.get_int("learning_rate_schedule_steps");
+  if (schedule <= 0) {
+    schedule = std::max<int64_t>(1, config_.get_int("steps"));
+  }
+  const double warmup =
+      std::floor(config_.get_float("warmup_steps_fraction") * static_cast<double>(schedule));
+  const auto current = static_cast<double>(step - 1);
+  if (current < warmup) {
+    return peak * (current + 1) / std::max(1.0, warmup);
+  }
+  const double final_fraction = config_.get_float("cosine_learning_rate_final_fraction");
+  const double progress =
+      std::min(1.0, (current - warmup) / std::max(1.0, static_cast<double>(schedule) - warmup));
+  const double cosine = 0.5 * (1 + std::cos(M_PI * progress));
+  return peak * (final_fraction + (1 - final_fraction) * cosine);
+}
+
+std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
+  ShardedModel model(config_);
+  std::unique_ptr<ShardedModel> reference;
+  if (options.verify) {
+    reference = std::make_unique<ShardedModel>(unsharded_reference_config(config_));
+  }
+  const StepProgram& program = model.program();
+  const int64_t sequences = program.microbatch;
+  const int64_t length = config_.get_int("max_target_length");
+  const int64_t steps = config_.get_int("steps");
+  const int64_t eval_interval = config_.get_int("eval_interval");
+  const int64_t eval_steps = std::max<int64_t>(1, config_.get_int("eval_steps"));
+  const double clip = config_.get_float("gradient_clipping_threshold");
+  const std::string metrics_path = config_.get_string("metrics_file");
+  std::string metrics_text;
+  std::vector<StepMetrics> curve;
+  DeviceContext::Optimizer optimizer;
+  optimizer.b1 = config_.get_float("adam_b1");
+  optimizer.b2 = config_.get_float("adam_b2");
+  optimizer.eps = config_.get_float("adam_eps");
+  optimizer.eps_root = config_.get_float("adam_eps_root");
+  optimizer.weight_decay = config_.get_float("adam_weight_decay");
+  for (int64_t step = 1; step <= steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<Batch> batches;
+    for (int64_t micro = 0; micro < program.accumulation_steps; ++micro) {
+      batches.push_back(data_.train_batch(step - 1, micro, sequences));
+    }
+    const StepResult result = model.compute_gradients(batches);
+    optimizer.step = step;
+    optimizer.learning_rate = learning_rate(step);
+    optimizer.gradient_scale = clip > 0 ? clip / std::max(result.grad_norm, clip) : 1.0;
+    StepMetrics metrics;
+    if (reference) {
+      const StepResult expected = reference->compute_gradients(batches);
+      double worst =
+          std::abs(result.loss - expected.loss) / std::max(std::abs(expected.loss), 1e-30);
+      worst = std::max(
+          worst, max_relative_difference(model.global_gradients(), reference->global_gradients()));
+      DeviceContext::Optimizer reference_optimizer = optimizer;
+      reference_optimizer.gradient_scale =
+          clip > 0 ? clip / std::max(expected.grad_norm, clip) : 1.0;
+      model.apply_update(optimizer);
+      reference->apply_update(reference_optimizer);
+      worst =
+          std::max(worst, max_relative_difference(model.global_state(), reference->global_state()));
+      metrics.verify_max_rel_diff = worst;
+    } else {
+      model.apply_update(optimizer);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    metrics.step = step;
+    metrics.loss = result.loss;
+    metrics.grad_norm = result.grad_norm;
+    metrics.learning_rate = optimizer.learning_rate;
+    metrics.tokens_per_s =
+        static_cast<double>(sequences * program.accumulation_steps * length) / seconds;
+    metrics.counters = result.counters;
+    if (eval_interval > 0 && (step % eval_interval == 0 || step == steps)) {
+      double total = 0;
+      for (int64_t index = 0; index < eval_steps; ++index) {
+        std::vector<Batch> eval(static_cast<size_t>(program.accumulation_steps));
+        for (auto& batch : eval) {
+          batch = data_.eval_batch(index, sequences);
+        }
+        total += model.compute_gradients(eval).loss;
+      }
+      metrics.eval_loss = total / static_cast<double>(eval_steps);
+    }
+    nlohmann::json line = {{"step", metrics.step},
+                           {"loss", metrics.loss},
+                           {"grad_norm", metrics.grad_norm},
+                           {"learning_rate", metrics.learning_rate},
+                           {"tokens_per_s", metrics.tokens_per_s}};
+    if (metrics.eval_loss) {
+      line["eval_loss"] = *metrics.eval_loss;
+    }
+    if (metrics.verify_max_rel_diff) {
+      line["verify_max_rel_diff"] = *metrics.verify_max_rel_diff;
+    }
+    metrics_text += line.dump() + "\n";
+    if (!metrics_path.empty()) {
+      write_file_atomically(metrics_path, metrics_text);
+    }
+    if (options.progress) {
+      progress << "step " << std::setw(5) << step << "  loss " << std::fixed << std::setprecision(4)
+               << metrics.loss << "  grad_norm " << metrics.grad_norm << "  lr " << std::scientific
+               << std::setprecision(2) << metrics.learning_rate << std::fixed << "  "
+               << std::setprecision(0) << metrics.tokens_per_s << " tok/s";
+      if (metrics.eval_loss) {
+        progress << "  eval " << std::setprecision(4) << *metrics.eval_loss;
+      }
+      if (metrics.verify_max_rel_diff) {
+        progress << "  verify " << std::scientific << std::setprecision(2)
+                 << *metrics.verify_max_rel_diff << std::fixed;
+      }
+      progress << "\n";
+    }
+    curve.push_back(metrics);
+  }
+  return curve;
+}
+
+}  // namespace tpusim
