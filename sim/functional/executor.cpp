@@ -1,5 +1,6 @@
 #include "sim/functional/executor.h"
 
+#include <array>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -287,8 +288,10 @@ void Executor::run_op(const Op& op, int microbatch) {
   }
   if (op.kind == OpKind::kAdamUpdate) {
     // Updates are in place: the new parameter and moments replace the old ones.
-    for (size_t index = 0; index < 3; ++index) {
-      value(op.inputs[index]) = std::move(*outputs[index]);
+    // Outputs (param', mu', nu') replace inputs 0, 2 and 3 (input 1 is the gradient).
+    constexpr std::array<size_t, 3> kReplaced = {0, 2, 3};
+    for (size_t index = 0; index < kReplaced.size(); ++index) {
+      value(op.inputs[kReplaced[index]]) = std::move(*outputs[index]);
       release(op.outputs[index]);
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -68,7 +69,12 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
           std::max(difference, std::abs(static_cast<double>(values[index]) - found->second[index]));
       scale = std::max(scale, std::abs(static_cast<double>(found->second[index])));
     }
-    worst = std::max(worst, difference / std::max(scale, 1e-30));
+    const double relative = difference / std::max(scale, 1e-30);
+    if (std::getenv("TPUSIM_VERIFY_DETAIL") != nullptr) {
+      std::cerr << "  verify " << name << " max|diff| " << difference << " max|ref| " << scale
+                << " rel " << relative << "\n";
+    }
+    worst = std::max(worst, relative);
   }
   return worst;
 }
@@ -261,18 +267,22 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     StepMetrics metrics;
     if (reference) {
       const StepResult expected = reference->compute_gradients(batches);
-      double worst =
+      const double loss_difference =
           std::abs(result.loss - expected.loss) / std::max(std::abs(expected.loss), 1e-30);
-      worst = std::max(
-          worst, max_relative_difference(model.global_gradients(), reference->global_gradients()));
+      const double gradient_difference =
+          max_relative_difference(model.global_gradients(), reference->global_gradients());
       DeviceContext::Optimizer reference_optimizer = optimizer;
       reference_optimizer.gradient_scale =
           clip > 0 ? clip / std::max(expected.grad_norm, clip) : 1.0;
       model.apply_update(optimizer);
       reference->apply_update(reference_optimizer);
-      worst =
-          std::max(worst, max_relative_difference(model.global_state(), reference->global_state()));
-      metrics.verify_max_rel_diff = worst;
+      const double weight_difference =
+          max_relative_difference(model.global_state(), reference->global_state());
+      metrics.verify_loss_rel_diff = loss_difference;
+      metrics.verify_gradient_rel_diff = gradient_difference;
+      metrics.verify_weight_rel_diff = weight_difference;
+      metrics.verify_max_rel_diff =
+          std::max({loss_difference, gradient_difference, weight_difference});
     } else {
       model.apply_update(optimizer);
     }
@@ -306,6 +316,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
     if (metrics.verify_max_rel_diff) {
       line["verify_max_rel_diff"] = *metrics.verify_max_rel_diff;
+      line["verify_loss_rel_diff"] = *metrics.verify_loss_rel_diff;
+      line["verify_gradient_rel_diff"] = *metrics.verify_gradient_rel_diff;
+      line["verify_weight_rel_diff"] = *metrics.verify_weight_rel_diff;
     }
     metrics_text += line.dump() + "\n";
     if (!metrics_path.empty()) {

@@ -39,8 +39,11 @@ struct StepMetrics {
   double learning_rate = 0;
   double tokens_per_s = 0;
   std::optional<double> eval_loss;
-  std::optional<double> verify_max_rel_diff;
-  ExecutionCounters counters;  // device 0's
+  std::optional<double> verify_max_rel_diff;  // the largest of the three below
+  std::optional<double> verify_loss_rel_diff;
+  std::optional<double> verify_gradient_rel_diff;
+  std::optional<double> verify_weight_rel_diff;  // updated weights and Adam moments
+  ExecutionCounters counters;                    // device 0's
 };
 
 struct TrainOptions {
