@@ -305,7 +305,22 @@ class Partitioner {
       }
       (in_target ? scatter : all_reduce).push_back(axis);
     }
-    Layout after_reduce = current;
+    // Axes the computation split an output dim over that the tensor's layout does not: gathered
+    // first (gathering partial sums is plain concatenation), so that a reduce-scatter onto the
+    // same dim splits whole blocks in the tensor's own axis order.
+    AxisList gathered;
+    for (size_t dim = 0; dim < current.size(); ++dim) {
+      for (const int axis : current[dim]) {
+        if (!contains(target[dim], axis)) {
+          gathered.push_back(axis);
+        }
+      }
+    }
+    Layout after_gather = current;
+    for (AxisList& axes : after_gather) {
+      axes = without(axes, gathered);
+    }
+    Layout after_reduce = after_gather;
     for (size_t dim = 0; dim < after_reduce.size(); ++dim) {
       for (const int axis : target[dim]) {
         if (contains(scatter, axis)) {
@@ -314,34 +329,22 @@ class Partitioner {
       }
     }
     after_reduce = normalized(after_reduce);
-    // Axes the computation split an output dim over that the tensor's layout does not: gathered.
-    AxisList gathered;
-    Layout after_gather = after_reduce;
-    for (size_t dim = 0; dim < after_gather.size(); ++dim) {
-      for (const int axis : after_reduce[dim]) {
-        if (!contains(target[dim], axis)) {
-          gathered.push_back(axis);
-        }
-      }
-      after_gather[dim] = without(after_gather[dim], gathered);
+    const bool sliced = after_reduce != target;
+    if (!gathered.empty()) {
+      const bool last = scatter.empty() && all_reduce.empty() && !sliced;
+      value = collective(OpKind::kAllGather, "all_gather", value, tensor, after_gather, gathered,
+                         region, reduce, last ? local(global) : -1);
     }
-    const bool sliced = after_gather != target;
-    // Reduce-scatter first, so the all-reduce (often over DCN) moves only the shard.
+    // Reduce-scatter before all-reduce, so the all-reduce (often over DCN) moves only the shard.
     if (!scatter.empty()) {
-      const bool last = all_reduce.empty() && gathered.empty() && !sliced;
+      const bool last = all_reduce.empty() && !sliced;
       value = collective(OpKind::kReduceScatter, "reduce_scatter", value, tensor, after_reduce,
                          scatter, region, reduce, last ? local(global) : -1);
     }
     if (!all_reduce.empty()) {
-      const bool last = gathered.empty() && !sliced;
       value = collective(OpKind::kAllReduce, "all_reduce", value, tensor, after_reduce, all_reduce,
-                         region, reduce, last ? local(global) : -1);
-    }
-    if (!gathered.empty()) {
-      value = collective(OpKind::kAllGather, "all_gather", value, tensor, after_gather, gathered,
                          region, reduce, sliced ? -1 : local(global));
     }
-    after_reduce = after_gather;
     if (sliced) {
       // The unsliced value stays reusable in this region.
       alternates_[std::to_string(global) + "#" + layout_key(after_reduce)] = value;
@@ -549,46 +552,54 @@ class Partitioner {
       emit(op, inputs, {follow(op.outputs[0], reference)}, {});
       return;
     }
-    // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length.
-    const int length_dim = global_.tensor(query).dim_index("length");
+    // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length,
+    // and MLA's shared rotary key (no heads dim) also over the axes splitting the heads.
+    const Tensor& query_tensor = global_.tensor(query);
+    const int length_dim = query_tensor.dim_index("length");
+    const int heads_dim = query_tensor.dim_index("heads");
     const AxisList context =
         length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
+    const AxisList heads =
+        heads_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(heads_dim)];
     std::vector<TensorId> outputs;
-    std::vector<std::pair<size_t, TensorId>> pending;
+    std::vector<std::pair<size_t, AxisList>> pending;
+    std::vector<Layout> computed_layouts;
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       const TensorId global = op.outputs[index];
-      if (index == 0 || context.empty()) {
-        const Layout computed =
-            index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
-        if (computed == layout(global)) {
-          outputs.push_back(local(global));
-        } else {
-          outputs.push_back(make_local(global_.tensor(global), computed, op.region, "/computed"));
-          pending.emplace_back(index, outputs.back());
+      const Tensor& output = global_.tensor(global);
+      AxisList partial;
+      if (index > 0) {
+        partial = context;
+        if (output.dim_index("heads") < 0 && output.dim_index("kv_heads") < 0) {
+          partial.insert(partial.end(), heads.begin(), heads.end());
         }
-        continue;
       }
-      outputs.push_back(make_local(global_.tensor(global), follow(global, {}, whole_length),
-                                   op.region, "/partial"));
-      pending.emplace_back(index, outputs.back());
-    }
-    add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
-    for (const auto& [index, value] : pending) {
-      const TensorId global = op.outputs[index];
       const Layout computed =
           index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
-      finish_output(global, value, computed, index == 0 ? AxisList{} : context, op.region,
+      computed_layouts.push_back(computed);
+      if (computed == layout(global) && partial.empty()) {
+        outputs.push_back(local(global));
+        continue;
+      }
+      outputs.push_back(
+          make_local(output, computed, op.region, partial.empty() ? "/computed" : "/partial"));
+      pending.emplace_back(index, partial);
+    }
+    add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
+    for (const auto& [index, partial] : pending) {
+      finish_output(op.outputs[index], outputs[index], computed_layouts[index], partial, op.region,
                     ReduceOp::kSum);
     }
   }
 
   // MoE dispatch/combine: expert-parallel axes move between the token dims and the experts dim.
-  void partition_moe_exchange(const Op& op) {
+  // `grouped_input`: which input is the expert-grouped tensor for ops that read one (combine: 0,
+  // the routing-weight gradient: 1); dispatch writes it instead.
+  void partition_moe_exchange(const Op& op, size_t grouped_input = 0) {
     const bool dispatch = op.kind == OpKind::kMoeDispatch;
-    const TensorId tokens = op.inputs[0];
     const TensorId grouped_out = op.outputs[0];
     // Dispatch: tokens -> grouped; combine: grouped -> tokens. Let the grouped side be G.
-    const TensorId grouped = dispatch ? grouped_out : tokens;
+    const TensorId grouped = dispatch ? grouped_out : op.inputs[grouped_input];
     const Tensor& grouped_tensor = global_.tensor(grouped);
     const int experts_dim = grouped_tensor.dim_index("experts");
     const AxisList expert_axes =
@@ -625,11 +636,18 @@ class Partitioner {
       value = collective(OpKind::kAllToAll, "all_to_all", value, grouped_tensor, local_grouped,
                          expert_axes, op.region);
     }
-    std::vector<TensorId> inputs = {value};
-    for (size_t index = 1; index < op.inputs.size(); ++index) {
-      inputs.push_back(reshard(op.inputs[index], layout(op.inputs[index]), op.region));
+    std::vector<TensorId> inputs;
+    for (size_t index = 0; index < op.inputs.size(); ++index) {
+      inputs.push_back(index == grouped_input
+                           ? value
+                           : reshard(op.inputs[index], layout(op.inputs[index]), op.region));
     }
-    emit(op, inputs, {layout(op.outputs[0])}, {});
+    // The routing-weight gradient sums d_combined x expert_out over embed: partial over the axes
+    // that split it.
+    const AxisList partial = op.kind == OpKind::kRouterGrad
+                                 ? summed_axes(op.inputs[0], layout(op.inputs[0]), op.outputs[0])
+                                 : AxisList{};
+    emit(op, inputs, {layout(op.outputs[0])}, partial);
   }
 
   // Adds an op to the program in the phase of the op being partitioned (a recompute clone's
@@ -704,6 +722,13 @@ class Partitioner {
       case OpKind::kMoeDispatch:
       case OpKind::kMoeCombine:
         partition_moe_exchange(op);
+        return;
+      case OpKind::kRouterGrad:
+        if (op.inputs.size() == 3) {  // d routing weights from (d combined, expert out, routing)
+          partition_moe_exchange(op, 1);
+          return;
+        }
+        partition_following_output(op);
         return;
       default:
         partition_following_output(op);

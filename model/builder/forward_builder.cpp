@@ -283,7 +283,7 @@ class ForwardBuilder {
         weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}}, region);
     TensorId key_rope =
         einsum("mla/key_rope", x, wk_rope, {"embed"},
-               with_last(activation_dims(), {act("qk_rope", rope_dim, "activation_kv")}), region);
+               with_last(activation_dims(), {act("qk_rope", rope_dim, "")}), region);
     key_rope = rope("mla/key_rope_rotated", key_rope, region);
     const TensorId wk_b =
         weight("mla/wk_b",
@@ -359,10 +359,9 @@ class ForwardBuilder {
     const TensorId router_logits =
         einsum("moe/router", x, w_gate, {"embed"},
                with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
-    const TensorId routing =
-        activation("moe/routing",
-                   with_last(activation_dims(), {act("top_k", top_k, ""), act("route", 2, "")}),
-                   region);
+    const TensorId routing = activation(
+        "moe/routing", with_last(activation_dims(), {act("top_k", top_k, ""), act("route", 2, "")}),
+        region);
     OpAttrs router_attrs;
     router_attrs.top_k = top_k;
     graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
