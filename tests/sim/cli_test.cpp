@@ -227,6 +227,41 @@ TEST(ValidateCommand, BadFilesExit2) {
                     "remat_polcy");
 }
 
+TEST(TrainCommand, MetricsFileContract) {
+  const std::string metrics = ::testing::TempDir() + "/tpusim_train_metrics.jsonl";
+  const auto result = run_tpusim({"train", "model_name=tiny-llama", "compile_topology=v5e-4",
+                                  "per_device_batch_size=1", "max_target_length=32", "steps=3",
+                                  "eval_interval=2", "metrics_file=" + metrics, "--verify"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(metrics);
+  std::string line;
+  int lines = 0;
+  bool saw_eval = false;
+  while (std::getline(stream, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (const char* key : {"step", "loss", "grad_norm", "learning_rate", "tokens_per_s",
+                            "verify_max_rel_diff"}) {
+      EXPECT_TRUE(record.contains(key)) << key;
+    }
+    saw_eval = saw_eval || record.contains("eval_loss");
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_TRUE(saw_eval);
+}
+
+TEST(TrainCommand, BadInputExits2) {
+  expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text"}, "dataset_path");
+  expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text",
+                     "dataset_path=/nonexistent/corpus.txt"},
+                    "/nonexistent/corpus.txt");
+  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256"}, "v5p-256");
+  expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
+  expect_user_error({"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
+                     "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
+                    "vocab_size");
+}
+
 TEST(EstimateCommand, EmbeddedDefaultConfigRuns) {
   const auto result = run_tpusim({"estimate"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
