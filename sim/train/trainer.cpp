@@ -195,6 +195,77 @@ std::map<std::string, std::vector<float>> ShardedModel::global_gradients() {
   return global;
 }
 
+namespace {
+
+std::vector<int64_t> global_shape(const Tensor& tensor) {
+  std::vector<int64_t> shape;
+  for (const Dim& dim : tensor.dims) {
+    shape.push_back(global_size(dim));
+  }
+  return shape;
+}
+
+bool is_moment(const std::string& name) {
+  return name.find("/mu#") != std::string::npos || name.find("/nu#") != std::string::npos;
+}
+
+}  // namespace
+
+Checkpoint ShardedModel::to_checkpoint(int64_t step) {
+  Checkpoint checkpoint;
+  checkpoint.step = step;
+  for (auto& executor : executors_) {
+    for (const Executor::NamedState& state : executor->state()) {
+      const std::string name = state.name + "#" + std::to_string(state.layer);
+      CheckpointTensor& tensor =
+          (is_moment(name) ? checkpoint.optimizer : checkpoint.weights)[name];
+      tensor.shape = global_shape(*state.tensor);
+      place_block(*state.tensor, *state.data, executor->device(), tensor.values);
+    }
+  }
+  return checkpoint;
+}
+
+void ShardedModel::restore(const Checkpoint& checkpoint, bool with_optimizer) {
+  on_every_device([&](Executor& executor, int) {
+    for (const Executor::NamedState& state : executor.state()) {
+      const std::string name = state.name + "#" + std::to_string(state.layer);
+      const bool moment = is_moment(name);
+      if (moment && !with_optimizer) {
+        continue;
+      }
+      const auto& source = moment ? checkpoint.optimizer : checkpoint.weights;
+      const auto found = source.find(name);
+      if (found == source.end()) {
+        throw UserError("checkpoint: no tensor '" + name + "' for this model");
+      }
+      if (found->second.shape != global_shape(*state.tensor)) {
+        throw UserError("checkpoint: tensor '" + name + "' has another shape than this model's");
+      }
+      // Read this device's block out of the global array.
+      const Tensor& tensor = *state.tensor;
+      std::vector<int64_t> index(tensor.dims.size(), 0);
+      for (int64_t flat = 0; flat < state.data->size(); ++flat) {
+        int64_t position = 0;
+        bool inside = true;
+        for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+          const int64_t global = executor.device().offset(tensor.dims[dim]) + index[dim];
+          inside = inside && global < global_size(tensor.dims[dim]);
+          position = position * global_size(tensor.dims[dim]) + global;
+        }
+        state.data->values[static_cast<size_t>(flat)] =
+            inside ? found->second.values[static_cast<size_t>(position)] : 0.0f;
+        for (size_t dim = tensor.dims.size(); dim-- > 0;) {
+          if (++index[dim] < tensor.dims[dim].size) {
+            break;
+          }
+          index[dim] = 0;
+        }
+      }
+    }
+  });
+}
+
 Config unsharded_reference_config(const Config& config) {
   Config reference = config;
   const Slice slice = slice_from_config(config);
@@ -254,7 +325,39 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   optimizer.eps = config_.get_float("adam_eps");
   optimizer.eps_root = config_.get_float("adam_eps_root");
   optimizer.weight_decay = config_.get_float("adam_weight_decay");
-  for (int64_t step = 1; step <= steps; ++step) {
+  // Checkpoints: <base_output_directory>/<run_name>/checkpoints/<step>. A run resumes from its
+  // latest checkpoint; load_parameters_path starts a new run from saved weights.
+  const bool checkpointing = config_.get_bool("enable_checkpointing");
+  const std::string run_directory =
+      config_.get_string("base_output_directory") + "/" + config_.get_string("run_name");
+  if (checkpointing && (config_.get_string("base_output_directory").empty() ||
+                        config_.get_string("run_name").empty())) {
+    throw UserError("enable_checkpointing: needs base_output_directory and run_name");
+  }
+  const int64_t period = config_.get_int("checkpoint_period");
+  int64_t first_step = 1;
+  const std::string latest = checkpointing ? latest_checkpoint(run_directory) : "";
+  if (!latest.empty()) {
+    const Checkpoint checkpoint = load_checkpoint(latest);
+    model.restore(checkpoint, /*with_optimizer=*/true);
+    if (reference) {
+      reference->restore(checkpoint, true);
+    }
+    first_step = checkpoint.step + 1;
+    if (checkpoint.metadata.contains("metrics")) {
+      metrics_text = checkpoint.metadata["metrics"].get<std::string>();
+    }
+    if (options.progress) {
+      progress << "resumed from " << latest << " (step " << checkpoint.step << ")\n";
+    }
+  } else if (!config_.get_string("load_parameters_path").empty()) {
+    const Checkpoint checkpoint = load_checkpoint(config_.get_string("load_parameters_path"));
+    model.restore(checkpoint, /*with_optimizer=*/false);
+    if (reference) {
+      reference->restore(checkpoint, false);
+    }
+  }
+  for (int64_t step = first_step; step <= steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<Batch> batches;
     for (int64_t micro = 0; micro < program.accumulation_steps; ++micro) {
@@ -339,6 +442,13 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       progress << "\n";
     }
     curve.push_back(metrics);
+    if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
+      Checkpoint checkpoint = model.to_checkpoint(step);
+      checkpoint.metadata = {{"model_name", config_.get_string("model_name")},
+                             {"data_position", step},
+                             {"metrics", metrics_text}};
+      save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
+    }
   }
   return curve;
 }

@@ -28,6 +28,7 @@
 #include "sharding/step_program.h"
 #include "sim/functional/executor.h"
 #include "sim/functional/in_process_communicator.h"
+#include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
 
 namespace tpusim {
@@ -68,6 +69,12 @@ class ShardedModel {
   std::map<std::string, std::vector<float>> global_state();
   std::map<std::string, std::vector<float>> global_gradients();
 
+  // The model as a checkpoint (global arrays, whatever the sharding), and back: a checkpoint
+  // written by one mesh restores into any other mesh of the same model.
+  Checkpoint to_checkpoint(int64_t step);
+  // Restores parameters (and moments, when `with_optimizer`); UserError naming a missing tensor.
+  void restore(const Checkpoint& checkpoint, bool with_optimizer);
+
  private:
   template <typename Work>
   void on_every_device(const Work& work);
@@ -86,7 +93,7 @@ class Trainer {
   double learning_rate(int64_t step) const;  // for the update that makes `step` (1-based)
 
  private:
-  const Config& config_;
+  Config config_;  // a copy: the trainer outlives the caller's temporaries
   Dataset data_;
 };
 
