@@ -16,6 +16,7 @@ void register_train_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto verify = std::make_shared<bool>(false);
   auto quiet = std::make_shared<bool>(false);
+  auto dump = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand(
       "train", "Run the sharded training step for real on CPU (simulated devices)");
   command->add_option("args", *args, "[config.yml] key=value ...");
@@ -23,13 +24,17 @@ void register_train_command(CLI::App& app) {
                     "Run the unsharded reference beside it and report the largest relative "
                     "difference each step");
   command->add_flag("--quiet", *quiet, "No progress line");
-  command->callback([args, verify, quiet] {
+  command->add_option("--dump", *dump,
+                      "After the first step, write the weights before and after it, the "
+                      "gradients and the batch to this directory (for reference comparisons)");
+  command->callback([args, verify, quiet, dump] {
     const CommandArgs split = split_command_args(*args);
     const Config config = Config::load(split.base_path, split.overrides);
     Trainer trainer(config);
     TrainOptions options;
     options.verify = *verify;
     options.progress = !*quiet;
+    options.dump_directory = *dump;
     trainer.run(options, std::cerr);
   });
 }

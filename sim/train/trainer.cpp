@@ -363,6 +363,10 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     for (int64_t micro = 0; micro < program.accumulation_steps; ++micro) {
       batches.push_back(data_.train_batch(step - 1, micro, sequences));
     }
+    Checkpoint initial;
+    if (!options.dump_directory.empty() && step == first_step) {
+      initial = model.to_checkpoint(step - 1);
+    }
     const StepResult result = model.compute_gradients(batches);
     optimizer.step = step;
     optimizer.learning_rate = learning_rate(step);
@@ -388,6 +392,25 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
           std::max({loss_difference, gradient_difference, weight_difference});
     } else {
       model.apply_update(optimizer);
+    }
+    if (!options.dump_directory.empty() && step == first_step) {
+      save_checkpoint(options.dump_directory + "/initial", initial);
+      Checkpoint gradients;
+      gradients.step = step;
+      for (const auto& [name, values] : model.global_gradients()) {
+        gradients.weights[name] = CheckpointTensor{initial.weights.at(name).shape, values};
+      }
+      save_checkpoint(options.dump_directory + "/gradients", gradients);
+      save_checkpoint(options.dump_directory + "/updated", model.to_checkpoint(step));
+      nlohmann::json dump = {{"loss", result.loss},
+                             {"grad_norm", result.grad_norm},
+                             {"learning_rate", optimizer.learning_rate},
+                             {"gradient_scale", optimizer.gradient_scale},
+                             {"sequences", sequences},
+                             {"length", length},
+                             {"tokens", batches.front().tokens},
+                             {"targets", batches.front().targets}};
+      write_file_atomically(options.dump_directory + "/step.json", dump.dump());
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

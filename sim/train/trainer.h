@@ -50,6 +50,10 @@ struct StepMetrics {
 struct TrainOptions {
   bool verify = false;
   bool progress = true;
+  // When set: after the first step, write <dump>/initial, <dump>/gradients and <dump>/updated
+  // (checkpoint format: the weights before the step, their gradients, the weights after it) and
+  // <dump>/step.json (the batch and the loss), for comparisons with independent references.
+  std::string dump_directory;
 };
 
 // One sharded model: the program, its devices and their communicator.

@@ -31,7 +31,7 @@ TEST(InterpretersAgree, FlopsBytesAndPeakMemory) {
     const Config config = config_for(mesh);
     Trainer trainer(config);
     std::ostringstream quiet;
-    const std::vector<StepMetrics> curve = trainer.run({.verify = false, .progress = false}, quiet);
+    const std::vector<StepMetrics> curve = trainer.run({.verify = false, .progress = false, .dump_directory = ""}, quiet);
     const ExecutionCounters& executed = curve.front().counters;
     const StepProgram program = build_step_program(config);
     // Einsum FLOPs executed per device (forward, recompute, backward) = the program's count.

@@ -51,7 +51,7 @@ Differences worst_difference(const Case& test_case, int steps = 2) {
   const Config config = Config::load("", overrides);
   Trainer trainer(config);
   std::ostringstream quiet;
-  const std::vector<StepMetrics> curve = trainer.run({.verify = true, .progress = false}, quiet);
+  const std::vector<StepMetrics> curve = trainer.run({.verify = true, .progress = false, .dump_directory = ""}, quiet);
   Differences worst;
   for (const StepMetrics& metrics : curve) {
     worst.loss = std::max(worst.loss, metrics.verify_loss_rel_diff.value());
@@ -130,8 +130,8 @@ TEST(ShardedTraining, TrainingIsDeterministic) {
   std::ostringstream quiet;
   Trainer first(config);
   Trainer second(config);
-  const auto a = first.run({.verify = false, .progress = false}, quiet);
-  const auto b = second.run({.verify = false, .progress = false}, quiet);
+  const auto a = first.run({.verify = false, .progress = false, .dump_directory = ""}, quiet);
+  const auto b = second.run({.verify = false, .progress = false, .dump_directory = ""}, quiet);
   ASSERT_EQ(a.size(), b.size());
   for (size_t index = 0; index < a.size(); ++index) {
     EXPECT_EQ(a[index].loss, b[index].loss);  // bitwise
@@ -162,7 +162,7 @@ std::vector<StepMetrics> train_to(int64_t steps, const std::string& run_name,
   overrides.insert(overrides.end(), mesh.begin(), mesh.end());
   Trainer trainer(Config::load("", overrides));
   std::ostringstream quiet;
-  return trainer.run({.verify = false, .progress = false}, quiet);
+  return trainer.run({.verify = false, .progress = false, .dump_directory = ""}, quiet);
 }
 
 // Kill-and-resume gives the same curve as an uninterrupted run (bitwise): stop after step 2
