@@ -13,23 +13,28 @@ namespace tpusim {
 namespace {
 
 void estimate_405b(benchmark::State& state, const std::string& slice) {
-  const Config config = Config::load(
-      "", {"model_name=llama3.1-405b", "compile_topology=" + slice, "per_device_batch_size=1",
-           "max_target_length=8192", "remat_policy=full"});
+  const Config config =
+      Config::load("", {"model_name=llama3.1-405b", "compile_topology=" + slice,
+                        "per_device_batch_size=1", "max_target_length=8192", "remat_policy=full"});
   for (auto _ : state) {
     const Estimate estimate = estimate_config(config);
     benchmark::DoNotOptimize(estimate.step_seconds);
   }
 }
 
-BENCHMARK_CAPTURE(estimate_405b, tpu7x_16_8chips, std::string("tpu7x-16"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(estimate_405b, tpu7x_128_64chips, std::string("tpu7x-128"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(estimate_405b, tpu7x_2048_1024chips, std::string("tpu7x-2048"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(estimate_405b, tpu7x_18432_9216chips, std::string("tpu7x-18432"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(estimate_405b, tpu7x_16_8chips, std::string("tpu7x-16"))
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(estimate_405b, tpu7x_128_64chips, std::string("tpu7x-128"))
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(estimate_405b, tpu7x_2048_1024chips, std::string("tpu7x-2048"))
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(estimate_405b, tpu7x_18432_9216chips, std::string("tpu7x-18432"))
+    ->Unit(benchmark::kMillisecond);
 
 void load_config_only(benchmark::State& state) {
   for (auto _ : state) {
-    const Config config = Config::load("", {"model_name=llama3.1-405b", "compile_topology=tpu7x-18432"});
+    const Config config =
+        Config::load("", {"model_name=llama3.1-405b", "compile_topology=tpu7x-18432"});
     benchmark::DoNotOptimize(config.keys().size());
   }
 }
