@@ -126,8 +126,12 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
   const double efficiency =
       std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
-  cost.mxu_seconds = cost.matmul_flops /
-                     (peak_flops_per_device(context) * chip.mxu_achievable_fraction * efficiency);
+  // Pipeline fill and drain of the systolic array, once per op: weights are double-buffered, so
+  // later weight tiles load without a bubble ([SB-t]; tpu_hardware.md §5.3).
+  const double fill_drain_seconds = chip.mxu_fill_drain_cycles / (chip.clock_ghz * kGiga);
+  cost.mxu_seconds = cost.matmul_flops / (peak_flops_per_device(context) *
+                                          chip.mxu_achievable_fraction * efficiency) +
+                     fill_drain_seconds;
   cost.hbm_seconds = loops *
                      blocked_matmul_hbm_bytes(chip, m, k, n, dtype_bytes(lhs.dtype),
                                               dtype_bytes(rhs.dtype), dtype_bytes(out.dtype)) /

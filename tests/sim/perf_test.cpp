@@ -39,11 +39,12 @@ OpCost cost_of(const Graph& graph, const ChipSpec& spec) {
   return cost_compute_op(graph, graph.ops().front(), context, false);
 }
 
-// Large aligned matmul: time = FLOPs / (peak x achievable) + per-op overhead.
+// Large aligned matmul: time = FLOPs / (peak x achievable) + pipeline fill/drain + overhead.
 TEST(OpCost, AlignedMatmulIsMxuBound) {
   const ChipSpec& v5e = chip("v5e");
   const OpCost cost = cost_of(matmul_graph(8192, 8192, 8192), v5e);
   const double expected = 2.0 * 8192.0 * 8192 * 8192 / (197e12 * v5e.mxu_achievable_fraction) +
+                          v5e.mxu_fill_drain_cycles / (v5e.clock_ghz * 1e9) +
                           v5e.op_overhead_us * 1e-6;
   EXPECT_NEAR(cost.seconds / expected, 1.0, 1e-9);
   EXPECT_EQ(cost.bound, CostCategory::kMxu);

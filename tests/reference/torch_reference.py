@@ -1,0 +1,391 @@
+"""Independent fp64 PyTorch reference for one tpusim training step.
+
+What it checks
+--------------
+`tpusim train ... steps=1 --dump DIR` writes the parameters before the step (DIR/initial), the
+gradient of every parameter (DIR/gradients), the parameters and Adam moments after the AdamW step
+(DIR/updated) and the batch with the loss, gradient norm, learning rate and clipping factor
+(DIR/step.json). This script rebuilds the model from DIR/initial in torch float64, written from
+the model definition (not from tpusim's kernels), runs the same batch and compares:
+
+  * the loss                                  (vs step.json "loss")
+  * every parameter's gradient, by autograd    (vs DIR/gradients/model.safetensors)
+  * the global L2 gradient norm before clipping (vs step.json "grad_norm")
+  * the clipping factor min(1, clip / norm)     (vs step.json "gradient_scale")
+  * the AdamW (optax) step: new parameters and first/second moments
+                                               (vs DIR/updated/{model,optimizer}.safetensors)
+
+Each comparison prints one line with the relative L2 error ||tpusim - torch|| / ||torch||; the
+script exits 1 if any exceeds its tolerance (1e-5: fp32 tpusim vs fp64 truth, see
+/work/shared/reference/numerics_and_levanter.md). The per-step parameter change
+(updated - initial) is also printed for information: it is stored in fp32 next to a much larger
+parameter, so its error is dominated by that rounding and it is not held to 1e-5.
+
+Model families (detected from the tensor names):
+  llama  RMSNorm, RoPE (split halves), causal GQA attention, SwiGLU MLP, untied unembedding.
+  gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA, GELU (tanh) MLP,
+         logits tied to the token embedding.
+  moe    llama attention with a Mixtral MoE block: softmax router over experts, top-k experts
+         per token weighted by their (unrenormalized) softmax probabilities, SwiGLU experts;
+         with --capacity-factor > 0 each expert takes at most ceil(tokens*k/E*factor) token
+         choices, first come first served in (token, choice) order, the rest are dropped.
+
+Hyperparameters that the tensors do not carry come from the command line (defaults: the tiny
+presets and configs/base.yml).
+
+Run (only Debian's /usr/bin/python3 sees python3-torch):
+  build/sim/tpusim train model_name=tiny-llama compile_topology=v5e-1 per_device_batch_size=2 \
+      max_target_length=16 steps=1 --dump /tmp/dump --quiet
+  /usr/bin/python3 tests/reference/torch_reference.py /tmp/dump
+or everything at once: bash tests/reference/run_torch_reference.sh [path/to/tpusim].
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+torch.set_default_dtype(torch.float64)
+
+TOLERANCE = 1e-5
+NAME = re.compile(r"^(?P<base>.+)#(?P<layer>\d+)$")
+
+
+# ------------------------------------------------------------------------------------------------
+# I/O
+# ------------------------------------------------------------------------------------------------
+
+
+def read_safetensors(path):
+    """{name: float64 numpy array} of an F32 safetensors file."""
+    with open(path, "rb") as stream:
+        blob = stream.read()
+    (header_size,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + header_size])
+    data = blob[8 + header_size :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, expected F32")
+        begin, end = info["data_offsets"]
+        values = np.frombuffer(data[begin:end], dtype="<f4").astype(np.float64)
+        tensors[name] = values.reshape(info["shape"])
+    return tensors
+
+
+def split_name(name):
+    """'layer/attention/query#1' -> ('layer/attention/query', 1)."""
+    match = NAME.match(name)
+    if not match:
+        raise ValueError(f"unexpected tensor name {name!r} (expected '<region>/<tensor>#<layer>')")
+    return match.group("base"), int(match.group("layer"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The model, written from its definition (torch 1.13 has no F.rms_norm nor
+# F.scaled_dot_product_attention).
+# ------------------------------------------------------------------------------------------------
+
+
+def rms_norm(x, scale, eps):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * scale
+
+
+def layer_norm(x, scale, bias, eps):
+    mean = x.mean(dim=-1, keepdim=True)
+    centered = x - mean
+    variance = (centered * centered).mean(dim=-1, keepdim=True)
+    return centered * torch.rsqrt(variance + eps) * scale + bias
+
+
+def rope(x, max_timescale, min_timescale=1.0):
+    """Rotary embedding of x[batch, length, heads, d], pairs (i, i + d/2)."""
+    length, d = x.shape[1], x.shape[-1]
+    half = d // 2
+    fraction = 2.0 * torch.arange(half, dtype=torch.float64) / d
+    timescale = min_timescale * (max_timescale / min_timescale) ** fraction
+    angle = torch.arange(length, dtype=torch.float64)[:, None] / timescale[None, :]
+    cos = torch.cos(angle)[None, :, None, :]
+    sin = torch.sin(angle)[None, :, None, :]
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def causal_attention(q, k, v):
+    """q[b, l, H, d], k/v[b, l, K, d]; query head h reads kv head h // (H / K)."""
+    heads, kv_heads, d = q.shape[2], k.shape[2], q.shape[3]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} kv heads")
+    group = heads // kv_heads
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+    length = q.shape[1]
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probabilities = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probabilities, v)
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def swiglu(x, wi_0, wi_1, wo):
+    return (silu(x @ wi_0) * (x @ wi_1)) @ wo
+
+
+class Reference:
+    def __init__(self, params, family, args):
+        self.p = params  # name -> leaf tensor (requires_grad)
+        self.family = family
+        self.args = args
+        regions = sorted({split_name(n)[0].split("/")[0] for n in params} - {"embed", "head"})
+        if len(regions) != 1:
+            raise ValueError(f"expected one decoder region, found {regions}")
+        self.region = regions[0]
+        self.layers = 1 + max(split_name(n)[1] for n in params if n.startswith(self.region + "/"))
+        self.dropped = []  # per MoE layer: number of dropped token choices
+
+    def w(self, name, layer=0):
+        return self.p[f"{name}#{layer}"]
+
+    def norm(self, x, name, layer=0):
+        eps = self.args.eps
+        if self.family == "gpt3":
+            return layer_norm(x, self.w(name + "/scale", layer), self.w(name + "/bias", layer), eps)
+        return rms_norm(x, self.w(name + "/scale", layer), eps)
+
+    def attention(self, x, layer):
+        r = self.region
+        q = torch.einsum("ble,ehd->blhd", x, self.w(f"{r}/attention/query", layer))
+        k = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/key", layer))
+        v = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/value", layer))
+        if self.family != "gpt3":
+            q = rope(q, self.args.rope_max_timescale)
+            k = rope(k, self.args.rope_max_timescale)
+        context = causal_attention(q, k, v)
+        return torch.einsum("blhd,hde->ble", context, self.w(f"{r}/attention/out", layer))
+
+    def mlp(self, x, layer):
+        r = self.region
+        if self.family == "gpt3":
+            return gelu_tanh(x @ self.w(f"{r}/mlp/wi", layer)) @ self.w(f"{r}/mlp/wo", layer)
+        if self.family == "moe":
+            return self.moe(x, layer)
+        return swiglu(x, self.w(f"{r}/mlp/wi_0", layer), self.w(f"{r}/mlp/wi_1", layer),
+                      self.w(f"{r}/mlp/wo", layer))
+
+    def moe(self, x, layer):
+        r = self.region
+        batch, length, embed = x.shape
+        tokens = x.reshape(batch * length, embed)
+        gate = self.w(f"{r}/moe/gate", layer)  # [embed, experts]
+        wi_0 = self.w(f"{r}/moe/experts/wi_0", layer)  # [experts, embed, mlp]
+        wi_1 = self.w(f"{r}/moe/experts/wi_1", layer)
+        wo = self.w(f"{r}/moe/experts/wo", layer)  # [experts, mlp, embed]
+        experts = gate.shape[1]
+        top_k = self.args.top_k
+        probabilities = torch.softmax(tokens @ gate, dim=-1)  # [T, E]
+        # Top-k by probability, descending, ties to the lower expert index (a stable sort).
+        order = np.argsort(-probabilities.detach().numpy(), axis=-1, kind="stable")[:, :top_k]
+        chosen = torch.from_numpy(order.copy())
+        weights = probabilities.gather(1, chosen)  # [T, k]
+        # Capacity: token choices in (token, choice) order take an expert's free slots.
+        keep = torch.ones_like(weights)
+        if self.args.capacity_factor > 0:
+            count = batch * length
+            capacity = math.ceil(count * top_k / experts * self.args.capacity_factor)
+            used = [0] * experts
+            for token in range(count):
+                for choice in range(top_k):
+                    expert = int(order[token, choice])
+                    if used[expert] < capacity:
+                        used[expert] += 1
+                    else:
+                        keep[token, choice] = 0.0
+        self.dropped.append(int((keep == 0).sum()))
+        # Every expert on every token (tiny sizes), then pick the chosen ones.
+        hidden = silu(torch.einsum("te,xem->xtm", tokens, wi_0)) * torch.einsum(
+            "te,xem->xtm", tokens, wi_1)
+        expert_out = torch.einsum("xtm,xme->xte", hidden, wo)  # [E, T, embed]
+        token_index = torch.arange(batch * length)[:, None].expand(-1, top_k)
+        picked = expert_out[chosen, token_index]  # [T, k, embed]
+        combined = (picked * (weights * keep)[..., None]).sum(dim=1)
+        return combined.reshape(batch, length, embed)
+
+    def loss(self, tokens, targets):
+        batch, length = tokens.shape
+        x = self.w("embed/token_embedding")[tokens]
+        if self.family == "gpt3":
+            x = x + self.w("embed/position_embedding")[torch.arange(length)][None]
+        for layer in range(self.layers):
+            x = x + self.attention(self.norm(x, f"{self.region}/pre_attention_norm", layer), layer)
+            x = x + self.mlp(self.norm(x, f"{self.region}/pre_mlp_norm", layer), layer)
+        x = self.norm(x, "head/final_norm")
+        if "head/unembedding#0" in self.p:
+            logits = x @ self.w("head/unembedding")
+        else:  # tied to the token embedding
+            logits = x @ self.w("embed/token_embedding").T
+            if self.args.normalize_embedding_logits:
+                logits = logits / math.sqrt(x.shape[-1])
+        log_probabilities = torch.log_softmax(logits, dim=-1)
+        picked = log_probabilities.gather(-1, targets[..., None])[..., 0]
+        return -picked.mean()
+
+
+def detect_family(names):
+    bases = {split_name(n)[0] for n in names}
+    if any(b.endswith("/moe/gate") for b in bases):
+        return "moe"
+    if "embed/position_embedding" in bases or "head/final_norm/bias" in bases:
+        return "gpt3"
+    return "llama"
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison
+# ------------------------------------------------------------------------------------------------
+
+
+class Report:
+    def __init__(self):
+        self.failures = 0
+        self.worst = {}
+
+    def check(self, kind, name, actual, expected, tolerance=TOLERANCE):
+        actual = np.asarray(actual, dtype=np.float64)
+        expected = np.asarray(expected, dtype=np.float64)
+        if actual.shape != expected.shape:
+            print(f"FAIL {kind:9s} {name}: shape {actual.shape} vs reference {expected.shape}")
+            self.failures += 1
+            return
+        norm = np.linalg.norm(expected)
+        difference = np.linalg.norm(actual - expected)
+        error = difference / norm if norm > 0 else difference
+        ok = error <= tolerance if tolerance is not None else True
+        status = "ok  " if ok else "FAIL"
+        if tolerance is None:
+            status = "info"
+        limit = f"{tolerance:.0e}" if tolerance is not None else "  -  "
+        print(f"{status} {kind:9s} {name:44s} rel_l2 {error:.3e}  (tol {limit}, |ref| {norm:.3e})")
+        if not ok:
+            self.failures += 1
+        if tolerance is not None and error >= self.worst.get(kind, (-1.0, ""))[0]:
+            self.worst[kind] = (error, name)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("dump", help="directory written by tpusim train --dump")
+    parser.add_argument("--eps", type=float, default=1e-5, help="normalization_layer_epsilon")
+    parser.add_argument("--rope-max-timescale", type=float, default=10000.0)
+    parser.add_argument("--normalize-embedding-logits", action="store_true",
+                        help="divide tied logits by sqrt(embed) (false for GPT-3)")
+    parser.add_argument("--top-k", type=int, default=2, help="num_experts_per_tok (MoE)")
+    parser.add_argument("--capacity-factor", type=float, default=-1.0,
+                        help="MoE expert capacity factor; <= 0: dropless")
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient_clipping_threshold")
+    parser.add_argument("--b1", type=float, default=0.9)
+    parser.add_argument("--b2", type=float, default=0.95)
+    parser.add_argument("--adam-eps", type=float, default=1e-8)
+    parser.add_argument("--adam-eps-root", type=float, default=0.0)
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="expected learning rate of the step (default: trust step.json)")
+    args = parser.parse_args()
+
+    dump = args.dump
+    with open(os.path.join(dump, "step.json")) as stream:
+        step = json.load(stream)
+    with open(os.path.join(dump, "initial", "state.json")) as stream:
+        step_count = int(json.load(stream)["step"]) + 1
+    initial = read_safetensors(os.path.join(dump, "initial", "model.safetensors"))
+    initial_moments = read_safetensors(os.path.join(dump, "initial", "optimizer.safetensors"))
+    gradients = read_safetensors(os.path.join(dump, "gradients", "model.safetensors"))
+    updated = read_safetensors(os.path.join(dump, "updated", "model.safetensors"))
+    updated_moments = read_safetensors(os.path.join(dump, "updated", "optimizer.safetensors"))
+
+    family = detect_family(initial)
+    sequences, length = int(step["sequences"]), int(step["length"])
+    tokens = torch.tensor(step["tokens"], dtype=torch.int64).reshape(sequences, length)
+    targets = torch.tensor(step["targets"], dtype=torch.int64).reshape(sequences, length)
+    print(f"# {dump}: family {family}, {len(initial)} tensors, batch {sequences}x{length}, "
+          f"step {step_count}")
+
+    params = {n: torch.tensor(v, requires_grad=True) for n, v in initial.items()}
+    model = Reference(params, family, args)
+    report = Report()
+
+    # Forward and backward.
+    loss = model.loss(tokens, targets)
+    names = sorted(params)
+    grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+    grads = {n: (g if g is not None else torch.zeros_like(params[n])).detach().numpy()
+             for n, g in zip(names, grads)}
+    if model.dropped:
+        print(f"# MoE token choices dropped per layer: {model.dropped}")
+
+    report.check("loss", "loss", step["loss"], loss.item())
+    missing = sorted(set(names) ^ set(gradients))
+    if missing:
+        print(f"FAIL gradients: names differ from the parameters: {missing}")
+        report.failures += 1
+    for name in names:
+        if name in gradients:
+            report.check("gradient", name, gradients[name], grads[name])
+
+    # Global norm and clipping (optax clip_by_global_norm).
+    grad_norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    report.check("grad_norm", "grad_norm", step["grad_norm"], grad_norm)
+    scale = 1.0 if args.clip <= 0 or grad_norm <= args.clip else args.clip / grad_norm
+    report.check("clip", "gradient_scale", step["gradient_scale"], scale)
+
+    # AdamW (optax adamw: scale_by_adam, add_decayed_weights, scale by -lr).
+    learning_rate = float(step["learning_rate"])
+    if args.learning_rate is not None:
+        report.check("lr", "learning_rate", learning_rate, args.learning_rate)
+        learning_rate = args.learning_rate
+    for name in names:
+        base, layer = split_name(name)
+        mu_name, nu_name = f"{base}/mu#{layer}", f"{base}/nu#{layer}"
+        g = grads[name] * scale
+        mu = args.b1 * initial_moments[mu_name] + (1.0 - args.b1) * g
+        nu = args.b2 * initial_moments[nu_name] + (1.0 - args.b2) * g * g
+        mu_hat = mu / (1.0 - args.b1**step_count)
+        nu_hat = nu / (1.0 - args.b2**step_count)
+        update = mu_hat / (np.sqrt(nu_hat + args.adam_eps_root) + args.adam_eps)
+        new = initial[name] - learning_rate * (update + args.weight_decay * initial[name])
+        report.check("mu", mu_name, updated_moments[mu_name], mu)
+        report.check("nu", nu_name, updated_moments[nu_name], nu)
+        report.check("updated", name, updated[name], new)
+        report.check("delta", name, updated[name] - initial[name], new - initial[name], None)
+
+    print("# worst relative L2 error per kind:")
+    for kind, (error, name) in report.worst.items():
+        print(f"#   {kind:9s} {error:.3e}  {name}")
+    if report.failures:
+        print(f"# FAILED: {report.failures} comparison(s) above tolerance")
+        return 1
+    print("# PASSED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
