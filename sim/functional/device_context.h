@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 
 #include "model/ir/tensor.h"
 #include "sharding/mesh.h"
@@ -19,10 +20,10 @@
 namespace tpusim {
 
 struct DeviceContext {
-  int device = 0;                                     // global device index
-  std::array<int, kNumMeshAxes> coordinates{};        // position on each mesh axis (ici x dcn)
-  std::array<int, kNumMeshAxes> sizes{};              // mesh axis sizes
-  bool bf16_matmul_inputs = false;                    // functional_dtype=bfloat16_matmul
+  int device = 0;                               // global device index
+  std::array<int, kNumMeshAxes> coordinates{};  // position on each mesh axis (ici x dcn)
+  std::array<int, kNumMeshAxes> sizes{};        // mesh axis sizes
+  bool bf16_matmul_inputs = false;              // functional_dtype=bfloat16_matmul
 
   // The optimizer step (AdamW, MaxText/optax semantics) this program execution applies.
   struct Optimizer {
@@ -40,6 +41,12 @@ struct DeviceContext {
   int64_t offset(const Dim& dim) const;
   // This device's index among the devices sharing `dim`'s mesh axes (0 .. shards-1).
   int64_t shard_index(const Dim& dim) const;
+
+  // Calls visit(local_flat, global_flat) for every element of this device's block of `tensor`
+  // (row-major local index, and row-major index in the whole unsharded tensor); elements in the
+  // padding of a dim that does not divide get global_flat = -1.
+  void for_each_global_element(const Tensor& tensor,
+                               const std::function<void(int64_t, int64_t)>& visit) const;
 };
 
 }  // namespace tpusim

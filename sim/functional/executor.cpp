@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "common/counter_hash.h"
 #include "common/error.h"
 #include "model/ir/op_flops.h"
 #include "sim/functional/kernels.h"
@@ -12,26 +13,10 @@
 namespace tpusim {
 namespace {
 
-// splitmix64: a counter-based generator, so a value depends only on (seed, name, index).
-uint64_t mix(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
-}
-
-uint64_t hash_name(const std::string& name) {
-  uint64_t hash = 1469598103934665603ULL;  // FNV-1a
-  for (const char character : name) {
-    hash = (hash ^ static_cast<unsigned char>(character)) * 1099511628211ULL;
-  }
-  return hash;
-}
-
 // Standard normal from two uniforms of the counter stream (Box-Muller).
 double normal(uint64_t seed, uint64_t name, uint64_t index) {
-  const uint64_t a = mix(seed ^ mix(name ^ mix(2 * index)));
-  const uint64_t b = mix(seed ^ mix(name ^ mix(2 * index + 1)));
+  const uint64_t a = splitmix64(seed ^ splitmix64(name ^ splitmix64(2 * index)));
+  const uint64_t b = splitmix64(seed ^ splitmix64(name ^ splitmix64(2 * index + 1)));
   const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;
   const double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
@@ -190,29 +175,18 @@ void Executor::initialize_parameters(uint64_t seed) {
           }
         }
         const double scale = embedding ? 1.0 : 1.0 / std::sqrt(fan_in);
-        const uint64_t name = hash_name(tensor.name) ^ mix(static_cast<uint64_t>(layer_));
-        // Walk the local elements with their global flat index.
-        std::vector<int64_t> index(tensor.dims.size(), 0);
-        for (int64_t flat = 0; flat < data.size(); ++flat) {
-          int64_t global = 0;
-          for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-            global = global * global_size(tensor.dims[dim]) + device_.offset(tensor.dims[dim]) +
-                     index[dim];
-          }
+        const uint64_t name = fnv1a(tensor.name) ^ splitmix64(static_cast<uint64_t>(layer_));
+        // Each element from its GLOBAL index: every sharding draws the same model.
+        device_.for_each_global_element(tensor, [&](int64_t local_flat, int64_t global_flat) {
           float value = 0;
           if (norm) {
             value = bias ? 0.0f : 1.0f;
-          } else {
-            value = static_cast<float>(scale * normal(seed, name, static_cast<uint64_t>(global)));
+          } else if (global_flat >= 0) {
+            value =
+                static_cast<float>(scale * normal(seed, name, static_cast<uint64_t>(global_flat)));
           }
-          data.values[static_cast<size_t>(flat)] = value;
-          for (size_t dim = tensor.dims.size(); dim-- > 0;) {
-            if (++index[dim] < tensor.dims[dim].size) {
-              break;
-            }
-            index[dim] = 0;
-          }
-        }
+          data.values[static_cast<size_t>(local_flat)] = value;
+        });
       }
     }
   }

@@ -27,7 +27,9 @@ struct TensorData {
   int64_t bytes() const { return size() * static_cast<int64_t>(sizeof(float)); }
   // Row-major flat index of a multi-index.
   int64_t offset(const std::vector<int64_t>& index) const;
-  float& at(const std::vector<int64_t>& index) { return values[static_cast<size_t>(offset(index))]; }
+  float& at(const std::vector<int64_t>& index) {
+    return values[static_cast<size_t>(offset(index))];
+  }
   float at(const std::vector<int64_t>& index) const {
     return values[static_cast<size_t>(offset(index))];
   }

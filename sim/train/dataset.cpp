@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/counter_hash.h"
 #include "common/error.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
@@ -17,13 +18,6 @@ namespace {
 
 constexpr int64_t kByteVocabulary = 256;
 constexpr double kEvalFraction = 0.1;
-
-uint64_t mix(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
-}
 
 std::string read_documents(const std::string& path) {
   const std::string raw = read_text_file(path);
@@ -99,7 +93,7 @@ Dataset Dataset::from_config(const Config& config) {
       std::max<int64_t>(1, static_cast<int64_t>(kEvalFraction * static_cast<double>(windows)));
   const int64_t train_count = windows - eval_count;
   // A fixed permutation of the training windows: an affine map with a multiplier coprime to n.
-  uint64_t multiplier = mix(data.seed_) % static_cast<uint64_t>(train_count) | 1;
+  uint64_t multiplier = splitmix64(data.seed_) % static_cast<uint64_t>(train_count) | 1;
   while (std::gcd(multiplier, static_cast<uint64_t>(train_count)) != 1) {
     multiplier += 2;
   }
@@ -143,9 +137,9 @@ Batch Dataset::synthetic_batch(uint64_t stream, int64_t first, int64_t sequences
   for (int64_t sequence = 0; sequence < sequences; ++sequence) {
     std::vector<int32_t> row;
     for (int64_t position = 0; position <= length_; ++position) {
-      const uint64_t value = mix(
-          seed_ ^
-          mix(stream ^ mix(static_cast<uint64_t>((first + sequence) * (length_ + 1) + position))));
+      const uint64_t value = splitmix64(
+          seed_ ^ splitmix64(stream ^ splitmix64(static_cast<uint64_t>(
+                                          (first + sequence) * (length_ + 1) + position))));
       row.push_back(static_cast<int32_t>(value % static_cast<uint64_t>(vocab_)));
     }
     batch.tokens.insert(batch.tokens.end(), row.begin(), row.end() - 1);

@@ -33,25 +33,11 @@ void place_block(const Tensor& tensor, const TensorData& local, const DeviceCont
   if (global.empty()) {
     global.assign(static_cast<size_t>(total), 0.0f);
   }
-  std::vector<int64_t> index(tensor.dims.size(), 0);
-  for (int64_t flat = 0; flat < local.size(); ++flat) {
-    int64_t target = 0;
-    bool inside = true;
-    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-      const int64_t position = device.offset(tensor.dims[dim]) + index[dim];
-      inside = inside && position < global_size(tensor.dims[dim]);
-      target = target * global_size(tensor.dims[dim]) + position;
+  device.for_each_global_element(tensor, [&](int64_t local_flat, int64_t global_flat) {
+    if (global_flat >= 0) {
+      global[static_cast<size_t>(global_flat)] = local.values[static_cast<size_t>(local_flat)];
     }
-    if (inside) {
-      global[static_cast<size_t>(target)] = local.values[static_cast<size_t>(flat)];
-    }
-    for (size_t dim = tensor.dims.size(); dim-- > 0;) {
-      if (++index[dim] < tensor.dims[dim].size) {
-        break;
-      }
-      index[dim] = 0;
-    }
-  }
+  });
 }
 
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
@@ -243,25 +229,12 @@ void ShardedModel::restore(const Checkpoint& checkpoint, bool with_optimizer) {
         throw UserError("checkpoint: tensor '" + name + "' has another shape than this model's");
       }
       // Read this device's block out of the global array.
-      const Tensor& tensor = *state.tensor;
-      std::vector<int64_t> index(tensor.dims.size(), 0);
-      for (int64_t flat = 0; flat < state.data->size(); ++flat) {
-        int64_t position = 0;
-        bool inside = true;
-        for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-          const int64_t global = executor.device().offset(tensor.dims[dim]) + index[dim];
-          inside = inside && global < global_size(tensor.dims[dim]);
-          position = position * global_size(tensor.dims[dim]) + global;
-        }
-        state.data->values[static_cast<size_t>(flat)] =
-            inside ? found->second.values[static_cast<size_t>(position)] : 0.0f;
-        for (size_t dim = tensor.dims.size(); dim-- > 0;) {
-          if (++index[dim] < tensor.dims[dim].size) {
-            break;
-          }
-          index[dim] = 0;
-        }
-      }
+      const std::vector<float>& values = found->second.values;
+      executor.device().for_each_global_element(
+          *state.tensor, [&](int64_t local_flat, int64_t global_flat) {
+            state.data->values[static_cast<size_t>(local_flat)] =
+                global_flat >= 0 ? values[static_cast<size_t>(global_flat)] : 0.0f;
+          });
     }
   });
 }

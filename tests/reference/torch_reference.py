@@ -18,8 +18,9 @@ the model definition (not from tpusim's kernels), runs the same batch and compar
 Each comparison prints one line with the relative L2 error ||tpusim - torch|| / ||torch||; the
 script exits 1 if any exceeds its tolerance (1e-5: fp32 tpusim vs fp64 truth, see
 /work/shared/reference/numerics_and_levanter.md). The per-step parameter change
-(updated - initial) is also printed for information: it is stored in fp32 next to a much larger
-parameter, so its error is dominated by that rounding and it is not held to 1e-5.
+(updated - initial, against the reference's new parameters rounded to fp32) is also printed for
+information: it is ~1e-4 of the parameter, so its error mixes 1-ulp rounding flips with the
+gradient error amplified by Adam's g / (|g| + eps) on tiny gradients, and it is not held to 1e-5.
 
 Model families (detected from the tensor names):
   llama  RMSNorm, RoPE (split halves), causal GQA attention, SwiGLU MLP, untied unembedding.
@@ -375,7 +376,9 @@ def main():
         report.check("mu", mu_name, updated_moments[mu_name], mu)
         report.check("nu", nu_name, updated_moments[nu_name], nu)
         report.check("updated", name, updated[name], new)
-        report.check("delta", name, updated[name] - initial[name], new - initial[name], None)
+        # The step itself, against the reference rounded to fp32 like tpusim's stored result.
+        new_fp32 = new.astype(np.float32).astype(np.float64)
+        report.check("delta", name, updated[name] - initial[name], new_fp32 - initial[name], None)
 
     print("# worst relative L2 error per kind:")
     for kind, (error, name) in report.worst.items():

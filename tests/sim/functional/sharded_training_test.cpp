@@ -12,6 +12,8 @@
 // sign-flip regime (with 1e-8, tiny-llama on fsdp=4 x tensor=2: weights 5.8e-5).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <sstream>
 
@@ -51,7 +53,8 @@ Differences worst_difference(const Case& test_case, int steps = 2) {
   const Config config = Config::load("", overrides);
   Trainer trainer(config);
   std::ostringstream quiet;
-  const std::vector<StepMetrics> curve = trainer.run({.verify = true, .progress = false, .dump_directory = ""}, quiet);
+  const std::vector<StepMetrics> curve =
+      trainer.run({.verify = true, .progress = false, .dump_directory = ""}, quiet);
   Differences worst;
   for (const StepMetrics& metrics : curve) {
     worst.loss = std::max(worst.loss, metrics.verify_loss_rel_diff.value());
@@ -145,6 +148,11 @@ TEST(ShardedTraining, TrainingIsDeterministic) {
 namespace tpusim {
 namespace {
 
+// Per process, so concurrent test runs (ctest -j, a sanitizer build) never share directories.
+std::string run_root() {
+  return ::testing::TempDir() + std::to_string(::getpid()) + "_";
+}
+
 std::vector<StepMetrics> train_to(int64_t steps, const std::string& run_name,
                                   const std::vector<std::string>& mesh,
                                   const std::string& per_device_batch = "1") {
@@ -157,7 +165,7 @@ std::vector<StepMetrics> train_to(int64_t steps, const std::string& run_name,
       "enable_checkpointing=true",
       "checkpoint_period=2",
       "learning_rate_schedule_steps=4",
-      "base_output_directory=" + ::testing::TempDir() + "tpusim_resume_" + run_name,
+      "base_output_directory=" + run_root() + "tpusim_resume_" + run_name,
       "run_name=" + run_name};
   overrides.insert(overrides.end(), mesh.begin(), mesh.end());
   Trainer trainer(Config::load("", overrides));
@@ -171,8 +179,8 @@ std::vector<StepMetrics> train_to(int64_t steps, const std::string& run_name,
 TEST(Checkpointing, ResumeContinuesBitwiseIdentically) {
   const std::vector<std::string> mesh = {"compile_topology=v5e-4", "ici_fsdp_parallelism=2",
                                          "ici_tensor_parallelism=2"};
-  std::filesystem::remove_all(::testing::TempDir() + "tpusim_resume_straight");
-  std::filesystem::remove_all(::testing::TempDir() + "tpusim_resume_resumed");
+  std::filesystem::remove_all(run_root() + "tpusim_resume_straight");
+  std::filesystem::remove_all(run_root() + "tpusim_resume_resumed");
   const auto uninterrupted = train_to(4, "straight", mesh);
   const auto first_half = train_to(2, "resumed", mesh);
   const auto second_half = train_to(4, "resumed", mesh);
@@ -190,9 +198,9 @@ TEST(Checkpointing, ResumeContinuesBitwiseIdentically) {
 // A checkpoint is global arrays: one written by 4 devices resumes on 1 device (and continues
 // within fp32 summation-order tolerance of the 4-device run).
 TEST(Checkpointing, ResumesOnAnotherMesh) {
-  std::filesystem::remove_all(::testing::TempDir() + "tpusim_resume_mesh");
+  std::filesystem::remove_all(run_root() + "tpusim_resume_mesh");
   const auto sharded = train_to(4, "mesh", {"compile_topology=v5e-4", "ici_fsdp_parallelism=4"});
-  std::filesystem::remove_all(::testing::TempDir() + "tpusim_resume_mesh/mesh/checkpoints/4");
+  std::filesystem::remove_all(run_root() + "tpusim_resume_mesh/mesh/checkpoints/4");
   const auto single = train_to(4, "mesh", {"compile_topology=v5e-1"}, "4");
   ASSERT_EQ(single.size(), 2u);
   EXPECT_NEAR(single[1].loss, sharded[3].loss, 1e-5 * sharded[3].loss);
