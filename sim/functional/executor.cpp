@@ -38,9 +38,11 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
   persistent_.assign(count, false);
   dead_after_.assign(graph_.ops().size(), {});
   std::set<TensorId> carry_ends;
+  std::set<TensorId> carry_sources;  // read by carries as the region's single current value
   for (const Graph::Carry& carry : graph_.carries()) {
     carry_ends.insert(carry.from);
     carry_ends.insert(carry.to);
+    carry_sources.insert(carry.from);
   }
   for (const auto& [parameter, grad] : program.step.parameter_grads) {
     const TensorId local_parameter =
@@ -86,7 +88,7 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
       read_elsewhere = read_elsewhere || reader != tensor.region;
     }
     per_layer_[id] =
-        scanned && !carry_ends.contains(tensor.id) && (persistent_[id] || read_elsewhere);
+        scanned && !carry_sources.contains(tensor.id) && (persistent_[id] || read_elsewhere);
     const bool kept = persistent_[id] || carry_ends.contains(tensor.id) ||
                       tensor.kind == TensorKind::kInput || tensor.id == loss_;
     if (!kept && last_reader[id] >= 0) {

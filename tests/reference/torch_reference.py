@@ -366,6 +366,14 @@ def main():
     for name in names:
         base, layer = split_name(name)
         mu_name, nu_name = f"{base}/mu#{layer}", f"{base}/nu#{layer}"
+        absent = [f"{where}:{n}" for where, table, keys in (
+            ("initial", initial_moments, (mu_name, nu_name)),
+            ("updated", updated_moments, (mu_name, nu_name)),
+            ("updated", updated, (name,))) for n in keys if n not in table]
+        if absent:
+            print(f"FAIL adamw     {name}: missing {absent}")
+            report.failures += 1
+            continue
         g = grads[name] * scale
         mu = args.b1 * initial_moments[mu_name] + (1.0 - args.b1) * g
         nu = args.b2 * initial_moments[nu_name] + (1.0 - args.b2) * g * g
