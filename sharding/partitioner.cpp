@@ -504,7 +504,7 @@ class Partitioner {
         stat_dims.push_back(dim);
       }
     }
-    stat_dims.push_back(Dim{"statistics", statistics_values, ""});
+    stat_dims.emplace_back("statistics", statistics_values, "");
     const TensorId global_stats = extra_.add_tensor(op.name + "/statistics", stat_dims, DType::kF32,
                                                     TensorKind::kActivation, op.region);
     Layout stat_layout;

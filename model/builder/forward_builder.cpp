@@ -108,7 +108,7 @@ class ForwardBuilder {
   TensorId norm(const std::string& name, TensorId x, int region) {
     // Copies: adding tensors below may move the graph's storage.
     const std::vector<Dim> input_dims = graph().tensor(x).dims;
-    const Dim last = input_dims.back();
+    const Dim& last = input_dims.back();
     const bool layer_norm = block_ == "gpt3";
     std::vector<TensorId> inputs = {
         x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
@@ -313,7 +313,7 @@ class ForwardBuilder {
     const std::vector<Dim> in_dims = graph().tensor(x).dims;
     std::vector<Dim> weight_lead;
     if (moe) {
-      weight_lead.push_back(Dim{"experts", dims_.num_experts, "exp"});
+      weight_lead.emplace_back("experts", dims_.num_experts, "exp");
     }
     const std::string embed_logical = moe ? "embed_moe" : "embed";
     const std::string mlp_logical = moe ? "mlp_moe" : "mlp";
@@ -323,8 +323,8 @@ class ForwardBuilder {
     const auto& activations = dims_.mlp_activations;
     for (size_t index = 0; index < activations.size(); ++index) {
       std::vector<Dim> w_dims = weight_lead;
-      w_dims.push_back(Dim{"embed", dims_.emb_dim, embed_logical});
-      w_dims.push_back(Dim{"mlp", mlp_dim, mlp_logical});
+      w_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
+      w_dims.emplace_back("mlp", mlp_dim, mlp_logical);
       const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
       const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region);
       TensorId hidden = einsum(prefix + "/wi" + suffix, x, w, {"embed"}, hidden_dims, region,
@@ -342,8 +342,8 @@ class ForwardBuilder {
                   : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
     }
     std::vector<Dim> wo_dims = weight_lead;
-    wo_dims.push_back(Dim{"mlp", mlp_dim, mlp_logical});
-    wo_dims.push_back(Dim{"embed", dims_.emb_dim, embed_logical});
+    wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
+    wo_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
     const TensorId wo = weight(prefix + "/wo", wo_dims, region);
     return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo");
   }
@@ -402,7 +402,7 @@ class ForwardBuilder {
       throw UserError("num_vocab_tiling: " + std::to_string(chunks) +
                       " must divide max_target_length (" + std::to_string(length_) + ")");
     }
-    const int region = graph().add_region("head", chunks, Phase::kForward, -1, /*shared=*/true);
+    const int region = graph().add_region("head", chunks, Phase::kForward, -1, /*shared_parameters=*/true);
     result_.head_region = region;
     result_.head_chunks = chunks;
     const int64_t full_length = length_;

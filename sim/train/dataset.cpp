@@ -20,7 +20,7 @@ constexpr int64_t kByteVocabulary = 256;
 constexpr double kEvalFraction = 0.1;
 
 std::string read_documents(const std::string& path) {
-  const std::string raw = read_text_file(path);
+  std::string raw = read_text_file(path);
   if (!path.ends_with(".jsonl") && !path.ends_with(".json")) {
     return raw;
   }
