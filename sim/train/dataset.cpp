@@ -1,5 +1,7 @@
 #include "sim/train/dataset.h"
 
+#include <sentencepiece_processor.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -58,11 +60,7 @@ Dataset Dataset::from_config(const Config& config) {
   data.accumulation_ = config.get_int("gradient_accumulation_steps");
   const std::string type = config.get_string("dataset_type");
   const std::string path = config.get_string("dataset_path");
-  if (!config.get_string("tokenizer_path").empty()) {
-    throw UserError(
-        "tokenizer_path: only the byte-level tokenizer is supported so far (leave it "
-        "empty)");
-  }
+  const std::string tokenizer = config.get_string("tokenizer_path");
   if (type == "synthetic") {
     return data;
   }
@@ -74,15 +72,36 @@ Dataset Dataset::from_config(const Config& config) {
   if (path.empty()) {
     throw UserError("dataset_path: dataset_type=" + type + " needs a file");
   }
-  if (data.vocab_ < kByteVocabulary) {
-    throw UserError("vocab_size: " + std::to_string(data.vocab_) +
-                    " is too small for the byte-level tokenizer (needs >= 256)");
-  }
   data.synthetic_ = false;
   const std::string text = read_documents(path);
-  data.bytes_.assign(text.begin(), text.end());
-  for (int32_t& token : data.bytes_) {
-    token = static_cast<int32_t>(static_cast<unsigned char>(static_cast<char>(token)));
+  if (tokenizer.empty()) {
+    if (data.vocab_ < kByteVocabulary) {
+      throw UserError("vocab_size: " + std::to_string(data.vocab_) +
+                      " is too small for the byte-level tokenizer (needs >= 256)");
+    }
+    data.bytes_.assign(text.begin(), text.end());
+    for (int32_t& token : data.bytes_) {
+      token = static_cast<int32_t>(static_cast<unsigned char>(static_cast<char>(token)));
+    }
+  } else {
+    // A SentencePiece model (the tokenizer MaxText's Llama-2-era configs use).
+    sentencepiece::SentencePieceProcessor processor;
+    const auto status = processor.Load(tokenizer);
+    if (!status.ok()) {
+      throw UserError("tokenizer_path: cannot load SentencePiece model '" + tokenizer +
+                      "': " + status.ToString());
+    }
+    if (processor.GetPieceSize() > data.vocab_) {
+      throw UserError("vocab_size: " + std::to_string(data.vocab_) + " is smaller than the " +
+                      std::to_string(processor.GetPieceSize()) + " pieces of '" + tokenizer + "'");
+    }
+    std::vector<int> ids;
+    const auto encoded = processor.Encode(text, &ids);
+    if (!encoded.ok()) {
+      throw UserError("tokenizer_path: '" + tokenizer + "' failed on '" + path +
+                      "': " + encoded.ToString());
+    }
+    data.bytes_.assign(ids.begin(), ids.end());
   }
   const int64_t windows = (static_cast<int64_t>(data.bytes_.size()) - 1) / data.length_;
   if (windows < 2) {

@@ -2,7 +2,8 @@
 //
 // dataset_type=synthetic draws tokens from a counter-based hash of (seed, step, sequence,
 // position). A local file (dataset_path: plain text, or JSON lines with a "text" field) is read
-// as bytes (the byte-level tokenizer: token = byte value, so vocab_size must be >= 256), packed
+// as bytes (the byte-level tokenizer: token = byte value, so vocab_size must be >= 256) or with
+// the SentencePiece model at tokenizer_path (its pieces must fit in vocab_size), packed
 // into windows of max_target_length + 1 tokens (inputs and next-token targets), and split 90/10
 // into training and held-out evaluation windows. The batch of step s is a fixed permutation of
 // the windows, indexed by s, so a resumed run reads exactly what an uninterrupted one would.
