@@ -91,7 +91,9 @@ std::string Graph::to_text(int only_region) const {
         for (size_t index = 0; index < op.attrs.mesh_axes.size(); ++index) {
           out << (index == 0 ? "" : ",") << op.attrs.mesh_axes[index];
         }
-        out << "}";
+        // The per-device array the collective gathers into or reduces (V of the cost formulas).
+        const TensorId measured = op.kind == OpKind::kAllGather ? op.outputs[0] : op.inputs[0];
+        out << "} group " << op.attrs.group_size << " bytes " << tensor(measured).bytes();
       }
       out << "\n";
     }
