@@ -40,6 +40,8 @@ void place_block(const Tensor& tensor, const TensorData& local, const DeviceCont
   });
 }
 
+// The largest per-tensor relative L2 error ||a - b|| / ||b|| (the comparison of
+// shared/reference/numerics_and_levanter.md: fp32 vs a reference, rel-L2 per tensor).
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
                                const std::map<std::string, std::vector<float>>& b) {
   double worst = 0;
@@ -49,16 +51,15 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
       throw std::logic_error("verify: the reference has no matching '" + name + "'");
     }
     double difference = 0;
-    double scale = 0;
+    double norm = 0;
     for (size_t index = 0; index < values.size(); ++index) {
-      difference =
-          std::max(difference, std::abs(static_cast<double>(values[index]) - found->second[index]));
-      scale = std::max(scale, std::abs(static_cast<double>(found->second[index])));
+      const double delta = static_cast<double>(values[index]) - found->second[index];
+      difference += delta * delta;
+      norm += static_cast<double>(found->second[index]) * found->second[index];
     }
-    const double relative = difference / std::max(scale, 1e-30);
+    const double relative = norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
     if (std::getenv("TPUSIM_VERIFY_DETAIL") != nullptr) {
-      std::cerr << "  verify " << name << " max|diff| " << difference << " max|ref| " << scale
-                << " rel " << relative << "\n";
+      std::cerr << "  verify " << name << " rel-L2 " << relative << "\n";
     }
     worst = std::max(worst, relative);
   }
