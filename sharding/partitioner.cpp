@@ -538,7 +538,22 @@ class Partitioner {
     const size_t first_forward = gradient ? 1 : 0;
     const TensorId query = op.inputs[first_forward];
     const std::map<std::string, AxisList> reference = by_name(query, layout(query));
-    const std::set<std::string> whole_length = {"length"};
+    // Keys and values cover the whole sequence. Their kv heads stay split only when the split
+    // divides them evenly (each device's query heads then find their kv heads locally); with
+    // fewer kv heads than shards (GQA under wide tensor parallelism) they are gathered whole,
+    // as each device needs the kv head its query heads share.
+    std::set<std::string> whole_length = {"length"};
+    const TensorId key = op.inputs[first_forward + 1];
+    const int kv_dim = global_.tensor(key).dim_index("kv_heads");
+    bool kv_gathered = false;
+    if (kv_dim >= 0) {
+      const AxisList& kv_axes = layout(key)[static_cast<size_t>(kv_dim)];
+      const int64_t kv_heads = global_.tensor(key).dims[static_cast<size_t>(kv_dim)].size;
+      if (!kv_axes.empty() && kv_heads % shards(kv_axes) != 0) {
+        whole_length.insert("kv_heads");
+        kv_gathered = true;
+      }
+    }
     const size_t key_begin = first_forward + 1;
     const size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
     std::vector<TensorId> inputs;
@@ -570,7 +585,9 @@ class Partitioner {
       AxisList partial;
       if (index > 0) {
         partial = context;
-        if (output.dim_index("heads") < 0 && output.dim_index("kv_heads") < 0) {
+        const bool shared_across_heads =
+            output.dim_index("heads") < 0 && (output.dim_index("kv_heads") < 0 || kv_gathered);
+        if (shared_across_heads) {
           partial.insert(partial.end(), heads.begin(), heads.end());
         }
       }
