@@ -29,6 +29,9 @@ struct Dim {
   // size before splitting (0 = not partitioned, size is global).
   std::vector<std::string> sharded_over;
   int64_t global_size = 0;
+
+  // The dim's size in the whole (unsharded) tensor.
+  int64_t whole_size() const { return global_size > 0 ? global_size : size; }
 };
 
 // What a tensor is, which decides which memory category it counts in.

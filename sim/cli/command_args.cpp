@@ -25,4 +25,9 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
   return result;
 }
 
+Config load_command_config(const std::vector<std::string>& args) {
+  const CommandArgs split = split_command_args(args);
+  return Config::load(split.base_path, split.overrides);
+}
+
 }  // namespace tpusim

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
+
 namespace tpusim {
 
 struct CommandArgs {
@@ -20,5 +22,8 @@ struct CommandArgs {
 
 // UserError when an argument is neither key=value nor a .yml/.yaml file, or two files are given.
 CommandArgs split_command_args(const std::vector<std::string>& args);
+
+// The config the arguments name: base file (or the embedded base.yml), preset, overrides.
+Config load_command_config(const std::vector<std::string>& args);
 
 }  // namespace tpusim

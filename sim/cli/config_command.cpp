@@ -24,8 +24,7 @@ void register_config_command(CLI::App& app) {
   command->add_option("args", *args, "[config.yml] key=value ...");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([args, json_output] {
-    const CommandArgs split = split_command_args(*args);
-    const Config config = Config::load(split.base_path, split.overrides);
+    const Config config = load_command_config(*args);
     const ModelDims dims = ModelDims::from_config(config);
     nlohmann::json json;
     json["config"] = config.to_json();

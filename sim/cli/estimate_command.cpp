@@ -28,8 +28,8 @@ void print_human(const nlohmann::json& json) {
             << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
             << json["devices"] << " devices), mesh " << json["mesh"].get<std::string>() << "\n";
   for (const auto& [axis, where] : json["mesh_placement"].items()) {
-    std::cout << "  " << std::left << std::setw(9) << axis << std::right
-              << where.get<std::string>() << "\n";
+    std::cout << "  " << std::left << std::setw(9) << axis << std::right << where.get<std::string>()
+              << "\n";
   }
   std::cout << "batch      " << json["global_batch_sequences"].get<int64_t>() << " sequences, "
             << json["tokens_per_step"].get<double>() << " tokens per step\n";
@@ -59,9 +59,9 @@ void print_human(const nlohmann::json& json) {
             << gib(json["hbm_capacity_bytes"].get<double>()) << " -> "
             << (json["fits"].get<bool>() ? "fits" : "OUT OF MEMORY") << " (peak at "
             << memory["peak_at"].get<std::string>() << ")\n";
-  for (const char* key : {"weights_bytes", "optimizer_state_bytes", "gradients_bytes",
-                          "saved_activations_bytes", "gathered_weights_bytes", "temporaries_bytes",
-                          "host_offloaded_bytes"}) {
+  for (const char* key :
+       {"weights_bytes", "optimizer_state_bytes", "gradients_bytes", "saved_activations_bytes",
+        "gathered_weights_bytes", "temporaries_bytes", "host_offloaded_bytes"}) {
     std::string label = key;
     label = label.substr(0, label.size() - 6);
     std::cout << "  " << std::left << std::setw(20) << label << std::right
@@ -82,15 +82,15 @@ void register_estimate_command(CLI::App& app) {
   auto trace_path = std::make_shared<std::string>();
   auto profile = std::make_shared<int>(0);
   CLI::App* command = app.add_subcommand(
-      "estimate", "Estimate one training step of a MaxText config on a slice: step time, MFU, "
-                  "tokens/s, breakdown, HBM");
+      "estimate",
+      "Estimate one training step of a MaxText config on a slice: step time, MFU, "
+      "tokens/s, breakdown, HBM");
   command->add_option("args", *args, "[config.yml] key=value ...");
   command->add_flag("--json", *json_output, "Print one JSON object");
   command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
   command->callback([args, json_output, trace_path, profile] {
-    const CommandArgs split = split_command_args(*args);
-    const Config config = Config::load(split.base_path, split.overrides);
+    const Config config = load_command_config(*args);
     const Estimate estimate = estimate_config(config);
     if (!trace_path->empty()) {
       write_file_atomically(*trace_path, chrome_trace(estimate.timing));
@@ -105,8 +105,9 @@ void register_estimate_command(CLI::App& app) {
       const auto& ops = estimate.timing.profile;
       for (size_t index = 0; index < ops.size() && static_cast<int>(index) < *profile; ++index) {
         std::cout << "  " << std::setw(9) << std::setprecision(4) << ops[index].seconds << "  x"
-                  << std::left << std::setw(6) << ops[index].calls << std::setw(5) << ops[index].bound
-                  << std::right << " " << ops[index].region << ": " << ops[index].op << "\n";
+                  << std::left << std::setw(6) << ops[index].calls << std::setw(5)
+                  << ops[index].bound << std::right << " " << ops[index].region << ": "
+                  << ops[index].op << "\n";
       }
     }
   });

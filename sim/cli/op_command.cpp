@@ -169,8 +169,7 @@ void register_op_command(CLI::App& app) {
         overrides.push_back(arg);
       }
     }
-    const CommandArgs split = split_command_args(overrides);
-    const Config config = Config::load(split.base_path, split.overrides);
+    const Config config = load_command_config(overrides);
     const nlohmann::json json =
         *kind == "matmul" ? time_matmul(op_keys, config) : time_collective(*kind, op_keys, config);
     if (*json_output) {

@@ -24,8 +24,7 @@ void register_program_command(CLI::App& app) {
                       "backward and optimizer regions");
   command->add_flag("--global", *global, "Print the global (unpartitioned) step instead");
   command->callback([args, layer, global] {
-    const CommandArgs split = split_command_args(*args);
-    const Config config = Config::load(split.base_path, split.overrides);
+    const Config config = load_command_config(*args);
     const StepProgram built = build_step_program(config);
     const Graph& graph = *global ? built.step.graph : built.program.graph;
     const auto& layers = built.step.forward_info.layer_regions;

@@ -28,8 +28,7 @@ void register_train_command(CLI::App& app) {
                       "After the first step, write the weights before and after it, the "
                       "gradients and the batch to this directory (for reference comparisons)");
   command->callback([args, verify, quiet, dump] {
-    const CommandArgs split = split_command_args(*args);
-    const Config config = Config::load(split.base_path, split.overrides);
+    const Config config = load_command_config(*args);
     Trainer trainer(config);
     TrainOptions options;
     options.verify = *verify;

@@ -33,7 +33,7 @@ void DeviceContext::for_each_global_element(
     bool inside = true;
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       const Dim& info = tensor.dims[dim];
-      const int64_t size = info.global_size > 0 ? info.global_size : info.size;
+      const int64_t size = info.whole_size();
       const int64_t position = offset(info) + index[dim];
       inside = inside && position < size;
       global = global * size + position;

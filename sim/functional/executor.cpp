@@ -22,10 +22,6 @@ double normal(uint64_t seed, uint64_t name, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-int64_t global_size(const Dim& dim) {
-  return dim.global_size > 0 ? dim.global_size : dim.size;
-}
-
 }  // namespace
 
 Executor::Executor(const StepProgram& program, DeviceContext device, Communicator& communicator)
@@ -173,7 +169,7 @@ void Executor::initialize_parameters(uint64_t seed) {
         double fan_in = 1;
         for (size_t dim = 0; dim + 1 < tensor.dims.size(); ++dim) {
           if (tensor.dims[dim].name != "experts") {
-            fan_in *= static_cast<double>(global_size(tensor.dims[dim]));
+            fan_in *= static_cast<double>(tensor.dims[dim].whole_size());
           }
         }
         const double scale = embedding ? 1.0 : 1.0 / std::sqrt(fan_in);
@@ -211,7 +207,7 @@ void Executor::fill_input(TensorId id, int microbatch) {
   }
   const Dim& batch = tensor.dims[static_cast<size_t>(batch_dim)];
   const Dim& length = tensor.dims[static_cast<size_t>(length_dim)];
-  const int64_t global_length = global_size(length);
+  const int64_t global_length = length.whole_size();
   const std::vector<int32_t>* source = nullptr;
   if (tensor.name == "tokens") {
     source = &tokens_.at(static_cast<size_t>(microbatch));
@@ -226,7 +222,7 @@ void Executor::fill_input(TensorId id, int microbatch) {
       float value = static_cast<float>(global_l);  // "positions" (learned position embeddings)
       if (source != nullptr) {
         const auto flat = static_cast<size_t>(global_b * global_length + global_l);
-        if (global_b >= global_size(batch) || flat >= source->size()) {
+        if (global_b >= batch.whole_size() || flat >= source->size()) {
           value = 0;  // padding rows of a batch dim that does not divide (XLA pads)
         } else {
           value = static_cast<float>((*source)[flat]);

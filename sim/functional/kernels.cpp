@@ -47,10 +47,6 @@ float round_bf16(float value) {
   return std::bit_cast<float>(bits);
 }
 
-int64_t global_size(const Dim& dim) {
-  return dim.global_size > 0 ? dim.global_size : dim.size;
-}
-
 int64_t to_index(float value) {
   return static_cast<int64_t>(std::llround(value));
 }
@@ -602,7 +598,7 @@ class NormKernel {
       const Tensor& stats = ctx.in_tensor(forward_inputs);
       check_stats_tensor(stats);
       stats_strides_ = ctx.strides_in(stats, rows_, true, false);
-      n_global_ = global_size(reduced);
+      n_global_ = reduced.whole_size();
     } else {
       n_global_ = n_local_;
     }
@@ -889,7 +885,7 @@ void run_rope(const Ctx& ctx) {
   }
   const Dim& last = x.dims.back();
   const int64_t d = last.size;
-  if (global_size(last) != d || d % 2 != 0) {
+  if (last.whole_size() != d || d % 2 != 0) {
     ctx.fail("rope's last dim '" + last.name + "' must be whole and even");
   }
   if (y.dims.empty() || y.dims.back().name != last.name) {
@@ -1085,10 +1081,10 @@ class AttentionKernel {
     } else if (q_.features != d_k_) {
       ctx.fail("query and key feature sizes differ");
     }
-    scale_ = 1.0f / std::sqrt(static_cast<float>(global_size(*q_.feature_dim)));
+    scale_ = 1.0f / std::sqrt(static_cast<float>(q_.feature_dim->whole_size()));
     // GQA mapping on global head indices.
-    const int64_t query_heads = global_size(*q_.heads_dim);
-    const int64_t kv_heads = global_size(*k_.heads_dim);
+    const int64_t query_heads = q_.heads_dim->whole_size();
+    const int64_t kv_heads = k_.heads_dim->whole_size();
     if (kv_heads <= 0 || query_heads % kv_heads != 0) {
       ctx.fail("query heads must be a multiple of kv heads");
     }
@@ -1386,14 +1382,14 @@ class CrossEntropyKernel {
     tokens_ = space_without(logits, {"vocab"});
     vocab_size_ = vocab.size;
     vocab_offset_ = ctx.device().offset(vocab);
-    valid_ = std::clamp<int64_t>(global_size(vocab) - vocab_offset_, 0, vocab_size_);
+    valid_ = std::clamp<int64_t>(vocab.whole_size() - vocab_offset_, 0, vocab_size_);
     vocab_stride_ = ctx.stride(logits, "vocab");
     logits_strides_ = ctx.strides_in(logits, tokens_, true, false);
     targets_strides_ = ctx.strides_in(ctx.in_tensor(1), tokens_, true, true);
     token_count_ = 1;
     for (const Dim& dim : logits.dims) {
       if (dim.name != "vocab") {
-        token_count_ *= global_size(dim);
+        token_count_ *= dim.whole_size();
       }
     }
   }
@@ -1612,7 +1608,7 @@ class MoeKernel {
       : layout_(routing_layout(ctx, routing_tensor)) {
     token_at_ = token_offsets(ctx, token_tensor, layout_.tokens);
     const Dim& experts = ctx.dim(grouped_tensor, "experts");
-    if (global_size(experts) != experts.size) {
+    if (experts.whole_size() != experts.size) {
       ctx.fail("the grouped tensor's experts dim must be whole");
     }
     experts_ = experts.size;
@@ -1768,7 +1764,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   const Tensor& routing = gradient ? ctx.in_tensor(0) : ctx.out_tensor(0);
   const RoutingLayout layout = routing_layout(ctx, routing);
   const Dim& experts = ctx.dim(logits, "experts");
-  if (global_size(experts) != experts.size) {
+  if (experts.whole_size() != experts.size) {
     ctx.fail("the router's experts dim must be whole");
   }
   if (layout.top_k > experts.size ||

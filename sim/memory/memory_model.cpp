@@ -20,7 +20,11 @@ struct RegionTemporaries {
 class MemoryModel {
  public:
   explicit MemoryModel(const StepProgram& program)
-      : program_(program), graph_(program.program.graph) {}
+      : program_(program), graph_(program.program.graph) {
+    for (const Graph::Carry& carry : graph_.carries()) {
+      carry_out_.insert(carry.from);  // read when the next region (or iteration) starts
+    }
+  }
 
   MemoryEstimate run() {
     classify();
@@ -220,7 +224,7 @@ class MemoryModel {
         const auto use = last_use.find(id);
         const bool unused_output = use == last_use.end();
         if ((use != last_use.end() && use->second <= index) ||
-            (unused_output && !is_carry_out(id))) {
+            (unused_output && !carry_out_.contains(id))) {
           dead.push_back(id);
         }
       }
@@ -232,16 +236,6 @@ class MemoryModel {
     }
     cache_[region] = peak;
     return peak;
-  }
-
-  bool is_carry_out(TensorId id) {
-    if (carry_out_.empty()) {
-      for (const Graph::Carry& carry : graph_.carries()) {
-        carry_out_.insert(carry.from);
-      }
-      carry_out_.insert(-1);
-    }
-    return carry_out_.contains(id);
   }
 
   const StepProgram& program_;

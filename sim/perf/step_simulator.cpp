@@ -36,12 +36,6 @@ class Timeline {
     }
     busy_ = std::move(moved);
   }
-  // Forget intervals that ended before `time` (they can no longer hold a gap we would use).
-  void prune(double time) {
-    while (!busy_.empty() && busy_.begin()->second < time) {
-      busy_.erase(busy_.begin());
-    }
-  }
 
  private:
   std::set<std::pair<double, double>> busy_;
@@ -105,24 +99,23 @@ class Simulator {
   StepTiming run() {
     StepTiming timing;
     Accounting total;
-    double microbatch_end = 0;
-    double optimizer_start = -1;
-    for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
-      const Region& info = graph_.region(region);
-      if (info.phase == Phase::kOptimizer && optimizer_start < 0) {
-        microbatch_end = tensorcore_free_;
-        flush_deferred_gradient_reductions(total);
-        optimizer_start = tensorcore_free_;
+    const int regions = static_cast<int>(graph_.regions().size());
+    // One microbatch's forward and backward, then the cross-slice gradient reductions XLA
+    // combines after it, then the optimizer update.
+    for (int region = 0; region < regions; ++region) {
+      if (graph_.region(region).phase != Phase::kOptimizer) {
+        total.add(simulate_region(region, timing), 1.0);
       }
-      total.add(simulate_region(region, timing), 1.0);
     }
-    if (optimizer_start < 0) {
-      microbatch_end = tensorcore_free_;
-      flush_deferred_gradient_reductions(total);
-      optimizer_start = tensorcore_free_;
+    const double microbatch = tensorcore_free_;
+    flush_deferred_gradient_reductions(total);
+    const double optimizer_start = tensorcore_free_;
+    for (int region = 0; region < regions; ++region) {
+      if (graph_.region(region).phase == Phase::kOptimizer) {
+        total.add(simulate_region(region, timing), 1.0);
+      }
     }
     const double end = std::max({tensorcore_free_, last_event_end_});
-    const double microbatch = microbatch_end;
     const double accumulation = static_cast<double>(program_.accumulation_steps);
     timing.microbatch_seconds = microbatch;
     timing.optimizer_seconds = end - optimizer_start;

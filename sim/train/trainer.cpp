@@ -19,16 +19,12 @@ namespace {
 
 constexpr uint64_t kDefaultSeed = 0;
 
-int64_t global_size(const Dim& dim) {
-  return dim.global_size > 0 ? dim.global_size : dim.size;
-}
-
 // Writes a device's local block into the global row-major array of its tensor.
 void place_block(const Tensor& tensor, const TensorData& local, const DeviceContext& device,
                  std::vector<float>& global) {
   int64_t total = 1;
   for (const Dim& dim : tensor.dims) {
-    total *= global_size(dim);
+    total *= dim.whole_size();
   }
   if (global.empty()) {
     global.assign(static_cast<size_t>(total), 0.0f);
@@ -187,7 +183,7 @@ namespace {
 std::vector<int64_t> global_shape(const Tensor& tensor) {
   std::vector<int64_t> shape;
   for (const Dim& dim : tensor.dims) {
-    shape.push_back(global_size(dim));
+    shape.push_back(dim.whole_size());
   }
   return shape;
 }
