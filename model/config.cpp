@@ -296,7 +296,9 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
     throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
                     did_you_mean(key, order_));
   }
-  found->second.value = coerce(value, found->second.type, std::string(key), origin);
+  // reset(), not operator=: a YAML::Node assignment writes through to every copy sharing the
+  // node, so setting a key on a copied Config would change the original too.
+  found->second.value.reset(coerce(value, found->second.type, std::string(key), origin));
   found->second.origin = origin;
 }
 

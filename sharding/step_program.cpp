@@ -36,8 +36,9 @@ StepProgram build_step_program(const Config& config) {
   }
   result.accumulation_steps = config.get_int("gradient_accumulation_steps");
   result.global_batch = result.microbatch * result.accumulation_steps;
-  result.step = build_training_step(config, result.microbatch);
-  result.program = partition(result.step, LogicalAxisRules::from_config(config), result.mesh);
+  result.step =
+      std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
+  result.program = partition(*result.step, LogicalAxisRules::from_config(config), result.mesh);
   return result;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "hw/slice.h"
 #include "model/autodiff/training_step.h"
@@ -23,7 +24,9 @@ class Config;
 struct StepProgram {
   Slice slice;
   DeviceMesh mesh;
-  TrainingStep step;           // the global step (before partitioning)
+  // The global step (before partitioning); shared, so that programs of many meshes (explore) can
+  // reuse one step without copying its graph.
+  std::shared_ptr<const TrainingStep> step;
   PartitionedProgram program;  // one device's program
   int64_t global_batch = 0;    // sequences per optimizer step
   int64_t microbatch = 0;      // sequences per microbatch (the graph's batch)

@@ -18,6 +18,7 @@ int run(int argc, char** argv) {
   tpusim::register_config_command(app);
   tpusim::register_program_command(app);
   tpusim::register_estimate_command(app);
+  tpusim::register_explore_command(app);
   tpusim::register_validate_command(app);
   tpusim::register_op_command(app);
   tpusim::register_train_command(app);

@@ -26,8 +26,8 @@ void register_program_command(CLI::App& app) {
   command->callback([args, layer, global] {
     const Config config = load_command_config(*args);
     const StepProgram built = build_step_program(config);
-    const Graph& graph = *global ? built.step.graph : built.program.graph;
-    const auto& layers = built.step.forward_info.layer_regions;
+    const Graph& graph = *global ? built.step->graph : built.program.graph;
+    const auto& layers = built.step->forward_info.layer_regions;
     if (*layer >= static_cast<int>(layers.size())) {
       throw UserError("--layer: " + std::to_string(*layer) + " but the model has " +
                       std::to_string(layers.size()) + " layer group(s)");

@@ -40,7 +40,7 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
     carry_ends.insert(carry.to);
     carry_sources.insert(carry.from);
   }
-  for (const auto& [parameter, grad] : program.step.parameter_grads) {
+  for (const auto& [parameter, grad] : program.step->parameter_grads) {
     const TensorId local_parameter =
         program.program.local_of_global[static_cast<size_t>(parameter)];
     const TensorId local_grad = program.program.local_of_global[static_cast<size_t>(grad)];
@@ -49,7 +49,7 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
   }
   const std::set<TensorId> final_grads(final_grads_.begin(), final_grads_.end());
   // The loss: the cross-entropy's output, or its all-reduce over the devices sharing the batch.
-  loss_ = program.program.local_of_global[static_cast<size_t>(program.step.forward_info.loss)];
+  loss_ = program.program.local_of_global[static_cast<size_t>(program.step->forward_info.loss)];
   for (const Op& op : graph_.ops()) {
     if (op.kind == OpKind::kAllReduce && op.inputs[0] == loss_) {
       loss_ = op.outputs[0];

@@ -130,11 +130,11 @@ class MemoryModel {
     const size_t count = graph_.tensors().size();
     category_.assign(count, Category::kTemporary);
     std::set<TensorId> final_grads;
-    for (const auto& [parameter, grad] : program_.step.parameter_grads) {
+    for (const auto& [parameter, grad] : program_.step->parameter_grads) {
       final_grads.insert(program_.program.local_of_global[static_cast<size_t>(grad)]);
     }
     std::map<TensorId, RematDecision> saved;
-    for (const auto& [global, decision] : program_.step.saved) {
+    for (const auto& [global, decision] : program_.step->saved) {
       saved[program_.program.local_of_global[static_cast<size_t>(global)]] = decision;
     }
     for (const Tensor& tensor : graph_.tensors()) {

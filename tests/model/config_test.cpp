@@ -171,5 +171,20 @@ TEST(Config, CommandLineOverridesRoundTrip) {
   EXPECT_EQ(again.get_string_list("mlp_activations"), std::vector<std::string>{"relu"});
 }
 
+// A copy is independent: yaml-cpp nodes are shared references, and setting a key on a copy
+// (explore, the unsharded reference of train --verify) once wrote through to the original.
+TEST(Config, SettingAKeyOnACopyLeavesTheOriginal) {
+  const Config original = Config::load("", {"model_name=tiny-llama"});
+  const double batch = original.get_float("per_device_batch_size");
+  const std::string policy = original.get_string("remat_policy");
+  Config copy = original;
+  copy.set("per_device_batch_size", "7", "test");
+  copy.set("remat_policy", "minimal", "test");
+  EXPECT_EQ(copy.get_float("per_device_batch_size"), 7.0);
+  EXPECT_EQ(copy.get_string("remat_policy"), "minimal");
+  EXPECT_EQ(original.get_float("per_device_batch_size"), batch);
+  EXPECT_EQ(original.get_string("remat_policy"), policy);
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -1,0 +1,164 @@
+// `tpusim explore [config.yml] [key=value ...] [--top N] [--json|--csv] [--objective O]
+//                 [--global-batch-size N] [--max-per-device-batch B] [--min-hbm-headroom F]
+//                 [--threads T]`: searches meshes, batch, remat, attention and perf switches for
+// a model on a slice and ranks what fits (sim/explore/explorer.h). Keys given on the command line
+// are pinned (not searched).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "common/error.h"
+#include "model/config.h"
+#include "sim/cli/command_args.h"
+#include "sim/cli/commands.h"
+#include "sim/explore/explorer.h"
+
+namespace tpusim {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct ExploreFlags {
+  std::vector<std::string> args;
+  int top = 10;
+  bool json = false;
+  bool csv = false;
+  std::string objective = "tokens_per_s_per_chip";
+  int64_t global_batch_size = 0;
+  double max_per_device_batch = 16;
+  double min_hbm_headroom = 0;
+  int threads = 0;
+};
+
+// A progress bar with rate and ETA on stderr, only when it is a terminal.
+void show_progress(int64_t done, int64_t total, std::chrono::steady_clock::time_point started) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double fraction = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(fraction * kWidth);
+  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
+  const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
+  std::cerr << "\r[" << std::string(static_cast<size_t>(filled), '#')
+            << std::string(static_cast<size_t>(kWidth - filled), '.') << "] " << done << "/"
+            << total << " meshes, " << std::fixed << std::setprecision(0) << rate
+            << " meshes/s, ETA " << std::setprecision(1) << eta << " s   " << std::flush;
+  if (done == total) {
+    std::cerr << "\n";
+  }
+}
+
+void print_csv(const ExploreResult& result) {
+  std::cout << "rank,step_time_s,mfu,tokens_per_s_per_chip,hbm_peak_bytes_per_device,"
+               "hbm_headroom_bytes,fits,mesh,args\n";
+  int rank = 1;
+  for (const RankedCandidate& ranked : result.top) {
+    std::cout << rank++ << "," << ranked.step_time_s << "," << ranked.mfu << ","
+              << ranked.tokens_per_s_per_chip << "," << ranked.hbm_peak_bytes_per_device << ","
+              << ranked.hbm_capacity_bytes - ranked.hbm_peak_bytes_per_device << ","
+              << (ranked.fits ? "true" : "false") << ","
+              << ranked.estimate["mesh"].get<std::string>() << ",\"" << ranked.args << "\"\n";
+  }
+}
+
+void print_human(const ExploreResult& result) {
+  const SearchSpace& space = result.space;
+  std::cout << "searched  " << space.size() << " candidates (" << space.meshes.size()
+            << " meshes x " << space.batches.size() << " batches x " << space.remats.size()
+            << " remat x attention/perf variants) in " << std::fixed << std::setprecision(2)
+            << result.elapsed_s << " s on " << result.threads << " threads\n";
+  std::cout << "evaluated " << result.candidates_evaluated << " (" << result.programs_built
+            << " programs built)";
+  for (const auto& [reason, count] : result.pruned) {
+    std::cout << ", " << reason << " " << count;
+  }
+  std::cout << "\n";
+  if (result.top.empty()) {
+    std::cout << "nothing fits: the smallest peak HBM found is " << std::setprecision(2)
+              << result.smallest_peak_hbm_bytes / kGiB << " GiB per device against "
+              << result.usable_hbm_bytes / kGiB
+              << " GiB usable (add devices, shard weights more, or pin a smaller batch)\n";
+    return;
+  }
+  int rank = 1;
+  for (const RankedCandidate& ranked : result.top) {
+    std::cout << "\n#" << rank++ << "  step " << std::setprecision(3) << ranked.step_time_s
+              << " s, MFU " << std::setprecision(1) << 100 * ranked.mfu << "%, "
+              << std::setprecision(0) << ranked.tokens_per_s_per_chip << " tokens/s/chip, HBM "
+              << std::setprecision(2) << ranked.hbm_peak_bytes_per_device / kGiB << " of "
+              << ranked.hbm_capacity_bytes / kGiB << " GiB\n";
+    std::cout << "    mesh " << ranked.estimate["mesh"].get<std::string>() << "\n";
+    std::cout << "    breakdown";
+    for (const auto& [key, value] : ranked.estimate["breakdown"].items()) {
+      if (value.get<double>() > 0.005 * ranked.step_time_s) {
+        std::cout << " " << key << " " << std::setprecision(3) << value.get<double>();
+      }
+    }
+    std::cout << "\n    tpusim estimate " << ranked.args << "\n";
+    std::cout << "    MaxText: python3 -m MaxText.train MaxText/configs/base.yml";
+    for (const std::string& item : ranked.maxtext_overrides) {
+      std::cout << " " << item;
+    }
+    std::cout << "\n";
+  }
+}
+
+}  // namespace
+
+void register_explore_command(CLI::App& app) {
+  auto flags = std::make_shared<ExploreFlags>();
+  CLI::App* command = app.add_subcommand(
+      "explore",
+      "Search meshes, batch, remat, attention and perf switches for a model on a slice; rank "
+      "what fits");
+  command->add_option("args", flags->args, "[config.yml] key=value ... (given keys are pinned)");
+  command->add_option("--top", flags->top, "How many candidates to list (default 10)");
+  command->add_flag("--json", flags->json, "Print one JSON object");
+  command->add_flag("--csv", flags->csv, "Print the top candidates as CSV");
+  command->add_option("--objective", flags->objective,
+                      "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar");
+  command->add_option("--global-batch-size", flags->global_batch_size,
+                      "Fixed sequences per optimizer step (searches gradient accumulation)");
+  command->add_option("--max-per-device-batch", flags->max_per_device_batch,
+                      "Largest per_device_batch_size tried (default 16)");
+  command->add_option("--min-hbm-headroom", flags->min_hbm_headroom,
+                      "Fraction of usable HBM to leave free, e.g. 0.1");
+  command->add_option("--threads", flags->threads, "Worker threads (default: all cores)");
+  command->callback([flags] {
+    if (flags->json && flags->csv) {
+      throw UserError("explore: --json and --csv exclude each other");
+    }
+    const Config config = load_command_config(flags->args);
+    ExploreOptions options;
+    options.limits.global_batch_size = flags->global_batch_size;
+    options.limits.max_per_device_batch = flags->max_per_device_batch;
+    options.limits.min_hbm_headroom = flags->min_hbm_headroom;
+    options.objective = parse_objective(flags->objective);
+    options.top = flags->top;
+    options.threads = flags->threads;
+    if (flags->threads < 0) {
+      throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");
+    }
+    const auto started = std::chrono::steady_clock::now();
+    if (isatty(fileno(stderr)) != 0) {
+      options.progress = [started](int64_t done, int64_t total) {
+        show_progress(done, total, started);
+      };
+    }
+    const ExploreResult result = explore(config, options);
+    if (flags->json) {
+      std::cout << result.to_json().dump(2) << "\n";
+    } else if (flags->csv) {
+      print_csv(result);
+    } else {
+      print_human(result);
+    }
+  });
+}
+
+}  // namespace tpusim

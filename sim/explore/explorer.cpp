@@ -1,0 +1,560 @@
+#include "sim/explore/explorer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "hw/chip_spec.h"
+#include "model/config.h"
+#include "model/flops_maxtext.h"
+#include "sharding/logical_rules.h"
+#include "sharding/step_program.h"
+#include "sim/estimate/estimate.h"
+#include "sim/memory/memory_model.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+namespace {
+
+constexpr const char* kExploreOrigin = "explore";
+constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
+constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
+constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// Training steps shared by all meshes, by (batch, remat, attention kind); built on first use.
+class TrainingStepCache {
+ public:
+  TrainingStepCache(const Config& config, const SearchSpace& space)
+      : config_(config), space_(space) {}
+
+  std::shared_ptr<const TrainingStep> get(size_t batch, size_t remat, const std::string& kind) {
+    const std::string key = std::to_string(batch) + "/" + std::to_string(remat) + "/" + kind;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto found = steps_.find(key); found != steps_.end()) {
+        return found->second;
+      }
+    }
+    Candidate candidate;
+    candidate.batch = space_.batches[batch];
+    candidate.remat = static_cast<int>(remat);
+    candidate.attention = kind;
+    Config config;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);  // Config copies share yaml-cpp nodes
+      config = candidate_config(config_, space_, candidate);
+    }
+    auto step = std::make_shared<const TrainingStep>(
+        build_training_step(config, space_.batches[batch].microbatch));
+    std::lock_guard<std::mutex> lock(mutex_);
+    return steps_.emplace(key, std::move(step)).first->second;
+  }
+
+ private:
+  const Config& config_;
+  const SearchSpace& space_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const TrainingStep>> steps_;
+};
+
+// The jit-argument divisibility rule for one mesh: parameters and inputs split evenly.
+struct MeshDivisibility {
+  bool parameters_divide = true;
+  std::vector<int64_t> input_batch_shards;  // per input tensor: shards of its batch dim (dim 0)
+};
+
+MeshDivisibility check_divisibility(const TrainingStep& step, const LogicalAxisRules& rules,
+                                    const MeshShape& mesh) {
+  MeshDivisibility result;
+  for (const Tensor& tensor : step.graph.tensors()) {
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kInput) {
+      continue;
+    }
+    const std::vector<std::vector<int>> axes = rules.shard_dims(tensor.dims, mesh);
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      int64_t shards = 1;
+      for (const int axis : axes[dim]) {
+        shards *= mesh.size(axis);
+      }
+      if (tensor.kind == TensorKind::kInput && dim == 0) {
+        result.input_batch_shards.push_back(shards);  // checked per batch
+      } else if (tensor.dims[dim].size % shards != 0) {
+        result.parameters_divide = false;
+      }
+    }
+  }
+  return result;
+}
+
+bool batch_divides(const MeshDivisibility& divisibility, int64_t microbatch) {
+  return std::all_of(divisibility.input_batch_shards.begin(), divisibility.input_batch_shards.end(),
+                     [&](int64_t shards) { return microbatch % shards == 0; });
+}
+
+double objective_value(ExploreObjective objective, double step_seconds, double mfu,
+                       double tokens_per_s_per_chip) {
+  switch (objective) {
+    case ExploreObjective::kMfu:
+      return mfu;
+    case ExploreObjective::kStepTime:
+      return -step_seconds;
+    case ExploreObjective::kTokensPerSecondPerChip:
+    case ExploreObjective::kTokensPerDollar:
+      break;
+  }
+  return tokens_per_s_per_chip;
+}
+
+struct Scored {
+  Candidate candidate;
+  double objective = 0;
+};
+
+bool better(const Scored& a, const Scored& b) {
+  if (a.objective != b.objective) {
+    return a.objective > b.objective;
+  }
+  return a.candidate.order < b.candidate.order;
+}
+
+// What one worker thread found.
+struct WorkerResult {
+  std::vector<Scored> top;  // kept sorted best first, at most N
+  int64_t evaluated = 0;
+  int64_t programs = 0;
+  std::map<std::string, int64_t> pruned;
+  double smallest_peak = std::numeric_limits<double>::infinity();
+  double capacity = 0;
+
+  void offer(Scored scored, size_t limit) {
+    if (top.size() == limit && !better(scored, top.back())) {
+      return;
+    }
+    top.insert(std::upper_bound(top.begin(), top.end(), scored, better), std::move(scored));
+    if (top.size() > limit) {
+      top.pop_back();
+    }
+  }
+};
+
+// Evaluates every candidate of one mesh into `out`.
+class MeshEvaluator {
+ public:
+  MeshEvaluator(const Config& config, const SearchSpace& space, const ExploreOptions& options,
+                const LogicalAxisRules& rules, TrainingStepCache& steps,
+                const std::vector<double>& model_tflops_per_batch, const PerfOptions& base_perf)
+      : config_(config),
+        space_(space),
+        options_(options),
+        rules_(rules),
+        steps_(steps),
+        model_tflops_(model_tflops_per_batch),
+        base_perf_(base_perf) {
+    for (const std::string& kind : space.attention_kinds) {
+      kind_offsets_.push_back(per_remat_);
+      perf_choices_.push_back(space.perf_choices(kind));
+      per_remat_ += static_cast<int64_t>(perf_choices_.back().size());
+    }
+  }
+
+  void evaluate(size_t mesh_index, WorkerResult& out) {
+    const MeshShape& mesh = space_.meshes[mesh_index];
+    const auto batches = space_.batches.size();
+    const int64_t per_batch = space_.candidates_per_mesh_and_batch();
+    const MeshDivisibility divisibility =
+        check_divisibility(*steps_.get(0, 0, space_.attention_kinds[0]), rules_, mesh);
+    std::vector<size_t> dividing;
+    for (size_t batch = 0; batch < batches; ++batch) {
+      if (divisibility.parameters_divide &&
+          batch_divides(divisibility, space_.batches[batch].microbatch)) {
+        dividing.push_back(batch);
+      } else {
+        out.pruned[kAxisDoesNotDivide] += per_batch;
+      }
+    }
+    if (dividing.empty()) {
+      return;
+    }
+    StepProgram program;
+    program.slice = space_.slice;
+    program.mesh = place_mesh(mesh, space_.slice);
+    const ChipSpec& chip = *space_.slice.chip;
+    const double chips = space_.slice.total_chips();
+    const int64_t length = config_.get_int("max_target_length");
+    bool first_program = true;
+    for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
+      for (size_t kind = 0; kind < space_.attention_kinds.size(); ++kind) {
+        const std::string& attention = space_.attention_kinds[kind];
+        const auto& perf_choices = perf_choices_[kind];
+        const auto variants = static_cast<int64_t>(perf_choices.size());
+        bool fitted = true;
+        for (const size_t batch : dividing) {
+          if (!fitted) {
+            out.pruned[kDoesNotFitHbm] += variants;  // a smaller batch did not fit
+            continue;
+          }
+          const BatchChoice& choice = space_.batches[batch];
+          program.step = steps_.get(batch, remat, attention);
+          program.microbatch = choice.microbatch;
+          program.accumulation_steps = choice.accumulation_steps;
+          program.global_batch = choice.microbatch * choice.accumulation_steps;
+          program.program = partition(*program.step, rules_, program.mesh);
+          ++out.programs;
+          const MemoryEstimate memory = estimate_memory(program);
+          const double usable = memory.capacity_bytes * (1 - options_.limits.min_hbm_headroom);
+          out.capacity = usable;
+          out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);
+          if (first_program) {
+            first_program = false;
+            const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
+            if (persistent > usable) {
+              // Weights and optimizer state do not depend on batch, remat or attention.
+              out.pruned[kWeightsExceedHbm] += static_cast<int64_t>(dividing.size()) * per_batch;
+              return;
+            }
+          }
+          if (memory.peak_bytes > usable) {
+            fitted = false;
+            out.pruned[kDoesNotFitHbm] += variants;
+            continue;
+          }
+          const double tokens =
+              static_cast<double>(program.global_batch) * static_cast<double>(length);
+          for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
+            const PerfChoice& perf = perf_choices[variant];
+            PerfOptions perf_options = base_perf_;
+            perf_options.cost.flash_attention = attention != "dot_product";
+            if (perf.block_q > 0) {
+              perf_options.cost.block_q = perf.block_q;
+              perf_options.cost.block_kv = perf.block_kv;
+            }
+            perf_options.sparse_core_offload = perf.sparse_core_offload == "on" ||
+                                               (perf.sparse_core_offload == "auto" &&
+                                                chip.sparsecore_collective_offload_default > 0);
+            perf_options.collective_matmul = perf.collective_matmul;
+            const StepTiming timing = simulate_step(program, perf_options);
+            ++out.evaluated;
+            const double step = timing.step_seconds;
+            const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
+            const double per_chip = tokens / step / chips;
+            Scored scored;
+            scored.candidate = {mesh, choice, static_cast<int>(remat), attention, perf, 0};
+            scored.candidate.order =
+                ((static_cast<int64_t>(mesh_index) * static_cast<int64_t>(batches) +
+                  static_cast<int64_t>(batch)) *
+                     static_cast<int64_t>(space_.remats.size()) +
+                 static_cast<int64_t>(remat)) *
+                    per_remat_ +
+                kind_offsets_[kind] + static_cast<int64_t>(variant);
+            scored.objective = objective_value(options_.objective, step, mfu, per_chip);
+            out.offer(std::move(scored), static_cast<size_t>(std::max(1, options_.top)));
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  const Config& config_;
+  const SearchSpace& space_;
+  const ExploreOptions& options_;
+  const LogicalAxisRules& rules_;
+  TrainingStepCache& steps_;
+  const std::vector<double>& model_tflops_;
+  const PerfOptions& base_perf_;
+  std::vector<int64_t> kind_offsets_;
+  std::vector<std::vector<PerfChoice>> perf_choices_;
+  int64_t per_remat_ = 0;
+};
+
+std::vector<std::string> maxtext_keys(const std::vector<std::string>& overrides) {
+  // tpusim-only switches (XLA flags on a real TPU, not MaxText config keys).
+  std::vector<std::string> keys;
+  for (const std::string& item : overrides) {
+    if (item.rfind("sparse_core_collective_offload=", 0) != 0 &&
+        item.rfind("collective_matmul=", 0) != 0) {
+      keys.push_back(item);
+    }
+  }
+  return keys;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) {
+    text += (text.empty() ? "" : " ") + item;
+  }
+  return text;
+}
+
+}  // namespace
+
+ExploreObjective parse_objective(const std::string& name) {
+  if (name == "tokens_per_s_per_chip") {
+    return ExploreObjective::kTokensPerSecondPerChip;
+  }
+  if (name == "mfu") {
+    return ExploreObjective::kMfu;
+  }
+  if (name == "step_time") {
+    return ExploreObjective::kStepTime;
+  }
+  if (name == "tokens_per_dollar") {
+    return ExploreObjective::kTokensPerDollar;
+  }
+  throw UserError("--objective: unknown '" + name +
+                  "' (tokens_per_s_per_chip, mfu, step_time, tokens_per_dollar)");
+}
+
+const char* objective_name(ExploreObjective objective) {
+  switch (objective) {
+    case ExploreObjective::kMfu:
+      return "mfu";
+    case ExploreObjective::kStepTime:
+      return "step_time";
+    case ExploreObjective::kTokensPerDollar:
+      return "tokens_per_dollar";
+    case ExploreObjective::kTokensPerSecondPerChip:
+      break;
+  }
+  return "tokens_per_s_per_chip";
+}
+
+std::vector<std::string> candidate_overrides(const SearchSpace& space, const Candidate& candidate) {
+  std::vector<std::string> overrides;
+  for (const int axis : space.ici_axes) {
+    overrides.push_back(mesh_axis_key(false, mesh_axis_names()[static_cast<size_t>(axis)]) + "=" +
+                        std::to_string(candidate.mesh.ici[static_cast<size_t>(axis)]));
+  }
+  for (const int axis : space.dcn_axes) {
+    overrides.push_back(mesh_axis_key(true, mesh_axis_names()[static_cast<size_t>(axis)]) + "=" +
+                        std::to_string(candidate.mesh.dcn[static_cast<size_t>(axis)]));
+  }
+  auto searched = [&](const std::string& key) {
+    return std::find(space.searched_keys.begin(), space.searched_keys.end(), key) !=
+           space.searched_keys.end();
+  };
+  overrides.push_back("per_device_batch_size=" +
+                      number_text(candidate.batch.per_device_batch_size));
+  overrides.push_back("gradient_accumulation_steps=" +
+                      std::to_string(candidate.batch.accumulation_steps));
+  const RematChoice& remat = space.remats[static_cast<size_t>(candidate.remat)];
+  overrides.push_back("remat_policy=" + remat.policy);
+  for (const auto& [key, value] : remat.tensors) {
+    overrides.push_back(key + "=" + value);
+  }
+  overrides.push_back("attention=" + candidate.attention);
+  if (candidate.perf.block_q > 0) {
+    overrides.push_back("sa_block_q=" + std::to_string(candidate.perf.block_q));
+    overrides.push_back("sa_block_kv=" + std::to_string(candidate.perf.block_kv));
+  }
+  if (searched("sparse_core_collective_offload")) {
+    overrides.push_back("sparse_core_collective_offload=" + candidate.perf.sparse_core_offload);
+  }
+  if (searched("collective_matmul")) {
+    overrides.push_back(std::string("collective_matmul=") +
+                        (candidate.perf.collective_matmul ? "true" : "false"));
+  }
+  return overrides;
+}
+
+Config candidate_config(const Config& config, const SearchSpace& space,
+                        const Candidate& candidate) {
+  Config result = config;
+  for (const std::string& item : candidate_overrides(space, candidate)) {
+    const auto [key, value] = split_override(item);
+    if (key.rfind("ici_", 0) == 0 || key.rfind("dcn_", 0) == 0) {
+      continue;  // the mesh is applied from candidate.mesh directly
+    }
+    result.set(key, value, kExploreOrigin);
+  }
+  return result;
+}
+
+ExploreResult explore(const Config& config, const ExploreOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  if (options.objective == ExploreObjective::kTokensPerDollar) {
+    throw UserError(
+        "--objective tokens_per_dollar: the hardware catalog (configs/hw) has no chip prices; "
+        "use tokens_per_s_per_chip, mfu or step_time");
+  }
+  if (options.top < 1) {
+    throw UserError("--top: " + std::to_string(options.top) + " must be at least 1");
+  }
+  ExploreResult result;
+  result.objective = options.objective;
+  result.space = build_search_space(config, options.limits);
+  const SearchSpace& space = result.space;
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  TrainingStepCache steps(config, space);
+  std::vector<double> model_tflops;
+  for (const BatchChoice& batch : space.batches) {
+    Candidate candidate;
+    candidate.batch = batch;
+    candidate.attention = space.attention_kinds[0];
+    model_tflops.push_back(
+        maxtext_training_flops_per_device(candidate_config(config, space, candidate))
+            .total_tflops());
+  }
+  const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
+
+  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+  const int threads =
+      std::max(1, std::min<int>(options.threads > 0 ? options.threads : static_cast<int>(cores),
+                                static_cast<int>(space.meshes.size())));
+  result.threads = threads;
+  std::vector<WorkerResult> workers(static_cast<size_t>(threads));
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> done{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&](int thread) {
+    MeshEvaluator evaluator(config, space, options, rules, steps, model_tflops, base_perf);
+    auto last_report = std::chrono::steady_clock::now();
+    try {
+      for (size_t mesh = next++; mesh < space.meshes.size(); mesh = next++) {
+        evaluator.evaluate(mesh, workers[static_cast<size_t>(thread)]);
+        ++done;
+        if (thread == 0 && options.progress) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last_report > std::chrono::milliseconds(200)) {
+            last_report = now;
+            options.progress(static_cast<int64_t>(done.load()),
+                             static_cast<int64_t>(space.meshes.size()));
+          }
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      failure = std::current_exception();
+      next = space.meshes.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int thread = 1; thread < threads; ++thread) {
+    pool.emplace_back(work, thread);
+  }
+  work(0);
+  for (std::thread& thread : pool) {
+    thread.join();
+  }
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
+  if (options.progress) {
+    options.progress(static_cast<int64_t>(space.meshes.size()),
+                     static_cast<int64_t>(space.meshes.size()));
+  }
+
+  WorkerResult merged;
+  for (WorkerResult& worker : workers) {
+    merged.evaluated += worker.evaluated;
+    merged.programs += worker.programs;
+    merged.smallest_peak = std::min(merged.smallest_peak, worker.smallest_peak);
+    merged.capacity = std::max(merged.capacity, worker.capacity);
+    for (const auto& [reason, count] : worker.pruned) {
+      merged.pruned[reason] += count;
+    }
+    for (Scored& scored : worker.top) {
+      merged.offer(std::move(scored), static_cast<size_t>(options.top));
+    }
+  }
+  result.candidates_evaluated = merged.evaluated;
+  result.programs_built = merged.programs;
+  result.pruned = merged.pruned;
+  result.smallest_peak_hbm_bytes = std::isfinite(merged.smallest_peak) ? merged.smallest_peak : 0;
+  result.usable_hbm_bytes = merged.capacity;
+
+  // The winners get a full estimate through the same path as `tpusim estimate`.
+  const std::vector<std::string> user_overrides = config.command_line_overrides();
+  for (const Scored& scored : merged.top) {
+    const std::vector<std::string> overrides = candidate_overrides(space, scored.candidate);
+    std::vector<std::string> args;
+    for (const std::string& item : user_overrides) {
+      const std::string key = split_override(item).first;
+      const bool replaced = std::any_of(overrides.begin(), overrides.end(), [&](const auto& o) {
+        return split_override(o).first == key;
+      });
+      if (!replaced) {
+        args.push_back(item);
+      }
+    }
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    Config full = config;
+    for (const std::string& item : overrides) {
+      const auto [key, value] = split_override(item);
+      full.set(key, value, kExploreOrigin);
+    }
+    const Estimate estimate = estimate_config(full);
+    RankedCandidate ranked;
+    ranked.candidate = scored.candidate;
+    ranked.args = join(args);
+    ranked.maxtext_overrides = maxtext_keys(args);
+    ranked.step_time_s = estimate.step_seconds;
+    ranked.mfu = estimate.mfu;
+    ranked.tokens_per_s_per_chip = estimate.tokens_per_s_per_chip;
+    ranked.hbm_peak_bytes_per_device = estimate.memory.peak_bytes;
+    ranked.hbm_capacity_bytes = estimate.memory.capacity_bytes;
+    ranked.fits = estimate.memory.fits;
+    ranked.objective = scored.objective;
+    ranked.estimate = estimate.json;
+    result.top.push_back(std::move(ranked));
+  }
+  result.elapsed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+nlohmann::json ExploreResult::to_json() const {
+  nlohmann::json json;
+  json["candidates_in_space"] = space.size();
+  json["candidates_evaluated"] = candidates_evaluated;
+  json["pruned"] = nlohmann::json::object();
+  for (const auto& [reason, count] : pruned) {
+    json["pruned"][reason] = count;
+  }
+  json["programs_built"] = programs_built;
+  json["elapsed_s"] = elapsed_s;
+  json["threads"] = threads;
+  json["candidates_per_s_per_core"] =
+      elapsed_s > 0 ? static_cast<double>(candidates_evaluated) / elapsed_s / threads : 0;
+  json["objective"] = objective_name(objective);
+  json["searched_keys"] = space.searched_keys;
+  json["meshes"] = space.meshes.size();
+  json["usable_hbm_bytes_per_device"] = usable_hbm_bytes;
+  json["smallest_peak_hbm_bytes_per_device"] = smallest_peak_hbm_bytes;
+  json["top"] = nlohmann::json::array();
+  for (const RankedCandidate& ranked : top) {
+    nlohmann::json item;
+    item["args"] = ranked.args;
+    item["maxtext_overrides"] = join(ranked.maxtext_overrides);
+    item["step_time_s"] = ranked.step_time_s;
+    item["mfu"] = ranked.mfu;
+    item["tokens_per_s_per_chip"] = ranked.tokens_per_s_per_chip;
+    item["hbm_peak_bytes_per_device"] = ranked.hbm_peak_bytes_per_device;
+    item["hbm_capacity_bytes"] = ranked.hbm_capacity_bytes;
+    item["hbm_headroom_bytes"] = ranked.hbm_capacity_bytes - ranked.hbm_peak_bytes_per_device;
+    item["fits"] = ranked.fits;
+    item["mesh"] = ranked.estimate["mesh"];
+    item["mesh_placement"] = ranked.estimate["mesh_placement"];
+    item["breakdown"] = ranked.estimate["breakdown"];
+    item["estimate_command"] = "tpusim estimate " + ranked.args;
+    json["top"].push_back(item);
+  }
+  return json;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,99 @@
+// sim/explore/explorer.h: searches a SearchSpace and ranks the candidates that fit.
+//
+// Every candidate of the space is either evaluated (per-device program built, memory estimated,
+// step timed by the performance engine, exactly as `tpusim estimate` would) or pruned for a
+// reason, and the counts add up to the space's size:
+//   - axis_does_not_divide: a mesh axis splits a parameter dim or the batch/sequence of the input
+//     unevenly (JAX requires jit arguments to divide evenly), checked before any program is built;
+//   - weights_exceed_hbm: the mesh's weights and optimizer state alone exceed HBM (read from the
+//     memory model of the mesh's first program; they do not depend on batch or remat);
+//   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit);
+//     batches are tried in increasing size and memory grows with the batch, so once a batch does
+//     not fit, the larger ones of the same mesh, remat and attention kind are pruned unbuilt.
+// Work is reused, not cut: one training step per (batch, remat, attention kind) is shared by all
+// meshes, one partitioned program and memory estimate per (mesh, batch, remat, attention kind) is
+// shared by its timing variants (flash blocks, SparseCore offload, collective matmul), and those
+// are timed without trace or breakdown. Meshes are spread over threads; the top N (ties broken by
+// the order of the space, so results do not depend on threads) get a full estimate.
+//
+// Example:
+//   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});
+//   ExploreResult result = explore(config, {.top = 5});
+//   result.top[0].args;  // "ici_data_parallelism=1 ici_fsdp_parallelism=16 ... remat_policy=..."
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/explore/search_space.h"
+
+namespace tpusim {
+
+class Config;
+
+enum class ExploreObjective { kTokensPerSecondPerChip, kMfu, kStepTime, kTokensPerDollar };
+
+// "tokens_per_s_per_chip" (default), "mfu", "step_time", "tokens_per_dollar"; UserError else.
+ExploreObjective parse_objective(const std::string& name);
+const char* objective_name(ExploreObjective objective);
+
+struct ExploreOptions {
+  ExploreLimits limits;
+  ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
+  int top = 10;
+  int threads = 0;  // 0 = all cores
+  // Called now and then from one thread with (meshes done, meshes in all).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct Candidate {
+  MeshShape mesh;
+  BatchChoice batch;
+  int remat = 0;  // index into SearchSpace::remats
+  std::string attention;
+  PerfChoice perf;
+  int64_t order = 0;  // position in the space's enumeration (tie-break)
+};
+
+struct RankedCandidate {
+  Candidate candidate;
+  std::string args;                            // tpusim overrides that reproduce it
+  std::vector<std::string> maxtext_overrides;  // the keys MaxText itself understands
+  double step_time_s = 0;
+  double mfu = 0;
+  double tokens_per_s_per_chip = 0;
+  double hbm_peak_bytes_per_device = 0;
+  double hbm_capacity_bytes = 0;
+  bool fits = false;
+  double objective = 0;     // larger is better (step time: its negative)
+  nlohmann::json estimate;  // the full `tpusim estimate --json` of the candidate
+};
+
+struct ExploreResult {
+  SearchSpace space;
+  int64_t candidates_evaluated = 0;
+  std::map<std::string, int64_t> pruned;  // reason -> candidates
+  int64_t programs_built = 0;
+  double elapsed_s = 0;
+  int threads = 1;
+  ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
+  std::vector<RankedCandidate> top;    // best first
+  double smallest_peak_hbm_bytes = 0;  // over programs built (why nothing fits)
+  double usable_hbm_bytes = 0;
+  nlohmann::json to_json() const;
+};
+
+ExploreResult explore(const Config& config, const ExploreOptions& options);
+
+// The config of one candidate: `config` with the candidate's keys set.
+Config candidate_config(const Config& config, const SearchSpace& space, const Candidate& candidate);
+// The candidate's keys as key=value overrides (every searched key, so that the line reproduces
+// it whatever the defaults).
+std::vector<std::string> candidate_overrides(const SearchSpace& space, const Candidate& candidate);
+
+}  // namespace tpusim

@@ -1,0 +1,364 @@
+#include "sim/explore/search_space.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "hw/chip_spec.h"
+#include "model/autodiff/remat_policy.h"
+#include "model/autodiff/training_step.h"
+#include "model/config.h"
+#include "sharding/step_program.h"
+
+namespace tpusim {
+namespace {
+
+constexpr const char* kCommandLine = "command line";
+
+// The mesh axes the explorer factorizes the devices over (issue: MaxText's parallelism axes;
+// stage waits for pipelines).
+const std::vector<std::string> kIciSearchAxes = {
+    "data", "fsdp", "fsdp_transpose", "tensor", "tensor_sequence", "context", "expert"};
+const std::vector<std::string> kDcnSearchAxes = {"data", "fsdp"};
+
+// Named policies searched when remat_policy is free. The *_quantization ones only differ from
+// their base policy with quantized matmuls, and "custom" needs per-tensor choices.
+const std::vector<std::string> kNamedRematPolicies = {"none",
+                                                      "minimal_with_context",
+                                                      "minimal",
+                                                      "save_dot_with_context_except_mlp",
+                                                      "save_dot_except_mlp",
+                                                      "save_dot_except_mlpwi",
+                                                      "save_qkv_proj",
+                                                      "save_out_proj",
+                                                      "qkv_proj_offloaded",
+                                                      "minimal_offloaded",
+                                                      "full"};
+
+const std::vector<int64_t> kFlashBlockSizes = {512, 1024, 2048};
+
+bool pinned(const Config& config, const std::string& key) {
+  return config.has(key) && config.origin(key) == kCommandLine;
+}
+
+// Every way to write `remaining` as an ordered product over `axes` (sizes >= 1), into `out`.
+void factorize(int remaining, const std::vector<int>& axes, size_t index, bool dcn,
+               MeshShape& current, std::vector<MeshShape>& out) {
+  if (index == axes.size()) {
+    if (remaining == 1) {
+      out.push_back(current);
+    }
+    return;
+  }
+  auto& sizes = dcn ? current.dcn : current.ici;
+  const size_t axis = static_cast<size_t>(axes[index]);
+  for (int size = 1; size <= remaining; ++size) {
+    if (remaining % size == 0) {
+      sizes[axis] = size;
+      factorize(remaining / size, axes, index + 1, dcn, current, out);
+    }
+  }
+  sizes[axis] = 1;
+}
+
+// Sizes of the pinned axes of one group (ici or dcn); searched axes start at 1. Returns the
+// product the searched axes must make. UserError when the pins contradict the slice.
+int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& searchable, int total,
+             std::array<int, kNumMeshAxes>& sizes, std::vector<int>& searched,
+             std::vector<std::string>& searched_keys) {
+  int pinned_product = 1;
+  std::string pinned_text;
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    const std::string& name = mesh_axis_names()[static_cast<size_t>(axis)];
+    const std::string key = mesh_axis_key(dcn, name);
+    const bool can_search =
+        std::find(searchable.begin(), searchable.end(), name) != searchable.end();
+    const int64_t value = config.has(key) ? config.get_int(key) : 1;
+    if (can_search && (!pinned(config, key) || value == -1)) {
+      searched.push_back(axis);
+      searched_keys.push_back(key);
+      sizes[static_cast<size_t>(axis)] = 1;
+      continue;
+    }
+    // Axes the explorer does not search keep their value; MaxText's default -1 (fill) there
+    // means 1 once the searched axes take the devices.
+    const int size = value == -1 ? 1 : static_cast<int>(value);
+    sizes[static_cast<size_t>(axis)] = size;
+    if (size > 1) {
+      pinned_product *= size;
+      pinned_text += (pinned_text.empty() ? "" : " x ") + key + "=" + std::to_string(size);
+    }
+  }
+  if (total % pinned_product != 0) {
+    throw UserError("explore: pinned " + pinned_text + " (" + std::to_string(pinned_product) +
+                    ") does not divide the " + std::to_string(total) +
+                    (dcn ? " slices" : " devices of a slice"));
+  }
+  if (searched.empty() && pinned_product != total) {
+    throw UserError("explore: pinned " + (pinned_text.empty() ? std::string("mesh") : pinned_text) +
+                    " makes " + std::to_string(pinned_product) + ", not the " +
+                    std::to_string(total) + (dcn ? " slices" : " devices of a slice"));
+  }
+  return total / pinned_product;
+}
+
+std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits& limits,
+                                       int devices, std::vector<std::string>& searched_keys) {
+  const bool batch_pinned = pinned(config, "per_device_batch_size");
+  const bool accumulation_pinned = pinned(config, "gradient_accumulation_steps");
+  const double pinned_batch = config.get_float("per_device_batch_size");
+  const int64_t pinned_accumulation = config.get_int("gradient_accumulation_steps");
+  std::vector<BatchChoice> choices;
+  auto add = [&](double per_device, int64_t accumulation) {
+    const double microbatch = per_device * devices;
+    const auto sequences = static_cast<int64_t>(std::llround(microbatch));
+    if (sequences < 1 || std::abs(microbatch - static_cast<double>(sequences)) > 1e-9) {
+      return;
+    }
+    choices.push_back({per_device, accumulation, sequences});
+  };
+  if (limits.global_batch_size > 0) {
+    const int64_t global = limits.global_batch_size;
+    for (int64_t accumulation = 1; accumulation <= limits.max_accumulation_steps; ++accumulation) {
+      if (global % accumulation != 0 ||
+          (accumulation_pinned && accumulation != pinned_accumulation)) {
+        continue;
+      }
+      const double per_device =
+          static_cast<double>(global / accumulation) / static_cast<double>(devices);
+      if (per_device > limits.max_per_device_batch + 1e-12 ||
+          (batch_pinned && std::abs(per_device - pinned_batch) > 1e-12)) {
+        continue;
+      }
+      add(per_device, accumulation);
+    }
+    if (choices.empty()) {
+      std::ostringstream why;
+      why << "explore: no batch gives global_batch_size " << global << " on " << devices
+          << " devices";
+      if (batch_pinned) {
+        why << " with the pinned per_device_batch_size=" << pinned_batch;
+      }
+      if (accumulation_pinned) {
+        why << " with the pinned gradient_accumulation_steps=" << pinned_accumulation;
+      }
+      why << " (per_device_batch_size <= " << limits.max_per_device_batch
+          << ", gradient_accumulation_steps <= " << limits.max_accumulation_steps << ")";
+      throw UserError(why.str());
+    }
+    if (!accumulation_pinned) {
+      searched_keys.push_back("gradient_accumulation_steps");
+    }
+  } else if (batch_pinned) {
+    add(pinned_batch, pinned_accumulation);
+    if (choices.empty()) {
+      throw UserError("per_device_batch_size: " + std::to_string(pinned_batch) + " x " +
+                      std::to_string(devices) + " devices is not a whole number of sequences");
+    }
+  } else {
+    // Powers of two from the smallest that gives one sequence per microbatch.
+    for (double per_device = 1.0 / 64; per_device <= limits.max_per_device_batch + 1e-12;
+         per_device *= 2) {
+      add(per_device, pinned_accumulation);
+    }
+    searched_keys.push_back("per_device_batch_size");
+  }
+  std::sort(choices.begin(), choices.end(),
+            [](const BatchChoice& a, const BatchChoice& b) { return a.microbatch < b.microbatch; });
+  return choices;
+}
+
+// Checkpoint names of this model's decoder layers (what custom per-tensor keys can act on).
+std::vector<std::string> model_checkpoint_names(const Config& config) {
+  const TrainingStep step = build_training_step(config, 1);
+  std::set<std::string> present;
+  for (const Tensor& tensor : step.graph.tensors()) {
+    if (!tensor.remat_name.empty()) {
+      present.insert(tensor.remat_name);
+    }
+  }
+  std::vector<std::string> names;
+  for (const std::string& name : checkpoint_names()) {
+    if (present.count(name) > 0) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+std::vector<RematChoice> remat_choices(const Config& config,
+                                       std::vector<std::string>& searched_keys) {
+  const std::string policy = config.get_string("remat_policy");
+  if (!pinned(config, "remat_policy")) {
+    std::vector<RematChoice> choices;
+    for (const std::string& name : kNamedRematPolicies) {
+      choices.push_back({name, {}});
+    }
+    searched_keys.push_back("remat_policy");
+    return choices;
+  }
+  if (policy != "custom") {
+    return {{policy, {}}};
+  }
+  // Custom: every combination of the tensors the user left free.
+  std::vector<std::pair<std::string, std::string>> fixed;
+  std::vector<std::string> free;
+  for (const std::string& name : model_checkpoint_names(config)) {
+    if (pinned(config, name)) {
+      fixed.emplace_back(name, config.get_string(name));
+    } else {
+      free.push_back(name);
+      searched_keys.push_back(name);
+    }
+  }
+  constexpr int kMaxFreeTensors = 10;  // 3^10 = 59049 policies
+  if (static_cast<int>(free.size()) > kMaxFreeTensors) {
+    throw UserError("remat_policy: custom with " + std::to_string(free.size()) +
+                    " free per-tensor keys is 3^" + std::to_string(free.size()) +
+                    " policies; pin some of them (e.g. mlpwo=remat)");
+  }
+  static const std::vector<std::string> kDecisions = {"remat", "device", "offload"};
+  std::vector<RematChoice> choices;
+  std::vector<size_t> digits(free.size(), 0);
+  while (true) {
+    RematChoice choice{"custom", fixed};
+    for (size_t index = 0; index < free.size(); ++index) {
+      choice.tensors.emplace_back(free[index], kDecisions[digits[index]]);
+    }
+    choices.push_back(std::move(choice));
+    size_t position = 0;
+    while (position < digits.size() && ++digits[position] == kDecisions.size()) {
+      digits[position++] = 0;
+    }
+    if (position == digits.size()) {
+      break;
+    }
+  }
+  return choices;
+}
+
+}  // namespace
+
+std::string RematChoice::label() const {
+  if (tensors.empty()) {
+    return policy;
+  }
+  std::string text = policy + "(";
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    text += (index > 0 ? "," : "") + tensors[index].first + "=" + tensors[index].second;
+  }
+  return text + ")";
+}
+
+std::vector<PerfChoice> SearchSpace::perf_choices(const std::string& attention_kind) const {
+  std::vector<PerfChoice> choices;
+  const std::vector<std::pair<int64_t, int64_t>> no_blocks = {{0, 0}};
+  const auto& blocks = attention_kind == "flash" ? flash_blocks : no_blocks;
+  for (const auto& [block_q, block_kv] : blocks) {
+    for (const std::string& sparse_core : sparse_core_values) {
+      for (const bool collective_matmul : collective_matmul_values) {
+        choices.push_back({block_q, block_kv, sparse_core, collective_matmul});
+      }
+    }
+  }
+  return choices;
+}
+
+int64_t SearchSpace::candidates_per_mesh_and_batch() const {
+  int64_t per_remat = 0;
+  for (const std::string& kind : attention_kinds) {
+    per_remat += static_cast<int64_t>(perf_choices(kind).size());
+  }
+  return per_remat * static_cast<int64_t>(remats.size());
+}
+
+int64_t SearchSpace::size() const {
+  return static_cast<int64_t>(meshes.size()) * static_cast<int64_t>(batches.size()) *
+         candidates_per_mesh_and_batch();
+}
+
+SearchSpace build_search_space(const Config& config, const ExploreLimits& limits) {
+  if (limits.max_per_device_batch <= 0 || limits.max_accumulation_steps < 1 ||
+      limits.min_hbm_headroom < 0 || limits.min_hbm_headroom >= 1 || limits.global_batch_size < 0) {
+    throw UserError(
+        "explore: limits out of range (max per-device batch > 0, max accumulation "
+        ">= 1, 0 <= min HBM headroom < 1, global batch >= 0)");
+  }
+  SearchSpace space;
+  space.slice = slice_from_config(config);
+  MeshShape base;
+  std::vector<std::string>& keys = space.searched_keys;
+  const int ici_left = pin_axes(config, false, kIciSearchAxes, space.slice.devices(), base.ici,
+                                space.ici_axes, keys);
+  const int dcn_left = pin_axes(
+      config, true, space.slice.num_slices > 1 ? kDcnSearchAxes : std::vector<std::string>{},
+      space.slice.num_slices, base.dcn, space.dcn_axes, keys);
+  std::vector<MeshShape> ici_meshes;
+  MeshShape current = base;
+  factorize(ici_left, space.ici_axes, 0, false, current, ici_meshes);
+  for (MeshShape& ici_mesh : ici_meshes) {
+    std::vector<MeshShape> both;
+    factorize(dcn_left, space.dcn_axes, 0, true, ici_mesh, both);
+    space.meshes.insert(space.meshes.end(), both.begin(), both.end());
+  }
+  space.batches = batch_choices(config, limits, space.slice.total_devices(), keys);
+  space.remats = remat_choices(config, keys);
+
+  if (pinned(config, "attention")) {
+    const std::string kind = config.get_string("attention");
+    if (kind != "dot_product" && kind != "flash" && kind != "autoselected") {
+      throw UserError("attention: explore times dot_product and flash (TPU), not '" + kind + "'");
+    }
+    const int64_t length = config.get_int("max_target_length");
+    space.attention_kinds = {kind == "autoselected" ? (length < 128 ? "dot_product" : "flash")
+                                                    : kind};
+  } else {
+    space.attention_kinds = {"dot_product", "flash"};
+    keys.push_back("attention");
+  }
+  const bool block_q_pinned = pinned(config, "sa_block_q");
+  const bool block_kv_pinned = pinned(config, "sa_block_kv");
+  const int64_t length = config.get_int("max_target_length");
+  std::vector<int64_t> block_q_values;
+  std::vector<int64_t> block_kv_values;
+  for (const int64_t block : kFlashBlockSizes) {
+    if (block <= std::max<int64_t>(length, kFlashBlockSizes.front())) {
+      block_q_values.push_back(block);
+      block_kv_values.push_back(block);
+    }
+  }
+  if (block_q_pinned) {
+    block_q_values = {config.get_int("sa_block_q")};
+  } else {
+    keys.push_back("sa_block_q");
+  }
+  if (block_kv_pinned) {
+    block_kv_values = {config.get_int("sa_block_kv")};
+  } else {
+    keys.push_back("sa_block_kv");
+  }
+  for (const int64_t block_q : block_q_values) {
+    for (const int64_t block_kv : block_kv_values) {
+      space.flash_blocks.emplace_back(block_q, block_kv);
+    }
+  }
+  const bool has_sparse_cores = space.slice.chip->sparsecores_per_chip > 0;
+  if (pinned(config, "sparse_core_collective_offload") || !has_sparse_cores) {
+    space.sparse_core_values = {config.get_string("sparse_core_collective_offload")};
+  } else {
+    space.sparse_core_values = {"off", "on"};
+    keys.push_back("sparse_core_collective_offload");
+  }
+  if (pinned(config, "collective_matmul")) {
+    space.collective_matmul_values = {config.get_bool("collective_matmul")};
+  } else {
+    space.collective_matmul_values = {false, true};
+    keys.push_back("collective_matmul");
+  }
+  return space;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,207 @@
+// The explorer against brute force: on small spaces every candidate is estimated through the
+// ordinary `tpusim estimate` path (estimate_config), legality is read from the partitioner's own
+// padding report and fit from the memory model, and the explorer must find the same best
+// candidate and evaluate exactly the candidates that are legal and fit (so no pruning rule, the
+// batch-monotone memory pruning included, ever discards a candidate that could run).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common/error.h"
+#include "model/config.h"
+#include "sim/estimate/estimate.h"
+#include "sim/explore/explorer.h"
+
+namespace tpusim {
+namespace {
+
+struct BruteForce {
+  int64_t legal_and_fitting = 0;
+  int64_t total = 0;
+  double best_objective = -1;
+  std::string best_args;
+};
+
+// Parameters and inputs must split evenly (JAX's rule for jit arguments); the partitioner pads
+// anything else and reports every padded dim by tensor name.
+bool legal(const Estimate& estimate) {
+  std::set<std::string> arguments;
+  for (const Tensor& tensor : estimate.program.step->graph.tensors()) {
+    if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
+      arguments.insert(tensor.name);
+    }
+  }
+  for (const PaddingNote& note : estimate.program.program.padding) {
+    if (arguments.count(note.tensor) > 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+BruteForce brute_force(const Config& config, const ExploreLimits& limits) {
+  const SearchSpace space = build_search_space(config, limits);
+  BruteForce result;
+  for (const MeshShape& mesh : space.meshes) {
+    for (const BatchChoice& batch : space.batches) {
+      for (size_t remat = 0; remat < space.remats.size(); ++remat) {
+        for (const std::string& kind : space.attention_kinds) {
+          for (const PerfChoice& perf : space.perf_choices(kind)) {
+            Candidate candidate{mesh, batch, static_cast<int>(remat), kind, perf, 0};
+            Config full = config;
+            for (const std::string& item : candidate_overrides(space, candidate)) {
+              const auto [key, value] = split_override(item);
+              full.set(key, value, "brute force");
+            }
+            ++result.total;
+            const Estimate estimate = estimate_config(full);
+            const double usable = estimate.memory.capacity_bytes * (1 - limits.min_hbm_headroom);
+            if (!legal(estimate) || estimate.memory.peak_bytes > usable) {
+              continue;
+            }
+            ++result.legal_and_fitting;
+            if (estimate.tokens_per_s_per_chip > result.best_objective) {
+              result.best_objective = estimate.tokens_per_s_per_chip;
+              std::string args;
+              for (const std::string& item : candidate_overrides(space, candidate)) {
+                args += item + " ";
+              }
+              result.best_args = args;
+            }
+          }
+        }
+      }
+    }
+  }
+  return result;
+}
+
+void expect_explorer_matches_brute_force(const std::vector<std::string>& overrides,
+                                         const ExploreLimits& limits) {
+  const Config config = Config::load("", overrides);
+  ExploreOptions options;
+  options.limits = limits;
+  options.top = 3;
+  options.threads = 2;
+  const ExploreResult result = explore(config, options);
+  const BruteForce expected = brute_force(config, limits);
+
+  int64_t pruned = 0;
+  for (const auto& [reason, count] : result.pruned) {
+    pruned += count;
+  }
+  EXPECT_EQ(result.candidates_evaluated + pruned, expected.total);
+  EXPECT_EQ(result.space.size(), expected.total);
+  EXPECT_EQ(result.candidates_evaluated, expected.legal_and_fitting);
+  ASSERT_FALSE(result.top.empty());
+  // The explorer's lean timing and the full estimate of its winner agree with brute force.
+  EXPECT_DOUBLE_EQ(result.top[0].tokens_per_s_per_chip, expected.best_objective)
+      << "explorer: " << result.top[0].args << "\nbrute force: " << expected.best_args;
+  EXPECT_DOUBLE_EQ(result.top[0].objective, result.top[0].tokens_per_s_per_chip);
+  for (size_t rank = 1; rank < result.top.size(); ++rank) {
+    EXPECT_GE(result.top[rank - 1].objective, result.top[rank].objective);
+  }
+}
+
+TEST(Explorer, BestEqualsBruteForceOnTinyLlamaEveryDimension) {
+  // 4 devices: 28 meshes x 3 batches x 11 remat policies x (dot, flash) x collective matmul.
+  expect_explorer_matches_brute_force(
+      {"model_name=tiny-llama", "compile_topology=v5e-4", "max_target_length=256"},
+      {.global_batch_size = 8, .max_accumulation_steps = 4});
+}
+
+TEST(Explorer, BestEqualsBruteForceUnderHbmPressure) {
+  // llama2-7b on 8 v5e chips (16 GiB each): weights-only, batch-monotone and plain memory pruning
+  // all happen; a 10% headroom limit applies.
+  expect_explorer_matches_brute_force(
+      {"model_name=llama2-7b", "compile_topology=v5e-8", "max_target_length=2048",
+       "attention=flash", "collective_matmul=true", "sa_block_q=512", "sa_block_kv=512"},
+      {.global_batch_size = 32, .max_accumulation_steps = 8, .min_hbm_headroom = 0.1});
+}
+
+TEST(Explorer, ResultsDoNotDependOnThreads) {
+  const Config config = Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8",
+                                          "max_target_length=256", "remat_policy=full"});
+  ExploreOptions options;
+  options.top = 5;
+  options.threads = 1;
+  const ExploreResult one = explore(config, options);
+  options.threads = 3;
+  const ExploreResult three = explore(config, options);
+  ASSERT_EQ(one.top.size(), three.top.size());
+  for (size_t rank = 0; rank < one.top.size(); ++rank) {
+    EXPECT_EQ(one.top[rank].args, three.top[rank].args);
+    EXPECT_EQ(one.top[rank].step_time_s, three.top[rank].step_time_s);
+  }
+  EXPECT_EQ(one.pruned, three.pruned);
+  EXPECT_EQ(one.candidates_evaluated, three.candidates_evaluated);
+}
+
+TEST(Explorer, PinnedKeysAreNotSearched) {
+  const Config config = Config::load(
+      "", {"model_name=tiny-llama", "compile_topology=v5e-8", "ici_tensor_parallelism=2",
+           "remat_policy=minimal", "attention=dot_product", "per_device_batch_size=2"});
+  const SearchSpace space = build_search_space(config, {});
+  EXPECT_EQ(space.remats.size(), 1U);
+  EXPECT_EQ(space.attention_kinds, std::vector<std::string>{"dot_product"});
+  EXPECT_EQ(space.batches.size(), 1U);
+  for (const MeshShape& mesh : space.meshes) {
+    EXPECT_EQ(mesh.size("tensor"), 2);
+    EXPECT_EQ(mesh.num_devices(), 8);
+  }
+  // The other six axes share the remaining factor 4: C(2 + 5, 5) = 21 ordered factorizations.
+  EXPECT_EQ(space.meshes.size(), 21U);
+}
+
+TEST(Explorer, CustomRematSearchesTheFreeTensorKeys) {
+  const Config config =
+      Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-1", "remat_policy=custom",
+                        "decoder_layer_input=offload", "query_proj=device", "key_proj=device",
+                        "value_proj=device", "out_proj=remat", "context=remat", "mlpwi_0=remat"});
+  const SearchSpace space = build_search_space(config, {});
+  // tiny-llama names decoder_layer_input, query/key/value_proj, context, out_proj, mlpwi_0,
+  // mlpwi_1 and mlpwo: two left free -> 3^2 policies.
+  EXPECT_EQ(space.remats.size(), 9U);
+  std::set<std::string> labels;
+  for (const RematChoice& choice : space.remats) {
+    labels.insert(choice.label());
+  }
+  EXPECT_EQ(labels.size(), 9U);
+}
+
+TEST(Explorer, ContradictingPinsAreUserErrors) {
+  EXPECT_THROW(
+      build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8",
+                                           "ici_tensor_parallelism=3"}),
+                         {}),
+      UserError);
+  EXPECT_THROW(
+      build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8",
+                                           "per_device_batch_size=3"}),
+                         {.global_batch_size = 8}),
+      UserError);
+  EXPECT_THROW(
+      build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8"}),
+                         {.min_hbm_headroom = 1.5}),
+      UserError);
+  ExploreOptions options;
+  options.objective = ExploreObjective::kTokensPerDollar;
+  EXPECT_THROW(
+      explore(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-1"}), options),
+      UserError);
+}
+
+TEST(Explorer, EmptyFeasibleSetReportsTheSmallestFootprint) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-70b", "compile_topology=v5e-4", "max_target_length=2048"});
+  ExploreOptions options;
+  options.limits.max_per_device_batch = 1;
+  const ExploreResult result = explore(config, options);
+  EXPECT_TRUE(result.top.empty());
+  EXPECT_EQ(result.candidates_evaluated, 0);
+  EXPECT_GT(result.smallest_peak_hbm_bytes, result.usable_hbm_bytes);
+  EXPECT_GT(result.pruned.at("weights_exceed_hbm"), 0);
+}
+
+}  // namespace
+}  // namespace tpusim
