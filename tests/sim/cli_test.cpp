@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -239,8 +240,8 @@ TEST(TrainCommand, MetricsFileContract) {
   bool saw_eval = false;
   while (std::getline(stream, line)) {
     const nlohmann::json record = nlohmann::json::parse(line);
-    for (const char* key : {"step", "loss", "grad_norm", "learning_rate", "tokens_per_s",
-                            "verify_max_rel_diff"}) {
+    for (const char* key :
+         {"step", "loss", "grad_norm", "learning_rate", "tokens_per_s", "verify_max_rel_diff"}) {
       EXPECT_TRUE(record.contains(key)) << key;
     }
     saw_eval = saw_eval || record.contains("eval_loss");
@@ -257,15 +258,16 @@ TEST(TrainCommand, BadInputExits2) {
                     "/nonexistent/corpus.txt");
   expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256"}, "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
-  expect_user_error({"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
-                     "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
-                    "vocab_size");
+  expect_user_error(
+      {"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
+       "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
+      "vocab_size");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {
-  const auto result = run_tpusim({"program", "model_name=tiny-llama", "compile_topology=v5e-4",
-                                  "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                                  "--layer", "0"});
+  const auto result =
+      run_tpusim({"program", "model_name=tiny-llama", "compile_topology=v5e-4",
+                  "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "--layer", "0"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("region layer x2 (fwd)"), std::string::npos);
   EXPECT_NE(result.out.find("region layer/grad x2 (bwd)"), std::string::npos);
@@ -289,6 +291,94 @@ TEST(EstimateCommand, BadInputExits2) {
   expect_user_error({"estimate", "logical_axis_rules=[[embed, [fsdpp]]]"}, "fsdpp");
   expect_user_error({"estimate", "gradient_accumulation_steps=0"}, "gradient_accumulation_steps");
   expect_user_error({"program", "--layer", "9"}, "--layer");
+}
+
+TEST(ExploreCommand, JsonContractAndTheArgsReproduceTheEstimate) {
+  const auto result =
+      run_tpusim({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
+                  "max_target_length=256", "remat_policy=full", "--top", "3", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_TRUE(json["candidates_evaluated"].is_number_integer());
+  ASSERT_TRUE(json["pruned"].is_object());
+  ASSERT_TRUE(json["elapsed_s"].is_number());
+  ASSERT_EQ(json["top"].size(), 3U);
+  int64_t pruned = 0;
+  for (const auto& [reason, count] : json["pruned"].items()) {
+    pruned += count.get<int64_t>();
+  }
+  EXPECT_EQ(json["candidates_evaluated"].get<int64_t>() + pruned,
+            json["candidates_in_space"].get<int64_t>());
+  double previous = 1e300;
+  for (const auto& item : json["top"]) {
+    for (const char* key :
+         {"step_time_s", "mfu", "tokens_per_s_per_chip", "hbm_peak_bytes_per_device"}) {
+      EXPECT_TRUE(item[key].is_number()) << key;
+    }
+    EXPECT_TRUE(item["fits"].get<bool>());
+    EXPECT_LE(item["tokens_per_s_per_chip"].get<double>(), previous);
+    previous = item["tokens_per_s_per_chip"].get<double>();
+  }
+  // `args` alone reproduces the candidate through `tpusim estimate`.
+  std::vector<std::string> estimate_args = {"estimate"};
+  std::istringstream words(json["top"][0]["args"].get<std::string>());
+  for (std::string word; words >> word;) {
+    estimate_args.push_back(word);
+  }
+  estimate_args.push_back("--json");
+  const auto estimate = run_tpusim(estimate_args);
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
+  const nlohmann::json reproduced = nlohmann::json::parse(estimate.out);
+  EXPECT_DOUBLE_EQ(reproduced["step_time_s"].get<double>(),
+                   json["top"][0]["step_time_s"].get<double>());
+  EXPECT_EQ(reproduced["hbm_peak_bytes_per_device"], json["top"][0]["hbm_peak_bytes_per_device"]);
+}
+
+TEST(ExploreCommand, CsvAndHumanOutput) {
+  const std::vector<std::string> base = {"explore",
+                                         "model_name=tiny-llama",
+                                         "compile_topology=v5e-4",
+                                         "remat_policy=full",
+                                         "attention=dot_product",
+                                         "--top",
+                                         "2"};
+  auto csv_args = base;
+  csv_args.push_back("--csv");
+  const auto csv = run_tpusim(csv_args);
+  ASSERT_EQ(csv.exit_code, 0) << csv.err;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 3) << csv.out;
+  EXPECT_EQ(csv.out.rfind("rank,step_time_s,mfu,tokens_per_s_per_chip", 0), 0U);
+  const auto human = run_tpusim(base);
+  ASSERT_EQ(human.exit_code, 0) << human.err;
+  EXPECT_NE(human.out.find("tpusim estimate "), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("MaxText: "), std::string::npos) << human.out;
+}
+
+TEST(ExploreCommand, BadConstraintsExitTwo) {
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "ici_tensor_parallelism=3"},
+      "ici_tensor_parallelism=3");
+  expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
+                     "per_device_batch_size=3", "--global-batch-size", "8"},
+                    "per_device_batch_size=3");
+  expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--objective",
+                     "tokens_per_dollar"},
+                    "tokens_per_dollar");
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--objective", "speed"},
+      "speed");
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--min-hbm-headroom", "2"},
+      "headroom");
+  expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v9-8"}, "v9-8");
+}
+
+TEST(ExploreCommand, NothingFitsSaysWhy) {
+  const auto result = run_tpusim({"explore", "model_name=llama3.1-70b", "compile_topology=v5e-4",
+                                  "max_target_length=2048", "--max-per-device-batch", "1"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("nothing fits: the smallest peak HBM found is"), std::string::npos)
+      << result.out;
 }
 
 }  // namespace
