@@ -18,6 +18,7 @@
 #include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
 #include "sim/memory/memory_model.h"
+#include "sim/perf/op_cost.h"
 #include "sim/perf/step_simulator.h"
 
 namespace tpusim {
@@ -27,6 +28,61 @@ constexpr const char* kExploreOrigin = "explore";
 constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
 constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
 constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
+constexpr const char* kCannotBeatTop = "cannot_beat_top";
+
+// A lower bound on the step time of `program` under `cost`, whatever the perf switches: the
+// TensorCore runs the compute ops one at a time, so a step takes at least the sum of their costs
+// (elementwise ops that may fuse into a matmul are charged as fused, their cheaper case).
+double tensorcore_lower_bound(const StepProgram& program, const CostContext& cost) {
+  const Graph& graph = program.program.graph;
+  std::vector<double> per_region(graph.regions().size(), 0.0);
+  for (const Op& op : graph.ops()) {
+    if (is_collective(op.kind) || op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+      continue;
+    }
+    const bool may_fuse = op.kind == OpKind::kElementwise || op.kind == OpKind::kRope;
+    per_region[static_cast<size_t>(op.region)] +=
+        cost_compute_op(graph, op, cost, may_fuse).seconds;
+  }
+  double microbatch = 0;
+  double optimizer = 0;
+  for (size_t region = 0; region < per_region.size(); ++region) {
+    const Region& info = graph.region(static_cast<int>(region));
+    const double seconds = per_region[region] * static_cast<double>(info.repeat);
+    (info.phase == Phase::kOptimizer ? optimizer : microbatch) += seconds;
+  }
+  return microbatch * static_cast<double>(program.accumulation_steps) + optimizer;
+}
+
+// The best objective still open to a candidate whose step takes at least `step_lower_bound`.
+double objective_upper_bound(ExploreObjective objective, double step_lower_bound,
+                             double model_tflops, double mfu_peak, double tokens, double chips) {
+  switch (objective) {
+    case ExploreObjective::kMfu:
+      return model_tflops / step_lower_bound / mfu_peak;
+    case ExploreObjective::kStepTime:
+      return -step_lower_bound;
+    case ExploreObjective::kTokensPerSecondPerChip:
+    case ExploreObjective::kTokensPerDollar:
+      break;
+  }
+  return tokens / step_lower_bound / chips;
+}
+
+// The objective a candidate must beat to enter the top N, shared by the worker threads (it only
+// rises). Branch and bound: a program whose upper bound is below it cannot change the result.
+class SharedThreshold {
+ public:
+  double get() const { return value_.load(std::memory_order_relaxed); }
+  void raise(double value) {
+    double current = value_.load(std::memory_order_relaxed);
+    while (value > current && !value_.compare_exchange_weak(current, value)) {
+    }
+  }
+
+ private:
+  std::atomic<double> value_{-std::numeric_limits<double>::infinity()};
+};
 
 std::string number_text(double value) {
   std::ostringstream out;
@@ -155,14 +211,16 @@ class MeshEvaluator {
  public:
   MeshEvaluator(const Config& config, const SearchSpace& space, const ExploreOptions& options,
                 const LogicalAxisRules& rules, TrainingStepCache& steps,
-                const std::vector<double>& model_tflops_per_batch, const PerfOptions& base_perf)
+                const std::vector<double>& model_tflops_per_batch, const PerfOptions& base_perf,
+                SharedThreshold& threshold)
       : config_(config),
         space_(space),
         options_(options),
         rules_(rules),
         steps_(steps),
         model_tflops_(model_tflops_per_batch),
-        base_perf_(base_perf) {
+        base_perf_(base_perf),
+        threshold_(threshold) {
     for (const std::string& kind : space.attention_kinds) {
       kind_offsets_.push_back(per_remat_);
       perf_choices_.push_back(space.perf_choices(kind));
@@ -233,6 +291,7 @@ class MeshEvaluator {
           }
           const double tokens =
               static_cast<double>(program.global_batch) * static_cast<double>(length);
+          double bound_for_blocks = 0;  // the current block group's objective upper bound
           for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
             const PerfChoice& perf = perf_choices[variant];
             PerfOptions perf_options = base_perf_;
@@ -240,6 +299,18 @@ class MeshEvaluator {
             if (perf.block_q > 0) {
               perf_options.cost.block_q = perf.block_q;
               perf_options.cost.block_kv = perf.block_kv;
+            }
+            const bool new_block_group = variant == 0 ||
+                                         perf.block_q != perf_choices[variant - 1].block_q ||
+                                         perf.block_kv != perf_choices[variant - 1].block_kv;
+            if (new_block_group) {
+              bound_for_blocks = objective_upper_bound(
+                  options_.objective, tensorcore_lower_bound(program, perf_options.cost),
+                  model_tflops_[batch], chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
+            }
+            if (bound_for_blocks < threshold_.get()) {
+              out.pruned[kCannotBeatTop] += 1;
+              continue;
             }
             perf_options.sparse_core_offload = perf.sparse_core_offload == "on" ||
                                                (perf.sparse_core_offload == "auto" &&
@@ -260,7 +331,10 @@ class MeshEvaluator {
                     per_remat_ +
                 kind_offsets_[kind] + static_cast<int64_t>(variant);
             scored.objective = objective_value(options_.objective, step, mfu, per_chip);
-            out.offer(std::move(scored), static_cast<size_t>(std::max(1, options_.top)));
+            out.offer(std::move(scored), top_size_);
+            if (out.top.size() == top_size_) {
+              threshold_.raise(out.top.back().objective);
+            }
           }
         }
       }
@@ -275,9 +349,11 @@ class MeshEvaluator {
   TrainingStepCache& steps_;
   const std::vector<double>& model_tflops_;
   const PerfOptions& base_perf_;
+  SharedThreshold& threshold_;
   std::vector<int64_t> kind_offsets_;
   std::vector<std::vector<PerfChoice>> perf_choices_;
   int64_t per_remat_ = 0;
+  size_t top_size_ = static_cast<size_t>(std::max(1, options_.top));
 };
 
 std::vector<std::string> maxtext_keys(const std::vector<std::string>& overrides) {
@@ -417,12 +493,14 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
                                 static_cast<int>(space.meshes.size())));
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
+  SharedThreshold threshold;
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
   auto work = [&](int thread) {
-    MeshEvaluator evaluator(config, space, options, rules, steps, model_tflops, base_perf);
+    MeshEvaluator evaluator(config, space, options, rules, steps, model_tflops, base_perf,
+                            threshold);
     auto last_report = std::chrono::steady_clock::now();
     try {
       for (size_t mesh = next++; mesh < space.meshes.size(); mesh = next++) {

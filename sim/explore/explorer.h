@@ -9,7 +9,12 @@
 //     memory model of the mesh's first program; they do not depend on batch or remat);
 //   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit);
 //     batches are tried in increasing size and memory grows with the batch, so once a batch does
-//     not fit, the larger ones of the same mesh, remat and attention kind are pruned unbuilt.
+//     not fit, the larger ones of the same mesh, remat and attention kind are pruned unbuilt;
+//   - cannot_beat_top (branch and bound): the TensorCore runs compute ops one at a time, so the
+//     sum of their costs bounds a program's step time from below whatever the collectives and
+//     perf switches do; a program (per flash block size) whose best possible objective is below
+//     the N-th best found so far is not timed. This never changes the top N; how many candidates
+//     it skips depends on how early the threads find good ones.
 // Work is reused, not cut: one training step per (batch, remat, attention kind) is shared by all
 // meshes, one partitioned program and memory estimate per (mesh, batch, remat, attention kind) is
 // shared by its timing variants (flash blocks, SparseCore offload, collective matmul), and those
