@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <set>
+#include <string>
+#include <vector>
 
 #include "model/ir/op_flops.h"
 
@@ -53,14 +53,6 @@ double vpu_flops_per_second(const ChipSpec& chip) {
   return chip.vpu_tflops_per_chip * kTera / chip.devices_per_chip;
 }
 
-double product(const std::map<std::string, int64_t>& sizes, const std::set<std::string>& names) {
-  double result = 1;
-  for (const std::string& name : names) {
-    result *= static_cast<double>(sizes.at(name));
-  }
-  return result;
-}
-
 OpCost finish(OpCost cost, const CostContext& context) {
   cost.mxu_seconds /= context.program_efficiency;
   cost.hbm_seconds /= context.program_efficiency;
@@ -79,47 +71,77 @@ OpCost finish(OpCost cost, const CostContext& context) {
   return cost;
 }
 
+// The dims of an einsum by role: in both operands and the output (batch: the experts of a
+// grouped matmul), lhs and output only (rows), rhs and output only (cols), or both operands only
+// (contracted). Each size is the product of its dims taken in name order.
+struct EinsumShape {
+  double loops = 1;  // batch
+  double m = 1;      // rows
+  double k = 1;      // contracted
+  double n = 1;      // cols
+};
+
+EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out) {
+  struct Named {
+    const std::string* name;
+    int64_t size;  // the rhs's when both operands have the dim
+    bool lhs;
+    bool rhs;
+    bool out;
+  };
+  std::vector<Named> dims;
+  dims.reserve(lhs.dims.size() + rhs.dims.size());
+  auto find = [&dims](const std::string& name) {
+    return std::find_if(dims.begin(), dims.end(),
+                        [&name](const Named& dim) { return *dim.name == name; });
+  };
+  for (const Dim& dim : lhs.dims) {
+    if (const auto found = find(dim.name); found != dims.end()) {
+      found->size = dim.size;
+    } else {
+      dims.push_back({&dim.name, dim.size, true, false, false});
+    }
+  }
+  for (const Dim& dim : rhs.dims) {
+    if (const auto found = find(dim.name); found != dims.end()) {
+      found->size = dim.size;
+      found->rhs = true;
+    } else {
+      dims.push_back({&dim.name, dim.size, false, true, false});
+    }
+  }
+  for (const Dim& dim : out.dims) {
+    if (const auto found = find(dim.name); found != dims.end()) {
+      found->out = true;
+    }
+  }
+  std::sort(dims.begin(), dims.end(),
+            [](const Named& a, const Named& b) { return *a.name < *b.name; });
+  EinsumShape shape;
+  for (const Named& dim : dims) {
+    const auto size = static_cast<double>(dim.size);
+    if (dim.lhs && dim.rhs && dim.out) {
+      shape.loops *= size;
+    } else if (dim.lhs && dim.rhs) {
+      shape.k *= size;
+    } else if (dim.lhs) {
+      shape.m *= size;
+    } else {
+      shape.n *= size;
+    }
+  }
+  return shape;
+}
+
 OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
   const Tensor& lhs = graph.tensor(op.inputs[0]);
   const Tensor& rhs = graph.tensor(op.inputs[1]);
   const Tensor& out = graph.tensor(op.outputs[0]);
-  std::map<std::string, int64_t> sizes;
-  std::set<std::string> in_lhs;
-  std::set<std::string> in_rhs;
-  std::set<std::string> in_out;
-  for (const Dim& dim : lhs.dims) {
-    sizes[dim.name] = dim.size;
-    in_lhs.insert(dim.name);
-  }
-  for (const Dim& dim : rhs.dims) {
-    sizes[dim.name] = dim.size;
-    in_rhs.insert(dim.name);
-  }
-  for (const Dim& dim : out.dims) {
-    in_out.insert(dim.name);
-  }
-  std::set<std::string> batch;  // in both operands and the output (experts of a grouped matmul)
-  std::set<std::string> rows;   // lhs and output only
-  std::set<std::string> cols;   // rhs and output only
-  std::set<std::string> contracted;
-  for (const auto& [name, size] : sizes) {
-    const bool l = in_lhs.contains(name);
-    const bool r = in_rhs.contains(name);
-    const bool o = in_out.contains(name);
-    if (l && r && o) {
-      batch.insert(name);
-    } else if (l && r) {
-      contracted.insert(name);
-    } else if (l) {
-      rows.insert(name);
-    } else {
-      cols.insert(name);
-    }
-  }
-  const double m = product(sizes, rows);
-  const double k = product(sizes, contracted);
-  const double n = product(sizes, cols);
-  const double loops = product(sizes, batch);
+  const EinsumShape shape = einsum_shape(lhs, rhs, out);
+  const double m = shape.m;
+  const double k = shape.k;
+  const double n = shape.n;
+  const double loops = shape.loops;
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;

@@ -1,65 +1,84 @@
 #include "sim/perf/step_simulator.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
-#include <set>
 
 #include "model/config.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
+#include "sim/perf/timeline.h"
 
 namespace tpusim {
 namespace {
 
-// A resource that serves one op at a time; a new op takes the earliest gap that fits after it is
-// ready (the latency-hiding scheduler fills idle link time).
-class Timeline {
+// Breakdown labels ("compute_mxu", "exposed_ici_fsdp", ...) as small integers: the scheduler adds
+// seconds into a vector slot, and the string-keyed breakdown is built once at the end.
+class LabelTable {
  public:
-  double place(double ready, double duration) {
-    double start = ready;
-    for (const auto& [busy_start, busy_end] : busy_) {
-      if (busy_end <= start) {
-        continue;
-      }
-      if (busy_start >= start + duration) {
-        break;
-      }
-      start = std::max(start, busy_end);
+  int intern(const std::string& name) {
+    const auto [found, added] = ids_.try_emplace(name, static_cast<int>(names_.size()));
+    if (added) {
+      names_.push_back(name);
     }
-    busy_.insert({start, start + duration});
-    return start;
+    return found->second;
   }
-  void shift(double delta) {
-    std::set<std::pair<double, double>> moved;
-    for (const auto& [start, end] : busy_) {
-      moved.insert({start + delta, end + delta});
+  const std::string& name(int id) const { return names_[static_cast<size_t>(id)]; }
+
+ private:
+  std::vector<std::string> names_;
+  std::map<std::string, int> ids_;
+};
+
+// Seconds by breakdown label over a part of the step. A label is `charged` once anything was
+// added to it (even 0 s), which decides whether the breakdown lists it.
+class LabelSeconds {
+ public:
+  void add(int label, double value) {
+    const auto slot = static_cast<size_t>(label);
+    if (slot >= seconds_.size()) {
+      seconds_.resize(slot + 1, 0.0);
+      charged_.resize(slot + 1, false);
     }
-    busy_ = std::move(moved);
+    seconds_[slot] += value;
+    charged_[slot] = true;
+  }
+  void add(const LabelSeconds& other, double times) {
+    for (size_t slot = 0; slot < other.seconds_.size(); ++slot) {
+      if (other.charged_[slot]) {
+        add(static_cast<int>(slot), other.seconds_[slot] * times);
+      }
+    }
+  }
+  void clear() {
+    std::fill(seconds_.begin(), seconds_.end(), 0.0);
+    std::fill(charged_.begin(), charged_.end(), false);
+  }
+  std::map<std::string, double> by_name(const LabelTable& labels) const {
+    std::map<std::string, double> named;
+    for (size_t slot = 0; slot < seconds_.size(); ++slot) {
+      if (charged_[slot]) {
+        named[labels.name(static_cast<int>(slot))] = seconds_[slot];
+      }
+    }
+    return named;
   }
 
  private:
-  std::set<std::pair<double, double>> busy_;
+  std::vector<double> seconds_;
+  std::vector<bool> charged_;
 };
 
 struct Accounting {
-  std::map<std::string, double> seconds;
-  std::map<int, OpProfile> ops;  // by op id
+  LabelSeconds seconds;  // only with record_details
   double matmul_flops = 0;
   void add(const Accounting& other, double times) {
-    for (const auto& [key, value] : other.seconds) {
-      seconds[key] += value * times;
-    }
-    for (const auto& [id, profile] : other.ops) {
-      OpProfile& mine = ops[id];
-      if (mine.op.empty()) {
-        mine = profile;
-        mine.seconds = 0;
-        mine.calls = 0;
-      }
-      mine.seconds += profile.seconds * times;
-      mine.calls += profile.calls * times;
-    }
+    seconds.add(other.seconds, times);
     matmul_flops += other.matmul_flops * times;
+  }
+  void clear() {
+    seconds.clear();
+    matmul_flops = 0;
   }
 };
 
@@ -71,17 +90,48 @@ std::string join_axes(const std::vector<std::string>& axes) {
   return text;
 }
 
+// The resources ops run on besides the TensorCore.
+enum class Resource { kIci, kDcn, kSparseCore, kHost };
+constexpr size_t kResources = 4;
+
+// What the scheduler needs about one op. Costs are pure functions of the op and the options, so
+// they are worked out once per simulate_step call instead of once per simulated iteration.
+struct OpPlan {
+  enum class Kind { kCompute, kCollective, kDeferredGradient, kHostTransfer };
+  Kind kind = Kind::kCompute;
+  double seconds = 0;  // on its resource; a deferred gradient reduction: the collective's time
+  Resource resource = Resource::kIci;
+  double matmul_flops = 0;
+  CostCategory bound = CostCategory::kOverhead;
+  // Collective matmul: an activation all-gather or reduce-scatter overlapped with its matmul.
+  bool overlapped_with_matmul = false;
+  int matmul_producer = -1;  // an overlapped reduce-scatter's einsum producer, or -1
+  // With record_details: the label charged when the TensorCore waits for this op (its exposed
+  // link and axes, host_transfers, or idle), the label of its own compute time, and its trace row.
+  int wait_label = -1;
+  int compute_label = -1;
+  const char* trace_resource = "";
+};
+
 class Simulator {
  public:
   Simulator(const StepProgram& program, const PerfOptions& options)
-      : program_(program), graph_(program.program.graph), options_(options) {
-    ready_.assign(graph_.tensors().size(), 0.0);
-    carry_source_.assign(graph_.tensors().size(), -1);
+      : program_(program),
+        graph_(program.program.graph),
+        options_(options),
+        details_(options.record_details) {
+    const size_t tensors = graph_.tensors().size();
+    const size_t ops = graph_.ops().size();
+    ready_.assign(tensors, 0.0);
+    carry_source_.assign(tensors, -1);
     for (const Graph::Carry& carry : graph_.carries()) {
       carry_source_[static_cast<size_t>(carry.to)] = carry.from;
     }
-    weight_only_.assign(graph_.ops().size(), false);
+    finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
+    weight_only_.assign(ops, false);
+    region_ops_.resize(graph_.regions().size());
     for (const Op& op : graph_.ops()) {
+      region_ops_[static_cast<size_t>(op.region)].push_back(&op);
       bool only_weights = !op.inputs.empty();
       for (const TensorId input : op.inputs) {
         const Tensor& tensor = graph_.tensor(input);
@@ -92,8 +142,20 @@ class Simulator {
       }
       weight_only_[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
     }
-    fused_.assign(graph_.ops().size(), false);
+    fused_.assign(ops, false);
     find_fusions();
+    if (details_) {
+      idle_label_ = labels_.intern("idle");
+    }
+    OpPlan unplanned;
+    unplanned.wait_label = idle_label_;
+    plans_.assign(ops, unplanned);
+    op_span_.assign(ops, {0.0, 0.0});
+    if (details_) {
+      profile_seconds_.assign(ops, 0.0);
+      profile_calls_.assign(ops, 0.0);
+      profiled_.assign(ops, false);
+    }
   }
 
   StepTiming run() {
@@ -121,22 +183,17 @@ class Simulator {
     timing.optimizer_seconds = end - optimizer_start;
     timing.step_seconds = end + (accumulation - 1) * microbatch;
     // The other accumulation microbatches repeat the simulated one.
-    for (const auto& [key, value] : microbatch_accounting_.seconds) {
-      total.seconds[key] += value * (accumulation - 1);
-    }
-    total.matmul_flops += microbatch_accounting_.matmul_flops * (accumulation - 1);
-    double accounted = 0;
-    for (const auto& [key, value] : total.seconds) {
-      accounted += value;
-    }
-    total.seconds["idle"] += std::max(0.0, timing.step_seconds - accounted);
-    timing.breakdown = total.seconds;
+    total.add(microbatch_accounting_, accumulation - 1);
     timing.hardware_matmul_flops = total.matmul_flops;
-    for (const auto& [id, profile] : total.ops) {
-      timing.profile.push_back(profile);
+    if (details_) {
+      timing.breakdown = total.seconds.by_name(labels_);
+      double accounted = 0;
+      for (const auto& [key, value] : timing.breakdown) {
+        accounted += value;
+      }
+      timing.breakdown["idle"] += std::max(0.0, timing.step_seconds - accounted);
+      timing.profile = profile();
     }
-    std::sort(timing.profile.begin(), timing.profile.end(),
-              [](const OpProfile& a, const OpProfile& b) { return a.seconds > b.seconds; });
     return timing;
   }
 
@@ -170,15 +227,90 @@ class Simulator {
     }
   }
 
+  // Works out the cost of every op of a region, before its first iteration.
+  void plan_region(int region) {
+    for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
+      plans_[static_cast<size_t>(op->id)] = plan_op(*op);
+    }
+  }
+
+  OpPlan plan_op(const Op& op) {
+    OpPlan plan;
+    plan.wait_label = idle_label_;
+    // Collective matmul (Wang et al. ASPLOS'23): an activation all-gather / reduce-scatter is
+    // split into steps that overlap the matmul it feeds or drains; the matmul can start on the
+    // first chunk and a reduce-scatter on the matmul's first partial result.
+    plan.overlapped_with_matmul =
+        options_.collective_matmul && !weight_only_[static_cast<size_t>(op.id)] &&
+        (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter);
+    if (plan.overlapped_with_matmul && op.kind == OpKind::kReduceScatter) {
+      const int producer = graph_.producer(op.inputs[0]);
+      if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].kind == OpKind::kEinsum) {
+        plan.matmul_producer = producer;
+      }
+    }
+    if (is_collective(op.kind)) {
+      const double bytes = static_cast<double>(collective_bytes(graph_, op));
+      const CollectiveTime time =
+          collective_time(op.kind, bytes, op.attrs.mesh_axes, program_.mesh, program_.slice);
+      plan.seconds = time.seconds;
+      const bool gradient_across_slices =
+          time.dcn_seconds > 0 && op.phase == Phase::kBackward &&
+          graph_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
+      if (gradient_across_slices) {
+        plan.kind = OpPlan::Kind::kDeferredGradient;
+        return plan;
+      }
+      plan.kind = OpPlan::Kind::kCollective;
+      const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
+      plan.resource = time.dcn_seconds > time.ici_seconds
+                          ? Resource::kDcn
+                          : (offloaded ? Resource::kSparseCore : Resource::kIci);
+      if (details_) {
+        plan.wait_label = labels_.intern(std::string("exposed_") + time.link + "_" +
+                                         join_axes(op.attrs.mesh_axes));
+        plan.trace_resource = offloaded ? "SparseCore" : (time.link == "dcn" ? "DCN" : "ICI");
+      }
+      return plan;
+    }
+    if (op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+      const double bytes = static_cast<double>(graph_.tensor(op.inputs[0]).bytes());
+      plan.kind = OpPlan::Kind::kHostTransfer;
+      plan.seconds = bytes / (program_.slice.chip->pcie_bandwidth_gbps * 1e9 /
+                              program_.slice.devices_per_chip);
+      plan.resource = Resource::kHost;
+      if (details_) {
+        plan.wait_label = labels_.intern("host_transfers");
+        plan.trace_resource = "Host link";
+      }
+      return plan;
+    }
+    const OpCost cost =
+        cost_compute_op(graph_, op, options_.cost, fused_[static_cast<size_t>(op.id)]);
+    plan.kind = OpPlan::Kind::kCompute;
+    plan.seconds = cost.seconds;
+    plan.matmul_flops = cost.matmul_flops;
+    plan.bound = cost.bound;
+    if (details_) {
+      plan.compute_label = labels_.intern(std::string("compute_") + cost_category_name(cost.bound));
+      plan.trace_resource = "TensorCore";
+    }
+    return plan;
+  }
+
+  Timeline& timeline(Resource resource) { return timelines_[static_cast<size_t>(resource)]; }
+
   // Gradient reductions across slices (DCN) are combined by XLA into a few large all-reduces
   // after the backward pass (all-reduce combiner), so they run then, and the update waits.
   void flush_deferred_gradient_reductions(Accounting& total) {
     if (deferred_dcn_seconds_ <= 0) {
       return;
     }
-    const double start = dcn_.place(tensorcore_free_, deferred_dcn_seconds_);
+    const double start = timeline(Resource::kDcn).place(tensorcore_free_, deferred_dcn_seconds_);
     const double end = start + deferred_dcn_seconds_;
-    total.seconds["exposed_dcn_gradient_reduction"] += end - tensorcore_free_;
+    if (details_) {
+      total.seconds.add(labels_.intern("exposed_dcn_gradient_reduction"), end - tensorcore_free_);
+    }
     tensorcore_free_ = end;
     last_event_end_ = std::max(last_event_end_, end);
     deferred_dcn_seconds_ = 0;
@@ -195,43 +327,47 @@ class Simulator {
 
   Accounting simulate_region(int region, StepTiming& timing) {
     const Region& info = graph_.region(region);
-    std::vector<const Op*> ops;
-    for (const Op& op : graph_.ops()) {
-      if (op.region == region) {
-        ops.push_back(&op);
-      }
-    }
+    plan_region(region);
+    const std::vector<const Op*>& ops = region_ops_[static_cast<size_t>(region)];
     const int64_t repeat = info.repeat;
     const int64_t simulated = std::min<int64_t>(repeat, options_.max_simulated_iterations);
     // Each simulated iteration stands for repeat / simulated real ones (deferred work).
     iteration_weight_ = static_cast<double>(repeat) / static_cast<double>(simulated);
     Accounting region_total;
-    Accounting last_iteration;
+    Accounting iteration_accounting;  // after the loop: the last iteration's
     double previous_end = 0;
     double period = 0;
     for (int64_t iteration = 0; iteration < simulated; ++iteration) {
       const double iteration_start = tensorcore_free_;
-      Accounting accounting;
+      iteration_accounting.clear();
       double iteration_end = 0;
       for (const Op* op : ops) {
-        iteration_end = std::max(iteration_end, schedule(*op, accounting, timing, info, iteration));
+        iteration_end = std::max(iteration_end, schedule(*op, iteration_accounting, timing, info));
       }
       // The region's own carry: this iteration's outputs feed the next iteration's inputs.
       prefetch_from_ = iteration_start;
       period = iteration_end - previous_end;
       previous_end = iteration_end;
-      region_total.add(accounting, 1.0);
-      last_iteration = accounting;
+      region_total.add(iteration_accounting, 1.0);
     }
     if (repeat > simulated) {
       const double remaining = static_cast<double>(repeat - simulated);
       const double delta = remaining * period;
-      region_total.add(last_iteration, remaining);
+      region_total.add(iteration_accounting, remaining);
+      if (details_ && simulated > 0) {
+        for (const Op* op : ops) {
+          const auto id = static_cast<size_t>(op->id);
+          if (profiled_[id]) {
+            profile_seconds_[id] += plans_[id].seconds * remaining;
+            profile_calls_[id] += remaining;
+          }
+        }
+      }
       tensorcore_free_ += delta;
       last_event_end_ += delta;
       prefetch_from_ += delta;
-      for (Timeline* timeline : {&ici_, &dcn_, &host_, &sparse_core_}) {
-        timeline->shift(delta);
+      for (Timeline& resource : timelines_) {
+        resource.shift(delta);
       }
       for (const Op* op : ops) {
         for (const TensorId output : op->outputs) {
@@ -247,8 +383,9 @@ class Simulator {
   }
 
   // Schedules one op; returns its end time.
-  double schedule(const Op& op, Accounting& accounting, StepTiming& timing, const Region& info,
-                  int64_t iteration) {
+  double schedule(const Op& op, Accounting& accounting, StepTiming& timing, const Region& info) {
+    const auto id = static_cast<size_t>(op.id);
+    const OpPlan& plan = plans_[id];
     double ready = 0;
     int blocking_producer = -1;
     for (const TensorId input : op.inputs) {
@@ -262,102 +399,68 @@ class Simulator {
         }
       }
     }
-    if (weight_only_[static_cast<size_t>(op.id)]) {
+    if (weight_only_[id]) {
       // Weight preparation is issued ahead: from the previous iteration's start.
       ready = std::min(ready, prefetch_from_);
     }
-    const bool record =
-        iteration < options_.max_simulated_iterations && timing.trace.size() < kMaxTraceEvents;
+    const bool record = details_ && timing.trace.size() < kMaxTraceEvents;
+    if (plan.matmul_producer >= 0) {
+      const auto& [producer_start, producer_end] =
+          op_span_[static_cast<size_t>(plan.matmul_producer)];
+      ready = producer_start + (producer_end - producer_start) /
+                                   static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
+    }
     double start = 0;
     double end = 0;
-    // Collective matmul (Wang et al. ASPLOS'23): an activation all-gather / reduce-scatter is
-    // split into steps that overlap the matmul it feeds or drains; the matmul can start on the
-    // first chunk and a reduce-scatter on the matmul's first partial result.
-    const bool overlapped_with_matmul =
-        options_.collective_matmul && !weight_only_[static_cast<size_t>(op.id)] &&
-        (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter);
-    if (overlapped_with_matmul && op.kind == OpKind::kReduceScatter) {
-      const int producer = graph_.producer(op.inputs[0]);
-      if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].kind == OpKind::kEinsum) {
-        const auto& [producer_start, producer_end] = op_span_[producer];
-        ready = producer_start + (producer_end - producer_start) /
-                                     static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
-      }
-    }
-    if (is_collective(op.kind)) {
-      const double bytes = static_cast<double>(collective_bytes(graph_, op));
-      const CollectiveTime time =
-          collective_time(op.kind, bytes, op.attrs.mesh_axes, program_.mesh, program_.slice);
-      const bool gradient_across_slices =
-          time.dcn_seconds > 0 && op.phase == Phase::kBackward &&
-          graph_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
-      if (gradient_across_slices) {
-        deferred_dcn_seconds_ += time.seconds * iteration_weight_;
+    switch (plan.kind) {
+      case OpPlan::Kind::kDeferredGradient:
+        deferred_dcn_seconds_ += plan.seconds * iteration_weight_;
         for (const TensorId output : op.outputs) {
           ready_[static_cast<size_t>(output)] = ready;
         }
         return ready;
-      }
-      const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      Timeline& link =
-          time.dcn_seconds > time.ici_seconds ? dcn_ : (offloaded ? sparse_core_ : ici_);
-      start = link.place(ready, time.seconds);
-      end = start + time.seconds;
-      collective_label_[op.id] =
-          std::string("exposed_") + time.link + "_" + join_axes(op.attrs.mesh_axes);
-      if (record) {
-        timing.trace.push_back({op.name,
-                                offloaded ? "SparseCore" : (time.link == "dcn" ? "DCN" : "ICI"),
-                                info.name, start, time.seconds});
-      }
-    } else if (op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
-      const double bytes = static_cast<double>(graph_.tensor(op.inputs[0]).bytes());
-      const double seconds = bytes / (program_.slice.chip->pcie_bandwidth_gbps * 1e9 /
-                                      program_.slice.devices_per_chip);
-      start = host_.place(ready, seconds);
-      end = start + seconds;
-      collective_label_[op.id] = "host_transfers";
-      if (record) {
-        timing.trace.push_back({op.name, "Host link", info.name, start, seconds});
-      }
-    } else {
-      const OpCost cost =
-          cost_compute_op(graph_, op, options_.cost, fused_[static_cast<size_t>(op.id)]);
-      start = std::max(ready, tensorcore_free_);
-      if (start > tensorcore_free_) {
-        // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
-        const auto label = blocking_producer >= 0 ? collective_label_.find(blocking_producer)
-                                                  : collective_label_.end();
-        accounting.seconds[label != collective_label_.end() ? label->second : "idle"] +=
-            start - tensorcore_free_;
-      }
-      end = start + cost.seconds;
-      for (const TensorId input : op.inputs) {
-        if (const auto found = finish_not_before_.find(input); found != finish_not_before_.end()) {
-          end = std::max(end, found->second);
+      case OpPlan::Kind::kCollective:
+      case OpPlan::Kind::kHostTransfer:
+        start = timeline(plan.resource).place(ready, plan.seconds);
+        end = start + plan.seconds;
+        if (record) {
+          timing.trace.push_back({op.name, plan.trace_resource, info.name, start, plan.seconds});
         }
-      }
-      tensorcore_free_ = end;
-      accounting.seconds[std::string("compute_") + cost_category_name(cost.bound)] += cost.seconds;
-      OpProfile& profile = accounting.ops[op.id];
-      profile.region = info.name;
-      profile.op = std::string(op_kind_name(op.kind)) + " " + op.name;
-      profile.bound = cost_category_name(cost.bound);
-      profile.seconds += cost.seconds;
-      profile.calls += 1;
-      accounting.matmul_flops += cost.matmul_flops;
-      if (record && cost.seconds > 0) {
-        timing.trace.push_back({op.name, "TensorCore", info.name, start, cost.seconds});
-      }
+        break;
+      case OpPlan::Kind::kCompute:
+        start = std::max(ready, tensorcore_free_);
+        if (details_ && start > tensorcore_free_) {
+          // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
+          const int label = blocking_producer >= 0
+                                ? plans_[static_cast<size_t>(blocking_producer)].wait_label
+                                : idle_label_;
+          accounting.seconds.add(label, start - tensorcore_free_);
+        }
+        end = start + plan.seconds;
+        for (const TensorId input : op.inputs) {
+          end = std::max(end, finish_not_before_[static_cast<size_t>(input)]);
+        }
+        tensorcore_free_ = end;
+        accounting.matmul_flops += plan.matmul_flops;
+        if (details_) {
+          accounting.seconds.add(plan.compute_label, plan.seconds);
+          profile_seconds_[id] += plan.seconds;
+          profile_calls_[id] += 1;
+          profiled_[id] = true;
+        }
+        if (record && plan.seconds > 0) {
+          timing.trace.push_back({op.name, plan.trace_resource, info.name, start, plan.seconds});
+        }
+        break;
     }
-    op_span_[op.id] = {start, end};
+    op_span_[id] = {start, end};
     double output_ready = end;
-    if (overlapped_with_matmul && op.kind == OpKind::kAllGather) {
+    if (plan.overlapped_with_matmul && op.kind == OpKind::kAllGather) {
       // The consumer starts on the first chunk and cannot finish before the last one.
       output_ready =
           start + (end - start) / static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
       for (const TensorId output : op.outputs) {
-        finish_not_before_[output] = end;
+        finish_not_before_[static_cast<size_t>(output)] = end;
       }
     }
     for (const TensorId output : op.outputs) {
@@ -367,23 +470,44 @@ class Simulator {
     return end;
   }
 
+  // The compute ops' TensorCore time over the step, most expensive first.
+  std::vector<OpProfile> profile() const {
+    std::vector<OpProfile> ops;
+    for (const Op& op : graph_.ops()) {
+      const auto id = static_cast<size_t>(op.id);
+      if (profiled_[id]) {
+        ops.push_back(
+            {graph_.region(op.region).name, std::string(op_kind_name(op.kind)) + " " + op.name,
+             cost_category_name(plans_[id].bound), profile_seconds_[id], profile_calls_[id]});
+      }
+    }
+    std::sort(ops.begin(), ops.end(),
+              [](const OpProfile& a, const OpProfile& b) { return a.seconds > b.seconds; });
+    return ops;
+  }
+
   static constexpr size_t kMaxTraceEvents = 200000;
 
   const StepProgram& program_;
   const Graph& graph_;
   PerfOptions options_;
-  std::vector<double> ready_;
-  std::vector<TensorId> carry_source_;
-  std::vector<bool> weight_only_;
-  std::vector<bool> fused_;
-  std::map<int, std::string> collective_label_;
-  std::map<int, std::pair<double, double>> op_span_;  // op id -> (start, end), latest iteration
-  std::map<TensorId, double> finish_not_before_;      // collective-matmul chunks still arriving
+  bool details_ = true;
+  std::vector<std::vector<const Op*>> region_ops_;  // by region, in program order
+  std::vector<OpPlan> plans_;                       // by op id
+  std::vector<double> ready_;                       // by tensor id
+  std::vector<TensorId> carry_source_;              // by tensor id
+  std::vector<double> finish_not_before_;  // by tensor id: collective-matmul chunks arriving
+  std::vector<bool> weight_only_;          // by op id
+  std::vector<bool> fused_;                // by op id
+  std::vector<std::pair<double, double>> op_span_;  // by op id: (start, end), latest iteration
+  // With record_details: labels, and each compute op's TensorCore seconds and calls.
+  LabelTable labels_;
+  int idle_label_ = -1;
+  std::vector<double> profile_seconds_;
+  std::vector<double> profile_calls_;
+  std::vector<bool> profiled_;
   Accounting microbatch_accounting_;
-  Timeline ici_;
-  Timeline dcn_;
-  Timeline host_;
-  Timeline sparse_core_;
+  std::array<Timeline, kResources> timelines_;
   double tensorcore_free_ = 0;
   double last_event_end_ = 0;
   double prefetch_from_ = 0;

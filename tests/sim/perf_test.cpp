@@ -6,10 +6,12 @@
 
 #include "hw/slice.h"
 #include "model/config.h"
+#include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/op_cost.h"
 #include "sim/perf/step_simulator.h"
+#include "sim/perf/timeline.h"
 
 namespace tpusim {
 namespace {
@@ -243,6 +245,45 @@ TEST(Scheduler, CollectiveMatmulHidesActivationGather) {
   // b starts on the first of 4 chunks and ends no earlier than the gather.
   const double expected = tiny.compute_a + std::max(tiny.gather / 4 + tiny.compute_b, tiny.gather);
   EXPECT_NEAR(timing.step_seconds, expected, 1e-12);
+}
+
+// A link takes the earliest gap that fits at or after the op is ready.
+TEST(Timeline, FillsGapsInOrder) {
+  Timeline link;
+  EXPECT_EQ(link.place(0.0, 2.0), 0.0);  // [0, 2)
+  EXPECT_EQ(link.place(1.0, 1.0), 2.0);  // waits: [2, 3)
+  EXPECT_EQ(link.place(5.0, 1.0), 5.0);  // [5, 6)
+  EXPECT_EQ(link.place(3.0, 1.0), 3.0);  // fits the gap [3, 5)
+  EXPECT_EQ(link.place(3.5, 2.0), 6.0);  // [4, 5) is too short: after [5, 6)
+  EXPECT_EQ(link.place(4.0, 1.0), 4.0);  // [4, 5) fits exactly
+  link.shift(10.0);
+  EXPECT_EQ(link.place(0.0, 1.0), 0.0);    // everything moved later
+  EXPECT_EQ(link.place(10.5, 1.0), 18.0);  // busy [10, 18) after the shift
+}
+
+// record_details = false computes the same times and FLOPs, without breakdown, trace or profile.
+TEST(Scheduler, LeanRunMatchesDetailedRun) {
+  for (const char* slice : {"v5p-16", "tpu7x-16"}) {
+    const Config config =
+        Config::load("", {"model_name=llama3.1-8b", std::string("compile_topology=") + slice,
+                          "compile_topology_num_slices=2", "max_target_length=2048",
+                          "remat_policy=qkv_proj_offloaded", "ici_tensor_parallelism=2"});
+    const StepProgram program = build_step_program(config);
+    PerfOptions options = perf_options_from_config(config, *program.slice.chip);
+    const StepTiming detailed = simulate_step(program, options);
+    options.record_details = false;
+    const StepTiming lean = simulate_step(program, options);
+    EXPECT_EQ(lean.step_seconds, detailed.step_seconds) << slice;
+    EXPECT_EQ(lean.microbatch_seconds, detailed.microbatch_seconds) << slice;
+    EXPECT_EQ(lean.optimizer_seconds, detailed.optimizer_seconds) << slice;
+    EXPECT_EQ(lean.hardware_matmul_flops, detailed.hardware_matmul_flops) << slice;
+    EXPECT_FALSE(detailed.breakdown.empty());
+    EXPECT_FALSE(detailed.trace.empty());
+    EXPECT_FALSE(detailed.profile.empty());
+    EXPECT_TRUE(lean.breakdown.empty());
+    EXPECT_TRUE(lean.trace.empty());
+    EXPECT_TRUE(lean.profile.empty());
+  }
 }
 
 // --- Step-level properties. --------------------------------------------------------------
