@@ -80,7 +80,7 @@ BENCHMARK(phase_build_training_step)->Unit(benchmark::kMicrosecond);
 void phase_partition(benchmark::State& state) {
   const Fixture& f = fixture();
   for (auto _ : state) {
-    const PartitionedProgram program = partition(f.program.step, f.rules, f.program.mesh);
+    const PartitionedProgram program = partition(*f.program.step, f.rules, f.program.mesh);
     benchmark::DoNotOptimize(program.graph.ops().size());
   }
 }

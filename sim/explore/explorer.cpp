@@ -295,6 +295,7 @@ class MeshEvaluator {
           for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
             const PerfChoice& perf = perf_choices[variant];
             PerfOptions perf_options = base_perf_;
+            perf_options.record_details = false;  // ranking needs the times only
             perf_options.cost.flash_attention = attention != "dot_product";
             if (perf.block_q > 0) {
               perf_options.cost.block_q = perf.block_q;
