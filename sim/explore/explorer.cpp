@@ -126,39 +126,55 @@ class TrainingStepCache {
   std::map<std::string, std::shared_ptr<const TrainingStep>> steps_;
 };
 
-// The jit-argument divisibility rule for one mesh: parameters and inputs split evenly.
-struct MeshDivisibility {
-  bool parameters_divide = true;
-  std::vector<int64_t> input_batch_shards;  // per input tensor: shards of its batch dim (dim 0)
-};
-
-MeshDivisibility check_divisibility(const TrainingStep& step, const LogicalAxisRules& rules,
-                                    const MeshShape& mesh) {
-  MeshDivisibility result;
-  for (const Tensor& tensor : step.graph.tensors()) {
-    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kInput) {
-      continue;
-    }
-    const std::vector<std::vector<int>> axes = rules.shard_dims(tensor.dims, mesh);
-    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-      int64_t shards = 1;
-      for (const int axis : axes[dim]) {
-        shards *= mesh.size(axis);
+// The jit-argument divisibility rule (JAX requires parameters and inputs to split evenly). The
+// logical rules assign mesh axes to dims independently of the axis sizes (sizes only drop axes of
+// size 1, which split nothing), so the assignment is resolved once and each mesh is checked with
+// integer products.
+class Divisibility {
+ public:
+  Divisibility(const TrainingStep& step, const LogicalAxisRules& rules) {
+    MeshShape every_axis;  // all axes > 1: nothing is dropped
+    every_axis.ici.fill(2);
+    every_axis.dcn.fill(1);
+    for (const Tensor& tensor : step.graph.tensors()) {
+      if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kInput) {
+        continue;
       }
-      if (tensor.kind == TensorKind::kInput && dim == 0) {
-        result.input_batch_shards.push_back(shards);  // checked per batch
-      } else if (tensor.dims[dim].size % shards != 0) {
-        result.parameters_divide = false;
+      const std::vector<std::vector<int>> axes = rules.shard_dims(tensor.dims, every_axis);
+      for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+        if (axes[dim].empty()) {
+          continue;
+        }
+        const bool batch = tensor.kind == TensorKind::kInput && dim == 0;
+        (batch ? batch_dims_ : fixed_dims_).push_back({tensor.dims[dim].size, axes[dim]});
       }
     }
   }
-  return result;
-}
 
-bool batch_divides(const MeshDivisibility& divisibility, int64_t microbatch) {
-  return std::all_of(divisibility.input_batch_shards.begin(), divisibility.input_batch_shards.end(),
-                     [&](int64_t shards) { return microbatch % shards == 0; });
-}
+  bool parameters_divide(const MeshShape& mesh) const {
+    return std::all_of(fixed_dims_.begin(), fixed_dims_.end(),
+                       [&](const SplitDim& dim) { return dim.size % dim.shards(mesh) == 0; });
+  }
+  bool batch_divides(const MeshShape& mesh, int64_t microbatch) const {
+    return std::all_of(batch_dims_.begin(), batch_dims_.end(),
+                       [&](const SplitDim& dim) { return microbatch % dim.shards(mesh) == 0; });
+  }
+
+ private:
+  struct SplitDim {
+    int64_t size = 0;
+    std::vector<int> axes;
+    int64_t shards(const MeshShape& mesh) const {
+      int64_t product = 1;
+      for (const int axis : axes) {
+        product *= mesh.size(axis);
+      }
+      return product;
+    }
+  };
+  std::vector<SplitDim> fixed_dims_;  // parameter dims and input dims other than the batch
+  std::vector<SplitDim> batch_dims_;  // the inputs' batch dims (size varies with the batch)
+};
 
 double objective_value(ExploreObjective objective, double step_seconds, double mfu,
                        double tokens_per_s_per_chip) {
@@ -212,7 +228,7 @@ class MeshEvaluator {
   MeshEvaluator(const Config& config, const SearchSpace& space, const ExploreOptions& options,
                 const LogicalAxisRules& rules, TrainingStepCache& steps,
                 const std::vector<double>& model_tflops_per_batch, const PerfOptions& base_perf,
-                SharedThreshold& threshold)
+                SharedThreshold& threshold, const Divisibility& divisibility)
       : config_(config),
         space_(space),
         options_(options),
@@ -220,7 +236,8 @@ class MeshEvaluator {
         steps_(steps),
         model_tflops_(model_tflops_per_batch),
         base_perf_(base_perf),
-        threshold_(threshold) {
+        threshold_(threshold),
+        divisibility_(divisibility) {
     for (const std::string& kind : space.attention_kinds) {
       kind_offsets_.push_back(per_remat_);
       perf_choices_.push_back(space.perf_choices(kind));
@@ -232,12 +249,11 @@ class MeshEvaluator {
     const MeshShape& mesh = space_.meshes[mesh_index];
     const auto batches = space_.batches.size();
     const int64_t per_batch = space_.candidates_per_mesh_and_batch();
-    const MeshDivisibility divisibility =
-        check_divisibility(*steps_.get(0, 0, space_.attention_kinds[0]), rules_, mesh);
+    const bool parameters_divide = divisibility_.parameters_divide(mesh);
     std::vector<size_t> dividing;
     for (size_t batch = 0; batch < batches; ++batch) {
-      if (divisibility.parameters_divide &&
-          batch_divides(divisibility, space_.batches[batch].microbatch)) {
+      if (parameters_divide &&
+          divisibility_.batch_divides(mesh, space_.batches[batch].microbatch)) {
         dividing.push_back(batch);
       } else {
         out.pruned[kAxisDoesNotDivide] += per_batch;
@@ -351,6 +367,7 @@ class MeshEvaluator {
   const std::vector<double>& model_tflops_;
   const PerfOptions& base_perf_;
   SharedThreshold& threshold_;
+  const Divisibility& divisibility_;
   std::vector<int64_t> kind_offsets_;
   std::vector<std::vector<PerfChoice>> perf_choices_;
   int64_t per_remat_ = 0;
@@ -495,13 +512,14 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
   SharedThreshold threshold;
+  const Divisibility divisibility(*steps.get(0, 0, space.attention_kinds[0]), rules);
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
   auto work = [&](int thread) {
     MeshEvaluator evaluator(config, space, options, rules, steps, model_tflops, base_perf,
-                            threshold);
+                            threshold, divisibility);
     auto last_report = std::chrono::steady_clock::now();
     try {
       for (size_t mesh = next++; mesh < space.meshes.size(); mesh = next++) {
