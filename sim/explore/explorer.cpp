@@ -96,6 +96,9 @@ class TrainingStepCache {
   TrainingStepCache(const Config& config, const SearchSpace& space)
       : config_(config), space_(space) {}
 
+  // As a remat index: remat_policy=none, whether or not the space has it (bounds).
+  static constexpr size_t kNoRemat = std::numeric_limits<size_t>::max();
+
   std::shared_ptr<const TrainingStep> get(size_t batch, size_t remat, const std::string& kind) {
     const std::string key = std::to_string(batch) + "/" + std::to_string(remat) + "/" + kind;
     {
@@ -106,12 +109,15 @@ class TrainingStepCache {
     }
     Candidate candidate;
     candidate.batch = space_.batches[batch];
-    candidate.remat = static_cast<int>(remat);
+    candidate.remat = remat == kNoRemat ? 0 : static_cast<int>(remat);
     candidate.attention = kind;
     Config config;
     {
       std::lock_guard<std::mutex> lock(mutex_);  // Config copies share yaml-cpp nodes
       config = candidate_config(config_, space_, candidate);
+      if (remat == kNoRemat) {
+        config.set("remat_policy", "none", kExploreOrigin);
+      }
     }
     auto step = std::make_shared<const TrainingStep>(
         build_training_step(config, space_.batches[batch].microbatch));
@@ -269,24 +275,53 @@ class MeshEvaluator {
     const double chips = space_.slice.total_chips();
     const int64_t length = config_.get_int("max_target_length");
     bool first_program = true;
-    for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
-      for (size_t kind = 0; kind < space_.attention_kinds.size(); ++kind) {
-        const std::string& attention = space_.attention_kinds[kind];
-        const auto& perf_choices = perf_choices_[kind];
-        const auto variants = static_cast<int64_t>(perf_choices.size());
-        bool fitted = true;
-        for (const size_t batch : dividing) {
-          if (!fitted) {
+    // Builds the program of (batch, remat, kind) into `program`; false when the mesh's weights
+    // alone exceed HBM (then every candidate left is pruned and the mesh is done).
+    auto build = [&](size_t batch, size_t remat, const std::string& attention) {
+      const BatchChoice& choice = space_.batches[batch];
+      program.step = steps_.get(batch, remat, attention);
+      program.microbatch = choice.microbatch;
+      program.accumulation_steps = choice.accumulation_steps;
+      program.global_batch = choice.microbatch * choice.accumulation_steps;
+      program.program = partition(*program.step, rules_, program.mesh);
+      ++out.programs;
+    };
+    for (size_t kind = 0; kind < space_.attention_kinds.size(); ++kind) {
+      const std::string& attention = space_.attention_kinds[kind];
+      const auto& perf_choices = perf_choices_[kind];
+      const auto variants = static_cast<int64_t>(perf_choices.size());
+      std::vector<bool> fitted(space_.remats.size(), true);
+      for (const size_t batch : dividing) {
+        const BatchChoice& choice = space_.batches[batch];
+        const double tokens = static_cast<double>(choice.microbatch * choice.accumulation_steps) *
+                              static_cast<double>(length);
+        if (space_.remats.size() > 1 && !first_program &&
+            threshold_.get() > -std::numeric_limits<double>::infinity()) {
+          // Every remat policy runs the ops of remat_policy=none plus its recomputation, so the
+          // TensorCore bound of the "none" program bounds them all: skip the batch if even that
+          // cannot beat the top N.
+          build(batch, TrainingStepCache::kNoRemat, attention);
+          double lowest = std::numeric_limits<double>::infinity();
+          for (const PerfChoice& perf : perf_choices) {
+            lowest =
+                std::min(lowest, tensorcore_lower_bound(program, cost_context(attention, perf)));
+          }
+          const double bound =
+              objective_upper_bound(options_.objective, lowest, model_tflops_[batch],
+                                    chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
+          if (bound < threshold_.get()) {
+            for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
+              out.pruned[fitted[remat] ? kCannotBeatTop : kDoesNotFitHbm] += variants;
+            }
+            continue;
+          }
+        }
+        for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
+          if (!fitted[remat]) {
             out.pruned[kDoesNotFitHbm] += variants;  // a smaller batch did not fit
             continue;
           }
-          const BatchChoice& choice = space_.batches[batch];
-          program.step = steps_.get(batch, remat, attention);
-          program.microbatch = choice.microbatch;
-          program.accumulation_steps = choice.accumulation_steps;
-          program.global_batch = choice.microbatch * choice.accumulation_steps;
-          program.program = partition(*program.step, rules_, program.mesh);
-          ++out.programs;
+          build(batch, remat, attention);
           const MemoryEstimate memory = estimate_memory(program);
           const double usable = memory.capacity_bytes * (1 - options_.limits.min_hbm_headroom);
           out.capacity = usable;
@@ -301,22 +336,16 @@ class MeshEvaluator {
             }
           }
           if (memory.peak_bytes > usable) {
-            fitted = false;
+            fitted[remat] = false;
             out.pruned[kDoesNotFitHbm] += variants;
             continue;
           }
-          const double tokens =
-              static_cast<double>(program.global_batch) * static_cast<double>(length);
           double bound_for_blocks = 0;  // the current block group's objective upper bound
           for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
             const PerfChoice& perf = perf_choices[variant];
             PerfOptions perf_options = base_perf_;
             perf_options.record_details = false;  // ranking needs the times only
-            perf_options.cost.flash_attention = attention != "dot_product";
-            if (perf.block_q > 0) {
-              perf_options.cost.block_q = perf.block_q;
-              perf_options.cost.block_kv = perf.block_kv;
-            }
+            perf_options.cost = cost_context(attention, perf);
             const bool new_block_group = variant == 0 ||
                                          perf.block_q != perf_choices[variant - 1].block_q ||
                                          perf.block_kv != perf_choices[variant - 1].block_kv;
@@ -359,6 +388,16 @@ class MeshEvaluator {
   }
 
  private:
+  CostContext cost_context(const std::string& attention, const PerfChoice& perf) const {
+    CostContext cost = base_perf_.cost;
+    cost.flash_attention = attention != "dot_product";
+    if (perf.block_q > 0) {
+      cost.block_q = perf.block_q;
+      cost.block_kv = perf.block_kv;
+    }
+    return cost;
+  }
+
   const Config& config_;
   const SearchSpace& space_;
   const ExploreOptions& options_;
