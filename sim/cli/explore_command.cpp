@@ -33,6 +33,7 @@ struct ExploreFlags {
   double max_per_device_batch = 16;
   double min_hbm_headroom = 0;
   int threads = 0;
+  bool progress = false;
 };
 
 // A progress bar with rate and ETA on stderr, only when it is a terminal.
@@ -129,6 +130,8 @@ void register_explore_command(CLI::App& app) {
   command->add_option("--min-hbm-headroom", flags->min_hbm_headroom,
                       "Fraction of usable HBM to leave free, e.g. 0.1");
   command->add_option("--threads", flags->threads, "Worker threads (default: all cores)");
+  command->add_flag("--progress", flags->progress,
+                    "Show the progress bar even when stderr is not a terminal");
   command->callback([flags] {
     if (flags->json && flags->csv) {
       throw UserError("explore: --json and --csv exclude each other");
@@ -145,7 +148,7 @@ void register_explore_command(CLI::App& app) {
       throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");
     }
     const auto started = std::chrono::steady_clock::now();
-    if (isatty(fileno(stderr)) != 0) {
+    if (flags->progress || isatty(fileno(stderr)) != 0) {
       options.progress = [started](int64_t done, int64_t total) {
         show_progress(done, total, started);
       };

@@ -30,28 +30,44 @@ constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
 constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
 constexpr const char* kCannotBeatTop = "cannot_beat_top";
 
-// A lower bound on the step time of `program` under `cost`, whatever the perf switches: the
-// TensorCore runs the compute ops one at a time, so a step takes at least the sum of their costs
-// (elementwise ops that may fuse into a matmul are charged as fused, their cheaper case).
-double tensorcore_lower_bound(const StepProgram& program, const CostContext& cost) {
+// Lower bounds on the step time of `program`, one per cost context (attention kernel and block
+// sizes), whatever the other perf switches do: the TensorCore runs the compute ops one at a time,
+// so a step takes at least the sum of their costs (elementwise ops that may fuse into a matmul are
+// charged as fused, their cheaper case). Only attention ops depend on the context, so the others
+// are costed once.
+std::vector<double> tensorcore_lower_bounds(const StepProgram& program,
+                                            const std::vector<CostContext>& contexts) {
   const Graph& graph = program.program.graph;
-  std::vector<double> per_region(graph.regions().size(), 0.0);
+  const size_t regions = graph.regions().size();
+  std::vector<double> shared(regions, 0.0);
+  std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
   for (const Op& op : graph.ops()) {
     if (is_collective(op.kind) || op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
       continue;
     }
+    const auto region = static_cast<size_t>(op.region);
+    if (op.kind == OpKind::kAttention || op.kind == OpKind::kAttentionGrad) {
+      for (size_t context = 0; context < contexts.size(); ++context) {
+        attention[context][region] += cost_compute_op(graph, op, contexts[context], false).seconds;
+      }
+      continue;
+    }
     const bool may_fuse = op.kind == OpKind::kElementwise || op.kind == OpKind::kRope;
-    per_region[static_cast<size_t>(op.region)] +=
-        cost_compute_op(graph, op, cost, may_fuse).seconds;
+    shared[region] += cost_compute_op(graph, op, contexts.front(), may_fuse).seconds;
   }
-  double microbatch = 0;
-  double optimizer = 0;
-  for (size_t region = 0; region < per_region.size(); ++region) {
-    const Region& info = graph.region(static_cast<int>(region));
-    const double seconds = per_region[region] * static_cast<double>(info.repeat);
-    (info.phase == Phase::kOptimizer ? optimizer : microbatch) += seconds;
+  std::vector<double> bounds;
+  for (size_t context = 0; context < contexts.size(); ++context) {
+    double microbatch = 0;
+    double optimizer = 0;
+    for (size_t region = 0; region < regions; ++region) {
+      const Region& info = graph.region(static_cast<int>(region));
+      const double seconds =
+          (shared[region] + attention[context][region]) * static_cast<double>(info.repeat);
+      (info.phase == Phase::kOptimizer ? optimizer : microbatch) += seconds;
+    }
+    bounds.push_back(microbatch * static_cast<double>(program.accumulation_steps) + optimizer);
   }
-  return microbatch * static_cast<double>(program.accumulation_steps) + optimizer;
+  return bounds;
 }
 
 // The best objective still open to a candidate whose step takes at least `step_lower_bound`.
@@ -248,6 +264,19 @@ class MeshEvaluator {
       kind_offsets_.push_back(per_remat_);
       perf_choices_.push_back(space.perf_choices(kind));
       per_remat_ += static_cast<int64_t>(perf_choices_.back().size());
+      // The distinct attention cost contexts (block sizes) of this kind, and each variant's.
+      std::vector<CostContext> contexts;
+      std::vector<size_t> groups;
+      const std::vector<PerfChoice>& choices = perf_choices_.back();
+      for (size_t variant = 0; variant < choices.size(); ++variant) {
+        if (variant == 0 || choices[variant].block_q != choices[variant - 1].block_q ||
+            choices[variant].block_kv != choices[variant - 1].block_kv) {
+          contexts.push_back(cost_context(kind, choices[variant]));
+        }
+        groups.push_back(contexts.size() - 1);
+      }
+      block_contexts_.push_back(std::move(contexts));
+      block_group_.push_back(std::move(groups));
     }
   }
 
@@ -301,11 +330,9 @@ class MeshEvaluator {
           // TensorCore bound of the "none" program bounds them all: skip the batch if even that
           // cannot beat the top N.
           build(batch, TrainingStepCache::kNoRemat, attention);
-          double lowest = std::numeric_limits<double>::infinity();
-          for (const PerfChoice& perf : perf_choices) {
-            lowest =
-                std::min(lowest, tensorcore_lower_bound(program, cost_context(attention, perf)));
-          }
+          const std::vector<double> bounds =
+              tensorcore_lower_bounds(program, block_contexts_[kind]);
+          const double lowest = *std::min_element(bounds.begin(), bounds.end());
           const double bound =
               objective_upper_bound(options_.objective, lowest, model_tflops_[batch],
                                     chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
@@ -340,21 +367,17 @@ class MeshEvaluator {
             out.pruned[kDoesNotFitHbm] += variants;
             continue;
           }
-          double bound_for_blocks = 0;  // the current block group's objective upper bound
+          const std::vector<double> block_bounds =
+              tensorcore_lower_bounds(program, block_contexts_[kind]);
           for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
             const PerfChoice& perf = perf_choices[variant];
             PerfOptions perf_options = base_perf_;
             perf_options.record_details = false;  // ranking needs the times only
             perf_options.cost = cost_context(attention, perf);
-            const bool new_block_group = variant == 0 ||
-                                         perf.block_q != perf_choices[variant - 1].block_q ||
-                                         perf.block_kv != perf_choices[variant - 1].block_kv;
-            if (new_block_group) {
-              bound_for_blocks = objective_upper_bound(
-                  options_.objective, tensorcore_lower_bound(program, perf_options.cost),
-                  model_tflops_[batch], chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
-            }
-            if (bound_for_blocks < threshold_.get()) {
+            const double bound = objective_upper_bound(
+                options_.objective, block_bounds[block_group_[kind][variant]], model_tflops_[batch],
+                chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
+            if (bound < threshold_.get()) {
               out.pruned[kCannotBeatTop] += 1;
               continue;
             }
@@ -409,6 +432,8 @@ class MeshEvaluator {
   const Divisibility& divisibility_;
   std::vector<int64_t> kind_offsets_;
   std::vector<std::vector<PerfChoice>> perf_choices_;
+  std::vector<std::vector<CostContext>> block_contexts_;  // per kind: one per block-size group
+  std::vector<std::vector<size_t>> block_group_;          // per kind and variant: its group
   int64_t per_remat_ = 0;
   size_t top_size_ = static_cast<size_t>(std::max(1, options_.top));
 };
