@@ -1,10 +1,13 @@
 #include "model/config.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include "common/embedded_files.h"
 #include "common/error.h"
@@ -21,6 +24,21 @@ constexpr const char* kDefaultModelName = "default";
 bool looks_like_float(const std::string& text) {
   return text.find_first_of(".eE") != std::string::npos &&
          text.find_first_not_of("0123456789+-.eE") == std::string::npos;
+}
+
+// A decimal integer without sign prefix '+', leading zeros or spaces ("0", "-12", "4096"): the
+// form coerce() stores. Anything else (octal "012", hex "0x1f", ...) is left to yaml-cpp.
+std::optional<int64_t> parse_canonical_int(std::string_view text) {
+  const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (text.size() <= digits || (text[digits] == '0' && text.size() > digits + 1)) {
+    return std::nullopt;
+  }
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 bool looks_like_int(const std::string& text) {
@@ -341,6 +359,11 @@ int64_t Config::get_int(std::string_view key) const {
   const Entry& found = entry(key);
   if (found.type != ConfigType::kInt) {
     throw std::logic_error("config key '" + std::string(key) + "' is not an integer");
+  }
+  // Int values are stored in canonical decimal (coerce), which from_chars reads exactly as
+  // yaml-cpp's stream conversion would, without building a stringstream per read.
+  if (const std::optional<int64_t> value = parse_canonical_int(found.value.Scalar())) {
+    return *value;
   }
   return found.value.as<int64_t>();
 }

@@ -1,7 +1,7 @@
 #include "sharding/logical_rules.h"
 
 #include <algorithm>
-#include <set>
+#include <string_view>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -9,16 +9,22 @@
 namespace tpusim {
 
 LogicalAxisRules LogicalAxisRules::from_rules(std::vector<LogicalRule> rules) {
+  static_assert(kNumMeshAxes <= 32, "rule_axis_bits_ holds one bit per mesh axis");
+  LogicalAxisRules result;
   for (const LogicalRule& rule : rules) {
+    std::vector<int> axes;
+    uint32_t bits = 0;
     for (const std::string& axis : rule.mesh_axes) {
       try {
-        mesh_axis_index(axis);
+        axes.push_back(mesh_axis_index(axis));
       } catch (const UserError& error) {
         throw UserError("logical_axis_rules: rule '" + rule.logical + "' names " + error.what());
       }
+      bits |= 1U << static_cast<unsigned>(axes.back());
     }
+    result.rule_axes_.push_back(std::move(axes));
+    result.rule_axis_bits_.push_back(bits);
   }
-  LogicalAxisRules result;
   result.rules_ = std::move(rules);
   return result;
 }
@@ -58,53 +64,47 @@ std::vector<std::vector<int>> LogicalAxisRules::shard_dims(const std::vector<Dim
                                                            const MeshShape& mesh) const {
   // A merged dim ("activation_batch_no_exp+activation_length") resolves each part as its own
   // dim, then takes the union of their axes.
-  std::vector<Dim> dims;
-  std::vector<size_t> owner;
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  struct Part {
+    std::string_view logical;
+    size_t owner = 0;     // index of the tensor dim
+    size_t rule = kNone;  // the rule that shards it
+  };
+  std::vector<Part> parts;
+  parts.reserve(tensor_dims.size());
   for (size_t index = 0; index < tensor_dims.size(); ++index) {
-    const std::string& logical = tensor_dims[index].logical;
+    const std::string_view logical = tensor_dims[index].logical;
     size_t start = 0;
     while (true) {
       const size_t plus = logical.find('+', start);
-      Dim part = tensor_dims[index];
-      part.logical =
-          logical.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
-      dims.push_back(part);
-      owner.push_back(index);
-      if (plus == std::string::npos) {
+      parts.push_back({logical.substr(start, plus == std::string_view::npos ? std::string_view::npos
+                                                                            : plus - start),
+                       index});
+      if (plus == std::string_view::npos) {
         break;
       }
       start = plus + 1;
     }
   }
-  std::vector<std::vector<std::string>> assigned(dims.size());
-  std::vector<bool> done(dims.size(), false);
-  std::set<std::string> used;
-  for (const LogicalRule& rule : rules_) {
-    size_t target = dims.size();
-    for (size_t index = 0; index < dims.size(); ++index) {
-      if (!done[index] && dims[index].logical == rule.logical) {
-        target = index;
-        break;
-      }
-    }
-    if (target == dims.size()) {
+  uint32_t used = 0;  // mesh axes that already shard a dim (bit per axis index)
+  for (size_t rule = 0; rule < rules_.size(); ++rule) {
+    const auto target = std::find_if(parts.begin(), parts.end(), [&](const Part& part) {
+      return part.rule == kNone && part.logical == rules_[rule].logical;
+    });
+    if (target == parts.end() || (rule_axis_bits_[rule] & used) != 0) {
       continue;
     }
-    const bool conflict = std::any_of(rule.mesh_axes.begin(), rule.mesh_axes.end(),
-                                      [&](const std::string& axis) { return used.contains(axis); });
-    if (conflict) {
-      continue;
-    }
-    assigned[target] = rule.mesh_axes;
-    done[target] = true;
-    used.insert(rule.mesh_axes.begin(), rule.mesh_axes.end());
+    target->rule = rule;
+    used |= rule_axis_bits_[rule];
   }
   std::vector<std::vector<int>> result(tensor_dims.size());
-  for (size_t index = 0; index < dims.size(); ++index) {
-    for (const std::string& axis : assigned[index]) {
-      const int axis_index = mesh_axis_index(axis);
-      if (mesh.size(axis_index) > 1) {
-        result[owner[index]].push_back(axis_index);
+  for (const Part& part : parts) {
+    if (part.rule == kNone) {
+      continue;
+    }
+    for (const int axis : rule_axes_[part.rule]) {
+      if (mesh.size(axis) > 1) {
+        result[part.owner].push_back(axis);
       }
     }
   }

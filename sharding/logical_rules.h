@@ -16,6 +16,7 @@
 //      without fsdp_transpose)
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ class LogicalAxisRules {
 
  private:
   std::vector<LogicalRule> rules_;
+  // Per rule, resolved once: its mesh axis indices and their bit set (1 << index).
+  std::vector<std::vector<int>> rule_axes_;
+  std::vector<uint32_t> rule_axis_bits_;
 };
 
 }  // namespace tpusim

@@ -1,54 +1,94 @@
 #include "sharding/partitioner.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_map>
 
 #include "common/error.h"
+#include "sharding/layout.h"
 
 namespace tpusim {
 namespace {
 
-using AxisList = std::vector<int>;     // mesh axis indices, major to minor
-using Layout = std::vector<AxisList>;  // one AxisList per dim
-
 bool contains(const AxisList& axes, int axis) {
-  return std::find(axes.begin(), axes.end(), axis) != axes.end();
+  return axes.contains(axis);
 }
 
 AxisList without(const AxisList& axes, const AxisList& removed) {
-  AxisList result;
-  for (const int axis : axes) {
-    if (!contains(removed, axis)) {
-      result.push_back(axis);
-    }
-  }
-  return result;
+  return axes.without(removed);
 }
 
 // Axes of each dim in mesh order (major to minor), so equal splits compare equal.
 Layout normalized(Layout layout) {
   for (AxisList& axes : layout) {
-    std::sort(axes.begin(), axes.end());
+    axes.sort();
   }
   return layout;
 }
 
-std::string layout_key(const Layout& layout) {
-  std::string key;
-  for (const AxisList& axes : layout) {
-    for (const int axis : axes) {
-      key += std::to_string(axis) + ",";
-    }
-    key += "|";
+Layout normalized(const std::vector<std::vector<int>>& axes_per_dim) {
+  Layout layout;
+  for (const std::vector<int>& axes : axes_per_dim) {
+    AxisList sorted(axes);
+    sorted.sort();
+    layout.push_back(sorted);
   }
-  return key;
+  return layout;
 }
 
-// A dim as the partitioner plans with it: name, global size, mesh axes.
+// Axes by dim name. A tensor has a few dims, so a linear search over names beats a std::map of
+// strings; the names are views of dim names in the global graph (or of the op's attributes).
+class AxesByName {
+ public:
+  const AxisList* find(std::string_view name) const {
+    for (const auto& [key, axes] : *this) {
+      if (key == name) {
+        return &axes;
+      }
+    }
+    return nullptr;
+  }
+  // The entry for `name`, added empty if missing (as std::map::operator[]).
+  AxisList& operator[](std::string_view name) {
+    for (auto& [key, axes] : *this) {
+      if (key == name) {
+        return axes;
+      }
+    }
+    if (size_ == kCapacity) {
+      throw std::logic_error("AxesByName: more than 16 dim names");
+    }
+    entries_[size_] = {name, AxisList{}};
+    return entries_[size_++].second;
+  }
+  void erase(std::string_view name) {
+    size_ = static_cast<size_t>(
+        std::remove_if(begin(), end(), [name](const auto& entry) { return entry.first == name; }) -
+        begin());
+  }
+
+ private:
+  // Dims of the output plus contracted dims (kept inline: no heap allocation).
+  static constexpr size_t kCapacity = 16;
+  using Entry = std::pair<std::string_view, AxisList>;
+  const Entry* begin() const { return entries_.data(); }
+  const Entry* end() const { return entries_.data() + size_; }
+  Entry* begin() { return entries_.data(); }
+  Entry* end() { return entries_.data() + size_; }
+
+  std::array<Entry, kCapacity> entries_;  // the first size_ are used
+  size_t size_ = 0;
+};
+
+// A dim as the partitioner plans with it: name (a view of a global tensor's dim name or of the
+// op's attributes) and mesh axes.
 struct PlanDim {
-  std::string name;
+  std::string_view name;
   AxisList axes;
 };
 
@@ -76,9 +116,21 @@ class Partitioner {
     }
     layouts_.resize(global_.tensors().size());
     local_.assign(global_.tensors().size(), -1);
+    // A layout depends only on the dims' logical names: resolve each combination once (a step
+    // has hundreds of tensors but a few dozen combinations).
+    std::unordered_map<std::string, Layout> layout_of_logical_names;
+    std::string logical_names;
     for (const Tensor& tensor : global_.tensors()) {
-      layouts_[static_cast<size_t>(tensor.id)] =
-          normalized(rules_.shard_dims(tensor.dims, mesh_.shape));
+      logical_names.clear();
+      for (const Dim& dim : tensor.dims) {
+        logical_names += dim.logical;
+        logical_names += '\0';
+      }
+      const auto [known, added] = layout_of_logical_names.try_emplace(logical_names);
+      if (added) {
+        known->second = normalized(rules_.shard_dims(tensor.dims, mesh_.shape));
+      }
+      layouts_[static_cast<size_t>(tensor.id)] = known->second;
       local_[static_cast<size_t>(tensor.id)] =
           make_local(tensor, layouts_[static_cast<size_t>(tensor.id)], tensor.region, "");
     }
@@ -121,6 +173,7 @@ class Partitioner {
       const int64_t split = shards(layout_in[index]);
       dim.global_size = dim.size;
       dim.sharded_over.clear();
+      dim.sharded_over.reserve(layout_in[index].size());
       for (const int axis : layout_in[index]) {
         dim.sharded_over.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
       }
@@ -157,7 +210,7 @@ class Partitioner {
     if (current == target) {
       return local(global);
     }
-    const std::string key = std::to_string(global) + "#" + layout_key(target);
+    const std::pair<TensorId, Layout> key{global, target};
     if (const auto found = alternates_.find(key); found != alternates_.end()) {
       return found->second;
     }
@@ -208,7 +261,7 @@ class Partitioner {
 
   // Layout of `global`'s dims following `reference` by dim name; dims `reference` lacks keep
   // their own axes unless listed in `must_be_whole`.
-  Layout follow(TensorId global, const std::map<std::string, AxisList>& reference,
+  Layout follow(TensorId global, const AxesByName& reference,
                 const std::set<std::string>& must_be_whole = {}) const {
     const Tensor& tensor = global_.tensor(global);
     Layout result = layout(global);
@@ -216,26 +269,29 @@ class Partitioner {
       const std::string& name = tensor.dims[dim].name;
       if (must_be_whole.contains(name)) {
         result[dim].clear();
-      } else if (const auto found = reference.find(name); found != reference.end()) {
-        result[dim] = found->second;
+      } else if (const AxisList* found = reference.find(name); found != nullptr) {
+        result[dim] = *found;
       }
     }
     // An axis may shard only one dim: drop later repeats.
-    std::set<int> used;
+    uint32_t used = 0;  // bit per mesh axis
     for (AxisList& axes : result) {
       AxisList kept;
       for (const int axis : axes) {
-        if (used.insert(axis).second) {
+        const uint32_t bit = 1U << static_cast<unsigned>(axis);
+        if ((used & bit) == 0) {
+          used |= bit;
           kept.push_back(axis);
         }
       }
+      kept.sort();
       axes = kept;
     }
-    return normalized(result);
+    return result;
   }
 
-  std::map<std::string, AxisList> by_name(TensorId global, const Layout& layout_in) const {
-    std::map<std::string, AxisList> names;
+  AxesByName by_name(TensorId global, const Layout& layout_in) const {
+    AxesByName names;
     const Tensor& tensor = global_.tensor(global);
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       names[tensor.dims[dim].name] = layout_in[dim];
@@ -255,20 +311,23 @@ class Partitioner {
   void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
                           const std::vector<Layout>& computed,
                           const std::vector<AxisList>& partials, ReduceOp reduce = ReduceOp::kSum) {
+    // An output computed in its own layout with nothing to reduce is written directly.
+    auto direct = [&](size_t index) {
+      return computed[index] == layout(op.outputs[index]) && partials[index].empty();
+    };
     std::vector<TensorId> outputs;
-    std::vector<bool> direct;
+    outputs.reserve(op.outputs.size());
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       const TensorId global = op.outputs[index];
       const AxisList& partial = partials[index];
-      const bool same = computed[index] == layout(global) && partial.empty();
-      direct.push_back(same);
+      const bool same = direct(index);
       outputs.push_back(same ? local(global)
                              : make_local(global_.tensor(global), computed[index], op.region,
                                           partial.empty() ? "/computed" : "/partial"));
     }
     add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
     for (size_t index = 0; index < op.outputs.size(); ++index) {
-      if (direct[index]) {
+      if (direct(index)) {
         continue;
       }
       finish_output(op.outputs[index], outputs[index], computed[index], partials[index], op.region,
@@ -284,7 +343,7 @@ class Partitioner {
     AxisList axes;
     for (size_t dim = 0; dim < in.dims.size(); ++dim) {
       if (out.dim_index(in.dims[dim].name) < 0) {
-        axes.insert(axes.end(), input_layout[dim].begin(), input_layout[dim].end());
+        axes.append(input_layout[dim]);
       }
     }
     return axes;
@@ -347,37 +406,42 @@ class Partitioner {
     }
     if (sliced) {
       // The unsliced value stays reusable in this region.
-      alternates_[std::to_string(global) + "#" + layout_key(after_reduce)] = value;
+      alternates_[{global, after_reduce}] = value;
       add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {}, region);
     }
   }
 
   // Einsum over named dims; `lhs_dims`/`rhs_dims` describe the operands (virtual one-hot operands
   // of lookups have no tensor: their id is -1).
-  void partition_einsum(const Op& op, std::vector<TensorId> operands,
-                        const std::vector<std::vector<PlanDim>>& operand_dims,
+  void partition_einsum(const Op& op, const std::vector<TensorId>& operands,
+                        const std::array<std::vector<PlanDim>, 2>& operand_dims,
                         const std::vector<std::string>& contracted) {
     const TensorId output = op.outputs[0];
     const Layout& out_layout = layout(output);
     const Tensor& out_tensor = global_.tensor(output);
-    std::map<std::string, AxisList> iteration;
+    AxesByName iteration;
     AxisList used;
     for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
       iteration[out_tensor.dims[dim].name] = out_layout[dim];
-      used.insert(used.end(), out_layout[dim].begin(), out_layout[dim].end());
+      used.append(out_layout[dim]);
     }
     AxisList partial;
     for (const std::string& name : contracted) {
-      std::vector<const AxisList*> sharding;
+      // The operand dims named `name`: both operands contract it when there are exactly two.
+      std::array<const AxisList*, 2> sharding{};
+      size_t found = 0;
       for (const auto& dims : operand_dims) {
         for (const PlanDim& dim : dims) {
           if (dim.name == name) {
-            sharding.push_back(&dim.axes);
+            if (found < sharding.size()) {
+              sharding[found] = &dim.axes;
+            }
+            ++found;
           }
         }
       }
       AxisList chosen;
-      if (sharding.size() == 2) {
+      if (found == 2) {
         for (const int axis : *sharding[0]) {
           const bool both = contains(*sharding[1], axis);
           if (both && !contains(partial, axis)) {
@@ -403,7 +467,7 @@ class Partitioner {
         }
       }
       iteration[name] = chosen;
-      partial.insert(partial.end(), chosen.begin(), chosen.end());
+      partial.append(chosen);
     }
     // Output dims lose the partial axes (they come back through reduce-scatter).
     Layout computed = out_layout;
@@ -450,6 +514,7 @@ class Partitioner {
   std::vector<PlanDim> plan_dims(TensorId global) const {
     std::vector<PlanDim> dims;
     const Tensor& tensor = global_.tensor(global);
+    dims.reserve(tensor.dims.size() + 1);  // + the vocab of a lookup's one-hot operand
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       dims.push_back({tensor.dims[dim].name, layout(global)[dim]});
     }
@@ -460,7 +525,7 @@ class Partitioner {
   // `must_be_whole` are gathered.
   void partition_following_output(const Op& op, const std::set<std::string>& must_be_whole = {}) {
     const TensorId first = op.outputs.at(0);
-    std::map<std::string, AxisList> reference = by_name(first, layout(first));
+    AxesByName reference = by_name(first, layout(first));
     for (const std::string& name : must_be_whole) {
       reference.erase(name);
     }
@@ -492,7 +557,7 @@ class Partitioner {
       partition_following_output(op);
       return;
     }
-    std::map<std::string, AxisList> reference = by_name(input, layout(input));
+    const AxesByName reference = by_name(input, layout(input));
     std::vector<TensorId> inputs;
     for (const TensorId operand : op.inputs) {
       inputs.push_back(reshard(operand, follow(operand, reference), op.region));
@@ -537,7 +602,7 @@ class Partitioner {
     // Forward inputs: q, k, v, [k_rope]; gradient inputs: dout, q, k, v, [k_rope], out.
     const size_t first_forward = gradient ? 1 : 0;
     const TensorId query = op.inputs[first_forward];
-    const std::map<std::string, AxisList> reference = by_name(query, layout(query));
+    const AxesByName reference = by_name(query, layout(query));
     // Keys and values cover the whole sequence. Their kv heads stay split only when the split
     // divides them evenly (each device's query heads then find their kv heads locally); with
     // fewer kv heads than shards (GQA under wide tensor parallelism) they are gathered whole,
@@ -588,7 +653,7 @@ class Partitioner {
         const bool shared_across_heads =
             output.dim_index("heads") < 0 && (output.dim_index("kv_heads") < 0 || kv_gathered);
         if (shared_across_heads) {
-          partial.insert(partial.end(), heads.begin(), heads.end());
+          partial.append(heads);
         }
       }
       const Layout computed =
@@ -669,10 +734,10 @@ class Partitioner {
 
   // Adds an op to the program in the phase of the op being partitioned (a recompute clone's
   // collectives are recompute work too).
-  int add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+  int add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
              std::vector<TensorId> outputs, OpAttrs attrs, int region) {
-    const int id =
-        out_.add_op(kind, name, std::move(inputs), std::move(outputs), std::move(attrs), region);
+    const int id = out_.add_op(kind, std::move(name), std::move(inputs), std::move(outputs),
+                               std::move(attrs), region);
     out_.mutable_op(id).phase = current_phase_;
     return id;
   }
@@ -689,7 +754,7 @@ class Partitioner {
         std::vector<PlanDim> one_hot = plan_dims(op.inputs[0]);
         const Tensor& table = global_.tensor(op.inputs[1]);
         one_hot.push_back({table.dims[0].name, {}});
-        partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])},
+        partition_einsum(op, {-1, op.inputs[1]}, {std::move(one_hot), plan_dims(op.inputs[1])},
                          {table.dims[0].name});
         return;
       }
@@ -697,7 +762,7 @@ class Partitioner {
         // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
         std::vector<PlanDim> one_hot = plan_dims(op.inputs[1]);
         one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
-        partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])},
+        partition_einsum(op, {-1, op.inputs[0]}, {std::move(one_hot), plan_dims(op.inputs[0])},
                          {"batch", "length"});
         return;
       }
@@ -718,8 +783,7 @@ class Partitioner {
           AxisList token_axes;
           for (size_t dim = 0; dim < logits.dims.size(); ++dim) {
             if (logits.dims[dim].name != "vocab") {
-              token_axes.insert(token_axes.end(), layout(op.inputs[0])[dim].begin(),
-                                layout(op.inputs[0])[dim].end());
+              token_axes.append(layout(op.inputs[0])[dim]);
             }
           }
           if (!token_axes.empty()) {
@@ -760,7 +824,8 @@ class Partitioner {
   Graph extra_;  // global descriptions of tensors the partitioner invents (statistics)
   std::vector<Layout> layouts_;
   std::vector<TensorId> local_;
-  std::map<std::string, TensorId> alternates_;  // "global#layout" -> local tensor, per region
+  std::map<std::pair<TensorId, Layout>, TensorId> alternates_;  // (global, layout) -> local,
+                                                                // per region
   std::vector<PaddingNote> padding_;
   Phase current_phase_ = Phase::kForward;
 };

@@ -53,8 +53,8 @@ class BackwardBuilder {
       incoming = differentiate_region(*it, incoming, step);
     }
     build_optimizer(step);
-    step.parameter_grads = parameter_grads_;
-    step.saved = saved_;
+    step.parameter_grads = std::move(parameter_grads_);
+    step.saved = std::move(saved_);
     step.graph = std::move(graph_);
     step.forward_info = std::move(forward_);
     step.forward_info.graph = Graph();
@@ -130,7 +130,8 @@ class BackwardBuilder {
 
   // The forward tensor `id` as the backward region `region` can read it.
   TensorId available(TensorId id, int region) {
-    const Tensor tensor = graph_.tensor(id);  // a copy: add_tensor may move the storage
+    // The graph keeps tensors in a deque: adding tensors below leaves this reference valid.
+    const Tensor& tensor = graph_.tensor(id);
     if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
       return id;
     }
@@ -171,7 +172,7 @@ class BackwardBuilder {
     if (producer < 0) {
       throw std::logic_error("cannot recompute '" + graph_.tensor(id).name + "': no producer");
     }
-    const Op op = graph_.ops()[static_cast<size_t>(producer)];
+    const Op& op = graph_.ops()[static_cast<size_t>(producer)];  // stays valid (a deque)
     std::vector<TensorId> inputs;
     for (const TensorId input : op.inputs) {
       inputs.push_back(available(input, region));
@@ -374,14 +375,15 @@ class BackwardBuilder {
       // d loss / d loss = 1: cross_entropy_grad produces the logits gradient directly.
       grads_[output] = output;
     }
-    std::vector<Op> ops;
+    // The graph keeps ops in a deque: the ops emitted below leave these pointers valid.
+    std::vector<const Op*> ops;
     for (const Op& op : graph_.ops()) {
       if (op.region == region) {
-        ops.push_back(op);
+        ops.push_back(&op);
       }
     }
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-      emit_vjp(*it, backward);
+      emit_vjp(**it, backward);
     }
     if (input < 0) {
       return -1;
@@ -395,8 +397,10 @@ class BackwardBuilder {
 
   void build_optimizer(TrainingStep& step) {
     std::map<int, int> optimizer_region_for;
-    const std::vector<Tensor> parameters(graph_.tensors().begin(), graph_.tensors().end());
-    for (const Tensor& parameter : parameters) {
+    // The tensors before the optimizer's own (a deque: references stay valid as it grows).
+    const size_t tensors = graph_.tensors().size();
+    for (size_t index = 0; index < tensors; ++index) {
+      const Tensor& parameter = graph_.tensors()[index];
       if (parameter.kind != TensorKind::kParameter) {
         continue;
       }

@@ -14,27 +14,27 @@ int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int 
   return static_cast<int>(regions_.size()) - 1;
 }
 
-TensorId Graph::add_tensor(const std::string& name, std::vector<Dim> dims, DType dtype,
-                           TensorKind kind, int region, const std::string& remat_name) {
+TensorId Graph::add_tensor(std::string name, std::vector<Dim> dims, DType dtype, TensorKind kind,
+                           int region, std::string remat_name) {
   Tensor tensor;
   tensor.id = static_cast<TensorId>(tensors_.size());
-  tensor.name = name;
+  tensor.name = std::move(name);
   tensor.dims = std::move(dims);
   tensor.dtype = dtype;
   tensor.kind = kind;
   tensor.region = region;
-  tensor.remat_name = remat_name;
+  tensor.remat_name = std::move(remat_name);
   tensors_.push_back(std::move(tensor));
   producer_.push_back(-1);
   return tensors_.back().id;
 }
 
-int Graph::add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
                   std::vector<TensorId> outputs, OpAttrs attrs, int region) {
   Op op;
   op.id = static_cast<int>(ops_.size());
   op.kind = kind;
-  op.name = name;
+  op.name = std::move(name);
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
   op.attrs = std::move(attrs);

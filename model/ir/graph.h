@@ -42,11 +42,11 @@ class Graph {
   int add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region = -1,
                  bool shared_parameters = false);
 
-  TensorId add_tensor(const std::string& name, std::vector<Dim> dims, DType dtype, TensorKind kind,
-                      int region, const std::string& remat_name = "");
+  TensorId add_tensor(std::string name, std::vector<Dim> dims, DType dtype, TensorKind kind,
+                      int region, std::string remat_name = "");
 
   // Adds an op; its phase is the region's. Returns the op id.
-  int add_op(OpKind kind, const std::string& name, std::vector<TensorId> inputs,
+  int add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
              std::vector<TensorId> outputs, OpAttrs attrs, int region);
 
   const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }

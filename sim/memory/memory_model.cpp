@@ -1,8 +1,8 @@
 #include "sim/memory/memory_model.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace tpusim {
@@ -21,9 +21,24 @@ class MemoryModel {
  public:
   explicit MemoryModel(const StepProgram& program)
       : program_(program), graph_(program.program.graph) {
-    for (const Graph::Carry& carry : graph_.carries()) {
-      carry_out_.insert(carry.from);  // read when the next region (or iteration) starts
+    const size_t tensors = graph_.tensors().size();
+    bytes_.reserve(tensors);
+    for (const Tensor& tensor : graph_.tensors()) {
+      bytes_.push_back(static_cast<double>(tensor.bytes()));
     }
+    carry_out_.assign(tensors, false);
+    for (const Graph::Carry& carry : graph_.carries()) {
+      // read when the next region (or iteration) starts
+      carry_out_[static_cast<size_t>(carry.from)] = true;
+    }
+    region_ops_.resize(graph_.regions().size());
+    for (const Op& op : graph_.ops()) {
+      region_ops_[static_cast<size_t>(op.region)].push_back(&op);
+    }
+    cache_.resize(graph_.regions().size());
+    last_use_.assign(tensors, kNoOp);
+    live_.assign(tensors, Liveness::kDead);
+    dies_after_.assign(tensors, kNoOp);
   }
 
   MemoryEstimate run() {
@@ -38,7 +53,7 @@ class MemoryModel {
       // Parameters (and their moments) exist once per iteration of a scanned layer region, once
       // in all for a region whose iterations share them.
       const double repeat = owner.shared_parameters ? 1.0 : static_cast<double>(owner.repeat);
-      const auto bytes = static_cast<double>(tensor.bytes());
+      const double bytes = bytes_[static_cast<size_t>(tensor.id)];
       switch (category_[static_cast<size_t>(tensor.id)]) {
         case Category::kWeight:
           persistent.weights += bytes * repeat;
@@ -129,13 +144,15 @@ class MemoryModel {
   void classify() {
     const size_t count = graph_.tensors().size();
     category_.assign(count, Category::kTemporary);
-    std::set<TensorId> final_grads;
+    std::vector<bool> final_grads(count, false);
     for (const auto& [parameter, grad] : program_.step->parameter_grads) {
-      final_grads.insert(program_.program.local_of_global[static_cast<size_t>(grad)]);
+      final_grads[static_cast<size_t>(
+          program_.program.local_of_global[static_cast<size_t>(grad)])] = true;
     }
-    std::map<TensorId, RematDecision> saved;
+    std::vector<std::optional<RematDecision>> saved(count);
     for (const auto& [global, decision] : program_.step->saved) {
-      saved[program_.program.local_of_global[static_cast<size_t>(global)]] = decision;
+      saved[static_cast<size_t>(program_.program.local_of_global[static_cast<size_t>(global)])] =
+          decision;
     }
     for (const Tensor& tensor : graph_.tensors()) {
       const auto id = static_cast<size_t>(tensor.id);
@@ -147,11 +164,11 @@ class MemoryModel {
         category_[id] = Category::kOptimizer;
       } else if (phase == Phase::kOptimizer) {
         category_[id] = Category::kIgnored;  // updates are written in place (donated buffers)
-      } else if (final_grads.contains(tensor.id)) {
+      } else if (final_grads[id]) {
         category_[id] = Category::kGradient;
-      } else if (const auto found = saved.find(tensor.id); found != saved.end()) {
+      } else if (saved[id].has_value()) {
         category_[id] =
-            found->second == RematDecision::kOffload ? Category::kOffloaded : Category::kSaved;
+            *saved[id] == RematDecision::kOffload ? Category::kOffloaded : Category::kSaved;
       } else if (tensor.kind == TensorKind::kInput) {
         category_[id] = Category::kSaved;  // the batch stays for the whole step
       }
@@ -178,71 +195,94 @@ class MemoryModel {
            graph_.tensor(op.inputs[0]).kind == TensorKind::kParameter;
   }
 
-  // Peak temporaries of one iteration of `region`, by a linear scan of its ops.
+  // Peak temporaries of one iteration of `region`, by a linear scan of its ops: a temporary is
+  // live from the op that first touches it to the last op that reads it (an output nobody reads
+  // dies at once, unless it is carried to the next region or iteration).
   RegionTemporaries temporaries_of(int region) {
-    if (const auto found = cache_.find(region); found != cache_.end()) {
-      return found->second;
+    std::optional<RegionTemporaries>& cached = cache_[static_cast<size_t>(region)];
+    if (cached.has_value()) {
+      return *cached;
     }
-    std::vector<const Op*> ops;
-    for (const Op& op : graph_.ops()) {
-      if (op.region == region) {
-        ops.push_back(&op);
-      }
-    }
-    std::map<TensorId, size_t> last_use;
+    const std::vector<const Op*>& ops = region_ops_[static_cast<size_t>(region)];
     for (size_t index = 0; index < ops.size(); ++index) {
       for (const TensorId input : ops[index]->inputs) {
-        last_use[input] = index;
+        last_use_[static_cast<size_t>(input)] = static_cast<int>(index);
       }
     }
-    std::map<TensorId, bool> live;  // temporary -> is a gathered weight
+    std::vector<TensorId> live;  // live temporaries, in the order they became live
+    std::vector<TensorId> dead;
     RegionTemporaries current;
     RegionTemporaries peak;
-    auto add = [&](TensorId id, bool gathered) {
-      if (category_[static_cast<size_t>(id)] != Category::kTemporary || live.contains(id)) {
+    auto add = [&](TensorId id, bool gathered, int index) {
+      const auto slot = static_cast<size_t>(id);
+      if (category_[slot] != Category::kTemporary || live_[slot] != Liveness::kDead) {
         return;
       }
-      live[id] = gathered;
-      (gathered ? current.gathered : current.other) +=
-          static_cast<double>(graph_.tensor(id).bytes());
+      live_[slot] = gathered ? Liveness::kGathered : Liveness::kOther;
+      live.push_back(id);
+      const int last_use = last_use_[slot];
+      dies_after_[slot] = last_use != kNoOp  ? std::max(index, last_use)
+                          : carry_out_[slot] ? kNoOp
+                                             : index;
+      (gathered ? current.gathered : current.other) += bytes_[slot];
     };
-    for (size_t index = 0; index < ops.size(); ++index) {
-      const Op& op = *ops[index];
+    for (size_t position = 0; position < ops.size(); ++position) {
+      const Op& op = *ops[position];
+      const auto index = static_cast<int>(position);
       for (const TensorId input : op.inputs) {
-        add(input, false);  // produced elsewhere (carry, reload): live from the region start
+        add(input, false, index);  // produced elsewhere (carry, reload): live from the region start
       }
       const bool gathers_weight = op.kind == OpKind::kAllGather && is_weight_source(op.inputs[0]);
       for (const TensorId output : op.outputs) {
-        add(output, gathers_weight);
+        add(output, gathers_weight, index);
       }
       if (current.total() > peak.total()) {
         peak = current;
       }
-      // Free what this op read for the last time (and outputs nobody reads).
-      std::vector<TensorId> dead;
-      for (const auto& [id, gathered] : live) {
-        const auto use = last_use.find(id);
-        const bool unused_output = use == last_use.end();
-        if ((use != last_use.end() && use->second <= index) ||
-            (unused_output && !carry_out_.contains(id))) {
+      // Free what this op read for the last time (and outputs nobody reads), by tensor id.
+      dead.clear();
+      for (const TensorId id : live) {
+        if (dies_after_[static_cast<size_t>(id)] == index) {
           dead.push_back(id);
         }
       }
+      std::sort(dead.begin(), dead.end());
       for (const TensorId id : dead) {
-        (live[id] ? current.gathered : current.other) -=
-            static_cast<double>(graph_.tensor(id).bytes());
-        live.erase(id);
+        const auto slot = static_cast<size_t>(id);
+        (live_[slot] == Liveness::kGathered ? current.gathered : current.other) -= bytes_[slot];
+        live_[slot] = Liveness::kDead;
+      }
+      std::erase_if(
+          live, [this](TensorId id) { return live_[static_cast<size_t>(id)] == Liveness::kDead; });
+    }
+    // Leave the per-tensor scratch clean for the next region.
+    for (const Op* op : ops) {
+      for (const TensorId input : op->inputs) {
+        last_use_[static_cast<size_t>(input)] = kNoOp;
       }
     }
-    cache_[region] = peak;
+    for (const TensorId id : live) {
+      live_[static_cast<size_t>(id)] = Liveness::kDead;
+    }
+    cached = peak;
     return peak;
   }
 
+  static constexpr int kNoOp = -1;
+  enum class Liveness : uint8_t { kDead, kOther, kGathered };
+
   const StepProgram& program_;
   const Graph& graph_;
-  std::vector<Category> category_;
-  std::map<int, RegionTemporaries> cache_;
-  std::set<TensorId> carry_out_;
+  std::vector<double> bytes_;                            // by tensor id
+  std::vector<Category> category_;                       // by tensor id
+  std::vector<bool> carry_out_;                          // by tensor id
+  std::vector<std::vector<const Op*>> region_ops_;       // by region, in program order
+  std::vector<std::optional<RegionTemporaries>> cache_;  // by region
+  // Scratch of temporaries_of, by tensor id: the last op of the region reading it, whether it
+  // is live (and as what), and the op after which it dies.
+  std::vector<int> last_use_;
+  std::vector<Liveness> live_;
+  std::vector<int> dies_after_;
 };
 
 }  // namespace

@@ -31,6 +31,23 @@ TEST(Config, EmbeddedBaseLoadsWithMaxTextDefaults) {
   EXPECT_EQ(config.origin("base_emb_dim"), "configs/base.yml");
 }
 
+// get_int reads the stored decimal text directly; it must agree with yaml-cpp's conversion for
+// every way an int can be written.
+TEST(Config, IntsReadAsYamlConvertsThem) {
+  Config config = Config::load("", {});
+  for (const char* text : {"0", "-0", "7", "-1", "007", "+5", "4096", "-9223372036854775808",
+                           "9223372036854775807", "1e3"}) {
+    try {
+      config.set("base_emb_dim", text, "test");
+    } catch (const UserError&) {
+      continue;  // not an integer (1e3)
+    }
+    EXPECT_EQ(config.get_int("base_emb_dim"), config.get_node("base_emb_dim").as<int64_t>())
+        << text;
+  }
+  EXPECT_EQ(config.get_int("base_emb_dim"), 9223372036854775807);
+}
+
 TEST(Config, LoadingOrderBaseThenPresetThenCommandLine) {
   const Config config = Config::load(
       "", {"model_name=llama3.1-70b", "per_device_batch_size=4", "remat_policy=minimal"});
