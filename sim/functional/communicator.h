@@ -38,6 +38,7 @@
 #include "model/ir/graph.h"
 #include "sharding/mesh.h"
 #include "sim/functional/device_context.h"
+#include "sim/functional/execution_slots.h"
 #include "sim/functional/tensor_data.h"
 
 namespace tpusim {
@@ -57,6 +58,28 @@ class Communicator {
 
   // Devices this communicator connects (the product of the mesh axis sizes).
   virtual int num_devices() const = 0;
+
+  // The slots that bound how many devices compute at once (execution_slots.h): a device's thread
+  // holds one when it calls run(), and run() gives it back while it waits for other devices.
+  // nullptr (the default): no bound. Set before any run().
+  void set_execution_slots(ExecutionSlots* slots) { slots_ = slots; }
+
+ protected:
+  // Transports call these around every wait for other devices: leave_slot() before waiting,
+  // reenter_slot() after, never while holding a lock another device needs to make progress.
+  void leave_slot() const {
+    if (slots_ != nullptr) {
+      slots_->release();
+    }
+  }
+  void reenter_slot() const {
+    if (slots_ != nullptr) {
+      slots_->acquire();
+    }
+  }
+
+ private:
+  ExecutionSlots* slots_ = nullptr;
 };
 
 // The devices of `device`'s group over `mesh_axes`: those sharing all of its coordinates except on

@@ -76,7 +76,11 @@ ShardedModel::ShardedModel(const Config& config) : program_(build_step_program(c
                     " devices; tpusim train simulates at most " +
                     std::to_string(kMaxSimulatedDevices) + " on one machine");
   }
-  communicator_ = std::make_unique<InProcessCommunicator>(sizes);
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(config.get_float("collective_timeout_seconds") * 1000)));
+  communicator_ = std::make_unique<InProcessCommunicator>(sizes, timeout);
+  slots_ = std::make_unique<ExecutionSlots>(resolve_num_threads(config.get_int("num_threads")));
+  communicator_->set_execution_slots(slots_.get());
   const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
   for (int device = 0; device < devices; ++device) {
     DeviceContext context = InProcessCommunicator::context_for(device, sizes);
@@ -95,6 +99,7 @@ void ShardedModel::on_every_device(const Work& work) {
   for (size_t device = 0; device < executors_.size(); ++device) {
     threads.emplace_back([&, device] {
       try {
+        const ExecutionSlots::Hold hold(*slots_);  // collectives give it back while they wait
         work(*executors_[device], static_cast<int>(device));
       } catch (...) {
         errors[device] = std::current_exception();

@@ -1,8 +1,9 @@
 // sim/train/trainer.h: `tpusim train`, the real sharded training loop on simulated devices.
 //
-// Every device of the slice is an Executor running the per-device program in its own thread;
-// collectives meet in an InProcessCommunicator (fixed reduction order, so results are bitwise
-// identical whatever the scheduling). A step: each device computes gradients on its shard of the
+// Every device of the slice is an Executor running the per-device program in its own thread, at
+// most num_threads of them computing at once (execution_slots.h); collectives meet in an
+// InProcessCommunicator (fixed reduction order, so results are bitwise identical whatever the
+// thread count or the scheduling). A step: each device computes gradients on its shard of the
 // global batch (MaxText's microbatching), the global gradient norm is clipped
 // (gradient_clipping_threshold), then every device applies AdamW to its shard with the learning
 // rate of the schedule (linear warm-up over warmup_steps_fraction, cosine decay to
@@ -26,6 +27,7 @@
 
 #include "model/config.h"
 #include "sharding/step_program.h"
+#include "sim/functional/execution_slots.h"
 #include "sim/functional/executor.h"
 #include "sim/functional/in_process_communicator.h"
 #include "sim/train/checkpoint.h"
@@ -84,6 +86,7 @@ class ShardedModel {
   void on_every_device(const Work& work);
 
   StepProgram program_;
+  std::unique_ptr<ExecutionSlots> slots_;
   std::unique_ptr<InProcessCommunicator> communicator_;
   std::vector<std::unique_ptr<Executor>> executors_;
 };
