@@ -129,6 +129,12 @@ struct Messages {
   std::vector<std::vector<float>> receive;
 };
 
+void check(int code, const std::string& what) {
+  if (code != MPI_SUCCESS) {
+    throw std::runtime_error(what + ": MPI error " + std::to_string(code) + " posting a message");
+  }
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MpiTransport& transport,
@@ -445,8 +451,9 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
       if (peer != rank_ && !in.empty()) {
         requests.push_back(MPI_REQUEST_NULL);
         peers.push_back(peer);
-        MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, peer, message_tag,
-                  transport_.collective_comm(), &requests.back());
+        check(MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, peer, message_tag,
+                        transport_.collective_comm(), &requests.back()),
+              meeting.what);
       }
     }
     for (size_t index = 0; index < meeting.ranks.size(); ++index) {
@@ -455,8 +462,9 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
       if (peer != rank_ && !out.empty()) {
         requests.push_back(MPI_REQUEST_NULL);
         peers.push_back(peer);
-        MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, peer, message_tag,
-                  transport_.collective_comm(), &requests.back());
+        check(MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, peer, message_tag,
+                        transport_.collective_comm(), &requests.back()),
+              meeting.what);
         bytes += static_cast<double>(out.size() * sizeof(float));
         ++sent;
       }
@@ -537,8 +545,9 @@ void MpiCommunicator::all_reduce_by_chunks(const Graph& graph, const Op& op, Mee
       if (index != mine && !in.empty()) {
         requests.push_back(MPI_REQUEST_NULL);
         peers.push_back(meeting.ranks[index]);
-        MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, meeting.ranks[index],
-                  message_tag, transport_.collective_comm(), &requests.back());
+        check(MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, meeting.ranks[index],
+                        message_tag, transport_.collective_comm(), &requests.back()),
+              meeting.what);
       }
     }
     for (size_t index = 0; index < meeting.ranks.size(); ++index) {
@@ -546,8 +555,9 @@ void MpiCommunicator::all_reduce_by_chunks(const Graph& graph, const Op& op, Mee
       if (index != mine && !out.empty()) {
         requests.push_back(MPI_REQUEST_NULL);
         peers.push_back(meeting.ranks[index]);
-        MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, meeting.ranks[index],
-                  message_tag, transport_.collective_comm(), &requests.back());
+        check(MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, meeting.ranks[index],
+                        message_tag, transport_.collective_comm(), &requests.back()),
+              meeting.what);
         bytes += static_cast<double>(out.size() * sizeof(float));
         ++sent;
       }

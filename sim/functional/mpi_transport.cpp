@@ -85,7 +85,8 @@ extern "C" void report_sigterm(int signal_number) {
   write_all(start, std::strlen(start));
   char digits[16];
   write_all(digits, format_int(g_rank, digits));
-  const char* stopped = ": stopped by SIGTERM (mpirun ends the job when a rank fails)";
+  const char* stopped =
+      ": stopped by SIGTERM (mpirun ends the job when a rank fails or it is interrupted)";
   write_all(stopped, std::strlen(stopped));
   bool any = false;
   for (size_t index = 0; index < g_wait_notes.size(); ++index) {

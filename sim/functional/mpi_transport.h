@@ -12,12 +12,13 @@
 // Failures end every rank within a bounded time, with a message naming the rank and what it was
 // waiting for:
 //   - a wait that outlives collective_timeout_seconds throws std::runtime_error "rank R:
-//     collective all-reduce 'x' (op 12, call 3) timed out after 60 s waiting for rank(s) 1"; the
+//     collective all_reduce 'x' (op 12, call 3) timed out after 60 s waiting for rank(s) 1"; the
 //     train command passes it to abort_run(), which prints it and calls MPI_Abort, and mpirun
 //     then ends the other ranks;
 //   - when a rank dies, mpirun's default is to end the job at once with SIGTERM: each surviving
 //     rank's handler prints what it was waiting for ("tpusim: rank 0: stopped by SIGTERM (mpirun
-//     ends the job when a rank fails) while waiting in collective ... for rank(s) 1") and exits.
+//     ends the job when a rank fails or it is interrupted) while waiting in collective ... for
+//     rank(s) 1") and exits.
 //     With `mpirun --mca orte_abort_on_non_zero_status 0` the survivors time out as above instead.
 //
 // Test hook: environment TPUSIM_FAULT_KILL_RANK=r and TPUSIM_FAULT_AT_STEP=s make rank r stall
