@@ -395,7 +395,7 @@ std::string MpiTransport::broadcast_from_root(const std::string& bytes) {
 void MpiTransport::at_step(int64_t step) {
   if (kill_rank_ == rank_ && kill_step_ == step) {
     // Stall first, so that the other ranks are waiting in a collective with this one when it dies.
-    constexpr auto kStall = std::chrono::seconds(1);
+    constexpr auto kStall = std::chrono::seconds(2);
     std::cerr << "tpusim: rank " << rank_ << ": TPUSIM_FAULT_KILL_RANK: stalls at step " << step
               << ", then kills itself (test hook)" << std::endl;
     std::this_thread::sleep_for(kStall);

@@ -22,8 +22,8 @@
 //     With `mpirun --mca orte_abort_on_non_zero_status 0` the survivors time out as above instead.
 //
 // Test hook: environment TPUSIM_FAULT_KILL_RANK=r and TPUSIM_FAULT_AT_STEP=s make rank r stall
-// for a second at the start of training step s (the other ranks meanwhile block in a collective
-// with it), then kill itself with SIGKILL.
+// for two seconds at the start of training step s (the other ranks meanwhile block in a
+// collective with it), then kill itself with SIGKILL.
 //
 // Example (the train command):
 //   if (MpiTransport::launched_by_mpirun()) {
