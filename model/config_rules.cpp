@@ -116,6 +116,7 @@ const std::vector<RangeRule>& range_rules() {
       {"hbm_headroom_fraction", 0, 1, false},
       {"collectives_in_flight_per_type", 1, 1024, false},
       {"num_threads", 0, 4096, false},
+      {"collective_timeout_seconds", 0, 1e6, true},
       {"sa_block_q", 1, kMaxSequence, false},
       {"sa_block_kv", 1, kMaxSequence, false},
   };

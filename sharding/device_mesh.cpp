@@ -1,6 +1,7 @@
 #include "sharding/device_mesh.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <numeric>
 
@@ -152,6 +153,60 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice) {
     }
   }
   return mesh;
+}
+
+std::vector<int> physical_devices_of_mesh(const DeviceMesh& mesh, const Slice& slice) {
+  // Replay the placement order (innermost mesh axis first) to find each portion's stride on its
+  // physical axis: earlier portions of the same physical axis are faster.
+  struct Stride {
+    int physical_axis = 0;
+    int size = 1;
+    int stride = 1;
+  };
+  std::vector<std::vector<Stride>> strides(kNumMeshAxes);
+  // Positions on the physical axes: [0] the chiplet, [1 + d] torus axis d.
+  const auto slot = [](int physical_axis) {
+    return physical_axis == kChipletAxis ? size_t{0} : static_cast<size_t>(physical_axis) + 1;
+  };
+  std::vector<int> taken(slice.shape.size() + 1, 1);
+  for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+    for (const PhysicalPortion& portion : mesh.axes[static_cast<size_t>(axis)].portions) {
+      int& used = taken[slot(portion.physical_axis)];
+      strides[static_cast<size_t>(axis)].push_back({portion.physical_axis, portion.size, used});
+      used *= portion.size;
+    }
+  }
+  const int devices = mesh.shape.num_devices();
+  std::vector<int> physical(static_cast<size_t>(devices));
+  for (int device = 0; device < devices; ++device) {
+    // Mesh coordinates, row-major with axis 0 major.
+    std::array<int, kNumMeshAxes> coordinate{};
+    int rest = device;
+    for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+      coordinate[static_cast<size_t>(axis)] = rest % mesh.shape.size(axis);
+      rest /= mesh.shape.size(axis);
+    }
+    std::vector<int> position(slice.shape.size() + 1, 0);
+    int slice_index = 0;
+    for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+      const int ici = mesh.shape.ici[static_cast<size_t>(axis)];
+      const int dcn = mesh.shape.dcn[static_cast<size_t>(axis)];
+      const int value = coordinate[static_cast<size_t>(axis)];
+      slice_index = slice_index * dcn + value / ici;
+      int ici_value = value % ici;
+      for (const Stride& portion : strides[static_cast<size_t>(axis)]) {
+        position[slot(portion.physical_axis)] += ici_value % portion.size * portion.stride;
+        ici_value /= portion.size;
+      }
+    }
+    int chip = 0;
+    for (size_t dim = slice.shape.size(); dim-- > 0;) {
+      chip = chip * slice.shape[dim] + position[dim + 1];
+    }
+    physical[static_cast<size_t>(device)] =
+        (slice_index * slice.chips + chip) * slice.devices_per_chip + position[0];
+  }
+  return physical;
 }
 
 }  // namespace tpusim

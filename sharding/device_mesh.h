@@ -51,4 +51,15 @@ struct DeviceMesh {
 
 DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice);
 
+// Where each device of the mesh sits on the hardware: for every mesh device index (row-major over
+// the mesh coordinates, axis 0 major: the functional engine's device numbering), the physical
+// device index in the Topology's order (slice, then chip row-major with the first torus axis
+// fastest, then chiplet), which is also host order (a host owns consecutive chips). An axis's ICI
+// coordinate runs over its portions minor first; a physical axis shared by several mesh axes gives
+// the inner mesh axis (placed first) the fastest positions; the DCN part of an axis is its major
+// part and picks the slice.
+// Example (v5e-8 = 2x4, data=2 fsdp=2 tensor=2): tensor -> x, fsdp and data -> y (fsdp inner), so
+// mesh device (data, fsdp, tensor) is physical chip tensor + 2 * (fsdp + 2 * data), the identity.
+std::vector<int> physical_devices_of_mesh(const DeviceMesh& mesh, const Slice& slice);
+
 }  // namespace tpusim

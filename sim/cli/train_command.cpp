@@ -2,15 +2,51 @@
 // the simulated devices of compile_topology (each holding only its shards), with MaxText's keys
 // (steps, dataset_type/dataset_path, learning_rate schedule, gradient_accumulation_steps,
 // metrics_file, eval_interval). Exit 0 on success, 2 on bad input.
+//
+// Under `mpirun -np R` (built with TPUSIM_WITH_MPI) the devices are spread over the R ranks
+// (mpi_transport.h); any failure on a rank ends the whole job: exit 2 for bad input, 1 otherwise,
+// or mpirun's own status when a rank dies.
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
+#include <yaml-cpp/yaml.h>
+
+#include "common/error.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/train/trainer.h"
+#ifdef TPUSIM_WITH_MPI
+#include "sim/functional/mpi_transport.h"
+#endif
 
 namespace tpusim {
+namespace {
+
+void train(const std::vector<std::string>& args, const TrainOptions& options,
+           Transport* transport) {
+  const Config config = load_command_config(args);
+  Trainer trainer(config, transport);
+  trainer.run(options, std::cerr);
+}
+
+#ifdef TPUSIM_WITH_MPI
+void train_under_mpirun(const std::vector<std::string>& args, const TrainOptions& options) {
+  MpiTransport transport;
+  try {
+    train(args, options, &transport);
+  } catch (const UserError& error) {
+    transport.abort_run(error.what(), kUserErrorExitCode);
+  } catch (const YAML::Exception& error) {
+    transport.abort_run(std::string("malformed value: ") + error.what(), kUserErrorExitCode);
+  } catch (const std::exception& error) {
+    transport.abort_run(error.what(), 1);
+  }
+}
+#endif
+
+}  // namespace
 
 void register_train_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
@@ -28,13 +64,24 @@ void register_train_command(CLI::App& app) {
                       "After the first step, write the weights before and after it, the "
                       "gradients and the batch to this directory (for reference comparisons)");
   command->callback([args, verify, quiet, dump] {
-    const Config config = load_command_config(*args);
-    Trainer trainer(config);
     TrainOptions options;
     options.verify = *verify;
     options.progress = !*quiet;
     options.dump_directory = *dump;
-    trainer.run(options, std::cerr);
+#ifdef TPUSIM_WITH_MPI
+    if (MpiTransport::launched_by_mpirun()) {
+      train_under_mpirun(*args, options);
+      return;
+    }
+#else
+    const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (ranks != nullptr && std::atoi(ranks) > 1) {
+      throw UserError(
+          "this tpusim was built without MPI (TPUSIM_WITH_MPI=OFF or OpenMPI not found): under "
+          "mpirun every rank would run the whole job; run tpusim train without mpirun");
+    }
+#endif
+    train(*args, options, nullptr);
   });
 }
 

@@ -315,29 +315,10 @@ void reduce_collective(const Op& op, const Layouts& layouts,
                      std::memcpy(target + out_flat, source + in_flat,
                                  static_cast<size_t>(count) * sizeof(float));
                    });
-    } else if (!log_sum_exp) {
-      for_each_row(valid, layouts.output_strides, layouts.input_strides, shifts[member],
-                   [&](int64_t out_flat, int64_t in_flat, int64_t count) {
-                     float* out = target + out_flat;
-                     const float* in = source + in_flat;
-                     for (int64_t index = 0; index < count; ++index) {
-                       out[index] += in[index];
-                     }
-                   });
     } else {
       for_each_row(valid, layouts.output_strides, layouts.input_strides, shifts[member],
-                   [&](int64_t out_flat, int64_t in_flat, int64_t /*count == 3*/) {
-                     float* out = target + out_flat;
-                     const float* in = source + in_flat;
-                     const float m1 = out[0];
-                     const float m2 = in[0];
-                     const float m = std::max(m1, m2);
-                     // Equal maxima (also both -inf) weigh 1: exp(-inf - -inf) would be NaN.
-                     const float w1 = m1 == m ? 1.0f : std::exp(m1 - m);
-                     const float w2 = m2 == m ? 1.0f : std::exp(m2 - m);
-                     out[0] = m;
-                     out[1] = out[1] * w1 + in[1] * w2;
-                     out[2] = out[2] + in[2];
+                   [&](int64_t out_flat, int64_t in_flat, int64_t count) {
+                     reduce_into(op.attrs.reduce, target + out_flat, source + in_flat, count);
                    });
     }
   }
@@ -429,6 +410,82 @@ void combine_collective(const Graph& graph, const Op& op,
     default:
       fail(op, "not a collective");
   }
+}
+
+int64_t LocalBox::volume() const {
+  int64_t count = 1;
+  for (size_t dim = 0; dim < lo.size(); ++dim) {
+    count *= std::max<int64_t>(hi[dim] - lo[dim], 0);
+  }
+  return count;
+}
+
+LocalBox input_region_read(const Graph& graph, const Op& op, const DeviceContext& member,
+                           const DeviceContext& reader) {
+  const Layouts layouts = make_layouts(graph, op, reader);
+  std::vector<int64_t> shift;
+  const std::vector<Interval> box = member_box(layouts, member, shift);
+  LocalBox region;
+  bool empty = false;
+  for (size_t dim = 0; dim < box.size(); ++dim) {
+    empty = empty || box[dim].empty();
+    region.lo.push_back(box[dim].lo + shift[dim]);
+    region.hi.push_back(box[dim].hi + shift[dim]);
+  }
+  if (empty) {
+    for (size_t dim = 0; dim < box.size(); ++dim) {
+      region.hi[dim] = region.lo[dim];
+    }
+  }
+  return region;
+}
+
+void reduce_into(ReduceOp reduce, float* accumulator, const float* values, int64_t count) {
+  if (reduce != ReduceOp::kLogSumExp) {
+    for (int64_t index = 0; index < count; ++index) {
+      accumulator[index] += values[index];
+    }
+    return;
+  }
+  for (int64_t index = 0; index + 3 <= count; index += 3) {
+    float* out = accumulator + index;
+    const float* in = values + index;
+    const float m1 = out[0];
+    const float m2 = in[0];
+    const float m = std::max(m1, m2);
+    // Equal maxima (also both -inf) weigh 1: exp(-inf - -inf) would be NaN.
+    const float w1 = m1 == m ? 1.0f : std::exp(m1 - m);
+    const float w2 = m2 == m ? 1.0f : std::exp(m2 - m);
+    out[0] = m;
+    out[1] = out[1] * w1 + in[1] * w2;
+    out[2] = out[2] + in[2];
+  }
+}
+
+void zero_output_padding(const Graph& graph, const Op& op, const DeviceContext& self,
+                         TensorData& output) {
+  const Layouts layouts = make_layouts(graph, op, self);
+  const size_t rank = layouts.valid.size();
+  bool padded = false;
+  for (size_t dim = 0; dim < rank; ++dim) {
+    padded = padded || layouts.valid[dim] < layouts.output_shape[dim];
+  }
+  if (!padded) {
+    return;
+  }
+  // Keep the valid box, zero the rest.
+  std::vector<float> kept(output.values.size(), 0.0f);
+  std::vector<Interval> valid(rank);
+  for (size_t dim = 0; dim < rank; ++dim) {
+    valid[dim] = {0, layouts.valid[dim]};
+  }
+  const std::vector<int64_t> no_shift(rank, 0);
+  for_each_row(valid, layouts.output_strides, layouts.output_strides, no_shift,
+               [&](int64_t out_flat, int64_t in_flat, int64_t count) {
+                 std::memcpy(kept.data() + out_flat, output.values.data() + in_flat,
+                             static_cast<size_t>(count) * sizeof(float));
+               });
+  output.values = std::move(kept);
 }
 
 }  // namespace tpusim

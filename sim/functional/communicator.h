@@ -31,6 +31,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,9 +39,22 @@
 #include "model/ir/graph.h"
 #include "sharding/mesh.h"
 #include "sim/functional/device_context.h"
+#include "sim/functional/execution_slots.h"
 #include "sim/functional/tensor_data.h"
 
 namespace tpusim {
+
+// What a transport moved between processes for collectives, cumulative for this process.
+struct CrossProcessTraffic {
+  double bytes_sent = 0;  // payload this process sent (values travel as fp32)
+  int64_t messages = 0;
+  // The network model's traffic (sim/perf/collective_cost.h: (N-1)/N x V per device for
+  // all-gather, reduce-scatter and all-to-all, 2 (N-1)/N x V for all-reduce, V for a permute) of
+  // the collectives whose group spans processes, summed over this process's members: with V in
+  // the IR's dtypes (what `tpusim program` prints), and with fp32 elements as the engine moves.
+  double model_bytes = 0;
+  double model_bytes_f32 = 0;
+};
 
 class Communicator {
  public:
@@ -57,6 +71,31 @@ class Communicator {
 
   // Devices this communicator connects (the product of the mesh axis sizes).
   virtual int num_devices() const = 0;
+
+  // Traffic between processes so far (zero for a transport within one process).
+  virtual CrossProcessTraffic traffic() const { return {}; }
+
+  // The slots that bound how many devices compute at once (execution_slots.h): a device's thread
+  // holds one when it calls run(), and run() gives it back while it waits for other devices.
+  // nullptr (the default): no bound. Set before any run().
+  void set_execution_slots(ExecutionSlots* slots) { slots_ = slots; }
+
+ protected:
+  // Transports call these around every wait for other devices: leave_slot() before waiting,
+  // reenter_slot() after, never while holding a lock another device needs to make progress.
+  void leave_slot() const {
+    if (slots_ != nullptr) {
+      slots_->release();
+    }
+  }
+  void reenter_slot() const {
+    if (slots_ != nullptr) {
+      slots_->acquire();
+    }
+  }
+
+ private:
+  ExecutionSlots* slots_ = nullptr;
 };
 
 // The devices of `device`'s group over `mesh_axes`: those sharing all of its coordinates except on
@@ -77,5 +116,31 @@ void combine_collective(const Graph& graph, const Op& op,
                         const std::vector<const DeviceContext*>& members,
                         const std::vector<const TensorData*>& member_inputs,
                         const DeviceContext& self, TensorData& output);
+
+// --- For transports that move only what each device needs (mpi_communicator.h). ---
+
+// A box of local positions of a tensor: positions [lo[d], hi[d]) on each dim d.
+struct LocalBox {
+  std::vector<int64_t> lo;
+  std::vector<int64_t> hi;
+  int64_t volume() const;  // 0 when any dim is empty; 1 for a rank-0 box
+  bool operator==(const LocalBox&) const = default;
+};
+
+// The positions of `member`'s input of collective `op` that combine_collective reads to compute
+// `reader`'s output; every other input element is never read for that output, so a transport may
+// leave it unset (volume 0: the reader needs nothing from the member).
+LocalBox input_region_read(const Graph& graph, const Op& op, const DeviceContext& member,
+                           const DeviceContext& reader);
+
+// One step of a reducing collective's fold, the very arithmetic combine_collective applies member
+// by member in group order: accumulator[i] = accumulator[i] (+) values[i] for `count` elements
+// (kSum: float addition; kLogSumExp: the triple combination above, `count` a multiple of 3).
+void reduce_into(ReduceOp reduce, float* accumulator, const float* values, int64_t count);
+
+// Zeroes the positions of `self`'s output of `op` in the padding of a dim (global index >= the
+// dim's global size), as combine_collective leaves them. `output` has the output's local shape.
+void zero_output_padding(const Graph& graph, const Op& op, const DeviceContext& self,
+                         TensorData& output);
 
 }  // namespace tpusim

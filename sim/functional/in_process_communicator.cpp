@@ -140,13 +140,12 @@ void InProcessCommunicator::run(const Graph& graph, const Op& op, const DeviceCo
   meeting->inputs[position] = &input;
   if (++meeting->arrived == size) {
     meeting->changed.notify_all();
+    lock.unlock();
   } else {
+    leave_slot();  // other devices may compute while this one waits
     const bool complete = meeting->changed.wait_until(
         lock, deadline, [&] { return meeting->arrived == size || meeting->failed; });
-    if (meeting->failed) {
-      throw std::runtime_error(meeting->error);
-    }
-    if (!complete) {
+    if (!complete && !meeting->failed) {
       std::vector<int> missing;
       for (size_t member = 0; member < size; ++member) {
         if (meeting->contexts[member] == nullptr) {
@@ -160,10 +159,14 @@ void InProcessCommunicator::run(const Graph& graph, const Op& op, const DeviceCo
                        describe_timeout(timeout_) + " for device(s) " + list(missing) +
                        " of its group {" + list(group) + "}, which never arrived";
       meeting->changed.notify_all();
-      throw std::runtime_error(meeting->error);
+    }
+    const std::string failure = meeting->failed ? meeting->error : "";
+    lock.unlock();
+    reenter_slot();  // never under the lock: slot holders may need it to arrive
+    if (!failure.empty()) {
+      throw std::runtime_error(failure);
     }
   }
-  lock.unlock();
 
   std::exception_ptr error;
   try {
@@ -177,10 +180,13 @@ void InProcessCommunicator::run(const Graph& graph, const Op& op, const DeviceCo
   if (++meeting->departed == size) {
     rendezvous_.erase(key);
     meeting->changed.notify_all();
+    lock.unlock();
   } else {
+    leave_slot();
     meeting->changed.wait(lock, [&] { return meeting->departed == size; });
+    lock.unlock();
+    reenter_slot();
   }
-  lock.unlock();
   if (error) {
     std::rethrow_exception(error);
   }

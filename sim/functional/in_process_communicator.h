@@ -10,11 +10,13 @@
 //
 // A rendezvous is identified by (op id, group leader, call count of that op on the device), so a
 // repeated region that runs the same collective op many times meets at a new rendezvous each time.
-// Requirements: every member of a group calls run() for the same op concurrently (a thread pool
-// must be able to block all members of a group at once), and each device calls its collectives in
-// the same order. A member that waits longer than `timeout` throws std::runtime_error naming the
-// op and the devices that did not arrive; the rendezvous is then marked failed, so the other
-// members (waiting or arriving later) throw too instead of hanging.
+// Requirements: every member of a group calls run() for the same op concurrently (each device on
+// its own thread: a pool of fewer workers would deadlock here), and each device calls its
+// collectives in the same order. With execution slots set (execution_slots.h), a device gives its
+// slot back while it waits at either barrier, so a single slot suffices. A member that waits
+// longer than `timeout` throws std::runtime_error naming the op and the devices that did not
+// arrive; the rendezvous is then marked failed, so the other members (waiting or arriving later)
+// throw too instead of hanging.
 //
 // Devices map to mesh coordinates row-major over the 12 mesh axes in mesh order (axis 0 major).
 //

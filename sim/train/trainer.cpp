@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "sim/functional/in_process_communicator.h"
 
 namespace tpusim {
 namespace {
@@ -20,7 +22,7 @@ namespace {
 constexpr uint64_t kDefaultSeed = 0;
 
 // Writes a device's local block into the global row-major array of its tensor.
-void place_block(const Tensor& tensor, const TensorData& local, const DeviceContext& device,
+void place_block(const Tensor& tensor, const float* local, const DeviceContext& device,
                  std::vector<float>& global) {
   int64_t total = 1;
   for (const Dim& dim : tensor.dims) {
@@ -31,7 +33,7 @@ void place_block(const Tensor& tensor, const TensorData& local, const DeviceCont
   }
   device.for_each_global_element(tensor, [&](int64_t local_flat, int64_t global_flat) {
     if (global_flat >= 0) {
-      global[static_cast<size_t>(global_flat)] = local.values[static_cast<size_t>(local_flat)];
+      global[static_cast<size_t>(global_flat)] = local[local_flat];
     }
   });
 }
@@ -64,22 +66,37 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
 
 }  // namespace
 
-ShardedModel::ShardedModel(const Config& config) : program_(build_step_program(config)) {
-  std::array<int, kNumMeshAxes> sizes{};
+ShardedModel::ShardedModel(const Config& config, Transport* transport)
+    : own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
+      transport_(transport == nullptr ? own_transport_.get() : transport),
+      program_(build_step_program(config)) {
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
-    sizes[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
+    sizes_[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
   }
   const int devices = program_.slice.total_devices();
+  owner_ = assign_devices_to_ranks(physical_devices_of_mesh(program_.mesh, program_.slice),
+                                   transport_->num_ranks(), program_.slice.name);
+  for (int device = 0; device < devices; ++device) {
+    if (owner_[static_cast<size_t>(device)] == transport_->rank()) {
+      devices_.push_back(device);
+    }
+  }
   constexpr int kMaxSimulatedDevices = 64;
-  if (devices > kMaxSimulatedDevices) {
+  if (static_cast<int>(devices_.size()) > kMaxSimulatedDevices) {
     throw UserError("compile_topology: " + program_.slice.name + " has " + std::to_string(devices) +
                     " devices; tpusim train simulates at most " +
-                    std::to_string(kMaxSimulatedDevices) + " on one machine");
+                    std::to_string(kMaxSimulatedDevices) +
+                    " per process (spread them over processes with mpirun)");
   }
-  communicator_ = std::make_unique<InProcessCommunicator>(sizes);
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(config.get_float("collective_timeout_seconds") * 1000)));
+  communicator_ = transport_->make_communicator(sizes_, owner_, timeout);
+  slots_ = std::make_unique<ExecutionSlots>(
+      resolve_num_threads(config.get_int("num_threads"), transport_->ranks_on_host()));
+  communicator_->set_execution_slots(slots_.get());
   const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
-  for (int device = 0; device < devices; ++device) {
-    DeviceContext context = InProcessCommunicator::context_for(device, sizes);
+  for (const int device : devices_) {
+    DeviceContext context = InProcessCommunicator::context_for(device, sizes_);
     context.bf16_matmul_inputs = bf16;
     executors_.push_back(std::make_unique<Executor>(program_, context, *communicator_));
   }
@@ -95,6 +112,7 @@ void ShardedModel::on_every_device(const Work& work) {
   for (size_t device = 0; device < executors_.size(); ++device) {
     threads.emplace_back([&, device] {
       try {
+        const ExecutionSlots::Hold hold(*slots_);  // collectives give it back while they wait
         work(*executors_[device], static_cast<int>(device));
       } catch (...) {
         errors[device] = std::current_exception();
@@ -114,7 +132,10 @@ void ShardedModel::on_every_device(const Work& work) {
     try {
       std::rethrow_exception(error);
     } catch (const std::runtime_error& failure) {
-      const bool timeout = std::string(failure.what()).find("never arrived") != std::string::npos;
+      // Waits that failed because of another device's failure.
+      const std::string text = failure.what();
+      const bool timeout = text.find("never arrived") != std::string::npos ||
+                           text.find("abandoned after an earlier failure") != std::string::npos;
       if (!first || !timeout) {
         first = error;
       }
@@ -143,12 +164,28 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
     executor.set_batch(tokens, targets);
     results[static_cast<size_t>(device)] = executor.compute_gradients();
   });
-  StepResult result = results.front();
-  double squares = 0;
-  for (const StepResult& device_result : results) {
-    squares += device_result.grad_norm;
+  // Every device's (device, loss, sum of squares), on every rank.
+  std::vector<double> mine;
+  for (size_t index = 0; index < results.size(); ++index) {
+    mine.insert(mine.end(), {static_cast<double>(devices_[index]), results[index].loss,
+                             results[index].grad_norm});
   }
-  result.grad_norm = std::sqrt(squares);
+  std::vector<double> loss(owner_.size());
+  std::vector<double> squares(owner_.size());
+  for (const std::vector<double>& rank : transport_->all_gather(mine)) {
+    for (size_t entry = 0; entry + 3 <= rank.size(); entry += 3) {
+      const auto device = static_cast<size_t>(rank[entry]);
+      loss.at(device) = rank[entry + 1];
+      squares.at(device) = rank[entry + 2];
+    }
+  }
+  StepResult result = results.front();
+  result.loss = loss.front();
+  double total = 0;
+  for (const double device_squares : squares) {
+    total += device_squares;
+  }
+  result.grad_norm = std::sqrt(total);
   return result;
 }
 
@@ -156,26 +193,47 @@ void ShardedModel::apply_update(const DeviceContext::Optimizer& optimizer) {
   on_every_device([&](Executor& executor, int) { executor.apply_update(optimizer); });
 }
 
-std::map<std::string, std::vector<float>> ShardedModel::global_state() {
-  std::map<std::string, std::vector<float>> global;
+std::map<std::string, std::vector<float>> ShardedModel::gather_global(bool gradients) {
+  const auto named = [gradients](Executor& executor) {
+    return gradients ? executor.gradients() : executor.state();
+  };
+  std::vector<float> mine;
   for (auto& executor : executors_) {
-    for (const Executor::NamedState& state : executor->state()) {
-      place_block(*state.tensor, *state.data, executor->device(),
+    for (const Executor::NamedState& state : named(*executor)) {
+      mine.insert(mine.end(), state.data->values.begin(), state.data->values.end());
+    }
+  }
+  const std::vector<std::vector<float>> by_rank = transport_->gather_to_root(mine);
+  std::map<std::string, std::vector<float>> global;
+  if (transport_->rank() != 0) {
+    return global;
+  }
+  // Every device holds the same tensors (one program): this rank's first device gives the layout.
+  const std::vector<Executor::NamedState> layout = named(*executors_.front());
+  std::vector<size_t> cursor(by_rank.size(), 0);
+  for (size_t device = 0; device < owner_.size(); ++device) {
+    const auto rank = static_cast<size_t>(owner_[device]);
+    const DeviceContext context =
+        InProcessCommunicator::context_for(static_cast<int>(device), sizes_);
+    for (const Executor::NamedState& state : layout) {
+      const size_t count = state.data->values.size();
+      if (cursor[rank] + count > by_rank[rank].size()) {
+        throw std::logic_error("gather: rank " + std::to_string(rank) + " sent too few values");
+      }
+      place_block(*state.tensor, by_rank[rank].data() + cursor[rank], context,
                   global[state.name + "#" + std::to_string(state.layer)]);
+      cursor[rank] += count;
     }
   }
   return global;
 }
 
+std::map<std::string, std::vector<float>> ShardedModel::global_state() {
+  return gather_global(false);
+}
+
 std::map<std::string, std::vector<float>> ShardedModel::global_gradients() {
-  std::map<std::string, std::vector<float>> global;
-  for (auto& executor : executors_) {
-    for (const Executor::NamedState& state : executor->gradients()) {
-      place_block(*state.tensor, *state.data, executor->device(),
-                  global[state.name + "#" + std::to_string(state.layer)]);
-    }
-  }
-  return global;
+  return gather_global(true);
 }
 
 namespace {
@@ -195,16 +253,18 @@ bool is_moment(const std::string& name) {
 }  // namespace
 
 Checkpoint ShardedModel::to_checkpoint(int64_t step) {
+  std::map<std::string, std::vector<float>> global = gather_global(false);
   Checkpoint checkpoint;
   checkpoint.step = step;
-  for (auto& executor : executors_) {
-    for (const Executor::NamedState& state : executor->state()) {
-      const std::string name = state.name + "#" + std::to_string(state.layer);
-      CheckpointTensor& tensor =
-          (is_moment(name) ? checkpoint.optimizer : checkpoint.weights)[name];
-      tensor.shape = global_shape(*state.tensor);
-      place_block(*state.tensor, *state.data, executor->device(), tensor.values);
+  for (const Executor::NamedState& state : executors_.front()->state()) {
+    const std::string name = state.name + "#" + std::to_string(state.layer);
+    const auto found = global.find(name);
+    if (found == global.end()) {
+      continue;  // not rank 0
     }
+    CheckpointTensor& tensor = (is_moment(name) ? checkpoint.optimizer : checkpoint.weights)[name];
+    tensor.shape = global_shape(*state.tensor);
+    tensor.values = std::move(found->second);
   }
   return checkpoint;
 }
@@ -236,6 +296,69 @@ void ShardedModel::restore(const Checkpoint& checkpoint, bool with_optimizer) {
   });
 }
 
+namespace {
+
+// A checkpoint as one byte string (for the broadcast from rank 0): an 8-byte little-endian header
+// size, a JSON header (step, metadata, and every tensor's name, shape and value count), then the
+// values of the weights and of the optimizer state, in the header's order.
+std::string serialize_checkpoint(const Checkpoint& checkpoint) {
+  nlohmann::json header = {{"step", checkpoint.step}, {"metadata", checkpoint.metadata}};
+  std::string values;
+  for (const auto& [part, tensors] :
+       {std::pair{"weights", &checkpoint.weights}, std::pair{"optimizer", &checkpoint.optimizer}}) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [name, tensor] : *tensors) {
+      list.push_back({name, tensor.shape, tensor.values.size()});
+      values.append(reinterpret_cast<const char*>(tensor.values.data()),
+                    tensor.values.size() * sizeof(float));
+    }
+    header[part] = list;
+  }
+  const std::string text = header.dump();
+  std::string bytes(sizeof(uint64_t), '\0');
+  const uint64_t size = text.size();
+  std::memcpy(bytes.data(), &size, sizeof(size));
+  return bytes + text + values;
+}
+
+Checkpoint deserialize_checkpoint(const std::string& bytes) {
+  uint64_t size = 0;
+  std::memcpy(&size, bytes.data(), sizeof(size));
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(sizeof(size), size));
+  Checkpoint checkpoint;
+  checkpoint.step = header["step"].get<int64_t>();
+  checkpoint.metadata = header["metadata"];
+  size_t offset = sizeof(size) + size;
+  for (const auto& [part, tensors] :
+       {std::pair{"weights", &checkpoint.weights}, std::pair{"optimizer", &checkpoint.optimizer}}) {
+    for (const nlohmann::json& entry : header[part]) {
+      CheckpointTensor& tensor = (*tensors)[entry[0].get<std::string>()];
+      tensor.shape = entry[1].get<std::vector<int64_t>>();
+      tensor.values.resize(entry[2].get<size_t>());
+      const size_t count = tensor.values.size() * sizeof(float);
+      if (offset + count > bytes.size()) {
+        throw std::logic_error("checkpoint broadcast: truncated");
+      }
+      std::memcpy(tensor.values.data(), bytes.data() + offset, count);
+      offset += count;
+    }
+  }
+  return checkpoint;
+}
+
+// Rank 0 reads the checkpoint at `directory` and every rank gets it (the other hosts need not see
+// rank 0's files).
+Checkpoint load_shared_checkpoint(Transport& transport, const std::string& directory) {
+  if (!transport.distributed()) {
+    return load_checkpoint(directory);
+  }
+  const std::string bytes = transport.broadcast_from_root(
+      transport.rank() == 0 ? serialize_checkpoint(load_checkpoint(directory)) : "");
+  return deserialize_checkpoint(bytes);
+}
+
+}  // namespace
+
 Config unsharded_reference_config(const Config& config) {
   Config reference = config;
   const Slice slice = slice_from_config(config);
@@ -252,7 +375,14 @@ Config unsharded_reference_config(const Config& config) {
   return reference;
 }
 
-Trainer::Trainer(const Config& config) : config_(config), data_(Dataset::from_config(config)) {}
+Trainer::Trainer(const Config& config, Transport* transport)
+    : config_(config),
+      data_(Dataset::from_config(config)),
+      own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
+      transport_(transport == nullptr ? own_transport_.get() : transport) {
+  transport_->set_timeout(std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(config_.get_float("collective_timeout_seconds") * 1000))));
+}
 
 double Trainer::learning_rate(int64_t step) const {
   const double peak = config_.get_float("learning_rate");
@@ -274,9 +404,12 @@ double Trainer::learning_rate(int64_t step) const {
 }
 
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
-  ShardedModel model(config_);
+  ShardedModel model(config_, transport_);
+  // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
+  const bool root = transport_->rank() == 0;
+  const bool report = options.progress && root;
   std::unique_ptr<ShardedModel> reference;
-  if (options.verify) {
+  if (options.verify && root) {
     reference = std::make_unique<ShardedModel>(unsharded_reference_config(config_));
   }
   const StepProgram& program = model.program();
@@ -286,7 +419,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   const int64_t eval_interval = config_.get_int("eval_interval");
   const int64_t eval_steps = std::max<int64_t>(1, config_.get_int("eval_steps"));
   const double clip = config_.get_float("gradient_clipping_threshold");
-  const std::string metrics_path = config_.get_string("metrics_file");
+  const std::string metrics_path = root ? config_.get_string("metrics_file") : "";
   std::string metrics_text;
   std::vector<StepMetrics> curve;
   DeviceContext::Optimizer optimizer;
@@ -306,9 +439,11 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   }
   const int64_t period = config_.get_int("checkpoint_period");
   int64_t first_step = 1;
-  const std::string latest = checkpointing ? latest_checkpoint(run_directory) : "";
+  // Rank 0 finds the checkpoint; every rank restores it.
+  const std::string latest = transport_->broadcast_from_root(
+      checkpointing && root ? latest_checkpoint(run_directory) : "");
   if (!latest.empty()) {
-    const Checkpoint checkpoint = load_checkpoint(latest);
+    const Checkpoint checkpoint = load_shared_checkpoint(*transport_, latest);
     model.restore(checkpoint, /*with_optimizer=*/true);
     if (reference) {
       reference->restore(checkpoint, true);
@@ -317,24 +452,28 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     if (checkpoint.metadata.contains("metrics")) {
       metrics_text = checkpoint.metadata["metrics"].get<std::string>();
     }
-    if (options.progress) {
+    if (report) {
       progress << "resumed from " << latest << " (step " << checkpoint.step << ")\n";
     }
   } else if (!config_.get_string("load_parameters_path").empty()) {
-    const Checkpoint checkpoint = load_checkpoint(config_.get_string("load_parameters_path"));
+    const Checkpoint checkpoint =
+        load_shared_checkpoint(*transport_, config_.get_string("load_parameters_path"));
     model.restore(checkpoint, /*with_optimizer=*/false);
     if (reference) {
       reference->restore(checkpoint, false);
     }
   }
+  CrossProcessTraffic traffic_before = model.traffic();
   for (int64_t step = first_step; step <= steps; ++step) {
+    transport_->at_step(step);
     const auto start = std::chrono::steady_clock::now();
     std::vector<Batch> batches;
     for (int64_t micro = 0; micro < program.accumulation_steps; ++micro) {
       batches.push_back(data_.train_batch(step - 1, micro, sequences));
     }
+    const bool dump = !options.dump_directory.empty() && step == first_step;
     Checkpoint initial;
-    if (!options.dump_directory.empty() && step == first_step) {
+    if (dump) {
       initial = model.to_checkpoint(step - 1);
     }
     const StepResult result = model.compute_gradients(batches);
@@ -342,45 +481,69 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     optimizer.learning_rate = learning_rate(step);
     optimizer.gradient_scale = clip > 0 ? clip / std::max(result.grad_norm, clip) : 1.0;
     StepMetrics metrics;
-    if (reference) {
-      const StepResult expected = reference->compute_gradients(batches);
-      const double loss_difference =
-          std::abs(result.loss - expected.loss) / std::max(std::abs(expected.loss), 1e-30);
-      const double gradient_difference =
-          max_relative_difference(model.global_gradients(), reference->global_gradients());
-      DeviceContext::Optimizer reference_optimizer = optimizer;
-      reference_optimizer.gradient_scale =
-          clip > 0 ? clip / std::max(expected.grad_norm, clip) : 1.0;
+    if (options.verify) {
+      const auto gradients = model.global_gradients();  // complete on rank 0
       model.apply_update(optimizer);
-      reference->apply_update(reference_optimizer);
-      const double weight_difference =
-          max_relative_difference(model.global_state(), reference->global_state());
-      metrics.verify_loss_rel_diff = loss_difference;
-      metrics.verify_gradient_rel_diff = gradient_difference;
-      metrics.verify_weight_rel_diff = weight_difference;
-      metrics.verify_max_rel_diff =
-          std::max({loss_difference, gradient_difference, weight_difference});
+      const auto weights = model.global_state();
+      if (reference) {
+        const StepResult expected = reference->compute_gradients(batches);
+        const double loss_difference =
+            std::abs(result.loss - expected.loss) / std::max(std::abs(expected.loss), 1e-30);
+        const double gradient_difference =
+            max_relative_difference(gradients, reference->global_gradients());
+        DeviceContext::Optimizer reference_optimizer = optimizer;
+        reference_optimizer.gradient_scale =
+            clip > 0 ? clip / std::max(expected.grad_norm, clip) : 1.0;
+        reference->apply_update(reference_optimizer);
+        const double weight_difference =
+            max_relative_difference(weights, reference->global_state());
+        metrics.verify_loss_rel_diff = loss_difference;
+        metrics.verify_gradient_rel_diff = gradient_difference;
+        metrics.verify_weight_rel_diff = weight_difference;
+        metrics.verify_max_rel_diff =
+            std::max({loss_difference, gradient_difference, weight_difference});
+      }
     } else {
       model.apply_update(optimizer);
     }
-    if (!options.dump_directory.empty() && step == first_step) {
-      save_checkpoint(options.dump_directory + "/initial", initial);
-      Checkpoint gradients;
-      gradients.step = step;
-      for (const auto& [name, values] : model.global_gradients()) {
-        gradients.weights[name] = CheckpointTensor{initial.weights.at(name).shape, values};
+    if (transport_->distributed()) {
+      const CrossProcessTraffic now = model.traffic();
+      const std::vector<double> mine = {now.bytes_sent - traffic_before.bytes_sent,
+                                        static_cast<double>(now.messages - traffic_before.messages),
+                                        now.model_bytes - traffic_before.model_bytes,
+                                        now.model_bytes_f32 - traffic_before.model_bytes_f32};
+      traffic_before = now;
+      CrossProcessTraffic total;
+      for (const std::vector<double>& rank : transport_->all_gather(mine)) {
+        total.bytes_sent += rank.at(0);
+        total.messages += static_cast<int64_t>(rank.at(1));
+        total.model_bytes += rank.at(2);
+        total.model_bytes_f32 += rank.at(3);
       }
-      save_checkpoint(options.dump_directory + "/gradients", gradients);
-      save_checkpoint(options.dump_directory + "/updated", model.to_checkpoint(step));
-      nlohmann::json dump = {{"loss", result.loss},
-                             {"grad_norm", result.grad_norm},
-                             {"learning_rate", optimizer.learning_rate},
-                             {"gradient_scale", optimizer.gradient_scale},
-                             {"sequences", sequences},
-                             {"length", length},
-                             {"tokens", batches.front().tokens},
-                             {"targets", batches.front().targets}};
-      write_file_atomically(options.dump_directory + "/step.json", dump.dump());
+      metrics.traffic = total;
+    }
+    if (dump) {
+      const auto gradients = model.global_gradients();
+      const Checkpoint updated = model.to_checkpoint(step);
+      if (root) {
+        save_checkpoint(options.dump_directory + "/initial", initial);
+        Checkpoint saved_gradients;
+        saved_gradients.step = step;
+        for (const auto& [name, values] : gradients) {
+          saved_gradients.weights[name] = CheckpointTensor{initial.weights.at(name).shape, values};
+        }
+        save_checkpoint(options.dump_directory + "/gradients", saved_gradients);
+        save_checkpoint(options.dump_directory + "/updated", updated);
+        nlohmann::json dumped = {{"loss", result.loss},
+                                 {"grad_norm", result.grad_norm},
+                                 {"learning_rate", optimizer.learning_rate},
+                                 {"gradient_scale", optimizer.gradient_scale},
+                                 {"sequences", sequences},
+                                 {"length", length},
+                                 {"tokens", batches.front().tokens},
+                                 {"targets", batches.front().targets}};
+        write_file_atomically(options.dump_directory + "/step.json", dumped.dump());
+      }
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -416,11 +579,17 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       line["verify_gradient_rel_diff"] = *metrics.verify_gradient_rel_diff;
       line["verify_weight_rel_diff"] = *metrics.verify_weight_rel_diff;
     }
+    if (metrics.traffic) {
+      line["mpi_bytes_sent"] = metrics.traffic->bytes_sent;
+      line["mpi_messages"] = metrics.traffic->messages;
+      line["model_cross_rank_bytes"] = metrics.traffic->model_bytes;
+      line["model_cross_rank_bytes_f32"] = metrics.traffic->model_bytes_f32;
+    }
     metrics_text += line.dump() + "\n";
     if (!metrics_path.empty()) {
       write_file_atomically(metrics_path, metrics_text);
     }
-    if (options.progress) {
+    if (report) {
       progress << "step " << std::setw(5) << step << "  loss " << std::fixed << std::setprecision(4)
                << metrics.loss << "  grad_norm " << metrics.grad_norm << "  lr " << std::scientific
                << std::setprecision(2) << metrics.learning_rate << std::fixed << "  "
@@ -432,15 +601,20 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
         progress << "  verify " << std::scientific << std::setprecision(2)
                  << *metrics.verify_max_rel_diff << std::fixed;
       }
+      if (metrics.traffic) {
+        progress << "  mpi " << std::setprecision(0) << metrics.traffic->bytes_sent << " B";
+      }
       progress << "\n";
     }
     curve.push_back(metrics);
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       Checkpoint checkpoint = model.to_checkpoint(step);
-      checkpoint.metadata = {{"model_name", config_.get_string("model_name")},
-                             {"data_position", step},
-                             {"metrics", metrics_text}};
-      save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
+      if (root) {
+        checkpoint.metadata = {{"model_name", config_.get_string("model_name")},
+                               {"data_position", step},
+                               {"metrics", metrics_text}};
+        save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
+      }
     }
   }
   return curve;

@@ -1,12 +1,14 @@
 // sim/train/trainer.h: `tpusim train`, the real sharded training loop on simulated devices.
 //
-// Every device of the slice is an Executor running the per-device program in its own thread;
-// collectives meet in an InProcessCommunicator (fixed reduction order, so results are bitwise
-// identical whatever the scheduling). A step: each device computes gradients on its shard of the
-// global batch (MaxText's microbatching), the global gradient norm is clipped
-// (gradient_clipping_threshold), then every device applies AdamW to its shard with the learning
-// rate of the schedule (linear warm-up over warmup_steps_fraction, cosine decay to
-// cosine_learning_rate_final_fraction over learning_rate_schedule_steps).
+// Every device of the slice is an Executor running the per-device program in its own thread, at
+// most num_threads of them computing at once (execution_slots.h); collectives meet in an
+// InProcessCommunicator, or, under mpirun, the devices are spread over the ranks and collectives
+// between ranks go through MPI (transport.h). The reduction order is fixed, so results are bitwise
+// identical whatever the thread count, the scheduling or the number of ranks. A step: each device
+// computes gradients on its shard of the global batch (MaxText's microbatching), the global
+// gradient norm is clipped (gradient_clipping_threshold), then every device applies AdamW to its
+// shard with the learning rate of the schedule (linear warm-up over warmup_steps_fraction, cosine
+// decay to cosine_learning_rate_final_fraction over learning_rate_schedule_steps).
 //
 // With verify, an unsharded reference (one device, the same global batch) runs beside it and each
 // step reports the largest relative difference in loss, gradients and updated weights.
@@ -16,6 +18,7 @@
 //   std::vector<StepMetrics> curve = trainer.run({.verify = true}, std::cerr);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <map>
@@ -26,8 +29,9 @@
 
 #include "model/config.h"
 #include "sharding/step_program.h"
+#include "sim/functional/execution_slots.h"
 #include "sim/functional/executor.h"
-#include "sim/functional/in_process_communicator.h"
+#include "sim/functional/transport.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
 
@@ -45,6 +49,8 @@ struct StepMetrics {
   std::optional<double> verify_gradient_rel_diff;
   std::optional<double> verify_weight_rel_diff;  // updated weights and Adam moments
   ExecutionCounters counters;                    // device 0's
+  // Under mpirun: what the step's collectives sent between ranks, summed over the ranks.
+  std::optional<CrossProcessTraffic> traffic;
 };
 
 struct TrainOptions {
@@ -56,41 +62,65 @@ struct TrainOptions {
   std::string dump_directory;
 };
 
-// One sharded model: the program, its devices and their communicator.
+// One sharded model: the program, the devices this process executes and their communicator.
+// Under a distributed transport (mpirun) each rank builds the same program and executes its block
+// of the devices (assign_devices_to_ranks); the calls below are then collective over the ranks:
+// every rank makes them in the same order.
 class ShardedModel {
  public:
-  explicit ShardedModel(const Config& config);
+  // `transport` nullptr: this process executes every device.
+  explicit ShardedModel(const Config& config, Transport* transport = nullptr);
 
   const StepProgram& program() const { return program_; }
-  int num_devices() const { return static_cast<int>(executors_.size()); }
+  int num_devices() const { return static_cast<int>(owner_.size()); }
+  // The mesh devices this process executes, ascending.
+  const std::vector<int>& local_devices() const { return devices_; }
 
-  // Gradients of one optimizer step's batch (microbatches x sequences): returns device 0's result
-  // with the global gradient norm.
+  // Gradients of one optimizer step's batch (microbatches x sequences): the loss of device 0 and
+  // the global gradient norm (every device's sum of squares, added in device order), with the
+  // counters of this process's first device (device 0 on rank 0).
   StepResult compute_gradients(const std::vector<Batch>& microbatches);
   void apply_update(const DeviceContext::Optimizer& optimizer);
 
   // Global (unsharded) values by "<region>/<tensor>#<layer>": parameters, moments, gradients.
+  // Gathered on rank 0; empty on the other ranks.
   std::map<std::string, std::vector<float>> global_state();
   std::map<std::string, std::vector<float>> global_gradients();
 
-  // The model as a checkpoint (global arrays, whatever the sharding), and back: a checkpoint
-  // written by one mesh restores into any other mesh of the same model.
+  // The model as a checkpoint (global arrays, whatever the sharding or the ranks; complete on
+  // rank 0, empty elsewhere), and back: a checkpoint written by one mesh or rank count restores
+  // into any other mesh or rank count of the same model.
   Checkpoint to_checkpoint(int64_t step);
-  // Restores parameters (and moments, when `with_optimizer`); UserError naming a missing tensor.
+  // Restores parameters (and moments, when `with_optimizer`) of this process's devices; UserError
+  // naming a missing tensor.
   void restore(const Checkpoint& checkpoint, bool with_optimizer);
+
+  // Bytes moved between processes by the collectives so far (zero in one process).
+  CrossProcessTraffic traffic() const { return communicator_->traffic(); }
 
  private:
   template <typename Work>
   void on_every_device(const Work& work);
+  // Every device's blocks of the named tensors, placed into global arrays on rank 0.
+  std::map<std::string, std::vector<float>> gather_global(bool gradients);
 
+  std::unique_ptr<LocalTransport> own_transport_;
+  Transport* transport_;
   StepProgram program_;
-  std::unique_ptr<InProcessCommunicator> communicator_;
-  std::vector<std::unique_ptr<Executor>> executors_;
+  std::array<int, kNumMeshAxes> sizes_{};
+  std::vector<int> owner_;    // rank of each mesh device
+  std::vector<int> devices_;  // this rank's devices, ascending
+  std::unique_ptr<ExecutionSlots> slots_;
+  std::unique_ptr<Communicator> communicator_;
+  std::vector<std::unique_ptr<Executor>> executors_;  // one per entry of devices_
 };
 
 class Trainer {
  public:
-  explicit Trainer(const Config& config);
+  // `transport` nullptr: one process executes every device. Under MpiTransport, rank 0 writes the
+  // metrics file, the progress lines and the checkpoints, and reads the checkpoint to resume from
+  // (then shared with every rank); every rank reads the dataset itself.
+  explicit Trainer(const Config& config, Transport* transport = nullptr);
 
   std::vector<StepMetrics> run(const TrainOptions& options, std::ostream& progress);
 
@@ -99,6 +129,8 @@ class Trainer {
  private:
   Config config_;  // a copy: the trainer outlives the caller's temporaries
   Dataset data_;
+  std::unique_ptr<LocalTransport> own_transport_;
+  Transport* transport_;
 };
 
 // The config of the unsharded reference of `config`: one device, the same global batch.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "sim/functional/execution_slots.h"
 #include "sim/functional/in_process_communicator.h"
 
 namespace tpusim {
@@ -605,6 +607,76 @@ TEST(InProcessCommunicator, RepeatedCallsOfOneOp) {
   for (const std::string& error : errors) {
     EXPECT_EQ(error, "");
   }
+}
+
+// Execution slots bound how many devices compute at once, and a device waiting in a collective
+// gives its slot back: with fewer slots than devices (even one), every group still completes,
+// and never more devices than slots are between collectives at the same time.
+TEST(ExecutionSlots, BoundComputeAndNeverDeadlockCollectives) {
+  const Sizes sizes = mesh({{"data", 2}, {"fsdp", 4}});
+  const Program fsdp = make_program(OpKind::kAllReduce, {dim("x", 3, {}, sizes)},
+                                    {dim("x", 3, {}, sizes)}, {"fsdp"}, sizes);
+  const Program data = make_program(OpKind::kAllReduce, {dim("x", 3, {}, sizes)},
+                                    {dim("x", 3, {}, sizes)}, {"data"}, sizes);
+  constexpr int kIterations = 50;
+  for (const int count : {1, 3}) {
+    SCOPED_TRACE(std::to_string(count) + " slots");
+    ExecutionSlots slots(count);
+    InProcessCommunicator communicator(sizes, std::chrono::seconds(20));
+    communicator.set_execution_slots(&slots);
+    std::atomic<int> computing = 0;
+    std::atomic<int> most = 0;
+    std::vector<std::string> errors(8);
+    std::vector<std::thread> threads;
+    for (int device = 0; device < 8; ++device) {
+      threads.emplace_back([&, device] {
+        const ExecutionSlots::Hold hold(slots);
+        const DeviceContext context = InProcessCommunicator::context_for(device, sizes);
+        TensorData input = TensorData::zeros(fsdp.input());
+        TensorData output;
+        for (int iteration = 0; iteration < kIterations; ++iteration) {
+          const int now = ++computing;
+          int seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(100));  // "compute"
+          --computing;
+          input.values = {static_cast<float>(iteration), static_cast<float>(device), 1.0f};
+          const Program& program = iteration % 2 == 0 ? fsdp : data;
+          try {
+            communicator.run(program.graph, program.collective(), context, input, output);
+          } catch (const std::exception& error) {
+            errors[static_cast<size_t>(device)] = error.what();
+            return;
+          }
+          const float members = iteration % 2 == 0 ? 4.0f : 2.0f;
+          if (output.values[0] != members * static_cast<float>(iteration)) {
+            errors[static_cast<size_t>(device)] =
+                "wrong sum at iteration " + std::to_string(iteration);
+            return;
+          }
+        }
+      });
+    }
+    for (std::thread& thread : threads) {
+      thread.join();
+    }
+    for (const std::string& error : errors) {
+      EXPECT_EQ(error, "");
+    }
+    EXPECT_LE(most.load(), count);
+    EXPECT_GE(most.load(), 1);
+  }
+}
+
+TEST(ExecutionSlots, NumThreadsZeroSharesTheHostAmongItsRanks) {
+  EXPECT_EQ(resolve_num_threads(3), 3);
+  EXPECT_EQ(resolve_num_threads(3, 4), 3);  // an explicit value is per process
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(resolve_num_threads(0), hardware);
+  EXPECT_EQ(resolve_num_threads(0, 2), std::max(1, hardware / 2));
+  EXPECT_EQ(resolve_num_threads(0, 1000), 1);
+  EXPECT_THROW(ExecutionSlots(0), std::logic_error);
 }
 
 // Device 3 never arrives: the other members of its group fail after the timeout with an error

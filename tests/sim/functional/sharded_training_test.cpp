@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -131,6 +132,55 @@ TEST(ShardedTraining, TrainingIsDeterministic) {
     EXPECT_EQ(a[index].loss, b[index].loss);  // bitwise
     EXPECT_EQ(a[index].grad_norm, b[index].grad_norm);
   }
+}
+
+// num_threads bounds how many of the 8 devices compute at once (down to one at a time); the
+// losses, gradient norms and final weights and Adam moments are bitwise the same for every count.
+TEST(ShardedTraining, ThreadCountDoesNotChangeResults) {
+  const std::string root = ::testing::TempDir() + std::to_string(::getpid()) + "_tpusim_threads";
+  std::filesystem::remove_all(root);
+  std::vector<std::vector<StepMetrics>> curves;
+  std::vector<Checkpoint> finals;
+  const std::vector<int> counts = {1, 2, 3, 8};
+  for (const int threads : counts) {
+    const std::string run = "t" + std::to_string(threads);
+    const Config config = Config::load(
+        "", {"model_name=tiny-llama", "compile_topology=v5e-8", "per_device_batch_size=1",
+             "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_data_parallelism=2",
+             "max_target_length=32", "steps=3", "learning_rate=1e-3",
+             "num_threads=" + std::to_string(threads), "enable_checkpointing=true",
+             "checkpoint_period=3", "base_output_directory=" + root, "run_name=" + run});
+    Trainer trainer(config);
+    std::ostringstream quiet;
+    curves.push_back(
+        trainer.run({.verify = false, .progress = false, .dump_directory = ""}, quiet));
+    finals.push_back(load_checkpoint(checkpoint_directory(root + "/" + run, 3)));
+  }
+  for (size_t run = 1; run < counts.size(); ++run) {
+    SCOPED_TRACE("num_threads=" + std::to_string(counts[run]) + " vs 1");
+    ASSERT_EQ(curves[run].size(), 3u);
+    for (size_t step = 0; step < 3; ++step) {
+      EXPECT_EQ(curves[run][step].loss, curves[0][step].loss);  // bitwise
+      EXPECT_EQ(curves[run][step].grad_norm, curves[0][step].grad_norm);
+    }
+    using Tensors = std::map<std::string, CheckpointTensor>;
+    for (Tensors Checkpoint::*part : {&Checkpoint::weights, &Checkpoint::optimizer}) {
+      const Tensors& expected = finals[0].*part;
+      const Tensors& actual = finals[run].*part;
+      ASSERT_EQ(actual.size(), expected.size());
+      ASSERT_FALSE(expected.empty());
+      for (const auto& [name, tensor] : expected) {
+        const auto found = actual.find(name);
+        ASSERT_NE(found, actual.end()) << name;
+        ASSERT_EQ(found->second.values.size(), tensor.values.size()) << name;
+        EXPECT_EQ(std::memcmp(found->second.values.data(), tensor.values.data(),
+                              tensor.values.size() * sizeof(float)),
+                  0)
+            << name;
+      }
+    }
+  }
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
