@@ -17,6 +17,9 @@
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/explore/explorer.h"
+#ifdef TPUSIM_WITH_MPI
+#include "sim/functional/mpi_transport.h"
+#endif
 
 namespace tpusim {
 namespace {
@@ -109,6 +112,16 @@ void print_human(const ExploreResult& result) {
   }
 }
 
+void print_result(const ExploreResult& result, const ExploreFlags& flags) {
+  if (flags.json) {
+    std::cout << result.to_json().dump(2) << "\n";
+  } else if (flags.csv) {
+    print_csv(result);
+  } else {
+    print_human(result);
+  }
+}
+
 }  // namespace
 
 void register_explore_command(CLI::App& app) {
@@ -153,14 +166,28 @@ void register_explore_command(CLI::App& app) {
         show_progress(done, total, started);
       };
     }
-    const ExploreResult result = explore(config, options);
-    if (flags->json) {
-      std::cout << result.to_json().dump(2) << "\n";
-    } else if (flags->csv) {
-      print_csv(result);
-    } else {
-      print_human(result);
+    ExploreResult result;
+#ifdef TPUSIM_WITH_MPI
+    if (MpiTransport::launched_by_mpirun()) {
+      // Under mpirun the meshes are split over the ranks; rank 0 prints the merged result.
+      MpiTransport transport;
+      options.transport = &transport;
+      try {
+        result = explore(config, options);
+      } catch (const UserError& error) {
+        transport.abort_run(error.what(), kUserErrorExitCode);
+      } catch (const std::exception& error) {
+        transport.abort_run(error.what(), 1);
+      }
+      if (transport.rank() != 0) {
+        return;
+      }
+      print_result(result, *flags);
+      return;
     }
+#endif
+    result = explore(config, options);
+    print_result(result, *flags);
   });
 }
 

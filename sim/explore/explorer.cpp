@@ -17,6 +17,7 @@
 #include "sharding/logical_rules.h"
 #include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
+#include "sim/functional/transport.h"
 #include "sim/memory/memory_model.h"
 #include "sim/perf/op_cost.h"
 #include "sim/perf/step_simulator.h"
@@ -458,6 +459,81 @@ std::string join(const std::vector<std::string>& items) {
   return text;
 }
 
+const std::vector<std::string>& prune_reasons() {
+  static const std::vector<std::string> reasons = {kAxisDoesNotDivide, kWeightsExceedHbm,
+                                                   kDoesNotFitHbm, kCannotBeatTop};
+  return reasons;
+}
+
+// The candidate at position `order` of the space's enumeration (the inverse of the order the
+// evaluator gives: mesh, batch, remat, attention kind, perf variant).
+Candidate candidate_of_order(const SearchSpace& space, int64_t order) {
+  std::vector<std::vector<PerfChoice>> choices;
+  int64_t per_remat = 0;
+  for (const std::string& kind : space.attention_kinds) {
+    choices.push_back(space.perf_choices(kind));
+    per_remat += static_cast<int64_t>(choices.back().size());
+  }
+  Candidate candidate;
+  candidate.order = order;
+  int64_t within = order % per_remat;
+  int64_t rest = order / per_remat;
+  candidate.remat = static_cast<int>(rest % static_cast<int64_t>(space.remats.size()));
+  rest /= static_cast<int64_t>(space.remats.size());
+  candidate.batch =
+      space.batches[static_cast<size_t>(rest % static_cast<int64_t>(space.batches.size()))];
+  candidate.mesh =
+      space.meshes[static_cast<size_t>(rest / static_cast<int64_t>(space.batches.size()))];
+  for (size_t kind = 0; kind < choices.size(); ++kind) {
+    const auto count = static_cast<int64_t>(choices[kind].size());
+    if (within < count) {
+      candidate.attention = space.attention_kinds[kind];
+      candidate.perf = choices[kind][static_cast<size_t>(within)];
+      break;
+    }
+    within -= count;
+  }
+  return candidate;
+}
+
+// Merges every rank's counts and top N (exchanged as numbers: counts, then (order, objective)
+// pairs, from which each candidate is rebuilt); every rank gets the same merged result.
+WorkerResult merge_ranks(const WorkerResult& mine, Transport& transport, const SearchSpace& space,
+                         size_t top) {
+  std::vector<double> encoded = {static_cast<double>(mine.evaluated),
+                                 static_cast<double>(mine.programs), mine.smallest_peak,
+                                 mine.capacity};
+  for (const std::string& reason : prune_reasons()) {
+    const auto found = mine.pruned.find(reason);
+    encoded.push_back(found == mine.pruned.end() ? 0.0 : static_cast<double>(found->second));
+  }
+  for (const Scored& scored : mine.top) {
+    encoded.push_back(static_cast<double>(scored.candidate.order));
+    encoded.push_back(scored.objective);
+  }
+  WorkerResult merged;
+  for (const std::vector<double>& theirs : transport.all_gather(encoded)) {
+    size_t at = 0;
+    merged.evaluated += static_cast<int64_t>(theirs[at++]);
+    merged.programs += static_cast<int64_t>(theirs[at++]);
+    merged.smallest_peak = std::min(merged.smallest_peak, theirs[at++]);
+    merged.capacity = std::max(merged.capacity, theirs[at++]);
+    for (const std::string& reason : prune_reasons()) {
+      const auto count = static_cast<int64_t>(theirs[at++]);
+      if (count > 0) {
+        merged.pruned[reason] += count;
+      }
+    }
+    for (; at + 1 < theirs.size(); at += 2) {
+      Scored scored;
+      scored.candidate = candidate_of_order(space, static_cast<int64_t>(theirs[at]));
+      scored.objective = theirs[at + 1];
+      merged.offer(std::move(scored), top);
+    }
+  }
+  return merged;
+}
+
 }  // namespace
 
 ExploreObjective parse_objective(const std::string& name) {
@@ -569,10 +645,16 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   }
   const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
 
+  const int rank = options.transport != nullptr ? options.transport->rank() : 0;
+  const int ranks = options.transport != nullptr ? options.transport->num_ranks() : 1;
+  result.ranks = ranks;
+  // This rank's meshes: every ranks-th, so that each rank gets a share of the costly ones.
+  const size_t my_meshes =
+      (space.meshes.size() + static_cast<size_t>(ranks - 1 - rank)) / static_cast<size_t>(ranks);
   const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
   const int threads =
       std::max(1, std::min<int>(options.threads > 0 ? options.threads : static_cast<int>(cores),
-                                static_cast<int>(space.meshes.size())));
+                                static_cast<int>(std::max<size_t>(1, my_meshes))));
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
   SharedThreshold threshold;
@@ -586,22 +668,22 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
                             threshold, divisibility);
     auto last_report = std::chrono::steady_clock::now();
     try {
-      for (size_t mesh = next++; mesh < space.meshes.size(); mesh = next++) {
+      for (size_t slot = next++; slot < my_meshes; slot = next++) {
+        const size_t mesh = slot * static_cast<size_t>(ranks) + static_cast<size_t>(rank);
         evaluator.evaluate(mesh, workers[static_cast<size_t>(thread)]);
         ++done;
         if (thread == 0 && options.progress) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last_report > std::chrono::milliseconds(200)) {
             last_report = now;
-            options.progress(static_cast<int64_t>(done.load()),
-                             static_cast<int64_t>(space.meshes.size()));
+            options.progress(static_cast<int64_t>(done.load()), static_cast<int64_t>(my_meshes));
           }
         }
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       failure = std::current_exception();
-      next = space.meshes.size();
+      next = my_meshes;
     }
   };
   std::vector<std::thread> pool;
@@ -616,8 +698,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     std::rethrow_exception(failure);
   }
   if (options.progress) {
-    options.progress(static_cast<int64_t>(space.meshes.size()),
-                     static_cast<int64_t>(space.meshes.size()));
+    options.progress(static_cast<int64_t>(my_meshes), static_cast<int64_t>(my_meshes));
   }
 
   WorkerResult merged;
@@ -632,6 +713,9 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     for (Scored& scored : worker.top) {
       merged.offer(std::move(scored), static_cast<size_t>(options.top));
     }
+  }
+  if (ranks > 1) {
+    merged = merge_ranks(merged, *options.transport, space, static_cast<size_t>(options.top));
   }
   result.candidates_evaluated = merged.evaluated;
   result.programs_built = merged.programs;
@@ -690,8 +774,9 @@ nlohmann::json ExploreResult::to_json() const {
   json["programs_built"] = programs_built;
   json["elapsed_s"] = elapsed_s;
   json["threads"] = threads;
+  json["ranks"] = ranks;
   json["candidates_per_s_per_core"] =
-      elapsed_s > 0 ? static_cast<double>(candidates_evaluated) / elapsed_s / threads : 0;
+      elapsed_s > 0 ? static_cast<double>(candidates_evaluated) / elapsed_s / (threads * ranks) : 0;
   json["objective"] = objective_name(objective);
   json["searched_keys"] = space.searched_keys;
   json["meshes"] = space.meshes.size();

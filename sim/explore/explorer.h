@@ -40,6 +40,7 @@
 namespace tpusim {
 
 class Config;
+class Transport;
 
 enum class ExploreObjective { kTokensPerSecondPerChip, kMfu, kStepTime, kTokensPerDollar };
 
@@ -52,6 +53,9 @@ struct ExploreOptions {
   ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
   int top = 10;
   int threads = 0;  // 0 = all cores
+  // Under mpirun: the process-level exchanges; each rank searches every num_ranks()-th mesh and
+  // the ranks' results are merged (every rank gets the merged result). nullptr = one process.
+  Transport* transport = nullptr;
   // Called now and then from one thread with (meshes done, meshes in all).
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -85,7 +89,8 @@ struct ExploreResult {
   std::map<std::string, int64_t> pruned;  // reason -> candidates
   int64_t programs_built = 0;
   double elapsed_s = 0;
-  int threads = 1;
+  int threads = 1;  // per rank
+  int ranks = 1;
   ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
   std::vector<RankedCandidate> top;    // best first
   double smallest_peak_hbm_bytes = 0;  // over programs built (why nothing fits)
