@@ -197,11 +197,36 @@ def bad_rank_count(args, work):
     print("exit 2: " + next(line for line in result.stderr.splitlines() if "-np 3" in line))
 
 
+def explore_ranks_match_one_process(args, work):
+    """tpusim explore under mpirun splits the meshes over the ranks and merges: the same top
+    candidates and the same counts as one process (branch and bound's own count aside)."""
+    explore_args = ["explore", "model_name=tiny-llama", "compile_topology=v5e-4",
+                    "max_target_length=256", "--global-batch-size", "8", "--top", "3", "--json"]
+    one, _ = run([args.tpusim, *explore_args])
+    split, _ = run(mpirun_command(args, args.ranks) + [*explore_args, "--threads", "1"])
+    expected, actual = json.loads(one.stdout), json.loads(split.stdout)
+    if actual["ranks"] != args.ranks:
+        raise Failure(f"ranks {actual['ranks']}, expected {args.ranks}")
+    for reason in ("axis_does_not_divide", "weights_exceed_hbm", "does_not_fit_hbm"):
+        if expected["pruned"].get(reason, 0) != actual["pruned"].get(reason, 0):
+            raise Failure(f"pruned {reason}: {actual['pruned']} vs {expected['pruned']}")
+    timed = lambda result: result["candidates_evaluated"] + result["pruned"].get("cannot_beat_top", 0)
+    if timed(expected) != timed(actual):
+        raise Failure(f"evaluated or bounded {timed(actual)} vs {timed(expected)}")
+    for rank, (mine, theirs) in enumerate(zip(actual["top"], expected["top"])):
+        if mine["args"] != theirs["args"] or mine["step_time_s"] != theirs["step_time_s"]:
+            raise Failure(f"top {rank}: {mine['args']} vs {theirs['args']}")
+    if len(actual["top"]) != len(expected["top"]):
+        raise Failure("different number of top candidates")
+    print(f"{args.ranks} ranks: same top {len(actual['top'])} and counts as one process")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=["ranks_match_threaded", "cross_resume", "killed_rank",
-                                         "killed_rank_timeout", "bad_rank_count"])
+                                         "killed_rank_timeout", "bad_rank_count",
+                                         "explore_ranks_match_one_process"])
     parser.add_argument("ranks", nargs="?", type=int, default=2)
     parser.add_argument("model", nargs="?", default="llama", choices=sorted(MODELS))
     parser.add_argument("--tpusim", required=True)
@@ -217,6 +242,8 @@ def main():
             killed_rank(args, work, timeout_mode=False)
         elif args.case == "killed_rank_timeout":
             killed_rank(args, work, timeout_mode=True)
+        elif args.case == "explore_ranks_match_one_process":
+            explore_ranks_match_one_process(args, work)
         else:
             bad_rank_count(args, work)
     except Failure as failure:
