@@ -508,7 +508,7 @@ class Partitioner {
     for (const TensorId operand : op.inputs) {
       inputs.push_back(reshard(operand, follow(operand, iteration), op.region));
     }
-    emit(op, inputs, {computed}, partial);
+    emit(op, std::move(inputs), {computed}, partial);
   }
 
   std::vector<PlanDim> plan_dims(TensorId global) const {
@@ -541,7 +541,7 @@ class Partitioner {
                              ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
                              : AxisList{});
     }
-    emit_with_partials(op, inputs, computed, partials);
+    emit_with_partials(op, std::move(inputs), computed, partials);
   }
 
   // Norms and cross-entropy reduce over a dim; when it is split, partial statistics are
@@ -595,7 +595,7 @@ class Partitioner {
                              ? summed_axes(input, layout(input), output)
                              : AxisList{});
     }
-    emit_with_partials(op, inputs, computed, partials);
+    emit_with_partials(op, std::move(inputs), computed, partials);
   }
 
   void partition_attention(const Op& op, bool gradient) {
@@ -629,7 +629,7 @@ class Partitioner {
           input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
     }
     if (!gradient) {
-      emit(op, inputs, {follow(op.outputs[0], reference)}, {});
+      emit(op, std::move(inputs), {follow(op.outputs[0], reference)}, {});
       return;
     }
     // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length,
@@ -729,7 +729,7 @@ class Partitioner {
     const AxisList partial = op.kind == OpKind::kRouterGrad
                                  ? summed_axes(op.inputs[0], layout(op.inputs[0]), op.outputs[0])
                                  : AxisList{};
-    emit(op, inputs, {layout(op.outputs[0])}, partial);
+    emit(op, std::move(inputs), {layout(op.outputs[0])}, partial);
   }
 
   // Adds an op to the program in the phase of the op being partitioned (a recompute clone's
