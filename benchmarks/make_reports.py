@@ -3,7 +3,7 @@
 
 Usage (from the project root, after `bash scripts/build.sh`):
   python3 benchmarks/make_reports.py validation    # reports/validation.md
-  python3 benchmarks/make_reports.py performance   # reports/performance.md (runs the benchmark)
+  python3 benchmarks/make_reports.py performance   # reports/performance.md (runs the benchmarks)
   python3 benchmarks/make_reports.py training      # reports/training.md (trains tiny-llama, ~40 s)
   python3 benchmarks/make_reports.py explore       # reports/explore.md (explorer speed, published rows)
   python3 benchmarks/make_reports.py mpi           # reports/mpi.md (mpirun with 1, 2, 4 ranks, ~2 min)
@@ -102,6 +102,7 @@ def performance():
               "memory liveness → step simulation; the config load (YAML) is measured separately "
               "(`load_config_only`). The bar: llama3.1-405b on tpu7x-18432 (9216 chips) well under "
               "a second, and flat (within 2x) from 8 to 9216 chips."]
+    lines += phase_table()
     train = subprocess.run([str(ROOT / "build/benchmarks/train_benchmark"), "--benchmark_repetitions=5",
                             "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
     train_runs = [run for run in json.loads(train)["benchmarks"] if run.get("run_type") == "iteration"]
@@ -128,8 +129,43 @@ def performance():
               "matmuls and the optimizer are extra work), so the fraction is a lower bound; the "
               "rest goes to the small tensors of a tiny model (kernel overheads, collectives' index "
               "maps, thread rendezvous)."]
-    write_atomically(ROOT / "reports/performance.md", "\n".join(lines) + "\n")
+    path = ROOT / "reports/performance.md"
+    write_atomically(path, "\n".join(lines) + "\n" + kept_sections(path))
     print("wrote reports/performance.md")
+
+
+def phase_table():
+    """Per-phase medians of benchmarks/phase_probe (the work `tpusim explore` repeats)."""
+    output = subprocess.run([str(ROOT / "build/benchmarks/phase_probe"), "--benchmark_repetitions=5",
+                             "--benchmark_format=json"], check=True, capture_output=True,
+                            text=True).stdout
+    runs = [run for run in json.loads(output)["benchmarks"] if run.get("run_type") == "iteration"]
+    names = list(dict.fromkeys(run["run_name"] for run in runs))
+    lines = ["", "## One estimate, phase by phase", "",
+             "`build/benchmarks/phase_probe --benchmark_repetitions=5` (medians): each phase of an "
+             "estimate of llama3.1-405b on tpu7x-18432 (per_device_batch_size=1, 8192 tokens, "
+             "remat_policy=full) timed alone on inputs built once. `simulate_step_lean` is the "
+             "scheduler with `PerfOptions::record_details = false` (times and FLOPs only, no "
+             "breakdown, trace or profile): what `tpusim explore` runs per candidate.", "",
+             "| phase | median µs (CPU) | median µs (wall) |", "|---|---|---|"]
+    for name in names:
+        cpu = statistics.median(run["cpu_time"] for run in runs if run["run_name"] == name)
+        real = statistics.median(run["real_time"] for run in runs if run["run_name"] == name)
+        lines.append(f"| {name.removeprefix('phase_')} | {cpu:.1f} | {real:.1f} |")
+    return lines
+
+
+# Hand-measured sections (one-off comparisons against an older build) that a regeneration keeps:
+# everything from this heading to the end of the file.
+KEPT_HEADING = "## Speed-up of the estimate phases"
+
+
+def kept_sections(path):
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    start = text.find(KEPT_HEADING)
+    return "" if start < 0 else "\n" + text[start:]
 
 
 TRAIN_ARGS = ["model_name=tiny-llama", "compile_topology=v5e-4", "ici_fsdp_parallelism=2",

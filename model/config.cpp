@@ -373,6 +373,14 @@ double Config::get_float(std::string_view key) const {
   if (found.type != ConfigType::kFloat && found.type != ConfigType::kInt) {
     throw std::logic_error("config key '" + std::string(key) + "' is not a number");
   }
+  // Numbers are stored as the decimal text of a finite double (coerce); from_chars rounds it to
+  // the same double as yaml-cpp's stream conversion, without a stringstream per read.
+  const std::string& text = found.value.Scalar();
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (!text.empty() && error == std::errc() && end == text.data() + text.size()) {
+    return value;
+  }
   return found.value.as<double>();
 }
 

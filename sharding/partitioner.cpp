@@ -85,6 +85,14 @@ class AxesByName {
   size_t size_ = 0;
 };
 
+// `first` + `second` (+ `third`) in one allocation: names of the program's tensors and ops.
+std::string joined(std::string_view first, std::string_view second, std::string_view third = "") {
+  std::string text;
+  text.reserve(first.size() + second.size() + third.size());
+  text.append(first).append(second).append(third);
+  return text;
+}
+
 // A dim as the partitioner plans with it: name (a view of a global tensor's dim name or of the
 // op's attributes) and mesh axes.
 struct PlanDim {
@@ -183,8 +191,8 @@ class Partitioner {
       }
       dim.size = local_size;
     }
-    return out_.add_tensor(global.name + suffix, std::move(dims), global.dtype, global.kind, region,
-                           global.remat_name);
+    return out_.add_tensor(joined(global.name, suffix), std::move(dims), global.dtype, global.kind,
+                           region, global.remat_name);
   }
 
   // Emits a collective over `axes`; writes `into` when given, else a new local tensor.
@@ -192,14 +200,14 @@ class Partitioner {
                       const Layout& result_layout, const AxisList& axes, int region,
                       ReduceOp reduce = ReduceOp::kSum, TensorId into = -1) {
     const TensorId output =
-        into >= 0 ? into : make_local(global, result_layout, region, "/" + name);
+        into >= 0 ? into : make_local(global, result_layout, region, joined("/", name));
     OpAttrs attrs;
     for (const int axis : axes) {
       attrs.mesh_axes.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
     }
     attrs.group_size = shards(axes);
     attrs.reduce = reduce;
-    add_op(kind, global.name + "/" + name, {input}, {output}, attrs, region);
+    add_op(kind, joined(global.name, "/", name), {input}, {output}, attrs, region);
     return output;
   }
 
@@ -252,7 +260,7 @@ class Partitioner {
     step = normalized(step);
     if (step != target) {
       const TensorId sliced = make_local(tensor, target, region, "/slice");
-      add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {sliced}, {}, region);
+      add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {sliced}, {}, region);
       value = sliced;
     }
     alternates_[key] = value;
@@ -407,7 +415,8 @@ class Partitioner {
     if (sliced) {
       // The unsliced value stays reusable in this region.
       alternates_[{global, after_reduce}] = value;
-      add_op(OpKind::kDynamicSlice, tensor.name + "/slice", {value}, {local(global)}, {}, region);
+      add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {local(global)}, {},
+             region);
     }
   }
 
@@ -505,10 +514,11 @@ class Partitioner {
       iteration[out_tensor.dims[dim].name] = computed[dim];
     }
     std::vector<TensorId> inputs;
+    inputs.reserve(op.inputs.size());
     for (const TensorId operand : op.inputs) {
       inputs.push_back(reshard(operand, follow(operand, iteration), op.region));
     }
-    emit(op, inputs, {computed}, partial);
+    emit(op, std::move(inputs), {computed}, partial);
   }
 
   std::vector<PlanDim> plan_dims(TensorId global) const {
@@ -530,18 +540,21 @@ class Partitioner {
       reference.erase(name);
     }
     std::vector<TensorId> inputs;
+    inputs.reserve(op.inputs.size());
     for (const TensorId input : op.inputs) {
       inputs.push_back(reshard(input, follow(input, reference, must_be_whole), op.region));
     }
     std::vector<Layout> computed;
     std::vector<AxisList> partials;
+    computed.reserve(op.outputs.size());
+    partials.reserve(op.outputs.size());
     for (const TensorId output : op.outputs) {
       computed.push_back(follow(output, reference, must_be_whole));
       partials.push_back(op.kind == OpKind::kNormGrad && output != first
                              ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
                              : AxisList{});
     }
-    emit_with_partials(op, inputs, computed, partials);
+    emit_with_partials(op, std::move(inputs), computed, partials);
   }
 
   // Norms and cross-entropy reduce over a dim; when it is split, partial statistics are
@@ -559,6 +572,7 @@ class Partitioner {
     }
     const AxesByName reference = by_name(input, layout(input));
     std::vector<TensorId> inputs;
+    inputs.reserve(op.inputs.size() + 1);
     for (const TensorId operand : op.inputs) {
       inputs.push_back(reshard(operand, follow(operand, reference), op.region));
     }
@@ -570,8 +584,8 @@ class Partitioner {
       }
     }
     stat_dims.emplace_back("statistics", statistics_values, "");
-    const TensorId global_stats = extra_.add_tensor(op.name + "/statistics", stat_dims, DType::kF32,
-                                                    TensorKind::kActivation, op.region);
+    const TensorId global_stats = extra_.add_tensor(
+        joined(op.name, "/statistics"), stat_dims, DType::kF32, TensorKind::kActivation, op.region);
     Layout stat_layout;
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       if (static_cast<int>(dim) != dim_index) {
@@ -583,7 +597,8 @@ class Partitioner {
     const TensorId partial = make_local(stats_info, stat_layout, op.region, "/partial");
     OpAttrs stat_attrs;
     stat_attrs.contracted = {reduced_dim};
-    add_op(statistics_kind, op.name + "/statistics", inputs, {partial}, stat_attrs, op.region);
+    add_op(statistics_kind, joined(op.name, "/statistics"), inputs, {partial}, stat_attrs,
+           op.region);
     const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,
                                      stat_layout, split, op.region, reduce);
     inputs.push_back(full);
@@ -595,7 +610,7 @@ class Partitioner {
                              ? summed_axes(input, layout(input), output)
                              : AxisList{});
     }
-    emit_with_partials(op, inputs, computed, partials);
+    emit_with_partials(op, std::move(inputs), computed, partials);
   }
 
   void partition_attention(const Op& op, bool gradient) {
@@ -622,6 +637,7 @@ class Partitioner {
     const size_t key_begin = first_forward + 1;
     const size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
     std::vector<TensorId> inputs;
+    inputs.reserve(op.inputs.size());
     for (size_t index = 0; index < op.inputs.size(); ++index) {
       const TensorId input = op.inputs[index];
       const bool key_side = index >= key_begin && index < key_end;
@@ -629,7 +645,7 @@ class Partitioner {
           input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
     }
     if (!gradient) {
-      emit(op, inputs, {follow(op.outputs[0], reference)}, {});
+      emit(op, std::move(inputs), {follow(op.outputs[0], reference)}, {});
       return;
     }
     // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length,
@@ -699,6 +715,7 @@ class Partitioner {
     local_grouped = normalized(local_grouped);
     if (dispatch) {
       std::vector<TensorId> inputs;
+      inputs.reserve(op.inputs.size());
       for (const TensorId input : op.inputs) {
         inputs.push_back(reshard(input, layout(input), op.region));
       }
@@ -708,7 +725,7 @@ class Partitioner {
         collective(OpKind::kAllToAll, "all_to_all", computed, grouped_tensor, layout(grouped),
                    expert_axes, op.region, ReduceOp::kSum, local(grouped_out));
       } else {
-        add_op(OpKind::kDynamicSlice, grouped_tensor.name + "/slice", {computed},
+        add_op(OpKind::kDynamicSlice, joined(grouped_tensor.name, "/slice"), {computed},
                {local(grouped_out)}, {}, op.region);
       }
       return;
@@ -719,6 +736,7 @@ class Partitioner {
                          expert_axes, op.region);
     }
     std::vector<TensorId> inputs;
+    inputs.reserve(op.inputs.size());
     for (size_t index = 0; index < op.inputs.size(); ++index) {
       inputs.push_back(index == grouped_input
                            ? value
@@ -729,7 +747,7 @@ class Partitioner {
     const AxisList partial = op.kind == OpKind::kRouterGrad
                                  ? summed_axes(op.inputs[0], layout(op.inputs[0]), op.outputs[0])
                                  : AxisList{};
-    emit(op, inputs, {layout(op.outputs[0])}, partial);
+    emit(op, std::move(inputs), {layout(op.outputs[0])}, partial);
   }
 
   // Adds an op to the program in the phase of the op being partitioned (a recompute clone's

@@ -1,30 +1,21 @@
 #include "model/autodiff/training_step.h"
 
 #include <algorithm>
-#include <set>
+#include <map>
 #include <stdexcept>
+#include <string>
 
 #include "model/config.h"
 
 namespace tpusim {
 namespace {
 
-std::vector<std::string> dim_names(const Tensor& tensor) {
-  std::vector<std::string> names;
-  for (const Dim& dim : tensor.dims) {
-    names.push_back(dim.name);
-  }
-  return names;
-}
-
 // Dims in `a` or `b` that are not in `out`: what an einsum producing `out` from a and b contracts.
 std::vector<std::string> contracted_for(const Tensor& a, const Tensor& b, const Tensor& out) {
   std::vector<std::string> result;
-  const std::vector<std::string> out_names = dim_names(out);
   for (const Tensor* tensor : {&a, &b}) {
     for (const Dim& dim : tensor->dims) {
-      const bool in_out =
-          std::find(out_names.begin(), out_names.end(), dim.name) != out_names.end();
+      const bool in_out = out.dim_index(dim.name) >= 0;
       const bool seen = std::find(result.begin(), result.end(), dim.name) != result.end();
       if (!in_out && !seen) {
         result.push_back(dim.name);
@@ -33,6 +24,43 @@ std::vector<std::string> contracted_for(const Tensor& a, const Tensor& b, const 
   }
   return result;
 }
+
+// Tensor -> tensor associations of the builder (gradients, rematerialized copies) as a vector
+// indexed by tensor id: the graph's ids are dense, and -1 means none.
+class TensorMap {
+ public:
+  TensorId find(TensorId key) const {
+    const auto slot = static_cast<size_t>(key);
+    return slot < values_.size() ? values_[slot] : -1;
+  }
+  TensorId at(TensorId key) const {
+    const TensorId value = find(key);
+    if (value < 0) {
+      throw std::out_of_range("no tensor mapped from tensor " + std::to_string(key));
+    }
+    return value;
+  }
+  void set(TensorId key, TensorId value) {
+    const auto slot = static_cast<size_t>(key);
+    if (slot >= values_.size()) {
+      values_.resize(slot + 1, -1);
+    }
+    values_[slot] = value;
+  }
+  void clear() { std::fill(values_.begin(), values_.end(), -1); }
+  std::map<TensorId, TensorId> to_map() const {
+    std::map<TensorId, TensorId> result;
+    for (size_t key = 0; key < values_.size(); ++key) {
+      if (values_[key] >= 0) {
+        result.emplace_hint(result.end(), static_cast<TensorId>(key), values_[key]);
+      }
+    }
+    return result;
+  }
+
+ private:
+  std::vector<TensorId> values_;
+};
 
 class BackwardBuilder {
  public:
@@ -53,7 +81,7 @@ class BackwardBuilder {
       incoming = differentiate_region(*it, incoming, step);
     }
     build_optimizer(step);
-    step.parameter_grads = std::move(parameter_grads_);
+    step.parameter_grads = parameter_grads_.to_map();
     step.saved = std::move(saved_);
     step.graph = std::move(graph_);
     step.forward_info = std::move(forward_);
@@ -115,17 +143,17 @@ class BackwardBuilder {
   // Adds `contribution` to the gradient of forward tensor `of` (summing fan-out).
   void accumulate(TensorId of, TensorId contribution, int region) {
     auto& grads = graph_.tensor(of).kind == TensorKind::kParameter ? parameter_grads_ : grads_;
-    const auto found = grads.find(of);
-    if (found == grads.end()) {
-      grads[of] = contribution;
+    const TensorId found = grads.find(of);
+    if (found < 0) {
+      grads.set(of, contribution);
       return;
     }
     const TensorId sum = new_grad(graph_.tensor(of), region, "/grad_sum");
     OpAttrs attrs;
     attrs.function = ElementwiseFn::kAdd;
-    graph_.add_op(OpKind::kElementwise, graph_.tensor(of).name + "/grad_sum",
-                  {found->second, contribution}, {sum}, attrs, region);
-    found->second = sum;
+    graph_.add_op(OpKind::kElementwise, graph_.tensor(of).name + "/grad_sum", {found, contribution},
+                  {sum}, attrs, region);
+    grads.set(of, sum);
   }
 
   // The forward tensor `id` as the backward region `region` can read it.
@@ -135,8 +163,8 @@ class BackwardBuilder {
     if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
       return id;
     }
-    if (const auto found = materialized_.find(id); found != materialized_.end()) {
-      return found->second;
+    if (const TensorId found = materialized_.find(id); found >= 0) {
+      return found;
     }
     const int forward_region = tensor.region;
     RematDecision decision = RematDecision::kDevice;
@@ -162,7 +190,7 @@ class BackwardBuilder {
         graph_.add_op(OpKind::kHostLoad, tensor.name + "/reload", {on_host}, {result}, {}, region);
       }
     }
-    materialized_[id] = result;
+    materialized_.set(id, result);
     return result;
   }
 
@@ -185,7 +213,7 @@ class BackwardBuilder {
           graph_.add_tensor(original.name + "/remat", original.dims, original.dtype, original.kind,
                             region, original.remat_name);
       outputs.push_back(copy);
-      materialized_[output] = copy;
+      materialized_.set(output, copy);
       if (output == id) {
         result = copy;
       }
@@ -224,15 +252,15 @@ class BackwardBuilder {
     std::vector<TensorId> grad_outs;
     bool any = false;
     for (const TensorId output : op.outputs) {
-      const auto found = grads_.find(output);
-      grad_outs.push_back(found == grads_.end() ? -1 : found->second);
-      any = any || found != grads_.end();
+      const TensorId grad = grads_.find(output);
+      grad_outs.push_back(grad);
+      any = any || grad >= 0;
     }
     if (!any) {
       return;
     }
     const TensorId dy = grad_outs[0];
-    const std::string grad_name = op.name + "/grad";
+    auto grad_name = [&op] { return op.name + "/grad"; };
     switch (op.kind) {
       case OpKind::kEinsum:
         emit_einsum_grad(op, dy, region);
@@ -248,7 +276,7 @@ class BackwardBuilder {
         if (fn == ElementwiseFn::kCast) {
           OpAttrs attrs;
           attrs.function = ElementwiseFn::kCast;
-          const TensorId grad = simple_op(OpKind::kElementwise, grad_name, {dy},
+          const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
                                           graph_.tensor(op.inputs[0]), region, attrs);
           accumulate(op.inputs[0], grad, region);
           return;
@@ -257,7 +285,7 @@ class BackwardBuilder {
           for (size_t index = 0; index < 2; ++index) {
             OpAttrs attrs;
             attrs.function = ElementwiseFn::kMul;
-            const TensorId grad = simple_op(OpKind::kElementwise, grad_name,
+            const TensorId grad = simple_op(OpKind::kElementwise, grad_name(),
                                             {dy, available(op.inputs[1 - index], region)},
                                             graph_.tensor(op.inputs[index]), region, attrs);
             accumulate(op.inputs[index], grad, region);
@@ -271,7 +299,7 @@ class BackwardBuilder {
                          : fn == ElementwiseFn::kGelu    ? ElementwiseFn::kGeluGrad
                                                          : fn;
         const TensorId grad =
-            simple_op(OpKind::kElementwise, grad_name, {dy, available(op.inputs[0], region)},
+            simple_op(OpKind::kElementwise, grad_name(), {dy, available(op.inputs[0], region)},
                       graph_.tensor(op.inputs[0]), region, attrs);
         accumulate(op.inputs[0], grad, region);
         return;
@@ -284,15 +312,15 @@ class BackwardBuilder {
           inputs.push_back(available(input, region));
           outputs.push_back(new_grad(graph_.tensor(input), region));
         }
-        graph_.add_op(OpKind::kNormGrad, grad_name, inputs, outputs, op.attrs, region);
+        graph_.add_op(OpKind::kNormGrad, grad_name(), inputs, outputs, op.attrs, region);
         for (size_t index = 0; index < op.inputs.size(); ++index) {
           accumulate(op.inputs[index], outputs[index], region);
         }
         return;
       }
       case OpKind::kRope: {
-        const TensorId grad = simple_op(OpKind::kRope, grad_name, {dy}, graph_.tensor(op.inputs[0]),
-                                        region, op.attrs);
+        const TensorId grad = simple_op(OpKind::kRope, grad_name(), {dy},
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -304,20 +332,20 @@ class BackwardBuilder {
           outputs.push_back(new_grad(graph_.tensor(input), region));
         }
         inputs.push_back(available(op.outputs[0], region));
-        graph_.add_op(OpKind::kAttentionGrad, grad_name, inputs, outputs, op.attrs, region);
+        graph_.add_op(OpKind::kAttentionGrad, grad_name(), inputs, outputs, op.attrs, region);
         for (size_t index = 0; index < op.inputs.size(); ++index) {
           accumulate(op.inputs[index], outputs[index], region);
         }
         return;
       }
       case OpKind::kEmbeddingLookup: {
-        const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name, {dy, op.inputs[0]},
+        const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name(), {dy, op.inputs[0]},
                                         graph_.tensor(op.inputs[1]), region);
         accumulate(op.inputs[1], grad, region);
         return;
       }
       case OpKind::kCrossEntropy: {
-        const TensorId grad = simple_op(OpKind::kCrossEntropyGrad, grad_name,
+        const TensorId grad = simple_op(OpKind::kCrossEntropyGrad, grad_name(),
                                         {available(op.inputs[0], region), op.inputs[1]},
                                         graph_.tensor(op.inputs[0]), region);
         accumulate(op.inputs[0], grad, region);
@@ -326,14 +354,14 @@ class BackwardBuilder {
       case OpKind::kMoeDispatch: {
         // Gradient of a dispatch is a combine of the gradient (unweighted gather back).
         const TensorId grad =
-            simple_op(OpKind::kMoeCombine, grad_name, {dy, available(op.inputs[1], region)},
+            simple_op(OpKind::kMoeCombine, grad_name(), {dy, available(op.inputs[1], region)},
                       graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
       case OpKind::kMoeCombine: {
         const TensorId routing = available(op.inputs[1], region);
-        const TensorId grad_experts = simple_op(OpKind::kMoeDispatch, grad_name, {dy, routing},
+        const TensorId grad_experts = simple_op(OpKind::kMoeDispatch, grad_name(), {dy, routing},
                                                 graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad_experts, region);
         const TensorId grad_routing = simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
@@ -344,7 +372,7 @@ class BackwardBuilder {
       }
       case OpKind::kMoeRouter: {
         const TensorId grad =
-            simple_op(OpKind::kRouterGrad, grad_name, {dy, available(op.inputs[0], region)},
+            simple_op(OpKind::kRouterGrad, grad_name(), {dy, available(op.inputs[0], region)},
                       graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
@@ -370,10 +398,10 @@ class BackwardBuilder {
       const TensorId seed = graph_.add_tensor(out.name + "/grad_in", out.dims, out.dtype,
                                               TensorKind::kGradient, backward);
       graph_.add_carry(incoming, seed);
-      grads_[output] = seed;
+      grads_.set(output, seed);
     } else {
       // d loss / d loss = 1: cross_entropy_grad produces the logits gradient directly.
-      grads_[output] = output;
+      grads_.set(output, output);
     }
     // The graph keeps ops in a deque: the ops emitted below leave these pointers valid.
     std::vector<const Op*> ops;
@@ -404,8 +432,8 @@ class BackwardBuilder {
       if (parameter.kind != TensorKind::kParameter) {
         continue;
       }
-      const auto grad = parameter_grads_.find(parameter.id);
-      if (grad == parameter_grads_.end()) {
+      const TensorId grad = parameter_grads_.find(parameter.id);
+      if (grad < 0) {
         continue;
       }
       if (!optimizer_region_for.contains(parameter.region)) {
@@ -417,7 +445,7 @@ class BackwardBuilder {
       }
       const int region = optimizer_region_for[parameter.region];
       std::vector<TensorId> outputs;
-      std::vector<TensorId> inputs = {parameter.id, grad->second};
+      std::vector<TensorId> inputs = {parameter.id, grad};
       for (const char* moment : {"/mu", "/nu"}) {
         inputs.push_back(graph_.add_tensor(parameter.name + moment, parameter.dims, moment_dtype_,
                                            TensorKind::kOptimizerState, parameter.region));
@@ -436,9 +464,9 @@ class BackwardBuilder {
   RematPolicy policy_;
   DType grad_dtype_;
   DType moment_dtype_;
-  std::map<TensorId, TensorId> grads_;            // activation -> its gradient
-  std::map<TensorId, TensorId> parameter_grads_;  // parameter -> its gradient
-  std::map<TensorId, TensorId> materialized_;     // forward tensor -> readable in this region
+  TensorMap grads_;            // activation -> its gradient
+  TensorMap parameter_grads_;  // parameter -> its gradient
+  TensorMap materialized_;     // forward tensor -> readable in this region
   std::map<TensorId, RematDecision> saved_;
 };
 

@@ -48,6 +48,17 @@ TEST(Config, IntsReadAsYamlConvertsThem) {
   EXPECT_EQ(config.get_int("base_emb_dim"), 9223372036854775807);
 }
 
+// get_float reads the stored text with from_chars; it must agree with yaml-cpp's conversion.
+TEST(Config, FloatsReadAsYamlConvertsThem) {
+  Config config = Config::load("", {});
+  for (const char* text : {"0", "12", "-0.5", "0.1", "1e-6", "3.0000000000000004", "1.5E+20",
+                           "2.2250738585072014e-308", "123456789012345678901234567890", ".5"}) {
+    config.set("learning_rate", text, "test");
+    EXPECT_EQ(config.get_float("learning_rate"), config.get_node("learning_rate").as<double>())
+        << text;
+  }
+}
+
 TEST(Config, LoadingOrderBaseThenPresetThenCommandLine) {
   const Config config = Config::load(
       "", {"model_name=llama3.1-70b", "per_device_batch_size=4", "remat_policy=minimal"});
