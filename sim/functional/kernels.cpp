@@ -8,9 +8,15 @@
 //    first dim of an embedding table).
 //  - A split dim's slice on this device starts at device.offset(dim); its global size is
 //    dim.global_size (0: the dim is not split and `size` is global).
-//  - Reductions accumulate in double; outputs are rounded to float32 once. With
-//    device.bf16_matmul_inputs the inputs of einsum and attention matmuls are rounded to bf16
-//    (round-to-nearest-even) and products accumulate in fp32.
+//  - Reductions accumulate in double; outputs are rounded to float32 once. Einsum GEMMs too:
+//    they run in double on the fp32 inputs, so the engine's error against exact (fp64) math is
+//    that of its fp32 storage, not of a long fp32 accumulation, and shardings that split a
+//    contraction differently agree more closely. (An fp32-accumulated gradient element whose
+//    true value is ~1e-9 but whose terms are ~1e-4 carries ~1e-9 of rounding noise, and AdamW's
+//    g / (|g| + eps) at eps = 1e-8 turns that into a visibly different update: measured 1.3e-5
+//    rel-L2 on one updated weight of tiny-llama at tensor=4.) With device.bf16_matmul_inputs
+//    the inputs of einsum and attention matmuls are rounded to bf16 (round-to-nearest-even) and
+//    products accumulate in fp32, as on the MXU.
 //  - Shape mismatches (wrong input/output counts, a TensorData whose shape differs from its
 //    tensor's local dims, dims of the same name with different sizes, missing dims) throw
 //    std::logic_error naming the op.
@@ -35,6 +41,7 @@ namespace tpusim {
 namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using DoubleMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Round-to-nearest-even to bfloat16, returned as the float it represents.
 float round_bf16(float value) {
@@ -270,7 +277,8 @@ bool same_dims(const Tensor& a, const Tensor& b) {
 //   only one operand is summed out of that operand first. Any other dim (in C but in neither
 //   operand, in an operand but neither in C nor contracted) is a shape error. Split contracted
 //   dims give partial sums (the engine reduces them). Computed as per-batch Eigen GEMMs of the
-//   operands packed to [batch, M, K] x [batch, K, N] (fp32 accumulation).
+//   operands packed to [batch, M, K] x [batch, K, N], accumulated in double (in fp32 with
+//   bf16_matmul_inputs).
 // ------------------------------------------------------------------------------------------------
 void run_einsum(const Ctx& ctx) {
   ctx.expect_counts(2, 2, 1, 1);
@@ -378,7 +386,12 @@ void run_einsum(const Ctx& ctx) {
     const Eigen::Map<const RowMatrix> lhs(packed_a.data() + index * m * k, m, k);
     const Eigen::Map<const RowMatrix> rhs(packed_b.data() + index * k * n, k, n);
     Eigen::Map<RowMatrix> product(packed_c.data() + index * m * n, m, n);
-    product.noalias() = lhs * rhs;
+    if (ctx.device().bf16_matmul_inputs) {
+      product.noalias() = lhs * rhs;  // the MXU: bf16 products, fp32 accumulation
+    } else {
+      const DoubleMatrix wide = lhs.cast<double>() * rhs.cast<double>();
+      product = wide.cast<float>();
+    }
   }
   Space loop;
   for (const Space* part : {&batch, &rows, &cols}) {
@@ -1005,39 +1018,51 @@ AttentionView attention_view(const Ctx& ctx, const Tensor& tensor, bool kv_side,
   return view;
 }
 
-RowMatrix gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b, int64_t h,
-                 bool round) {
-  RowMatrix matrix(view.length, view.features);
+template <typename Scalar>
+using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <typename Scalar>
+Matrix<Scalar> gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b,
+                      int64_t h, bool round) {
+  Matrix<Scalar> matrix(view.length, view.features);
   const float* start = base + b * view.batch_stride + h * view.head_stride;
   for (int64_t row = 0; row < view.length; ++row) {
     for (int64_t col = 0; col < view.features; ++col) {
       const float value = start[row * view.length_stride + col * view.feature_stride];
-      matrix(row, col) = round ? ctx.load(value) : value;
+      matrix(row, col) = static_cast<Scalar>(round ? ctx.load(value) : value);
     }
   }
   return matrix;
 }
 
-void scatter(float* base, const AttentionView& view, int64_t b, int64_t h, const RowMatrix& matrix,
-             bool accumulate) {
+template <typename Scalar>
+void scatter(float* base, const AttentionView& view, int64_t b, int64_t h,
+             const Matrix<Scalar>& matrix, bool accumulate) {
   float* start = base + b * view.batch_stride + h * view.head_stride;
   for (int64_t row = 0; row < view.length; ++row) {
     for (int64_t col = 0; col < view.features; ++col) {
       float& slot = start[row * view.length_stride + col * view.feature_stride];
-      slot = accumulate ? slot + matrix(row, col) : matrix(row, col);
+      slot = static_cast<float>(accumulate ? slot + matrix(row, col) : matrix(row, col));
     }
   }
 }
 
-RowMatrix round_matrix(const Ctx& ctx, RowMatrix matrix) {
+template <typename Scalar>
+Matrix<Scalar> round_matrix(const Ctx& ctx, Matrix<Scalar> matrix) {
   if (ctx.device().bf16_matmul_inputs) {
-    matrix = matrix.unaryExpr([](float value) { return round_bf16(value); });
+    matrix = matrix.unaryExpr(
+        [](Scalar value) { return static_cast<Scalar>(round_bf16(static_cast<float>(value))); });
   }
   return matrix;
 }
 
+// Computes in `Scalar`: double for the fp32 reference, float with bf16_matmul_inputs (the MXU's
+// fp32 accumulation).
+template <typename Scalar>
 class AttentionKernel {
  public:
+  using RowMatrix = Matrix<Scalar>;
+
   AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
     const size_t first = gradient ? 1 : 0;
     if (gradient) {
@@ -1081,7 +1106,7 @@ class AttentionKernel {
     } else if (q_.features != d_k_) {
       ctx.fail("query and key feature sizes differ");
     }
-    scale_ = 1.0f / std::sqrt(static_cast<float>(q_.feature_dim->whole_size()));
+    scale_ = Scalar{1} / std::sqrt(static_cast<Scalar>(q_.feature_dim->whole_size()));
     // GQA mapping on global head indices.
     const int64_t query_heads = q_.heads_dim->whole_size();
     const int64_t kv_heads = k_.heads_dim->whole_size();
@@ -1136,15 +1161,15 @@ class AttentionKernel {
     const float* kr = mla_ ? ctx_.in(3) : nullptr;
     float* out = ctx_.out(0);
     for (int64_t b = 0; b < q_.batch; ++b) {
-      const RowMatrix k_rope = mla_ ? gather(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       for (int64_t h = 0; h < q_.heads; ++h) {
         const int64_t kv = kv_of_[static_cast<size_t>(h)];
         if (kv < 0) {
           continue;
         }
-        const RowMatrix q_matrix = gather(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather(ctx_, v, v_, b, kv, true);
+        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
         const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
         const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
         scatter(out, o_, b, h, result, false);
@@ -1164,23 +1189,29 @@ class AttentionKernel {
     float* dv = ctx_.out(2);
     float* dkr = mla_ ? ctx_.out(3) : nullptr;
     for (int64_t b = 0; b < q_.batch; ++b) {
-      const RowMatrix k_rope = mla_ ? gather(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       RowMatrix dk_rope = RowMatrix::Zero(k_.length, mla_ ? kr_.features : 0);
+      // dk, dv of each kv head: summed over the query heads that share it, then written once.
+      std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads),
+                                    RowMatrix::Zero(k_.length, k_.features));
+      std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads),
+                                    RowMatrix::Zero(v_.length, v_.features));
       for (int64_t h = 0; h < q_.heads; ++h) {
         const int64_t kv = kv_of_[static_cast<size_t>(h)];
         if (kv < 0) {
           continue;
         }
-        const RowMatrix q_matrix = gather(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather(ctx_, v, v_, b, kv, true);
-        const RowMatrix dout_matrix = gather(ctx_, dout, dout_, b, h, true);
-        const RowMatrix out_matrix = gather(ctx_, out, o_, b, h, false);
+        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+        const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
+        const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
         const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
         const RowMatrix dv_matrix = round_matrix(ctx_, probabilities).transpose() * dout_matrix;
         const RowMatrix dp = dout_matrix * v_matrix.transpose();
         // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
-        const Eigen::VectorXf delta = dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
+        const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
+            dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
         RowMatrix ds = probabilities.cwiseProduct(dp.colwise() - delta) * scale_;
         ds = round_matrix(ctx_, ds);
         RowMatrix dq_matrix(q_.length, q_.features);
@@ -1191,8 +1222,12 @@ class AttentionKernel {
           dk_rope += ds.transpose() * q_matrix.rightCols(kr_.features);
         }
         scatter(dq, dq_, b, h, dq_matrix, false);
-        scatter(dk, dk_, b, kv, dk_matrix, true);
-        scatter(dv, dv_, b, kv, dv_matrix, true);
+        dk_sum[static_cast<size_t>(kv)] += dk_matrix;
+        dv_sum[static_cast<size_t>(kv)] += dv_matrix;
+      }
+      for (int64_t kv = 0; kv < k_.heads; ++kv) {
+        scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
+        scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
       }
       if (mla_) {
         scatter(dkr, dkr_, b, 0, dk_rope, false);
@@ -1222,7 +1257,7 @@ class AttentionKernel {
     return false;
   }
 
-  // Masked softmax(scale q k^T) in fp32; masked entries are 0.
+  // Masked softmax(scale q k^T) in Scalar; masked entries are 0.
   RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope) const {
     RowMatrix scores = q.leftCols(d_k_) * k.transpose();
     if (mla_) {
@@ -1231,13 +1266,13 @@ class AttentionKernel {
     scores *= scale_;
     for (int64_t i = 0; i < scores.rows(); ++i) {
       const int64_t query = q_position_ + i;
-      float max = -std::numeric_limits<float>::infinity();
+      Scalar max = -std::numeric_limits<Scalar>::infinity();
       for (int64_t j = 0; j < scores.cols(); ++j) {
         if (allowed(query, k_position_ + j)) {
           max = std::max(max, scores(i, j));
         }
       }
-      float sum = 0;
+      Scalar sum = 0;
       for (int64_t j = 0; j < scores.cols(); ++j) {
         if (allowed(query, k_position_ + j)) {
           scores(i, j) = std::exp(scores(i, j) - max);
@@ -1257,7 +1292,7 @@ class AttentionKernel {
   bool mla_ = false;
   AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
   int64_t d_k_ = 0;
-  float scale_ = 1;
+  Scalar scale_ = 1;
   std::vector<int64_t> kv_of_;
   int64_t q_position_ = 0;
   int64_t k_position_ = 0;
@@ -1987,10 +2022,18 @@ void run_kernel(const Graph& graph, const Op& op, const std::vector<const Tensor
       run_rope(ctx);
       return;
     case OpKind::kAttention:
-      AttentionKernel(ctx, false).forward();
+      if (device.bf16_matmul_inputs) {
+        AttentionKernel<float>(ctx, false).forward();
+      } else {
+        AttentionKernel<double>(ctx, false).forward();
+      }
       return;
     case OpKind::kAttentionGrad:
-      AttentionKernel(ctx, true).backward();
+      if (device.bf16_matmul_inputs) {
+        AttentionKernel<float>(ctx, true).backward();
+      } else {
+        AttentionKernel<double>(ctx, true).backward();
+      }
       return;
     case OpKind::kEmbeddingLookup:
       run_embedding(ctx, false);
