@@ -296,7 +296,9 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
     throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
                     did_you_mean(key, order_));
   }
-  found->second.value = coerce(value, found->second.type, std::string(key), origin);
+  // reset(), not operator=: YAML::Node assignment writes into the node every copy of this
+  // Config shares, so setting a key on a copy would change the original too.
+  found->second.value.reset(coerce(value, found->second.type, std::string(key), origin));
   found->second.origin = origin;
 }
 
