@@ -318,7 +318,7 @@ class BackwardBuilder {
       case OpKind::kCrossEntropy: {
         const TensorId grad = simple_op(OpKind::kCrossEntropyGrad, grad_name,
                                         {available(op.inputs[0], region), op.inputs[1]},
-                                        graph_.tensor(op.inputs[0]), region);
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -387,7 +387,9 @@ class BackwardBuilder {
       return -1;
     }
     const TensorId grad_input = grads_.at(input);
-    if (info.repeat > 1) {
+    // Scanned layers hand the input gradient to the previous layer's iteration; the chunks of a
+    // tiled head are independent (each writes its part of the input gradient).
+    if (info.repeat > 1 && !info.shared_parameters) {
       graph_.add_carry(grad_input, grads_.at(output));
     }
     return grad_input;

@@ -402,7 +402,8 @@ class ForwardBuilder {
       throw UserError("num_vocab_tiling: " + std::to_string(chunks) +
                       " must divide max_target_length (" + std::to_string(length_) + ")");
     }
-    const int region = graph().add_region("head", chunks, Phase::kForward, -1, /*shared_parameters=*/true);
+    const int region =
+        graph().add_region("head", chunks, Phase::kForward, -1, /*shared_parameters=*/true);
     result_.head_region = region;
     result_.head_chunks = chunks;
     const int64_t full_length = length_;
@@ -434,7 +435,10 @@ class ForwardBuilder {
     const TensorId targets =
         graph().add_tensor("targets", token_dims(), DType::kI32, TensorKind::kInput, region);
     const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
-    graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, {}, region);
+    OpAttrs loss_attrs;
+    loss_attrs.token_chunks = chunks;
+    graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, loss_attrs,
+                   region);
     result_.loss = loss;
     length_ = full_length;
   }

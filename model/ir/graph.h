@@ -62,6 +62,9 @@ class Graph {
 
   // A carry: the value of `from` when its region ends becomes `to` (the residual stream between
   // regions, and from one iteration of a repeated region to the next when from and to share it).
+  // Into or out of a region whose iterations share parameters (a chunked head, num_vocab_tiling
+  // = T), the chunk-sized end is T times shorter in one dim: iteration c reads (or writes) chunk
+  // c of the whole tensor.
   struct Carry {
     TensorId from = -1;
     TensorId to = -1;

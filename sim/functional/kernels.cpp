@@ -1398,7 +1398,8 @@ void run_embedding(const Ctx& ctx, bool gradient) {
 //   Local vocab entries past the dim's global size (padding of an uneven split) are ignored, and
 //   a target t is local iff offset <= t < offset + valid local size (offset =
 //   device.offset(vocab)). The global token count T is the product of the GLOBAL sizes of the
-//   logits' non-vocab dims.
+//   logits' non-vocab dims times attrs.token_chunks (a chunked head, num_vocab_tiling: each
+//   chunk's loss and gradient are its share of the mean over all chunks' tokens).
 // kCrossEntropy(logits, targets[, stats]) -> loss (shape {}): sum over local tokens of
 //   (lse - logit[target]) / T. Without stats the vocab dim is whole; with stats [token dims, 3]
 //   = globally combined (max, sum exp(logit - max), target logit): lse = max + log(sum).
@@ -1421,7 +1422,7 @@ class CrossEntropyKernel {
     vocab_stride_ = ctx.stride(logits, "vocab");
     logits_strides_ = ctx.strides_in(logits, tokens_, true, false);
     targets_strides_ = ctx.strides_in(ctx.in_tensor(1), tokens_, true, true);
-    token_count_ = 1;
+    token_count_ = std::max<int64_t>(1, ctx.op().attrs.token_chunks);
     for (const Dim& dim : logits.dims) {
       if (dim.name != "vocab") {
         token_count_ *= dim.whole_size();
