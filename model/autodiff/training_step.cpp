@@ -206,8 +206,14 @@ class BackwardBuilder {
       const TensorId grad = new_grad(target_tensor, region);
       OpAttrs attrs;
       attrs.contracted = contracted_for(out, graph_.tensor(other), graph_.tensor(grad));
-      graph_.add_op(OpKind::kEinsum, op.name + "/grad_" + target_tensor.name,
-                    {grad_out, available(other, region)}, {grad}, attrs, region);
+      std::vector<TensorId> inputs = {grad_out, available(other, region)};
+      if (op.inputs.size() == 3) {
+        // A grouped matmul's VJPs are grouped matmuls over the same rows (model/ir/op.h).
+        inputs.push_back(available(op.inputs[2], region));
+        attrs.routed_fraction = op.attrs.routed_fraction;
+      }
+      graph_.add_op(OpKind::kEinsum, op.name + "/grad_" + target_tensor.name, inputs, {grad}, attrs,
+                    region);
       accumulate(target, grad, region);
     }
   }
@@ -337,7 +343,7 @@ class BackwardBuilder {
         accumulate(op.inputs[0], grad_experts, region);
         const TensorId grad_routing = simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
                                                 {dy, available(op.inputs[0], region), routing},
-                                                graph_.tensor(op.inputs[1]), region);
+                                                graph_.tensor(op.inputs[1]), region, op.attrs);
         accumulate(op.inputs[1], grad_routing, region);
         return;
       }

@@ -1,5 +1,6 @@
 #include "sim/functional/executor.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <optional>
@@ -337,7 +338,16 @@ void Executor::run_op(const Op& op, int microbatch) {
   } else {
     run_kernel(graph_, op, inputs, outputs, device_);
     if (op.kind == OpKind::kEinsum) {
-      counters_.einsum_flops += op_flops(graph_, op).matmul;
+      double flops = op_flops(graph_, op).matmul;
+      if (op.inputs.size() == 3) {
+        // A grouped matmul multiplies the rows routing really filled (row_experts >= 0), which
+        // the program counts by their balanced fraction.
+        const std::vector<float>& rows = inputs[2]->values;
+        const auto filled = static_cast<double>(
+            std::count_if(rows.begin(), rows.end(), [](float expert) { return expert >= 0; }));
+        flops *= filled / static_cast<double>(rows.size()) / op.attrs.routed_fraction;
+      }
+      counters_.einsum_flops += flops;
     }
   }
   if (op.kind == OpKind::kAdamUpdate) {

@@ -6,8 +6,9 @@
 // kernels, collectives through the Communicator (which meets the other devices). The executor
 // owns the device's state: per-layer parameters and Adam moments, per-layer saved activations
 // between a layer's forward and backward, gradients until the update. It counts what it really
-// does: matmul FLOPs executed by einsums and attention, bytes handed to collectives, and the peak
-// of bytes allocated (in the IR's dtypes, so it compares with the memory model).
+// does: matmul FLOPs executed by einsums and attention (a dropless MoE's grouped matmuls: the
+// rows routing really filled, which balance only on average), bytes handed to collectives, and
+// the peak of bytes allocated (in the IR's dtypes, so it compares with the memory model).
 //
 // A chunked head (num_vocab_tiling = T: the head region and its backward repeat T times over the
 // same parameters, each iteration on 1/T of the tokens) runs chunk c on iteration c (backward:

@@ -42,6 +42,8 @@ namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using DoubleMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename Scalar>
+using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Round-to-nearest-even to bfloat16, returned as the float it represents.
 float round_bf16(float value) {
@@ -280,8 +282,190 @@ bool same_dims(const Tensor& a, const Tensor& b) {
 //   operands packed to [batch, M, K] x [batch, K, N], accumulated in double (in fp32 with
 //   bf16_matmul_inputs).
 // ------------------------------------------------------------------------------------------------
+// The offset in `tensor` of every index of `space` (row-major; dims matched by name, all present).
+std::vector<int64_t> offsets_of(const Ctx& ctx, const Tensor& tensor, const Space& space) {
+  std::vector<int64_t> offsets;
+  const std::array<std::vector<int64_t>, 1> strides = {ctx.strides_in(tensor, space, true, false)};
+  for_each_index(space.sizes, strides,
+                 [&](const std::array<int64_t, 1>& at) { offsets.push_back(at[0]); });
+  return offsets;
+}
+
+// ------------------------------------------------------------------------------------------------
+// kEinsum(A, B, row_experts) -> C: a grouped matmul over the rows of a dropless MoE buffer
+//   (model/ir/op.h). row_experts[experts, expert_tokens] names the ROW dims and holds each row's
+//   expert (-1: an empty row). Of A, B and C exactly one lacks expert_tokens: the expert tensor,
+//   whose experts dim IS the expert index (global = local + device.offset). Either
+//   (a) C and one operand X are row tensors, the other operand W the expert tensor: each row r of
+//       expert e: C[r] = sum over attrs.contracted of X[r] W[e]; empty rows give 0; or
+//   (b) C is the expert tensor, A and B row tensors: C[e] = sum over the rows r of expert e of
+//       A[r] (x) B[r] (outer product of their non-row dims; attrs.contracted = {expert_tokens}).
+//   A row of an expert this device does not hold is an error. Per expert one GEMM of its rows,
+//   accumulated in double (float with bf16_matmul_inputs), like the dense einsum.
+// ------------------------------------------------------------------------------------------------
+template <typename Scalar>
+void run_grouped_einsum(const Ctx& ctx) {
+  using Rows = std::vector<int64_t>;
+  const Tensor& rows_tensor = ctx.in_tensor(2);
+  if (rows_tensor.dims.size() != 2 || !has_dim(rows_tensor, "experts") ||
+      !has_dim(rows_tensor, "expert_tokens")) {
+    ctx.fail("row_experts '" + rows_tensor.name + "' must be [experts, expert_tokens]");
+  }
+  const Space rows = space_without(rows_tensor, {});
+  const std::array<const Tensor*, 3> tensors = {&ctx.in_tensor(0), &ctx.in_tensor(1),
+                                                &ctx.out_tensor(0)};
+  int expert_side = -1;
+  for (int index = 0; index < 3; ++index) {
+    if (!has_dim(*tensors[static_cast<size_t>(index)], "expert_tokens")) {
+      if (expert_side >= 0) {
+        ctx.fail("a grouped matmul has one expert tensor (without expert_tokens)");
+      }
+      expert_side = index;
+    }
+  }
+  if (expert_side < 0) {
+    ctx.fail("a grouped matmul needs an expert tensor (without expert_tokens)");
+  }
+  const Tensor& expert_tensor = *tensors[static_cast<size_t>(expert_side)];
+  const Dim& experts = ctx.dim(expert_tensor, "experts");
+  const int64_t expert_offset = ctx.device().offset(experts);
+  const int64_t expert_stride = ctx.stride(expert_tensor, "experts");
+  // The rows of each of this device's experts, as indices row-major over `rows`.
+  std::vector<Rows> members(static_cast<size_t>(experts.size));
+  {
+    const float* ids = ctx.in(2);
+    int64_t row = 0;
+    const std::array<std::vector<int64_t>, 1> strides = {
+        ctx.strides_in(rows_tensor, rows, true, true)};
+    for_each_index(rows.sizes, strides, [&](const std::array<int64_t, 1>& at) {
+      const int64_t expert = to_index(ids[at[0]]);
+      if (expert >= 0) {
+        const int64_t local = expert - expert_offset;
+        if (local < 0 || local >= experts.size) {
+          ctx.fail("row of expert " + std::to_string(expert) + " on a device holding experts [" +
+                   std::to_string(expert_offset) + ", " +
+                   std::to_string(expert_offset + experts.size) + ")");
+        }
+        members[static_cast<size_t>(local)].push_back(row);
+      }
+      ++row;
+    });
+  }
+  const std::vector<std::string> row_names = {"experts", "expert_tokens"};
+  const auto offsets = [&](const Tensor& tensor, const Space& space) {
+    return offsets_of(ctx, tensor, space);
+  };
+  const auto count_dims = [&](const Tensor& tensor, size_t expected) {
+    if (tensor.dims.size() != expected) {
+      ctx.fail("tensor '" + tensor.name + "' has dims the grouped matmul does not expect");
+    }
+  };
+  float* out = ctx.out(0);
+  if (expert_side == 2) {
+    // (b) C[e] = sum over e's rows of A[r] (x) B[r].
+    const Tensor& a = ctx.in_tensor(0);
+    const Tensor& b = ctx.in_tensor(1);
+    const Tensor& c = ctx.out_tensor(0);
+    const Space p = space_without(a, row_names);
+    const Space q = space_without(b, row_names);
+    count_dims(c, 1 + p.names.size() + q.names.size());
+    const Rows a_rows = offsets(a, rows);
+    const Rows b_rows = offsets(b, rows);
+    const Rows a_features = offsets(a, p);
+    const Rows b_features = offsets(b, q);
+    const Rows c_p = offsets(c, p);
+    const Rows c_q = offsets(c, q);
+    const float* a_values = ctx.in(0);
+    const float* b_values = ctx.in(1);
+    for (int64_t e = 0; e < experts.size; ++e) {
+      const Rows& members_e = members[static_cast<size_t>(e)];
+      const auto n = static_cast<int64_t>(members_e.size());
+      Matrix<Scalar> lhs(n, static_cast<int64_t>(a_features.size()));
+      Matrix<Scalar> rhs(n, static_cast<int64_t>(b_features.size()));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+        for (size_t j = 0; j < a_features.size(); ++j) {
+          lhs(i, static_cast<int64_t>(j)) =
+              static_cast<Scalar>(ctx.load(a_values[a_rows[row] + a_features[j]]));
+        }
+        for (size_t j = 0; j < b_features.size(); ++j) {
+          rhs(i, static_cast<int64_t>(j)) =
+              static_cast<Scalar>(ctx.load(b_values[b_rows[row] + b_features[j]]));
+        }
+      }
+      const Matrix<Scalar> product = lhs.transpose() * rhs;
+      for (size_t i = 0; i < c_p.size(); ++i) {
+        for (size_t j = 0; j < c_q.size(); ++j) {
+          out[e * expert_stride + c_p[i] + c_q[j]] =
+              static_cast<float>(product(static_cast<int64_t>(i), static_cast<int64_t>(j)));
+        }
+      }
+    }
+    return;
+  }
+  // (a) C[r] = X[r] W[e] over the contracted dims.
+  const size_t x_side = expert_side == 0 ? 1 : 0;
+  const Tensor& x = ctx.in_tensor(x_side);
+  const Tensor& w = expert_tensor;
+  const Tensor& c = ctx.out_tensor(0);
+  Space k;
+  for (const std::string& name : ctx.op().attrs.contracted) {
+    k.add(name, ctx.dim(w, name).size);
+  }
+  std::vector<std::string> not_n = ctx.op().attrs.contracted;
+  not_n.emplace_back("experts");
+  const Space n = space_without(w, not_n);
+  count_dims(x, 2 + k.names.size());
+  count_dims(c, 2 + n.names.size());
+  const Rows x_rows = offsets(x, rows);
+  const Rows c_rows = offsets(c, rows);
+  const Rows x_k = offsets(x, k);
+  const Rows w_k = offsets(w, k);
+  const Rows w_n = offsets(w, n);
+  const Rows c_n = offsets(c, n);
+  const float* x_values = ctx.in(x_side);
+  const float* w_values = ctx.in(static_cast<size_t>(expert_side));
+  for (int64_t e = 0; e < experts.size; ++e) {
+    const Rows& members_e = members[static_cast<size_t>(e)];
+    if (members_e.empty()) {
+      continue;
+    }
+    const auto m = static_cast<int64_t>(members_e.size());
+    Matrix<Scalar> lhs(m, static_cast<int64_t>(x_k.size()));
+    for (int64_t i = 0; i < m; ++i) {
+      const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+      for (size_t j = 0; j < x_k.size(); ++j) {
+        lhs(i, static_cast<int64_t>(j)) =
+            static_cast<Scalar>(ctx.load(x_values[x_rows[row] + x_k[j]]));
+      }
+    }
+    Matrix<Scalar> rhs(static_cast<int64_t>(w_k.size()), static_cast<int64_t>(w_n.size()));
+    for (size_t i = 0; i < w_k.size(); ++i) {
+      for (size_t j = 0; j < w_n.size(); ++j) {
+        rhs(static_cast<int64_t>(i), static_cast<int64_t>(j)) =
+            static_cast<Scalar>(ctx.load(w_values[e * expert_stride + w_k[i] + w_n[j]]));
+      }
+    }
+    const Matrix<Scalar> product = lhs * rhs;
+    for (int64_t i = 0; i < m; ++i) {
+      const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+      for (size_t j = 0; j < c_n.size(); ++j) {
+        out[c_rows[row] + c_n[j]] = static_cast<float>(product(i, static_cast<int64_t>(j)));
+      }
+    }
+  }
+}
+
 void run_einsum(const Ctx& ctx) {
-  ctx.expect_counts(2, 2, 1, 1);
+  ctx.expect_counts(2, 3, 1, 1);
+  if (ctx.num_inputs() == 3) {
+    if (ctx.device().bf16_matmul_inputs) {
+      run_grouped_einsum<float>(ctx);
+    } else {
+      run_grouped_einsum<double>(ctx);
+    }
+    return;
+  }
   const Tensor& a = ctx.in_tensor(0);
   const Tensor& b = ctx.in_tensor(1);
   const Tensor& c = ctx.out_tensor(0);
@@ -1019,9 +1203,6 @@ AttentionView attention_view(const Ctx& ctx, const Tensor& tensor, bool kv_side,
 }
 
 template <typename Scalar>
-using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-template <typename Scalar>
 Matrix<Scalar> gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b,
                       int64_t h, bool round) {
   Matrix<Scalar> matrix(view.length, view.features);
@@ -1583,12 +1764,19 @@ class CrossEntropyKernel {
 //     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
 //     choice (0 for dropped ones), channel 0 = 0.
 // Slot assignment (dispatch, combine and their gradients; deterministic): tokens in row-major
-//   order of routing's LOCAL token dims, choices c = 0..top_k-1; a token-choice of expert e takes
-//   the next free slot of e in [0, expert_tokens); when e is full it is dropped (contributes
-//   nothing). The grouped tensor's "experts" dim must be whole (size = number of experts).
-// kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]:
-//   grouped[e, slot] = x[t]; unused slots 0. op.phase == kBackward (VJP of combine): inputs are
-//   (d_combined, routing) and grouped[e, slot] = weight * d_combined[t].
+//   order of routing's LOCAL token dims, choices c = 0..top_k-1. The grouped tensor's "experts"
+//   dim must be whole (size E = number of experts); C = its local expert_tokens.
+//   - Capacity (attrs.capacity_factor > 0): a token-choice of expert e takes the next free slot
+//     (e, s) of e, s in [0, C); when e is full it is dropped (contributes nothing).
+//   - Dropless (capacity_factor <= 0): the E x C slots read row-major are rows, in
+//     S = attrs.expert_shards blocks of E/S x C rows, block b for experts [b E/S, (b+1) E/S).
+//     Block b holds the choices of its experts sorted by expert (then token, then choice) from
+//     its first row; the rest of it is empty. Nothing is dropped: more choices than a block holds
+//     is an error (the partitioner sizes C for the worst case).
+// kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]
+//   [, row_experts[experts, expert_tokens]]: grouped[slot] = x[t]; unused slots 0; row_experts
+//   (dropless) = the expert of each slot, -1 when empty. op.phase == kBackward (VJP of combine):
+//   inputs are (d_combined, routing) and grouped[slot] = weight * d_combined[t].
 // kMoeCombine(expert_out, routing) -> y[token dims, embed] = sum over choices of
 //   weight * expert_out[e, slot]. op.phase == kBackward (VJP of dispatch): inputs (d_grouped,
 //   routing) and y = sum over choices of d_grouped[e, slot] (no weight).
@@ -1620,18 +1808,10 @@ RoutingLayout routing_layout(const Ctx& ctx, const Tensor& routing) {
   return layout;
 }
 
-// Offsets of every token of `tensor` (row-major over the routing's token dims).
-std::vector<int64_t> token_offsets(const Ctx& ctx, const Tensor& tensor, const Space& tokens) {
-  std::vector<int64_t> offsets;
-  const std::array<std::vector<int64_t>, 1> strides = {ctx.strides_in(tensor, tokens, true, false)};
-  for_each_index(tokens.sizes, strides,
-                 [&](const std::array<int64_t, 1>& at) { offsets.push_back(at[0]); });
-  return offsets;
-}
-
 struct Assignment {
   int64_t expert = 0;
-  int64_t slot = -1;  // -1: dropped
+  int64_t position = 0;  // index in the grouped tensor's experts dim (capacity: the expert)
+  int64_t slot = -1;     // index in its expert_tokens dim; -1: dropped
   float weight = 0;
 };
 
@@ -1642,7 +1822,7 @@ class MoeKernel {
   MoeKernel(const Ctx& ctx, const Tensor& token_tensor, const Tensor& grouped_tensor,
             const Tensor& routing_tensor, const float* routing)
       : layout_(routing_layout(ctx, routing_tensor)) {
-    token_at_ = token_offsets(ctx, token_tensor, layout_.tokens);
+    token_at_ = offsets_of(ctx, token_tensor, layout_.tokens);
     const Dim& experts = ctx.dim(grouped_tensor, "experts");
     if (experts.whole_size() != experts.size) {
       ctx.fail("the grouped tensor's experts dim must be whole");
@@ -1668,6 +1848,7 @@ class MoeKernel {
         const int64_t base = at + c * layout_.choice_stride;
         Assignment assignment;
         assignment.expert = to_index(routing[base]);
+        assignment.position = assignment.expert;
         assignment.weight = routing[base + layout_.route_stride];
         if (assignment.expert < 0 || assignment.expert >= experts_) {
           ctx.fail("routing names expert " + std::to_string(assignment.expert) + " of " +
@@ -1675,9 +1856,62 @@ class MoeKernel {
         }
         int64_t& count = used[static_cast<size_t>(assignment.expert)];
         if (count < capacity_) {
-          assignment.slot = count++;
+          assignment.slot = count;
         }
+        ++count;
         assignments_.push_back(assignment);
+      }
+    }
+    if (ctx.op().attrs.capacity_factor <= 0) {
+      place_dropless(ctx, used);
+    }
+  }
+
+  // The dropless rows (see the slot assignment above); `counts` = choices per expert.
+  void place_dropless(const Ctx& ctx, const std::vector<int64_t>& counts) {
+    const int64_t shards = std::max<int64_t>(1, ctx.op().attrs.expert_shards);
+    if (experts_ % shards != 0) {
+      ctx.fail("the " + std::to_string(experts_) + " experts do not split into " +
+               std::to_string(shards) + " expert shards");
+    }
+    const int64_t shard_experts = experts_ / shards;
+    const int64_t block_rows = shard_experts * capacity_;
+    // First row of each expert within its block.
+    std::vector<int64_t> next(static_cast<size_t>(experts_), 0);
+    for (int64_t shard = 0; shard < shards; ++shard) {
+      int64_t rows = 0;
+      for (int64_t e = shard * shard_experts; e < (shard + 1) * shard_experts; ++e) {
+        next[static_cast<size_t>(e)] = rows;
+        rows += counts[static_cast<size_t>(e)];
+      }
+      if (rows > block_rows) {
+        ctx.fail("dropless MoE: " + std::to_string(rows) + " token choices for expert shard " +
+                 std::to_string(shard) + " exceed its " + std::to_string(block_rows) + " rows");
+      }
+    }
+    for (Assignment& assignment : assignments_) {
+      const int64_t shard = assignment.expert / shard_experts;
+      const int64_t row = shard * block_rows + next[static_cast<size_t>(assignment.expert)]++;
+      assignment.position = row / capacity_;
+      assignment.slot = row % capacity_;
+    }
+  }
+
+  // row_experts[position, slot] = the expert of each used row, -1 elsewhere.
+  void row_experts(const Ctx& ctx, const Tensor& rows_tensor, float* rows) const {
+    Space space;
+    space.add("experts", experts_);
+    space.add("expert_tokens", capacity_);
+    const std::vector<int64_t> strides = ctx.strides_in(rows_tensor, space, true, true);
+    for (int64_t position = 0; position < experts_; ++position) {
+      for (int64_t slot = 0; slot < capacity_; ++slot) {
+        rows[position * strides[0] + slot * strides[1]] = -1.0f;
+      }
+    }
+    for (const Assignment& assignment : assignments_) {
+      if (assignment.slot >= 0) {
+        rows[assignment.position * strides[0] + assignment.slot * strides[1]] =
+            static_cast<float>(assignment.expert);
       }
     }
   }
@@ -1712,7 +1946,7 @@ class MoeKernel {
           continue;
         }
         const int64_t grouped_at =
-            assignment.expert * expert_stride_ + assignment.slot * slot_stride_;
+            assignment.position * expert_stride_ + assignment.slot * slot_stride_;
         double dot = 0;
         for (const auto& [t, g] : features_) {
           dot += static_cast<double>(d_combined[token_at_[token] + t]) * expert_out[grouped_at + g];
@@ -1732,7 +1966,7 @@ class MoeKernel {
         const Assignment& assignment = assignments_[index];
         if (assignment.slot >= 0) {
           body(token_at_[token],
-               assignment.expert * expert_stride_ + assignment.slot * slot_stride_, assignment);
+               assignment.position * expert_stride_ + assignment.slot * slot_stride_, assignment);
         }
       }
     }
@@ -1749,9 +1983,15 @@ class MoeKernel {
 };
 
 void run_moe_dispatch(const Ctx& ctx) {
-  ctx.expect_counts(2, 2, 1, 1);
+  ctx.expect_counts(2, 2, 1, 2);
   const MoeKernel kernel(ctx, ctx.in_tensor(0), ctx.out_tensor(0), ctx.in_tensor(1), ctx.in(1));
   kernel.dispatch(ctx.in(0), ctx.out(0), ctx.op().phase == Phase::kBackward);
+  if (ctx.num_outputs() == 2) {
+    if (ctx.op().attrs.capacity_factor > 0) {
+      ctx.fail("row_experts belong to a dropless dispatch (capacity_factor <= 0)");
+    }
+    kernel.row_experts(ctx, ctx.out_tensor(1), ctx.out(1));
+  }
 }
 
 void run_moe_combine(const Ctx& ctx) {
@@ -1810,7 +2050,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   Space all = layout.tokens;
   all.add("experts", experts.size);
   ctx.strides_in(logits, all, true, true);
-  const std::vector<int64_t> logits_at = token_offsets(ctx, logits, layout.tokens);
+  const std::vector<int64_t> logits_at = offsets_of(ctx, logits, layout.tokens);
   const int64_t stride = ctx.stride(logits, "experts");
   const float* logit_values = ctx.in(gradient ? 1 : 0);
   if (!gradient) {
@@ -1830,7 +2070,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   }
   const Tensor& d_logits_tensor = ctx.out_tensor(0);
   ctx.strides_in(d_logits_tensor, all, true, true);
-  const std::vector<int64_t> d_at = token_offsets(ctx, d_logits_tensor, layout.tokens);
+  const std::vector<int64_t> d_at = offsets_of(ctx, d_logits_tensor, layout.tokens);
   const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);

@@ -116,10 +116,21 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
       cols.insert(name);
     }
   }
-  const double m = product(sizes, rows);
-  const double k = product(sizes, contracted);
-  const double n = product(sizes, cols);
-  const double loops = product(sizes, batch);
+  double m = product(sizes, rows);
+  double k = product(sizes, contracted);
+  double n = product(sizes, cols);
+  double loops = product(sizes, batch);
+  // A dropless grouped matmul reads, multiplies and writes only the routed rows (megablox).
+  const double routed = op.attrs.routed_fraction;
+  if (rows.contains("expert_tokens")) {
+    m *= routed;
+  } else if (cols.contains("expert_tokens")) {
+    n *= routed;
+  } else if (contracted.contains("expert_tokens")) {
+    k *= routed;
+  } else {
+    loops *= routed;
+  }
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;

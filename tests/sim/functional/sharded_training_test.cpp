@@ -91,6 +91,17 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-llama",
        {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=4",
         "gradient_accumulation_steps=2"}},
+      // Dropless MoE (the default, sparse_matmul): every token choice kept, however the routing
+      // falls; expert parallelism exchanges worst-case buffers with all-to-all.
+      {"tiny-moe",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=1",
+        "ici_expert_parallelism=4"}},
+      {"tiny-moe",
+       {"compile_topology=v5e-8", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_expert_parallelism=2", "ici_tensor_parallelism=2"}},
+      {"tiny-mla",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_expert_parallelism=2"}},
       // MoE and MLA with a capacity that never drops (a drop depends on how tokens are grouped,
       // which differs between shardings): expert parallelism exchanges tokens with all-to-all.
       {"tiny-moe",
