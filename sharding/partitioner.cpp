@@ -619,9 +619,10 @@ class Partitioner {
   // Dropless MoE (a dispatch with row_experts): the rows of the grouped buffers. Each device's
   // dispatch sends one block of rows to each expert-parallel shard; however unbalanced the
   // routing, a block must hold every local token choosing min(E/ep, k) of that shard's experts
-  // (MaxText sizes its ragged_all_to_all buffer the same way: ep x B_l x S x min(E_l, k) rows).
-  // Without expert parallelism that is the builder's E x B*S*k/E (up to rounding). The grouped
-  // matmuls and ragged all-to-alls then count the fraction of the rows balanced routing fills.
+  // (MaxText sizes its ragged_all_to_all buffer the same way: ep x B_l x S x min(E_l, k) rows),
+  // unless ragged_buffer_factor > 0 bounds it at that multiple of the balanced rows. Without
+  // expert parallelism that is the builder's E x B*S*k/E (up to rounding). The grouped matmuls
+  // and ragged all-to-alls then count the fraction of the rows balanced routing fills.
   void size_dropless_buffers() {
     for (const Op& op : global_.ops()) {
       if (op.kind != OpKind::kMoeDispatch || op.outputs.size() != 2) {
@@ -656,14 +657,23 @@ class Partitioner {
         const int64_t split = shards(layout(op.inputs[1])[dim]);
         local_tokens *= (info.size + split - 1) / split;
       }
-      const int64_t per_block = local_tokens * std::min(local_experts, top_k);
+      int64_t per_block = local_tokens * std::min(local_experts, top_k);
+      const double factor = op.attrs.ragged_buffer_factor;
+      const bool bounded = factor > 0 && expert_shards > 1;
+      if (bounded) {
+        // ragged_buffer_factor: a multiple of the balanced share, dropping what exceeds it.
+        const double balanced =
+            static_cast<double>(local_tokens * top_k) / static_cast<double>(expert_shards);
+        per_block = std::min(per_block, static_cast<int64_t>(std::ceil(factor * balanced)));
+      }
       const int64_t local_rows = (per_block + local_experts - 1) / local_experts;
       const int64_t token_shards = shards(grouped_layout[token_dim]) * expert_shards;
       const int64_t built = grouped.dims[token_dim].size;
-      dropless_expert_tokens_ = std::max(built, local_rows * token_shards);
-      dropless_scale_ = static_cast<double>(built) / static_cast<double>(dropless_expert_tokens_);
-      dropless_fraction_ =
-          routed / static_cast<double>(experts) / static_cast<double>(dropless_expert_tokens_);
+      const int64_t needed = local_rows * token_shards;
+      dropless_expert_tokens_ = bounded ? needed : std::max(built, needed);
+      // A bounded buffer smaller than the balanced rows is full (the rest is dropped).
+      dropless_fraction_ = std::min(1.0, routed / static_cast<double>(experts) /
+                                             static_cast<double>(dropless_expert_tokens_));
     }
   }
 
@@ -771,7 +781,9 @@ class Partitioner {
       case OpKind::kEinsum: {
         // A grouped matmul's third input (row_experts) follows its rows by dim name.
         Op einsum = op;
-        einsum.attrs.routed_fraction *= op.inputs.size() == 3 ? dropless_scale_ : 1.0;
+        if (op.inputs.size() == 3 && dropless_expert_tokens_ > 0) {
+          einsum.attrs.routed_fraction = dropless_fraction_;
+        }
         partition_einsum(einsum, {op.inputs[0], op.inputs[1]},
                          {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])}, op.attrs.contracted);
         return;
@@ -855,10 +867,9 @@ class Partitioner {
   std::map<std::string, TensorId> alternates_;  // "global#layout" -> local tensor, per region
   std::vector<PaddingNote> padding_;
   Phase current_phase_ = Phase::kForward;
-  // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: as
-  // built), built / needed, and the fraction of the rows balanced routing fills.
+  // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no
+  // dropless MoE), and the fraction of the rows balanced routing fills.
   int64_t dropless_expert_tokens_ = 0;
-  double dropless_scale_ = 1;
   double dropless_fraction_ = 1;
 };
 

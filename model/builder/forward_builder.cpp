@@ -395,6 +395,7 @@ class ForwardBuilder {
     OpAttrs dispatch_attrs;
     dispatch_attrs.top_k = top_k;
     dispatch_attrs.capacity_factor = padded ? capacity_factor : 0.0;
+    dispatch_attrs.ragged_buffer_factor = config_.get_float("ragged_buffer_factor");
     std::vector<TensorId> dispatched = {grouped};
     Ragged ragged;
     if (!padded) {

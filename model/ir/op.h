@@ -104,6 +104,9 @@ struct OpAttrs {
   // Dropless MoE dispatch/combine/routing gradient: the expert-parallel shards the grouped buffer
   // is exchanged over (one block of rows per shard's experts).
   int64_t expert_shards = 1;
+  // Dropless MoE under expert parallelism: > 0 bounds each block at this x its balanced rows and
+  // drops the choices beyond it (MaxText ragged_buffer_factor); <= 0: the worst case, no drops.
+  double ragged_buffer_factor = 0;
   // Grouped matmuls (einsums with row_experts) and the all-to-alls of ragged buffers: the
   // fraction of the rows routing fills when balanced. FLOPs, costs and collective bytes count
   // that fraction (megablox multiplies only routed rows; a ragged all-to-all moves only them).

@@ -1772,7 +1772,9 @@ class CrossEntropyKernel {
 //     S = attrs.expert_shards blocks of E/S x C rows, block b for experts [b E/S, (b+1) E/S).
 //     Block b holds the choices of its experts sorted by expert (then token, then choice) from
 //     its first row; the rest of it is empty. Nothing is dropped: more choices than a block holds
-//     is an error (the partitioner sizes C for the worst case).
+//     is an error (the partitioner sizes C for the worst case), unless
+//     attrs.ragged_buffer_factor > 0 bounded the block: then the choices past its end (the last
+//     in that order) are dropped.
 // kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]
 //   [, row_experts[experts, expert_tokens]]: grouped[slot] = x[t]; unused slots 0; row_experts
 //   (dropless) = the expert of each slot, -1 when empty. op.phase == kBackward (VJP of combine):
@@ -1884,14 +1886,19 @@ class MoeKernel {
         next[static_cast<size_t>(e)] = rows;
         rows += counts[static_cast<size_t>(e)];
       }
-      if (rows > block_rows) {
+      if (rows > block_rows && ctx.op().attrs.ragged_buffer_factor <= 0) {
         ctx.fail("dropless MoE: " + std::to_string(rows) + " token choices for expert shard " +
                  std::to_string(shard) + " exceed its " + std::to_string(block_rows) + " rows");
       }
     }
     for (Assignment& assignment : assignments_) {
       const int64_t shard = assignment.expert / shard_experts;
-      const int64_t row = shard * block_rows + next[static_cast<size_t>(assignment.expert)]++;
+      const int64_t rank = next[static_cast<size_t>(assignment.expert)]++;
+      if (rank >= block_rows) {
+        assignment.slot = -1;  // beyond a bounded buffer (ragged_buffer_factor): dropped
+        continue;
+      }
+      const int64_t row = shard * block_rows + rank;
       assignment.position = row / capacity_;
       assignment.slot = row % capacity_;
     }

@@ -136,6 +136,17 @@ TEST(Partitioner, ExpertParallelAllToAll) {
   const CollectiveSummary forward = collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
   EXPECT_EQ(forward.count, 3);  // dispatch, its row experts, combine
   EXPECT_EQ(forward.bytes, 2 * grouped + 256 * 4);
+  // ragged_buffer_factor=1: MaxText's balanced buffer (256 rows, all counted), dropping overflow.
+  std::vector<std::string> bounded = mesh;
+  bounded.emplace_back("ragged_buffer_factor=1.0");
+  const StepProgram balanced = build_step_program(Config::load("", bounded));
+  for (const Tensor& tensor : balanced.program.graph.tensors()) {
+    if (tensor.name == "moe/dispatched") {
+      EXPECT_EQ(tensor.dims[1].size, 256);
+    }
+  }
+  EXPECT_EQ(collectives(balanced, "moe_layer", OpKind::kAllToAll, {"expert"}).bytes,
+            2 * grouped + 256 * 4);
 }
 
 // Multislice data parallelism over DCN: gradients are also all-reduced across slices.

@@ -1522,18 +1522,43 @@ TEST(KernelMoe, DroplessDispatchKeepsEveryChoiceSortedByExpert) {
   }
 }
 
-// A block that cannot hold its shard's choices is an error, never a silent drop.
-TEST(KernelMoe, DroplessOverflowIsAnError) {
+// A block that cannot hold its shard's choices is an error, never a silent drop; unless
+// ragged_buffer_factor bounded it, and then the choices past its end (the last in expert, token,
+// choice order) are dropped.
+TEST(KernelMoe, DroplessOverflowIsAnErrorUnlessBounded) {
   std::mt19937 rng(42);
   Case c;
   const TensorId x = c.tensor("x", activation_dims());
   const TensorId routing = c.tensor("routing", routing_dims());
   const TensorId grouped = c.tensor("grouped", ragged_dims(kExperts, 3));  // 9 rows < 12
   const TensorId row_experts = c.tensor("row_experts", row_expert_dims(kExperts, 3));
+  const TensorId y = c.tensor("y", activation_dims());
   const Op& dispatch = c.op(OpKind::kMoeDispatch, {x, routing}, {grouped, row_experts});
-  EXPECT_THROW(
-      run(c.graph, dispatch, {random_data(c.info(x), rng), skewed_routing(c.info(routing), rng)}),
-      std::logic_error);
+  const TensorData x_values = random_data(c.info(x), rng);
+  const TensorData routing_values = skewed_routing(c.info(routing), rng);
+  EXPECT_THROW(run(c.graph, dispatch, {x_values, routing_values}), std::logic_error);
+  OpAttrs bounded;
+  bounded.ragged_buffer_factor = 1.0;
+  const Op& combine = c.op(OpKind::kMoeCombine, {grouped, routing}, {y}, bounded);
+  const TensorData expert_out = random_data(c.info(grouped), rng);
+  const TensorData combined = run(c.graph, combine, {expert_out, routing_values})[0];
+  // Expert 0's six choices take rows 0-5, expert 1's first three rows 6-8, its last three drop.
+  std::vector<double> expected(combined.values.size(), 0.0);
+  int64_t row = 0;
+  for (const int64_t expert : {0, 1}) {
+    for (int64_t choice = 0; choice < 6 * kTopK && row < 9; ++choice) {
+      if (static_cast<int64_t>(routing_values.values[static_cast<size_t>(choice * 2)]) != expert) {
+        continue;
+      }
+      const double weight = routing_values.values[static_cast<size_t>(choice * 2 + 1)];
+      for (int64_t e = 0; e < 4; ++e) {
+        expected[static_cast<size_t>(choice / kTopK * 4 + e)] +=
+            weight * expert_out.values[static_cast<size_t>(row * 4 + e)];
+      }
+      ++row;
+    }
+  }
+  expect_close(combined, expected);
 }
 
 // Rows of three experts (and empty ones) in random order; explicit loops per row.
