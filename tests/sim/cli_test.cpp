@@ -239,8 +239,8 @@ TEST(TrainCommand, MetricsFileContract) {
   bool saw_eval = false;
   while (std::getline(stream, line)) {
     const nlohmann::json record = nlohmann::json::parse(line);
-    for (const char* key : {"step", "loss", "grad_norm", "learning_rate", "tokens_per_s",
-                            "verify_max_rel_diff"}) {
+    for (const char* key :
+         {"step", "loss", "grad_norm", "learning_rate", "tokens_per_s", "verify_max_rel_diff"}) {
       EXPECT_TRUE(record.contains(key)) << key;
     }
     saw_eval = saw_eval || record.contains("eval_loss");
@@ -257,15 +257,25 @@ TEST(TrainCommand, BadInputExits2) {
                     "/nonexistent/corpus.txt");
   expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256"}, "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
-  expect_user_error({"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
-                     "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
-                    "vocab_size");
+  expect_user_error(
+      {"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
+       "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
+      "vocab_size");
+  // A chunked head needs chunks that split each device's positions evenly.
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "max_target_length=24", "num_vocab_tiling=4",
+       "compile_topology=v5e-4", "ici_fsdp_parallelism=1", "ici_context_parallelism=4"},
+      "num_vocab_tiling");
+  // Dropless MoE keeps whole experts on each expert-parallel shard (tiny-moe has 4).
+  expect_user_error({"train", "model_name=tiny-moe", "compile_topology=v5e-8",
+                     "ici_fsdp_parallelism=1", "ici_expert_parallelism=8"},
+                    "num_experts");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {
-  const auto result = run_tpusim({"program", "model_name=tiny-llama", "compile_topology=v5e-4",
-                                  "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                                  "--layer", "0"});
+  const auto result =
+      run_tpusim({"program", "model_name=tiny-llama", "compile_topology=v5e-4",
+                  "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "--layer", "0"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("region layer x2 (fwd)"), std::string::npos);
   EXPECT_NE(result.out.find("region layer/grad x2 (bwd)"), std::string::npos);
