@@ -39,8 +39,11 @@
 namespace tpusim {
 
 struct ExecutionCounters {
-  double einsum_flops = 0;      // 2 x M x K x N of every einsum executed
-  double collective_bytes = 0;  // per-device array V of every collective (as the network model)
+  double einsum_flops = 0;  // 2 x M x K x N of every einsum executed
+  // Per-device array V of every collective, as the network model counts it (a dropless MoE's
+  // ragged all-to-all: the rows balanced routing fills, what a ragged exchange moves on average;
+  // the in-process transport copies its whole padded buffer).
+  double collective_bytes = 0;
   int64_t collectives = 0;
   int64_t peak_bytes = 0;  // of live tensors, in the IR's dtypes
 };
