@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -139,6 +140,9 @@ class Partitioner {
         known->second = normalized(rules_.shard_dims(tensor.dims, mesh_.shape));
       }
       layouts_[static_cast<size_t>(tensor.id)] = known->second;
+    }
+    size_dropless_buffers();
+    for (const Tensor& tensor : global_.tensors()) {
       local_[static_cast<size_t>(tensor.id)] =
           make_local(tensor, layouts_[static_cast<size_t>(tensor.id)], tensor.region, "");
     }
@@ -178,6 +182,9 @@ class Partitioner {
     std::vector<Dim> dims = global.dims;
     for (size_t index = 0; index < dims.size(); ++index) {
       Dim& dim = dims[index];
+      if (dim.name == "expert_tokens" && dropless_expert_tokens_ > 0) {
+        dim.size = dropless_expert_tokens_;
+      }
       const int64_t split = shards(layout_in[index]);
       dim.global_size = dim.size;
       dim.sharded_over.clear();
@@ -690,11 +697,102 @@ class Partitioner {
     }
   }
 
+  // Dropless MoE (a dispatch with row_experts): the rows of the grouped buffers. Each device's
+  // dispatch sends one block of rows to each expert-parallel shard; however unbalanced the
+  // routing, a block must hold every local token choosing min(E/ep, k) of that shard's experts
+  // (MaxText sizes its ragged_all_to_all buffer the same way: ep x B_l x S x min(E_l, k) rows),
+  // unless ragged_buffer_factor > 0 bounds it at that multiple of the balanced rows. Without
+  // expert parallelism that is the builder's E x B*S*k/E (up to rounding). The grouped matmuls
+  // and ragged all-to-alls then count the fraction of the rows balanced routing fills.
+  void size_dropless_buffers() {
+    for (const Op& op : global_.ops()) {
+      if (op.kind != OpKind::kMoeDispatch || op.outputs.size() != 2) {
+        continue;
+      }
+      const Tensor& grouped = global_.tensor(op.outputs[0]);
+      const Tensor& routing = global_.tensor(op.inputs[1]);
+      const Layout& grouped_layout = layout(op.outputs[0]);
+      const auto experts_dim = static_cast<size_t>(grouped.dim_index("experts"));
+      const auto token_dim = static_cast<size_t>(grouped.dim_index("expert_tokens"));
+      const int64_t experts = grouped.dims[experts_dim].size;
+      const int64_t expert_shards = shards(grouped_layout[experts_dim]);
+      if (experts % expert_shards != 0) {
+        throw UserError("num_experts: " + std::to_string(experts) +
+                        " experts do not split evenly over " + std::to_string(expert_shards) +
+                        " expert-parallel shards (dropless MoE needs whole experts per shard)");
+      }
+      const int64_t local_experts = experts / expert_shards;
+      int64_t local_tokens = 1;
+      int64_t top_k = 1;
+      double routed = 1;  // token choices of the whole batch
+      for (size_t dim = 0; dim < routing.dims.size(); ++dim) {
+        const Dim& info = routing.dims[dim];
+        if (info.name == "route") {
+          continue;
+        }
+        routed *= static_cast<double>(info.size);
+        if (info.name == "top_k") {
+          top_k = info.size;
+          continue;
+        }
+        const int64_t split = shards(layout(op.inputs[1])[dim]);
+        local_tokens *= (info.size + split - 1) / split;
+      }
+      int64_t per_block = local_tokens * std::min(local_experts, top_k);
+      const double factor = op.attrs.ragged_buffer_factor;
+      const bool bounded = factor > 0 && expert_shards > 1;
+      if (bounded) {
+        // ragged_buffer_factor: a multiple of the balanced share, dropping what exceeds it.
+        const double balanced =
+            static_cast<double>(local_tokens * top_k) / static_cast<double>(expert_shards);
+        per_block = std::min(per_block, static_cast<int64_t>(std::ceil(factor * balanced)));
+      }
+      const int64_t local_rows = (per_block + local_experts - 1) / local_experts;
+      const int64_t token_shards = shards(grouped_layout[token_dim]) * expert_shards;
+      const int64_t built = grouped.dims[token_dim].size;
+      const int64_t needed = local_rows * token_shards;
+      dropless_expert_tokens_ = bounded ? needed : std::max(built, needed);
+      // A bounded buffer smaller than the balanced rows is full (the rest is dropped).
+      dropless_fraction_ = std::min(1.0, routed / static_cast<double>(experts) /
+                                             static_cast<double>(dropless_expert_tokens_));
+    }
+  }
+
+  // `tensor`'s layout with the expert axes moved from its experts dim onto its expert_tokens dim:
+  // how a device holds the rows of its own tokens for every expert, before (dispatch) or after
+  // (combine) the all-to-all.
+  Layout tokens_local_layout(TensorId tensor, const AxisList& expert_axes) const {
+    const Tensor& info = global_.tensor(tensor);
+    Layout result = layout(tensor);
+    const int experts_dim = info.dim_index("experts");
+    const int token_dim = info.dim_index("expert_tokens");
+    if (experts_dim >= 0 && token_dim >= 0) {
+      result[static_cast<size_t>(experts_dim)].clear();
+      for (const int axis : expert_axes) {
+        result[static_cast<size_t>(token_dim)].push_back(axis);
+      }
+    }
+    return normalized(result);
+  }
+
+  // An all-to-all of a MoE buffer; a ragged (dropless) one counts the rows it really moves.
+  TensorId exchange(TensorId value, const Tensor& global, const Layout& result,
+                    const AxisList& expert_axes, int region, bool ragged, TensorId into = -1) {
+    const TensorId output = collective(OpKind::kAllToAll, "all_to_all", value, global, result,
+                                       expert_axes, region, ReduceOp::kSum, into);
+    if (ragged) {
+      out_.mutable_op(out_.producer(output)).attrs.routed_fraction = dropless_fraction_;
+    }
+    return output;
+  }
+
   // MoE dispatch/combine: expert-parallel axes move between the token dims and the experts dim.
   // `grouped_input`: which input is the expert-grouped tensor for ops that read one (combine: 0,
-  // the routing-weight gradient: 1); dispatch writes it instead.
-  void partition_moe_exchange(const Op& op, size_t grouped_input = 0) {
+  // the routing-weight gradient: 1); dispatch writes it (and, dropless, row_experts) instead.
+  void partition_moe_exchange(const Op& global_op, size_t grouped_input = 0) {
+    Op op = global_op;
     const bool dispatch = op.kind == OpKind::kMoeDispatch;
+    const bool ragged = op.attrs.capacity_factor <= 0;
     const TensorId grouped_out = op.outputs[0];
     // Dispatch: tokens -> grouped; combine: grouped -> tokens. Let the grouped side be G.
     const TensorId grouped = dispatch ? grouped_out : op.inputs[grouped_input];
@@ -702,38 +800,38 @@ class Partitioner {
     const int experts_dim = grouped_tensor.dim_index("experts");
     const AxisList expert_axes =
         experts_dim < 0 ? AxisList{} : layout(grouped)[static_cast<size_t>(experts_dim)];
+    op.attrs.expert_shards = shards(expert_axes);
     // Compute with the expert axes on the token dim of the grouped tensor (tokens stay where they
     // are), then all-to-all them onto the experts dim.
-    Layout local_grouped = layout(grouped);
-    const int token_dim = grouped_tensor.dim_index("expert_tokens");
-    if (experts_dim >= 0 && token_dim >= 0) {
-      local_grouped[static_cast<size_t>(experts_dim)].clear();
-      for (const int axis : expert_axes) {
-        local_grouped[static_cast<size_t>(token_dim)].push_back(axis);
-      }
-    }
-    local_grouped = normalized(local_grouped);
+    const Layout local_grouped = tokens_local_layout(grouped, expert_axes);
     if (dispatch) {
       std::vector<TensorId> inputs;
       inputs.reserve(op.inputs.size());
       for (const TensorId input : op.inputs) {
         inputs.push_back(reshard(input, layout(input), op.region));
       }
-      const TensorId computed = make_local(grouped_tensor, local_grouped, op.region, "/local");
-      add_op(op.kind, op.name, inputs, {computed}, op.attrs, op.region);
-      if (!expert_axes.empty()) {
-        collective(OpKind::kAllToAll, "all_to_all", computed, grouped_tensor, layout(grouped),
-                   expert_axes, op.region, ReduceOp::kSum, local(grouped_out));
-      } else {
-        add_op(OpKind::kDynamicSlice, joined(grouped_tensor.name, "/slice"), {computed},
-               {local(grouped_out)}, {}, op.region);
+      std::vector<TensorId> computed;
+      for (const TensorId output : op.outputs) {
+        computed.push_back(make_local(
+            global_.tensor(output), tokens_local_layout(output, expert_axes), op.region, "/local"));
+      }
+      add_op(op.kind, op.name, inputs, computed, op.attrs, op.region);
+      for (size_t index = 0; index < op.outputs.size(); ++index) {
+        const TensorId output = op.outputs[index];
+        const Tensor& output_tensor = global_.tensor(output);
+        if (!expert_axes.empty()) {
+          exchange(computed[index], output_tensor, layout(output), expert_axes, op.region, ragged,
+                   local(output));
+        } else {
+          add_op(OpKind::kDynamicSlice, output_tensor.name + "/slice", {computed[index]},
+                 {local(output)}, {}, op.region);
+        }
       }
       return;
     }
     TensorId value = local(grouped);
     if (!expert_axes.empty()) {
-      value = collective(OpKind::kAllToAll, "all_to_all", value, grouped_tensor, local_grouped,
-                         expert_axes, op.region);
+      value = exchange(value, grouped_tensor, local_grouped, expert_axes, op.region, ragged);
     }
     std::vector<TensorId> inputs;
     inputs.reserve(op.inputs.size());
@@ -763,10 +861,16 @@ class Partitioner {
   void partition_op(const Op& op) {
     current_phase_ = op.phase;
     switch (op.kind) {
-      case OpKind::kEinsum:
-        partition_einsum(op, op.inputs, {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])},
-                         op.attrs.contracted);
+      case OpKind::kEinsum: {
+        // A grouped matmul's third input (row_experts) follows its rows by dim name.
+        Op einsum = op;
+        if (op.inputs.size() == 3 && dropless_expert_tokens_ > 0) {
+          einsum.attrs.routed_fraction = dropless_fraction_;
+        }
+        partition_einsum(einsum, {op.inputs[0], op.inputs[1]},
+                         {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])}, op.attrs.contracted);
         return;
+      }
       case OpKind::kEmbeddingLookup: {
         // = einsum(one_hot(tokens)[batch, length, vocab], table[vocab, embed]) over vocab.
         std::vector<PlanDim> one_hot = plan_dims(op.inputs[0]);
@@ -846,6 +950,10 @@ class Partitioner {
                                                                 // per region
   std::vector<PaddingNote> padding_;
   Phase current_phase_ = Phase::kForward;
+  // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no
+  // dropless MoE), and the fraction of the rows balanced routing fills.
+  int64_t dropless_expert_tokens_ = 0;
+  double dropless_fraction_ = 1;
 };
 
 }  // namespace
@@ -861,9 +969,12 @@ int64_t collective_bytes(const Graph& graph, const Op& op) {
       return graph.tensor(op.outputs[0]).bytes();
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
-    case OpKind::kAllToAll:
     case OpKind::kCollectivePermute:
       return graph.tensor(op.inputs[0]).bytes();
+    case OpKind::kAllToAll:
+      // A ragged (dropless MoE) exchange moves the routed rows of its buffer.
+      return static_cast<int64_t>(std::llround(
+          static_cast<double>(graph.tensor(op.inputs[0]).bytes()) * op.attrs.routed_fraction));
     default:
       return 0;
   }

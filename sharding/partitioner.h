@@ -11,6 +11,13 @@
 //   - all_to_all when an axis moves from tokens to experts (expert-parallel dispatch/combine);
 //   - small all_reduces of statistics for norms and cross-entropy over split dims;
 //   - dynamic_slice (no communication) where an op needs less than a device holds.
+// Dropless MoE (model/ir/op.h: ragged rows, grouped matmuls) under expert parallelism: each
+// device sends every expert shard one block of rows, sized for the worst case (every local token
+// choosing min(E/ep, k) of that shard's experts: MaxText's ragged_all_to_all buffer of
+// ep x B_l x S x min(E_l, k) rows), so no routing can overflow it; the grouped matmuls and the
+// ragged all-to-alls count the rows balanced routing fills (routed_fraction), i.e. MaxText's
+// B*S*k FLOPs and the rows a ragged all-to-all really moves, while the memory model sees the
+// whole buffers, as XLA allocates them.
 // The same program is read by the performance model and the functional engine.
 //
 // Example:

@@ -235,8 +235,14 @@ class BackwardBuilder {
       const TensorId grad = new_grad(target_tensor, region);
       OpAttrs attrs;
       attrs.contracted = contracted_for(out, graph_.tensor(other), graph_.tensor(grad));
-      graph_.add_op(OpKind::kEinsum, op.name + "/grad_" + target_tensor.name,
-                    {grad_out, available(other, region)}, {grad}, attrs, region);
+      std::vector<TensorId> inputs = {grad_out, available(other, region)};
+      if (op.inputs.size() == 3) {
+        // A grouped matmul's VJPs are grouped matmuls over the same rows (model/ir/op.h).
+        inputs.push_back(available(op.inputs[2], region));
+        attrs.routed_fraction = op.attrs.routed_fraction;
+      }
+      graph_.add_op(OpKind::kEinsum, op.name + "/grad_" + target_tensor.name, inputs, {grad}, attrs,
+                    region);
       accumulate(target, grad, region);
     }
   }
@@ -347,7 +353,7 @@ class BackwardBuilder {
       case OpKind::kCrossEntropy: {
         const TensorId grad = simple_op(OpKind::kCrossEntropyGrad, grad_name(),
                                         {available(op.inputs[0], region), op.inputs[1]},
-                                        graph_.tensor(op.inputs[0]), region);
+                                        graph_.tensor(op.inputs[0]), region, op.attrs);
         accumulate(op.inputs[0], grad, region);
         return;
       }
@@ -366,7 +372,7 @@ class BackwardBuilder {
         accumulate(op.inputs[0], grad_experts, region);
         const TensorId grad_routing = simple_op(OpKind::kRouterGrad, op.name + "/grad_weights",
                                                 {dy, available(op.inputs[0], region), routing},
-                                                graph_.tensor(op.inputs[1]), region);
+                                                graph_.tensor(op.inputs[1]), region, op.attrs);
         accumulate(op.inputs[1], grad_routing, region);
         return;
       }
@@ -417,7 +423,9 @@ class BackwardBuilder {
       return -1;
     }
     const TensorId grad_input = grads_.at(input);
-    if (info.repeat > 1) {
+    // Scanned layers hand the input gradient to the previous layer's iteration; the chunks of a
+    // tiled head are independent (each writes its part of the input gradient).
+    if (info.repeat > 1 && !info.shared_parameters) {
       graph_.add_carry(grad_input, grads_.at(output));
     }
     return grad_input;

@@ -9,6 +9,13 @@
 namespace tpusim {
 namespace {
 
+// The rows of a dropless MoE's grouped tensors: whose expert each row is, and the fraction of
+// rows balanced routing fills (see model/ir/op.h). row_experts < 0: not ragged.
+struct Ragged {
+  TensorId row_experts = -1;
+  double routed_fraction = 1;
+};
+
 // Builds one model into a ForwardGraph; holds the config-derived sizes the layers share.
 class ForwardBuilder {
  public:
@@ -90,11 +97,16 @@ class ForwardBuilder {
   }
   TensorId einsum(const std::string& name, TensorId lhs, TensorId rhs,
                   std::vector<std::string> contracted, std::vector<Dim> out_dims, int region,
-                  const std::string& remat_name = "") {
+                  const std::string& remat_name = "", const Ragged& ragged = {}) {
     const TensorId out = activation(name, std::move(out_dims), region, remat_name);
     OpAttrs attrs;
     attrs.contracted = std::move(contracted);
-    graph().add_op(OpKind::kEinsum, name, {lhs, rhs}, {out}, attrs, region);
+    std::vector<TensorId> inputs = {lhs, rhs};
+    if (ragged.row_experts >= 0) {
+      inputs.push_back(ragged.row_experts);
+      attrs.routed_fraction = ragged.routed_fraction;
+    }
+    graph().add_op(OpKind::kEinsum, name, inputs, {out}, attrs, region);
     return out;
   }
   TensorId elementwise(const std::string& name, ElementwiseFn fn, std::vector<TensorId> inputs,
@@ -308,7 +320,7 @@ class ForwardBuilder {
   // Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation =
   // plain.
   TensorId build_mlp(const std::string& prefix, int region, TensorId x, int64_t mlp_dim,
-                     const std::string& experts_prefix = "") {
+                     const std::string& experts_prefix = "", const Ragged& ragged = {}) {
     const bool moe = !experts_prefix.empty();
     const std::vector<Dim> in_dims = graph().tensor(x).dims;
     std::vector<Dim> weight_lead;
@@ -328,7 +340,7 @@ class ForwardBuilder {
       const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
       const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region);
       TensorId hidden = einsum(prefix + "/wi" + suffix, x, w, {"embed"}, hidden_dims, region,
-                               remat_prefix + (activations.size() > 1 ? suffix : ""));
+                               remat_prefix + (activations.size() > 1 ? suffix : ""), ragged);
       const std::string& function = activations[index];
       if (function != "linear") {
         const ElementwiseFn fn = function == "silu" || function == "swish" ? ElementwiseFn::kSilu
@@ -345,12 +357,15 @@ class ForwardBuilder {
     wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
     wo_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
     const TensorId wo = weight(prefix + "/wo", wo_dims, region);
-    return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo");
+    return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo",
+                  ragged);
   }
 
-  // Routed experts (top-k of num_experts) plus shared experts. Tokens are grouped per expert:
-  // dropless gives B*S*k/E tokens per expert (MaxText's FLOP convention); with sparse_matmul=false
-  // and capacity_factor > 0 each expert is padded to its capacity.
+  // Routed experts (top-k of num_experts) plus shared experts. With sparse_matmul=false and
+  // capacity_factor > 0 each expert gets capacity_factor x B*S*k/E slots and drops the choices
+  // beyond them. Otherwise routing is dropless: the E x ceil(B*S*k/E) rows hold all B*S*k token
+  // choices sorted by expert, however unbalanced (row_experts says whose each row is; the
+  // partitioner enlarges the rows under expert parallelism, see sharding/partitioner.h).
   TensorId build_moe(int region, TensorId x) {
     const int64_t experts = dims_.num_experts;
     const int64_t top_k = dims_.num_experts_per_tok;
@@ -380,9 +395,20 @@ class ForwardBuilder {
     OpAttrs dispatch_attrs;
     dispatch_attrs.top_k = top_k;
     dispatch_attrs.capacity_factor = padded ? capacity_factor : 0.0;
-    graph().add_op(OpKind::kMoeDispatch, "moe/dispatch", {x, routing}, {grouped}, dispatch_attrs,
+    dispatch_attrs.ragged_buffer_factor = config_.get_float("ragged_buffer_factor");
+    std::vector<TensorId> dispatched = {grouped};
+    Ragged ragged;
+    if (!padded) {
+      ragged.row_experts = graph().add_tensor("moe/row_experts", {grouped_dims[0], grouped_dims[1]},
+                                              DType::kI32, TensorKind::kActivation, region);
+      ragged.routed_fraction =
+          tokens * static_cast<double>(top_k) / static_cast<double>(experts * expert_tokens);
+      dispatched.push_back(ragged.row_experts);
+    }
+    graph().add_op(OpKind::kMoeDispatch, "moe/dispatch", {x, routing}, dispatched, dispatch_attrs,
                    region);
-    const TensorId expert_out = build_mlp("moe/experts", region, grouped, dims_.moe_mlp_dim, "moe");
+    const TensorId expert_out =
+        build_mlp("moe/experts", region, grouped, dims_.moe_mlp_dim, "moe", ragged);
     TensorId combined = activation("moe/combined", activation_dims(), region);
     graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
                    dispatch_attrs, region);
@@ -402,7 +428,8 @@ class ForwardBuilder {
       throw UserError("num_vocab_tiling: " + std::to_string(chunks) +
                       " must divide max_target_length (" + std::to_string(length_) + ")");
     }
-    const int region = graph().add_region("head", chunks, Phase::kForward, -1, /*shared_parameters=*/true);
+    const int region =
+        graph().add_region("head", chunks, Phase::kForward, -1, /*shared_parameters=*/true);
     result_.head_region = region;
     result_.head_chunks = chunks;
     const int64_t full_length = length_;
@@ -434,7 +461,10 @@ class ForwardBuilder {
     const TensorId targets =
         graph().add_tensor("targets", token_dims(), DType::kI32, TensorKind::kInput, region);
     const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
-    graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, {}, region);
+    OpAttrs loss_attrs;
+    loss_attrs.token_chunks = chunks;
+    graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, loss_attrs,
+                   region);
     result_.loss = loss;
     length_ = full_length;
   }

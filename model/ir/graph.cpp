@@ -95,6 +95,10 @@ std::string Graph::to_text(int only_region) const {
         const TensorId measured = op.kind == OpKind::kAllGather ? op.outputs[0] : op.inputs[0];
         out << "} group " << op.attrs.group_size << " bytes " << tensor(measured).bytes();
       }
+      if (op.attrs.routed_fraction < 1) {
+        // Ragged (dropless MoE): FLOPs and bytes count this fraction of the rows.
+        out << " routed " << op.attrs.routed_fraction;
+      }
       out << "\n";
     }
   }

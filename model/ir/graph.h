@@ -62,6 +62,9 @@ class Graph {
 
   // A carry: the value of `from` when its region ends becomes `to` (the residual stream between
   // regions, and from one iteration of a repeated region to the next when from and to share it).
+  // Into or out of a region whose iterations share parameters (a chunked head, num_vocab_tiling
+  // = T), the chunk-sized end is T times shorter in one dim: iteration c reads (or writes) chunk
+  // c of the whole tensor.
   struct Carry {
     TensorId from = -1;
     TensorId to = -1;
@@ -71,6 +74,8 @@ class Graph {
 
   // Readable listing: regions with their repeat count, then one line per op:
   //   einsum mlp/wi_0 (x[batch:8,...] bf16, w[...] f32) -> g[...] bf16 contract {embed}
+  //   (a dropless MoE's grouped matmuls and ragged all-to-alls end in "routed 0.5": the fraction of
+  //   their rows balanced routing fills, which FLOPs and bytes count)
   std::string to_text(int only_region = -1) const;
 
  private:

@@ -4,6 +4,19 @@
 // Haliax: einsum(x[batch,length,embed], w[embed,mlp]) contracting {embed} -> h[batch,length,mlp].
 // Backward ops are ops too (autodiff emits each op's vector-Jacobian product as ops), and so are
 // collectives once the partitioner has run.
+//
+// Dropless MoE (capacity_factor <= 0, MaxText's sparse_matmul / megablox) groups tokens RAGGED:
+// moe_dispatch writes the routed token-choices sorted by expert into the rows of
+// grouped[experts, expert_tokens, ...] (read row-major as one buffer, one block per expert-
+// parallel shard) and, as a second output, row_experts[experts, expert_tokens] = the expert of
+// each row (-1: an empty row). An einsum with row_experts as a third input is a grouped matmul:
+// each row meets the weights of ITS expert, not of its position in the experts dim.
+//   einsum(grouped[experts,expert_tokens,embed], w[experts,embed,mlp], row_experts)
+//       -> h[experts,expert_tokens,mlp]   (a row of expert e: h = x w[e])
+//   einsum(dh[...,mlp], grouped[...,embed], row_experts) contract {expert_tokens}
+//       -> dw[experts,embed,mlp]           (dw[e] sums the rows of expert e)
+// Its routed_fraction counts only the rows routing fills when it is balanced, as megablox
+// computes only routed rows and MaxText's FLOP formula counts B*S*k tokens.
 #pragma once
 
 #include <string>
@@ -23,7 +36,7 @@ enum class OpKind {
   kEmbeddingLookup,  // tokens, table -> x
   kCrossEntropy,     // logits, targets -> loss (mean over tokens)
   kMoeRouter,        // router logits -> top-k weights and expert assignment
-  kMoeDispatch,      // tokens -> expert-grouped tokens
+  kMoeDispatch,      // tokens, routing -> expert-grouped tokens[, row_experts (dropless)]
   kMoeCombine,       // expert outputs, weights -> tokens
   // Backward-only kinds (vector-Jacobian products that are not einsums or elementwise).
   kNormGrad,          // d(norm) for RMSNorm/LayerNorm: dy, x, scale -> dx (and dscale)
@@ -85,14 +98,28 @@ struct OpAttrs {
   std::vector<std::string> contracted;  // einsum / reduce: dim names summed over
   ElementwiseFn function = ElementwiseFn::kAdd;
   AttentionMask mask = AttentionMask::kCausal;
-  int64_t window = 0;                  // sliding window size
-  int64_t top_k = 0;                   // MoE router
-  double capacity_factor = 0;          // MoE dispatch (<= 0: dropless)
+  int64_t window = 0;          // sliding window size
+  int64_t top_k = 0;           // MoE router
+  double capacity_factor = 0;  // MoE dispatch (<= 0: dropless)
+  // Dropless MoE dispatch/combine/routing gradient: the expert-parallel shards the grouped buffer
+  // is exchanged over (one block of rows per shard's experts).
+  int64_t expert_shards = 1;
+  // Dropless MoE under expert parallelism: > 0 bounds each block at this x its balanced rows and
+  // drops the choices beyond it (MaxText ragged_buffer_factor); <= 0: the worst case, no drops.
+  double ragged_buffer_factor = 0;
+  // Grouped matmuls (einsums with row_experts) and the all-to-alls of ragged buffers: the
+  // fraction of the rows routing fills when balanced. FLOPs, costs and collective bytes count
+  // that fraction (megablox multiplies only routed rows; a ragged all-to-all moves only them).
+  double routed_fraction = 1;
   std::vector<std::string> mesh_axes;  // collectives: the mesh axes they span
   int64_t group_size = 1;              // collectives: devices in each group
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
   double epsilon = 1e-6;               // norms: added to the variance
   double rope_max_timescale = 10000;   // rope: the longest wavelength (MaxText rope_max_timescale)
+  // Cross-entropy (and its gradient): the loss is the mean over `token_chunks` x the op's tokens;
+  // > 1 when the head runs once per chunk of the tokens (num_vocab_tiling), each iteration of its
+  // region adding its chunk's share.
+  int64_t token_chunks = 1;
 };
 
 struct Op {

@@ -20,14 +20,15 @@ double elements(const Graph& graph, TensorId id) {
   return static_cast<double>(graph.tensor(id).num_elements());
 }
 
+// A grouped matmul (third input row_experts) multiplies only the rows routing fills.
 double einsum_flops(const Graph& graph, const Op& op) {
   std::map<std::string, int64_t> sizes;
-  for (const TensorId input : op.inputs) {
-    for (const Dim& dim : graph.tensor(input).dims) {
+  for (size_t operand = 0; operand < 2; ++operand) {
+    for (const Dim& dim : graph.tensor(op.inputs.at(operand)).dims) {
       sizes[dim.name] = dim.size;
     }
   }
-  double product = kFlopsPerMac;
+  double product = kFlopsPerMac * op.attrs.routed_fraction;
   for (const auto& [name, size] : sizes) {
     product *= static_cast<double>(size);
   }

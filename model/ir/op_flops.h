@@ -2,7 +2,9 @@
 //
 // Matmul FLOPs (MXU work) follow MaxText's convention so that the program's forward + backward
 // matmul FLOPs equal calculate_tflops_training_per_device: an einsum costs 2 x the product of all
-// distinct dim sizes of its inputs; causal attention counts half of the score matrix (PR #1988);
+// distinct dim sizes of its two operands (a dropless MoE's grouped matmul x its routed_fraction:
+// the B*S*k routed token-choices, not the rows of its buffer); causal attention counts half of
+// the score matrix (PR #1988);
 // a sliding window counts S*W - W^2/2 of S^2; an attention gradient costs 2 x its forward.
 // Vector FLOPs (VPU work) are per-element estimates named below.
 //

@@ -1,7 +1,9 @@
 #include "sim/functional/executor.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -20,6 +22,37 @@ double normal(uint64_t seed, uint64_t name, uint64_t index) {
   const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;
   const double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// The dim in which a chunk-sized tensor is `chunks` times shorter than the whole one, or a
+// UserError naming num_vocab_tiling when the chunks do not split the device's tokens evenly.
+size_t chunk_dim(const Tensor& whole, const Tensor& part, int64_t chunks) {
+  const auto mismatch = [&](const std::string& why) {
+    return UserError("num_vocab_tiling: " + std::to_string(chunks) + " chunks of '" + whole.name +
+                     "' " + why);
+  };
+  if (whole.dims.size() != part.dims.size()) {
+    throw mismatch("do not keep its dims");
+  }
+  std::optional<size_t> found;
+  for (size_t index = 0; index < whole.dims.size(); ++index) {
+    const Dim& outer = whole.dims[index];
+    const Dim& inner = part.dims[index];
+    if (outer.size == inner.size) {
+      continue;
+    }
+    if (found || outer.size != inner.size * chunks) {
+      throw mismatch("do not split this device's " + std::to_string(outer.size) + " '" +
+                     outer.name + "' positions evenly (" + std::to_string(inner.size) +
+                     " per chunk); choose num_vocab_tiling and the sequence sharding so that "
+                     "they do");
+    }
+    found = index;
+  }
+  if (!found) {
+    throw mismatch("have no chunked dim");
+  }
+  return *found;
 }
 
 }  // namespace
@@ -68,6 +101,52 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
   std::vector<int> region_rank(graph_.regions().size());
   for (size_t index = 0; index < region_rank.size(); ++index) {
     region_rank[index] = static_cast<int>(index);
+  }
+  // Chunked heads (num_vocab_tiling): their regions, carries and the gradients they hand out.
+  region_chunks_.assign(graph_.regions().size(), 1);
+  for (size_t region = 0; region < graph_.regions().size(); ++region) {
+    const Region& info = graph_.region(static_cast<int>(region));
+    if (info.shared_parameters && info.repeat > 1 && info.phase != Phase::kOptimizer) {
+      region_chunks_[region] = info.repeat;
+    }
+  }
+  for (const Graph::Carry& carry : graph_.carries()) {
+    const Tensor& from = graph_.tensor(carry.from);
+    const Tensor& to = graph_.tensor(carry.to);
+    const bool into = region_chunks_[static_cast<size_t>(to.region)] > 1;
+    const bool out = region_chunks_[static_cast<size_t>(from.region)] > 1;
+    const bool chunked = from.num_elements() != to.num_elements() || (into != out);
+    chunked_carry_.push_back(chunked);
+    if (!chunked) {
+      continue;
+    }
+    if (into == out) {
+      throw std::logic_error("functional engine: carry '" + from.name + "' -> '" + to.name +
+                             "' changes size outside a chunked region");
+    }
+    const Tensor& part = into ? to : from;
+    chunk_dim(into ? from : to, part, region_chunks_[static_cast<size_t>(part.region)]);
+  }
+  summed_over_chunks_.assign(graph_.regions().size(), {});
+  for (const Tensor& tensor : graph_.tensors()) {
+    const auto id = static_cast<size_t>(tensor.id);
+    if (graph_.producer(tensor.id) < 0 || region_chunks_[static_cast<size_t>(tensor.region)] == 1 ||
+        carry_sources.contains(tensor.id) || final_grads.contains(tensor.id) ||
+        tensor.id == loss_) {
+      continue;
+    }
+    bool read_elsewhere = false;
+    for (const int reader : reader_regions[id]) {
+      read_elsewhere = read_elsewhere || reader != tensor.region;
+    }
+    if (!read_elsewhere) {
+      continue;
+    }
+    if (tensor.kind != TensorKind::kParameterGrad) {
+      throw std::logic_error("functional engine: '" + tensor.name +
+                             "' leaves a chunked region but is neither a carry nor a gradient");
+    }
+    summed_over_chunks_[static_cast<size_t>(tensor.region)].push_back(tensor.id);
   }
   for (const Tensor& tensor : graph_.tensors()) {
     const auto id = static_cast<size_t>(tensor.id);
@@ -207,7 +286,10 @@ void Executor::fill_input(TensorId id, int microbatch) {
   }
   const Dim& batch = tensor.dims[static_cast<size_t>(batch_dim)];
   const Dim& length = tensor.dims[static_cast<size_t>(length_dim)];
-  const int64_t global_length = length.whole_size();
+  // In a chunked head the tensor holds chunk chunk_ of each device's local tokens.
+  const int64_t global_length = length.whole_size() * chunks_;
+  const int64_t length_offset =
+      device_.shard_index(length) * length.size * chunks_ + chunk_ * length.size;
   const std::vector<int32_t>* source = nullptr;
   if (tensor.name == "tokens") {
     source = &tokens_.at(static_cast<size_t>(microbatch));
@@ -218,7 +300,7 @@ void Executor::fill_input(TensorId id, int microbatch) {
   for (int64_t b = 0; b < batch.size; ++b) {
     for (int64_t l = 0; l < length.size; ++l) {
       const int64_t global_b = device_.offset(batch) + b;
-      const int64_t global_l = device_.offset(length) + l;
+      const int64_t global_l = length_offset + l;
       float value = static_cast<float>(global_l);  // "positions" (learned position embeddings)
       if (source != nullptr) {
         const auto flat = static_cast<size_t>(global_b * global_length + global_l);
@@ -239,8 +321,9 @@ void Executor::run_op(const Op& op, int microbatch) {
   std::vector<const TensorData*> inputs;
   for (const TensorId input : op.inputs) {
     const Tensor& tensor = graph_.tensor(input);
-    if (tensor.kind == TensorKind::kInput && values_.find(key(input)) == values_.end()) {
-      fill_input(input, microbatch);
+    if (tensor.kind == TensorKind::kInput &&
+        (chunks_ > 1 || values_.find(key(input)) == values_.end())) {
+      fill_input(input, microbatch);  // a chunked head reads its chunk of the batch each time
     }
     inputs.push_back(&value(input));
   }
@@ -255,7 +338,16 @@ void Executor::run_op(const Op& op, int microbatch) {
   } else {
     run_kernel(graph_, op, inputs, outputs, device_);
     if (op.kind == OpKind::kEinsum) {
-      counters_.einsum_flops += op_flops(graph_, op).matmul;
+      double flops = op_flops(graph_, op).matmul;
+      if (op.inputs.size() == 3) {
+        // A grouped matmul multiplies the rows routing really filled (row_experts >= 0), which
+        // the program counts by their balanced fraction.
+        const std::vector<float>& rows = inputs[2]->values;
+        const auto filled = static_cast<double>(
+            std::count_if(rows.begin(), rows.end(), [](float expert) { return expert >= 0; }));
+        flops *= filled / static_cast<double>(rows.size()) / op.attrs.routed_fraction;
+      }
+      counters_.einsum_flops += flops;
     }
   }
   if (op.kind == OpKind::kAdamUpdate) {
@@ -280,12 +372,24 @@ void Executor::run_region(int region, int microbatch) {
       ops.push_back(&op);
     }
   }
+  chunks_ = region_chunks_[static_cast<size_t>(region)];
   for (int64_t iteration = 0; iteration < info.repeat; ++iteration) {
     layer_ = info.phase == Phase::kBackward ? info.repeat - 1 - iteration : iteration;
+    chunk_ = chunks_ > 1 ? layer_ : 0;
+    const std::vector<Graph::Carry>& carries = graph_.carries();
+    for (size_t index = 0; index < carries.size(); ++index) {
+      // A chunked head reads chunk chunk_ of its input, in its forward and in its backward.
+      const int to_region = graph_.tensor(carries[index].to).region;
+      if (chunked_carry_[index] && chunks_ > 1 &&
+          (to_region == region || to_region == info.forward_region)) {
+        copy_chunk(carries[index], false);
+      }
+    }
     // Carries into this region: from another region on the first iteration, from this
-    // region's previous iteration afterwards.
-    for (const Graph::Carry& carry : graph_.carries()) {
-      if (graph_.tensor(carry.to).region != region) {
+    // region's previous iteration afterwards. (Chunked ones are moved chunk by chunk.)
+    for (size_t index = 0; index < carries.size(); ++index) {
+      const Graph::Carry& carry = carries[index];
+      if (graph_.tensor(carry.to).region != region || chunked_carry_[index]) {
         continue;
       }
       const bool same_region = graph_.tensor(carry.from).region == region;
@@ -298,18 +402,34 @@ void Executor::run_region(int region, int microbatch) {
         throw std::logic_error("functional engine: carry '" + graph_.tensor(carry.from).name +
                                "' has no value");
       }
-      const Tensor& to = graph_.tensor(carry.to);
-      TensorData& destination = allocate(carry.to);
-      if (destination.values.size() == found->second.values.size()) {
-        destination.values = found->second.values;
-      } else {
-        // A chunked head reads its chunk of the sequence (num_vocab_tiling).
-        throw UserError("num_vocab_tiling > 1 is not supported by the functional engine yet");
-      }
-      (void)to;
+      allocate(carry.to).values = found->second.values;
     }
     for (const Op* op : ops) {
       run_op(*op, microbatch);
+    }
+    if (chunks_ > 1) {
+      // The head's backward writes chunk chunk_ of the gradient it hands to the layers, and sums
+      // the parameter gradients it hands to other regions.
+      for (size_t index = 0; index < carries.size(); ++index) {
+        if (chunked_carry_[index] && graph_.tensor(carries[index].from).region == region) {
+          copy_chunk(carries[index], true);
+        }
+      }
+      for (const TensorId id : summed_over_chunks_[static_cast<size_t>(region)]) {
+        const TensorData& now = value(id);
+        auto [sum, inserted] = chunk_sums_.try_emplace(id, now);
+        if (inserted) {
+          live_bytes_ += graph_.tensor(id).bytes();
+          counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
+        } else {
+          for (size_t element = 0; element < now.values.size(); ++element) {
+            sum->second.values[element] += now.values[element];
+          }
+        }
+      }
+    }
+    if (graph_.tensor(loss_).region == region) {
+      loss_sum_ += static_cast<double>(value(loss_).values.at(0));  // a chunked head: per chunk
     }
     if (info.phase == Phase::kBackward) {
       for (const TensorId grad : final_grads_) {
@@ -328,10 +448,51 @@ void Executor::run_region(int region, int microbatch) {
       }
     }
   }
-  if (graph_.tensor(loss_).region == region) {
-    loss_sum_ += static_cast<double>(value(loss_).values.at(0));
+  for (const TensorId id : summed_over_chunks_[static_cast<size_t>(region)]) {
+    value(id) = std::move(chunk_sums_.at(id));
+    chunk_sums_.erase(id);
+    live_bytes_ -= graph_.tensor(id).bytes();
   }
   layer_ = 0;
+  chunk_ = 0;
+  chunks_ = 1;
+}
+
+void Executor::copy_chunk(const Graph::Carry& carry, bool from_chunk) {
+  const TensorId whole_id = from_chunk ? carry.to : carry.from;
+  const TensorId part_id = from_chunk ? carry.from : carry.to;
+  const Tensor& whole = graph_.tensor(whole_id);
+  const Tensor& part = graph_.tensor(part_id);
+  const size_t dim = chunk_dim(whole, part, chunks_);
+  // Carry ends are stored once (not per layer): address them as layer 0.
+  const Key whole_key{whole_id, 0};
+  const Key part_key{part_id, 0};
+  const auto source = values_.find(from_chunk ? part_key : whole_key);
+  if (source == values_.end()) {
+    throw std::logic_error("functional engine: carry '" + graph_.tensor(carry.from).name +
+                           "' has no value");
+  }
+  const int64_t saved_layer = layer_;
+  layer_ = 0;
+  TensorData& target = allocate(from_chunk ? whole_id : part_id);
+  layer_ = saved_layer;
+  const TensorData& origin = source->second;
+  int64_t outer = 1;
+  int64_t inner = 1;
+  for (size_t index = 0; index < part.dims.size(); ++index) {
+    if (index != dim) {
+      (index < dim ? outer : inner) *= part.dims[index].size;
+    }
+  }
+  const int64_t part_rows = part.dims[dim].size;
+  const int64_t whole_rows = whole.dims[dim].size;
+  const int64_t block = part_rows * inner;
+  for (int64_t index = 0; index < outer; ++index) {
+    const int64_t whole_at = (index * whole_rows + chunk_ * part_rows) * inner;
+    const int64_t part_at = index * block;
+    const float* begin = origin.values.data() + (from_chunk ? part_at : whole_at);
+    std::copy(begin, begin + block, target.values.data() + (from_chunk ? whole_at : part_at));
+  }
 }
 
 StepResult Executor::compute_gradients() {

@@ -6,8 +6,18 @@
 // kernels, collectives through the Communicator (which meets the other devices). The executor
 // owns the device's state: per-layer parameters and Adam moments, per-layer saved activations
 // between a layer's forward and backward, gradients until the update. It counts what it really
-// does: matmul FLOPs executed by einsums and attention, bytes handed to collectives, and the peak
-// of bytes allocated (in the IR's dtypes, so it compares with the memory model).
+// does: matmul FLOPs executed by einsums and attention (a dropless MoE's grouped matmuls: the
+// rows routing really filled, which balance only on average), bytes handed to collectives, and
+// the peak of bytes allocated (in the IR's dtypes, so it compares with the memory model).
+//
+// A chunked head (num_vocab_tiling = T: the head region and its backward repeat T times over the
+// same parameters, each iteration on 1/T of the tokens) runs chunk c on iteration c (backward:
+// T-1-c). A carry between a whole tensor and a chunk-sized one (they differ in one dim, T times)
+// moves chunk c: into the head (and again into its backward, which reads the head's input) it
+// slices the device's local tokens [c L/T, (c+1) L/T) of each sequence, out of the head's
+// backward it writes them; the targets are read for chunk c; the loss adds up over chunks; and a
+// parameter gradient the head's backward hands to another region (the tied embedding's) is summed
+// over chunks, like the head's own parameter gradients.
 //
 // Example (one thread per device):
 //   Executor executor(program, device, communicator);
@@ -29,8 +39,11 @@
 namespace tpusim {
 
 struct ExecutionCounters {
-  double einsum_flops = 0;      // 2 x M x K x N of every einsum executed
-  double collective_bytes = 0;  // per-device array V of every collective (as the network model)
+  double einsum_flops = 0;  // 2 x M x K x N of every einsum executed
+  // Per-device array V of every collective, as the network model counts it (a dropless MoE's
+  // ragged all-to-all: the rows balanced routing fills, what a ragged exchange moves on average;
+  // the in-process transport copies its whole padded buffer).
+  double collective_bytes = 0;
   int64_t collectives = 0;
   int64_t peak_bytes = 0;  // of live tensors, in the IR's dtypes
 };
@@ -85,6 +98,8 @@ class Executor {
   void release(TensorId id);
   void fill_input(TensorId id, int microbatch);
   void run_region(int region, int microbatch);
+  // Moves chunk chunk_ of a chunked carry: into its chunk-sized end, or (from_chunk) out of it.
+  void copy_chunk(const Graph::Carry& carry, bool from_chunk);
   void run_op(const Op& op, int microbatch);
   bool owns_global_element(const Tensor& tensor) const;
 
@@ -92,6 +107,12 @@ class Executor {
   const Graph& graph_;
   DeviceContext device_;
   Communicator& communicator_;
+  std::vector<int64_t> region_chunks_;  // T for the regions of a chunked head, else 1
+  std::vector<bool> chunked_carry_;     // by carry index: its ends differ in size (a chunk)
+  std::vector<std::vector<TensorId>> summed_over_chunks_;  // by region: gradients handed out
+  std::map<TensorId, TensorData> chunk_sums_;
+  int64_t chunk_ = 0;                              // chunk of the region iteration being run
+  int64_t chunks_ = 1;                             // chunks of the region being run
   std::vector<bool> per_layer_;                    // stored once per layer of a scanned region
   std::vector<bool> persistent_;                   // parameters, moments, final gradients
   std::vector<std::vector<TensorId>> dead_after_;  // by op id: values never read again

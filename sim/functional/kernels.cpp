@@ -8,9 +8,15 @@
 //    first dim of an embedding table).
 //  - A split dim's slice on this device starts at device.offset(dim); its global size is
 //    dim.global_size (0: the dim is not split and `size` is global).
-//  - Reductions accumulate in double; outputs are rounded to float32 once. With
-//    device.bf16_matmul_inputs the inputs of einsum and attention matmuls are rounded to bf16
-//    (round-to-nearest-even) and products accumulate in fp32.
+//  - Reductions accumulate in double; outputs are rounded to float32 once. Einsum GEMMs too:
+//    they run in double on the fp32 inputs, so the engine's error against exact (fp64) math is
+//    that of its fp32 storage, not of a long fp32 accumulation, and shardings that split a
+//    contraction differently agree more closely. (An fp32-accumulated gradient element whose
+//    true value is ~1e-9 but whose terms are ~1e-4 carries ~1e-9 of rounding noise, and AdamW's
+//    g / (|g| + eps) at eps = 1e-8 turns that into a visibly different update: measured 1.3e-5
+//    rel-L2 on one updated weight of tiny-llama at tensor=4.) With device.bf16_matmul_inputs
+//    the inputs of einsum and attention matmuls are rounded to bf16 (round-to-nearest-even) and
+//    products accumulate in fp32, as on the MXU.
 //  - Shape mismatches (wrong input/output counts, a TensorData whose shape differs from its
 //    tensor's local dims, dims of the same name with different sizes, missing dims) throw
 //    std::logic_error naming the op.
@@ -35,6 +41,9 @@ namespace tpusim {
 namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using DoubleMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename Scalar>
+using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Round-to-nearest-even to bfloat16, returned as the float it represents.
 float round_bf16(float value) {
@@ -270,10 +279,193 @@ bool same_dims(const Tensor& a, const Tensor& b) {
 //   only one operand is summed out of that operand first. Any other dim (in C but in neither
 //   operand, in an operand but neither in C nor contracted) is a shape error. Split contracted
 //   dims give partial sums (the engine reduces them). Computed as per-batch Eigen GEMMs of the
-//   operands packed to [batch, M, K] x [batch, K, N] (fp32 accumulation).
+//   operands packed to [batch, M, K] x [batch, K, N], accumulated in double (in fp32 with
+//   bf16_matmul_inputs).
 // ------------------------------------------------------------------------------------------------
+// The offset in `tensor` of every index of `space` (row-major; dims matched by name, all present).
+std::vector<int64_t> offsets_of(const Ctx& ctx, const Tensor& tensor, const Space& space) {
+  std::vector<int64_t> offsets;
+  const std::array<std::vector<int64_t>, 1> strides = {ctx.strides_in(tensor, space, true, false)};
+  for_each_index(space.sizes, strides,
+                 [&](const std::array<int64_t, 1>& at) { offsets.push_back(at[0]); });
+  return offsets;
+}
+
+// ------------------------------------------------------------------------------------------------
+// kEinsum(A, B, row_experts) -> C: a grouped matmul over the rows of a dropless MoE buffer
+//   (model/ir/op.h). row_experts[experts, expert_tokens] names the ROW dims and holds each row's
+//   expert (-1: an empty row). Of A, B and C exactly one lacks expert_tokens: the expert tensor,
+//   whose experts dim IS the expert index (global = local + device.offset). Either
+//   (a) C and one operand X are row tensors, the other operand W the expert tensor: each row r of
+//       expert e: C[r] = sum over attrs.contracted of X[r] W[e]; empty rows give 0; or
+//   (b) C is the expert tensor, A and B row tensors: C[e] = sum over the rows r of expert e of
+//       A[r] (x) B[r] (outer product of their non-row dims; attrs.contracted = {expert_tokens}).
+//   A row of an expert this device does not hold is an error. Per expert one GEMM of its rows,
+//   accumulated in double (float with bf16_matmul_inputs), like the dense einsum.
+// ------------------------------------------------------------------------------------------------
+template <typename Scalar>
+void run_grouped_einsum(const Ctx& ctx) {
+  using Rows = std::vector<int64_t>;
+  const Tensor& rows_tensor = ctx.in_tensor(2);
+  if (rows_tensor.dims.size() != 2 || !has_dim(rows_tensor, "experts") ||
+      !has_dim(rows_tensor, "expert_tokens")) {
+    ctx.fail("row_experts '" + rows_tensor.name + "' must be [experts, expert_tokens]");
+  }
+  const Space rows = space_without(rows_tensor, {});
+  const std::array<const Tensor*, 3> tensors = {&ctx.in_tensor(0), &ctx.in_tensor(1),
+                                                &ctx.out_tensor(0)};
+  int expert_side = -1;
+  for (int index = 0; index < 3; ++index) {
+    if (!has_dim(*tensors[static_cast<size_t>(index)], "expert_tokens")) {
+      if (expert_side >= 0) {
+        ctx.fail("a grouped matmul has one expert tensor (without expert_tokens)");
+      }
+      expert_side = index;
+    }
+  }
+  if (expert_side < 0) {
+    ctx.fail("a grouped matmul needs an expert tensor (without expert_tokens)");
+  }
+  const Tensor& expert_tensor = *tensors[static_cast<size_t>(expert_side)];
+  const Dim& experts = ctx.dim(expert_tensor, "experts");
+  const int64_t expert_offset = ctx.device().offset(experts);
+  const int64_t expert_stride = ctx.stride(expert_tensor, "experts");
+  // The rows of each of this device's experts, as indices row-major over `rows`.
+  std::vector<Rows> members(static_cast<size_t>(experts.size));
+  {
+    const float* ids = ctx.in(2);
+    int64_t row = 0;
+    const std::array<std::vector<int64_t>, 1> strides = {
+        ctx.strides_in(rows_tensor, rows, true, true)};
+    for_each_index(rows.sizes, strides, [&](const std::array<int64_t, 1>& at) {
+      const int64_t expert = to_index(ids[at[0]]);
+      if (expert >= 0) {
+        const int64_t local = expert - expert_offset;
+        if (local < 0 || local >= experts.size) {
+          ctx.fail("row of expert " + std::to_string(expert) + " on a device holding experts [" +
+                   std::to_string(expert_offset) + ", " +
+                   std::to_string(expert_offset + experts.size) + ")");
+        }
+        members[static_cast<size_t>(local)].push_back(row);
+      }
+      ++row;
+    });
+  }
+  const std::vector<std::string> row_names = {"experts", "expert_tokens"};
+  const auto offsets = [&](const Tensor& tensor, const Space& space) {
+    return offsets_of(ctx, tensor, space);
+  };
+  const auto count_dims = [&](const Tensor& tensor, size_t expected) {
+    if (tensor.dims.size() != expected) {
+      ctx.fail("tensor '" + tensor.name + "' has dims the grouped matmul does not expect");
+    }
+  };
+  float* out = ctx.out(0);
+  if (expert_side == 2) {
+    // (b) C[e] = sum over e's rows of A[r] (x) B[r].
+    const Tensor& a = ctx.in_tensor(0);
+    const Tensor& b = ctx.in_tensor(1);
+    const Tensor& c = ctx.out_tensor(0);
+    const Space p = space_without(a, row_names);
+    const Space q = space_without(b, row_names);
+    count_dims(c, 1 + p.names.size() + q.names.size());
+    const Rows a_rows = offsets(a, rows);
+    const Rows b_rows = offsets(b, rows);
+    const Rows a_features = offsets(a, p);
+    const Rows b_features = offsets(b, q);
+    const Rows c_p = offsets(c, p);
+    const Rows c_q = offsets(c, q);
+    const float* a_values = ctx.in(0);
+    const float* b_values = ctx.in(1);
+    for (int64_t e = 0; e < experts.size; ++e) {
+      const Rows& members_e = members[static_cast<size_t>(e)];
+      const auto n = static_cast<int64_t>(members_e.size());
+      Matrix<Scalar> lhs(n, static_cast<int64_t>(a_features.size()));
+      Matrix<Scalar> rhs(n, static_cast<int64_t>(b_features.size()));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+        for (size_t j = 0; j < a_features.size(); ++j) {
+          lhs(i, static_cast<int64_t>(j)) =
+              static_cast<Scalar>(ctx.load(a_values[a_rows[row] + a_features[j]]));
+        }
+        for (size_t j = 0; j < b_features.size(); ++j) {
+          rhs(i, static_cast<int64_t>(j)) =
+              static_cast<Scalar>(ctx.load(b_values[b_rows[row] + b_features[j]]));
+        }
+      }
+      const Matrix<Scalar> product = lhs.transpose() * rhs;
+      for (size_t i = 0; i < c_p.size(); ++i) {
+        for (size_t j = 0; j < c_q.size(); ++j) {
+          out[e * expert_stride + c_p[i] + c_q[j]] =
+              static_cast<float>(product(static_cast<int64_t>(i), static_cast<int64_t>(j)));
+        }
+      }
+    }
+    return;
+  }
+  // (a) C[r] = X[r] W[e] over the contracted dims.
+  const size_t x_side = expert_side == 0 ? 1 : 0;
+  const Tensor& x = ctx.in_tensor(x_side);
+  const Tensor& w = expert_tensor;
+  const Tensor& c = ctx.out_tensor(0);
+  Space k;
+  for (const std::string& name : ctx.op().attrs.contracted) {
+    k.add(name, ctx.dim(w, name).size);
+  }
+  std::vector<std::string> not_n = ctx.op().attrs.contracted;
+  not_n.emplace_back("experts");
+  const Space n = space_without(w, not_n);
+  count_dims(x, 2 + k.names.size());
+  count_dims(c, 2 + n.names.size());
+  const Rows x_rows = offsets(x, rows);
+  const Rows c_rows = offsets(c, rows);
+  const Rows x_k = offsets(x, k);
+  const Rows w_k = offsets(w, k);
+  const Rows w_n = offsets(w, n);
+  const Rows c_n = offsets(c, n);
+  const float* x_values = ctx.in(x_side);
+  const float* w_values = ctx.in(static_cast<size_t>(expert_side));
+  for (int64_t e = 0; e < experts.size; ++e) {
+    const Rows& members_e = members[static_cast<size_t>(e)];
+    if (members_e.empty()) {
+      continue;
+    }
+    const auto m = static_cast<int64_t>(members_e.size());
+    Matrix<Scalar> lhs(m, static_cast<int64_t>(x_k.size()));
+    for (int64_t i = 0; i < m; ++i) {
+      const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+      for (size_t j = 0; j < x_k.size(); ++j) {
+        lhs(i, static_cast<int64_t>(j)) =
+            static_cast<Scalar>(ctx.load(x_values[x_rows[row] + x_k[j]]));
+      }
+    }
+    Matrix<Scalar> rhs(static_cast<int64_t>(w_k.size()), static_cast<int64_t>(w_n.size()));
+    for (size_t i = 0; i < w_k.size(); ++i) {
+      for (size_t j = 0; j < w_n.size(); ++j) {
+        rhs(static_cast<int64_t>(i), static_cast<int64_t>(j)) =
+            static_cast<Scalar>(ctx.load(w_values[e * expert_stride + w_k[i] + w_n[j]]));
+      }
+    }
+    const Matrix<Scalar> product = lhs * rhs;
+    for (int64_t i = 0; i < m; ++i) {
+      const auto row = static_cast<size_t>(members_e[static_cast<size_t>(i)]);
+      for (size_t j = 0; j < c_n.size(); ++j) {
+        out[c_rows[row] + c_n[j]] = static_cast<float>(product(i, static_cast<int64_t>(j)));
+      }
+    }
+  }
+}
+
 void run_einsum(const Ctx& ctx) {
-  ctx.expect_counts(2, 2, 1, 1);
+  ctx.expect_counts(2, 3, 1, 1);
+  if (ctx.num_inputs() == 3) {
+    if (ctx.device().bf16_matmul_inputs) {
+      run_grouped_einsum<float>(ctx);
+    } else {
+      run_grouped_einsum<double>(ctx);
+    }
+    return;
+  }
   const Tensor& a = ctx.in_tensor(0);
   const Tensor& b = ctx.in_tensor(1);
   const Tensor& c = ctx.out_tensor(0);
@@ -378,7 +570,12 @@ void run_einsum(const Ctx& ctx) {
     const Eigen::Map<const RowMatrix> lhs(packed_a.data() + index * m * k, m, k);
     const Eigen::Map<const RowMatrix> rhs(packed_b.data() + index * k * n, k, n);
     Eigen::Map<RowMatrix> product(packed_c.data() + index * m * n, m, n);
-    product.noalias() = lhs * rhs;
+    if (ctx.device().bf16_matmul_inputs) {
+      product.noalias() = lhs * rhs;  // the MXU: bf16 products, fp32 accumulation
+    } else {
+      const DoubleMatrix wide = lhs.cast<double>() * rhs.cast<double>();
+      product = wide.cast<float>();
+    }
   }
   Space loop;
   for (const Space* part : {&batch, &rows, &cols}) {
@@ -1005,39 +1202,48 @@ AttentionView attention_view(const Ctx& ctx, const Tensor& tensor, bool kv_side,
   return view;
 }
 
-RowMatrix gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b, int64_t h,
-                 bool round) {
-  RowMatrix matrix(view.length, view.features);
+template <typename Scalar>
+Matrix<Scalar> gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b,
+                      int64_t h, bool round) {
+  Matrix<Scalar> matrix(view.length, view.features);
   const float* start = base + b * view.batch_stride + h * view.head_stride;
   for (int64_t row = 0; row < view.length; ++row) {
     for (int64_t col = 0; col < view.features; ++col) {
       const float value = start[row * view.length_stride + col * view.feature_stride];
-      matrix(row, col) = round ? ctx.load(value) : value;
+      matrix(row, col) = static_cast<Scalar>(round ? ctx.load(value) : value);
     }
   }
   return matrix;
 }
 
-void scatter(float* base, const AttentionView& view, int64_t b, int64_t h, const RowMatrix& matrix,
-             bool accumulate) {
+template <typename Scalar>
+void scatter(float* base, const AttentionView& view, int64_t b, int64_t h,
+             const Matrix<Scalar>& matrix, bool accumulate) {
   float* start = base + b * view.batch_stride + h * view.head_stride;
   for (int64_t row = 0; row < view.length; ++row) {
     for (int64_t col = 0; col < view.features; ++col) {
       float& slot = start[row * view.length_stride + col * view.feature_stride];
-      slot = accumulate ? slot + matrix(row, col) : matrix(row, col);
+      slot = static_cast<float>(accumulate ? slot + matrix(row, col) : matrix(row, col));
     }
   }
 }
 
-RowMatrix round_matrix(const Ctx& ctx, RowMatrix matrix) {
+template <typename Scalar>
+Matrix<Scalar> round_matrix(const Ctx& ctx, Matrix<Scalar> matrix) {
   if (ctx.device().bf16_matmul_inputs) {
-    matrix = matrix.unaryExpr([](float value) { return round_bf16(value); });
+    matrix = matrix.unaryExpr(
+        [](Scalar value) { return static_cast<Scalar>(round_bf16(static_cast<float>(value))); });
   }
   return matrix;
 }
 
+// Computes in `Scalar`: double for the fp32 reference, float with bf16_matmul_inputs (the MXU's
+// fp32 accumulation).
+template <typename Scalar>
 class AttentionKernel {
  public:
+  using RowMatrix = Matrix<Scalar>;
+
   AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
     const size_t first = gradient ? 1 : 0;
     if (gradient) {
@@ -1081,7 +1287,7 @@ class AttentionKernel {
     } else if (q_.features != d_k_) {
       ctx.fail("query and key feature sizes differ");
     }
-    scale_ = 1.0f / std::sqrt(static_cast<float>(q_.feature_dim->whole_size()));
+    scale_ = Scalar{1} / std::sqrt(static_cast<Scalar>(q_.feature_dim->whole_size()));
     // GQA mapping on global head indices.
     const int64_t query_heads = q_.heads_dim->whole_size();
     const int64_t kv_heads = k_.heads_dim->whole_size();
@@ -1136,15 +1342,15 @@ class AttentionKernel {
     const float* kr = mla_ ? ctx_.in(3) : nullptr;
     float* out = ctx_.out(0);
     for (int64_t b = 0; b < q_.batch; ++b) {
-      const RowMatrix k_rope = mla_ ? gather(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       for (int64_t h = 0; h < q_.heads; ++h) {
         const int64_t kv = kv_of_[static_cast<size_t>(h)];
         if (kv < 0) {
           continue;
         }
-        const RowMatrix q_matrix = gather(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather(ctx_, v, v_, b, kv, true);
+        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
         const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
         const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
         scatter(out, o_, b, h, result, false);
@@ -1164,23 +1370,29 @@ class AttentionKernel {
     float* dv = ctx_.out(2);
     float* dkr = mla_ ? ctx_.out(3) : nullptr;
     for (int64_t b = 0; b < q_.batch; ++b) {
-      const RowMatrix k_rope = mla_ ? gather(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       RowMatrix dk_rope = RowMatrix::Zero(k_.length, mla_ ? kr_.features : 0);
+      // dk, dv of each kv head: summed over the query heads that share it, then written once.
+      std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads),
+                                    RowMatrix::Zero(k_.length, k_.features));
+      std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads),
+                                    RowMatrix::Zero(v_.length, v_.features));
       for (int64_t h = 0; h < q_.heads; ++h) {
         const int64_t kv = kv_of_[static_cast<size_t>(h)];
         if (kv < 0) {
           continue;
         }
-        const RowMatrix q_matrix = gather(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather(ctx_, v, v_, b, kv, true);
-        const RowMatrix dout_matrix = gather(ctx_, dout, dout_, b, h, true);
-        const RowMatrix out_matrix = gather(ctx_, out, o_, b, h, false);
+        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+        const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
+        const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
         const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
         const RowMatrix dv_matrix = round_matrix(ctx_, probabilities).transpose() * dout_matrix;
         const RowMatrix dp = dout_matrix * v_matrix.transpose();
         // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
-        const Eigen::VectorXf delta = dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
+        const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
+            dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
         RowMatrix ds = probabilities.cwiseProduct(dp.colwise() - delta) * scale_;
         ds = round_matrix(ctx_, ds);
         RowMatrix dq_matrix(q_.length, q_.features);
@@ -1191,8 +1403,12 @@ class AttentionKernel {
           dk_rope += ds.transpose() * q_matrix.rightCols(kr_.features);
         }
         scatter(dq, dq_, b, h, dq_matrix, false);
-        scatter(dk, dk_, b, kv, dk_matrix, true);
-        scatter(dv, dv_, b, kv, dv_matrix, true);
+        dk_sum[static_cast<size_t>(kv)] += dk_matrix;
+        dv_sum[static_cast<size_t>(kv)] += dv_matrix;
+      }
+      for (int64_t kv = 0; kv < k_.heads; ++kv) {
+        scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
+        scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
       }
       if (mla_) {
         scatter(dkr, dkr_, b, 0, dk_rope, false);
@@ -1222,7 +1438,7 @@ class AttentionKernel {
     return false;
   }
 
-  // Masked softmax(scale q k^T) in fp32; masked entries are 0.
+  // Masked softmax(scale q k^T) in Scalar; masked entries are 0.
   RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope) const {
     RowMatrix scores = q.leftCols(d_k_) * k.transpose();
     if (mla_) {
@@ -1231,13 +1447,13 @@ class AttentionKernel {
     scores *= scale_;
     for (int64_t i = 0; i < scores.rows(); ++i) {
       const int64_t query = q_position_ + i;
-      float max = -std::numeric_limits<float>::infinity();
+      Scalar max = -std::numeric_limits<Scalar>::infinity();
       for (int64_t j = 0; j < scores.cols(); ++j) {
         if (allowed(query, k_position_ + j)) {
           max = std::max(max, scores(i, j));
         }
       }
-      float sum = 0;
+      Scalar sum = 0;
       for (int64_t j = 0; j < scores.cols(); ++j) {
         if (allowed(query, k_position_ + j)) {
           scores(i, j) = std::exp(scores(i, j) - max);
@@ -1257,7 +1473,7 @@ class AttentionKernel {
   bool mla_ = false;
   AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
   int64_t d_k_ = 0;
-  float scale_ = 1;
+  Scalar scale_ = 1;
   std::vector<int64_t> kv_of_;
   int64_t q_position_ = 0;
   int64_t k_position_ = 0;
@@ -1363,7 +1579,8 @@ void run_embedding(const Ctx& ctx, bool gradient) {
 //   Local vocab entries past the dim's global size (padding of an uneven split) are ignored, and
 //   a target t is local iff offset <= t < offset + valid local size (offset =
 //   device.offset(vocab)). The global token count T is the product of the GLOBAL sizes of the
-//   logits' non-vocab dims.
+//   logits' non-vocab dims times attrs.token_chunks (a chunked head, num_vocab_tiling: each
+//   chunk's loss and gradient are its share of the mean over all chunks' tokens).
 // kCrossEntropy(logits, targets[, stats]) -> loss (shape {}): sum over local tokens of
 //   (lse - logit[target]) / T. Without stats the vocab dim is whole; with stats [token dims, 3]
 //   = globally combined (max, sum exp(logit - max), target logit): lse = max + log(sum).
@@ -1386,7 +1603,7 @@ class CrossEntropyKernel {
     vocab_stride_ = ctx.stride(logits, "vocab");
     logits_strides_ = ctx.strides_in(logits, tokens_, true, false);
     targets_strides_ = ctx.strides_in(ctx.in_tensor(1), tokens_, true, true);
-    token_count_ = 1;
+    token_count_ = std::max<int64_t>(1, ctx.op().attrs.token_chunks);
     for (const Dim& dim : logits.dims) {
       if (dim.name != "vocab") {
         token_count_ *= dim.whole_size();
@@ -1547,12 +1764,21 @@ class CrossEntropyKernel {
 //     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
 //     choice (0 for dropped ones), channel 0 = 0.
 // Slot assignment (dispatch, combine and their gradients; deterministic): tokens in row-major
-//   order of routing's LOCAL token dims, choices c = 0..top_k-1; a token-choice of expert e takes
-//   the next free slot of e in [0, expert_tokens); when e is full it is dropped (contributes
-//   nothing). The grouped tensor's "experts" dim must be whole (size = number of experts).
-// kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]:
-//   grouped[e, slot] = x[t]; unused slots 0. op.phase == kBackward (VJP of combine): inputs are
-//   (d_combined, routing) and grouped[e, slot] = weight * d_combined[t].
+//   order of routing's LOCAL token dims, choices c = 0..top_k-1. The grouped tensor's "experts"
+//   dim must be whole (size E = number of experts); C = its local expert_tokens.
+//   - Capacity (attrs.capacity_factor > 0): a token-choice of expert e takes the next free slot
+//     (e, s) of e, s in [0, C); when e is full it is dropped (contributes nothing).
+//   - Dropless (capacity_factor <= 0): the E x C slots read row-major are rows, in
+//     S = attrs.expert_shards blocks of E/S x C rows, block b for experts [b E/S, (b+1) E/S).
+//     Block b holds the choices of its experts sorted by expert (then token, then choice) from
+//     its first row; the rest of it is empty. Nothing is dropped: more choices than a block holds
+//     is an error (the partitioner sizes C for the worst case), unless
+//     attrs.ragged_buffer_factor > 0 bounded the block: then the choices past its end (the last
+//     in that order) are dropped.
+// kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]
+//   [, row_experts[experts, expert_tokens]]: grouped[slot] = x[t]; unused slots 0; row_experts
+//   (dropless) = the expert of each slot, -1 when empty. op.phase == kBackward (VJP of combine):
+//   inputs are (d_combined, routing) and grouped[slot] = weight * d_combined[t].
 // kMoeCombine(expert_out, routing) -> y[token dims, embed] = sum over choices of
 //   weight * expert_out[e, slot]. op.phase == kBackward (VJP of dispatch): inputs (d_grouped,
 //   routing) and y = sum over choices of d_grouped[e, slot] (no weight).
@@ -1584,18 +1810,10 @@ RoutingLayout routing_layout(const Ctx& ctx, const Tensor& routing) {
   return layout;
 }
 
-// Offsets of every token of `tensor` (row-major over the routing's token dims).
-std::vector<int64_t> token_offsets(const Ctx& ctx, const Tensor& tensor, const Space& tokens) {
-  std::vector<int64_t> offsets;
-  const std::array<std::vector<int64_t>, 1> strides = {ctx.strides_in(tensor, tokens, true, false)};
-  for_each_index(tokens.sizes, strides,
-                 [&](const std::array<int64_t, 1>& at) { offsets.push_back(at[0]); });
-  return offsets;
-}
-
 struct Assignment {
   int64_t expert = 0;
-  int64_t slot = -1;  // -1: dropped
+  int64_t position = 0;  // index in the grouped tensor's experts dim (capacity: the expert)
+  int64_t slot = -1;     // index in its expert_tokens dim; -1: dropped
   float weight = 0;
 };
 
@@ -1606,7 +1824,7 @@ class MoeKernel {
   MoeKernel(const Ctx& ctx, const Tensor& token_tensor, const Tensor& grouped_tensor,
             const Tensor& routing_tensor, const float* routing)
       : layout_(routing_layout(ctx, routing_tensor)) {
-    token_at_ = token_offsets(ctx, token_tensor, layout_.tokens);
+    token_at_ = offsets_of(ctx, token_tensor, layout_.tokens);
     const Dim& experts = ctx.dim(grouped_tensor, "experts");
     if (experts.whole_size() != experts.size) {
       ctx.fail("the grouped tensor's experts dim must be whole");
@@ -1632,6 +1850,7 @@ class MoeKernel {
         const int64_t base = at + c * layout_.choice_stride;
         Assignment assignment;
         assignment.expert = to_index(routing[base]);
+        assignment.position = assignment.expert;
         assignment.weight = routing[base + layout_.route_stride];
         if (assignment.expert < 0 || assignment.expert >= experts_) {
           ctx.fail("routing names expert " + std::to_string(assignment.expert) + " of " +
@@ -1639,9 +1858,67 @@ class MoeKernel {
         }
         int64_t& count = used[static_cast<size_t>(assignment.expert)];
         if (count < capacity_) {
-          assignment.slot = count++;
+          assignment.slot = count;
         }
+        ++count;
         assignments_.push_back(assignment);
+      }
+    }
+    if (ctx.op().attrs.capacity_factor <= 0) {
+      place_dropless(ctx, used);
+    }
+  }
+
+  // The dropless rows (see the slot assignment above); `counts` = choices per expert.
+  void place_dropless(const Ctx& ctx, const std::vector<int64_t>& counts) {
+    const int64_t shards = std::max<int64_t>(1, ctx.op().attrs.expert_shards);
+    if (experts_ % shards != 0) {
+      ctx.fail("the " + std::to_string(experts_) + " experts do not split into " +
+               std::to_string(shards) + " expert shards");
+    }
+    const int64_t shard_experts = experts_ / shards;
+    const int64_t block_rows = shard_experts * capacity_;
+    // First row of each expert within its block.
+    std::vector<int64_t> next(static_cast<size_t>(experts_), 0);
+    for (int64_t shard = 0; shard < shards; ++shard) {
+      int64_t rows = 0;
+      for (int64_t e = shard * shard_experts; e < (shard + 1) * shard_experts; ++e) {
+        next[static_cast<size_t>(e)] = rows;
+        rows += counts[static_cast<size_t>(e)];
+      }
+      if (rows > block_rows && ctx.op().attrs.ragged_buffer_factor <= 0) {
+        ctx.fail("dropless MoE: " + std::to_string(rows) + " token choices for expert shard " +
+                 std::to_string(shard) + " exceed its " + std::to_string(block_rows) + " rows");
+      }
+    }
+    for (Assignment& assignment : assignments_) {
+      const int64_t shard = assignment.expert / shard_experts;
+      const int64_t rank = next[static_cast<size_t>(assignment.expert)]++;
+      if (rank >= block_rows) {
+        assignment.slot = -1;  // beyond a bounded buffer (ragged_buffer_factor): dropped
+        continue;
+      }
+      const int64_t row = shard * block_rows + rank;
+      assignment.position = row / capacity_;
+      assignment.slot = row % capacity_;
+    }
+  }
+
+  // row_experts[position, slot] = the expert of each used row, -1 elsewhere.
+  void row_experts(const Ctx& ctx, const Tensor& rows_tensor, float* rows) const {
+    Space space;
+    space.add("experts", experts_);
+    space.add("expert_tokens", capacity_);
+    const std::vector<int64_t> strides = ctx.strides_in(rows_tensor, space, true, true);
+    for (int64_t position = 0; position < experts_; ++position) {
+      for (int64_t slot = 0; slot < capacity_; ++slot) {
+        rows[position * strides[0] + slot * strides[1]] = -1.0f;
+      }
+    }
+    for (const Assignment& assignment : assignments_) {
+      if (assignment.slot >= 0) {
+        rows[assignment.position * strides[0] + assignment.slot * strides[1]] =
+            static_cast<float>(assignment.expert);
       }
     }
   }
@@ -1676,7 +1953,7 @@ class MoeKernel {
           continue;
         }
         const int64_t grouped_at =
-            assignment.expert * expert_stride_ + assignment.slot * slot_stride_;
+            assignment.position * expert_stride_ + assignment.slot * slot_stride_;
         double dot = 0;
         for (const auto& [t, g] : features_) {
           dot += static_cast<double>(d_combined[token_at_[token] + t]) * expert_out[grouped_at + g];
@@ -1696,7 +1973,7 @@ class MoeKernel {
         const Assignment& assignment = assignments_[index];
         if (assignment.slot >= 0) {
           body(token_at_[token],
-               assignment.expert * expert_stride_ + assignment.slot * slot_stride_, assignment);
+               assignment.position * expert_stride_ + assignment.slot * slot_stride_, assignment);
         }
       }
     }
@@ -1713,9 +1990,15 @@ class MoeKernel {
 };
 
 void run_moe_dispatch(const Ctx& ctx) {
-  ctx.expect_counts(2, 2, 1, 1);
+  ctx.expect_counts(2, 2, 1, 2);
   const MoeKernel kernel(ctx, ctx.in_tensor(0), ctx.out_tensor(0), ctx.in_tensor(1), ctx.in(1));
   kernel.dispatch(ctx.in(0), ctx.out(0), ctx.op().phase == Phase::kBackward);
+  if (ctx.num_outputs() == 2) {
+    if (ctx.op().attrs.capacity_factor > 0) {
+      ctx.fail("row_experts belong to a dropless dispatch (capacity_factor <= 0)");
+    }
+    kernel.row_experts(ctx, ctx.out_tensor(1), ctx.out(1));
+  }
 }
 
 void run_moe_combine(const Ctx& ctx) {
@@ -1774,7 +2057,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   Space all = layout.tokens;
   all.add("experts", experts.size);
   ctx.strides_in(logits, all, true, true);
-  const std::vector<int64_t> logits_at = token_offsets(ctx, logits, layout.tokens);
+  const std::vector<int64_t> logits_at = offsets_of(ctx, logits, layout.tokens);
   const int64_t stride = ctx.stride(logits, "experts");
   const float* logit_values = ctx.in(gradient ? 1 : 0);
   if (!gradient) {
@@ -1794,7 +2077,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   }
   const Tensor& d_logits_tensor = ctx.out_tensor(0);
   ctx.strides_in(d_logits_tensor, all, true, true);
-  const std::vector<int64_t> d_at = token_offsets(ctx, d_logits_tensor, layout.tokens);
+  const std::vector<int64_t> d_at = offsets_of(ctx, d_logits_tensor, layout.tokens);
   const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
@@ -1987,10 +2270,18 @@ void run_kernel(const Graph& graph, const Op& op, const std::vector<const Tensor
       run_rope(ctx);
       return;
     case OpKind::kAttention:
-      AttentionKernel(ctx, false).forward();
+      if (device.bf16_matmul_inputs) {
+        AttentionKernel<float>(ctx, false).forward();
+      } else {
+        AttentionKernel<double>(ctx, false).forward();
+      }
       return;
     case OpKind::kAttentionGrad:
-      AttentionKernel(ctx, true).backward();
+      if (device.bf16_matmul_inputs) {
+        AttentionKernel<float>(ctx, true).backward();
+      } else {
+        AttentionKernel<double>(ctx, true).backward();
+      }
       return;
     case OpKind::kEmbeddingLookup:
       run_embedding(ctx, false);

@@ -79,6 +79,7 @@ struct EinsumShape {
   double m = 1;      // rows
   double k = 1;      // contracted
   double n = 1;      // cols
+  char expert_tokens_in = 0;  // 'm', 'k' or 'n': where a dropless grouped matmul's token dim is
 };
 
 EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out) {
@@ -120,14 +121,21 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
   EinsumShape shape;
   for (const Named& dim : dims) {
     const auto size = static_cast<double>(dim.size);
+    char group = 0;
     if (dim.lhs && dim.rhs && dim.out) {
       shape.loops *= size;
     } else if (dim.lhs && dim.rhs) {
       shape.k *= size;
+      group = 'k';
     } else if (dim.lhs) {
       shape.m *= size;
+      group = 'm';
     } else {
       shape.n *= size;
+      group = 'n';
+    }
+    if (*dim.name == "expert_tokens") {
+      shape.expert_tokens_in = group;
     }
   }
   return shape;
@@ -138,10 +146,21 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   const Tensor& rhs = graph.tensor(op.inputs[1]);
   const Tensor& out = graph.tensor(op.outputs[0]);
   const EinsumShape shape = einsum_shape(lhs, rhs, out);
-  const double m = shape.m;
-  const double k = shape.k;
-  const double n = shape.n;
-  const double loops = shape.loops;
+  double m = shape.m;
+  double k = shape.k;
+  double n = shape.n;
+  double loops = shape.loops;
+  // A dropless grouped matmul reads, multiplies and writes only the routed rows (megablox).
+  const double routed = op.attrs.routed_fraction;
+  if (shape.expert_tokens_in == 'm') {
+    m *= routed;
+  } else if (shape.expert_tokens_in == 'n') {
+    n *= routed;
+  } else if (shape.expert_tokens_in == 'k') {
+    k *= routed;
+  } else {
+    loops *= routed;
+  }
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;

@@ -191,6 +191,21 @@ TEST(ConfigRules, EveryRuleKeyIsInBase) {
   }
 }
 
+// A copy is independent: setting a key on it leaves the original as it was (the verify
+// reference of `tpusim train` is such a copy).
+TEST(Config, SettingACopyLeavesTheOriginal) {
+  const Config original =
+      Config::load("", {"model_name=tiny-llama", "per_device_batch_size=2", "num_vocab_tiling=4"});
+  Config copy = original;
+  copy.set("per_device_batch_size", "8", "test");
+  copy.set("num_vocab_tiling", "1", "test");
+  EXPECT_EQ(copy.get_float("per_device_batch_size"), 8.0);
+  EXPECT_EQ(copy.get_int("num_vocab_tiling"), 1);
+  EXPECT_EQ(original.get_float("per_device_batch_size"), 2.0);
+  EXPECT_EQ(original.get_int("num_vocab_tiling"), 4);
+  EXPECT_EQ(original.origin("num_vocab_tiling"), "command line");
+}
+
 TEST(Config, CommandLineOverridesRoundTrip) {
   const Config config = Config::load("", {"steps=7", "mlp_activations=[relu]"});
   const std::vector<std::string> overrides = config.command_line_overrides();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One tpusim training step against the independent fp64 PyTorch reference (torch_reference.py):
 # loss, every gradient, the gradient norm and clipping factor, and the AdamW update, for the tiny
-# llama, gpt3 and moe presets. Exits 0 only if every model passes; 77 (ctest: skipped) when
+# llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
+# the latter also on a deliberately unbalanced router). Exits 0 only if every model passes; 77 (ctest: skipped) when
 # python3-torch is not installed (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
@@ -52,12 +53,22 @@ check() {
 
 check tiny-llama "model_name=tiny-llama" ""
 check tiny-gpt3 "model_name=tiny-gpt3" ""
-# MoE "dropless" (sparse_matmul=true) is not checked: the program sizes each expert's buffer at
-# the average tokens*k/E (what MaxText's FLOP count and the performance model assume), so the
-# functional engine drops overflow choices where a real ragged matmul would not.
+# The chunked head (num_vocab_tiling) against the same unchunked reference.
+check tiny-gpt3-vocab-tiling "model_name=tiny-gpt3 num_vocab_tiling=4" ""
 # MoE, dense dispatch with capacity: each expert takes at most tokens*k/E choices, the rest drop.
 check tiny-moe-capacity "model_name=tiny-moe sparse_matmul=false capacity_factor=1.0" \
   "--top-k 2 --capacity-factor 1.0"
+# MoE dropless (the default, sparse_matmul): every choice counts, from the initial router ...
+check tiny-moe-dropless "model_name=tiny-moe" "--top-k 2"
+# ... and from a router that sends every token to experts 0 and 1 (2x their balanced share).
+if "$tpusim" train model_name=tiny-moe "${common[@]}" --dump "$work/moe-initial" --quiet &&
+  "$python" "$here/imbalance_router.py" "$work/moe-initial/initial" "$work/moe-unbalanced"; then
+  check tiny-moe-dropless-unbalanced "model_name=tiny-moe load_parameters_path=$work/moe-unbalanced" \
+    "--top-k 2 --expect-expert-load 2.0"
+else
+  echo "=== tiny-moe-dropless-unbalanced: could not make the unbalanced checkpoint"
+  failed+=(tiny-moe-dropless-unbalanced)
+fi
 
 if ((${#failed[@]})); then
   echo "run_torch_reference: FAILED: ${failed[*]}"

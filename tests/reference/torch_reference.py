@@ -29,7 +29,9 @@ Model families (detected from the tensor names):
   moe    llama attention with a Mixtral MoE block: softmax router over experts, top-k experts
          per token weighted by their (unrenormalized) softmax probabilities, SwiGLU experts;
          with --capacity-factor > 0 each expert takes at most ceil(tokens*k/E*factor) token
-         choices, first come first served in (token, choice) order, the rest are dropped.
+         choices, first come first served in (token, choice) order, the rest are dropped;
+         otherwise (dropless) every choice counts. The output is computed densely (every
+         expert on every token, then the chosen ones picked), independent of tpusim's grouping.
 
 Hyperparameters that the tensors do not carry come from the command line (defaults: the tiny
 presets and configs/base.yml).
@@ -163,6 +165,7 @@ class Reference:
         self.region = regions[0]
         self.layers = 1 + max(split_name(n)[1] for n in params if n.startswith(self.region + "/"))
         self.dropped = []  # per MoE layer: number of dropped token choices
+        self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
 
     def w(self, name, layer=0):
         return self.p[f"{name}#{layer}"]
@@ -222,6 +225,8 @@ class Reference:
                     else:
                         keep[token, choice] = 0.0
         self.dropped.append(int((keep == 0).sum()))
+        counts = np.bincount(order.reshape(-1), minlength=experts)
+        self.loads.append(counts / (batch * length * top_k / experts))
         # Every expert on every token (tiny sizes), then pick the chosen ones.
         hidden = silu(torch.einsum("te,xem->xtm", tokens, wi_0)) * torch.einsum(
             "te,xem->xtm", tokens, wi_1)
@@ -302,6 +307,10 @@ def main():
     parser.add_argument("--top-k", type=int, default=2, help="num_experts_per_tok (MoE)")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
                         help="MoE expert capacity factor; <= 0: dropless")
+    parser.add_argument("--expect-expert-load", type=float, default=None,
+                        help="fail unless, in every MoE layer, some expert gets at least this "
+                             "many times its balanced share of token choices (checks that a "
+                             "deliberately unbalanced router really is)")
     parser.add_argument("--clip", type=float, default=1.0, help="gradient_clipping_threshold")
     parser.add_argument("--b1", type=float, default=0.9)
     parser.add_argument("--b2", type=float, default=0.95)
@@ -342,6 +351,18 @@ def main():
              for n, g in zip(names, grads)}
     if model.dropped:
         print(f"# MoE token choices dropped per layer: {model.dropped}")
+        for layer, load in enumerate(model.loads):
+            shares = " ".join(f"{share:.2f}" for share in load)
+            print(f"# MoE layer {layer}: token choices per expert / balanced share: {shares}")
+    if args.expect_expert_load is not None:
+        if not model.loads:
+            print("FAIL routing   --expect-expert-load given for a model without MoE layers")
+            report.failures += 1
+        for layer, load in enumerate(model.loads):
+            if load.max() < args.expect_expert_load:
+                print(f"FAIL routing   layer {layer}: the busiest expert gets {load.max():.2f}x its "
+                      f"balanced share, expected >= {args.expect_expert_load}")
+                report.failures += 1
 
     report.check("loss", "loss", step["loss"], loss.item())
     missing = sorted(set(names) ^ set(gradients))

@@ -102,15 +102,51 @@ TEST(Partitioner, ContextParallelGathersKeysAndValues) {
 
 // Expert parallelism (expert=4, tiny-moe): dispatch and combine exchange tokens with all-to-all.
 TEST(Partitioner, ExpertParallelAllToAll) {
-  const StepProgram built = build_step_program(Config::load(
-      "", {"model_name=tiny-moe", "compile_topology=v5p-8", "per_device_batch_size=2",
-           "max_target_length=64", "ici_fsdp_parallelism=1", "ici_expert_parallelism=4"}));
-  // 8 sequences x 64 tokens x top-2 / 4 experts = 256 tokens per expert; one expert per device.
+  const std::vector<std::string> mesh = {"model_name=tiny-moe",     "compile_topology=v5p-8",
+                                         "per_device_batch_size=2", "max_target_length=64",
+                                         "ici_fsdp_parallelism=1",  "ici_expert_parallelism=4"};
+  // 8 sequences x 64 tokens x top-2 / 4 experts = 256 routed rows per expert when balanced; one
+  // expert per device.
   const int64_t grouped = 1 * 256 * 64 * kBf16;
+  {
+    // Capacity (factor 1): each expert's 256 slots, exchanged whole.
+    std::vector<std::string> capacity = mesh;
+    capacity.insert(capacity.end(), {"sparse_matmul=false", "capacity_factor=1.0"});
+    const StepProgram built = build_step_program(Config::load("", capacity));
+    const CollectiveSummary forward =
+        collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
+    EXPECT_EQ(forward.count, 2);  // dispatch, combine
+    EXPECT_EQ(forward.bytes, 2 * grouped);
+    EXPECT_GE(collectives(built, "moe_layer/grad", OpKind::kAllToAll, {"expert"}).count, 2);
+  }
+  // Dropless: a device's buffer holds the worst case, its expert chosen by every token of the 4
+  // senders (MaxText's ragged_all_to_all buffer ep x B_l x S x min(E_l, k) = 4 x 2 x 64 x 1 = 512
+  // rows), and the exchange counts the 256 rows balanced routing fills, plus the rows' experts.
+  const StepProgram built = build_step_program(Config::load("", mesh));
+  const Graph& graph = built.program.graph;
+  const Tensor* dispatched = nullptr;
+  for (const Tensor& tensor : graph.tensors()) {
+    if (tensor.name == "moe/dispatched") {
+      dispatched = &tensor;
+    }
+  }
+  ASSERT_NE(dispatched, nullptr);
+  EXPECT_EQ(dispatched->dims[0].size, 1);
+  EXPECT_EQ(dispatched->dims[1].size, 512);
   const CollectiveSummary forward = collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
-  EXPECT_EQ(forward.count, 2);  // dispatch, combine
-  EXPECT_EQ(forward.bytes, 2 * grouped);
-  EXPECT_GE(collectives(built, "moe_layer/grad", OpKind::kAllToAll, {"expert"}).count, 2);
+  EXPECT_EQ(forward.count, 3);  // dispatch, its row experts, combine
+  EXPECT_EQ(forward.bytes, 2 * grouped + 256 * 4);
+  // ragged_buffer_factor=1: MaxText's balanced buffer (256 rows, all counted), dropping overflow.
+  std::vector<std::string> bounded = mesh;
+  bounded.emplace_back("ragged_buffer_factor=1.0");
+  const StepProgram balanced = build_step_program(Config::load("", bounded));
+  for (const Tensor& tensor : balanced.program.graph.tensors()) {
+    if (tensor.name == "moe/dispatched") {
+      EXPECT_EQ(tensor.dims[1].size, 256);
+    }
+  }
+  EXPECT_EQ(collectives(balanced, "moe_layer", OpKind::kAllToAll, {"expert"}).bytes,
+            2 * grouped + 256 * 4);
 }
 
 // Multislice data parallelism over DCN: gradients are also all-reduced across slices.

@@ -46,14 +46,20 @@ TEST(ProgramFlops, EqualMaxTextForEveryPresetAndSeveralMeshes) {
   }
 }
 
+// Dropless expert parallelism exchanges worst-case buffers (4x the balanced rows here) but counts
+// the routed rows; with ragged_buffer_factor=1 the buffers are the balanced rows.
 TEST(ProgramFlops, ExpertParallelMoe) {
-  const Config config = Config::load(
-      "", {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "per_device_batch_size=2",
-           "max_target_length=512", "ici_expert_parallelism=8", "ici_fsdp_parallelism=-1"});
-  const StepProgram built = build_step_program(config);
-  ASSERT_TRUE(built.program.padding.empty());
-  const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12;
-  EXPECT_NEAR(program_model_matmul_flops(built) / expected, 1.0, 1e-9);
+  for (const std::string buffer : {"ragged_buffer_factor=-1", "ragged_buffer_factor=1.0"}) {
+    SCOPED_TRACE(buffer);
+    const Config config =
+        Config::load("", {"model_name=mixtral-8x7b", "compile_topology=v5p-16",
+                          "per_device_batch_size=2", "max_target_length=512",
+                          "ici_expert_parallelism=8", "ici_fsdp_parallelism=-1", buffer});
+    const StepProgram built = build_step_program(config);
+    ASSERT_TRUE(built.program.padding.empty());
+    const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12;
+    EXPECT_NEAR(program_model_matmul_flops(built) / expected, 1.0, 1e-9);
+  }
 }
 
 }  // namespace

@@ -262,6 +262,15 @@ TEST(TrainCommand, BadInputExits2) {
       {"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
        "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
       "vocab_size");
+  // A chunked head needs chunks that split each device's positions evenly.
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "max_target_length=24", "num_vocab_tiling=4",
+       "compile_topology=v5e-4", "ici_fsdp_parallelism=1", "ici_context_parallelism=4"},
+      "num_vocab_tiling");
+  // Dropless MoE keeps whole experts on each expert-parallel shard (tiny-moe has 4).
+  expect_user_error({"train", "model_name=tiny-moe", "compile_topology=v5e-8",
+                     "ici_fsdp_parallelism=1", "ici_expert_parallelism=8"},
+                    "num_experts");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {
