@@ -488,4 +488,33 @@ void zero_output_padding(const Graph& graph, const Op& op, const DeviceContext& 
   output.values = std::move(kept);
 }
 
+std::array<int64_t, kNumMeshAxes> mesh_strides(const std::array<int, kNumMeshAxes>& sizes,
+                                               int64_t& total) {
+  std::array<int64_t, kNumMeshAxes> strides{};
+  total = 1;
+  for (size_t axis = kNumMeshAxes; axis-- > 0;) {
+    if (sizes[axis] < 1) {
+      throw std::logic_error("mesh axis " + mesh_axis_names()[axis] + " has size " +
+                             std::to_string(sizes[axis]));
+    }
+    strides[axis] = total;
+    total *= sizes[axis];
+  }
+  return strides;
+}
+
+int mesh_device_index(const std::array<int, kNumMeshAxes>& coordinates,
+                      const std::array<int, kNumMeshAxes>& sizes,
+                      const std::array<int64_t, kNumMeshAxes>& strides) {
+  int64_t device = 0;
+  for (size_t axis = 0; axis < kNumMeshAxes; ++axis) {
+    if (coordinates[axis] < 0 || coordinates[axis] >= sizes[axis]) {
+      throw std::logic_error("coordinate " + std::to_string(coordinates[axis]) + " on mesh axis " +
+                             mesh_axis_names()[axis] + " of size " + std::to_string(sizes[axis]));
+    }
+    device += coordinates[axis] * strides[axis];
+  }
+  return static_cast<int>(device);
+}
+
 }  // namespace tpusim

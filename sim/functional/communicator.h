@@ -98,6 +98,15 @@ class Communicator {
   ExecutionSlots* slots_ = nullptr;
 };
 
+// Row-major device numbering of a mesh (axis 0 major), shared by every transport: the stride of
+// each axis, with the device count in `total`. Throws std::logic_error for a size below 1.
+std::array<int64_t, kNumMeshAxes> mesh_strides(const std::array<int, kNumMeshAxes>& sizes,
+                                               int64_t& total);
+// The device at `coordinates` under that numbering; std::logic_error outside the mesh.
+int mesh_device_index(const std::array<int, kNumMeshAxes>& coordinates,
+                      const std::array<int, kNumMeshAxes>& sizes,
+                      const std::array<int64_t, kNumMeshAxes>& strides);
+
 // The devices of `device`'s group over `mesh_axes`: those sharing all of its coordinates except on
 // `mesh_axes`, ordered by their coordinates on `mesh_axes` (the first listed axis major). This
 // order is THE reduction order of every transport. `device_of_coordinates` maps a full coordinate

@@ -26,21 +26,6 @@ struct InProcessCommunicator::Rendezvous {
 
 namespace {
 
-std::array<int64_t, kNumMeshAxes> strides_of(const std::array<int, kNumMeshAxes>& sizes,
-                                             int64_t& total) {
-  std::array<int64_t, kNumMeshAxes> strides{};
-  total = 1;
-  for (size_t axis = kNumMeshAxes; axis-- > 0;) {
-    if (sizes[axis] < 1) {
-      throw std::logic_error("mesh axis " + mesh_axis_names()[axis] + " has size " +
-                             std::to_string(sizes[axis]));
-    }
-    strides[axis] = total;
-    total *= sizes[axis];
-  }
-  return strides;
-}
-
 std::string describe_timeout(std::chrono::milliseconds timeout) {
   const auto count = timeout.count();
   return count % 1000 == 0 ? std::to_string(count / 1000) + " s" : std::to_string(count) + " ms";
@@ -65,7 +50,7 @@ InProcessCommunicator::InProcessCommunicator(const std::array<int, kNumMeshAxes>
                                              std::chrono::milliseconds timeout)
     : sizes_(sizes), timeout_(timeout) {
   int64_t total = 0;
-  strides_ = strides_of(sizes, total);
+  strides_ = mesh_strides(sizes, total);
   num_devices_ = static_cast<int>(total);
   calls_.resize(static_cast<size_t>(num_devices_));
 }
@@ -73,21 +58,13 @@ InProcessCommunicator::InProcessCommunicator(const std::array<int, kNumMeshAxes>
 InProcessCommunicator::~InProcessCommunicator() = default;
 
 int InProcessCommunicator::device_of(const std::array<int, kNumMeshAxes>& coordinates) const {
-  int64_t device = 0;
-  for (size_t axis = 0; axis < kNumMeshAxes; ++axis) {
-    if (coordinates[axis] < 0 || coordinates[axis] >= sizes_[axis]) {
-      throw std::logic_error("coordinate " + std::to_string(coordinates[axis]) + " on mesh axis " +
-                             mesh_axis_names()[axis] + " of size " + std::to_string(sizes_[axis]));
-    }
-    device += coordinates[axis] * strides_[axis];
-  }
-  return static_cast<int>(device);
+  return mesh_device_index(coordinates, sizes_, strides_);
 }
 
 DeviceContext InProcessCommunicator::context_for(int device,
                                                  const std::array<int, kNumMeshAxes>& sizes) {
   int64_t total = 0;
-  const std::array<int64_t, kNumMeshAxes> strides = strides_of(sizes, total);
+  const std::array<int64_t, kNumMeshAxes> strides = mesh_strides(sizes, total);
   if (device < 0 || device >= total) {
     throw std::logic_error("device " + std::to_string(device) + " outside a mesh of " +
                            std::to_string(total) + " devices");

@@ -145,15 +145,8 @@ MpiCommunicator::MpiCommunicator(MpiTransport& transport,
       owner_(std::move(owner)),
       rank_(transport.rank()),
       timeout_(timeout) {
-  int64_t total = 1;
-  for (size_t axis = kNumMeshAxes; axis-- > 0;) {
-    if (sizes[axis] < 1) {
-      throw std::logic_error("mesh axis " + mesh_axis_names()[axis] + " has size " +
-                             std::to_string(sizes[axis]));
-    }
-    strides_[axis] = total;
-    total *= sizes[axis];
-  }
+  int64_t total = 0;
+  strides_ = mesh_strides(sizes, total);
   num_devices_ = static_cast<int>(total);
   if (static_cast<int64_t>(owner_.size()) != total) {
     throw std::logic_error("MpiCommunicator: " + std::to_string(owner_.size()) +
@@ -170,15 +163,7 @@ MpiCommunicator::MpiCommunicator(MpiTransport& transport,
 MpiCommunicator::~MpiCommunicator() = default;
 
 int MpiCommunicator::device_of(const std::array<int, kNumMeshAxes>& coordinates) const {
-  int64_t device = 0;
-  for (size_t axis = 0; axis < kNumMeshAxes; ++axis) {
-    if (coordinates[axis] < 0 || coordinates[axis] >= sizes_[axis]) {
-      throw std::logic_error("coordinate " + std::to_string(coordinates[axis]) + " on mesh axis " +
-                             mesh_axis_names()[axis] + " of size " + std::to_string(sizes_[axis]));
-    }
-    device += coordinates[axis] * strides_[axis];
-  }
-  return static_cast<int>(device);
+  return mesh_device_index(coordinates, sizes_, strides_);
 }
 
 CrossProcessTraffic MpiCommunicator::traffic() const {
