@@ -6,7 +6,10 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -17,6 +20,7 @@
 #include "sharding/logical_rules.h"
 #include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
+#include "sim/explore/step_bounds.h"
 #include "sim/functional/transport.h"
 #include "sim/memory/memory_model.h"
 #include "sim/perf/op_cost.h"
@@ -30,46 +34,6 @@ constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
 constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
 constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
 constexpr const char* kCannotBeatTop = "cannot_beat_top";
-
-// Lower bounds on the step time of `program`, one per cost context (attention kernel and block
-// sizes), whatever the other perf switches do: the TensorCore runs the compute ops one at a time,
-// so a step takes at least the sum of their costs (elementwise ops that may fuse into a matmul are
-// charged as fused, their cheaper case). Only attention ops depend on the context, so the others
-// are costed once.
-std::vector<double> tensorcore_lower_bounds(const StepProgram& program,
-                                            const std::vector<CostContext>& contexts) {
-  const Graph& graph = program.program.graph;
-  const size_t regions = graph.regions().size();
-  std::vector<double> shared(regions, 0.0);
-  std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
-  for (const Op& op : graph.ops()) {
-    if (is_collective(op.kind) || op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
-      continue;
-    }
-    const auto region = static_cast<size_t>(op.region);
-    if (op.kind == OpKind::kAttention || op.kind == OpKind::kAttentionGrad) {
-      for (size_t context = 0; context < contexts.size(); ++context) {
-        attention[context][region] += cost_compute_op(graph, op, contexts[context], false).seconds;
-      }
-      continue;
-    }
-    const bool may_fuse = op.kind == OpKind::kElementwise || op.kind == OpKind::kRope;
-    shared[region] += cost_compute_op(graph, op, contexts.front(), may_fuse).seconds;
-  }
-  std::vector<double> bounds;
-  for (size_t context = 0; context < contexts.size(); ++context) {
-    double microbatch = 0;
-    double optimizer = 0;
-    for (size_t region = 0; region < regions; ++region) {
-      const Region& info = graph.region(static_cast<int>(region));
-      const double seconds =
-          (shared[region] + attention[context][region]) * static_cast<double>(info.repeat);
-      (info.phase == Phase::kOptimizer ? optimizer : microbatch) += seconds;
-    }
-    bounds.push_back(microbatch * static_cast<double>(program.accumulation_steps) + optimizer);
-  }
-  return bounds;
-}
 
 // The best objective still open to a candidate whose step takes at least `step_lower_bound`.
 double objective_upper_bound(ExploreObjective objective, double step_lower_bound,
@@ -107,27 +71,62 @@ std::string number_text(double value) {
   return out.str();
 }
 
-// Training steps shared by all meshes, by (batch, remat, attention kind); built on first use.
+// Training steps shared by all meshes, by (batch, remat); built on first use. The attention kind
+// is not part of the key: it selects the attention kernel's cost (CostContext::flash_attention),
+// not the ops, tensors or memory of the step (explore_test checks that both kinds build the same
+// step), so one program serves both kinds as timing variants.
 class TrainingStepCache {
  public:
   TrainingStepCache(const Config& config, const SearchSpace& space)
-      : config_(config), space_(space) {}
+      : config_(config), space_(space) {
+    for (size_t remat = 0; remat < space.remats.size(); ++remat) {
+      if (space.remats[remat].policy == "none" && space.remats[remat].tensors.empty()) {
+        none_ = remat;
+      }
+    }
+  }
 
   // As a remat index: remat_policy=none, whether or not the space has it (bounds).
   static constexpr size_t kNoRemat = std::numeric_limits<size_t>::max();
 
-  std::shared_ptr<const TrainingStep> get(size_t batch, size_t remat, const std::string& kind) {
-    const std::string key = std::to_string(batch) + "/" + std::to_string(remat) + "/" + kind;
+  std::shared_ptr<const TrainingStep> get(size_t batch, size_t remat) {
+    return entry(batch, remat).step;
+  }
+
+  // What `remat` recomputes beyond remat_policy=none (see remat_bounds).
+  const std::vector<RecomputedOp>& recomputed(size_t batch, size_t remat) {
+    Entry& found = entry(batch, remat);
+    std::call_once(found.recomputed_once, [&] {
+      const std::shared_ptr<const TrainingStep> none = get(batch, kNoRemat);
+      if (none != found.step) {
+        found.recomputed = recomputed_beyond_none(*found.step, *none);
+      }
+    });
+    return found.recomputed;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const TrainingStep> step;
+    std::once_flag recomputed_once;
+    std::vector<RecomputedOp> recomputed;
+  };
+
+  Entry& entry(size_t batch, size_t remat) {
+    if (remat == kNoRemat && none_ != kNoRemat) {
+      remat = none_;  // the space's own "none": one step, so programs can be shared
+    }
+    const std::string key = std::to_string(batch) + "/" + std::to_string(remat);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (const auto found = steps_.find(key); found != steps_.end()) {
-        return found->second;
+        return *found->second;
       }
     }
     Candidate candidate;
     candidate.batch = space_.batches[batch];
     candidate.remat = remat == kNoRemat ? 0 : static_cast<int>(remat);
-    candidate.attention = kind;
+    candidate.attention = space_.attention_kinds.front();  // does not change the step (above)
     Config config;
     {
       std::lock_guard<std::mutex> lock(mutex_);  // Config copies share yaml-cpp nodes
@@ -136,17 +135,19 @@ class TrainingStepCache {
         config.set("remat_policy", "none", kExploreOrigin);
       }
     }
-    auto step = std::make_shared<const TrainingStep>(
+    auto built = std::make_unique<Entry>();
+    built->step = std::make_shared<const TrainingStep>(
         build_training_step(config, space_.batches[batch].microbatch));
     std::lock_guard<std::mutex> lock(mutex_);
-    return steps_.emplace(key, std::move(step)).first->second;
+    // Another thread may have built it meanwhile: the first one stays (steps are shared).
+    return *steps_.emplace(key, std::move(built)).first->second;
   }
 
- private:
   const Config& config_;
   const SearchSpace& space_;
+  size_t none_ = kNoRemat;
   std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const TrainingStep>> steps_;
+  std::map<std::string, std::unique_ptr<Entry>> steps_;
 };
 
 // The jit-argument divisibility rule (JAX requires parameters and inputs to split evenly). The
@@ -261,23 +262,19 @@ class MeshEvaluator {
         base_perf_(base_perf),
         threshold_(threshold),
         divisibility_(divisibility) {
-    for (const std::string& kind : space.attention_kinds) {
-      kind_offsets_.push_back(per_remat_);
-      perf_choices_.push_back(space.perf_choices(kind));
-      per_remat_ += static_cast<int64_t>(perf_choices_.back().size());
-      // The distinct attention cost contexts (block sizes) of this kind, and each variant's.
-      std::vector<CostContext> contexts;
-      std::vector<size_t> groups;
-      const std::vector<PerfChoice>& choices = perf_choices_.back();
-      for (size_t variant = 0; variant < choices.size(); ++variant) {
-        if (variant == 0 || choices[variant].block_q != choices[variant - 1].block_q ||
-            choices[variant].block_kv != choices[variant - 1].block_kv) {
-          contexts.push_back(cost_context(kind, choices[variant]));
+    // The timing variants of one program, in the space's order: attention kinds, then their
+    // perf choices. Consecutive variants with the same kind and block sizes share a cost context.
+    for (size_t kind = 0; kind < space.attention_kinds.size(); ++kind) {
+      const std::string& name = space.attention_kinds[kind];
+      const std::vector<PerfChoice> choices = space.perf_choices(name);
+      for (size_t choice = 0; choice < choices.size(); ++choice) {
+        const PerfChoice& perf = choices[choice];
+        if (choice == 0 || perf.block_q != choices[choice - 1].block_q ||
+            perf.block_kv != choices[choice - 1].block_kv) {
+          contexts_.push_back(cost_context(name, perf));
         }
-        groups.push_back(contexts.size() - 1);
+        variants_.push_back({kind, perf, contexts_.size() - 1});
       }
-      block_contexts_.push_back(std::move(contexts));
-      block_group_.push_back(std::move(groups));
     }
   }
 
@@ -285,6 +282,7 @@ class MeshEvaluator {
     const MeshShape& mesh = space_.meshes[mesh_index];
     const auto batches = space_.batches.size();
     const int64_t per_batch = space_.candidates_per_mesh_and_batch();
+    const auto per_remat = static_cast<int64_t>(variants_.size());
     const bool parameters_divide = divisibility_.parameters_divide(mesh);
     std::vector<size_t> dividing;
     for (size_t batch = 0; batch < batches; ++batch) {
@@ -304,107 +302,121 @@ class MeshEvaluator {
     const ChipSpec& chip = *space_.slice.chip;
     const double chips = space_.slice.total_chips();
     const int64_t length = config_.get_int("max_target_length");
+    const size_t remats = space_.remats.size();
     bool first_program = true;
-    // Builds the program of (batch, remat, kind) into `program`; false when the mesh's weights
-    // alone exceed HBM (then every candidate left is pruned and the mesh is done).
-    auto build = [&](size_t batch, size_t remat, const std::string& attention) {
+    // Makes `program` the program of (batch, remat), partitioning only when its training step is
+    // not the one it already holds (remat_policy=none serves both as the bound program and as a
+    // candidate).
+    auto build = [&](size_t batch, size_t remat) {
+      std::shared_ptr<const TrainingStep> step = steps_.get(batch, remat);
+      if (step == program.step) {
+        return;
+      }
       const BatchChoice& choice = space_.batches[batch];
-      program.step = steps_.get(batch, remat, attention);
+      program.step = std::move(step);
       program.microbatch = choice.microbatch;
       program.accumulation_steps = choice.accumulation_steps;
       program.global_batch = choice.microbatch * choice.accumulation_steps;
       program.program = partition(*program.step, rules_, program.mesh);
       ++out.programs;
     };
-    for (size_t kind = 0; kind < space_.attention_kinds.size(); ++kind) {
-      const std::string& attention = space_.attention_kinds[kind];
-      const auto& perf_choices = perf_choices_[kind];
-      const auto variants = static_cast<int64_t>(perf_choices.size());
-      std::vector<bool> fitted(space_.remats.size(), true);
-      for (const size_t batch : dividing) {
-        const BatchChoice& choice = space_.batches[batch];
-        const double tokens = static_cast<double>(choice.microbatch * choice.accumulation_steps) *
-                              static_cast<double>(length);
-        if (space_.remats.size() > 1 && !first_program &&
-            threshold_.get() > -std::numeric_limits<double>::infinity()) {
-          // Every remat policy runs the ops of remat_policy=none plus its recomputation, so the
-          // TensorCore bound of the "none" program bounds them all: skip the batch if even that
-          // cannot beat the top N.
-          build(batch, TrainingStepCache::kNoRemat, attention);
-          const std::vector<double> bounds =
-              tensorcore_lower_bounds(program, block_contexts_[kind]);
-          const double lowest = *std::min_element(bounds.begin(), bounds.end());
-          const double bound =
-              objective_upper_bound(options_.objective, lowest, model_tflops_[batch],
-                                    chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
-          if (bound < threshold_.get()) {
-            for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
-              out.pruned[fitted[remat] ? kCannotBeatTop : kDoesNotFitHbm] += variants;
-            }
-            continue;
+    std::vector<bool> fitted(remats, true);
+    for (size_t at = 0; at < dividing.size(); ++at) {
+      const size_t batch = dividing[at];
+      if (std::none_of(fitted.begin(), fitted.end(), [](bool fits) { return fits; })) {
+        // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
+        out.pruned[kDoesNotFitHbm] += static_cast<int64_t>(dividing.size() - at) * per_batch;
+        break;
+      }
+      const BatchChoice& choice = space_.batches[batch];
+      const double tokens = static_cast<double>(choice.microbatch * choice.accumulation_steps) *
+                            static_cast<double>(length);
+      auto best_possible = [&](double step_lower_bound) {
+        return objective_upper_bound(options_.objective, step_lower_bound, model_tflops_[batch],
+                                     chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
+      };
+      auto lowest = [](const std::vector<double>& bounds) {
+        return *std::min_element(bounds.begin(), bounds.end());
+      };
+      // Branch and bound over the remat policies, from the remat_policy=none program: its
+      // TensorCore bound bounds every policy (skip the batch if even that cannot beat the top N),
+      // and with each policy's recomputation added it bounds that policy without partitioning it.
+      std::optional<ComputeBounds> none;
+      if (remats > 1 && !first_program &&
+          threshold_.get() > -std::numeric_limits<double>::infinity()) {
+        build(batch, TrainingStepCache::kNoRemat);
+        none = tensorcore_lower_bounds(program, contexts_, /*keep_forward_ops=*/true);
+        if (best_possible(lowest(none->step)) < threshold_.get()) {
+          for (size_t remat = 0; remat < remats; ++remat) {
+            out.pruned[fitted[remat] ? kCannotBeatTop : kDoesNotFitHbm] += per_remat;
+          }
+          continue;
+        }
+      }
+      for (size_t remat = 0; remat < remats; ++remat) {
+        if (!fitted[remat]) {
+          out.pruned[kDoesNotFitHbm] += per_remat;  // a smaller batch did not fit
+          continue;
+        }
+        if (none.has_value() &&
+            best_possible(lowest(remat_bounds(*none, steps_.recomputed(batch, remat),
+                                              choice.accumulation_steps))) < threshold_.get()) {
+          out.pruned[kCannotBeatTop] += per_remat;
+          continue;
+        }
+        build(batch, remat);
+        const MemoryEstimate memory = estimate_memory(program);
+        const double usable = memory.capacity_bytes * (1 - options_.limits.min_hbm_headroom);
+        out.capacity = usable;
+        out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);
+        if (first_program) {
+          first_program = false;
+          const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
+          if (persistent > usable) {
+            // Weights and optimizer state do not depend on batch, remat or attention.
+            out.pruned[kWeightsExceedHbm] += static_cast<int64_t>(dividing.size()) * per_batch;
+            return;
           }
         }
-        for (size_t remat = 0; remat < space_.remats.size(); ++remat) {
-          if (!fitted[remat]) {
-            out.pruned[kDoesNotFitHbm] += variants;  // a smaller batch did not fit
+        if (memory.peak_bytes > usable) {
+          fitted[remat] = false;
+          out.pruned[kDoesNotFitHbm] += per_remat;
+          continue;
+        }
+        const std::vector<double> context_bounds = tensorcore_lower_bounds(program, contexts_).step;
+        for (size_t index = 0; index < variants_.size(); ++index) {
+          const Variant& variant = variants_[index];
+          if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
+            out.pruned[kCannotBeatTop] += 1;
             continue;
           }
-          build(batch, remat, attention);
-          const MemoryEstimate memory = estimate_memory(program);
-          const double usable = memory.capacity_bytes * (1 - options_.limits.min_hbm_headroom);
-          out.capacity = usable;
-          out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);
-          if (first_program) {
-            first_program = false;
-            const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
-            if (persistent > usable) {
-              // Weights and optimizer state do not depend on batch, remat or attention.
-              out.pruned[kWeightsExceedHbm] += static_cast<int64_t>(dividing.size()) * per_batch;
-              return;
-            }
-          }
-          if (memory.peak_bytes > usable) {
-            fitted[remat] = false;
-            out.pruned[kDoesNotFitHbm] += variants;
-            continue;
-          }
-          const std::vector<double> block_bounds =
-              tensorcore_lower_bounds(program, block_contexts_[kind]);
-          for (size_t variant = 0; variant < perf_choices.size(); ++variant) {
-            const PerfChoice& perf = perf_choices[variant];
-            PerfOptions perf_options = base_perf_;
-            perf_options.record_details = false;  // ranking needs the times only
-            perf_options.cost = cost_context(attention, perf);
-            const double bound = objective_upper_bound(
-                options_.objective, block_bounds[block_group_[kind][variant]], model_tflops_[batch],
-                chip.mfu_peak_bf16_tflops_per_device, tokens, chips);
-            if (bound < threshold_.get()) {
-              out.pruned[kCannotBeatTop] += 1;
-              continue;
-            }
-            perf_options.sparse_core_offload = perf.sparse_core_offload == "on" ||
-                                               (perf.sparse_core_offload == "auto" &&
-                                                chip.sparsecore_collective_offload_default > 0);
-            perf_options.collective_matmul = perf.collective_matmul;
-            const StepTiming timing = simulate_step(program, perf_options);
-            ++out.evaluated;
-            const double step = timing.step_seconds;
-            const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
-            const double per_chip = tokens / step / chips;
-            Scored scored;
-            scored.candidate = {mesh, choice, static_cast<int>(remat), attention, perf, 0};
-            scored.candidate.order =
-                ((static_cast<int64_t>(mesh_index) * static_cast<int64_t>(batches) +
-                  static_cast<int64_t>(batch)) *
-                     static_cast<int64_t>(space_.remats.size()) +
-                 static_cast<int64_t>(remat)) *
-                    per_remat_ +
-                kind_offsets_[kind] + static_cast<int64_t>(variant);
-            scored.objective = objective_value(options_.objective, step, mfu, per_chip);
-            out.offer(std::move(scored), top_size_);
-            if (out.top.size() == top_size_) {
-              threshold_.raise(out.top.back().objective);
-            }
+          PerfOptions perf_options = base_perf_;
+          perf_options.record_details = false;  // ranking needs the times only
+          perf_options.cost = contexts_[variant.context];
+          perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
+                                             (variant.perf.sparse_core_offload == "auto" &&
+                                              chip.sparsecore_collective_offload_default > 0);
+          perf_options.collective_matmul = variant.perf.collective_matmul;
+          const StepTiming timing = simulate_step(program, perf_options);
+          ++out.evaluated;
+          const double step = timing.step_seconds;
+          const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
+          const double per_chip = tokens / step / chips;
+          Scored scored;
+          scored.candidate = {
+              mesh,         choice, static_cast<int>(remat), space_.attention_kinds[variant.kind],
+              variant.perf, 0};
+          scored.candidate.order =
+              ((static_cast<int64_t>(mesh_index) * static_cast<int64_t>(batches) +
+                static_cast<int64_t>(batch)) *
+                   static_cast<int64_t>(remats) +
+               static_cast<int64_t>(remat)) *
+                  per_remat +
+              static_cast<int64_t>(index);
+          scored.objective = objective_value(options_.objective, step, mfu, per_chip);
+          out.offer(std::move(scored), top_size_);
+          if (out.top.size() == top_size_) {
+            threshold_.raise(out.top.back().objective);
           }
         }
       }
@@ -412,6 +424,13 @@ class MeshEvaluator {
   }
 
  private:
+  // One timing variant of a program: attention kind, perf switches and their cost context.
+  struct Variant {
+    size_t kind = 0;  // index into SearchSpace::attention_kinds
+    PerfChoice perf;
+    size_t context = 0;  // index into contexts_
+  };
+
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const {
     CostContext cost = base_perf_.cost;
     cost.flash_attention = attention != "dot_product";
@@ -431,11 +450,8 @@ class MeshEvaluator {
   const PerfOptions& base_perf_;
   SharedThreshold& threshold_;
   const Divisibility& divisibility_;
-  std::vector<int64_t> kind_offsets_;
-  std::vector<std::vector<PerfChoice>> perf_choices_;
-  std::vector<std::vector<CostContext>> block_contexts_;  // per kind: one per block-size group
-  std::vector<std::vector<size_t>> block_group_;          // per kind and variant: its group
-  int64_t per_remat_ = 0;
+  std::vector<CostContext> contexts_;  // the distinct attention cost contexts
+  std::vector<Variant> variants_;      // per program, in the space's order
   size_t top_size_ = static_cast<size_t>(std::max(1, options_.top));
 };
 
@@ -658,7 +674,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
   SharedThreshold threshold;
-  const Divisibility divisibility(*steps.get(0, 0, space.attention_kinds[0]), rules);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::exception_ptr failure;

@@ -9,17 +9,23 @@
 //     memory model of the mesh's first program; they do not depend on batch or remat);
 //   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit);
 //     batches are tried in increasing size and memory grows with the batch, so once a batch does
-//     not fit, the larger ones of the same mesh, remat and attention kind are pruned unbuilt;
-//   - cannot_beat_top (branch and bound): the TensorCore runs compute ops one at a time, so the
-//     sum of their costs bounds a program's step time from below whatever the collectives and
-//     perf switches do; a program (per flash block size) whose best possible objective is below
-//     the N-th best found so far is not timed. This never changes the top N; how many candidates
-//     it skips depends on how early the threads find good ones.
-// Work is reused, not cut: one training step per (batch, remat, attention kind) is shared by all
-// meshes, one partitioned program and memory estimate per (mesh, batch, remat, attention kind) is
-// shared by its timing variants (flash blocks, SparseCore offload, collective matmul), and those
-// are timed without trace or breakdown. Meshes are spread over threads; the top N (ties broken by
-// the order of the space, so results do not depend on threads) get a full estimate.
+//     not fit, the larger ones of the same mesh and remat are pruned unbuilt (all of them once no
+//     policy fits);
+//   - cannot_beat_top (branch and bound, sim/explore/step_bounds.h): the TensorCore runs compute
+//     ops one at a time, so the sum of their costs bounds a program's step time from below
+//     whatever the collectives and perf switches do. Per (mesh, batch), the remat_policy=none
+//     program bounds every policy (skip the batch), and with a policy's recomputation added it
+//     bounds that policy before its program is built (so this count may include candidates that
+//     would not have fit); a built program's bound per attention cost context skips its timing
+//     variants. A candidate is skipped only when its best possible objective is below the N-th
+//     best found so far, so the top N never changes; how many are skipped depends on how early
+//     the threads find good ones.
+// Work is reused, not cut: one training step per (batch, remat) is shared by all meshes, one
+// partitioned program and memory estimate per (mesh, batch, remat) is shared by its timing
+// variants (attention kind, flash blocks, SparseCore offload, collective matmul: the attention
+// kind changes the kernel's cost, not the program), and those are timed without trace or
+// breakdown. Meshes are spread over threads; the top N (ties broken by the order of the space, so
+// results do not depend on threads) get a full estimate.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});

@@ -17,8 +17,9 @@
 //   - attention kind (dot_product, flash) and, for flash, the splash block sizes sa_block_q x
 //     sa_block_kv in {512, 1024, 2048} (capped at the sequence length);
 //   - sparse_core_collective_offload on/off (chips with SparseCores) and collective_matmul on/off.
-// The first three change the per-device program; the others only its timing, so the explorer
-// builds one program per (mesh, batch, remat, attention kind) and times it once per perf variant.
+// The first three change the per-device program; the others only its timing (the attention kind
+// selects the kernel's cost, not the ops), so the explorer builds one program per (mesh, batch,
+// remat) and times it once per attention kind and perf variant.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});

@@ -1,0 +1,104 @@
+#include "sim/explore/step_bounds.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "sim/perf/op_cost.h"
+
+namespace tpusim {
+
+ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
+                                      const std::vector<CostContext>& contexts,
+                                      bool keep_forward_ops) {
+  const Graph& graph = program.program.graph;
+  const size_t regions = graph.regions().size();
+  ComputeBounds result;
+  std::vector<double> shared(regions, 0.0);
+  std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
+  std::vector<double> seconds(contexts.size());
+  for (const Op& op : graph.ops()) {
+    if (is_collective(op.kind) || op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+      continue;
+    }
+    const auto region = static_cast<size_t>(op.region);
+    if (op.kind == OpKind::kAttention || op.kind == OpKind::kAttentionGrad) {
+      for (size_t context = 0; context < contexts.size(); ++context) {
+        seconds[context] = cost_compute_op(graph, op, contexts[context], false).seconds;
+        attention[context][region] += seconds[context];
+      }
+    } else {
+      const bool may_fuse = op.kind == OpKind::kElementwise || op.kind == OpKind::kRope;
+      seconds.assign(contexts.size(),
+                     cost_compute_op(graph, op, contexts.front(), may_fuse).seconds);
+      shared[region] += seconds.front();
+    }
+    if (keep_forward_ops && op.phase == Phase::kForward) {
+      // A name seen twice in a region keeps its cheaper cost (the bound stays a lower bound).
+      const auto [entry, added] = result.forward_ops.try_emplace({op.region, op.name}, seconds);
+      if (!added) {
+        for (size_t context = 0; context < contexts.size(); ++context) {
+          entry->second[context] = std::min(entry->second[context], seconds[context]);
+        }
+      }
+    }
+  }
+  for (size_t context = 0; context < contexts.size(); ++context) {
+    double microbatch = 0;
+    double optimizer = 0;
+    for (size_t region = 0; region < regions; ++region) {
+      const Region& info = graph.region(static_cast<int>(region));
+      const double total =
+          (shared[region] + attention[context][region]) * static_cast<double>(info.repeat);
+      (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
+    }
+    result.step.push_back(microbatch * static_cast<double>(program.accumulation_steps) + optimizer);
+  }
+  return result;
+}
+
+std::vector<RecomputedOp> recomputed_beyond_none(const TrainingStep& step,
+                                                 const TrainingStep& none) {
+  auto recomputed = [](const TrainingStep& of) {
+    std::map<std::pair<int, std::string>, std::pair<int64_t, int>> found;  // -> (repeat, count)
+    for (const Op& op : of.graph.ops()) {
+      if (op.phase != Phase::kRecompute || is_collective(op.kind) ||
+          op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+        continue;
+      }
+      const Region& region = of.graph.region(op.region);
+      auto& [repeat, count] = found[{region.forward_region, op.name}];
+      repeat = region.repeat;
+      ++count;
+    }
+    return found;
+  };
+  const auto in_none = recomputed(none);
+  std::vector<RecomputedOp> result;
+  for (const auto& [key, value] : recomputed(step)) {
+    const auto other = in_none.find(key);
+    const int extra = value.second - (other == in_none.end() ? 0 : other->second.second);
+    for (int copy = 0; copy < extra; ++copy) {
+      result.push_back({key.first, key.second, value.first});
+    }
+  }
+  return result;
+}
+
+std::vector<double> remat_bounds(const ComputeBounds& none, const std::vector<RecomputedOp>& ops,
+                                 int64_t accumulation_steps) {
+  std::vector<double> bounds = none.step;
+  for (const RecomputedOp& op : ops) {
+    const auto found = none.forward_ops.find({op.forward_region, op.name});
+    if (found == none.forward_ops.end()) {
+      continue;
+    }
+    for (size_t context = 0; context < bounds.size(); ++context) {
+      bounds[context] += found->second[context] * static_cast<double>(op.repeat) *
+                         static_cast<double>(accumulation_steps);
+    }
+  }
+  return bounds;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,63 @@
+// sim/explore/step_bounds.h: lower bounds on a program's step time, for the explorer's branch and
+// bound. They never exceed the step time the performance engine gives, so a candidate whose best
+// possible objective (computed from its bound) is below the N-th best found so far can be skipped
+// without changing the top N.
+//
+//   - tensorcore_lower_bounds: the TensorCore runs the compute ops one at a time, so a step takes
+//     at least the sum of their costs, whatever the collectives, SparseCore offload and collective
+//     matmul do (elementwise ops that may fuse into a matmul are charged as fused, their cheaper
+//     case). One bound per cost context (attention kernel and splash block sizes); only attention
+//     ops depend on the context, so the others are costed once.
+//   - remat_bounds: a remat policy's bound from the remat_policy=none program of the same mesh and
+//     batch, without partitioning the policy's step. The policy runs every compute op of "none"
+//     (the same ops on the same local shapes: only where backward reads forward tensors from
+//     changes) plus clones of forward ops that it recomputes, whose local shapes and costs are the
+//     originals'. A clone whose original is not found adds nothing, so the bound stays a bound.
+//
+// Example:
+//   ComputeBounds none = tensorcore_lower_bounds(none_program, contexts, true);
+//   std::vector<RecomputedOp> extra = recomputed_beyond_none(full_step, none_step);
+//   remat_bounds(none, extra, accumulation_steps);  // <= tensorcore_lower_bounds(full program)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sharding/step_program.h"
+#include "sim/perf/op_cost.h"
+
+namespace tpusim {
+
+struct ComputeBounds {
+  std::vector<double> step;  // seconds per cost context
+  // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
+  // an op name seen twice in a region keeps its cheaper cost.
+  std::map<std::pair<int, std::string>, std::vector<double>> forward_ops;
+};
+
+ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
+                                      const std::vector<CostContext>& contexts,
+                                      bool keep_forward_ops = false);
+
+// A forward op that a remat policy recomputes in backward (the clone keeps the op's name), by the
+// forward region it comes from, with the repeat of the backward region that runs the clone.
+struct RecomputedOp {
+  int forward_region = 0;
+  std::string name;
+  int64_t repeat = 1;
+};
+
+// The compute ops `step` recomputes beyond those its remat_policy=none step recomputes too
+// (chunked cross-entropy recomputes its logits under every policy).
+std::vector<RecomputedOp> recomputed_beyond_none(const TrainingStep& step,
+                                                 const TrainingStep& none);
+
+// Per context: `none`'s step bounds plus the recomputed ops' costs (each x its repeat x the
+// gradient accumulation steps, as backward runs once per microbatch).
+std::vector<double> remat_bounds(const ComputeBounds& none, const std::vector<RecomputedOp>& ops,
+                                 int64_t accumulation_steps);
+
+}  // namespace tpusim

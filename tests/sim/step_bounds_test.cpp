@@ -1,0 +1,116 @@
+// The explorer's step-time bounds (sim/explore/step_bounds.h) against the programs they bound:
+//   - the attention kind does not change the training step (so one program serves both kinds);
+//   - the TensorCore bound never exceeds the step time the performance engine gives, per context;
+//   - a remat policy's bound from the remat_policy=none program never exceeds the bound of the
+//     policy's own partitioned program, and is not loose (within a few percent of it).
+#include "sim/explore/step_bounds.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "sharding/step_program.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+namespace {
+
+const std::vector<std::string> kPolicies = {"minimal_with_context", "minimal",
+                                            "save_qkv_proj",        "save_dot_except_mlp",
+                                            "qkv_proj_offloaded",   "full"};
+
+std::vector<CostContext> contexts_of(const PerfOptions& base) {
+  std::vector<CostContext> contexts;
+  CostContext dot = base.cost;
+  dot.flash_attention = false;
+  contexts.push_back(dot);
+  for (const int64_t block : {512, 1024}) {
+    CostContext flash = base.cost;
+    flash.flash_attention = true;
+    flash.block_q = block;
+    flash.block_kv = block;
+    contexts.push_back(flash);
+  }
+  return contexts;
+}
+
+TEST(StepBounds, AttentionKindDoesNotChangeTheStep) {
+  for (const std::string model : {"tiny-llama", "tiny-moe", "tiny-gpt3"}) {
+    for (const std::string vocab_tiling : {"1", "2"}) {
+      std::vector<std::string> keys = {"model_name=" + model, "max_target_length=128",
+                                       "num_vocab_tiling=" + vocab_tiling};
+      Config dot = Config::load("", keys);
+      dot.set("attention", "dot_product", "test");
+      Config flash = Config::load("", keys);
+      flash.set("attention", "flash", "test");
+      EXPECT_EQ(build_training_step(dot, 4).graph.to_text(),
+                build_training_step(flash, 4).graph.to_text())
+          << model;
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::string> keys;
+};
+
+class RematBoundsTest : public testing::TestWithParam<Case> {};
+
+TEST_P(RematBoundsTest, BoundsHoldAndAreTight) {
+  Config none_config = Config::load("", GetParam().keys);
+  none_config.set("remat_policy", "none", "test");
+  const StepProgram none_program = build_step_program(none_config);
+  const PerfOptions base = perf_options_from_config(none_config, *none_program.slice.chip);
+  const std::vector<CostContext> contexts = contexts_of(base);
+  const ComputeBounds none = tensorcore_lower_bounds(none_program, contexts, true);
+  for (const std::string& policy : kPolicies) {
+    Config config = none_config;
+    config.set("remat_policy", policy, "test");
+    const StepProgram program = build_step_program(config);
+    const std::vector<double> from_none =
+        remat_bounds(none, recomputed_beyond_none(*program.step, *none_program.step),
+                     program.accumulation_steps);
+    const std::vector<double> own = tensorcore_lower_bounds(program, contexts).step;
+    ASSERT_EQ(from_none.size(), contexts.size());
+    for (size_t context = 0; context < contexts.size(); ++context) {
+      SCOPED_TRACE(policy + " context " + std::to_string(context));
+      EXPECT_LE(from_none[context], own[context] * (1 + 1e-12));
+      EXPECT_GE(from_none[context], none.step[context]);
+      EXPECT_GT(from_none[context], 0.97 * own[context]);  // not loose
+      if (std::getenv("TPUSIM_PRINT_BOUNDS") != nullptr) {
+        std::printf("%s %s ctx%zu none %.6g from_none %.6g own %.6g\n", GetParam().name.c_str(),
+                    policy.c_str(), context, none.step[context], from_none[context], own[context]);
+      }
+      PerfOptions options = base;
+      options.cost = contexts[context];
+      options.record_details = false;
+      EXPECT_LE(own[context], simulate_step(program, options).step_seconds * (1 + 1e-12));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, RematBoundsTest,
+    testing::Values(
+        Case{"Fsdp",
+             {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=2048",
+              "per_device_batch_size=2"}},
+        Case{"TensorAndAccumulation",
+             {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=2048",
+              "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "per_device_batch_size=1",
+              "gradient_accumulation_steps=2"}},
+        Case{"ContextAndVocabTiling",
+             {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=4096",
+              "ici_fsdp_parallelism=2", "ici_context_parallelism=2", "num_vocab_tiling=4"}},
+        Case{"ExpertParallelMoe",
+             {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024",
+              "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}}),
+    [](const testing::TestParamInfo<Case>& param) { return param.param.name; });
+
+}  // namespace
+}  // namespace tpusim
