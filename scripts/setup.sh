@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libboost-graph-dev libeigen3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
-          libsentencepiece-dev sentencepiece)
+          libsentencepiece-dev sentencepiece libgoogle-perftools-dev)
 if [[ "${1:-}" == "--with-reference" ]]; then
   packages+=(python3-torch python3-numpy)
 fi
