@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "model/config.h"
 
 namespace tpusim {
 namespace {
@@ -92,9 +93,16 @@ const MeshAxisPlacement& DeviceMesh::axis(const std::string& name) const {
   return axes.at(static_cast<size_t>(mesh_axis_index(name)));
 }
 
-DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice) {
+DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
+                      const std::vector<int>& placed_first) {
   DeviceMesh mesh;
   mesh.shape = shape;
+  mesh.placement_order = placed_first;
+  for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+    if (std::find(placed_first.begin(), placed_first.end(), axis) == placed_first.end()) {
+      mesh.placement_order.push_back(axis);
+    }
+  }
   std::vector<PhysicalAxis> physical;
   if (slice.devices_per_chip == 2) {
     physical.push_back({kChipletAxis, 2, 2});
@@ -108,7 +116,7 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice) {
     mesh.axes[static_cast<size_t>(axis)].ici_size = shape.ici[static_cast<size_t>(axis)];
     mesh.axes[static_cast<size_t>(axis)].dcn_size = shape.dcn[static_cast<size_t>(axis)];
   }
-  for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+  for (const int axis : mesh.placement_order) {
     MeshAxisPlacement& placement = mesh.axes[static_cast<size_t>(axis)];
     int needed = placement.ici_size;
     if (needed == 1) {
@@ -155,9 +163,32 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice) {
   return mesh;
 }
 
+std::vector<int> placement_from_config(const Config& config) {
+  std::vector<int> axes;
+  const std::string text = config.get_string("mesh_placement_first");
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find(',', begin);
+    end = end == std::string::npos ? text.size() : end;
+    const std::string name = text.substr(begin, end - begin);
+    int axis = 0;
+    try {
+      axis = mesh_axis_index(name);
+    } catch (const UserError& error) {
+      throw UserError("mesh_placement_first: " + std::string(error.what()));
+    }
+    if (std::find(axes.begin(), axes.end(), axis) != axes.end()) {
+      throw UserError("mesh_placement_first: axis '" + name + "' is listed twice");
+    }
+    axes.push_back(axis);
+    begin = end + 1;
+  }
+  return axes;
+}
+
 std::vector<int> physical_devices_of_mesh(const DeviceMesh& mesh, const Slice& slice) {
-  // Replay the placement order (innermost mesh axis first) to find each portion's stride on its
-  // physical axis: earlier portions of the same physical axis are faster.
+  // Replay the placement order to find each portion's stride on its physical axis: earlier
+  // portions of the same physical axis are faster.
   struct Stride {
     int physical_axis = 0;
     int size = 1;
@@ -169,7 +200,7 @@ std::vector<int> physical_devices_of_mesh(const DeviceMesh& mesh, const Slice& s
     return physical_axis == kChipletAxis ? size_t{0} : static_cast<size_t>(physical_axis) + 1;
   };
   std::vector<int> taken(slice.shape.size() + 1, 1);
-  for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
+  for (const int axis : mesh.placement_order) {
     for (const PhysicalPortion& portion : mesh.axes[static_cast<size_t>(axis)].portions) {
       int& used = taken[slot(portion.physical_axis)];
       strides[static_cast<size_t>(axis)].push_back({portion.physical_axis, portion.size, used});

@@ -21,6 +21,8 @@
 
 namespace tpusim {
 
+class Config;
+
 // Physical axis index kChipletAxis means the two chiplets of a v7x chip.
 inline constexpr int kChipletAxis = -1;
 
@@ -45,11 +47,19 @@ struct MeshAxisPlacement {
 struct DeviceMesh {
   MeshShape shape;
   std::vector<MeshAxisPlacement> axes;  // one per mesh axis, in mesh order
+  std::vector<int> placement_order;     // mesh axes in the order they were placed (all 12)
 
   const MeshAxisPlacement& axis(const std::string& name) const;
 };
 
-DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice);
+// `placed_first`: mesh axes (by index) placed before the others, in that order; the others follow
+// innermost first. Empty: create_device_mesh's order.
+DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
+                      const std::vector<int>& placed_first = {});
+
+// The axes of the config's mesh_placement_first ("fsdp,tensor" -> {fsdp, tensor}); UserError
+// naming the key for an unknown or repeated axis.
+std::vector<int> placement_from_config(const Config& config);
 
 // Where each device of the mesh sits on the hardware: for every mesh device index (row-major over
 // the mesh coordinates, axis 0 major: the functional engine's device numbering), the physical

@@ -23,7 +23,8 @@ Slice slice_from_config(const Config& config) {
 StepProgram build_step_program(const Config& config) {
   StepProgram result;
   result.slice = slice_from_config(config);
-  result.mesh = place_mesh(resolve_mesh(config, result.slice), result.slice);
+  result.mesh = place_mesh(resolve_mesh(config, result.slice), result.slice,
+                           placement_from_config(config));
   // MaxText: a microbatch is per_device_batch_size x devices sequences; an optimizer step runs
   // gradient_accumulation_steps of them (pyconfig calculate_global_batch_sizes).
   const double per_device = config.get_float("per_device_batch_size");

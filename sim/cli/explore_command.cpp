@@ -36,6 +36,7 @@ struct ExploreFlags {
   double max_per_device_batch = 16;
   double min_hbm_headroom = 0;
   int threads = 0;
+  bool no_branch_and_bound = false;
   bool progress = false;
 };
 
@@ -143,6 +144,9 @@ void register_explore_command(CLI::App& app) {
   command->add_option("--min-hbm-headroom", flags->min_hbm_headroom,
                       "Fraction of usable HBM to leave free, e.g. 0.1");
   command->add_option("--threads", flags->threads, "Worker threads (default: all cores)");
+  command->add_flag("--no-branch-and-bound", flags->no_branch_and_bound,
+                    "Time every candidate that fits instead of skipping those that provably "
+                    "cannot enter the top N (same top N, slower; for benchmarks)");
   command->add_flag("--progress", flags->progress,
                     "Show the progress bar even when stderr is not a terminal");
   command->callback([flags] {
@@ -157,6 +161,7 @@ void register_explore_command(CLI::App& app) {
     options.objective = parse_objective(flags->objective);
     options.top = flags->top;
     options.threads = flags->threads;
+    options.branch_and_bound = !flags->no_branch_and_bound;
     if (flags->threads < 0) {
       throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");
     }

@@ -31,6 +31,8 @@ namespace {
 
 constexpr const char* kExploreOrigin = "explore";
 constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
+constexpr const char* kSamePlacement = "same_placement";
+constexpr const char* kPlacementImpossible = "placement_impossible";
 constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
 constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
 constexpr const char* kCannotBeatTop = "cannot_beat_top";
@@ -54,14 +56,20 @@ double objective_upper_bound(ExploreObjective objective, double step_lower_bound
 // rises). Branch and bound: a program whose upper bound is below it cannot change the result.
 class SharedThreshold {
  public:
+  // Disabled: stays at -infinity, so nothing is ever bounded out.
+  explicit SharedThreshold(bool enabled) : enabled_(enabled) {}
   double get() const { return value_.load(std::memory_order_relaxed); }
   void raise(double value) {
+    if (!enabled_) {
+      return;
+    }
     double current = value_.load(std::memory_order_relaxed);
     while (value > current && !value_.compare_exchange_weak(current, value)) {
     }
   }
 
  private:
+  bool enabled_ = true;
   std::atomic<double> value_{-std::numeric_limits<double>::infinity()};
 };
 
@@ -246,6 +254,25 @@ struct WorkerResult {
   }
 };
 
+// True when both meshes lay every mesh axis onto the same physical portions.
+bool same_placement(const DeviceMesh& a, const DeviceMesh& b) {
+  for (size_t axis = 0; axis < a.axes.size(); ++axis) {
+    const std::vector<PhysicalPortion>& left = a.axes[axis].portions;
+    const std::vector<PhysicalPortion>& right = b.axes[axis].portions;
+    if (left.size() != right.size()) {
+      return false;
+    }
+    for (size_t portion = 0; portion < left.size(); ++portion) {
+      if (left[portion].physical_axis != right[portion].physical_axis ||
+          left[portion].size != right[portion].size ||
+          left[portion].whole_axis != right[portion].whole_axis) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Evaluates every candidate of one mesh into `out`.
 class MeshEvaluator {
  public:
@@ -282,7 +309,8 @@ class MeshEvaluator {
     const MeshShape& mesh = space_.meshes[mesh_index];
     const auto batches = space_.batches.size();
     const int64_t per_batch = space_.candidates_per_mesh_and_batch();
-    const auto per_remat = static_cast<int64_t>(variants_.size());
+    const auto per_placement = static_cast<int64_t>(variants_.size());
+    const auto placements = static_cast<int64_t>(space_.placements.size());
     const bool parameters_divide = divisibility_.parameters_divide(mesh);
     std::vector<size_t> dividing;
     for (size_t batch = 0; batch < batches; ++batch) {
@@ -296,9 +324,43 @@ class MeshEvaluator {
     if (dividing.empty()) {
       return;
     }
+    // The distinct placements of this mesh: a choice whose first axis has size 1 here, or that
+    // lays every axis where an earlier choice does, is the same candidate again.
+    std::vector<DeviceMesh> placed;
+    std::vector<int> placement_ids;
+    for (size_t choice = 0; choice < space_.placements.size(); ++choice) {
+      const std::vector<int>& first = space_.placements[choice];
+      DeviceMesh candidate_mesh;
+      const bool trivial = choice > 0 && std::all_of(first.begin(), first.end(), [&](int axis) {
+                             return mesh.ici[static_cast<size_t>(axis)] == 1;
+                           });
+      if (!trivial) {
+        try {
+          candidate_mesh = place_mesh(mesh, space_.slice, first);
+        } catch (const UserError&) {
+          // Placed in this order, an axis finds no free physical positions of its size.
+          out.pruned[kPlacementImpossible] += static_cast<int64_t>(dividing.size()) *
+                                              static_cast<int64_t>(space_.remats.size()) *
+                                              per_placement;
+          continue;
+        }
+      }
+      if (trivial || std::any_of(placed.begin(), placed.end(), [&](const DeviceMesh& other) {
+            return same_placement(other, candidate_mesh);
+          })) {
+        out.pruned[kSamePlacement] += static_cast<int64_t>(dividing.size()) *
+                                      static_cast<int64_t>(space_.remats.size()) * per_placement;
+        continue;
+      }
+      placed.push_back(std::move(candidate_mesh));
+      placement_ids.push_back(static_cast<int>(choice));
+    }
+    // Candidates below one (batch, remat) that are not duplicates.
+    const int64_t per_remat = per_placement * static_cast<int64_t>(placed.size());
+    const int64_t per_distinct_batch = per_remat * static_cast<int64_t>(space_.remats.size());
     StepProgram program;
     program.slice = space_.slice;
-    program.mesh = place_mesh(mesh, space_.slice);
+    program.mesh = placed.front();  // partitioning reads only the mesh's shape
     const ChipSpec& chip = *space_.slice.chip;
     const double chips = space_.slice.total_chips();
     const int64_t length = config_.get_int("max_target_length");
@@ -325,7 +387,8 @@ class MeshEvaluator {
       const size_t batch = dividing[at];
       if (std::none_of(fitted.begin(), fitted.end(), [](bool fits) { return fits; })) {
         // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
-        out.pruned[kDoesNotFitHbm] += static_cast<int64_t>(dividing.size() - at) * per_batch;
+        out.pruned[kDoesNotFitHbm] +=
+            static_cast<int64_t>(dividing.size() - at) * per_distinct_batch;
         break;
       }
       const BatchChoice& choice = space_.batches[batch];
@@ -374,7 +437,8 @@ class MeshEvaluator {
           const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
           if (persistent > usable) {
             // Weights and optimizer state do not depend on batch, remat or attention.
-            out.pruned[kWeightsExceedHbm] += static_cast<int64_t>(dividing.size()) * per_batch;
+            out.pruned[kWeightsExceedHbm] +=
+                static_cast<int64_t>(dividing.size()) * per_distinct_batch;
             return;
           }
         }
@@ -384,39 +448,48 @@ class MeshEvaluator {
           continue;
         }
         const std::vector<double> context_bounds = tensorcore_lower_bounds(program, contexts_).step;
-        for (size_t index = 0; index < variants_.size(); ++index) {
-          const Variant& variant = variants_[index];
-          if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
-            out.pruned[kCannotBeatTop] += 1;
-            continue;
-          }
-          PerfOptions perf_options = base_perf_;
-          perf_options.record_details = false;  // ranking needs the times only
-          perf_options.cost = contexts_[variant.context];
-          perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
-                                             (variant.perf.sparse_core_offload == "auto" &&
-                                              chip.sparsecore_collective_offload_default > 0);
-          perf_options.collective_matmul = variant.perf.collective_matmul;
-          const StepTiming timing = simulate_step(program, perf_options);
-          ++out.evaluated;
-          const double step = timing.step_seconds;
-          const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
-          const double per_chip = tokens / step / chips;
-          Scored scored;
-          scored.candidate = {
-              mesh,         choice, static_cast<int>(remat), space_.attention_kinds[variant.kind],
-              variant.perf, 0};
-          scored.candidate.order =
-              ((static_cast<int64_t>(mesh_index) * static_cast<int64_t>(batches) +
-                static_cast<int64_t>(batch)) *
-                   static_cast<int64_t>(remats) +
-               static_cast<int64_t>(remat)) *
-                  per_remat +
-              static_cast<int64_t>(index);
-          scored.objective = objective_value(options_.objective, step, mfu, per_chip);
-          out.offer(std::move(scored), top_size_);
-          if (out.top.size() == top_size_) {
-            threshold_.raise(out.top.back().objective);
+        for (size_t which = 0; which < placed.size(); ++which) {
+          program.mesh = placed[which];
+          for (size_t index = 0; index < variants_.size(); ++index) {
+            const Variant& variant = variants_[index];
+            if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
+              out.pruned[kCannotBeatTop] += 1;
+              continue;
+            }
+            PerfOptions perf_options = base_perf_;
+            perf_options.record_details = false;  // ranking needs the times only
+            perf_options.cost = contexts_[variant.context];
+            perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
+                                               (variant.perf.sparse_core_offload == "auto" &&
+                                                chip.sparsecore_collective_offload_default > 0);
+            perf_options.collective_matmul = variant.perf.collective_matmul;
+            const StepTiming timing = simulate_step(program, perf_options);
+            ++out.evaluated;
+            const double step = timing.step_seconds;
+            const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
+            const double per_chip = tokens / step / chips;
+            Scored scored;
+            scored.candidate = {mesh,
+                                choice,
+                                static_cast<int>(remat),
+                                space_.attention_kinds[variant.kind],
+                                variant.perf,
+                                placement_ids[which],
+                                0};
+            scored.candidate.order =
+                (((static_cast<int64_t>(mesh_index) * static_cast<int64_t>(batches) +
+                   static_cast<int64_t>(batch)) *
+                      static_cast<int64_t>(remats) +
+                  static_cast<int64_t>(remat)) *
+                     placements +
+                 placement_ids[which]) *
+                    per_placement +
+                static_cast<int64_t>(index);
+            scored.objective = objective_value(options_.objective, step, mfu, per_chip);
+            out.offer(std::move(scored), top_size_);
+            if (out.top.size() == top_size_) {
+              threshold_.raise(out.top.back().objective);
+            }
           }
         }
       }
@@ -456,11 +529,11 @@ class MeshEvaluator {
 };
 
 std::vector<std::string> maxtext_keys(const std::vector<std::string>& overrides) {
-  // tpusim-only switches (XLA flags on a real TPU, not MaxText config keys).
+  // tpusim-only switches (XLA flags or a custom device order on a real TPU, not MaxText keys).
   std::vector<std::string> keys;
   for (const std::string& item : overrides) {
     if (item.rfind("sparse_core_collective_offload=", 0) != 0 &&
-        item.rfind("collective_matmul=", 0) != 0) {
+        item.rfind("collective_matmul=", 0) != 0 && item.rfind("mesh_placement_first=", 0) != 0) {
       keys.push_back(item);
     }
   }
@@ -476,30 +549,33 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 const std::vector<std::string>& prune_reasons() {
-  static const std::vector<std::string> reasons = {kAxisDoesNotDivide, kWeightsExceedHbm,
-                                                   kDoesNotFitHbm, kCannotBeatTop};
+  static const std::vector<std::string> reasons = {kAxisDoesNotDivide,   kSamePlacement,
+                                                   kPlacementImpossible, kWeightsExceedHbm,
+                                                   kDoesNotFitHbm,       kCannotBeatTop};
   return reasons;
 }
 
 // The candidate at position `order` of the space's enumeration (the inverse of the order the
-// evaluator gives: mesh, batch, remat, attention kind, perf variant).
+// evaluator gives: mesh, batch, remat, placement, attention kind, perf variant).
 Candidate candidate_of_order(const SearchSpace& space, int64_t order) {
   std::vector<std::vector<PerfChoice>> choices;
-  int64_t per_remat = 0;
   for (const std::string& kind : space.attention_kinds) {
     choices.push_back(space.perf_choices(kind));
-    per_remat += static_cast<int64_t>(choices.back().size());
   }
+  const int64_t per_placement = space.variants_per_placement();
+  const auto placements = static_cast<int64_t>(space.placements.size());
+  const auto remats = static_cast<int64_t>(space.remats.size());
+  const auto batches = static_cast<int64_t>(space.batches.size());
   Candidate candidate;
   candidate.order = order;
-  int64_t within = order % per_remat;
-  int64_t rest = order / per_remat;
-  candidate.remat = static_cast<int>(rest % static_cast<int64_t>(space.remats.size()));
-  rest /= static_cast<int64_t>(space.remats.size());
-  candidate.batch =
-      space.batches[static_cast<size_t>(rest % static_cast<int64_t>(space.batches.size()))];
-  candidate.mesh =
-      space.meshes[static_cast<size_t>(rest / static_cast<int64_t>(space.batches.size()))];
+  int64_t within = order % per_placement;
+  int64_t rest = order / per_placement;
+  candidate.placement = static_cast<int>(rest % placements);
+  rest /= placements;
+  candidate.remat = static_cast<int>(rest % remats);
+  rest /= remats;
+  candidate.batch = space.batches[static_cast<size_t>(rest % batches)];
+  candidate.mesh = space.meshes[static_cast<size_t>(rest / batches)];
   for (size_t kind = 0; kind < choices.size(); ++kind) {
     const auto count = static_cast<int64_t>(choices[kind].size());
     if (within < count) {
@@ -618,6 +694,10 @@ std::vector<std::string> candidate_overrides(const SearchSpace& space, const Can
     overrides.push_back(std::string("collective_matmul=") +
                         (candidate.perf.collective_matmul ? "true" : "false"));
   }
+  if (searched("mesh_placement_first")) {
+    overrides.push_back("mesh_placement_first=" +
+                        space.placement_text(static_cast<size_t>(candidate.placement)));
+  }
   return overrides;
 }
 
@@ -673,7 +753,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
                                 static_cast<int>(std::max<size_t>(1, my_meshes))));
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
-  SharedThreshold threshold;
+  SharedThreshold threshold(options.branch_and_bound);
   const Divisibility divisibility(*steps.get(0, 0), rules);
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};

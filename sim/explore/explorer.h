@@ -59,6 +59,8 @@ struct ExploreOptions {
   ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
   int top = 10;
   int threads = 0;  // 0 = all cores
+  // false: time every candidate that fits (cannot_beat_top stays 0); the top N is the same.
+  bool branch_and_bound = true;
   // Under mpirun: the process-level exchanges; each rank searches every num_ranks()-th mesh and
   // the ranks' results are merged (every rank gets the merged result). nullptr = one process.
   Transport* transport = nullptr;
@@ -72,6 +74,7 @@ struct Candidate {
   int remat = 0;  // index into SearchSpace::remats
   std::string attention;
   PerfChoice perf;
+  int placement = 0;  // index into SearchSpace::placements
   int64_t order = 0;  // position in the space's enumeration (tie-break)
 };
 

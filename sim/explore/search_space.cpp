@@ -11,6 +11,7 @@
 #include "model/autodiff/remat_policy.h"
 #include "model/autodiff/training_step.h"
 #include "model/config.h"
+#include "sharding/device_mesh.h"
 #include "sharding/step_program.h"
 
 namespace tpusim {
@@ -267,12 +268,25 @@ std::vector<PerfChoice> SearchSpace::perf_choices(const std::string& attention_k
   return choices;
 }
 
-int64_t SearchSpace::candidates_per_mesh_and_batch() const {
-  int64_t per_remat = 0;
+int64_t SearchSpace::variants_per_placement() const {
+  int64_t variants = 0;
   for (const std::string& kind : attention_kinds) {
-    per_remat += static_cast<int64_t>(perf_choices(kind).size());
+    variants += static_cast<int64_t>(perf_choices(kind).size());
   }
-  return per_remat * static_cast<int64_t>(remats.size());
+  return variants;
+}
+
+int64_t SearchSpace::candidates_per_mesh_and_batch() const {
+  return variants_per_placement() * static_cast<int64_t>(placements.size()) *
+         static_cast<int64_t>(remats.size());
+}
+
+std::string SearchSpace::placement_text(size_t index) const {
+  std::string text;
+  for (const int axis : placements[index]) {
+    text += (text.empty() ? "" : ",") + mesh_axis_names()[static_cast<size_t>(axis)];
+  }
+  return text;
 }
 
 int64_t SearchSpace::size() const {
@@ -368,6 +382,20 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
   } else {
     space.collective_matmul_values = {false, true};
     keys.push_back("collective_matmul");
+  }
+  space.placements = {placement_from_config(config)};
+  if (!pinned(config, "mesh_placement_first")) {
+    // Each ICI axis that is larger than 1 in some mesh, placed first.
+    for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+      const bool used = std::any_of(space.meshes.begin(), space.meshes.end(),
+                                    [&](const MeshShape& mesh) { return mesh.ici[axis] > 1; });
+      if (used) {
+        space.placements.push_back({axis});
+      }
+    }
+    if (space.placements.size() > 1) {
+      keys.push_back("mesh_placement_first");
+    }
   }
   return space;
 }

@@ -6,8 +6,7 @@
 //     fsdp_transpose, tensor, tensor_sequence, context and expert (ici_*_parallelism), and of the
 //     slices over the DCN axes data and fsdp (dcn_*_parallelism). Pinned axes keep their size; the
 //     searched ones multiply to what is left. Placement on the physical axes (torus, chiplet pair,
-//     DCN) follows from the mesh as in JAX's create_device_mesh (sharding/device_mesh.h), so it
-//     is not a separate dimension;
+//     DCN) follows from the mesh and the placement choice below (sharding/device_mesh.h);
 //   - batch: per_device_batch_size in powers of two up to a limit, or, with a fixed global batch,
 //     every gradient_accumulation_steps that divides it (per_device_batch_size = global /
 //     (accumulation x devices), fractional values allowed as in MaxText);
@@ -16,10 +15,15 @@
 //     pin;
 //   - attention kind (dot_product, flash) and, for flash, the splash block sizes sa_block_q x
 //     sa_block_kv in {512, 1024, 2048} (capped at the sequence length);
-//   - sparse_core_collective_offload on/off (chips with SparseCores) and collective_matmul on/off.
+//   - sparse_core_collective_offload on/off (chips with SparseCores) and collective_matmul on/off;
+//   - placement (tpusim's mesh_placement_first): which mesh axis is laid onto the physical axes
+//     first (the v7x chiplet pair, the exactly-sized torus axis), or create_device_mesh's order.
+//     One choice per ICI axis that can be larger than 1, plus the default; a choice that places
+//     a mesh exactly as an earlier one does (or its axis has size 1 there) is a duplicate.
 // The first three change the per-device program; the others only its timing (the attention kind
-// selects the kernel's cost, not the ops), so the explorer builds one program per (mesh, batch,
-// remat) and times it once per attention kind and perf variant.
+// selects the kernel's cost, not the ops; the placement only where collectives run), so the
+// explorer builds one program per (mesh, batch, remat) and times it once per placement, attention
+// kind and perf variant.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});
@@ -79,12 +83,19 @@ struct SearchSpace {
   std::vector<std::pair<int64_t, int64_t>> flash_blocks;  // (sa_block_q, sa_block_kv)
   std::vector<std::string> sparse_core_values;
   std::vector<bool> collective_matmul_values;
+  // Placement choices: the mesh axes placed first (mesh_placement_first); [0] is the default (or
+  // the pinned value).
+  std::vector<std::vector<int>> placements;
   std::vector<std::string> searched_keys;  // for the report
 
   // Timing variants of a program with this attention kind.
   std::vector<PerfChoice> perf_choices(const std::string& attention_kind) const;
-  // Candidates below one (mesh, batch): remats x attention kinds x their perf variants.
+  // Candidates below one (mesh, batch): remats x placements x attention kinds x perf variants.
   int64_t candidates_per_mesh_and_batch() const;
+  // Timing variants per placement: attention kinds x their perf variants.
+  int64_t variants_per_placement() const;
+  // "fsdp,tensor" for placements[index] ("" for the default order).
+  std::string placement_text(size_t index) const;
   int64_t size() const;
 };
 

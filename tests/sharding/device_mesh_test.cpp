@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "hw/topology.h"
 #include "model/config.h"
 
@@ -104,6 +105,51 @@ TEST(DeviceMesh, TensorInnermostMeshIsTheIdentityOnV5e8) {
   std::vector<int> identity(8);
   std::iota(identity.begin(), identity.end(), 0);
   EXPECT_EQ(physical, identity);
+}
+
+TEST(DeviceMesh, PlacedFirstAxisTakesTheChipletPair) {
+  // tpu7x-16 = 8 chips (2x2x2) x 2 chiplets; data=2 tensor=2 fsdp=4. By default the innermost
+  // axis (tensor) takes the chiplet pair; mesh_placement_first=data gives it to data instead.
+  const Config config = Config::load("", {"compile_topology=tpu7x-16", "ici_data_parallelism=2",
+                                          "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"});
+  const Slice slice = parse_slice("tpu7x-16");
+  const MeshShape shape = resolve_mesh(config, slice);
+  const DeviceMesh by_default = place_mesh(shape, slice);
+  EXPECT_TRUE(by_default.axis("tensor").uses_chiplets());
+  EXPECT_FALSE(by_default.axis("data").uses_chiplets());
+  const DeviceMesh data_first = place_mesh(shape, slice, {mesh_axis_index("data")});
+  EXPECT_TRUE(data_first.axis("data").uses_chiplets());
+  EXPECT_FALSE(data_first.axis("tensor").uses_chiplets());
+  EXPECT_EQ(data_first.placement_order.front(), mesh_axis_index("data"));
+  EXPECT_EQ(data_first.placement_order.size(), static_cast<size_t>(kNumMeshAxes));
+  // Device numbering follows the placement: still a permutation, and the two devices that differ
+  // only in their data coordinate are the two chiplets of one chip.
+  const std::vector<int> physical = physical_devices_of_mesh(data_first, slice);
+  std::vector<int> sorted = physical;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> identity(16);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_EQ(sorted, identity);
+  const int data_stride = 4 * 2;  // mesh device index, row-major: data, fsdp, tensor
+  for (int device = 0; device < data_stride; ++device) {
+    const int first = physical[static_cast<size_t>(device)];
+    const int second = physical[static_cast<size_t>(device + data_stride)];
+    EXPECT_EQ(first / 2, second / 2) << "device " << device;  // same chip
+  }
+}
+
+TEST(DeviceMesh, PlacementKeyNamesBadAxes) {
+  EXPECT_EQ(placement_from_config(Config::load("", {"mesh_placement_first=fsdp,tensor"})),
+            (std::vector<int>{mesh_axis_index("fsdp"), mesh_axis_index("tensor")}));
+  EXPECT_TRUE(placement_from_config(Config::load("", {})).empty());
+  for (const std::string bad : {"fsdb", "fsdp,fsdp", "fsdp,,tensor"}) {
+    try {
+      placement_from_config(Config::load("", {"mesh_placement_first=" + bad}));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find("mesh_placement_first"), std::string::npos);
+    }
+  }
 }
 
 }  // namespace

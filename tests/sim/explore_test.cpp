@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <set>
+#include <sstream>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -17,8 +18,20 @@
 namespace tpusim {
 namespace {
 
+std::vector<std::string> split_args(const std::string& text) {
+  std::vector<std::string> items;
+  std::istringstream in(text);
+  for (std::string item; in >> item;) {
+    items.push_back(item);
+  }
+  return items;
+}
+
 struct BruteForce {
-  int64_t legal = 0;  // parameters and inputs split evenly
+  int64_t same_placement = 0;        // a placement choice that lays the mesh as an earlier one
+  int64_t placement_impossible = 0;  // a placement choice that cannot lay the mesh out
+  int64_t illegal = 0;               // parameters or inputs do not split evenly
+  int64_t legal = 0;                 // split evenly (and not a duplicate placement)
   int64_t legal_and_fitting = 0;
   int64_t total = 0;
   double best_objective = -1;
@@ -51,31 +64,64 @@ BruteForce brute_force(const Config& config, const ExploreLimits& limits) {
       for (size_t remat = 0; remat < space.remats.size(); ++remat) {
         for (const std::string& kind : space.attention_kinds) {
           for (const PerfChoice& perf : space.perf_choices(kind)) {
-            Candidate candidate{mesh, batch, static_cast<int>(remat), kind, perf, 0};
-            Config full = config;
-            for (const std::string& item : candidate_overrides(space, candidate)) {
-              const auto [key, value] = split_override(item);
-              full.set(key, value, "brute force");
-            }
-            ++result.total;
-            const Estimate estimate = estimate_config(full);
-            const double usable = estimate.memory.capacity_bytes * (1 - limits.min_hbm_headroom);
-            if (!legal(estimate)) {
-              continue;
-            }
-            ++result.legal;
-            if (estimate.memory.peak_bytes > usable) {
-              continue;
-            }
-            ++result.legal_and_fitting;
-            result.objectives.push_back(estimate.tokens_per_s_per_chip);
-            if (estimate.tokens_per_s_per_chip > result.best_objective) {
-              result.best_objective = estimate.tokens_per_s_per_chip;
-              std::string args;
-              for (const std::string& item : candidate_overrides(space, candidate)) {
-                args += item + " ";
+            std::vector<std::string> placements_seen;  // estimate's mesh_placement, as text
+            bool arguments_divide = true;              // placement does not change the shards
+            for (size_t placement = 0; placement < space.placements.size(); ++placement) {
+              Candidate candidate{
+                  mesh, batch, static_cast<int>(remat), kind, perf, static_cast<int>(placement), 0};
+              ++result.total;
+              if (!arguments_divide) {
+                ++result.illegal;
+                continue;
               }
-              result.best_args = args;
+              // A choice that places an axis of size 1 first is the default order again.
+              bool trivial = placement > 0;
+              for (const int axis : space.placements[placement]) {
+                trivial = trivial && mesh.ici[static_cast<size_t>(axis)] == 1;
+              }
+              if (trivial) {
+                ++result.same_placement;
+                continue;
+              }
+              Config full = config;
+              for (const std::string& item : candidate_overrides(space, candidate)) {
+                const auto [key, value] = split_override(item);
+                full.set(key, value, "brute force");
+              }
+              Estimate estimate;
+              try {
+                estimate = estimate_config(full);
+              } catch (const UserError&) {
+                ++result.placement_impossible;
+                continue;
+              }
+              if (!legal(estimate)) {
+                arguments_divide = false;
+                ++result.illegal;
+                continue;
+              }
+              const std::string laid_out = estimate.json["mesh_placement"].dump();
+              if (std::find(placements_seen.begin(), placements_seen.end(), laid_out) !=
+                  placements_seen.end()) {
+                ++result.same_placement;
+                continue;
+              }
+              placements_seen.push_back(laid_out);
+              const double usable = estimate.memory.capacity_bytes * (1 - limits.min_hbm_headroom);
+              ++result.legal;
+              if (estimate.memory.peak_bytes > usable) {
+                continue;
+              }
+              ++result.legal_and_fitting;
+              result.objectives.push_back(estimate.tokens_per_s_per_chip);
+              if (estimate.tokens_per_s_per_chip > result.best_objective) {
+                result.best_objective = estimate.tokens_per_s_per_chip;
+                std::string args;
+                for (const std::string& item : candidate_overrides(space, candidate)) {
+                  args += item + " ";
+                }
+                result.best_args = args;
+              }
             }
           }
         }
@@ -109,7 +155,9 @@ void expect_explorer_matches_brute_force(const std::vector<std::string>& overrid
   // legal, fitting candidate is either timed or provably below the top 3 (a policy bounded from
   // the remat_policy=none program is pruned as cannot_beat_top before its memory is known, so
   // that count may also hold candidates that would not fit).
-  EXPECT_EQ(pruned_for("axis_does_not_divide"), expected.total - expected.legal);
+  EXPECT_EQ(pruned_for("axis_does_not_divide"), expected.illegal);
+  EXPECT_EQ(pruned_for("same_placement"), expected.same_placement);
+  EXPECT_EQ(pruned_for("placement_impossible"), expected.placement_impossible);
   EXPECT_LE(result.candidates_evaluated, expected.legal_and_fitting);
   EXPECT_GE(result.candidates_evaluated + pruned_for("cannot_beat_top"),
             expected.legal_and_fitting);
@@ -143,6 +191,43 @@ TEST(Explorer, BestEqualsBruteForceUnderHbmPressure) {
       {"model_name=llama2-7b", "compile_topology=v5e-8", "max_target_length=2048",
        "attention=flash", "collective_matmul=true", "sa_block_q=512", "sa_block_kv=512"},
       {.global_batch_size = 32, .max_accumulation_steps = 8, .min_hbm_headroom = 0.1});
+}
+
+TEST(Explorer, BestEqualsBruteForceOverPlacementsOnV7x) {
+  // tpu7x-16: 8 chips (2x2x2) of two chiplets. Which mesh axis takes the chiplet pair, and which
+  // the torus axes, is searched (mesh_placement_first); the other timing switches are pinned.
+  expect_explorer_matches_brute_force(
+      {"model_name=tiny-llama", "compile_topology=tpu7x-16", "max_target_length=256",
+       "remat_policy=full", "attention=flash", "sa_block_q=512", "sa_block_kv=512",
+       "collective_matmul=true", "sparse_core_collective_offload=off"},
+      {.global_batch_size = 16, .max_accumulation_steps = 1});
+}
+
+TEST(Explorer, PlacementChoicesLayTheMeshDifferently) {
+  const Config config =
+      Config::load("", {"model_name=tiny-llama", "compile_topology=tpu7x-16",
+                        "max_target_length=256", "remat_policy=full", "attention=flash"});
+  const SearchSpace space = build_search_space(config, {.global_batch_size = 16});
+  ASSERT_GT(space.placements.size(), 1U);
+  EXPECT_TRUE(space.placements[0].empty());  // create_device_mesh's order first
+  EXPECT_NE(
+      std::find(space.searched_keys.begin(), space.searched_keys.end(), "mesh_placement_first"),
+      space.searched_keys.end());
+  ExploreOptions options;
+  options.limits = {.global_batch_size = 16};
+  options.top = 1;
+  const ExploreResult result = explore(config, options);
+  ASSERT_EQ(result.top.size(), 1U);
+  // The winner's args reproduce it through `tpusim estimate`, placement included.
+  EXPECT_NE(result.top[0].args.find("mesh_placement_first="), std::string::npos);
+  EXPECT_EQ(result.top[0].maxtext_overrides.end(),
+            std::find_if(result.top[0].maxtext_overrides.begin(),
+                         result.top[0].maxtext_overrides.end(), [](const std::string& item) {
+                           return item.rfind("mesh_placement_first", 0) == 0;
+                         }));
+  EXPECT_DOUBLE_EQ(
+      estimate_config(Config::load("", split_args(result.top[0].args))).tokens_per_s_per_chip,
+      result.top[0].tokens_per_s_per_chip);
 }
 
 TEST(Explorer, ResultsDoNotDependOnThreads) {
