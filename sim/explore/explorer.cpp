@@ -448,6 +448,7 @@ class MeshEvaluator {
           continue;
         }
         const std::vector<double> context_bounds = tensorcore_lower_bounds(program, contexts_).step;
+        StepSimulator simulator(program);  // shared by the timing variants below
         for (size_t which = 0; which < placed.size(); ++which) {
           program.mesh = placed[which];
           for (size_t index = 0; index < variants_.size(); ++index) {
@@ -463,7 +464,7 @@ class MeshEvaluator {
                                                (variant.perf.sparse_core_offload == "auto" &&
                                                 chip.sparsecore_collective_offload_default > 0);
             perf_options.collective_matmul = variant.perf.collective_matmul;
-            const StepTiming timing = simulate_step(program, perf_options);
+            const StepTiming timing = simulator.run(perf_options);
             ++out.evaluated;
             const double step = timing.step_seconds;
             const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;

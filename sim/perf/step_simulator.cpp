@@ -113,37 +113,121 @@ struct OpPlan {
   const char* trace_resource = "";
 };
 
+bool same_context(const CostContext& a, const CostContext& b) {
+  return a.chip == b.chip && a.flash_attention == b.flash_attention && a.block_q == b.block_q &&
+         a.block_kv == b.block_kv && a.int8_matmuls == b.int8_matmuls &&
+         a.fp8_matmuls == b.fp8_matmuls && a.program_efficiency == b.program_efficiency;
+}
+
+}  // namespace
+
+// What the scheduler needs about a program whatever the options: each region's ops, the carries,
+// which ops only prepare weights, which elementwise ops fuse into their producer, and each
+// compute op's cost per cost context (worked out on first use).
+struct StepSimulator::Analysis {
+  explicit Analysis(const Graph& graph) {
+    const size_t tensors = graph.tensors().size();
+    const size_t ops = graph.ops().size();
+    carry_source.assign(tensors, -1);
+    for (const Graph::Carry& carry : graph.carries()) {
+      carry_source[static_cast<size_t>(carry.to)] = carry.from;
+    }
+    weight_only.assign(ops, false);
+    region_ops.resize(graph.regions().size());
+    for (const Op& op : graph.ops()) {
+      region_ops[static_cast<size_t>(op.region)].push_back(&op);
+      bool only_weights = !op.inputs.empty();
+      for (const TensorId input : op.inputs) {
+        const Tensor& tensor = graph.tensor(input);
+        const int producer = graph.producer(input);
+        const bool weight = (tensor.kind == TensorKind::kParameter && producer < 0) ||
+                            (producer >= 0 && weight_only[static_cast<size_t>(producer)]);
+        only_weights = only_weights && weight;
+      }
+      weight_only[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
+    }
+    fused.assign(ops, false);
+    find_fusions(graph);
+  }
+
+  // Elementwise ops that read a matmul's only output fuse into it (XLA output fusion).
+  void find_fusions(const Graph& graph) {
+    std::vector<int> consumers(graph.tensors().size(), 0);
+    for (const Op& op : graph.ops()) {
+      for (const TensorId input : op.inputs) {
+        ++consumers[static_cast<size_t>(input)];
+      }
+    }
+    for (const Op& op : graph.ops()) {
+      if (op.kind != OpKind::kElementwise && op.kind != OpKind::kRope) {
+        continue;
+      }
+      for (const TensorId input : op.inputs) {
+        const int producer = graph.producer(input);
+        if (producer < 0) {
+          continue;
+        }
+        const Op& source = graph.ops()[static_cast<size_t>(producer)];
+        const bool fusible_source = source.kind == OpKind::kEinsum ||
+                                    source.kind == OpKind::kElementwise ||
+                                    source.kind == OpKind::kRope;
+        if (fusible_source && source.region == op.region &&
+            consumers[static_cast<size_t>(input)] == 1) {
+          fused[static_cast<size_t>(op.id)] = true;
+        }
+      }
+    }
+  }
+
+  // cost_compute_op of `op` under `context`, computed once per (op, context).
+  const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context) {
+    auto found = std::find_if(costs.begin(), costs.end(), [&](const ContextCosts& entry) {
+      return same_context(entry.context, context);
+    });
+    if (found == costs.end()) {
+      costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
+                       std::vector<bool>(graph.ops().size(), false)});
+      found = costs.end() - 1;
+    }
+    const auto id = static_cast<size_t>(op.id);
+    if (!found->known[id]) {
+      found->cost[id] = cost_compute_op(graph, op, context, fused[id]);
+      found->known[id] = true;
+    }
+    return found->cost[id];
+  }
+
+  struct ContextCosts {
+    CostContext context;
+    std::vector<OpCost> cost;  // by op id
+    std::vector<bool> known;   // by op id
+  };
+  std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
+  std::vector<TensorId> carry_source;              // by tensor id
+  std::vector<bool> weight_only;                   // by op id
+  std::vector<bool> fused;                         // by op id
+  std::vector<ContextCosts> costs;
+};
+
+namespace {
+
 class Simulator {
  public:
-  Simulator(const StepProgram& program, const PerfOptions& options)
+  Simulator(const StepProgram& program, const PerfOptions& options,
+            StepSimulator::Analysis& analysis)
       : program_(program),
         graph_(program.program.graph),
         options_(options),
-        details_(options.record_details) {
+        details_(options.record_details),
+        analysis_(analysis),
+        region_ops_(analysis.region_ops),
+        carry_source_(analysis.carry_source),
+        weight_only_(analysis.weight_only),
+        fused_(analysis.fused) {
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     ready_.assign(tensors, 0.0);
-    carry_source_.assign(tensors, -1);
-    for (const Graph::Carry& carry : graph_.carries()) {
-      carry_source_[static_cast<size_t>(carry.to)] = carry.from;
-    }
     finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
-    weight_only_.assign(ops, false);
-    region_ops_.resize(graph_.regions().size());
-    for (const Op& op : graph_.ops()) {
-      region_ops_[static_cast<size_t>(op.region)].push_back(&op);
-      bool only_weights = !op.inputs.empty();
-      for (const TensorId input : op.inputs) {
-        const Tensor& tensor = graph_.tensor(input);
-        const int producer = graph_.producer(input);
-        const bool weight = (tensor.kind == TensorKind::kParameter && producer < 0) ||
-                            (producer >= 0 && weight_only_[static_cast<size_t>(producer)]);
-        only_weights = only_weights && weight;
-      }
-      weight_only_[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
-    }
-    fused_.assign(ops, false);
-    find_fusions();
     if (details_) {
       idle_label_ = labels_.intern("idle");
     }
@@ -198,35 +282,6 @@ class Simulator {
   }
 
  private:
-  // Elementwise ops that read a matmul's only output fuse into it (XLA output fusion).
-  void find_fusions() {
-    std::vector<int> consumers(graph_.tensors().size(), 0);
-    for (const Op& op : graph_.ops()) {
-      for (const TensorId input : op.inputs) {
-        ++consumers[static_cast<size_t>(input)];
-      }
-    }
-    for (const Op& op : graph_.ops()) {
-      if (op.kind != OpKind::kElementwise && op.kind != OpKind::kRope) {
-        continue;
-      }
-      for (const TensorId input : op.inputs) {
-        const int producer = graph_.producer(input);
-        if (producer < 0) {
-          continue;
-        }
-        const Op& source = graph_.ops()[static_cast<size_t>(producer)];
-        const bool fusible_source = source.kind == OpKind::kEinsum ||
-                                    source.kind == OpKind::kElementwise ||
-                                    source.kind == OpKind::kRope;
-        if (fusible_source && source.region == op.region &&
-            consumers[static_cast<size_t>(input)] == 1) {
-          fused_[static_cast<size_t>(op.id)] = true;
-        }
-      }
-    }
-  }
-
   // Works out the cost of every op of a region, before its first iteration.
   void plan_region(int region) {
     for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
@@ -285,8 +340,7 @@ class Simulator {
       }
       return plan;
     }
-    const OpCost cost =
-        cost_compute_op(graph_, op, options_.cost, fused_[static_cast<size_t>(op.id)]);
+    const OpCost& cost = analysis_.compute_cost(graph_, op, options_.cost);
     plan.kind = OpPlan::Kind::kCompute;
     plan.seconds = cost.seconds;
     plan.matmul_flops = cost.matmul_flops;
@@ -492,13 +546,14 @@ class Simulator {
   const Graph& graph_;
   PerfOptions options_;
   bool details_ = true;
-  std::vector<std::vector<const Op*>> region_ops_;  // by region, in program order
-  std::vector<OpPlan> plans_;                       // by op id
-  std::vector<double> ready_;                       // by tensor id
-  std::vector<TensorId> carry_source_;              // by tensor id
+  StepSimulator::Analysis& analysis_;
+  const std::vector<std::vector<const Op*>>& region_ops_;  // by region, in program order
+  const std::vector<TensorId>& carry_source_;              // by tensor id
+  const std::vector<bool>& weight_only_;                   // by op id
+  const std::vector<bool>& fused_;                         // by op id
+  std::vector<OpPlan> plans_;                              // by op id
+  std::vector<double> ready_;                              // by tensor id
   std::vector<double> finish_not_before_;  // by tensor id: collective-matmul chunks arriving
-  std::vector<bool> weight_only_;          // by op id
-  std::vector<bool> fused_;                // by op id
   std::vector<std::pair<double, double>> op_span_;  // by op id: (start, end), latest iteration
   // With record_details: labels, and each compute op's TensorCore seconds and calls.
   LabelTable labels_;
@@ -535,8 +590,17 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   return options;
 }
 
+StepSimulator::StepSimulator(const StepProgram& program)
+    : program_(program), analysis_(std::make_unique<Analysis>(program.program.graph)) {}
+
+StepSimulator::~StepSimulator() = default;
+
+StepTiming StepSimulator::run(const PerfOptions& options) {
+  return Simulator(program_, options, *analysis_).run();
+}
+
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {
-  return Simulator(program, options).run();
+  return StepSimulator(program).run(options);
 }
 
 }  // namespace tpusim

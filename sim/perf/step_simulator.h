@@ -27,6 +27,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,5 +81,27 @@ struct StepTiming {
 };
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options);
+
+// One program timed under many options (explore's timing variants): what does not depend on the
+// options (each region's ops, carries, weight-only ops, fusions) is worked out once, and each
+// compute op's cost once per cost context. run(options) equals simulate_step(program, options).
+// The program must outlive it; its mesh may change between runs (collective costs read it at
+// each run), its graph may not.
+//   StepSimulator simulator(program);
+//   for (const PerfOptions& variant : variants) { simulator.run(variant).step_seconds; }
+class StepSimulator {
+ public:
+  explicit StepSimulator(const StepProgram& program);
+  ~StepSimulator();
+  StepSimulator(const StepSimulator&) = delete;
+  StepSimulator& operator=(const StepSimulator&) = delete;
+  StepTiming run(const PerfOptions& options);
+
+  struct Analysis;
+
+ private:
+  const StepProgram& program_;
+  std::unique_ptr<Analysis> analysis_;
+};
 
 }  // namespace tpusim

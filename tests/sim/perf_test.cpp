@@ -352,5 +352,43 @@ TEST(StepTime, GradientAccumulationRepeatsMicrobatches) {
   EXPECT_NEAR(four.tokens_per_s_per_chip / one.tokens_per_s_per_chip, 1.0, 0.05);
 }
 
+TEST(StepSimulator, EveryRunEqualsAFreshSimulation) {
+  // One prepared program timed under a sequence of options (cost contexts, SparseCore offload,
+  // collective matmul, another placement of the same mesh) gives what simulate_step gives each.
+  Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=tpu7x-16",
+                                    "ici_data_parallelism=2", "ici_fsdp_parallelism=4",
+                                    "ici_tensor_parallelism=2", "max_target_length=2048"});
+  StepProgram program = build_step_program(config);
+  const PerfOptions base = perf_options_from_config(config, *program.slice.chip);
+  const DeviceMesh data_first =
+      place_mesh(program.mesh.shape, program.slice, {mesh_axis_index("data")});
+  StepSimulator simulator(program);
+  int runs = 0;
+  for (const bool swap_mesh : {false, true}) {
+    if (swap_mesh) {
+      program.mesh = data_first;
+    }
+    for (const bool flash : {true, false, true}) {
+      for (const bool offload : {false, true}) {
+        for (const bool collective_matmul : {false, true}) {
+          PerfOptions options = base;
+          options.cost.flash_attention = flash;
+          options.cost.block_q = flash ? 1024 : options.cost.block_q;
+          options.sparse_core_offload = offload;
+          options.collective_matmul = collective_matmul;
+          options.record_details = collective_matmul;
+          const StepTiming prepared = simulator.run(options);
+          const StepTiming fresh = simulate_step(program, options);
+          EXPECT_EQ(prepared.step_seconds, fresh.step_seconds);
+          EXPECT_EQ(prepared.hardware_matmul_flops, fresh.hardware_matmul_flops);
+          EXPECT_EQ(prepared.breakdown, fresh.breakdown);
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(runs, 24);
+}
+
 }  // namespace
 }  // namespace tpusim
