@@ -301,6 +301,14 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
         "explore: limits out of range (max per-device batch > 0, max accumulation "
         ">= 1, 0 <= min HBM headroom < 1, global batch >= 0)");
   }
+  for (const bool dcn : {false, true}) {
+    const std::string key = mesh_axis_key(dcn, "stage");
+    if (config.get_int(key) != 1) {
+      throw UserError(key + "=" + std::to_string(config.get_int(key)) +
+                      ": pipeline parallelism is not modeled yet, so explore neither searches nor "
+                      "accepts a stage axis; use 1");
+    }
+  }
   SearchSpace space;
   space.slice = slice_from_config(config);
   MeshShape base;

@@ -73,5 +73,15 @@ TEST(Mesh, BadMeshesAreUserErrors) {
             std::string::npos);
 }
 
+TEST(Mesh, PipelineStagesAreRejectedUntilModeled) {
+  EXPECT_NE(error_of("v5p-16", 1, {"ici_pipeline_parallelism=2"})
+                .find("ici_pipeline_parallelism=2: pipeline parallelism is not modeled"),
+            std::string::npos);
+  EXPECT_NE(error_of("v5p-16", 2, {"dcn_pipeline_parallelism=2", "dcn_data_parallelism=1"})
+                .find("dcn_pipeline_parallelism=2"),
+            std::string::npos);
+  EXPECT_EQ(error_of("v5p-16", 1, {"ici_pipeline_parallelism=1"}), "");
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -304,6 +304,16 @@ TEST(Explorer, ContradictingPinsAreUserErrors) {
       build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8"}),
                          {.min_hbm_headroom = 1.5}),
       UserError);
+  EXPECT_THROW(
+      build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8",
+                                           "ici_pipeline_parallelism=2"}),
+                         {}),
+      UserError);
+  EXPECT_THROW(
+      build_search_space(Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8",
+                                           "mesh_placement_first=fsdb"}),
+                         {}),
+      UserError);
   ExploreOptions options;
   options.objective = ExploreObjective::kTokensPerDollar;
   EXPECT_THROW(
