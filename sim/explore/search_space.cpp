@@ -128,8 +128,10 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
           (accumulation_pinned && accumulation != pinned_accumulation)) {
         continue;
       }
+      // global / accumulation is exact: accumulation divides global (checked above).
       const double per_device =
-          static_cast<double>(global / accumulation) / static_cast<double>(devices);
+          static_cast<double>(global / accumulation) /  // NOLINT(bugprone-integer-division)
+          static_cast<double>(devices);
       if (per_device > limits.max_per_device_batch + 1e-12 ||
           (batch_pinned && std::abs(per_device - pinned_batch) > 1e-12)) {
         continue;
@@ -151,7 +153,7 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
       throw UserError(why.str());
     }
     if (!accumulation_pinned) {
-      searched_keys.push_back("gradient_accumulation_steps");
+      searched_keys.emplace_back("gradient_accumulation_steps");
     }
   } else if (batch_pinned) {
     add(pinned_batch, pinned_accumulation);
@@ -165,7 +167,7 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
          per_device *= 2) {
       add(per_device, pinned_accumulation);
     }
-    searched_keys.push_back("per_device_batch_size");
+    searched_keys.emplace_back("per_device_batch_size");
   }
   std::sort(choices.begin(), choices.end(),
             [](const BatchChoice& a, const BatchChoice& b) { return a.microbatch < b.microbatch; });
@@ -195,10 +197,11 @@ std::vector<RematChoice> remat_choices(const Config& config,
   const std::string policy = config.get_string("remat_policy");
   if (!pinned(config, "remat_policy")) {
     std::vector<RematChoice> choices;
+    choices.reserve(kNamedRematPolicies.size());
     for (const std::string& name : kNamedRematPolicies) {
       choices.push_back({name, {}});
     }
-    searched_keys.push_back("remat_policy");
+    searched_keys.emplace_back("remat_policy");
     return choices;
   }
   if (policy != "custom") {
@@ -350,7 +353,7 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
                                                     : kind};
   } else {
     space.attention_kinds = {"dot_product", "flash"};
-    keys.push_back("attention");
+    keys.emplace_back("attention");
   }
   const bool block_q_pinned = pinned(config, "sa_block_q");
   const bool block_kv_pinned = pinned(config, "sa_block_kv");
@@ -366,12 +369,12 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
   if (block_q_pinned) {
     block_q_values = {config.get_int("sa_block_q")};
   } else {
-    keys.push_back("sa_block_q");
+    keys.emplace_back("sa_block_q");
   }
   if (block_kv_pinned) {
     block_kv_values = {config.get_int("sa_block_kv")};
   } else {
-    keys.push_back("sa_block_kv");
+    keys.emplace_back("sa_block_kv");
   }
   for (const int64_t block_q : block_q_values) {
     for (const int64_t block_kv : block_kv_values) {
@@ -383,13 +386,13 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
     space.sparse_core_values = {config.get_string("sparse_core_collective_offload")};
   } else {
     space.sparse_core_values = {"off", "on"};
-    keys.push_back("sparse_core_collective_offload");
+    keys.emplace_back("sparse_core_collective_offload");
   }
   if (pinned(config, "collective_matmul")) {
     space.collective_matmul_values = {config.get_bool("collective_matmul")};
   } else {
     space.collective_matmul_values = {false, true};
-    keys.push_back("collective_matmul");
+    keys.emplace_back("collective_matmul");
   }
   space.placements = {placement_from_config(config)};
   if (!pinned(config, "mesh_placement_first")) {
@@ -402,7 +405,7 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
       }
     }
     if (space.placements.size() > 1) {
-      keys.push_back("mesh_placement_first");
+      keys.emplace_back("mesh_placement_first");
     }
   }
   return space;

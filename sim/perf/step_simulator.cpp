@@ -222,8 +222,7 @@ class Simulator {
         analysis_(analysis),
         region_ops_(analysis.region_ops),
         carry_source_(analysis.carry_source),
-        weight_only_(analysis.weight_only),
-        fused_(analysis.fused) {
+        weight_only_(analysis.weight_only) {
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     ready_.assign(tensors, 0.0);
@@ -550,7 +549,6 @@ class Simulator {
   const std::vector<std::vector<const Op*>>& region_ops_;  // by region, in program order
   const std::vector<TensorId>& carry_source_;              // by tensor id
   const std::vector<bool>& weight_only_;                   // by op id
-  const std::vector<bool>& fused_;                         // by op id
   std::vector<OpPlan> plans_;                              // by op id
   std::vector<double> ready_;                              // by tensor id
   std::vector<double> finish_not_before_;  // by tensor id: collective-matmul chunks arriving
