@@ -75,7 +75,8 @@ void print_human(const ExploreResult& result) {
   const SearchSpace& space = result.space;
   std::cout << "searched  " << space.size() << " candidates (" << space.meshes.size()
             << " meshes x " << space.batches.size() << " batches x " << space.remats.size()
-            << " remat x attention/perf variants) in " << std::fixed << std::setprecision(2)
+            << " remat x " << space.placements.size()
+            << " placements x attention/perf variants) in " << std::fixed << std::setprecision(2)
             << result.elapsed_s << " s on " << result.threads << " threads\n";
   std::cout << "evaluated " << result.candidates_evaluated << " (" << result.programs_built
             << " programs built)";
@@ -98,6 +99,11 @@ void print_human(const ExploreResult& result) {
               << std::setprecision(2) << ranked.hbm_peak_bytes_per_device / kGiB << " of "
               << ranked.hbm_capacity_bytes / kGiB << " GiB\n";
     std::cout << "    mesh " << ranked.estimate["mesh"].get<std::string>() << "\n";
+    std::cout << "    placement";
+    for (const auto& [axis, where] : ranked.estimate["mesh_placement"].items()) {
+      std::cout << " " << axis << ": " << where.get<std::string>() << ";";
+    }
+    std::cout << "\n";
     std::cout << "    breakdown";
     for (const auto& [key, value] : ranked.estimate["breakdown"].items()) {
       if (value.get<double>() > 0.005 * ranked.step_time_s) {
