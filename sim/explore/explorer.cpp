@@ -355,6 +355,9 @@ class MeshEvaluator {
       placed.push_back(std::move(candidate_mesh));
       placement_ids.push_back(static_cast<int>(choice));
     }
+    if (placed.empty()) {
+      return;  // no placement lays this mesh out: all counted as placement_impossible
+    }
     // Candidates below one (batch, remat) that are not duplicates.
     const int64_t per_remat = per_placement * static_cast<int64_t>(placed.size());
     const int64_t per_distinct_batch = per_remat * static_cast<int64_t>(space_.remats.size());
