@@ -166,6 +166,9 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
 std::vector<int> placement_from_config(const Config& config) {
   std::vector<int> axes;
   const std::string text = config.get_string("mesh_placement_first");
+  if (!text.empty() && text.back() == ',') {
+    throw UserError("mesh_placement_first: '" + text + "' ends with a comma");
+  }
   size_t begin = 0;
   while (begin < text.size()) {
     size_t end = text.find(',', begin);

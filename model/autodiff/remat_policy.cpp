@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/error.h"
 #include "model/config.h"
 
 namespace tpusim {
@@ -93,9 +94,15 @@ RematPolicy RematPolicy::from_config(const Config& config) {
         continue;
       }
       const std::string value = config.get_string(key);
-      named[key] = value == "device"    ? RematDecision::kDevice
-                   : value == "offload" ? RematDecision::kOffload
-                                        : RematDecision::kRemat;
+      if (value != "remat" && value != "device" && value != "offload") {
+        throw UserError(key + ": '" + value + "' is not remat, device or offload");
+      }
+      // The layer input is the argument of the checkpointed layer, which jax.checkpoint always
+      // keeps for the backward pass: "remat" of it keeps it on device.
+      const bool carry = key == "decoder_layer_input";
+      named[key] = value == "device" || (carry && value == "remat") ? RematDecision::kDevice
+                   : value == "offload"                             ? RematDecision::kOffload
+                                                                    : RematDecision::kRemat;
     }
   }
   // "full": only the carry, set above.

@@ -224,17 +224,23 @@ std::vector<RematChoice> remat_choices(const Config& config,
                     " free per-tensor keys is 3^" + std::to_string(free.size()) +
                     " policies; pin some of them (e.g. mlpwo=remat)");
   }
+  // The layer input is always kept (remat of it is device: model/autodiff/remat_policy.cpp), so
+  // only device and offload are distinct for it.
   static const std::vector<std::string> kDecisions = {"remat", "device", "offload"};
+  static const std::vector<std::string> kCarryDecisions = {"device", "offload"};
+  auto decisions_of = [](const std::string& name) -> const std::vector<std::string>& {
+    return name == "decoder_layer_input" ? kCarryDecisions : kDecisions;
+  };
   std::vector<RematChoice> choices;
   std::vector<size_t> digits(free.size(), 0);
   while (true) {
     RematChoice choice{"custom", fixed};
     for (size_t index = 0; index < free.size(); ++index) {
-      choice.tensors.emplace_back(free[index], kDecisions[digits[index]]);
+      choice.tensors.emplace_back(free[index], decisions_of(free[index])[digits[index]]);
     }
     choices.push_back(std::move(choice));
     size_t position = 0;
-    while (position < digits.size() && ++digits[position] == kDecisions.size()) {
+    while (position < digits.size() && ++digits[position] == decisions_of(free[position]).size()) {
       digits[position++] = 0;
     }
     if (position == digits.size()) {

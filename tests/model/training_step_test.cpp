@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "common/error.h"
 #include "model/config.h"
 #include "model/flops_maxtext.h"
 #include "model/ir/op_flops.h"
@@ -114,6 +115,22 @@ TEST(TrainingStep, RematPolicySavesWhatItNames) {
     host_loads += op.kind == OpKind::kHostLoad ? 1 : 0;
   }
   EXPECT_EQ(host_loads, 2);  // mlpwi_0 and the layer input
+}
+
+TEST(TrainingStep, CustomRematValuesAreCheckedAndTheLayerInputIsAlwaysKept) {
+  const auto step_text = [](const std::string& value) {
+    return build_training_step(Config::load("", {"model_name=tiny-llama", "remat_policy=custom",
+                                                 "decoder_layer_input=" + value}),
+                               2)
+        .graph.to_text();
+  };
+  // The layer input is the checkpointed layer's argument: "remat" of it keeps it, as "device".
+  EXPECT_EQ(step_text("remat"), step_text("device"));
+  EXPECT_NE(step_text("offload"), step_text("device"));
+  EXPECT_THROW(
+      build_training_step(
+          Config::load("", {"model_name=tiny-llama", "remat_policy=custom", "mlpwo=devcie"}), 2),
+      UserError);
 }
 
 TEST(TrainingStep, EveryParameterHasGradientAndAdamUpdate) {

@@ -142,7 +142,7 @@ TEST(DeviceMesh, PlacementKeyNamesBadAxes) {
   EXPECT_EQ(placement_from_config(Config::load("", {"mesh_placement_first=fsdp,tensor"})),
             (std::vector<int>{mesh_axis_index("fsdp"), mesh_axis_index("tensor")}));
   EXPECT_TRUE(placement_from_config(Config::load("", {})).empty());
-  for (const std::string bad : {"fsdb", "fsdp,fsdp", "fsdp,,tensor"}) {
+  for (const std::string bad : {"fsdb", "fsdp,fsdp", "fsdp,,tensor", "fsdp,"}) {
     try {
       placement_from_config(Config::load("", {"mesh_placement_first=" + bad}));
       ADD_FAILURE() << bad << " was accepted";
