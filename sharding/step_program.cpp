@@ -23,8 +23,8 @@ Slice slice_from_config(const Config& config) {
 StepProgram build_step_program(const Config& config) {
   StepProgram result;
   result.slice = slice_from_config(config);
-  result.mesh = place_mesh(resolve_mesh(config, result.slice), result.slice,
-                           placement_from_config(config));
+  result.mesh =
+      place_mesh(resolve_mesh(config, result.slice), result.slice, placement_from_config(config));
   // MaxText: a microbatch is per_device_batch_size x devices sequences; an optimizer step runs
   // gradient_accumulation_steps of them (pyconfig calculate_global_batch_sizes).
   const double per_device = config.get_float("per_device_batch_size");
@@ -36,6 +36,7 @@ StepProgram build_step_program(const Config& config) {
                     " devices is less than one sequence per step");
   }
   result.accumulation_steps = config.get_int("gradient_accumulation_steps");
+  result.attention_scores_in_hbm = config.get_string("attention") == "dot_product";
   result.global_batch = result.microbatch * result.accumulation_steps;
   result.step =
       std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));

@@ -31,6 +31,9 @@ struct StepProgram {
   int64_t global_batch = 0;    // sequences per optimizer step
   int64_t microbatch = 0;      // sequences per microbatch (the graph's batch)
   int64_t accumulation_steps = 1;
+  // attention=dot_product: each attention op materializes its [batch, heads, q, kv] scores in HBM
+  // (MaxText apply_attention_dot), which the memory model counts; flash tiles them in VMEM.
+  bool attention_scores_in_hbm = false;
 };
 
 // The slice a config names (compile_topology, compile_topology_num_slices; -1 = 1 slice).

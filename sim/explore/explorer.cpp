@@ -388,10 +388,26 @@ class MeshEvaluator {
       program.program = partition(*program.step, rules_, program.mesh);
       ++out.programs;
     };
-    std::vector<bool> fitted(remats, true);
+    // Memory depends on the attention kind too (dot_product materializes its scores), so fit is
+    // tracked per (remat, kind); a kind's candidates of one remat are that many per (batch).
+    const size_t kinds = space_.attention_kinds.size();
+    std::vector<int64_t> per_kind(kinds, 0);
+    for (const Variant& variant : variants_) {
+      per_kind[variant.kind] += static_cast<int64_t>(placed.size());
+    }
+    std::vector<std::vector<bool>> fitted(remats, std::vector<bool>(kinds, true));
+    auto any_fits = [](const std::vector<bool>& by_kind) {
+      return std::any_of(by_kind.begin(), by_kind.end(), [](bool fits) { return fits; });
+    };
+    // Prunes one remat's candidates at this batch: those of kinds that still fit for `reason`.
+    auto prune_remat = [&](size_t remat, const char* reason) {
+      for (size_t kind = 0; kind < kinds; ++kind) {
+        out.pruned[fitted[remat][kind] ? reason : kDoesNotFitHbm] += per_kind[kind];
+      }
+    };
     for (size_t at = 0; at < dividing.size(); ++at) {
       const size_t batch = dividing[at];
-      if (std::none_of(fitted.begin(), fitted.end(), [](bool fits) { return fits; })) {
+      if (std::none_of(fitted.begin(), fitted.end(), any_fits)) {
         // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
         out.pruned[kDoesNotFitHbm] +=
             static_cast<int64_t>(dividing.size() - at) * per_distinct_batch;
@@ -417,27 +433,28 @@ class MeshEvaluator {
         none = tensorcore_lower_bounds(program, contexts_, /*keep_forward_ops=*/true);
         if (best_possible(lowest(none->step)) < threshold_.get()) {
           for (size_t remat = 0; remat < remats; ++remat) {
-            out.pruned[fitted[remat] ? kCannotBeatTop : kDoesNotFitHbm] += per_remat;
+            prune_remat(remat, kCannotBeatTop);
           }
           continue;
         }
       }
       for (size_t remat = 0; remat < remats; ++remat) {
-        if (!fitted[remat]) {
+        if (!any_fits(fitted[remat])) {
           out.pruned[kDoesNotFitHbm] += per_remat;  // a smaller batch did not fit
           continue;
         }
         if (none.has_value() &&
             best_possible(lowest(remat_bounds(*none, steps_.recomputed(batch, remat),
                                               choice.accumulation_steps))) < threshold_.get()) {
-          out.pruned[kCannotBeatTop] += per_remat;
+          prune_remat(remat, kCannotBeatTop);
           continue;
         }
         build(batch, remat);
+        program.attention_scores_in_hbm = false;
         const MemoryEstimate memory = estimate_memory(program);
         const double usable = memory.capacity_bytes * (1 - options_.limits.min_hbm_headroom);
         out.capacity = usable;
-        out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);
+        out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);  // the least of kinds
         if (first_program) {
           first_program = false;
           const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
@@ -448,9 +465,23 @@ class MeshEvaluator {
             return;
           }
         }
-        if (memory.peak_bytes > usable) {
-          fitted[remat] = false;
-          out.pruned[kDoesNotFitHbm] += per_remat;
+        for (size_t kind = 0; kind < kinds; ++kind) {
+          if (!fitted[remat][kind]) {
+            out.pruned[kDoesNotFitHbm] += per_kind[kind];  // a smaller batch did not fit
+            continue;
+          }
+          double peak = memory.peak_bytes;
+          if (space_.attention_kinds[kind] == "dot_product") {
+            program.attention_scores_in_hbm = true;
+            peak = estimate_memory(program).peak_bytes;
+            program.attention_scores_in_hbm = false;
+          }
+          if (peak > usable) {
+            fitted[remat][kind] = false;
+            out.pruned[kDoesNotFitHbm] += per_kind[kind];
+          }
+        }
+        if (!any_fits(fitted[remat])) {
           continue;
         }
         const std::vector<double> context_bounds = tensorcore_lower_bounds(program, contexts_).step;
@@ -459,6 +490,9 @@ class MeshEvaluator {
           program.mesh = placed[which];
           for (size_t index = 0; index < variants_.size(); ++index) {
             const Variant& variant = variants_[index];
+            if (!fitted[remat][variant.kind]) {
+              continue;  // counted above
+            }
             if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
               out.pruned[kCannotBeatTop] += 1;
               continue;

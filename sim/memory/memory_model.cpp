@@ -236,8 +236,11 @@ class MemoryModel {
       for (const TensorId output : op.outputs) {
         add(output, gathers_weight, index);
       }
-      if (current.total() > peak.total()) {
+      // While the op runs: its live tensors plus its own scratch (dot_product scores).
+      const double scratch = attention_scores_bytes(op);
+      if (current.total() + scratch > peak.total()) {
         peak = current;
+        peak.other += scratch;
       }
       // Free what this op read for the last time (and outputs nobody reads), by tensor id.
       dead.clear();
@@ -266,6 +269,25 @@ class MemoryModel {
     }
     cached = peak;
     return peak;
+  }
+
+  // attention=dot_product: the scores an attention op (or its gradient) materializes.
+  double attention_scores_bytes(const Op& op) const {
+    if (!program_.attention_scores_in_hbm ||
+        (op.kind != OpKind::kAttention && op.kind != OpKind::kAttentionGrad)) {
+      return 0;
+    }
+    const bool gradient = op.kind == OpKind::kAttentionGrad;
+    const size_t first = gradient ? 1 : 0;  // the gradient's inputs start with dy
+    const Tensor& query = graph_.tensor(op.inputs[first]);
+    const Tensor& key = graph_.tensor(op.inputs[first + 1]);
+    const auto size_of = [](const Tensor& tensor, const char* name) {
+      const int dim = tensor.dim_index(name);
+      return dim < 0 ? 1.0 : static_cast<double>(tensor.dims[static_cast<size_t>(dim)].size);
+    };
+    const double elements = size_of(query, "batch") * size_of(query, "heads") *
+                            size_of(query, "length") * size_of(key, "length");
+    return elements * (gradient ? 2.0 : 1.0) * dtype_bytes(query.dtype);
   }
 
   static constexpr int kNoOp = -1;

@@ -8,7 +8,13 @@
 //   saved_activations  forward tensors kept for backward by the remat policy, from their forward
 //                      region to their backward region (offloaded ones live in host memory)
 //   gathered_weights   all-gathered (FSDP) weights, live from the gather to their last use
-//   temporaries        every other intermediate, live from its producer to its last use
+//   temporaries        every other intermediate, live from its producer to its last use; with
+//                      attention=dot_product also each attention op's scores while it runs:
+//                      batch x heads x q length x kv length local elements in the query's dtype,
+//                      one buffer forward and two backward (probabilities and their gradient).
+//                      That is a lower bound (an assumption, not measured: XLA may keep the
+//                      scores and their exponentials apart, and remat_policy=none would also
+//                      save the probabilities for backward, which is not counted).
 // A repeated region (scanned layers) is one iteration's program: saved activations and gradients
 // accumulate per iteration, temporaries do not. The peak is the largest total over the step's
 // checkpoints: the end of each forward region, the first and last iteration of each backward
@@ -36,7 +42,8 @@ struct MemoryBreakdown {
 
   // Host memory is not HBM: offloaded activations are reported beside, not in, the total.
   double total() const {
-    return weights + optimizer_state + gradients + saved_activations + gathered_weights + temporaries;
+    return weights + optimizer_state + gradients + saved_activations + gathered_weights +
+           temporaries;
   }
 };
 
@@ -49,9 +56,9 @@ struct MemoryCheckpoint {
 
 struct MemoryEstimate {
   std::vector<MemoryCheckpoint> timeline;  // every checkpoint, in step order
-  MemoryBreakdown at_peak;        // the categories at the peak
+  MemoryBreakdown at_peak;                 // the categories at the peak
   double peak_bytes = 0;
-  std::string peak_region;        // where the peak occurs, e.g. "layer/grad (first iteration)"
+  std::string peak_region;          // where the peak occurs, e.g. "layer/grad (first iteration)"
   double host_offloaded_bytes = 0;  // saved activations kept in host memory at the peak
   double capacity_bytes = 0;        // usable HBM per device (catalog hbm_usable_gib)
   bool fits = false;

@@ -203,6 +203,16 @@ TEST(Explorer, BestEqualsBruteForceOverPlacementsOnV7x) {
       {.global_batch_size = 16, .max_accumulation_steps = 1});
 }
 
+TEST(Explorer, BestEqualsBruteForceWhenDotProductScoresDoNotFit) {
+  // llama2-7b at 8192 tokens on v5p-8: at 8 sequences per device the dot_product scores no
+  // longer fit while flash still does, so fit is decided per attention kind.
+  expect_explorer_matches_brute_force(
+      {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=8192",
+       "remat_policy=full", "sa_block_q=512", "sa_block_kv=512", "collective_matmul=true",
+       "sparse_core_collective_offload=off"},
+      {.global_batch_size = 32, .max_accumulation_steps = 4});
+}
+
 TEST(Explorer, PlacementChoicesLayTheMeshDifferently) {
   const Config config =
       Config::load("", {"model_name=tiny-llama", "compile_topology=tpu7x-16",

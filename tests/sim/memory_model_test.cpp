@@ -120,5 +120,21 @@ TEST(MemoryModel, PeakIsTheSumOfItsCategories) {
   EXPECT_FALSE(memory.peak_region.empty());
 }
 
+TEST(MemoryModel, DotProductAttentionCountsItsScores) {
+  // llama2-7b, 8192 tokens, 2 sequences per device on v5p-8 (fsdp=4): one attention op's scores
+  // are 2 x 32 heads x 8192 x 8192 bf16 = 8 GiB; backward holds two such buffers. flash holds none.
+  const auto peak = [](const std::string& attention) {
+    return estimate_memory(
+               build_step_program(Config::load(
+                   "", {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=8192",
+                        "per_device_batch_size=2", "remat_policy=full", "attention=" + attention})))
+        .peak_bytes;
+  };
+  const double scores = 2.0 * 32 * 8192 * 8192 * 2;
+  const double extra = peak("dot_product") - peak("flash");
+  EXPECT_GE(extra, scores);
+  EXPECT_LE(extra, 2 * scores);
+}
+
 }  // namespace
 }  // namespace tpusim
