@@ -75,10 +75,10 @@ OpCost finish(OpCost cost, const CostContext& context) {
 // grouped matmul), lhs and output only (rows), rhs and output only (cols), or both operands only
 // (contracted). Each size is the product of its dims taken in name order.
 struct EinsumShape {
-  double loops = 1;  // batch
-  double m = 1;      // rows
-  double k = 1;      // contracted
-  double n = 1;      // cols
+  double loops = 1;           // batch
+  double m = 1;               // rows
+  double k = 1;               // contracted
+  double n = 1;               // cols
   char expert_tokens_in = 0;  // 'm', 'k' or 'n': where a dropless grouped matmul's token dim is
 };
 

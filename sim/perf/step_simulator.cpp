@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <optional>
 
 #include "model/config.h"
 #include "sharding/partitioner.h"
@@ -197,6 +198,49 @@ struct StepSimulator::Analysis {
     return found->cost[id];
   }
 
+  // Before a run on `mesh`: the cached collective times stay valid only on the same placement.
+  void use_mesh(const Graph& graph, const DeviceMesh& mesh) {
+    if (!collective_mesh.has_value() || !same_mesh(*collective_mesh, mesh)) {
+      collective_mesh = mesh;
+      collective_times.assign(graph.ops().size(), CollectiveTime{});
+      collective_known.assign(graph.ops().size(), false);
+    }
+  }
+
+  // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
+  const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
+                                   const Slice& slice) {
+    const auto id = static_cast<size_t>(op.id);
+    if (!collective_known[id]) {
+      const double bytes = static_cast<double>(collective_bytes(graph, op));
+      collective_times[id] = collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice);
+      collective_known[id] = true;
+    }
+    return collective_times[id];
+  }
+
+  static bool same_mesh(const DeviceMesh& a, const DeviceMesh& b) {
+    if (a.shape.ici != b.shape.ici || a.shape.dcn != b.shape.dcn ||
+        a.axes.size() != b.axes.size()) {
+      return false;
+    }
+    for (size_t axis = 0; axis < a.axes.size(); ++axis) {
+      const std::vector<PhysicalPortion>& left = a.axes[axis].portions;
+      const std::vector<PhysicalPortion>& right = b.axes[axis].portions;
+      if (a.axes[axis].split != b.axes[axis].split || left.size() != right.size()) {
+        return false;
+      }
+      for (size_t portion = 0; portion < left.size(); ++portion) {
+        if (left[portion].physical_axis != right[portion].physical_axis ||
+            left[portion].size != right[portion].size ||
+            left[portion].whole_axis != right[portion].whole_axis) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
   struct ContextCosts {
     CostContext context;
     std::vector<OpCost> cost;  // by op id
@@ -207,6 +251,14 @@ struct StepSimulator::Analysis {
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::vector<ContextCosts> costs;
+  std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
+  std::vector<CollectiveTime> collective_times;
+  std::vector<bool> collective_known;
+  // A run's working state, kept between runs so that its storage is reused.
+  std::vector<double> ready;                       // by tensor id
+  std::vector<double> finish_not_before;           // by tensor id
+  std::vector<std::pair<double, double>> op_span;  // by op id
+  std::array<Timeline, kResources> timelines;
 };
 
 namespace {
@@ -222,7 +274,15 @@ class Simulator {
         analysis_(analysis),
         region_ops_(analysis.region_ops),
         carry_source_(analysis.carry_source),
-        weight_only_(analysis.weight_only) {
+        weight_only_(analysis.weight_only),
+        ready_(analysis.ready),
+        finish_not_before_(analysis.finish_not_before),
+        op_span_(analysis.op_span),
+        timelines_(analysis.timelines) {
+    for (Timeline& resource : timelines_) {
+      resource.clear();
+    }
+    analysis.use_mesh(graph_, program.mesh);
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     ready_.assign(tensors, 0.0);
@@ -304,9 +364,7 @@ class Simulator {
       }
     }
     if (is_collective(op.kind)) {
-      const double bytes = static_cast<double>(collective_bytes(graph_, op));
-      const CollectiveTime time =
-          collective_time(op.kind, bytes, op.attrs.mesh_axes, program_.mesh, program_.slice);
+      const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
       const bool gradient_across_slices =
           time.dcn_seconds > 0 && op.phase == Phase::kBackward &&
@@ -550,9 +608,9 @@ class Simulator {
   const std::vector<TensorId>& carry_source_;              // by tensor id
   const std::vector<bool>& weight_only_;                   // by op id
   std::vector<OpPlan> plans_;                              // by op id
-  std::vector<double> ready_;                              // by tensor id
-  std::vector<double> finish_not_before_;  // by tensor id: collective-matmul chunks arriving
-  std::vector<std::pair<double, double>> op_span_;  // by op id: (start, end), latest iteration
+  std::vector<double>& ready_;                             // by tensor id
+  std::vector<double>& finish_not_before_;  // by tensor id: collective-matmul chunks arriving
+  std::vector<std::pair<double, double>>& op_span_;  // by op id: (start, end), latest iteration
   // With record_details: labels, and each compute op's TensorCore seconds and calls.
   LabelTable labels_;
   int idle_label_ = -1;
@@ -560,7 +618,7 @@ class Simulator {
   std::vector<double> profile_calls_;
   std::vector<bool> profiled_;
   Accounting microbatch_accounting_;
-  std::array<Timeline, kResources> timelines_;
+  std::array<Timeline, kResources>& timelines_;
   double tensorcore_free_ = 0;
   double last_event_end_ = 0;
   double prefetch_from_ = 0;

@@ -1,6 +1,7 @@
 #include "sim/perf/timeline.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace tpusim {
 
@@ -21,8 +22,28 @@ double Timeline::place(double ready, double duration) {
     }
     start = std::max(start, busy_end);
   }
+  // A booking of positive length that touches positive-length neighbours is merged with them
+  // (back-to-back transfers keep the list short). For bookings of positive length only the union
+  // of those intervals matters; zero-length ones, which can hold a later op at their instant,
+  // stay apart.
   const std::pair<double, double> booked{start, start + duration};
-  busy_.insert(std::upper_bound(busy_.begin(), busy_.end(), booked), booked);
+  auto at = std::upper_bound(busy_.begin(), busy_.end(), booked);
+  const bool mergeable = duration > 0;
+  const bool joins_previous = mergeable && at != busy_.begin() &&
+                              std::prev(at)->second == booked.first &&
+                              std::prev(at)->first < std::prev(at)->second;
+  const bool joins_next =
+      mergeable && at != busy_.end() && at->first == booked.second && at->first < at->second;
+  if (joins_previous && joins_next) {
+    std::prev(at)->second = at->second;
+    busy_.erase(at);
+  } else if (joins_previous) {
+    std::prev(at)->second = booked.second;
+  } else if (joins_next) {
+    at->first = booked.first;
+  } else {
+    busy_.insert(at, booked);
+  }
   return start;
 }
 

@@ -30,6 +30,9 @@ class Timeline {
   // Moves every busy interval by `delta` seconds.
   void shift(double delta);
 
+  // Forgets every booking (keeps the storage).
+  void clear() { busy_.clear(); }
+
  private:
   std::vector<std::pair<double, double>> busy_;  // [start, end), sorted by (start, end)
 };
