@@ -160,13 +160,14 @@ def phase_table():
 # Hand-measured sections (one-off comparisons against an older build) that a regeneration keeps:
 # everything from this heading to the end of the file.
 KEPT_HEADING = "## Speed-up of the estimate phases"
+EXPLORE_KEPT_HEADING = "## Earlier runs (kept)"
 
 
-def kept_sections(path):
+def kept_sections(path, heading=KEPT_HEADING):
     if not path.exists():
         return ""
     text = path.read_text()
-    start = text.find(KEPT_HEADING)
+    start = text.find(heading)
     return "" if start < 0 else "\n" + text[start:]
 
 
@@ -325,7 +326,8 @@ def explore():
                      f"`{found}` |")
     lines += ["", f"Rows where the explorer's best is predicted slower than the published "
               f"configuration: {worse} of {len(rows)}."]
-    write_atomically(ROOT / "reports/explore.md", "\n".join(lines) + "\n")
+    path = ROOT / "reports/explore.md"
+    write_atomically(path, "\n".join(lines) + "\n" + kept_sections(path, EXPLORE_KEPT_HEADING))
     print("wrote reports/explore.md")
 
 
