@@ -163,6 +163,27 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
   return mesh;
 }
 
+bool same_layout(const DeviceMesh& a, const DeviceMesh& b) {
+  if (a.shape.ici != b.shape.ici || a.shape.dcn != b.shape.dcn || a.axes.size() != b.axes.size()) {
+    return false;
+  }
+  for (size_t axis = 0; axis < a.axes.size(); ++axis) {
+    const std::vector<PhysicalPortion>& left = a.axes[axis].portions;
+    const std::vector<PhysicalPortion>& right = b.axes[axis].portions;
+    if (a.axes[axis].split != b.axes[axis].split || left.size() != right.size()) {
+      return false;
+    }
+    for (size_t portion = 0; portion < left.size(); ++portion) {
+      if (left[portion].physical_axis != right[portion].physical_axis ||
+          left[portion].size != right[portion].size ||
+          left[portion].whole_axis != right[portion].whole_axis) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 std::vector<int> placement_from_config(const Config& config) {
   std::vector<int> axes;
   const std::string text = config.get_string("mesh_placement_first");

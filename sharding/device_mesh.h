@@ -57,6 +57,10 @@ struct DeviceMesh {
 DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
                       const std::vector<int>& placed_first = {});
 
+// True when both meshes have the same shape and lay every mesh axis onto the same physical
+// portions (so every collective costs the same on both).
+bool same_layout(const DeviceMesh& a, const DeviceMesh& b);
+
 // The axes of the config's mesh_placement_first ("fsdp,tensor" -> {fsdp, tensor}); UserError
 // naming the key for an unknown or repeated axis.
 std::vector<int> placement_from_config(const Config& config);

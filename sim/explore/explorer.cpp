@@ -257,25 +257,6 @@ struct WorkerResult {
   }
 };
 
-// True when both meshes lay every mesh axis onto the same physical portions.
-bool same_placement(const DeviceMesh& a, const DeviceMesh& b) {
-  for (size_t axis = 0; axis < a.axes.size(); ++axis) {
-    const std::vector<PhysicalPortion>& left = a.axes[axis].portions;
-    const std::vector<PhysicalPortion>& right = b.axes[axis].portions;
-    if (left.size() != right.size()) {
-      return false;
-    }
-    for (size_t portion = 0; portion < left.size(); ++portion) {
-      if (left[portion].physical_axis != right[portion].physical_axis ||
-          left[portion].size != right[portion].size ||
-          left[portion].whole_axis != right[portion].whole_axis) {
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 // Evaluates every candidate of one mesh into `out`.
 class MeshEvaluator {
  public:
@@ -349,7 +330,7 @@ class MeshEvaluator {
         }
       }
       if (trivial || std::any_of(placed.begin(), placed.end(), [&](const DeviceMesh& other) {
-            return same_placement(other, candidate_mesh);
+            return same_layout(other, candidate_mesh);
           })) {
         out.pruned[kSamePlacement] += static_cast<int64_t>(dividing.size()) *
                                       static_cast<int64_t>(space_.remats.size()) * per_placement;

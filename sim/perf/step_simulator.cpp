@@ -200,7 +200,7 @@ struct StepSimulator::Analysis {
 
   // Before a run on `mesh`: the cached collective times stay valid only on the same placement.
   void use_mesh(const Graph& graph, const DeviceMesh& mesh) {
-    if (!collective_mesh.has_value() || !same_mesh(*collective_mesh, mesh)) {
+    if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh)) {
       collective_mesh = mesh;
       collective_times.assign(graph.ops().size(), CollectiveTime{});
       collective_known.assign(graph.ops().size(), false);
@@ -217,28 +217,6 @@ struct StepSimulator::Analysis {
       collective_known[id] = true;
     }
     return collective_times[id];
-  }
-
-  static bool same_mesh(const DeviceMesh& a, const DeviceMesh& b) {
-    if (a.shape.ici != b.shape.ici || a.shape.dcn != b.shape.dcn ||
-        a.axes.size() != b.axes.size()) {
-      return false;
-    }
-    for (size_t axis = 0; axis < a.axes.size(); ++axis) {
-      const std::vector<PhysicalPortion>& left = a.axes[axis].portions;
-      const std::vector<PhysicalPortion>& right = b.axes[axis].portions;
-      if (a.axes[axis].split != b.axes[axis].split || left.size() != right.size()) {
-        return false;
-      }
-      for (size_t portion = 0; portion < left.size(); ++portion) {
-        if (left[portion].physical_axis != right[portion].physical_axis ||
-            left[portion].size != right[portion].size ||
-            left[portion].whole_axis != right[portion].whole_axis) {
-          return false;
-        }
-      }
-    }
-    return true;
   }
 
   struct ContextCosts {
