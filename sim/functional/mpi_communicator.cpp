@@ -135,6 +135,43 @@ void check(int code, const std::string& what) {
   }
 }
 
+// The requests of one exchange and the rank each waits on.
+struct Posted {
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+};
+
+// Posts, under the MPI lock, a receive into messages.receive[i] and then a send of
+// messages.send[i] for every rank ranks[i] other than `self` whose buffer is not empty; adds the
+// bytes and messages sent to `bytes` and `sent`.
+Posted post_exchange(MpiTransport& transport, const std::vector<int>& ranks, int self,
+                     Messages& messages, int message_tag, const std::string& what, double& bytes,
+                     int64_t& sent) {
+  Posted posted;
+  const std::lock_guard lock(transport.mpi_mutex());
+  for (const bool receive : {true, false}) {
+    for (size_t index = 0; index < ranks.size(); ++index) {
+      std::vector<float>& buffer = receive ? messages.receive[index] : messages.send[index];
+      if (ranks[index] == self || buffer.empty()) {
+        continue;
+      }
+      posted.requests.push_back(MPI_REQUEST_NULL);
+      posted.peers.push_back(ranks[index]);
+      const int count = static_cast<int>(buffer.size());
+      check(receive ? MPI_Irecv(buffer.data(), count, MPI_FLOAT, ranks[index], message_tag,
+                                transport.collective_comm(), &posted.requests.back())
+                    : MPI_Isend(buffer.data(), count, MPI_FLOAT, ranks[index], message_tag,
+                                transport.collective_comm(), &posted.requests.back()),
+            what);
+      if (!receive) {
+        bytes += static_cast<double>(buffer.size() * sizeof(float));
+        ++sent;
+      }
+    }
+  }
+  return posted;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MpiTransport& transport,
@@ -398,8 +435,6 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
   auto messages = std::make_shared<Messages>();
   messages->send.resize(meeting.ranks.size());
   messages->receive.resize(meeting.ranks.size());
-  std::vector<MPI_Request> requests;
-  std::vector<int> peers;
   double bytes = 0;
   int64_t sent = 0;
   for (size_t index = 0; index < meeting.ranks.size(); ++index) {
@@ -427,37 +462,11 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
     }
     messages->receive[index].resize(static_cast<size_t>(expected));
   }
-  {
-    const std::lock_guard lock(transport_.mpi_mutex());
-    const int message_tag = tag(op, meeting, 0);
-    for (size_t index = 0; index < meeting.ranks.size(); ++index) {
-      const int peer = meeting.ranks[index];
-      std::vector<float>& in = messages->receive[index];
-      if (peer != rank_ && !in.empty()) {
-        requests.push_back(MPI_REQUEST_NULL);
-        peers.push_back(peer);
-        check(MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, peer, message_tag,
-                        transport_.collective_comm(), &requests.back()),
-              meeting.what);
-      }
-    }
-    for (size_t index = 0; index < meeting.ranks.size(); ++index) {
-      const int peer = meeting.ranks[index];
-      std::vector<float>& out = messages->send[index];
-      if (peer != rank_ && !out.empty()) {
-        requests.push_back(MPI_REQUEST_NULL);
-        peers.push_back(peer);
-        check(MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, peer, message_tag,
-                        transport_.collective_comm(), &requests.back()),
-              meeting.what);
-        bytes += static_cast<double>(out.size() * sizeof(float));
-        ++sent;
-      }
-    }
-  }
+  Posted posted = post_exchange(transport_, meeting.ranks, rank_, *messages, tag(op, meeting, 0),
+                                meeting.what, bytes, sent);
   leave_slot();
   try {
-    transport_.wait_all(requests, peers, timeout_, meeting.what, messages);
+    transport_.wait_all(posted.requests, posted.peers, timeout_, meeting.what, messages);
   } catch (...) {
     reenter_slot();
     throw;
@@ -521,38 +530,13 @@ void MpiCommunicator::all_reduce_by_chunks(const Graph& graph, const Op& op, Mee
   double bytes = 0;
   int64_t sent = 0;
   const auto post = [&](int phase) {
-    std::vector<MPI_Request> requests;
-    std::vector<int> peers;
-    const std::lock_guard lock(transport_.mpi_mutex());
-    const int message_tag = tag(op, meeting, phase);
-    for (size_t index = 0; index < meeting.ranks.size(); ++index) {
-      std::vector<float>& in = messages->receive[index];
-      if (index != mine && !in.empty()) {
-        requests.push_back(MPI_REQUEST_NULL);
-        peers.push_back(meeting.ranks[index]);
-        check(MPI_Irecv(in.data(), static_cast<int>(in.size()), MPI_FLOAT, meeting.ranks[index],
-                        message_tag, transport_.collective_comm(), &requests.back()),
-              meeting.what);
-      }
-    }
-    for (size_t index = 0; index < meeting.ranks.size(); ++index) {
-      std::vector<float>& out = messages->send[index];
-      if (index != mine && !out.empty()) {
-        requests.push_back(MPI_REQUEST_NULL);
-        peers.push_back(meeting.ranks[index]);
-        check(MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_FLOAT, meeting.ranks[index],
-                        message_tag, transport_.collective_comm(), &requests.back()),
-              meeting.what);
-        bytes += static_cast<double>(out.size() * sizeof(float));
-        ++sent;
-      }
-    }
-    return std::make_pair(std::move(requests), std::move(peers));
+    return post_exchange(transport_, meeting.ranks, rank_, *messages, tag(op, meeting, phase),
+                         meeting.what, bytes, sent);
   };
-  const auto wait = [&](std::pair<std::vector<MPI_Request>, std::vector<int>>& posted) {
+  const auto wait = [&](Posted& posted) {
     leave_slot();
     try {
-      transport_.wait_all(posted.first, posted.second, timeout_, meeting.what, messages);
+      transport_.wait_all(posted.requests, posted.peers, timeout_, meeting.what, messages);
     } catch (...) {
       reenter_slot();
       throw;
