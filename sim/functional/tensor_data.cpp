@@ -1,5 +1,6 @@
 #include "sim/functional/tensor_data.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace tpusim {
@@ -32,6 +33,17 @@ int64_t TensorData::offset(const std::vector<int64_t>& index) const {
     flat = flat * shape[axis] + index[axis];
   }
   return flat;
+}
+
+double relative_l2(const std::vector<float>& actual, const std::vector<float>& reference) {
+  double difference = 0;
+  double norm = 0;
+  for (size_t index = 0; index < actual.size(); ++index) {
+    const double delta = static_cast<double>(actual[index]) - reference[index];
+    difference += delta * delta;
+    norm += static_cast<double>(reference[index]) * reference[index];
+  }
+  return norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
 }
 
 }  // namespace tpusim

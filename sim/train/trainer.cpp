@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "sim/functional/in_process_communicator.h"
+#include "sim/functional/tensor_data.h"
 
 namespace tpusim {
 namespace {
@@ -48,14 +49,7 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
     if (found == b.end() || found->second.size() != values.size()) {
       throw std::logic_error("verify: the reference has no matching '" + name + "'");
     }
-    double difference = 0;
-    double norm = 0;
-    for (size_t index = 0; index < values.size(); ++index) {
-      const double delta = static_cast<double>(values[index]) - found->second[index];
-      difference += delta * delta;
-      norm += static_cast<double>(found->second[index]) * found->second[index];
-    }
-    const double relative = norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
+    const double relative = relative_l2(values, found->second);
     if (std::getenv("TPUSIM_VERIFY_DETAIL") != nullptr) {
       std::cerr << "  verify " << name << " rel-L2 " << relative << "\n";
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/functional/tensor_data.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
 #include "sim/train/trainer.h"
@@ -49,14 +50,7 @@ double worst_relative_difference(const GlobalArrays& actual, const GlobalArrays&
       ADD_FAILURE() << "no matching '" << name << "' in the expected arrays";
       continue;
     }
-    double difference = 0;
-    double norm = 0;
-    for (size_t index = 0; index < values.size(); ++index) {
-      const double delta = static_cast<double>(values[index]) - found->second[index];
-      difference += delta * delta;
-      norm += static_cast<double>(found->second[index]) * found->second[index];
-    }
-    const double relative = norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
+    const double relative = relative_l2(values, found->second);
     if (relative >= largest) {
       largest = relative;
       if (worst != nullptr) {
