@@ -32,7 +32,6 @@ namespace {
 constexpr const char* kExploreOrigin = "explore";
 constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
 constexpr const char* kSamePlacement = "same_placement";
-constexpr const char* kPlacementImpossible = "placement_impossible";
 constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
 constexpr const char* kDoesNotFitHbm = "does_not_fit_hbm";
 constexpr const char* kCannotBeatTop = "cannot_beat_top";
@@ -319,15 +318,7 @@ class MeshEvaluator {
                              return mesh.ici[static_cast<size_t>(axis)] == 1;
                            });
       if (!trivial) {
-        try {
-          candidate_mesh = place_mesh(mesh, space_.slice, first);
-        } catch (const UserError&) {
-          // Placed in this order, an axis finds no free physical positions of its size.
-          out.pruned[kPlacementImpossible] += static_cast<int64_t>(dividing.size()) *
-                                              static_cast<int64_t>(space_.remats.size()) *
-                                              per_placement;
-          continue;
-        }
+        candidate_mesh = place_mesh(mesh, space_.slice, first);
       }
       if (trivial || std::any_of(placed.begin(), placed.end(), [&](const DeviceMesh& other) {
             return same_layout(other, candidate_mesh);
@@ -338,9 +329,6 @@ class MeshEvaluator {
       }
       placed.push_back(std::move(candidate_mesh));
       placement_ids.push_back(static_cast<int>(choice));
-    }
-    if (placed.empty()) {
-      return;  // no placement lays this mesh out: all counted as placement_impossible
     }
     // Candidates below one (batch, remat) that are not duplicates.
     const int64_t per_remat = per_placement * static_cast<int64_t>(placed.size());
@@ -574,9 +562,8 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 const std::vector<std::string>& prune_reasons() {
-  static const std::vector<std::string> reasons = {kAxisDoesNotDivide,   kSamePlacement,
-                                                   kPlacementImpossible, kWeightsExceedHbm,
-                                                   kDoesNotFitHbm,       kCannotBeatTop};
+  static const std::vector<std::string> reasons = {
+      kAxisDoesNotDivide, kSamePlacement, kWeightsExceedHbm, kDoesNotFitHbm, kCannotBeatTop};
   return reasons;
 }
 

@@ -7,7 +7,6 @@
 //     unevenly (JAX requires jit arguments to divide evenly), checked before any program is built;
 //   - same_placement: a placement choice (mesh_placement_first) that lays the mesh's axes onto
 //     exactly the physical portions an earlier choice does, or names an axis of size 1 there;
-//   - placement_impossible: a placement choice under which an axis finds no free positions;
 //   - weights_exceed_hbm: the mesh's weights and optimizer state alone exceed HBM (read from the
 //     memory model of the mesh's first program; they do not depend on batch or remat);
 //   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit);
