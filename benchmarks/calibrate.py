@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Sweeps one hardware-catalog parameter (the same value on every chip) and reports how well
-`tpusim validate` fits shared/calibration/published.csv at each value.
+`tpusim validate` fits validation/published.csv at each value.
 
 Usage: python3 benchmarks/calibrate.py [--key program_efficiency] [--values 0.80,0.82,...]
-           [--binary build/sim/tpusim] [--csv ../shared/calibration/published.csv]
+           [--binary build/sim/tpusim] [--csv validation/published.csv]
 Prints one line per value: median, mean and max absolute step-time error, and the sum of squared
 log errors (what a least-squares fit minimizes). Nothing is written to the catalog: copy the
 chosen value into configs/hw/*.yml by hand, with its note.
@@ -27,7 +27,7 @@ def main():
     parser.add_argument("--key", default="program_efficiency")
     parser.add_argument("--values", default="0.80,0.82,0.84,0.85,0.86,0.88,0.90")
     parser.add_argument("--binary", default=str(ROOT / "build/sim/tpusim"))
-    parser.add_argument("--csv", default=str(ROOT.parent / "shared/calibration/published.csv"))
+    parser.add_argument("--csv", default=str(ROOT / "validation/published.csv"))
     args = parser.parse_args()
     pattern = re.compile(r"^(\s*" + re.escape(args.key) + r":\s*\{value:\s*)([^,]+)(,.*)$", re.M)
     print(f"{args.key:>22} {'median':>8} {'mean':>8} {'max':>8} {'sum log^2':>10}")

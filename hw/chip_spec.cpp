@@ -184,7 +184,10 @@ std::vector<int> parse_shape_text(std::string_view text, std::string_view what) 
 std::string shape_to_text(const std::vector<int>& dims) {
   std::string text;
   for (size_t index = 0; index < dims.size(); ++index) {
-    text += (index == 0 ? "" : "x") + std::to_string(dims[index]);
+    if (index > 0) {
+      text += 'x';
+    }
+    text += std::to_string(dims[index]);
   }
   return text;
 }

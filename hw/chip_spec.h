@@ -1,7 +1,7 @@
 // hw/chip_spec.h: one TPU generation's numbers, loaded from configs/hw/<name>.yml.
 //
 // Every number in the catalog carries its provenance: a `source:` citing
-// shared/reference/tpu_hardware.md (or a derivation from cited numbers) or an `assumption:` saying
+// docs/reference/hardware.md (or a derivation from cited numbers) or an `assumption:` saying
 // why the value was chosen. The loader rejects a number without one. Calibrated efficiency and
 // latency parameters live here too, never in code.
 //
@@ -22,7 +22,7 @@
 namespace tpusim {
 
 // How a slice name's number counts: v4-128/v5p-128/tpu7x-128 count TensorCores, v5e-256/v6e-256
-// count chips (shared/reference/maxtext.md §0).
+// count chips (docs/reference/maxtext.md §0).
 enum class SliceNameUnit { kTensorCores, kChips };
 
 // Which physical shapes a generation's slices take.

@@ -1,7 +1,7 @@
 // hw/slice.h: slice names as MaxText and Cloud TPU use them -> the physical slice.
 //
 // v4, v5p and tpu7x names count TensorCores, v5e and v6e names count chips
-// (shared/reference/maxtext.md §0); an explicit shape "<chip>:<AxBxC>" is accepted too:
+// (docs/reference/maxtext.md §0); an explicit shape "<chip>:<AxBxC>" is accepted too:
 //   parse_slice("v5p-128")    -> v5p, 4x4x4 = 64 chips = 64 devices (megacore), wraps on all axes
 //   parse_slice("tpu7x-128")  -> v7x, 4x4x4 = 64 chips = 128 devices (2 chiplets per chip)
 //   parse_slice("v6e-256")    -> v6e, 16x16 = 256 chips, both axes wrap

@@ -5,7 +5,7 @@
 // (wraparound only where the generation's rule allows it), D2D links between the two chiplets of a
 // v7x chip, PCIe links from each chip to its host, and DCN links from each host to the fabric.
 //
-// v7x assumption (shared/reference/tpu_hardware.md §5.5: the split of ICI ports between the two
+// v7x assumption (docs/reference/hardware.md §5.5: the split of ICI ports between the two
 // chiplets is not public): the chip is one torus node; each ICI link is drawn as two edges, one
 // between the chiplet-0 vertices and one between the chiplet-1 vertices of neighbouring chips,
 // each carrying half of the link's bandwidth, so per-chip bandwidth and bisection are unchanged.
@@ -57,7 +57,7 @@ struct AxisBandwidth {
   double link_bandwidth_uni_bytes_per_s = 0;
   // Per-device egress a ring collective along this axis can use: both directions (2 x link) when
   // the axis wraps; one direction when it does not (the far edge needs size-1 hops, so an open
-  // line is up to 2x slower, shared/reference/tpu_hardware.md §2).
+  // line is up to 2x slower, docs/reference/hardware.md §2).
   double ring_bandwidth_bytes_per_s = 0;
   int max_hops = 0;  // farthest neighbour along the axis: size/2 with wrap, size-1 without
 };

@@ -11,7 +11,7 @@
 // count 4.B.(S.W - W^2/2).H.h. MoE layers count the router and the top-k (plus shared) experts
 // only: a dropless assumption that ignores capacity_factor. Remat recompute, the optimizer and
 // elementwise ops are not counted: these are model FLOPs, not the FLOPs the hardware executes.
-// Term by term: shared/reference/maxtext.md §2.
+// Term by term: docs/reference/maxtext.md §2.
 //
 // maxtext_2023_flops_per_device() is the convention behind MaxText's 2023 README tables (v4, v5e,
 // v5p): 6.N.B.S with N = every parameter (2023a, until 2023-06), plus non-causal attention

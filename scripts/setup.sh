@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tpusim needs from Debian's packages, only what is missing (quick when all present).
 # Usage (as root): bash scripts/setup.sh [--with-reference]
-#   --with-reference  also installs python3-torch, the independent numerical reference of the tests.
+#   --with-reference  also installs python3-torch (with OpenBLAS), the independent numerical
+#                     reference of the tests.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
@@ -9,7 +10,7 @@ packages=(build-essential cmake ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
           libsentencepiece-dev sentencepiece libgoogle-perftools-dev)
 if [[ "${1:-}" == "--with-reference" ]]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy libopenblas0)
 fi
 
 missing=()

@@ -59,8 +59,19 @@ class AxisList {
     }
   }
   void clear() { size_ = 0; }
-  // Mesh order (major to minor), so equal splits compare equal.
-  void sort() { std::sort(begin(), end()); }
+  // Mesh order (major to minor), so equal splits compare equal. Insertion sort: a list holds at
+  // most kCapacity axes, and unlike std::sort's heap fallback it lets GCC 12 at -O3 see that no
+  // index passes size_ (its -Warray-bounds otherwise flags the unreachable heap path).
+  void sort() {
+    for (size_t index = 1; index < size_; ++index) {
+      const uint8_t axis = axes_[index];
+      size_t hole = index;
+      for (; hole > 0 && axes_[hole - 1] > axis; --hole) {
+        axes_[hole] = axes_[hole - 1];
+      }
+      axes_[hole] = axis;
+    }
+  }
 
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }

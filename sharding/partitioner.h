@@ -20,8 +20,11 @@
 // whole buffers, as XLA allocates them.
 // The same program is read by the performance model and the functional engine.
 //
-// Example:
-//   PartitionedProgram program = partition(step, config, parse_slice("v5p-128"));
+// Example (sharding/step_program.h builds the step and the mesh from a config this way):
+//   const Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-128"});
+//   const StepProgram built = build_step_program(config);
+//   PartitionedProgram program =
+//       partition(*built.step, LogicalAxisRules::from_config(config), built.mesh);
 //   program.graph.to_text();  // ... all_gather layer/mlp/wi_0/gathered[embed:4096,mlp:14336] over
 //   {fsdp}
 #pragma once
@@ -57,7 +60,7 @@ PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& r
                              const DeviceMesh& mesh);
 
 // Bytes a collective op is charged for: the per-device array it gathers into, reduces, or
-// exchanges (V in shared/reference/tpu_hardware.md §2). 0 for non-collectives.
+// exchanges (V in docs/reference/hardware.md §2). 0 for non-collectives.
 int64_t collective_bytes(const Graph& graph, const Op& op);
 
 }  // namespace tpusim

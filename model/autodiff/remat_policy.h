@@ -6,7 +6,7 @@
 // moe_mlpwo, mla_q, mla_kv, decoder_layer_input) is kept on device, offloaded to host memory, or
 // rematerialized (recomputed in backward) according to the policy; unnamed tensors are always
 // recomputed unless the policy is "none". Outside the layers (embedding, head) nothing is
-// rematerialized. Meanings follow shared/reference/maxtext.md §3 (remat_policy).
+// rematerialized. Meanings follow docs/reference/maxtext.md §3 (remat_policy).
 //
 // Example:
 //   RematPolicy policy = RematPolicy::from_config(config);       // remat_policy=save_qkv_proj

@@ -1,5 +1,6 @@
 // `tpusim estimate [base.yml] [key=value ...] [--json] [--trace FILE]`: step time, MFU, TFLOP/s
 // and tokens/s per chip, the step breakdown, and peak HBM per device with a fits/OOM verdict.
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -32,7 +33,7 @@ void print_human(const nlohmann::json& json) {
               << "\n";
   }
   std::cout << "batch      " << json["global_batch_sequences"].get<int64_t>() << " sequences, "
-            << json["tokens_per_step"].get<double>() << " tokens per step\n";
+            << std::llround(json["tokens_per_step"].get<double>()) << " tokens per step\n";
   std::cout << "step time  " << std::setprecision(3) << json["step_time_s"].get<double>() << " s\n";
   std::cout << std::setprecision(1);
   std::cout << "MFU        " << 100 * json["mfu"].get<double>() << "% of "
@@ -104,9 +105,13 @@ void register_estimate_command(CLI::App& app) {
       std::cout << "top ops (seconds per step, calls, bound)\n";
       const auto& ops = estimate.timing.profile;
       for (size_t index = 0; index < ops.size() && static_cast<int>(index) < *profile; ++index) {
-        std::cout << "  " << std::setw(9) << std::setprecision(4) << ops[index].seconds << "  x"
-                  << std::left << std::setw(6) << ops[index].calls << std::setw(5)
-                  << ops[index].bound << std::right << " " << ops[index].region << ": "
+        // Calls per step are whole in a program without fractional repeats; %g keeps the
+        // exceptions readable (a layer count divided by a scan group) without trailing zeros.
+        std::ostringstream calls;
+        calls << "x" << std::defaultfloat << std::setprecision(6) << ops[index].calls;
+        std::cout << "  " << std::fixed << std::setw(9) << std::setprecision(4)
+                  << ops[index].seconds << "  " << std::left << std::setw(7) << calls.str()
+                  << std::setw(5) << ops[index].bound << std::right << " " << ops[index].region << ": "
                   << ops[index].op << "\n";
       }
     }

@@ -1,5 +1,5 @@
 // `tpusim validate FILE.csv [--json]`: predicts every row of a results file in the format of
-// shared/calibration/published.csv (its `args` column is a MaxText-style override string) and
+// validation/published.csv (its `args` column is a MaxText-style override string) and
 // compares predicted with measured step time and tokens/s per chip.
 #include <algorithm>
 #include <cmath>
@@ -111,7 +111,7 @@ void register_validate_command(CLI::App& app) {
   auto json_output = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
       "validate", "Predict every row of a published-results CSV and compare with the measurements");
-  command->add_option("file", *path, "CSV in the format of shared/calibration/published.csv")
+  command->add_option("file", *path, "CSV in the format of validation/published.csv")
       ->required();
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([path, json_output] {

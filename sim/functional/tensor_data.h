@@ -17,7 +17,7 @@
 namespace tpusim {
 
 // ||actual - reference|| / ||reference|| (the absolute L2 difference when the reference is all
-// zeros): the per-tensor comparison of shared/reference/numerics_and_levanter.md. Same sizes.
+// zeros): the per-tensor comparison of docs/reference/numerics.md. Same sizes.
 double relative_l2(const std::vector<float>& actual, const std::vector<float>& reference);
 
 struct TensorData {

@@ -1,7 +1,7 @@
 // sim/perf/collective_cost.h: time of a collective over mesh axes on the physical topology.
 //
 // Each mesh axis is a ring laid on its physical placement (sharding/device_mesh.h). Per
-// shared/reference/tpu_hardware.md §2, for V = the per-device array gathered, scattered or reduced
+// docs/reference/hardware.md §2, for V = the per-device array gathered, scattered or reduced
 // over a group of N devices:
 //   all-gather / reduce-scatter: T = max(T_hop x hops, (N-1)/N x V / W)
 //   all-reduce: reduce-scatter + all-gather;  all-to-all: a quarter of an all-gather on a

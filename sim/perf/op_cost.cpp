@@ -17,7 +17,7 @@ constexpr double kMebi = 1024.0 * 1024.0;
 // The MXU consumes the left operand 8 rows per pass ([SB-t]), so rows pad to 8.
 constexpr double kMxuRowTile = 8;
 // Half of VMEM holds a matmul's blocks; the other half double-buffers the next blocks
-// (assumption: XLA's scoped VMEM + prefetch, tpu_hardware.md §4 "Scoped VMEM").
+// (assumption: XLA's scoped VMEM + prefetch, docs/reference/hardware.md §4 "Scoped VMEM").
 constexpr double kVmemFractionForBlocks = 0.5;
 // Contraction chunk of a blocked matmul (assumption: Pallas/XLA matmul kernels use 512-1024 deep
 // blocks, [PL-m]); the output block accumulates in f32.
@@ -168,7 +168,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   const double efficiency =
       std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
   // Pipeline fill and drain of the systolic array, once per op: weights are double-buffered, so
-  // later weight tiles load without a bubble ([SB-t]; tpu_hardware.md §5.3).
+  // later weight tiles load without a bubble ([SB-t]; docs/reference/hardware.md §5.3).
   const double fill_drain_seconds = chip.mxu_fill_drain_cycles / (chip.clock_ghz * kGiga);
   cost.mxu_seconds = cost.matmul_flops / (peak_flops_per_device(context) *
                                           chip.mxu_achievable_fraction * efficiency) +

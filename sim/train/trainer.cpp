@@ -40,7 +40,7 @@ void place_block(const Tensor& tensor, const float* local, const DeviceContext& 
 }
 
 // The largest per-tensor relative L2 error ||a - b|| / ||b|| (the comparison of
-// shared/reference/numerics_and_levanter.md: fp32 vs a reference, rel-L2 per tensor).
+// docs/reference/numerics.md: fp32 vs a reference, rel-L2 per tensor).
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
                                const std::map<std::string, std::vector<float>>& b) {
   double worst = 0;

@@ -20,7 +20,7 @@ TEST(Catalog, BuiltinHasEveryGenerationWithProvenanceOnEveryNumber) {
   }
 }
 
-// Published peak numbers from shared/reference/tpu_hardware.md §1a.
+// Published peak numbers from docs/reference/hardware.md §1a.
 TEST(Catalog, PeakAndMemoryMatchReferenceTable) {
   const HardwareCatalog& catalog = HardwareCatalog::builtin();
   EXPECT_DOUBLE_EQ(catalog.chip("v4").peak_bf16_tflops, 275);

@@ -17,7 +17,7 @@ struct SliceCase {
 };
 
 // Shapes from MaxText's accelerator_to_spec_map / xpk system_characteristics
-// (shared/reference/maxtext.md §0, tpu_hardware.md §1b).
+// (docs/reference/maxtext.md §0, docs/reference/hardware.md §1b).
 const std::vector<SliceCase> kCases = {
     {"v4-8", "v4", {2, 2, 1}, 4, 4, {false, false, false}},
     {"v4-128", "v4", {4, 4, 4}, 64, 64, {true, true, true}},

@@ -13,7 +13,7 @@ int count_edges(const Topology& topology, LinkKind kind) {
   return count;
 }
 
-// Pod bisection figures from shared/reference/tpu_hardware.md §1b, counted one direction over the
+// Pod bisection figures from docs/reference/hardware.md §1b, counted one direction over the
 // links crossing the cut, with the catalog's nominal per-link bandwidth.
 TEST(Topology, BisectionMatchesPublishedPodFigures) {
   const Topology v5e(parse_slice("v5e-256"));

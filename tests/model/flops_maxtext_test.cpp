@@ -22,7 +22,7 @@ constexpr double kTera = 1e12;
 constexpr double kWorkedExampleRelativeTolerance = 1e-4;
 constexpr double kPublishedRelativeTolerance = 0.005;
 // tpu7x: MaxText's device is one TensorCore, two per chip; published Ironwood figures are per chip
-// (shared/reference/maxtext.md §0).
+// (docs/reference/maxtext.md §0).
 constexpr double kTpu7xDevicesPerChip = 2.0;
 constexpr double kExactRelativeTolerance = 1e-12;
 
@@ -265,9 +265,9 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
-// shared/calibration/published.csv, beside the project root. No field holds a comma or quotes.
+// validation/published.csv, in the repository. No field holds a comma or quotes.
 std::vector<PublishedRow> read_published_csv() {
-  const std::string path = testing::source_dir() + "/../shared/calibration/published.csv";
+  const std::string path = testing::source_dir() + "/validation/published.csv";
   std::ifstream file(path);
   EXPECT_TRUE(file.good()) << "cannot read " << path;
   std::string line;
@@ -334,7 +334,9 @@ TEST(MaxTextFlops, ReproducesPublishedRecipeRows) {
     expect_relative(computed, published, kPublishedRelativeTolerance, row["id"]);
     ++rows;
   }
-  EXPECT_EQ(rows, 7);  // I-14, I-16, I-12
+  // R-16 (v6e); I-14, I-16, I-12, I-2, I-3, I-4, I-11, I-19,
+  // I-21 (tpu7x, MoE included).
+  EXPECT_EQ(rows, 16);
 }
 
 // gps16 by hand (maxtext.md §0): D=5120, 32 heads x 256 (MHA), F=32768 (relu), L=32, V=32768,

@@ -7,7 +7,7 @@
 namespace tpusim {
 namespace {
 
-// shared/reference/maxtext.md §0: the global_parameter_scale models of the 2023 tables.
+// docs/reference/maxtext.md §0: the global_parameter_scale models of the 2023 tables.
 TEST(ModelDims, GlobalParameterScaleFollowsGetIndividualScales) {
   const std::vector<std::string> base = {"base_emb_dim=2560",          "base_num_query_heads=8",
                                          "base_num_kv_heads=8",        "base_mlp_dim=8192",

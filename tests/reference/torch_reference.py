@@ -17,7 +17,7 @@ the model definition (not from tpusim's kernels), runs the same batch and compar
 
 Each comparison prints one line with the relative L2 error ||tpusim - torch|| / ||torch||; the
 script exits 1 if any exceeds its tolerance (1e-5: fp32 tpusim vs fp64 truth, see
-/work/shared/reference/numerics_and_levanter.md). The per-step parameter change
+docs/reference/numerics.md). The per-step parameter change
 (updated - initial, against the reference's new parameters rounded to fp32) is also printed for
 information: it is ~1e-4 of the parameter, so its error mixes 1-ulp rounding flips with the
 gradient error amplified by Adam's g / (|g| + eps) on tiny gradients, and it is not held to 1e-5.

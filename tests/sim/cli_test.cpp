@@ -183,7 +183,7 @@ TEST(OpCommand, BadInputExits2) {
 }
 
 TEST(ValidateCommand, JsonContractOnTheSharedSet) {
-  const std::string csv = testing::source_dir() + "/../shared/calibration/published.csv";
+  const std::string csv = testing::source_dir() + "/validation/published.csv";
   const auto result = run_tpusim({"validate", csv, "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json json = nlohmann::json::parse(result.out);

@@ -81,7 +81,7 @@ TEST(OpCost, BlockingChargesReReads) {
   EXPECT_GT(big, 3.0 * 65536 * 8192 * 2);  // re-reads
 }
 
-// Collectives against shared/reference/tpu_hardware.md §2.
+// Collectives against docs/reference/hardware.md §2.
 TEST(CollectiveCost, AllGatherOnWrappedAndOpenRings) {
   const Config config = Config::load(
       "", {"compile_topology=v5e-256", "ici_fsdp_parallelism=16", "ici_data_parallelism=-1"});

@@ -4,7 +4,7 @@
 // For tests that compare two configs that should compute the same step (a tiled head against an
 // untiled one, a sharded mesh against one device): each runs the same global batch, and its loss,
 // gradients and updated weights (with Adam moments) come back by "<region>/<tensor>#<layer>".
-// The error measure is shared/reference/numerics_and_levanter.md's: ||a - b|| / ||b|| per tensor.
+// The error measure is docs/reference/numerics.md's: ||a - b|| / ||b|| per tensor.
 //
 // Example:
 //   const OneStep tiled = run_one_step(Config::load("", {"model_name=tiny-llama",

@@ -1,7 +1,7 @@
 // Sharded training equals the unsharded reference over a matrix of meshes and tiny presets: the
 // loss, every gradient and every weight and Adam moment after the update within relative 1e-5
 // (fp32; only the summation order differs). "Relative" is the per-tensor relative L2 error of
-// shared/reference/numerics_and_levanter.md; with a max-element measure instead, AdamW's
+// docs/reference/numerics.md; with a max-element measure instead, AdamW's
 // per-element normalization g / (sqrt(v) + eps) turns summation-order noise on the tiniest
 // gradients into visible update differences (measured 5.8e-5 on tiny-llama fsdp=4 x tensor=2).
 #include <gtest/gtest.h>
