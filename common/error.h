@@ -2,7 +2,8 @@
 //
 // Bad input (unknown key, wrong type, impossible mesh, unknown slice, malformed YAML/CSV, absurd
 // sizes) throws UserError with a one-line message that names the bad key or value. The CLI catches
-// it, prints "tpusim: <message>" on stderr and exits with kUserErrorExitCode. Programming errors
+// it, prints "tpusim: <message>" on stderr (and, under --json, {"error", "key", "exit"} on stdout)
+// and exits with kUserErrorExitCode. Programming errors
 // (broken invariants) are not UserErrors: they use assert or std::logic_error.
 //
 // Example:
@@ -11,6 +12,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tpusim {
 
@@ -20,6 +22,14 @@ inline constexpr int kUserErrorExitCode = 2;
 class UserError : public std::runtime_error {
  public:
   explicit UserError(const std::string& message) : std::runtime_error(message) {}
+  // With the config key the message is about, for machine-readable errors (`--json`).
+  UserError(const std::string& message, std::string key)
+      : std::runtime_error(message), key_(std::move(key)) {}
+
+  const std::string& key() const { return key_; }  // "" when the error names no single key
+
+ private:
+  std::string key_;
 };
 
 }  // namespace tpusim

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "common/error.h"
 
@@ -19,7 +20,12 @@ std::string read_text_file(const std::string& path) {
 
 YAML::Node parse_yaml(std::string_view text, std::string_view origin) {
   try {
-    return YAML::Load(std::string(text));
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (documents.size() > 1) {
+      throw UserError(std::string(origin) + " holds " + std::to_string(documents.size()) +
+                      " YAML documents (separated by ---); a config is one document");
+    }
+    return documents.empty() ? YAML::Node() : documents.front();
   } catch (const YAML::Exception& error) {
     throw UserError("malformed YAML in " + std::string(origin) + " at line " +
                     std::to_string(error.mark.line + 1) + ", column " +

@@ -15,7 +15,8 @@ namespace tpusim {
 // Whole file as text; UserError naming the path when it cannot be read.
 std::string read_text_file(const std::string& path);
 
-// Parses YAML text; `origin` names the source in error messages.
+// Parses YAML text holding one document (several are a UserError: only the first would count);
+// `origin` names the source in error messages.
 YAML::Node parse_yaml(std::string_view text, std::string_view origin);
 
 // "file:line" of a node, for messages about a value inside a file.

@@ -129,7 +129,8 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
   slice.num_slices = num_slices;
   slice.devices_per_chip = static_cast<int>(chip->devices_per_chip);
   const std::string_view rest = name.substr(split + 1);
-  if (explicit_shape) {
+  // xpk and GKE write a shape after the dash too: tpu7x-4x4x8, v5p-4x4x8, v6e-4x4.
+  if (explicit_shape || rest.find('x') != std::string_view::npos) {
     slice.shape = parse_shape_text(rest, "compile_topology");
     const size_t rank = chip->slice.shape_rule == ShapeRule::kCube ? 3 : 2;
     const bool listed = std::find(chip->slice.small_shapes.begin(), chip->slice.small_shapes.end(),

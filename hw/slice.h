@@ -6,6 +6,8 @@
 //   parse_slice("tpu7x-128")  -> v7x, 4x4x4 = 64 chips = 128 devices (2 chiplets per chip)
 //   parse_slice("v6e-256")    -> v6e, 16x16 = 256 chips, both axes wrap
 //   parse_slice("v5p:4x4x8")  -> v5p, 4x4x8 = 128 chips
+//   parse_slice("tpu7x-4x4x8"), parse_slice("v6e-4x4") -> a shape after the dash, as xpk writes it
+//   parse_slice("ironwood-256") -> tpu7x-256 (the v7x catalog lists the name as a prefix)
 // Several slices (multislice over DCN) come from compile_topology_num_slices.
 #pragma once
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -20,6 +21,29 @@ namespace {
 
 constexpr const char* kCommandLine = "command line";
 constexpr const char* kDefaultModelName = "default";
+
+// YAML 1.1 (PyYAML, which MaxText reads its configs with) allows digit-group underscores in
+// numbers: "1_000_000", "10_000.5". yaml-cpp (YAML 1.2) reads them as strings, so a number's text
+// loses its underscores before it is parsed. Only underscores between digits are removed.
+std::string without_digit_underscores(const std::string& text) {
+  if (text.find('_') == std::string::npos) {
+    return text;
+  }
+  std::string digits;
+  for (size_t index = 0; index < text.size(); ++index) {
+    if (text[index] == '_') {
+      const bool between_digits = index > 0 && index + 1 < text.size() &&
+                                  std::isdigit(static_cast<unsigned char>(text[index - 1])) &&
+                                  std::isdigit(static_cast<unsigned char>(text[index + 1]));
+      if (!between_digits) {
+        return text;
+      }
+      continue;
+    }
+    digits += text[index];
+  }
+  return digits;
+}
 
 bool looks_like_float(const std::string& text) {
   return text.find_first_of(".eE") != std::string::npos &&
@@ -85,7 +109,7 @@ YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& k
                   const std::string& origin) {
   const std::string where = "'" + key + "'" + (origin.empty() ? "" : " (" + origin + ")");
   auto fail = [&](const std::string& expected) -> YAML::Node {
-    throw UserError(where + ": expected " + expected + ", got '" + describe(value) + "'");
+    throw UserError(where + ": expected " + expected + ", got '" + describe(value) + "'", key);
   };
   switch (type) {
     case ConfigType::kList:
@@ -118,23 +142,24 @@ YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& k
       return fail("true or false");
     }
     case ConfigType::kInt: {
-      if (!value.IsScalar() || !looks_like_int(value.Scalar())) {
+      const std::string text = value.IsScalar() ? without_digit_underscores(value.Scalar()) : "";
+      if (!value.IsScalar() || !looks_like_int(text)) {
         return fail("an integer");
       }
       try {
-        return YAML::Node(std::stoll(value.Scalar()));
+        return YAML::Node(std::stoll(text));
       } catch (const std::out_of_range&) {
         return fail("an integer within 64 bits");
       }
     }
     case ConfigType::kFloat: {
-      if (!value.IsScalar() ||
-          !(looks_like_int(value.Scalar()) || looks_like_float(value.Scalar()))) {
+      const std::string text = value.IsScalar() ? without_digit_underscores(value.Scalar()) : "";
+      if (!value.IsScalar() || !(looks_like_int(text) || looks_like_float(text))) {
         return fail("a number");
       }
       double number = 0;
       try {
-        number = std::stod(value.Scalar());
+        number = std::stod(text);
       } catch (const std::exception&) {
         return fail("a number");
       }
@@ -201,49 +226,210 @@ std::vector<std::string> available_model_presets(const std::string& base_path) {
   return {names.begin(), names.end()};
 }
 
-Config Config::load(const std::string& base_path, const std::vector<std::string>& overrides) {
-  std::string base_text;
-  std::string base_origin;
-  if (base_path.empty()) {
-    base_text = std::string(*embedded_file(kEmbeddedBasePath));
-    base_origin = kEmbeddedBasePath;
-  } else {
-    base_text = read_text_file(base_path);
-    base_origin = base_path;
+namespace {
+
+// What tpusim lacks to build a MaxText preset ("decoder_block gemma4"), or "" when the name is not
+// such a preset.
+std::string unbuilt_preset_reason(const std::string& model_name) {
+  const auto table = embedded_file("configs/maxtext/presets_not_built.tsv");
+  if (!table) {
+    return "";
   }
-  // Find the model preset the same way MaxText does: the command line's model_name wins.
+  const std::string prefix = model_name + "\t";
+  size_t start = 0;
+  while (start < table->size()) {
+    const size_t end = std::min(table->find('\n', start), table->size());
+    const std::string_view line = table->substr(start, end - start);
+    if (line.starts_with(prefix)) {
+      return std::string(line.substr(prefix.size()));
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+// One config file and what its `base_config:` chain put before it, in application order.
+struct ConfigFileLayer {
+  std::string origin;
+  YAML::Node root;  // a mapping, without its base_config key
+};
+
+constexpr int kMaxBaseConfigDepth = 16;
+
+void read_config_file(const std::string& path, int depth, std::vector<ConfigFileLayer>& layers) {
+  if (depth > kMaxBaseConfigDepth) {
+    throw UserError(path + ": base_config chain deeper than " +
+                    std::to_string(kMaxBaseConfigDepth) + " files (a cycle?)");
+  }
+  const YAML::Node root = parse_yaml(read_text_file(path), path);
+  if (root.IsNull()) {
+    return;
+  }
+  if (!root.IsMap()) {
+    throw UserError(path + ": a config file must be a YAML mapping of key: value");
+  }
+  YAML::Node own(YAML::NodeType::Map);
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    if (key != "base_config") {
+      own[key] = item.second;
+      continue;
+    }
+    if (!item.second.IsScalar() || item.second.Scalar().empty()) {
+      throw UserError(path + ": base_config must name a config file");
+    }
+    // MaxText resolves base_config beside the file that names it. A model YAML copied alone
+    // names MaxText's "base.yml": tpusim's embedded base.yml stands for it.
+    const std::filesystem::path named(item.second.Scalar());
+    const std::filesystem::path beside = std::filesystem::path(path).parent_path() / named;
+    if (std::filesystem::exists(beside)) {
+      read_config_file(beside.string(), depth + 1, layers);
+    } else if (named.filename() != "base.yml") {
+      throw UserError(path + ": base_config '" + named.string() + "' not found (looked for '" +
+                      beside.string() + "')");
+    }
+  }
+  layers.push_back({path, own});
+}
+
+// MaxText merges a model preset's logical_axis_rules into the base rules by logical axis name
+// (unless override_logical_axis_rules): a name the preset gives replaces every base rule of that
+// name, at the place of the first one; base rules of other names stay, fallbacks included; new
+// names come last. Config files merge the same way into the embedded base.yml, whose rules are
+// MaxText's plus the logical axes tpusim's model names (activation_batch_no_exp): a MaxText
+// base.yml given as a file then keeps them. A name mapped to [] replicates that axis.
+YAML::Node merge_rules_by_name(const YAML::Node& base, const YAML::Node& preset,
+                               const std::string& origin) {
+  auto rule_name = [&](const YAML::Node& rule) {
+    if (!rule.IsSequence() || rule.size() != 2 || !rule[0].IsScalar()) {
+      throw UserError("logical_axis_rules (" + origin +
+                      "): each rule must be [logical_axis, mesh_axes], got '" + describe(rule) +
+                      "'");
+    }
+    return rule[0].Scalar();
+  };
+  std::map<std::string, std::vector<YAML::Node>> replacements;
+  std::vector<std::string> preset_order;
+  for (const YAML::Node& rule : preset) {
+    const std::string name = rule_name(rule);
+    if (!replacements.contains(name)) {
+      preset_order.push_back(name);
+    }
+    replacements[name].push_back(rule);
+  }
+  YAML::Node merged(YAML::NodeType::Sequence);
+  std::set<std::string> placed;
+  for (const YAML::Node& rule : base) {
+    const std::string name = rule_name(rule);
+    const auto replacement = replacements.find(name);
+    if (replacement == replacements.end()) {
+      merged.push_back(rule);
+    } else if (placed.insert(name).second) {
+      for (const YAML::Node& new_rule : replacement->second) {
+        merged.push_back(new_rule);
+      }
+    }
+  }
+  for (const std::string& name : preset_order) {
+    if (placed.insert(name).second) {
+      for (const YAML::Node& new_rule : replacements[name]) {
+        merged.push_back(new_rule);
+      }
+    }
+  }
+  return merged;
+}
+
+// The value of a bool key as the command line, then the files, would set it.
+bool bool_setting(const std::string& key, const std::vector<std::string>& overrides,
+                  const std::vector<ConfigFileLayer>& files, bool fallback) {
+  for (const std::string& text : overrides) {
+    const auto [override_key, value] = split_override(text);
+    if (override_key == key) {
+      return coerce(YAML::Node(value), ConfigType::kBool, key, kCommandLine).as<bool>();
+    }
+  }
+  bool setting = fallback;
+  for (const ConfigFileLayer& layer : files) {
+    if (layer.root[key]) {
+      setting = coerce(layer.root[key], ConfigType::kBool, key, layer.origin).as<bool>();
+    }
+  }
+  return setting;
+}
+
+}  // namespace
+
+Config Config::load(const std::string& base_path, const std::vector<std::string>& overrides) {
+  return load_files(base_path.empty() ? std::vector<std::string>{}
+                                      : std::vector<std::string>{base_path},
+                    overrides);
+}
+
+Config Config::load_files(const std::vector<std::string>& paths,
+                          const std::vector<std::string>& overrides) {
+  std::vector<ConfigFileLayer> files;
+  for (const std::string& path : paths) {
+    read_config_file(path, 0, files);
+  }
+  // Find the model preset the same way MaxText does: the command line's model_name wins, then
+  // the last file that names one, then base.yml's.
   std::string model_name;
+  for (const ConfigFileLayer& layer : files) {
+    if (layer.root["model_name"] && layer.root["model_name"].IsScalar()) {
+      model_name = layer.root["model_name"].Scalar();
+    }
+  }
   for (const std::string& text : overrides) {
     const auto [key, value] = split_override(text);
     if (key == "model_name") {
       model_name = value;
     }
   }
+  const std::string last_path = paths.empty() ? "" : paths.back();
   std::map<std::string, std::string> presets;
-  if (model_name.empty()) {
-    const YAML::Node base = parse_yaml(base_text, base_origin);
-    if (base.IsMap() && base["model_name"] && base["model_name"].IsScalar()) {
-      model_name = base["model_name"].Scalar();
-    }
-  }
   if (!model_name.empty() && model_name != kDefaultModelName) {
-    const std::string beside = preset_path_beside(base_path, model_name);
+    const std::string beside = preset_path_beside(last_path, model_name);
     const std::string embedded_path = "configs/models/" + model_name + ".yml";
     if (!beside.empty() && std::filesystem::exists(beside)) {
       presets[beside] = read_text_file(beside);
     } else if (const auto text = embedded_file(embedded_path)) {
       presets[embedded_path] = std::string(*text);
+    } else if (const std::string missing = unbuilt_preset_reason(model_name); !missing.empty()) {
+      throw UserError("model_name: '" + model_name +
+                          "' is a MaxText preset tpusim does not build yet: " + missing +
+                          " (configs/maxtext/presets_not_built.tsv lists these presets)",
+                      "model_name");
     } else {
       throw UserError("model_name: unknown model '" + model_name + "'" +
-                      did_you_mean(model_name, available_model_presets(base_path)));
+                          did_you_mean(model_name, available_model_presets(last_path)),
+                      "model_name");
     }
   }
-  return load_from_texts(base_text, base_origin, presets, overrides);
+  Config config = load_base(*embedded_file(kEmbeddedBasePath), kEmbeddedBasePath);
+  const bool override_rules = bool_setting("override_logical_axis_rules", overrides, files, false);
+  for (const ConfigFileLayer& layer : files) {
+    for (const auto& item : layer.root) {
+      config.apply_layer_value(item.first.as<std::string>(), item.second, layer.origin,
+                               override_rules);
+    }
+  }
+  config.finish_loading(presets, overrides, override_rules);
+  return config;
 }
 
 Config Config::load_from_texts(std::string_view base_text, std::string_view base_origin,
                                const std::map<std::string, std::string>& presets,
                                const std::vector<std::string>& overrides) {
+  Config config = load_base(base_text, base_origin);
+  const bool override_rules = bool_setting(
+      "override_logical_axis_rules", overrides, {},
+      config.has("override_logical_axis_rules") && config.get_bool("override_logical_axis_rules"));
+  config.finish_loading(presets, overrides, override_rules);
+  return config;
+}
+
+Config Config::load_base(std::string_view base_text, std::string_view base_origin) {
   Config config;
   const std::string base_name(base_origin);
   const YAML::Node base = parse_yaml(base_text, base_name);
@@ -264,7 +450,12 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
     config.entries_.emplace(key, entry);
     config.order_.push_back(key);
   }
+  return config;
+}
 
+void Config::finish_loading(const std::map<std::string, std::string>& presets,
+                            const std::vector<std::string>& overrides,
+                            bool override_logical_axis_rules) {
   std::set<std::string> preset_keys;
   for (const auto& [origin, text] : presets) {
     const YAML::Node preset = parse_yaml(text, origin);
@@ -276,7 +467,7 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
     }
     for (const auto& item : preset) {
       const std::string key = item.first.as<std::string>();
-      config.apply(key, item.second, origin);
+      apply_layer_value(key, item.second, origin, override_logical_axis_rules);
       preset_keys.insert(key);
     }
   }
@@ -288,7 +479,7 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
         return coerce(YAML::Node(value), ConfigType::kBool, key, kCommandLine).as<bool>();
       }
     }
-    return config.has("override_model_config") && config.get_bool("override_model_config");
+    return has("override_model_config") && get_bool("override_model_config");
   }();
   std::set<std::string> seen_on_command_line;
   for (const std::string& text : overrides) {
@@ -298,21 +489,120 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
     }
     if (preset_keys.contains(key) && !allow_model_override) {
       throw UserError("'" + key + "' is set by the model preset (model_name=" +
-                      config.get_string("model_name") +
+                      get_string("model_name") +
                       ") and on the command line; pass override_model_config=true to override it, "
                       "as in MaxText");
     }
-    config.set(key, value, kCommandLine);
+    set(key, value, kCommandLine);
   }
-  validate_config(config);
-  return config;
+  validate_config(*this);
+  // Multimodal training runs the vision/audio encoders, which tpusim does not build: refuse it
+  // rather than estimate the text decoder alone as if it were the whole step.
+  for (const char* key : {"use_multimodal", "use_audio"}) {
+    const auto found = passthrough_.find(key);
+    if (found != passthrough_.end() && !found->second.is_maxtext_default) {
+      throw UserError(std::string(key) + "=" + found->second.value + " (" + found->second.origin +
+                          "): the multimodal encoders are not modeled; tpusim estimates and trains "
+                          "text decoders only",
+                      key);
+    }
+  }
+}
+
+namespace {
+
+// Checks a value of a MaxText key tpusim does not model against MaxText's type for it, loosely
+// (MaxText's own checks differ by revision): bools are true/false in any case, numbers are
+// numbers (1_000 style allowed), lists are lists, maps are maps; null fits every type.
+void check_passthrough_value(const MaxTextKey& key, const YAML::Node& value,
+                             const std::string& origin) {
+  if (value.IsNull()) {
+    return;
+  }
+  const std::string where = "'" + key.name + "' (" + origin + ", a MaxText key)";
+  auto expect = [&](bool ok, const std::string& expected) {
+    if (!ok) {
+      throw UserError(where + ": expected " + expected + ", got '" + describe(value) + "'",
+                      key.name);
+    }
+  };
+  const bool scalar = value.IsScalar();
+  const std::string text = scalar ? without_digit_underscores(value.Scalar()) : "";
+  if (key.type == "bool") {
+    std::string lower = text;
+    for (char& character : lower) {
+      character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
+    }
+    expect(scalar && (lower == "true" || lower == "false"), "true or false");
+  } else if (key.type == "int") {
+    expect(scalar && looks_like_int(text), "an integer");
+  } else if (key.type == "float") {
+    expect(scalar && (looks_like_int(text) || looks_like_float(text)), "a number");
+  } else if (key.type == "list") {
+    expect(value.IsSequence() || scalar, "a list like [a, b]");
+  } else if (key.type == "map") {
+    expect(value.IsMap(), "a mapping like {a: b}");
+  } else if (key.type == "str") {
+    expect(scalar, "a string");
+  }
+}
+
+}  // namespace
+
+void Config::apply_layer_value(const std::string& key, const YAML::Node& value,
+                               const std::string& origin, bool override_logical_axis_rules) {
+  if (key == "logical_axis_rules" && !override_logical_axis_rules && value.IsSequence()) {
+    apply(key, merge_rules_by_name(get_node(key), value, origin), origin);
+  } else {
+    apply(key, value, origin);
+  }
+}
+
+std::vector<std::string> Config::known_key_names() const {
+  std::vector<std::string> names = order_;
+  for (const MaxTextKey& key : maxtext_keys()) {
+    names.push_back(key.name);
+  }
+  return names;
+}
+
+void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
+                              const std::string& origin) {
+  check_passthrough_value(key, value, origin);
+  PassthroughKey kept;
+  kept.key = key.name;
+  kept.value = value.IsNull() ? "" : (value.IsScalar() ? value.Scalar() : describe(value));
+  kept.origin = origin;
+  kept.effect = key.effect;
+  kept.is_maxtext_default = equals_maxtext_default(key, kept.value);
+  passthrough_[key.name] = kept;
 }
 
 void Config::apply(std::string_view key, const YAML::Node& value, const std::string& origin) {
   const auto found = entries_.find(key);
   if (found == entries_.end()) {
-    throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
-                    did_you_mean(key, order_));
+    const MaxTextKey* maxtext = find_maxtext_key(key);
+    if (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled) {
+      throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
+                          " (neither tpusim nor MaxText has it)" +
+                          did_you_mean(key, known_key_names()),
+                      std::string(key));
+    }
+    keep_passthrough(*maxtext, value, origin);
+    return;
+  }
+  // MaxText writes null for "not set": a string becomes "", a list [] (coerce); a number or bool
+  // whose MaxText default is itself null keeps tpusim's default.
+  if (value.IsNull() && found->second.type != ConfigType::kString) {
+    const MaxTextKey* maxtext = find_maxtext_key(key);
+    if (found->second.type == ConfigType::kList) {
+      found->second.value.reset(YAML::Node(YAML::NodeType::Sequence));
+      found->second.origin = origin;
+      return;
+    }
+    if (maxtext != nullptr && equals_maxtext_default(*maxtext, "")) {
+      return;
+    }
   }
   // reset(), not operator=: a YAML::Node assignment writes through to every copy sharing the
   // node, so setting a key on a copied Config would change the original too.
@@ -322,11 +612,18 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
 
 void Config::set(std::string_view key, std::string_view value_text, const std::string& origin) {
   const auto found = entries_.find(key);
-  if (found == entries_.end()) {
-    throw UserError("unknown config key '" + std::string(key) + "'" + did_you_mean(key, order_));
+  const MaxTextKey* maxtext = found == entries_.end() ? find_maxtext_key(key) : nullptr;
+  if (found == entries_.end() &&
+      (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled)) {
+    throw UserError("unknown config key '" + std::string(key) + "'" +
+                        " (neither tpusim nor MaxText has it)" +
+                        did_you_mean(key, known_key_names()),
+                    std::string(key));
   }
+  const bool is_string = found != entries_.end() ? found->second.type == ConfigType::kString
+                                                 : maxtext->type == "str";
   YAML::Node value;
-  if (found->second.type == ConfigType::kString) {
+  if (is_string) {
     std::string text(value_text);
     if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
         text.back() == text.front()) {
@@ -337,6 +634,14 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
     value = parse_yaml(value_text, "'" + std::string(key) + "' on the " + origin);
   }
   apply(key, value, origin);
+}
+
+std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
+  std::vector<PassthroughKey> keys;
+  for (const auto& [name, kept] : passthrough_) {
+    keys.push_back(kept);
+  }
+  return keys;
 }
 
 bool Config::has(std::string_view key) const {

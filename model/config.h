@@ -1,16 +1,21 @@
 // model/config.h: a MaxText-style configuration, loaded and type-checked.
 //
-// Loading order is MaxText's (pyconfig): configs/base.yml -> configs/models/<model_name>.yml ->
-// `key=value` overrides from the command line. base.yml is the schema: every key tpusim understands
-// is there with a comment, and the form of its default fixes its type (4096 int, 12.0 float, true
-// bool, "x" string, [a, b] list). Unknown keys, wrong types and a key set both by the model preset
-// and the command line (without override_model_config=true) are UserErrors naming the key.
+// Loading order is MaxText's (pyconfig): configs/base.yml -> config files given on the command line
+// (each after the files its `base_config:` names) -> configs/models/<model_name>.yml -> `key=value`
+// overrides from the command line. tpusim's embedded base.yml is the schema: every key tpusim
+// models is there with a comment, and the form of its default fixes its type (4096 int, 12.0
+// float, true bool, "x" string, [a, b] list). Keys of MaxText's base.yml that tpusim does not
+// model (model/maxtext_keys.h) are accepted and kept aside as passthrough keys, so a MaxText
+// config or recipe loads as written. Other unknown keys, wrong types and a key set both by the
+// model preset and the command line (without override_model_config=true) are UserErrors naming
+// the key. YAML as MaxText writes it: null, 1_000 style numbers, True/False.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama3.1-70b", "per_device_batch_size=4"});
 //   config.get_int("base_emb_dim");          // 8192 (from configs/models/llama3.1-70b.yml)
 //   config.get_float("per_device_batch_size"); // 4.0
 //   config.origin("base_emb_dim");            // "configs/models/llama3.1-70b.yml"
+//   Config::load_files({"maxtext/configs/base.yml"}, {"profiler=xplane"}).passthrough_keys();
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,8 @@
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+
+#include "model/maxtext_keys.h"
 
 namespace tpusim {
 
@@ -36,6 +43,12 @@ class Config {
   // Loads base.yml (a file, or the embedded copy when `base_path` is empty), the model preset
   // named by model_name, then the `key=value` overrides, and validates the result.
   static Config load(const std::string& base_path, const std::vector<std::string>& overrides);
+
+  // As load(), with any number of config files (MaxText's base.yml, a model YAML, a partial YAML
+  // of overrides), applied in order over the embedded base.yml. Presets are looked up in
+  // models/ beside the last file, then among the embedded ones.
+  static Config load_files(const std::vector<std::string>& paths,
+                           const std::vector<std::string>& overrides);
 
   // As load(), from texts: `base_text` and a resolver for presets (tests).
   static Config load_from_texts(std::string_view base_text, std::string_view base_origin,
@@ -63,6 +76,17 @@ class Config {
 
   nlohmann::json to_json() const;
 
+  // A MaxText key tpusim does not model, as the config set it (last value wins).
+  struct PassthroughKey {
+    std::string key;
+    std::string value;  // flow YAML text, e.g. "True", "[a, b]", "" for null
+    std::string origin;
+    MaxTextKeyEffect effect = MaxTextKeyEffect::kNotModeled;
+    bool is_maxtext_default = false;  // the value equals MaxText's default: changes nothing
+  };
+  // In key order.
+  std::vector<PassthroughKey> passthrough_keys() const;
+
   // The overrides (key=value) that differ from base.yml + preset, in key order, e.g. for printing
   // the exact command that reproduces this config.
   std::vector<std::string> command_line_overrides() const;
@@ -74,11 +98,22 @@ class Config {
     std::string origin;
   };
 
+  static Config load_base(std::string_view base_text, std::string_view base_origin);
+  // Presets (logical_axis_rules merged by name unless override_logical_axis_rules), then the
+  // command line's overrides, then validate_config.
+  void finish_loading(const std::map<std::string, std::string>& presets,
+                      const std::vector<std::string>& overrides, bool override_logical_axis_rules);
   const Entry& entry(std::string_view key) const;
+  // apply(), with logical_axis_rules merged by name (see merge_rules_by_name in config.cpp).
+  void apply_layer_value(const std::string& key, const YAML::Node& value, const std::string& origin,
+                         bool override_logical_axis_rules);
   void apply(std::string_view key, const YAML::Node& value, const std::string& origin);
+  void keep_passthrough(const MaxTextKey& key, const YAML::Node& value, const std::string& origin);
+  std::vector<std::string> known_key_names() const;
 
   std::vector<std::string> order_;
   std::map<std::string, Entry, std::less<>> entries_;
+  std::map<std::string, PassthroughKey, std::less<>> passthrough_;
 };
 
 // Parses "key=value" into its parts; UserError when there is no '=' or the key is empty.

@@ -88,7 +88,7 @@ const std::vector<RangeRule>& range_rules() {
       {"base_num_kv_heads", 1, kMaxDim, false},
       {"head_dim", 1, kMaxDim, false},
       {"base_mlp_dim", 1, kMaxDim, false},
-      {"base_moe_mlp_dim", 1, kMaxDim, false},
+      {"base_moe_mlp_dim", -1, kMaxDim, false},  // -1: base_mlp_dim (MaxText's default)
       {"base_num_decoder_layers", 1, kMaxLayers, false},
       {"vocab_size", 1, kMaxVocab, false},
       {"max_target_length", 1, kMaxSequence, false},
@@ -164,6 +164,10 @@ void check_cross_key_rules(const Config& config) {
     throw UserError(
         "global_parameter_scale: " + std::to_string(config.get_int("global_parameter_scale")) +
         " must be a power of two (MaxText get_individual_scales)");
+  }
+  if (config.get_int("base_moe_mlp_dim") == 0) {
+    throw UserError("base_moe_mlp_dim: 0 is out of range (-1 for base_mlp_dim, or >= 1)",
+                    "base_moe_mlp_dim");
   }
   const int64_t query_heads = config.get_int("base_num_query_heads");
   const int64_t kv_heads = config.get_int("base_num_kv_heads");

@@ -32,7 +32,10 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.num_kv_heads = config.get_int("base_num_kv_heads") << scales.heads;
   dims.head_dim = config.get_int("head_dim");
   dims.mlp_dim = config.get_int("base_mlp_dim") << scales.mlp;
-  dims.moe_mlp_dim = config.get_int("base_moe_mlp_dim") << scales.mlp;
+  // MaxText: base_moe_mlp_dim -1 (its default) means the experts are as wide as the dense MLP.
+  const int64_t moe_mlp_dim = config.get_int("base_moe_mlp_dim");
+  dims.moe_mlp_dim = (moe_mlp_dim == -1 ? config.get_int("base_mlp_dim") : moe_mlp_dim)
+                     << scales.mlp;
   dims.num_layers = config.get_int("base_num_decoder_layers") << scales.layers;
   dims.vocab_size = config.get_int("vocab_size");
   dims.mlp_activations = config.get_string_list("mlp_activations");

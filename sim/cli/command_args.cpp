@@ -1,5 +1,7 @@
 #include "sim/cli/command_args.h"
 
+#include <iostream>
+
 #include "common/error.h"
 
 namespace tpusim {
@@ -12,11 +14,7 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
       continue;
     }
     if (arg.ends_with(".yml") || arg.ends_with(".yaml")) {
-      if (!result.base_path.empty()) {
-        throw UserError("two config files given ('" + result.base_path + "' and '" + arg +
-                        "'); pass one base config and key=value overrides");
-      }
-      result.base_path = arg;
+      result.config_paths.push_back(arg);
       continue;
     }
     throw UserError("argument '" + arg +
@@ -27,7 +25,52 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
 
 Config load_command_config(const std::vector<std::string>& args) {
   const CommandArgs split = split_command_args(args);
-  return Config::load(split.base_path, split.overrides);
+  Config config = Config::load_files(split.config_paths, split.overrides);
+  report_passthrough_keys(config, std::cerr);
+  return config;
+}
+
+void report_passthrough_keys(const Config& config, std::ostream& out) {
+  // A whole MaxText base.yml sets hundreds of keys: name the first few, count the rest (--json
+  // lists them all).
+  constexpr size_t kNamedIgnoredKeys = 12;
+  std::vector<std::string> ignored;
+  std::string not_modeled;
+  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (key.effect == MaxTextKeyEffect::kNotModeled && !key.is_maxtext_default) {
+      not_modeled += (not_modeled.empty() ? "" : ", ") + key.key + "=" + key.value;
+    } else {
+      ignored.push_back(key.key);
+    }
+  }
+  if (!ignored.empty()) {
+    out << "tpusim: " << ignored.size() << " MaxText key" << (ignored.size() == 1 ? "" : "s")
+        << " with no effect on the estimate: ";
+    for (size_t index = 0; index < ignored.size() && index < kNamedIgnoredKeys; ++index) {
+      out << (index == 0 ? "" : ", ") << ignored[index];
+    }
+    if (ignored.size() > kNamedIgnoredKeys) {
+      out << ", ... (" << ignored.size() - kNamedIgnoredKeys << " more; --json lists them)";
+    }
+    out << "\n";
+  }
+  if (!not_modeled.empty()) {
+    out << "tpusim: warning: MaxText keys not modeled (the estimate ignores them): "
+        << not_modeled << "\n";
+  }
+}
+
+nlohmann::json passthrough_keys_json(const Config& config) {
+  nlohmann::json json = {{"ignored_keys", nlohmann::json::array()},
+                         {"not_modeled_keys", nlohmann::json::object()}};
+  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (key.effect == MaxTextKeyEffect::kNotModeled && !key.is_maxtext_default) {
+      json["not_modeled_keys"][key.key] = key.value;
+    } else {
+      json["ignored_keys"].push_back(key.key);
+    }
+  }
+  return json;
 }
 
 }  // namespace tpusim

@@ -1,29 +1,43 @@
-// sim/cli/command_args.h: splits a MaxText-style argument list into the config file and overrides.
+// sim/cli/command_args.h: splits a MaxText-style argument list into config files and overrides,
+// and reports the MaxText keys the config sets that tpusim does not model.
 //
-// MaxText is run as `train.py configs/base.yml key=value ...`; tpusim takes the same shape. The
-// config file is optional (the embedded configs/base.yml is used without one).
+// MaxText is run as `train.py configs/base.yml key=value ...`; tpusim takes the same shape, with
+// any number of config files (MaxText's base.yml, a model YAML, a partial YAML of overrides),
+// applied in order over the embedded configs/base.yml.
 //
 // Example:
-//   split_command_args({"configs/base.yml", "model_name=llama2-7b"})
-//     -> {base_path = "configs/base.yml", overrides = {"model_name=llama2-7b"}}
+//   split_command_args({"configs/base.yml", "my_run.yml", "model_name=llama2-7b"})
+//     -> {config_paths = {"configs/base.yml", "my_run.yml"}, overrides = {"model_name=llama2-7b"}}
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "model/config.h"
 
 namespace tpusim {
 
 struct CommandArgs {
-  std::string base_path;               // "" = embedded configs/base.yml
-  std::vector<std::string> overrides;  // "key=value"
+  std::vector<std::string> config_paths;  // none = the embedded configs/base.yml alone
+  std::vector<std::string> overrides;     // "key=value"
 };
 
-// UserError when an argument is neither key=value nor a .yml/.yaml file, or two files are given.
+// UserError when an argument is neither key=value nor a .yml/.yaml file.
 CommandArgs split_command_args(const std::vector<std::string>& args);
 
-// The config the arguments name: base file (or the embedded base.yml), preset, overrides.
+// The config the arguments name: embedded base.yml, the files, the preset, the overrides. Lists
+// the MaxText keys tpusim does not model on stderr (report_passthrough_keys).
 Config load_command_config(const std::vector<std::string>& args);
+
+// One line for the keys that cannot change the estimate ("no effect on the estimate: profiler,
+// gcs_metrics"), and a warning for those that could but are not modeled, set to a value other
+// than MaxText's default ("warning: not modeled, the estimate ignores: use_random_routing=True").
+void report_passthrough_keys(const Config& config, std::ostream& out);
+
+// The same as JSON: {"ignored_keys": [...], "not_modeled_keys": {"key": "value", ...}}.
+nlohmann::json passthrough_keys_json(const Config& config);
 
 }  // namespace tpusim

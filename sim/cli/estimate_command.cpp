@@ -97,7 +97,9 @@ void register_estimate_command(CLI::App& app) {
       write_file_atomically(*trace_path, chrome_trace(estimate.timing));
     }
     if (*json_output) {
-      std::cout << estimate.json.dump(2) << "\n";
+      nlohmann::json json = estimate.json;
+      json.update(passthrough_keys_json(config));
+      std::cout << json.dump(2) << "\n";
     } else {
       print_human(estimate.json);
     }

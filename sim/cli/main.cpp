@@ -1,8 +1,12 @@
 // tpusim: TPU-topology simulator and MaxText performance model. See README.md.
+#include <algorithm>
 #include <exception>
+#include <string>
+#include <string_view>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "common/error.h"
@@ -22,6 +26,21 @@ int run(int argc, char** argv) {
   tpusim::register_validate_command(app);
   tpusim::register_op_command(app);
   tpusim::register_train_command(app);
+  // Under --json an error is also one JSON object on stdout, so scripts read every outcome
+  // from one stream: {"error": message, "key": the config key or null, "exit": 2}.
+  const bool json_errors = std::any_of(argv + 1, argv + argc, [](const char* arg) {
+    return std::string_view(arg) == "--json";
+  });
+  auto user_error = [&](const std::string& message, const std::string& key) {
+    std::cerr << "tpusim: " << message << "\n";
+    if (json_errors) {
+      const nlohmann::json error = {{"error", message},
+                                    {"key", key.empty() ? nlohmann::json() : nlohmann::json(key)},
+                                    {"exit", tpusim::kUserErrorExitCode}};
+      std::cout << error.dump() << "\n";
+    }
+    return tpusim::kUserErrorExitCode;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
@@ -29,14 +48,11 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& help) {
     return app.exit(help);
   } catch (const CLI::ParseError& error) {
-    std::cerr << "tpusim: " << error.what() << "\n";
-    return tpusim::kUserErrorExitCode;
+    return user_error(error.what(), "");
   } catch (const tpusim::UserError& error) {
-    std::cerr << "tpusim: " << error.what() << "\n";
-    return tpusim::kUserErrorExitCode;
+    return user_error(error.what(), error.key());
   } catch (const YAML::Exception& error) {
-    std::cerr << "tpusim: malformed value: " << error.what() << "\n";
-    return tpusim::kUserErrorExitCode;
+    return user_error(std::string("malformed value: ") + error.what(), "");
   }
   return 0;
 }

@@ -47,6 +47,14 @@ const std::vector<SliceCase> kCases = {
     {"v5p:4x4x8", "v5p", {4, 4, 8}, 128, 128, {true, true, true}},
     {"v6e:8x16", "v6e", {8, 16}, 128, 128, {false, true}},
     {"tpu7x:2x2x2", "v7x", {2, 2, 2}, 8, 16, {false, false, false}},
+    // As xpk and the published recipes write them: a shape after the dash, the one-chip tpu7x-2
+    // and the product name.
+    {"tpu7x-4x4x8", "v7x", {4, 4, 8}, 128, 256, {true, true, true}},
+    {"tpu7x-4x8x8", "v7x", {4, 8, 8}, 256, 512, {true, true, true}},
+    {"v5p-4x4x8", "v5p", {4, 4, 8}, 128, 128, {true, true, true}},
+    {"v6e-4x4", "v6e", {4, 4}, 16, 16, {false, false}},
+    {"tpu7x-2", "v7x", {1, 1, 1}, 1, 2, {false, false, false}},
+    {"ironwood-256", "v7x", {4, 4, 8}, 128, 256, {true, true, true}},
 };
 
 TEST(ParseSlice, NamesAcrossGenerations) {

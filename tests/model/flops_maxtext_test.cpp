@@ -100,7 +100,8 @@ TEST(MaxTextFlops, DenseLlamaStyleByHand) {
 // B=1, S=2048, D=3072, H=K=12, h=256, F=12288, L=48, V=32768.
 TEST(MaxTextFlops, Gpt3StyleOneActivationByHand) {
   const MaxTextFlops flops =
-      flops_of({"model_name=gpt3-6b", "per_device_batch_size=1", "max_target_length=2048"});
+      flops_of({"model_name=gpt3-6b", "per_device_batch_size=1", "max_target_length=2048",
+                "override_model_config=true"});
   const double tokens = 2048.0;
   const double ffn = 2 * tokens * 3072 * 12288 * 1 + 2 * tokens * 3072 * 12288;
   const double qkv = 2 * tokens * 3072 * (12 + 2 * 12) * 256;

@@ -30,7 +30,7 @@ TEST(ForwardBuilder, MatmulFlopsEqualMaxTextConventionForEveryPreset) {
       SCOPED_TRACE(name + " batch " + std::to_string(batch));
       const Config config = Config::load(
           "", {"model_name=" + name, "per_device_batch_size=" + std::to_string(batch) + ".0",
-               "max_target_length=512"});
+               "max_target_length=512", "override_model_config=true"});
       const ForwardGraph forward = build_forward(config, batch);
       const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12;
       EXPECT_NEAR(3.0 * forward_matmul_flops(forward) / expected, 1.0, 1e-9);

@@ -46,26 +46,27 @@ CollectiveSummary collectives(const StepProgram& built, const std::string& regio
 }
 
 // FSDP (fsdp=4): each layer gathers every weight in forward (bf16, cast on the shard) and again in
-// backward, and reduce-scatters every weight gradient.
+// backward, and reduce-scatters every weight gradient. MaxText's llama2 presets add the rule
+// ['norm', 'fsdp'] (merged into the base rules by name), so the two norm scales are sharded over
+// fsdp too: gathered and reduce-scattered in f32, never all-reduced.
 TEST(Partitioner, FsdpGathersWeightsAndReduceScattersGradients) {
   const StepProgram built = program_for({});
   ASSERT_EQ(built.mesh.shape.size("fsdp"), 4);
   const int64_t layer_weight_elements = 4 * kEmbed * kEmbed + 3 * kEmbed * kMlp;
+  const int64_t layer_bytes = layer_weight_elements * kBf16 + 2 * kEmbed * kF32;
   const CollectiveSummary forward = collectives(built, "layer", OpKind::kAllGather, {"fsdp"});
-  EXPECT_EQ(forward.count, 7);
-  EXPECT_EQ(forward.bytes, layer_weight_elements * kBf16);
+  EXPECT_EQ(forward.count, 9);
+  EXPECT_EQ(forward.bytes, layer_bytes);
   const CollectiveSummary backward_gathers =
       collectives(built, "layer/grad", OpKind::kAllGather, {"fsdp"});
-  EXPECT_EQ(backward_gathers.count, 7);
-  EXPECT_EQ(backward_gathers.bytes, layer_weight_elements * kBf16);
+  EXPECT_EQ(backward_gathers.count, 9);
+  EXPECT_EQ(backward_gathers.bytes, layer_bytes);
   const CollectiveSummary scatters =
       collectives(built, "layer/grad", OpKind::kReduceScatter, {"fsdp"});
-  EXPECT_EQ(scatters.count, 7);
-  EXPECT_EQ(scatters.bytes, layer_weight_elements * kBf16);
-  // The two norm scales are replicated: their f32 gradients are all-reduced over fsdp.
+  EXPECT_EQ(scatters.count, 9);
+  EXPECT_EQ(scatters.bytes, layer_bytes);
   const CollectiveSummary norms = collectives(built, "layer/grad", OpKind::kAllReduce, {"fsdp"});
-  EXPECT_EQ(norms.count, 2);
-  EXPECT_EQ(norms.bytes, 2 * kEmbed * kF32);
+  EXPECT_EQ(norms.count, 0);
 }
 
 // Tensor parallelism (tensor=4) with MaxText's sequence-parallel activation rules: per layer two
@@ -155,13 +156,14 @@ TEST(Partitioner, DcnDataParallelAllReducesGradients) {
   ASSERT_EQ(built.mesh.shape.dcn[mesh_axis_index("data")], 2);
   const int64_t layer_weight_elements = 4 * kEmbed * kEmbed + 3 * kEmbed * kMlp;
   const CollectiveSummary dcn = collectives(built, "layer/grad", OpKind::kAllReduce, {"data"});
-  // Each weight gradient's shard, 1/4 after the fsdp reduce-scatter.
-  EXPECT_EQ(dcn.count, 7);
-  EXPECT_EQ(dcn.bytes, layer_weight_elements * kBf16 / 4);
-  // The replicated norm scales' gradients are all-reduced over both axes at once.
+  // Each weight gradient's shard, 1/4 after the fsdp reduce-scatter; the norm scales are sharded
+  // over fsdp too (the llama2 preset's ['norm', 'fsdp'] rule), their f32 shards join.
+  EXPECT_EQ(dcn.count, 9);
+  EXPECT_EQ(dcn.bytes, (layer_weight_elements * kBf16 + 2 * kEmbed * kF32) / 4);
+  // Nothing is left replicated over fsdp, so nothing is all-reduced over both axes at once.
   const CollectiveSummary norms =
       collectives(built, "layer/grad", OpKind::kAllReduce, {"data", "fsdp"});
-  EXPECT_EQ(norms.bytes, 2 * kEmbed * kF32);
+  EXPECT_EQ(norms.count, 0);
 }
 
 TEST(Partitioner, ParametersScaleAsOneOverShards) {

@@ -1,6 +1,7 @@
 // End-to-end tests of the tpusim command line: output contracts and exit codes.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -182,7 +183,101 @@ TEST(OpCommand, BadInputExits2) {
   expect_user_error({"op", "all_gather", "bytes=100", "axes=tensor"}, "tensor");
 }
 
-TEST(ValidateCommand, JsonContractOnTheSharedSet) {
+// Every public MaxText recipe (validation/recipes_public.json: args exactly as published) runs as
+// pasted with its topology as xpk writes it, or, for a model tpusim does not build yet, exits 2
+// naming the preset and what is missing. Nothing else: no unknown key, no exit 1.
+TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
+  std::ifstream file(testing::source_dir() + "/validation/recipes_public.json");
+  ASSERT_TRUE(file.good());
+  const nlohmann::json recipes = nlohmann::json::parse(file);
+  ASSERT_EQ(recipes.size(), 22u);
+  int ran = 0;
+  for (const auto& recipe : recipes) {
+    SCOPED_TRACE(recipe["id"].get<std::string>());
+    std::vector<std::string> args = {
+        "estimate", "compile_topology=" + recipe["topology"].get<std::string>(),
+        "compile_topology_num_slices=" + std::to_string(recipe["num_slices"].get<int>())};
+    for (const auto& arg : recipe["args"]) {
+      args.push_back(arg.get<std::string>());
+    }
+    args.emplace_back("--json");
+    const auto result = run_tpusim(args);
+    if (result.exit_code == 0) {
+      const nlohmann::json json = nlohmann::json::parse(result.out);
+      EXPECT_GT(json["step_time_s"].get<double>(), 0.0);
+      EXPECT_TRUE(json["ignored_keys"].is_array());
+      EXPECT_TRUE(json["not_modeled_keys"].is_object());
+      ++ran;
+    } else {
+      EXPECT_EQ(result.exit_code, 2) << result.err;
+      const nlohmann::json error = nlohmann::json::parse(result.out);
+      EXPECT_EQ(error["key"], "model_name");
+      EXPECT_NE(error["error"].get<std::string>().find("does not build yet"), std::string::npos)
+          << result.err;
+    }
+  }
+  // 18 of 22 at this revision: the four others are gemma4 and llama4 models.
+  EXPECT_GE(ran, 18);
+}
+
+// MaxText's own base.yml (rebuilt from the key/value fixture) as the config file gives the
+// estimate of tpusim's embedded base.yml: the same defaults, rules merged by name.
+TEST(EstimateCommand, MaxTextBaseYmlGivesTheEmbeddedBasesEstimate) {
+  std::ifstream keys(testing::source_dir() + "/tests/data/maxtext/maxtext_keys.tsv");
+  ASSERT_TRUE(keys.good());
+  const std::string path = ::testing::TempDir() + "/maxtext_base.yml";
+  {
+    std::ofstream yaml(path);
+    std::string line;
+    std::getline(keys, line);  // header
+    while (std::getline(keys, line)) {
+      const size_t tab = line.find('\t');
+      const size_t second = line.find('\t', tab + 1);
+      yaml << line.substr(0, tab) << ": " << line.substr(tab + 1, second - tab - 1) << "\n";
+    }
+  }
+  for (const char* model : {"model_name=llama2-7b", "model_name=mixtral-8x7b"}) {
+    const auto with_file =
+        run_tpusim({"estimate", path, model, "compile_topology=v5p-64", "--json"});
+    const auto embedded = run_tpusim({"estimate", model, "compile_topology=v5p-64", "--json"});
+    ASSERT_EQ(with_file.exit_code, 0) << with_file.err;
+    ASSERT_EQ(embedded.exit_code, 0) << embedded.err;
+    const auto a = nlohmann::json::parse(with_file.out);
+    const auto b = nlohmann::json::parse(embedded.out);
+    EXPECT_EQ(a["step_time_s"], b["step_time_s"]) << model;
+    EXPECT_EQ(a["hbm_peak_bytes_per_device"], b["hbm_peak_bytes_per_device"]) << model;
+    EXPECT_GT(a["ignored_keys"].size(), 400u);
+  }
+  std::remove(path.c_str());
+}
+
+TEST(EstimateCommand, MaxTextKeysAreListedOnceByEffect) {
+  const auto result = run_tpusim({"estimate", "compile_topology=v5p-8", "profiler=xplane",
+                                  "use_random_routing=True", "skip_first_n_steps_for_profiler=5"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("2 MaxText keys with no effect on the estimate: profiler, "
+                            "skip_first_n_steps_for_profiler"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("warning: MaxText keys not modeled (the estimate ignores them): "
+                            "use_random_routing=True"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {
+  const auto result = run_tpusim({"estimate", "profilr=xplane", "--json"});
+  EXPECT_EQ(result.exit_code, 2);
+  const nlohmann::json error = nlohmann::json::parse(result.out);
+  EXPECT_EQ(error["key"], "profilr");
+  EXPECT_EQ(error["exit"], 2);
+  EXPECT_NE(error["error"].get<std::string>().find("did you mean 'profiler'"), std::string::npos);
+  const auto no_key = run_tpusim({"estimate", "compile_topology=v5p-100", "--json"});
+  EXPECT_EQ(no_key.exit_code, 2);
+  EXPECT_TRUE(nlohmann::json::parse(no_key.out).contains("error"));
+}
+
+TEST(ValidateCommand, JsonContractOnThePublishedSet) {
   const std::string csv = testing::source_dir() + "/validation/published.csv";
   const auto result = run_tpusim({"validate", csv, "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -38,9 +38,8 @@ constexpr double kParameters = 32 * kLayerParameters + 2.0 * 32000 * 4096 + 4096
 
 TEST(MemoryModel, WeightsAndOptimizerStateAreShardedOverFsdp) {
   const MemoryEstimate four = memory_for({});
-  // Norm scales are replicated on every device; everything else is split 4 ways.
-  const double replicated = (32 * 2 + 1) * 4096.0;
-  const double expected_weights = (kParameters - replicated) * kF32 / 4 + replicated * kF32;
+  // Everything is split 4 ways: the llama2 preset's ['norm', 'fsdp'] rule shards the norm scales.
+  const double expected_weights = kParameters * kF32 / 4;
   EXPECT_NEAR(four.at_peak.weights / expected_weights, 1.0, 1e-12);
   EXPECT_NEAR(four.at_peak.optimizer_state / (2 * expected_weights), 1.0, 1e-12);
   const MemoryEstimate eight = memory_for({}, "v5p-16");
