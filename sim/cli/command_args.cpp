@@ -23,10 +23,17 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
   return result;
 }
 
-Config load_command_config(const std::vector<std::string>& args) {
-  const CommandArgs split = split_command_args(args);
+Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
+                           XlaFlagReport* xla_report) {
+  CommandArgs split = split_command_args(args);
+  const XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
+  split.overrides.insert(split.overrides.end(), flags.overrides.begin(), flags.overrides.end());
   Config config = Config::load_files(split.config_paths, split.overrides);
   report_passthrough_keys(config, std::cerr);
+  report_xla_flags(flags, std::cerr);
+  if (xla_report != nullptr) {
+    *xla_report = flags;
+  }
   return config;
 }
 

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
+#include "sim/cli/xla_flags.h"
 
 namespace tpusim {
 
@@ -28,9 +29,12 @@ struct CommandArgs {
 // UserError when an argument is neither key=value nor a .yml/.yaml file.
 CommandArgs split_command_args(const std::vector<std::string>& args);
 
-// The config the arguments name: embedded base.yml, the files, the preset, the overrides. Lists
-// the MaxText keys tpusim does not model on stderr (report_passthrough_keys).
-Config load_command_config(const std::vector<std::string>& args);
+// The config the arguments name: embedded base.yml, the files, the preset, the overrides, plus the
+// switches XLA flags set (`xla_flags`, then LIBTPU_INIT_ARGS and XLA_FLAGS: sim/cli/xla_flags.h;
+// a key on the command line wins). Lists the MaxText keys tpusim does not model and the XLA flags
+// on stderr; `xla_report`, when given, receives what the flags did.
+Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags = "",
+                           XlaFlagReport* xla_report = nullptr);
 
 // One line for the keys that cannot change the estimate ("no effect on the estimate: profiler,
 // gcs_metrics"), and a warning for those that could but are not modeled, set to a value other

@@ -82,6 +82,7 @@ void register_estimate_command(CLI::App& app) {
   auto json_output = std::make_shared<bool>(false);
   auto trace_path = std::make_shared<std::string>();
   auto profile = std::make_shared<int>(0);
+  auto xla_flags = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand(
       "estimate",
       "Estimate one training step of a MaxText config on a slice: step time, MFU, "
@@ -90,8 +91,11 @@ void register_estimate_command(CLI::App& app) {
   command->add_flag("--json", *json_output, "Print one JSON object");
   command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
-  command->callback([args, json_output, trace_path, profile] {
-    const Config config = load_command_config(*args);
+  command->add_option("--xla-flags", *xla_flags,
+                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
+  command->callback([args, json_output, trace_path, profile, xla_flags] {
+    XlaFlagReport xla_report;
+    const Config config = load_command_config(*args, *xla_flags, &xla_report);
     const Estimate estimate = estimate_config(config);
     if (!trace_path->empty()) {
       write_file_atomically(*trace_path, chrome_trace(estimate.timing));
@@ -99,6 +103,7 @@ void register_estimate_command(CLI::App& app) {
     if (*json_output) {
       nlohmann::json json = estimate.json;
       json.update(passthrough_keys_json(config));
+      json["xla_flags"] = xla_flags_json(xla_report);
       std::cout << json.dump(2) << "\n";
     } else {
       print_human(estimate.json);

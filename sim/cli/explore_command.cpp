@@ -30,6 +30,7 @@ struct ExploreFlags {
   std::vector<std::string> args;
   int top = 10;
   bool json = false;
+  std::string xla_flags;
   bool csv = false;
   std::string objective = "tokens_per_s_per_chip";
   int64_t global_batch_size = 0;
@@ -140,6 +141,8 @@ void register_explore_command(CLI::App& app) {
   command->add_option("args", flags->args, "[config.yml] key=value ... (given keys are pinned)");
   command->add_option("--top", flags->top, "How many candidates to list (default 10)");
   command->add_flag("--json", flags->json, "Print one JSON object");
+  command->add_option("--xla-flags", flags->xla_flags,
+                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_flag("--csv", flags->csv, "Print the top candidates as CSV");
   command->add_option("--objective", flags->objective,
                       "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar");
@@ -159,7 +162,7 @@ void register_explore_command(CLI::App& app) {
     if (flags->json && flags->csv) {
       throw UserError("explore: --json and --csv exclude each other");
     }
-    const Config config = load_command_config(flags->args);
+    const Config config = load_command_config(flags->args, flags->xla_flags);
     ExploreOptions options;
     options.limits.global_batch_size = flags->global_batch_size;
     options.limits.max_per_device_batch = flags->max_per_device_batch;

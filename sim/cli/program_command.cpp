@@ -19,12 +19,15 @@ void register_program_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "program", "Print the per-device training-step program (ops, local shapes, collectives)");
   command->add_option("args", *args, "[config.yml] key=value ...");
+  auto xla_flags = std::make_shared<std::string>();
+  command->add_option("--xla-flags", *xla_flags,
+                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_option("--layer", *layer,
                       "Print only layer group N (0 = first decoder layer kind): its forward, "
                       "backward and optimizer regions");
   command->add_flag("--global", *global, "Print the global (unpartitioned) step instead");
-  command->callback([args, layer, global] {
-    const Config config = load_command_config(*args);
+  command->callback([args, layer, global, xla_flags] {
+    const Config config = load_command_config(*args, *xla_flags);
     const StepProgram built = build_step_program(config);
     const Graph& graph = *global ? built.step->graph : built.program.graph;
     const auto& layers = built.step->forward_info.layer_regions;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -275,6 +276,42 @@ TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {
   const auto no_key = run_tpusim({"estimate", "compile_topology=v5p-100", "--json"});
   EXPECT_EQ(no_key.exit_code, 2);
   EXPECT_TRUE(nlohmann::json::parse(no_key.out).contains("error"));
+}
+
+// Recipes' XLA flags: the SparseCore offloads and async collective fusion set tpusim's switches
+// (a key on the command line wins), tracing flags change nothing, the rest is listed as not
+// modeled; LIBTPU_INIT_ARGS is read like --xla-flags.
+TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
+  const std::string flags =
+      "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true "
+      "--xla_tpu_enable_async_collective_fusion=false --xla_tpu_scoped_vmem_limit_kib=65536 "
+      "--xla_tpu_enable_all_gather_offload_tracing=true";
+  const auto result = run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=tpu7x-16",
+                                  "--xla-flags", flags, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out)["xla_flags"];
+  EXPECT_EQ(json["overrides"], (nlohmann::json{"sparse_core_collective_offload=on",
+                                               "collective_matmul=false"}));
+  EXPECT_EQ(json["not_modeled"], (nlohmann::json{"xla_tpu_scoped_vmem_limit_kib"}));
+  EXPECT_EQ(json["no_effect"], (nlohmann::json{"xla_tpu_enable_all_gather_offload_tracing"}));
+
+  const auto pinned = run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=tpu7x-16",
+                                  "sparse_core_collective_offload=off", "--xla-flags", flags,
+                                  "--json"});
+  ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
+  EXPECT_EQ(nlohmann::json::parse(pinned.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=false"}));
+
+  ::setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_async_collective_fusion=false", 1);
+  const auto from_environment =
+      run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5p-8", "--json"});
+  const auto bad = run_tpusim({"estimate", "--xla-flags", "xla_oops"});
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ASSERT_EQ(from_environment.exit_code, 0) << from_environment.err;
+  EXPECT_EQ(nlohmann::json::parse(from_environment.out)["xla_flags"]["sources"],
+            (nlohmann::json{"LIBTPU_INIT_ARGS"}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("xla_oops"), std::string::npos) << bad.err;
 }
 
 TEST(ValidateCommand, JsonContractOnThePublishedSet) {

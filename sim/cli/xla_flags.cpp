@@ -1,0 +1,141 @@
+#include "sim/cli/xla_flags.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace tpusim {
+namespace {
+
+struct Flag {
+  std::string name;  // without the leading dashes
+  std::string value;
+  std::string text;  // as given
+};
+
+bool is_true(std::string value) {
+  for (char& character : value) {
+    character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
+  }
+  return value.empty() || value == "true" || value == "1";
+}
+
+std::vector<Flag> parse_flags(const std::string& text, const std::string& source) {
+  std::vector<Flag> flags;
+  std::istringstream stream(text);
+  std::string token;
+  while (stream >> token) {
+    if (!token.starts_with("--") || token.size() == 2) {
+      throw UserError("XLA flags (" + source + "): '" + token + "' is not a --flag[=value]");
+    }
+    const size_t equals = token.find('=');
+    Flag flag;
+    flag.name = token.substr(2, equals == std::string::npos ? std::string::npos : equals - 2);
+    flag.value = equals == std::string::npos ? "" : token.substr(equals + 1);
+    flag.text = token;
+    flags.push_back(flag);
+  }
+  return flags;
+}
+
+bool user_sets(const std::vector<std::string>& user_overrides, const std::string& key) {
+  return std::any_of(user_overrides.begin(), user_overrides.end(),
+                     [&](const std::string& item) { return item.starts_with(key + "="); });
+}
+
+}  // namespace
+
+XlaFlagReport xla_flag_overrides(const std::string& flags,
+                                 const std::vector<std::string>& user_overrides,
+                                 bool read_environment) {
+  XlaFlagReport report;
+  std::vector<Flag> all;
+  auto take = [&](const std::string& text, const std::string& source) {
+    if (text.find_first_not_of(" \t\n") == std::string::npos) {
+      return;
+    }
+    report.sources.push_back(source);
+    const std::vector<Flag> parsed = parse_flags(text, source);
+    all.insert(all.end(), parsed.begin(), parsed.end());
+  };
+  take(flags, "--xla-flags");
+  if (read_environment) {
+    for (const char* variable : {"LIBTPU_INIT_ARGS", "XLA_FLAGS"}) {
+      if (const char* value = std::getenv(variable)) {
+        take(value, variable);
+      }
+    }
+  }
+  // The switches the modeled flags set; a later flag wins, as in XLA.
+  std::optional<bool> sparse_core_offload;
+  std::optional<bool> async_collective_fusion;
+  std::map<std::string, std::string> modeled_text;
+  for (const Flag& flag : all) {
+    if (flag.name.find("sparse_core_collective_offload") != std::string::npos) {
+      // Any offloaded collective kind turns tpusim's (all-kinds) offload on.
+      sparse_core_offload = sparse_core_offload.value_or(false) || is_true(flag.value);
+      modeled_text[flag.name] = flag.text;
+    } else if (flag.name == "xla_tpu_enable_async_collective_fusion") {
+      async_collective_fusion = is_true(flag.value);
+      modeled_text[flag.name] = flag.text;
+    } else if (flag.name.find("_tracing") != std::string::npos ||
+               flag.name.starts_with("xla_dump")) {
+      report.no_effect.push_back(flag.name);
+    } else {
+      report.not_modeled.push_back(flag.name);
+    }
+  }
+  if (sparse_core_offload && !user_sets(user_overrides, "sparse_core_collective_offload")) {
+    report.overrides.push_back(std::string("sparse_core_collective_offload=") +
+                               (*sparse_core_offload ? "on" : "off"));
+  }
+  if (async_collective_fusion && !user_sets(user_overrides, "collective_matmul")) {
+    report.overrides.push_back(std::string("collective_matmul=") +
+                               (*async_collective_fusion ? "true" : "false"));
+  }
+  for (const auto& [name, text] : modeled_text) {
+    report.modeled.push_back(text);
+  }
+  return report;
+}
+
+void report_xla_flags(const XlaFlagReport& report, std::ostream& out) {
+  if (report.empty()) {
+    return;
+  }
+  std::string sources;
+  for (const std::string& source : report.sources) {
+    sources += (sources.empty() ? "" : ", ") + source;
+  }
+  out << "tpusim: XLA flags (" << sources << "): ";
+  std::string applied;
+  for (const std::string& item : report.overrides) {
+    applied += (applied.empty() ? "" : ", ") + item;
+  }
+  out << (applied.empty() ? "none changes a modeled switch" : "set " + applied) << "; "
+      << report.not_modeled.size() << " not modeled";
+  if (!report.not_modeled.empty()) {
+    out << " (";
+    for (size_t index = 0; index < report.not_modeled.size(); ++index) {
+      out << (index == 0 ? "" : ", ") << report.not_modeled[index];
+    }
+    out << ")";
+  }
+  out << "\n";
+}
+
+nlohmann::json xla_flags_json(const XlaFlagReport& report) {
+  return {{"sources", report.sources},
+          {"overrides", report.overrides},
+          {"modeled", report.modeled},
+          {"no_effect", report.no_effect},
+          {"not_modeled", report.not_modeled}};
+}
+
+}  // namespace tpusim
