@@ -361,9 +361,9 @@ bool bool_setting(const std::string& key, const std::vector<std::string>& overri
 }  // namespace
 
 Config Config::load(const std::string& base_path, const std::vector<std::string>& overrides) {
-  return load_files(base_path.empty() ? std::vector<std::string>{}
-                                      : std::vector<std::string>{base_path},
-                    overrides);
+  return load_files(
+      base_path.empty() ? std::vector<std::string>{} : std::vector<std::string>{base_path},
+      overrides);
 }
 
 Config Config::load_files(const std::vector<std::string>& paths,
@@ -488,8 +488,8 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
       throw UserError("'" + key + "' is given twice on the command line");
     }
     if (preset_keys.contains(key) && !allow_model_override) {
-      throw UserError("'" + key + "' is set by the model preset (model_name=" +
-                      get_string("model_name") +
+      throw UserError("'" + key +
+                      "' is set by the model preset (model_name=" + get_string("model_name") +
                       ") and on the command line; pass override_model_config=true to override it, "
                       "as in MaxText");
     }
@@ -511,12 +511,15 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
 
 namespace {
 
-// Checks a value of a MaxText key tpusim does not model against MaxText's type for it, loosely
-// (MaxText's own checks differ by revision): bools are true/false in any case, numbers are
-// numbers (1_000 style allowed), lists are lists, maps are maps; null fits every type.
+// Checks a value of a MaxText key tpusim does not model but that would change the step against
+// MaxText's type for it, loosely (MaxText's own checks differ by revision): bools are true/false in
+// any case, numbers are numbers (1_000 style allowed), lists are lists, maps are maps; null fits
+// every type.
 void check_passthrough_value(const MaxTextKey& key, const YAML::Node& value,
                              const std::string& origin) {
-  if (value.IsNull()) {
+  // A key that cannot change the estimate is not checked further: MaxText's own types for them
+  // vary by revision (image_size_for_vit is an int in base.yml and a list in gemma4's presets).
+  if (value.IsNull() || key.effect == MaxTextKeyEffect::kNoEffect) {
     return;
   }
   const std::string where = "'" + key.name + "' (" + origin + ", a MaxText key)";
@@ -620,8 +623,8 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
                         did_you_mean(key, known_key_names()),
                     std::string(key));
   }
-  const bool is_string = found != entries_.end() ? found->second.type == ConfigType::kString
-                                                 : maxtext->type == "str";
+  const bool is_string =
+      found != entries_.end() ? found->second.type == ConfigType::kString : maxtext->type == "str";
   YAML::Node value;
   if (is_string) {
     std::string text(value_text);

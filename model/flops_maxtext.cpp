@@ -1,6 +1,7 @@
 #include "model/flops_maxtext.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/error.h"
@@ -64,22 +65,21 @@ struct FfnLayerCounts {
   int64_t moe = 0;
 };
 
-// MoE models: DeepSeek has first_num_dense_layers dense layers then MoE ones; other blocks
-// (mixtral, qwen3_moe, gpt_oss, ...) are MoE in every layer.
+// MoE models: DeepSeek has first_num_dense_layers dense layers then MoE ones; llama4 makes every
+// interleave_moe_layer_step-th layer MoE; other blocks (mixtral, qwen3_moe, gpt_oss, gemma4, ...)
+// are MoE in every layer (ModelDims::is_moe_layer).
 FfnLayerCounts ffn_layer_counts(const ModelDims& dims, int64_t num_layers) {
-  if (!dims.is_moe()) {
-    return {num_layers, 0};
+  FfnLayerCounts counts;
+  for (int64_t index = 0; index < num_layers; ++index) {
+    (dims.is_moe_layer(index) ? counts.moe : counts.dense) += 1;
   }
-  if (dims.decoder_block == "deepseek") {
-    const int64_t dense = std::min(dims.first_num_dense_layers, num_layers);
-    return {dense, num_layers - dense};
-  }
-  return {0, num_layers};
+  return counts;
 }
 
 struct AttentionLayerCounts {
   int64_t global = 0;
   int64_t local = 0;
+  int64_t chunked = 0;
 };
 
 // Which layers use sliding-window attention, per MaxText's accounting: gemma2 alternates
@@ -90,8 +90,13 @@ AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_l
   if (dims.decoder_block == "gemma2") {
     return {num_layers / kGemma2LayersPerDecoderLayer, num_layers / kGemma2LayersPerDecoderLayer};
   }
+  if (dims.decoder_block == "llama4" && dims.chunk_attn_window_size > 0) {
+    // Every nope_layer_interval-th layer global, the others chunked.
+    const int64_t global = dims.nope_layer_interval > 0 ? num_layers / dims.nope_layer_interval : 0;
+    return {global, 0, num_layers - global};
+  }
   int64_t pattern_length = 1;
-  if (dims.decoder_block == "gemma3") {
+  if (dims.decoder_block == "gemma3" || dims.decoder_block == "gemma4") {
     pattern_length = kGemma3AttentionPatternLength;
   } else if (dims.decoder_block == "gpt_oss") {
     pattern_length = dims.inhomogeneous_layer_cycle_interval;
@@ -101,7 +106,7 @@ AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_l
     }
   }
   const int64_t global = num_layers / pattern_length;
-  return {global, num_layers - global};
+  return {global, num_layers - global, 0};
 }
 
 // Query + key/value projections of one MLA layer (MaxText calculate_mla_tflops_per_device).
@@ -143,12 +148,14 @@ BatchShape batch_shape(const Config& config) {
 
 double MaxTextForwardFlops::learnable_weight_flops() const {
   return dense_ffn * as_double(num_dense_layers) + (moe_ffn + router) * as_double(num_moe_layers) +
-         (qkv + out_proj) * as_double(num_layers) + unembed;
+         (qkv + out_proj) * as_double(num_layers - num_global_attention_layers) +
+         (global_qkv + global_out_proj) * as_double(num_global_attention_layers) + unembed;
 }
 
 double MaxTextForwardFlops::attention_flops() const {
   return global_attention * as_double(num_global_attention_layers) +
-         local_attention * as_double(num_local_attention_layers);
+         local_attention * as_double(num_local_attention_layers) +
+         chunked_attention * as_double(num_chunked_attention_layers);
 }
 
 MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
@@ -167,14 +174,17 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
   const AttentionLayerCounts attention_layers = attention_layer_counts(dims, forward.num_layers);
   forward.num_global_attention_layers = attention_layers.global;
   forward.num_local_attention_layers = attention_layers.local;
+  forward.num_chunked_attention_layers = attention_layers.chunked;
 
   forward.dense_ffn = ffn_flops(tokens, dims, dims.mlp_dim);
   if (dims.is_moe()) {
     forward.router = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.num_experts);
-    // Shared experts only in DeepSeek-style blocks; the generic MoE path ignores them.
-    const int64_t shared = dims.decoder_block == "deepseek" ? dims.shared_experts : 0;
+    // Shared experts only in the DeepSeek, Llama4 and Gemma4 blocks (Gemma4's as wide as the dense
+    // MLP); the generic MoE path ignores them.
+    const int64_t shared = dims.has_shared_experts() ? dims.shared_experts : 0;
     forward.moe_ffn =
-        as_double(shared + dims.num_experts_per_tok) * ffn_flops(tokens, dims, dims.moe_mlp_dim);
+        as_double(shared) * ffn_flops(tokens, dims, dims.shared_expert_mlp_dim()) +
+        as_double(dims.num_experts_per_tok) * ffn_flops(tokens, dims, dims.moe_mlp_dim);
   }
 
   // Non-causal core attention is kAttentionMatmuls x 2.B.S^2.H.(per-head width of the matmul);
@@ -191,8 +201,20 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
     forward.qkv = kFlopsPerMultiplyAdd * tokens * emb *
                   as_double(dims.num_query_heads + 2 * dims.num_kv_heads) * head_dim;
     forward.out_proj = kFlopsPerMultiplyAdd * tokens * emb * heads * head_dim;
-    forward.global_attention =
-        kCausalFraction * kAttentionMatmuls * kFlopsPerMultiplyAdd * score_pairs * heads * head_dim;
+    // gemma4's global layers (ModelDims::global_layer_*); for other blocks the same as local.
+    const double global_head_dim = as_double(dims.global_layer_head_dim());
+    const int64_t kv_projections = dims.global_layer_shares_kv() ? 1 : 2;
+    forward.global_qkv =
+        kFlopsPerMultiplyAdd * tokens * emb *
+        as_double(dims.num_query_heads + kv_projections * dims.global_layer_kv_heads()) *
+        global_head_dim;
+    forward.global_out_proj = kFlopsPerMultiplyAdd * tokens * emb * heads * global_head_dim;
+    forward.global_attention = kCausalFraction * kAttentionMatmuls * kFlopsPerMultiplyAdd *
+                               score_pairs * heads * global_head_dim;
+  }
+  if (is_mla(dims)) {
+    forward.global_qkv = forward.qkv;
+    forward.global_out_proj = forward.out_proj;
   }
   if (forward.num_local_attention_layers > 0) {
     // A window longer than the sequence is the whole (causal) sequence: S.W - W^2/2 = S^2/2.
@@ -201,6 +223,17 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
         shape.batch * (shape.sequence * window - kWindowTriangleFraction * window * window);
     forward.local_attention =
         kAttentionMatmuls * kFlopsPerMultiplyAdd * window_pairs * heads * head_dim;
+  }
+  if (forward.num_chunked_attention_layers > 0) {
+    // Causal within each chunk: n = S // C chunks of C^2/2 pairs and the rest r^2/2 (derived: equal
+    // to the causal count when S <= C, as for the published recipes at S = C = 8192).
+    const double chunk = as_double(dims.chunk_attn_window_size);
+    const double whole_chunks = std::floor(shape.sequence / chunk);
+    const double rest = shape.sequence - whole_chunks * chunk;
+    const double chunk_pairs =
+        shape.batch * kCausalFraction * (whole_chunks * chunk * chunk + rest * rest);
+    forward.chunked_attention =
+        kAttentionMatmuls * kFlopsPerMultiplyAdd * chunk_pairs * heads * head_dim;
   }
   forward.unembed = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.vocab_size);
 

@@ -38,19 +38,26 @@ class Config;
 // len(mlp_activations), E/k = num_experts/num_experts_per_tok, H/K = query/kv heads, h = head_dim,
 // W = sliding_window_size, V = vocab_size.
 struct MaxTextForwardFlops {
-  double dense_ffn = 0;         // one dense layer: 2.B.S.D.F.a + 2.B.S.D.F
-  double moe_ffn = 0;           // one MoE layer's experts: (shared + k) x FFN(moe_mlp_dim)
-  double router = 0;            // one MoE layer's router: 2.B.S.D.E
-  double qkv = 0;               // one layer: 2.B.S.D.(H+2K).h, or MLA's q and kv projections
-  double out_proj = 0;          // one layer: 2.B.S.D.H.h (MLA: h = v_head_dim)
+  double dense_ffn = 0;  // one dense layer: 2.B.S.D.F.a + 2.B.S.D.F
+  double moe_ffn = 0;    // one MoE layer's experts: (shared + k) x FFN(moe_mlp_dim)
+  double router = 0;     // one MoE layer's router: 2.B.S.D.E
+  double qkv = 0;        // one layer: 2.B.S.D.(H+2K).h, or MLA's q and kv projections
+  double out_proj = 0;   // one layer: 2.B.S.D.H.h (MLA: h = v_head_dim)
+  // gemma4's global layers: QKV 2.B.S.D.(H+K_g).h_g (one shared K/V projection) and out
+  // projection 2.B.S.D.H.h_g; the other blocks: qkv and out_proj.
+  double global_qkv = 0;
+  double global_out_proj = 0;
   double global_attention = 0;  // one causal layer: 2.B.S^2.H.h (MLA: B.S^2.H.(nope+rope+v))
   double local_attention = 0;   // one sliding-window layer: 4.B.(S.W - W^2/2).H.h, W <= S
-  double unembed = 0;           // once per model: 2.B.S.D.V (the input lookup is a gather)
-  int64_t num_layers = 0;       // the real depth (gemma2: 2 x base_num_decoder_layers)
+  // One llama4 chunked layer: 4.B.(n.C^2/2 + r^2/2).H.h, n = S // C whole chunks, r = S % C.
+  double chunked_attention = 0;
+  double unembed = 0;      // once per model: 2.B.S.D.V (the input lookup is a gather)
+  int64_t num_layers = 0;  // the real depth (gemma2: 2 x base_num_decoder_layers)
   int64_t num_dense_layers = 0;
   int64_t num_moe_layers = 0;
   int64_t num_global_attention_layers = 0;
   int64_t num_local_attention_layers = 0;
+  int64_t num_chunked_attention_layers = 0;
 
   // FFN + router + QKV + out projection over all layers, plus the unembedding.
   double learnable_weight_flops() const;

@@ -20,7 +20,8 @@ std::vector<std::string> split_tabs(std::string_view line) {
   size_t start = 0;
   while (true) {
     const size_t tab = line.find('\t', start);
-    fields.emplace_back(line.substr(start, tab == std::string_view::npos ? line.npos : tab - start));
+    fields.emplace_back(
+        line.substr(start, tab == std::string_view::npos ? line.npos : tab - start));
     if (tab == std::string_view::npos) {
       return fields;
     }
@@ -129,7 +130,8 @@ bool equals_maxtext_default(const MaxTextKey& key, std::string_view value_text) 
   if (fallback.front() == '[' || fallback.front() == '{') {
     // Lists and maps: the same YAML structure, whatever its quoting and spacing.
     try {
-      return flow_text(YAML::Load(std::string(value))) == flow_text(YAML::Load(std::string(fallback)));
+      return flow_text(YAML::Load(std::string(value))) ==
+             flow_text(YAML::Load(std::string(fallback)));
     } catch (const YAML::Exception&) {
       return false;
     }

@@ -40,6 +40,12 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.vocab_size = config.get_int("vocab_size");
   dims.mlp_activations = config.get_string_list("mlp_activations");
   dims.decoder_block = config.get_string("decoder_block");
+  dims.global_head_dim = config.get_int("global_head_dim");
+  dims.global_num_kv_heads = config.get_int("global_num_kv_heads") << scales.heads;
+  dims.share_kv_projections = config.get_bool("share_kv_projections");
+  dims.chunk_attn_window_size = config.get_int("chunk_attn_window_size");
+  dims.nope_layer_interval = config.get_int("nope_layer_interval");
+  dims.interleave_moe_layer_step = config.get_int("interleave_moe_layer_step");
   dims.num_experts = config.get_int("num_experts");
   dims.num_experts_per_tok = config.get_int("num_experts_per_tok");
   dims.shared_experts = config.get_int("shared_experts");

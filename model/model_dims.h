@@ -9,6 +9,7 @@
 //   dims.emb_dim == 4096; dims.num_kv_heads == 8; dims.mlp_dim == 14336; dims.num_layers == 32
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +40,16 @@ struct ModelDims {
   int64_t sliding_window_size = 0;
   // Period of repeating non-identical layers (gpt_oss: 2 = sliding-window, then global).
   int64_t inhomogeneous_layer_cycle_interval = 1;
+  // gemma4's global layers: their head width and kv heads (global_head_dim and
+  // global_num_kv_heads, 0 = as the local layers) and one shared K/V projection.
+  int64_t global_head_dim = 0;
+  int64_t global_num_kv_heads = 0;
+  bool share_kv_projections = false;
+  // llama4: chunked attention window and the period of its global (no-RoPE) layers.
+  int64_t chunk_attn_window_size = 0;
+  int64_t nope_layer_interval = -1;
+  // Every interleave_moe_layer_step-th layer of a MoE model is MoE (llama4: 2).
+  int64_t interleave_moe_layer_step = 1;
   // MLA (attention_type "mla"); not scaled by global_parameter_scale, as in MaxText.
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;
@@ -49,6 +60,31 @@ struct ModelDims {
   static ModelDims from_config(const Config& config);
 
   bool is_moe() const { return num_experts > 1; }
+  // gemma4's global layers have their own head width, kv heads and shared K/V projection.
+  bool global_layers_differ() const { return decoder_block == "gemma4"; }
+  int64_t global_layer_head_dim() const {
+    return global_layers_differ() && global_head_dim > 0 ? global_head_dim : head_dim;
+  }
+  int64_t global_layer_kv_heads() const {
+    return global_layers_differ() && global_num_kv_heads > 0 ? global_num_kv_heads : num_kv_heads;
+  }
+  bool global_layer_shares_kv() const { return global_layers_differ() && share_kv_projections; }
+  // Blocks whose MoE layers add shared_experts (MaxText: DeepSeek, Llama4, Gemma4; the generic
+  // path of mixtral/qwen3_moe/gpt_oss has none), and the width of a shared expert (Gemma4:
+  // base_mlp_dim; the others: base_moe_mlp_dim).
+  bool has_shared_experts() const {
+    return shared_experts > 0 &&
+           (decoder_block == "deepseek" || decoder_block == "llama4" || decoder_block == "gemma4");
+  }
+  int64_t shared_expert_mlp_dim() const {
+    return decoder_block == "gemma4" ? mlp_dim : moe_mlp_dim;
+  }
+  // Layer `index` (0-based) of a MoE model is MoE: past first_num_dense_layers, and every
+  // interleave_moe_layer_step-th (MaxText: (index + 1) % step == 0).
+  bool is_moe_layer(int64_t index) const {
+    return is_moe() && index >= first_num_dense_layers &&
+           (index + 1) % std::max<int64_t>(1, interleave_moe_layer_step) == 0;
+  }
 };
 
 // MaxText get_individual_scales: {emb, heads, mlp, layers} exponents of two for a scale.

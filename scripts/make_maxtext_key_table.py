@@ -16,7 +16,7 @@ for line in open('configs/base.yml'):
     m=re.match(r'^([A-Za-z_][A-Za-z0-9_]*):',line)
     if m: known.add(m.group(1))
 rows=list(csv.reader(open('tests/data/maxtext/maxtext_keys.tsv'),delimiter='\t',quoting=csv.QUOTE_NONE))[1:]
-NONE_PATTERNS = [ r'^rope_interleave$', r'^rope_truncate$', r'^rope_attention_scaling$', r'^rope_use_scale$', r'^rope_linear_scaling_factor$', r'^rope_pairwise$', r'^local_rope_max_timescale$', r'^temperature_tuning$', r'ckpt', r'orbax', r'^generate_slice$',
+NONE_PATTERNS = [ r'^global_rope_max_timescale$', r'^global_rope_proportion$', r'^local_rope_proportion$', r'^partial_rotary_factor$', r'^rope_interleave$', r'^rope_truncate$', r'^rope_attention_scaling$', r'^rope_use_scale$', r'^rope_linear_scaling_factor$', r'^rope_pairwise$', r'^local_rope_max_timescale$', r'^temperature_tuning$', r'ckpt', r'orbax', r'^generate_slice$',
  r'checkpoint', r'^save_', r'^load_', r'lora_input_adapters_path', r'hf_lora_adapter_path', r'^hf_', r'^grain_', r'^olmo_',
  r'^dataset', r'^eval_', r'_eval$', r'_eval_', r'eval_dataset', r'tokeniz', r'^add_bos$', r'^add_eos$', r'chat_template',
  r'^use_truncation$', r'data_columns$', r'image_column$', r'profil', r'^dump_', r'^xprof', r'goodput', r'^monitor_',

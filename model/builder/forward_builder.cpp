@@ -199,8 +199,11 @@ class ForwardBuilder {
         region, "context");
     OpAttrs attrs;
     attrs.mask = group.attention == AttentionKind::kSlidingWindow ? AttentionMask::kSlidingWindow
+                 : group.attention == AttentionKind::kChunked     ? AttentionMask::kChunked
                                                                   : AttentionMask::kCausal;
-    attrs.window = config_.get_int("sliding_window_size");
+    attrs.window = group.attention == AttentionKind::kChunked
+                       ? dims_.chunk_attn_window_size
+                       : config_.get_int("sliding_window_size");
     graph().add_op(OpKind::kAttention, "attention", std::move(inputs), {context}, attrs, region);
     return context;
   }
@@ -217,7 +220,13 @@ class ForwardBuilder {
   }
 
   TensorId build_attention(const LayerGroup& group, int region, TensorId x) {
-    const int64_t head_dim = dims_.head_dim;
+    // gemma4's global layers: their own head width and kv heads, one K/V projection.
+    const bool global = group.attention == AttentionKind::kGlobal;
+    const int64_t head_dim = global ? dims_.global_layer_head_dim() : dims_.head_dim;
+    const int64_t kv_heads = global ? dims_.global_layer_kv_heads() : dims_.num_kv_heads;
+    const bool shared_kv = global && dims_.global_layer_shares_kv();
+    // llama4's global layers use no position encoding (NoPE); gpt3 adds learned positions.
+    const bool rotary = block_ != "gpt3" && !(block_ == "llama4" && global);
     auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
                           const std::string& weight_logical, const std::string& act_logical,
                           const std::string& remat) {
@@ -231,11 +240,13 @@ class ForwardBuilder {
     };
     TensorId query = projection("query", "heads", dims_.num_query_heads, "q_heads",
                                 "activation_heads", "query_proj");
-    TensorId key = projection("key", "kv_heads", dims_.num_kv_heads, "kv_heads",
-                              "activation_kv_heads", "key_proj");
-    const TensorId value = projection("value", "kv_heads", dims_.num_kv_heads, "kv_heads",
-                                      "activation_kv_heads", "value_proj");
-    if (block_ != "gpt3") {
+    TensorId key =
+        projection("key", "kv_heads", kv_heads, "kv_heads", "activation_kv_heads", "key_proj");
+    // Shared K/V: the values are the key projection as computed, before RoPE.
+    const TensorId value = shared_kv ? key
+                                     : projection("value", "kv_heads", kv_heads, "kv_heads",
+                                                  "activation_kv_heads", "value_proj");
+    if (rotary) {
       query = rope("attention/query_rope", query, region);
       key = rope("attention/key_rope", key, region);
     }
@@ -412,9 +423,9 @@ class ForwardBuilder {
     TensorId combined = activation("moe/combined", activation_dims(), region);
     graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
                    dispatch_attrs, region);
-    if (dims_.shared_experts > 0) {
+    if (dims_.has_shared_experts()) {
       const TensorId shared =
-          build_mlp("moe/shared", region, x, dims_.moe_mlp_dim * dims_.shared_experts);
+          build_mlp("moe/shared", region, x, dims_.shared_expert_mlp_dim() * dims_.shared_experts);
       combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
     }
     return combined;

@@ -8,7 +8,9 @@
 namespace tpusim {
 namespace {
 
-// gemma3 puts a global layer after every five local ones (MaxText gemma3 decoder block).
+// gemma3 and gemma4 put a global layer after every five local ones (MaxText's gemma3 block; for
+// gemma4 the pattern reproduces the TFLOP/s that MaxText's Ironwood recipes publish, see
+// tests/model/flops_maxtext_test.cpp).
 constexpr int64_t kGemma3GlobalEvery = 6;
 
 // The keys that pick each layer's attention, read once per plan (not once per layer).
@@ -17,22 +19,31 @@ struct AttentionKeys {
       : block(config.get_string("decoder_block")),
         attention_type(config.get_string("attention_type")),
         sliding_window_size(config.get_int("sliding_window_size")),
-        cycle_interval(config.get_int("inhomogeneous_layer_cycle_interval")) {}
+        cycle_interval(config.get_int("inhomogeneous_layer_cycle_interval")),
+        chunk_size(config.get_int("chunk_attn_window_size")),
+        nope_interval(config.get_int("nope_layer_interval")) {}
 
   std::string block;
   std::string attention_type;
   int64_t sliding_window_size;
   int64_t cycle_interval;
+  int64_t chunk_size;
+  int64_t nope_interval;
 };
 
 AttentionKind attention_for_layer(const AttentionKeys& keys, int64_t index) {
   if (keys.block == "deepseek" || keys.attention_type == "mla") {
     return AttentionKind::kMla;
   }
+  if (keys.block == "llama4") {
+    // MaxText llama4: layer i is a global no-RoPE layer when (i + 1) % nope_layer_interval == 0.
+    const bool global = keys.nope_interval > 0 && (index + 1) % keys.nope_interval == 0;
+    return global || keys.chunk_size <= 0 ? AttentionKind::kGlobal : AttentionKind::kChunked;
+  }
   if (keys.sliding_window_size <= 0) {
     return AttentionKind::kGlobal;
   }
-  if (keys.block == "gemma3") {
+  if (keys.block == "gemma3" || keys.block == "gemma4") {
     return (index + 1) % kGemma3GlobalEvery == 0 ? AttentionKind::kGlobal
                                                  : AttentionKind::kSlidingWindow;
   }
@@ -49,7 +60,9 @@ AttentionKind attention_for_layer(const AttentionKeys& keys, int64_t index) {
 }  // namespace
 
 std::string LayerGroup::name() const {
-  std::string text = attention == AttentionKind::kSlidingWindow ? "local_" : "";
+  std::string text = attention == AttentionKind::kSlidingWindow ? "local_"
+                     : attention == AttentionKind::kChunked     ? "chunked_"
+                                                                : "";
   text += feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer";
   return text;
 }
@@ -64,9 +77,7 @@ std::vector<LayerGroup> plan_layers(const Config& config) {
   for (int64_t index = 0; index < sublayers; ++index) {
     LayerGroup layer;
     layer.attention = attention_for_layer(keys, index);
-    layer.feed_forward = dims.is_moe() && index >= dims.first_num_dense_layers
-                             ? FeedForwardKind::kMoe
-                             : FeedForwardKind::kDense;
+    layer.feed_forward = dims.is_moe_layer(index) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
     bool merged = false;
     for (LayerGroup& group : groups) {
       if (group.attention == layer.attention && group.feed_forward == layer.feed_forward) {

@@ -3,7 +3,10 @@
 // Decoder layers differ by attention (global causal, sliding window, MLA) and by feed-forward
 // (dense MLP or mixture of experts). MaxText's decoder blocks fix the pattern:
 //   gemma2: every layer is a local (sliding window) + a global sublayer;
-//   gemma3: every 6th layer is global, the others local;
+//   gemma3, gemma4: every 6th layer is global, the others local (gemma4's global layers have
+//     their own head width, kv heads and shared K/V: ModelDims::global_layers_differ);
+//   llama4: every nope_layer_interval-th layer is global (no RoPE), the others chunked
+//     (chunk_attn_window_size); every interleave_moe_layer_step-th layer is MoE;
 //   gpt_oss: alternating local/global (inhomogeneous_layer_cycle_interval);
 //   deepseek: the first first_num_dense_layers are dense, the rest MoE, all MLA.
 // Identical layers form one group, which becomes one repeated region of the graph (scan_layers).
@@ -19,14 +22,14 @@ namespace tpusim {
 
 class Config;
 
-enum class AttentionKind { kGlobal, kSlidingWindow, kMla };
+enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla };
 enum class FeedForwardKind { kDense, kMoe };
 
 struct LayerGroup {
   AttentionKind attention = AttentionKind::kGlobal;
   FeedForwardKind feed_forward = FeedForwardKind::kDense;
   int64_t count = 0;
-  std::string name() const;  // "layer", "moe_layer", "local_layer", ...
+  std::string name() const;  // "layer", "moe_layer", "local_layer", "chunked_moe_layer", ...
 };
 
 std::vector<LayerGroup> plan_layers(const Config& config);

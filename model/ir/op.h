@@ -88,7 +88,9 @@ enum class Phase { kForward, kBackward, kRecompute, kOptimizer };
 
 const char* phase_name(Phase phase);
 
-enum class AttentionMask { kCausal, kSlidingWindow, kNone };
+// kCausal: key j <= query p; kSlidingWindow: also p - j < window; kChunked: causal within chunks
+// of `window` tokens (j / window == p / window, llama4); kNone: every key.
+enum class AttentionMask { kCausal, kSlidingWindow, kChunked, kNone };
 
 // How a reducing collective combines values: sums, or the (max, sum of exp) pairs of a softmax
 // split over devices.

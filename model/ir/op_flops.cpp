@@ -1,5 +1,6 @@
 #include "model/ir/op_flops.h"
 
+#include <cmath>
 #include <map>
 
 namespace tpusim {
@@ -74,6 +75,17 @@ double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t windo
       }
       const double width = static_cast<double>(window);
       return (sequence * width - width * width / 2.0) / (sequence * sequence);
+    }
+    case AttentionMask::kChunked: {
+      // Causal inside each chunk: S // C whole chunks of C^2 / 2 pairs and a last one of r^2 / 2
+      // (derived; equals causal when S <= C).
+      if (window <= 0 || window >= length) {
+        return 0.5;
+      }
+      const double chunk = static_cast<double>(window);
+      const double whole_chunks = std::floor(sequence / chunk);
+      const double rest = sequence - whole_chunks * chunk;
+      return (whole_chunks * chunk * chunk + rest * rest) / 2.0 / (sequence * sequence);
     }
   }
   return 1.0;

@@ -62,8 +62,8 @@ void report_passthrough_keys(const Config& config, std::ostream& out) {
     out << "\n";
   }
   if (!not_modeled.empty()) {
-    out << "tpusim: warning: MaxText keys not modeled (the estimate ignores them): "
-        << not_modeled << "\n";
+    out << "tpusim: warning: MaxText keys not modeled (the estimate ignores them): " << not_modeled
+        << "\n";
   }
 }
 

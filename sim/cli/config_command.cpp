@@ -23,8 +23,9 @@ void register_config_command(CLI::App& app) {
       "config", "Load base.yml -> model preset -> key=value overrides, validate, and print");
   command->add_option("args", *args, "[config.yml] key=value ...");
   auto xla_flags = std::make_shared<std::string>();
-  command->add_option("--xla-flags", *xla_flags,
-                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
+  command->add_option(
+      "--xla-flags", *xla_flags,
+      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([args, json_output, xla_flags] {
     const Config config = load_command_config(*args, *xla_flags);

@@ -91,8 +91,9 @@ void register_estimate_command(CLI::App& app) {
   command->add_flag("--json", *json_output, "Print one JSON object");
   command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
-  command->add_option("--xla-flags", *xla_flags,
-                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
+  command->add_option(
+      "--xla-flags", *xla_flags,
+      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->callback([args, json_output, trace_path, profile, xla_flags] {
     XlaFlagReport xla_report;
     const Config config = load_command_config(*args, *xla_flags, &xla_report);
@@ -118,8 +119,8 @@ void register_estimate_command(CLI::App& app) {
         calls << "x" << std::defaultfloat << std::setprecision(6) << ops[index].calls;
         std::cout << "  " << std::fixed << std::setw(9) << std::setprecision(4)
                   << ops[index].seconds << "  " << std::left << std::setw(7) << calls.str()
-                  << std::setw(5) << ops[index].bound << std::right << " " << ops[index].region << ": "
-                  << ops[index].op << "\n";
+                  << std::setw(5) << ops[index].bound << std::right << " " << ops[index].region
+                  << ": " << ops[index].op << "\n";
       }
     }
   });

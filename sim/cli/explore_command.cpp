@@ -141,8 +141,9 @@ void register_explore_command(CLI::App& app) {
   command->add_option("args", flags->args, "[config.yml] key=value ... (given keys are pinned)");
   command->add_option("--top", flags->top, "How many candidates to list (default 10)");
   command->add_flag("--json", flags->json, "Print one JSON object");
-  command->add_option("--xla-flags", flags->xla_flags,
-                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
+  command->add_option(
+      "--xla-flags", flags->xla_flags,
+      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_flag("--csv", flags->csv, "Print the top candidates as CSV");
   command->add_option("--objective", flags->objective,
                       "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar");

@@ -1,9 +1,9 @@
 // tpusim: TPU-topology simulator and MaxText performance model. See README.md.
 #include <algorithm>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <string_view>
-#include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -28,9 +28,8 @@ int run(int argc, char** argv) {
   tpusim::register_train_command(app);
   // Under --json an error is also one JSON object on stdout, so scripts read every outcome
   // from one stream: {"error": message, "key": the config key or null, "exit": 2}.
-  const bool json_errors = std::any_of(argv + 1, argv + argc, [](const char* arg) {
-    return std::string_view(arg) == "--json";
-  });
+  const bool json_errors = std::any_of(
+      argv + 1, argv + argc, [](const char* arg) { return std::string_view(arg) == "--json"; });
   auto user_error = [&](const std::string& message, const std::string& key) {
     std::cerr << "tpusim: " << message << "\n";
     if (json_errors) {

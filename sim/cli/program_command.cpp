@@ -20,8 +20,9 @@ void register_program_command(CLI::App& app) {
       "program", "Print the per-device training-step program (ops, local shapes, collectives)");
   command->add_option("args", *args, "[config.yml] key=value ...");
   auto xla_flags = std::make_shared<std::string>();
-  command->add_option("--xla-flags", *xla_flags,
-                      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
+  command->add_option(
+      "--xla-flags", *xla_flags,
+      "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_option("--layer", *layer,
                       "Print only layer group N (0 = first decoder layer kind): its forward, "
                       "backward and optimizer regions");

@@ -65,7 +65,8 @@ nlohmann::json validate_csv(const std::string& path) {
   std::vector<double> errors;
   for (size_t index = 0; index < table.rows.size(); ++index) {
     const auto& row = table.rows[index];
-    const std::string where = path + " row " + std::to_string(index + 2) + " (" + row[id_column] + ")";
+    const std::string where =
+        path + " row " + std::to_string(index + 2) + " (" + row[id_column] + ")";
     const double measured = parse_number(row[step_column], where + " measured_step_s");
     Config config = [&] {
       try {
@@ -111,8 +112,7 @@ void register_validate_command(CLI::App& app) {
   auto json_output = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
       "validate", "Predict every row of a published-results CSV and compare with the measurements");
-  command->add_option("file", *path, "CSV in the format of validation/published.csv")
-      ->required();
+  command->add_option("file", *path, "CSV in the format of validation/published.csv")->required();
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([path, json_output] {
     const nlohmann::json result = validate_csv(*path);
@@ -123,7 +123,8 @@ void register_validate_command(CLI::App& app) {
     std::cout << std::left << std::setw(8) << "id" << std::setw(6) << "chip" << std::right
               << std::setw(11) << "measured_s" << std::setw(12) << "predicted_s" << std::setw(9)
               << "error" << std::setw(14) << "tok/s/chip" << std::setw(12) << "predicted"
-              << std::setw(8) << "MFU" << "\n";
+              << std::setw(8) << "MFU"
+              << "\n";
     std::cout << std::fixed;
     for (const auto& row : result["rows"]) {
       std::cout << std::left << std::setw(8) << row["id"].get<std::string>() << std::setw(6)
@@ -131,7 +132,9 @@ void register_validate_command(CLI::App& app) {
                 << std::setw(11) << row["measured_step_s"].get<double>() << std::setw(12)
                 << row["predicted_step_s"].get<double>() << std::setprecision(1) << std::setw(8)
                 << 100 * row["error"].get<double>() << "%" << std::setw(14)
-                << (row.contains("measured_tokens_s_chip") ? row["measured_tokens_s_chip"].get<double>() : 0.0)
+                << (row.contains("measured_tokens_s_chip")
+                        ? row["measured_tokens_s_chip"].get<double>()
+                        : 0.0)
                 << std::setw(12) << row["predicted_tokens_s_chip"].get<double>() << std::setw(7)
                 << 100 * row["predicted_mfu"].get<double>() << "%\n";
     }

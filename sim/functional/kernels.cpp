@@ -1144,7 +1144,8 @@ void run_rope(const Ctx& ctx) {
 //   feature size; MLA form (4 inputs): q.k = q[..., :D_k].k + q[..., D_k:].k_rope (requires
 //   D_qk = D_k + R). Query positions are GLOBAL (device.offset of q's length dim), key positions
 //   likewise (offset of k's length dim; it is normally whole). Mask attrs.mask: kCausal allows key
-//   j iff j <= query position p; kSlidingWindow also needs p - j < attrs.window; kNone allows all.
+//   j iff j <= query position p; kSlidingWindow also needs p - j < attrs.window; kChunked needs
+//   j / attrs.window == p / attrs.window (llama4's chunks); kNone allows all.
 //   Softmax in fp32 over the allowed keys (a row with none gives zeros); out = P v. With
 //   bf16_matmul_inputs, q, k, v, k_rope and P are rounded to bf16 before their matmuls.
 // kAttentionGrad(dout, q, k, v, [k_rope], out) -> dq, dk, dv, [dk_rope]: exact VJP. P is
@@ -1312,8 +1313,9 @@ class AttentionKernel {
     q_position_ = ctx.device().offset(*q_.length_dim);
     k_position_ = ctx.device().offset(*k_.length_dim);
     const OpAttrs& attrs = ctx.op().attrs;
-    if (attrs.mask == AttentionMask::kSlidingWindow && attrs.window <= 0) {
-      ctx.fail("sliding-window attention needs attrs.window > 0");
+    if ((attrs.mask == AttentionMask::kSlidingWindow || attrs.mask == AttentionMask::kChunked) &&
+        attrs.window <= 0) {
+      ctx.fail("sliding-window and chunked attention need attrs.window > 0");
     }
     const Tensor& out_tensor = gradient ? ctx.in_tensor(ctx.num_inputs() - 1) : ctx.out_tensor(0);
     o_ = attention_view(ctx, out_tensor, false, true);
@@ -1434,6 +1436,8 @@ class AttentionKernel {
         return key <= query;
       case AttentionMask::kSlidingWindow:
         return key <= query && query - key < attrs.window;
+      case AttentionMask::kChunked:
+        return key <= query && key / attrs.window == query / attrs.window;
     }
     return false;
   }

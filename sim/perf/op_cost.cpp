@@ -211,15 +211,19 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     if (op.attrs.mask == AttentionMask::kNone) {
       computed_fraction = 1.0;
     } else {
-      const double window = op.attrs.mask == AttentionMask::kSlidingWindow && op.attrs.window > 0
-                                ? static_cast<double>(op.attrs.window)
-                                : key_length;
+      const bool windowed = op.attrs.mask == AttentionMask::kSlidingWindow ||
+                            op.attrs.mask == AttentionMask::kChunked;
+      const double window =
+          windowed && op.attrs.window > 0 ? static_cast<double>(op.attrs.window) : key_length;
       // Queries of this device (context-parallel shards hold a load-balanced share of rows).
       double blocks = 0;
       for (double q_block = 0; q_block < q_blocks; ++q_block) {
         const double row_end = (q_block + 1) * block_q * key_length / query_length;
-        const double row_start =
-            std::max(0.0, q_block * block_q * key_length / query_length - window);
+        const double first_row = q_block * block_q * key_length / query_length;
+        // A sliding window reaches `window` keys back; a chunk starts at a multiple of its size.
+        const double row_start = op.attrs.mask == AttentionMask::kChunked
+                                     ? std::floor(first_row / window) * window
+                                     : std::max(0.0, first_row - window);
         blocks +=
             std::min(kv_blocks, std::ceil(row_end / block_kv)) - std::floor(row_start / block_kv);
       }

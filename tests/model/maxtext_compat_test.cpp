@@ -138,10 +138,16 @@ TEST(MaxTextBaseYml, LoadsUnchangedWithEveryKeyKnown) {
 
 TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
   // tpusim's own switches: no MaxText key says the same.
-  const std::set<std::string> tpusim_only = {
-      "collective_matmul", "collective_timeout_seconds", "collectives_in_flight_per_type",
-      "cosine_learning_rate_final_fraction", "functional_dtype", "hbm_headroom_fraction",
-      "mesh_placement_first", "moe_mlpwi", "num_threads", "sparse_core_collective_offload"};
+  const std::set<std::string> tpusim_only = {"collective_matmul",
+                                             "collective_timeout_seconds",
+                                             "collectives_in_flight_per_type",
+                                             "cosine_learning_rate_final_fraction",
+                                             "functional_dtype",
+                                             "hbm_headroom_fraction",
+                                             "mesh_placement_first",
+                                             "moe_mlpwi",
+                                             "num_threads",
+                                             "sparse_core_collective_offload"};
   const Config config = Config::load("", {});
   for (const std::string& key : config.keys()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);
@@ -248,13 +254,12 @@ TEST(LogicalAxisRules, PresetRulesMergeByNameUnlessOverridden) {
 
 TEST(ConfigYaml, NullUnderscoresAndBoolCaseAsMaxTextWritesThem) {
   TempDir dir;
-  const std::string path =
-      dir.write("run.yml",
-                "run_name: null\n"            // string: ""
-                "rope_max_timescale: 10_000\n"  // YAML 1.1 digit groups
-                "scan_layers: True\n"
-                "profiler: null\n"       // a MaxText key tpusim does not model
-                "mu_dtype: \n");         // empty = null
+  const std::string path = dir.write("run.yml",
+                                     "run_name: null\n"              // string: ""
+                                     "rope_max_timescale: 10_000\n"  // YAML 1.1 digit groups
+                                     "scan_layers: True\n"
+                                     "profiler: null\n"  // a MaxText key tpusim does not model
+                                     "mu_dtype: \n");    // empty = null
   const Config config = Config::load_files({path}, {"learning_rate=3_000.5e-7"});
   EXPECT_EQ(config.get_string("run_name"), "");
   EXPECT_EQ(config.get_int("rope_max_timescale"), 10000);
@@ -266,14 +271,13 @@ TEST(ConfigYaml, NullUnderscoresAndBoolCaseAsMaxTextWritesThem) {
 TEST(ConfigYaml, SeveralFilesApplyInOrderAndBaseConfigChains) {
   TempDir dir;
   dir.write("configs/base.yml", "per_device_batch_size: 3\nmax_target_length: 1024\n");
-  const std::string model =
-      dir.write("configs/models/gpu/run.yml",
-                "base_config: ../../base.yml\nmax_target_length: 4096\n");
+  const std::string model = dir.write("configs/models/gpu/run.yml",
+                                      "base_config: ../../base.yml\nmax_target_length: 4096\n");
   const std::string extra = dir.write("extra.yml", "max_target_length: 8192\nsteps: 7\n");
   const Config config = Config::load_files({model, extra}, {"steps=9"});
   EXPECT_DOUBLE_EQ(config.get_float("per_device_batch_size"), 3.0);  // from the base_config
-  EXPECT_EQ(config.get_int("max_target_length"), 8192);  // the later file wins
-  EXPECT_EQ(config.get_int("steps"), 9);                 // the command line wins
+  EXPECT_EQ(config.get_int("max_target_length"), 8192);              // the later file wins
+  EXPECT_EQ(config.get_int("steps"), 9);                             // the command line wins
 
   // A model YAML copied alone names MaxText's base.yml: tpusim's embedded base stands for it.
   const std::string alone = dir.write("alone/llama.yml", "base_config: base.yml\nsteps: 5\n");

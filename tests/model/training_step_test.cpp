@@ -43,10 +43,9 @@ PhaseFlops matmul_flops_by_phase(const TrainingStep& step) {
 }
 
 Config config_for(const std::string& model, const std::string& remat, int batch = 2) {
-  return Config::load(
-      "", {"model_name=" + model, "remat_policy=" + remat,
-           "per_device_batch_size=" + std::to_string(batch) + ".0", "max_target_length=512",
-           "override_model_config=true"});
+  return Config::load("", {"model_name=" + model, "remat_policy=" + remat,
+                           "per_device_batch_size=" + std::to_string(batch) + ".0",
+                           "max_target_length=512", "override_model_config=true"});
 }
 
 // Autodiff is independent of the FLOP formula: forward + backward matmuls of the built step

@@ -355,9 +355,9 @@ TEST(StepTime, GradientAccumulationRepeatsMicrobatches) {
 TEST(StepSimulator, EveryRunEqualsAFreshSimulation) {
   // One prepared program timed under a sequence of options (cost contexts, SparseCore offload,
   // collective matmul, another placement of the same mesh) gives what simulate_step gives each.
-  Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=tpu7x-16",
-                                    "ici_data_parallelism=2", "ici_fsdp_parallelism=4",
-                                    "ici_tensor_parallelism=2", "max_target_length=2048"});
+  Config config = Config::load(
+      "", {"model_name=llama2-7b", "compile_topology=tpu7x-16", "ici_data_parallelism=2",
+           "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "max_target_length=2048"});
   StepProgram program = build_step_program(config);
   const PerfOptions base = perf_options_from_config(config, *program.slice.chip);
   const DeviceMesh data_first =

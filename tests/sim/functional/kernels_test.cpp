@@ -810,6 +810,7 @@ std::vector<AttentionCase> attention_cases() {
   return {
       {"gqa_causal", 4, 2, AttentionMask::kCausal, 0, false, 4, 0, 4},
       {"sliding_window", 2, 1, AttentionMask::kSlidingWindow, 2, false, 4, 0, 3},
+      {"chunked", 2, 2, AttentionMask::kChunked, 2, false, 4, 0, 4},
       {"no_mask", 2, 2, AttentionMask::kNone, 0, false, 3, 0, 4},
       {"mla_causal", 2, 2, AttentionMask::kCausal, 0, true, 3, 2, 3},
   };
@@ -873,9 +874,11 @@ std::vector<double> reference_attention(const AttentionCase& test,
         std::vector<double> scores(static_cast<size_t>(length), -kInfinity);
         double max = -kInfinity;
         for (int64_t j = 0; j < length; ++j) {
-          const bool allowed =
-              test.mask == AttentionMask::kNone ||
-              (j <= i && (test.mask == AttentionMask::kCausal || i - j < test.window));
+          const bool in_window =
+              test.mask == AttentionMask::kCausal ||
+              (test.mask == AttentionMask::kSlidingWindow && i - j < test.window) ||
+              (test.mask == AttentionMask::kChunked && j / test.window == i / test.window);
+          const bool allowed = test.mask == AttentionMask::kNone || (j <= i && in_window);
           if (!allowed) {
             continue;
           }
