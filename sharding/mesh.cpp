@@ -16,7 +16,7 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
   long long known_product = 1;
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     const std::string key = mesh_axis_key(dcn, mesh_axis_names()[axis]);
-    const int64_t value = config.get_int(key);
+    const int64_t value = checked_mesh_axis_value(config, dcn, axis);
     if (value == -1) {
       if (auto_axis >= 0) {
         throw UserError(key + ": only one " + (dcn ? "dcn" : "ici") +
@@ -25,9 +25,6 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
       }
       auto_axis = axis;
       continue;
-    }
-    if (value < 1 || value > (1 << 20)) {
-      throw UserError(key + ": " + std::to_string(value) + " must be -1 (auto) or a positive size");
     }
     sizes[axis] = static_cast<int>(value);
     known_product *= value;
@@ -49,6 +46,19 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
 }
 
 }  // namespace
+
+int64_t checked_mesh_axis_value(const Config& config, bool dcn, int axis) {
+  constexpr int64_t kMaxAxisSize = int64_t{1} << 20;
+  const std::string key = mesh_axis_key(dcn, mesh_axis_names()[static_cast<size_t>(axis)]);
+  const int64_t value = config.get_int(key);
+  if (value != -1 && (value < 1 || value > kMaxAxisSize)) {
+    throw UserError(key + ": " + std::to_string(value) +
+                        " must be -1 (auto) or a positive size up to " +
+                        std::to_string(kMaxAxisSize),
+                    key);
+  }
+  return value;
+}
 
 const std::array<std::string, kNumMeshAxes>& mesh_axis_names() {
   static const std::array<std::string, kNumMeshAxes> names = {

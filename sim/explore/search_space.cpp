@@ -70,14 +70,15 @@ void factorize(int remaining, const std::vector<int>& axes, size_t index, bool d
 int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& searchable, int total,
              std::array<int, kNumMeshAxes>& sizes, std::vector<int>& searched,
              std::vector<std::string>& searched_keys) {
-  int pinned_product = 1;
+  long long pinned_product = 1;
   std::string pinned_text;
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     const std::string& name = mesh_axis_names()[static_cast<size_t>(axis)];
     const std::string key = mesh_axis_key(dcn, name);
     const bool can_search =
         std::find(searchable.begin(), searchable.end(), name) != searchable.end();
-    const int64_t value = config.has(key) ? config.get_int(key) : 1;
+    // The same check as estimate's (sharding/mesh.h): 0, -3 or 2^32 is an error, not a divisor.
+    const int64_t value = config.has(key) ? checked_mesh_axis_value(config, dcn, axis) : 1;
     if (can_search && (!pinned(config, key) || value == -1)) {
       searched.push_back(axis);
       searched_keys.push_back(key);
@@ -90,6 +91,12 @@ int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& sea
     sizes[static_cast<size_t>(axis)] = size;
     if (size > 1) {
       pinned_product *= size;
+      if (pinned_product > total) {
+        throw UserError("explore: pinned " + pinned_text + (pinned_text.empty() ? "" : " x ") +
+                            key + "=" + std::to_string(size) + " is more than the " +
+                            std::to_string(total) + (dcn ? " slices" : " devices of a slice"),
+                        key);
+      }
       pinned_text += (pinned_text.empty() ? "" : " x ") + key + "=" + std::to_string(size);
     }
   }
@@ -103,7 +110,7 @@ int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& sea
                     " makes " + std::to_string(pinned_product) + ", not the " +
                     std::to_string(total) + (dcn ? " slices" : " devices of a slice"));
   }
-  return total / pinned_product;
+  return static_cast<int>(total / pinned_product);
 }
 
 std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits& limits,

@@ -512,6 +512,16 @@ TEST(ExploreCommand, BadConstraintsExitTwo) {
       {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--min-hbm-headroom", "2"},
       "headroom");
   expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v9-8"}, "v9-8");
+  // Pinned mesh sizes go through estimate's check: no division by zero, no int overflow, and a
+  // negative size other than -1 is an error, not "nothing fits".
+  for (const char* bad :
+       {"ici_data_parallelism=0", "ici_data_parallelism=4294967296", "ici_data_parallelism=-3"}) {
+    expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8", bad},
+                      "ici_data_parallelism");
+  }
+  expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
+                     "ici_data_parallelism=65536", "ici_fsdp_parallelism=65536"},
+                    "ici_data_parallelism=65536");
 }
 
 TEST(ExploreCommand, NothingFitsSaysWhy) {
