@@ -98,4 +98,48 @@ CsvTable parse_csv(std::string_view text, std::string_view origin) {
   return table;
 }
 
+CsvTable parse_tsv(std::string_view text, std::string_view origin) {
+  CsvTable table;
+  table.origin = std::string(origin);
+  size_t start = 0;
+  int line = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    std::string_view row_text = text.substr(start, end - start);
+    start = end + 1;
+    ++line;
+    if (!row_text.empty() && row_text.back() == '\r') {
+      row_text.remove_suffix(1);
+    }
+    if (row_text.empty() || row_text.front() == '#') {
+      continue;
+    }
+    std::vector<std::string> fields;
+    size_t field_start = 0;
+    while (true) {
+      const size_t tab = row_text.find('\t', field_start);
+      fields.emplace_back(row_text.substr(
+          field_start, tab == std::string_view::npos ? std::string_view::npos : tab - field_start));
+      if (tab == std::string_view::npos) {
+        break;
+      }
+      field_start = tab + 1;
+    }
+    if (table.header.empty()) {
+      table.header = std::move(fields);
+      continue;
+    }
+    if (fields.size() != table.header.size()) {
+      throw UserError(table.origin + ":" + std::to_string(line) + ": " +
+                      std::to_string(fields.size()) + " fields, the header has " +
+                      std::to_string(table.header.size()));
+    }
+    table.rows.push_back(std::move(fields));
+  }
+  if (table.header.empty()) {
+    throw UserError(table.origin + ": empty table");
+  }
+  return table;
+}
+
 }  // namespace tpusim

@@ -1,4 +1,5 @@
-// common/csv.h: a small RFC 4180 CSV reader (quoted fields, doubled quotes, embedded commas).
+// common/csv.h: a small RFC 4180 CSV reader (quoted fields, doubled quotes, embedded commas), and a
+// reader of plain tab-separated tables.
 //
 // Example:
 //   CsvTable table = parse_csv(read_text_file("published.csv"), "published.csv");
@@ -24,5 +25,13 @@ struct CsvTable {
 // UserError naming the file and line for an unterminated quote or a row with the wrong number of
 // fields.
 CsvTable parse_csv(std::string_view text, std::string_view origin);
+
+// Tab-separated values with no quoting (fields may hold quotes and commas, e.g. YAML values as
+// MaxText writes them: "llama2", ['norm', 'fsdp']); lines starting with '#' are comments; the
+// first other line is the header. UserError naming the file and line for a row with the wrong
+// number of fields.
+//   parse_tsv("# note\nkey\tvalue\nmodel_name\t\"default\"\n", "keys.tsv").rows[0][1]  // "default"
+//   quoted
+CsvTable parse_tsv(std::string_view text, std::string_view origin);
 
 }  // namespace tpusim

@@ -10,6 +10,7 @@
 #include <set>
 #include <string_view>
 
+#include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
 #include "common/suggest.h"
@@ -231,19 +232,16 @@ namespace {
 // What tpusim lacks to build a MaxText preset ("decoder_block gemma4"), or "" when the name is not
 // such a preset.
 std::string unbuilt_preset_reason(const std::string& model_name) {
-  const auto table = embedded_file("configs/maxtext/presets_not_built.tsv");
-  if (!table) {
+  constexpr const char* kPath = "configs/maxtext/presets_not_built.tsv";
+  const auto text = embedded_file(kPath);
+  if (!text) {
     return "";
   }
-  const std::string prefix = model_name + "\t";
-  size_t start = 0;
-  while (start < table->size()) {
-    const size_t end = std::min(table->find('\n', start), table->size());
-    const std::string_view line = table->substr(start, end - start);
-    if (line.starts_with(prefix)) {
-      return std::string(line.substr(prefix.size()));
+  const CsvTable table = parse_tsv(*text, kPath);  // preset, what is missing
+  for (const std::vector<std::string>& row : table.rows) {
+    if (row[0] == model_name) {
+      return row[1];
     }
-    start = end + 1;
   }
   return "";
 }
@@ -340,22 +338,16 @@ YAML::Node merge_rules_by_name(const YAML::Node& base, const YAML::Node& preset,
   return merged;
 }
 
-// The value of a bool key as the command line, then the files, would set it.
-bool bool_setting(const std::string& key, const std::vector<std::string>& overrides,
-                  const std::vector<ConfigFileLayer>& files, bool fallback) {
+// The value the command line gives a bool key, if it gives one.
+std::optional<bool> command_line_bool(const std::string& key,
+                                      const std::vector<std::string>& overrides) {
   for (const std::string& text : overrides) {
     const auto [override_key, value] = split_override(text);
     if (override_key == key) {
       return coerce(YAML::Node(value), ConfigType::kBool, key, kCommandLine).as<bool>();
     }
   }
-  bool setting = fallback;
-  for (const ConfigFileLayer& layer : files) {
-    if (layer.root[key]) {
-      setting = coerce(layer.root[key], ConfigType::kBool, key, layer.origin).as<bool>();
-    }
-  }
-  return setting;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -407,14 +399,14 @@ Config Config::load_files(const std::vector<std::string>& paths,
     }
   }
   Config config = load_base(*embedded_file(kEmbeddedBasePath), kEmbeddedBasePath);
-  const bool override_rules = bool_setting("override_logical_axis_rules", overrides, files, false);
   for (const ConfigFileLayer& layer : files) {
     for (const auto& item : layer.root) {
-      config.apply_layer_value(item.first.as<std::string>(), item.second, layer.origin,
-                               override_rules);
+      // A file's rules always merge by name: the embedded base's rules are MaxText's plus the
+      // logical axes tpusim's model names, which a MaxText base.yml does not list.
+      config.apply_layer_value(item.first.as<std::string>(), item.second, layer.origin, false);
     }
   }
-  config.finish_loading(presets, overrides, override_rules);
+  config.finish_loading(presets, overrides);
   return config;
 }
 
@@ -422,10 +414,7 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
                                const std::map<std::string, std::string>& presets,
                                const std::vector<std::string>& overrides) {
   Config config = load_base(base_text, base_origin);
-  const bool override_rules = bool_setting(
-      "override_logical_axis_rules", overrides, {},
-      config.has("override_logical_axis_rules") && config.get_bool("override_logical_axis_rules"));
-  config.finish_loading(presets, overrides, override_rules);
+  config.finish_loading(presets, overrides);
   return config;
 }
 
@@ -454,8 +443,7 @@ Config Config::load_base(std::string_view base_text, std::string_view base_origi
 }
 
 void Config::finish_loading(const std::map<std::string, std::string>& presets,
-                            const std::vector<std::string>& overrides,
-                            bool override_logical_axis_rules) {
+                            const std::vector<std::string>& overrides) {
   std::set<std::string> preset_keys;
   for (const auto& [origin, text] : presets) {
     const YAML::Node preset = parse_yaml(text, origin);
@@ -465,22 +453,24 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
     if (!preset.IsMap()) {
       throw UserError(origin + ": a model preset must be a YAML mapping of key: value");
     }
+    // override_logical_axis_rules as the command line, else the preset itself, else the files
+    // set it (MaxText: deepseek3-671b-2dfsdp's preset replaces the whole list).
+    const std::string override_key = "override_logical_axis_rules";
+    if (preset[override_key]) {
+      apply(override_key, preset[override_key], origin);
+    }
+    const bool override_rules =
+        command_line_bool(override_key, overrides).value_or(get_bool(override_key));
     for (const auto& item : preset) {
       const std::string key = item.first.as<std::string>();
-      apply_layer_value(key, item.second, origin, override_logical_axis_rules);
+      apply_layer_value(key, item.second, origin, override_rules);
       preset_keys.insert(key);
     }
   }
 
-  const bool allow_model_override = [&] {
-    for (const std::string& text : overrides) {
-      const auto [key, value] = split_override(text);
-      if (key == "override_model_config") {
-        return coerce(YAML::Node(value), ConfigType::kBool, key, kCommandLine).as<bool>();
-      }
-    }
-    return has("override_model_config") && get_bool("override_model_config");
-  }();
+  const bool allow_model_override =
+      command_line_bool("override_model_config", overrides)
+          .value_or(has("override_model_config") && get_bool("override_model_config"));
   std::set<std::string> seen_on_command_line;
   for (const std::string& text : overrides) {
     const auto [key, value] = split_override(text);
@@ -500,7 +490,10 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
   // rather than estimate the text decoder alone as if it were the whole step.
   for (const char* key : {"use_multimodal", "use_audio"}) {
     const auto found = passthrough_.find(key);
-    if (found != passthrough_.end() && !found->second.is_maxtext_default) {
+    if (found != passthrough_.end() &&
+        coerce(YAML::Node(found->second.value.empty() ? "false" : found->second.value),
+               ConfigType::kBool, key, found->second.origin)
+            .as<bool>()) {
       throw UserError(std::string(key) + "=" + found->second.value + " (" + found->second.origin +
                           "): the multimodal encoders are not modeled; tpusim estimates and trains "
                           "text decoders only",
@@ -554,10 +547,27 @@ void check_passthrough_value(const MaxTextKey& key, const YAML::Node& value,
 
 void Config::apply_layer_value(const std::string& key, const YAML::Node& value,
                                const std::string& origin, bool override_logical_axis_rules) {
-  if (key == "logical_axis_rules" && !override_logical_axis_rules && value.IsSequence()) {
+  if (key != "logical_axis_rules" || !value.IsSequence()) {
+    apply(key, value, origin);
+  } else if (!override_logical_axis_rules) {
     apply(key, merge_rules_by_name(get_node(key), value, origin), origin);
   } else {
-    apply(key, value, origin);
+    // The layer's list replaces MaxText's rules; the rules of tpusim's own logical axes, which no
+    // MaxText list names, stay (else the tensors they shard would silently be replicated).
+    YAML::Node rules = YAML::Clone(value);
+    std::set<std::string> named;
+    for (const YAML::Node& rule : value) {
+      if (rule.IsSequence() && rule.size() == 2 && rule[0].IsScalar()) {
+        named.insert(rule[0].Scalar());
+      }
+    }
+    for (const YAML::Node& rule : get_node(key)) {
+      const std::string name = rule[0].Scalar();
+      if (!is_maxtext_logical_axis(name) && !named.contains(name)) {
+        rules.push_back(rule);
+      }
+    }
+    apply(key, rules, origin);
   }
 }
 
@@ -594,16 +604,13 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
     keep_passthrough(*maxtext, value, origin);
     return;
   }
-  // MaxText writes null for "not set": a string becomes "", a list [] (coerce); a number or bool
-  // whose MaxText default is itself null keeps tpusim's default.
+  // MaxText writes null for "not set": a string becomes ""; a list keeps its value (a null
+  // logical_axis_rules must not silently replicate everything); a number or bool whose MaxText
+  // default is itself null keeps tpusim's default.
   if (value.IsNull() && found->second.type != ConfigType::kString) {
     const MaxTextKey* maxtext = find_maxtext_key(key);
-    if (found->second.type == ConfigType::kList) {
-      found->second.value.reset(YAML::Node(YAML::NodeType::Sequence));
-      found->second.origin = origin;
-      return;
-    }
-    if (maxtext != nullptr && equals_maxtext_default(*maxtext, "")) {
+    if (found->second.type == ConfigType::kList ||
+        (maxtext != nullptr && equals_maxtext_default(*maxtext, ""))) {
       return;
     }
   }

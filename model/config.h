@@ -40,8 +40,9 @@ class Config {
   // The embedded base.yml's path; pass "" as base_path to use it.
   static constexpr const char* kEmbeddedBasePath = "configs/base.yml";
 
-  // Loads base.yml (a file, or the embedded copy when `base_path` is empty), the model preset
-  // named by model_name, then the `key=value` overrides, and validates the result.
+  // Loads the embedded base.yml, the config file `base_path` over it when not empty (see
+  // load_files), the model preset named by model_name, then the `key=value` overrides, and
+  // validates the result.
   static Config load(const std::string& base_path, const std::vector<std::string>& overrides);
 
   // As load(), with any number of config files (MaxText's base.yml, a model YAML, a partial YAML
@@ -99,10 +100,11 @@ class Config {
   };
 
   static Config load_base(std::string_view base_text, std::string_view base_origin);
-  // Presets (logical_axis_rules merged by name unless override_logical_axis_rules), then the
-  // command line's overrides, then validate_config.
+  // Presets (logical_axis_rules merged by name unless override_logical_axis_rules, from the
+  // command line, the preset or the files), then the command line's overrides, then
+  // validate_config.
   void finish_loading(const std::map<std::string, std::string>& presets,
-                      const std::vector<std::string>& overrides, bool override_logical_axis_rules);
+                      const std::vector<std::string>& overrides);
   const Entry& entry(std::string_view key) const;
   // apply(), with logical_axis_rules merged by name (see merge_rules_by_name in config.cpp).
   void apply_layer_value(const std::string& key, const YAML::Node& value, const std::string& origin,

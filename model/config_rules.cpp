@@ -175,10 +175,13 @@ void check_cross_key_rules(const Config& config) {
                     "base_moe_mlp_dim");
   }
   const int64_t query_heads = config.get_int("base_num_query_heads");
-  const int64_t kv_heads = config.get_int("base_num_kv_heads");
-  if (query_heads % kv_heads != 0) {
-    throw UserError("base_num_kv_heads: " + std::to_string(kv_heads) +
-                    " must divide base_num_query_heads (" + std::to_string(query_heads) + ")");
+  for (const char* key : {"base_num_kv_heads", "global_num_kv_heads"}) {
+    const int64_t kv_heads = config.get_int(key);
+    if (kv_heads > 0 && query_heads % kv_heads != 0) {
+      throw UserError(std::string(key) + ": " + std::to_string(kv_heads) +
+                          " must divide base_num_query_heads (" + std::to_string(query_heads) + ")",
+                      key);
+    }
   }
   const int64_t experts = config.get_int("num_experts");
   const int64_t top_k = config.get_int("num_experts_per_tok");

@@ -1,11 +1,11 @@
 #include "model/flops_maxtext.h"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "common/error.h"
 #include "model/config.h"
+#include "model/ir/op_flops.h"
 #include "model/model_dims.h"
 
 namespace tpusim {
@@ -65,9 +65,8 @@ struct FfnLayerCounts {
   int64_t moe = 0;
 };
 
-// MoE models: DeepSeek has first_num_dense_layers dense layers then MoE ones; llama4 makes every
-// interleave_moe_layer_step-th layer MoE; other blocks (mixtral, qwen3_moe, gpt_oss, gemma4, ...)
-// are MoE in every layer (ModelDims::is_moe_layer).
+// MoE models: layers past first_num_dense_layers (DeepSeek) that are every
+// interleave_moe_layer_step-th (llama4: 2; 1 for the others) are MoE (ModelDims::is_moe_layer).
 FfnLayerCounts ffn_layer_counts(const ModelDims& dims, int64_t num_layers) {
   FfnLayerCounts counts;
   for (int64_t index = 0; index < num_layers; ++index) {
@@ -87,6 +86,11 @@ struct AttentionLayerCounts {
 // inhomogeneous_layer_cycle_interval. Other blocks count every layer as global, whatever
 // attention_type says (MaxText does the same).
 AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
+  const bool windowed_block = dims.decoder_block == "gemma2" || dims.decoder_block == "gemma3" ||
+                              dims.decoder_block == "gemma4" || dims.decoder_block == "gpt_oss";
+  if (windowed_block && dims.sliding_window_size <= 0) {
+    return {num_layers, 0, 0};  // no window: every layer global, as the model builder lays it
+  }
   if (dims.decoder_block == "gemma2") {
     return {num_layers / kGemma2LayersPerDecoderLayer, num_layers / kGemma2LayersPerDecoderLayer};
   }
@@ -227,11 +231,10 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
   if (forward.num_chunked_attention_layers > 0) {
     // Causal within each chunk: n = S // C chunks of C^2/2 pairs and the rest r^2/2 (derived: equal
     // to the causal count when S <= C, as for the published recipes at S = C = 8192).
-    const double chunk = as_double(dims.chunk_attn_window_size);
-    const double whole_chunks = std::floor(shape.sequence / chunk);
-    const double rest = shape.sequence - whole_chunks * chunk;
     const double chunk_pairs =
-        shape.batch * kCausalFraction * (whole_chunks * chunk * chunk + rest * rest);
+        score_pairs * attention_mask_fraction(AttentionMask::kChunked,
+                                              static_cast<int64_t>(shape.sequence),
+                                              dims.chunk_attn_window_size);
     forward.chunked_attention =
         kAttentionMatmuls * kFlopsPerMultiplyAdd * chunk_pairs * heads * head_dim;
   }

@@ -39,10 +39,10 @@ class Config;
 // W = sliding_window_size, V = vocab_size.
 struct MaxTextForwardFlops {
   double dense_ffn = 0;  // one dense layer: 2.B.S.D.F.a + 2.B.S.D.F
-  double moe_ffn = 0;    // one MoE layer's experts: (shared + k) x FFN(moe_mlp_dim)
-  double router = 0;     // one MoE layer's router: 2.B.S.D.E
-  double qkv = 0;        // one layer: 2.B.S.D.(H+2K).h, or MLA's q and kv projections
-  double out_proj = 0;   // one layer: 2.B.S.D.H.h (MLA: h = v_head_dim)
+  double moe_ffn = 0;  // one MoE layer's experts: shared x FFN(shared width) + k x FFN(moe_mlp_dim)
+  double router = 0;   // one MoE layer's router: 2.B.S.D.E
+  double qkv = 0;      // one layer: 2.B.S.D.(H+2K).h, or MLA's q and kv projections
+  double out_proj = 0;  // one layer: 2.B.S.D.H.h (MLA: h = v_head_dim)
   // gemma4's global layers: QKV 2.B.S.D.(H+K_g).h_g (one shared K/V projection) and out
   // projection 2.B.S.D.H.h_g; the other blocks: qkv and out_proj.
   double global_qkv = 0;

@@ -4,30 +4,19 @@
 #include <cctype>
 #include <charconv>
 #include <map>
+#include <optional>
+#include <set>
 #include <stdexcept>
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/csv.h"
 #include "common/embedded_files.h"
 
 namespace tpusim {
 namespace {
 
 constexpr const char* kTablePath = "configs/maxtext/base_keys.tsv";
-
-std::vector<std::string> split_tabs(std::string_view line) {
-  std::vector<std::string> fields;
-  size_t start = 0;
-  while (true) {
-    const size_t tab = line.find('\t', start);
-    fields.emplace_back(
-        line.substr(start, tab == std::string_view::npos ? line.npos : tab - start));
-    if (tab == std::string_view::npos) {
-      return fields;
-    }
-    start = tab + 1;
-  }
-}
 
 MaxTextKeyEffect parse_effect(const std::string& text) {
   if (text == "modeled") {
@@ -47,26 +36,13 @@ std::vector<MaxTextKey> load_table() {
   if (!text) {
     throw std::logic_error(std::string(kTablePath) + " is not embedded");
   }
+  const CsvTable table = parse_tsv(*text, kTablePath);  // key, default, type, effect, note
   std::vector<MaxTextKey> keys;
-  bool header_seen = false;
-  size_t start = 0;
-  while (start < text->size()) {
-    const size_t end = std::min(text->find('\n', start), text->size());
-    const std::string_view line = text->substr(start, end - start);
-    start = end + 1;
-    if (line.empty() || line.front() == '#') {
-      continue;
-    }
-    if (!header_seen) {
-      header_seen = true;  // key, default, type, effect, note
-      continue;
-    }
-    const std::vector<std::string> fields = split_tabs(line);
-    if (fields.size() != 5) {
-      throw std::logic_error(std::string(kTablePath) + ": row '" + std::string(line) +
-                             "' does not have 5 columns");
-    }
-    keys.push_back({fields[0], fields[1], fields[2], parse_effect(fields[3]), fields[4]});
+  keys.reserve(table.rows.size());
+  for (const std::vector<std::string>& row : table.rows) {
+    keys.push_back({row[table.column("key")], row[table.column("default")],
+                    row[table.column("type")], parse_effect(row[table.column("effect")]),
+                    row[table.column("note")]});
   }
   return keys;
 }
@@ -124,8 +100,8 @@ bool equals_maxtext_default(const MaxTextKey& key, std::string_view value_text) 
   if (is_empty_value(value) || is_empty_value(fallback)) {
     return is_empty_value(value) && is_empty_value(fallback);
   }
-  if (lowercase(value) == lowercase(fallback)) {
-    return true;  // the same text, or True/true
+  if (value == fallback || (key.type == "bool" && lowercase(value) == lowercase(fallback))) {
+    return true;  // the same text, or True/true for a bool
   }
   if (fallback.front() == '[' || fallback.front() == '{') {
     // Lists and maps: the same YAML structure, whatever its quoting and spacing.
@@ -136,12 +112,35 @@ bool equals_maxtext_default(const MaxTextKey& key, std::string_view value_text) 
       return false;
     }
   }
-  double a = 0;
-  double b = 0;
-  const auto parsed_a = std::from_chars(value.data(), value.data() + value.size(), a);
-  const auto parsed_b = std::from_chars(fallback.data(), fallback.data() + fallback.size(), b);
-  return parsed_a.ec == std::errc() && parsed_a.ptr == value.data() + value.size() &&
-         parsed_b.ec == std::errc() && parsed_b.ptr == fallback.data() + fallback.size() && a == b;
+  // Numbers: the same value however written (1_000, 1000, 1e3); digit-group underscores dropped.
+  auto number = [](std::string_view text) -> std::optional<double> {
+    std::string digits(text);
+    std::erase(digits, '_');
+    double parsed = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), parsed);
+    if (error != std::errc() || end != digits.data() + digits.size()) {
+      return std::nullopt;
+    }
+    return parsed;
+  };
+  const std::optional<double> a = number(value);
+  const std::optional<double> b = number(fallback);
+  return a && b && *a == *b;
+}
+
+bool is_maxtext_logical_axis(std::string_view name) {
+  static const std::set<std::string, std::less<>> names = [] {
+    std::set<std::string, std::less<>> found;
+    const MaxTextKey* rules = find_maxtext_key("logical_axis_rules");
+    if (rules == nullptr) {
+      throw std::logic_error("the MaxText key table has no logical_axis_rules");
+    }
+    for (const YAML::Node& rule : YAML::Load(rules->default_text)) {
+      found.insert(rule[0].Scalar());
+    }
+    return found;
+  }();
+  return names.contains(name);
 }
 
 }  // namespace tpusim

@@ -6,7 +6,8 @@
 // configs/maxtext/base_keys.tsv (embedded) lists all of MaxText's base.yml keys with their default
 // and type, and classifies each key tpusim does not model:
 //   - kNoEffect: cannot change a training step's time or memory (paths, logging, profiling,
-//     checkpointing, data pipeline, inference, multimodal encoders): accepted and listed once;
+//     checkpointing, data pipeline, inference, multimodal encoder dims): accepted and listed once
+//     (use_multimodal=true itself is refused: the encoders are not modeled);
 //   - kNotModeled: changes the step, but tpusim ignores it for now: accepted with a warning when
 //     its value differs from MaxText's default.
 // A key in neither schema is a config error (exit 2) with did-you-mean over both.
@@ -41,5 +42,10 @@ const std::vector<MaxTextKey>& maxtext_keys();
 // True when `value_text` (a scalar or flow YAML text) means MaxText's default of `key`: the same
 // text, the same number, the same bool, or null/None/"" for a default that is empty or None.
 bool equals_maxtext_default(const MaxTextKey& key, std::string_view value_text);
+
+// True when MaxText's default logical_axis_rules name this logical axis. tpusim's model also
+// names a few of its own (activation_batch_no_exp for tokens grouped by expert), which a preset
+// that replaces the whole list (override_logical_axis_rules) cannot know about.
+bool is_maxtext_logical_axis(std::string_view name);
 
 }  // namespace tpusim

@@ -25,10 +25,19 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
 
 Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
                            XlaFlagReport* xla_report) {
-  CommandArgs split = split_command_args(args);
-  const XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
-  split.overrides.insert(split.overrides.end(), flags.overrides.begin(), flags.overrides.end());
+  const CommandArgs split = split_command_args(args);
+  XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
   Config config = Config::load_files(split.config_paths, split.overrides);
+  // A flag sets a switch only where nothing the user wrote did (the key keeps base.yml's value).
+  std::vector<std::string> applied;
+  for (const std::string& item : flags.overrides) {
+    const auto [key, value] = split_override(item);
+    if (config.origin(key) == Config::kEmbeddedBasePath) {
+      config.set(key, value, "XLA flags");
+      applied.push_back(item);
+    }
+  }
+  flags.overrides = applied;
   report_passthrough_keys(config, std::cerr);
   report_xla_flags(flags, std::cerr);
   if (xla_report != nullptr) {

@@ -1,5 +1,5 @@
-// `tpusim config [base.yml] [key=value ...] [--json]`: the resolved config, where each value came
-// from, and (when compile_topology is set) the mesh it gives. A quick way to check a MaxText
+// `tpusim config [config.yml ...] [key=value ...] [--json]`: the resolved config, where each value
+// came from, and (when compile_topology is set) the mesh it gives. A quick way to check a MaxText
 // command line before estimating it.
 #include <iomanip>
 #include <iostream>
@@ -20,8 +20,9 @@ void register_config_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto json_output = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
-      "config", "Load base.yml -> model preset -> key=value overrides, validate, and print");
-  command->add_option("args", *args, "[config.yml] key=value ...");
+      "config",
+      "Load base.yml -> config files -> model preset -> key=value overrides, validate, and print");
+  command->add_option("args", *args, "[config.yml ...] key=value ...");
   auto xla_flags = std::make_shared<std::string>();
   command->add_option(
       "--xla-flags", *xla_flags,

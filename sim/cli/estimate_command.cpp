@@ -1,5 +1,6 @@
-// `tpusim estimate [base.yml] [key=value ...] [--json] [--trace FILE]`: step time, MFU, TFLOP/s
-// and tokens/s per chip, the step breakdown, and peak HBM per device with a fits/OOM verdict.
+// `tpusim estimate [config.yml ...] [key=value ...] [--json] [--trace FILE]`: step time, MFU,
+// TFLOP/s and tokens/s per chip, the step breakdown, and peak HBM per device with a fits/OOM
+// verdict.
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -87,7 +88,7 @@ void register_estimate_command(CLI::App& app) {
       "estimate",
       "Estimate one training step of a MaxText config on a slice: step time, MFU, "
       "tokens/s, breakdown, HBM");
-  command->add_option("args", *args, "[config.yml] key=value ...");
+  command->add_option("args", *args, "[config.yml ...] key=value ...");
   command->add_flag("--json", *json_output, "Print one JSON object");
   command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");

@@ -1,4 +1,4 @@
-// `tpusim explore [config.yml] [key=value ...] [--top N] [--json|--csv] [--objective O]
+// `tpusim explore [config.yml ...] [key=value ...] [--top N] [--json|--csv] [--objective O]
 //                 [--global-batch-size N] [--max-per-device-batch B] [--min-hbm-headroom F]
 //                 [--threads T]`: searches meshes, batch, remat, attention and perf switches for
 // a model on a slice and ranks what fits (sim/explore/explorer.h). Keys given on the command line
@@ -138,7 +138,8 @@ void register_explore_command(CLI::App& app) {
       "explore",
       "Search meshes, batch, remat, attention and perf switches for a model on a slice; rank "
       "what fits");
-  command->add_option("args", flags->args, "[config.yml] key=value ... (given keys are pinned)");
+  command->add_option("args", flags->args,
+                      "[config.yml ...] key=value ... (given keys are pinned)");
   command->add_option("--top", flags->top, "How many candidates to list (default 10)");
   command->add_flag("--json", flags->json, "Print one JSON object");
   command->add_option(

@@ -1,5 +1,5 @@
-// `tpusim program [base.yml] [key=value ...] [--layer N] [--global]`: the per-device program as
-// text: every op with local shapes (split dims show their mesh axes) and the collectives the
+// `tpusim program [config.yml ...] [key=value ...] [--layer N] [--global]`: the per-device program
+// as text: every op with local shapes (split dims show their mesh axes) and the collectives the
 // partitioner inserted, with their mesh axes and bytes.
 #include <iostream>
 #include <memory>
@@ -18,7 +18,7 @@ void register_program_command(CLI::App& app) {
   auto global = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
       "program", "Print the per-device training-step program (ops, local shapes, collectives)");
-  command->add_option("args", *args, "[config.yml] key=value ...");
+  command->add_option("args", *args, "[config.yml ...] key=value ...");
   auto xla_flags = std::make_shared<std::string>();
   command->add_option(
       "--xla-flags", *xla_flags,

@@ -1,5 +1,5 @@
-// `tpusim train [base.yml] [key=value ...] [--verify] [--quiet]`: trains the model for real on
-// the simulated devices of compile_topology (each holding only its shards), with MaxText's keys
+// `tpusim train [config.yml ...] [key=value ...] [--verify] [--quiet]`: trains the model for real
+// on the simulated devices of compile_topology (each holding only its shards), with MaxText's keys
 // (steps, dataset_type/dataset_path, learning_rate schedule, gradient_accumulation_steps,
 // metrics_file, eval_interval). Exit 0 on success, 2 on bad input.
 //
@@ -55,7 +55,7 @@ void register_train_command(CLI::App& app) {
   auto dump = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand(
       "train", "Run the sharded training step for real on CPU (simulated devices)");
-  command->add_option("args", *args, "[config.yml] key=value ...");
+  command->add_option("args", *args, "[config.yml ...] key=value ...");
   command->add_flag("--verify", *verify,
                     "Run the unsharded reference beside it and report the largest relative "
                     "difference each step");

@@ -6,7 +6,6 @@
 #include <map>
 #include <optional>
 #include <ostream>
-#include <sstream>
 
 #include "common/error.h"
 
@@ -26,11 +25,46 @@ bool is_true(std::string value) {
   return value.empty() || value == "true" || value == "1";
 }
 
+// Whitespace-separated tokens, a "..." or '...' part kept whole (--xla_foo="a b") and unquoted.
+std::vector<std::string> split_tokens(const std::string& text, const std::string& source) {
+  std::vector<std::string> tokens;
+  std::string token;
+  bool in_token = false;
+  char quote = 0;
+  for (const char character : text) {
+    if (quote != 0) {
+      if (character == quote) {
+        quote = 0;
+      } else {
+        token += character;
+      }
+    } else if (character == '"' || character == '\'') {
+      quote = character;
+      in_token = true;
+    } else if (std::isspace(static_cast<unsigned char>(character)) != 0) {
+      if (in_token) {
+        tokens.push_back(token);
+        token.clear();
+        in_token = false;
+      }
+    } else {
+      token += character;
+      in_token = true;
+    }
+  }
+  if (quote != 0) {
+    throw UserError("XLA flags (" + source + "): unterminated " + std::string(1, quote) +
+                    " quote in '" + text + "'");
+  }
+  if (in_token) {
+    tokens.push_back(token);
+  }
+  return tokens;
+}
+
 std::vector<Flag> parse_flags(const std::string& text, const std::string& source) {
   std::vector<Flag> flags;
-  std::istringstream stream(text);
-  std::string token;
-  while (stream >> token) {
+  for (const std::string& token : split_tokens(text, source)) {
     if (!token.starts_with("--") || token.size() == 2) {
       throw UserError("XLA flags (" + source + "): '" + token + "' is not a --flag[=value]");
     }
@@ -72,7 +106,8 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
       }
     }
   }
-  // The switches the modeled flags set; a later flag wins, as in XLA.
+  // The switches the modeled flags set: the offload is on when any collective kind is offloaded
+  // (tpusim's switch covers all kinds); for async collective fusion the last flag wins.
   std::optional<bool> sparse_core_offload;
   std::optional<bool> async_collective_fusion;
   std::map<std::string, std::string> modeled_text;

@@ -3,8 +3,9 @@
 // Recipes export LIBTPU_INIT_ARGS (or XLA_FLAGS) with dozens of compiler flags. A few change what
 // tpusim models: the SparseCore collective offloads (-> sparse_core_collective_offload) and XLA's
 // async collective fusion, which decomposes tensor-parallel collectives into the matmuls
-// (-> collective_matmul). They become key=value overrides unless the command line sets the key
-// itself. Tracing flags cannot change a step; every other flag is reported as not modeled.
+// (-> collective_matmul). They set those keys unless the command line, a config file or the preset
+// sets them (load_command_config applies them last, where the key still has base.yml's value).
+// Tracing flags cannot change a step; every other flag is reported as not modeled.
 //
 // Example:
 //   XlaFlagReport report = xla_flag_overrides(
@@ -29,9 +30,9 @@ struct XlaFlagReport {
   bool empty() const { return sources.empty(); }
 };
 
-// Parses `flags` (whitespace-separated --name[=value]) and, when `read_environment`, the
-// environment's LIBTPU_INIT_ARGS and XLA_FLAGS. `user_overrides` (key=value) win over a flag.
-// UserError naming a token that is not a --flag.
+// Parses `flags` (whitespace-separated --name[=value], quotes kept whole) and, when
+// `read_environment`, the environment's LIBTPU_INIT_ARGS and XLA_FLAGS. `user_overrides`
+// (key=value) win over a flag. UserError naming a token that is not a --flag.
 XlaFlagReport xla_flag_overrides(const std::string& flags,
                                  const std::vector<std::string>& user_overrides,
                                  bool read_environment = true);

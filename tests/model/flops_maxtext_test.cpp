@@ -352,7 +352,8 @@ TEST(MaxTextFlops, ReproducesPublishedRecipeTflops) {
   const nlohmann::json recipes = nlohmann::json::parse(file);
   std::set<std::string> models;
   for (const auto& recipe : recipes) {
-    if (!recipe["measured_tflops_per_chip"].is_number()) {
+    if (!recipe.contains("measured_tflops_per_chip") ||
+        !recipe["measured_tflops_per_chip"].is_number()) {
       continue;
     }
     const std::string model = recipe["model_name"].get<std::string>();

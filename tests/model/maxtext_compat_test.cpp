@@ -244,12 +244,42 @@ TEST(LogicalAxisRules, PresetRulesMergeByNameUnlessOverridden) {
   EXPECT_EQ(llama.get_node("logical_axis_rules").size(),
             base_rules - rules_named(base, "norm").size() + 1);
 
+  // A config file's rules always merge by name (the override is about presets, as in MaxText):
+  // the embedded base names logical axes a MaxText base.yml does not.
   TempDir dir;
-  const std::string whole = dir.write("rules.yml", "logical_axis_rules: [['norm', 'fsdp']]\n");
-  EXPECT_EQ(Config::load_files({whole}, {"override_logical_axis_rules=true"})
+  const std::string file = dir.write("rules.yml", "logical_axis_rules: [['norm', 'fsdp']]\n");
+  EXPECT_EQ(Config::load_files({file}, {"override_logical_axis_rules=true"})
                 .get_node("logical_axis_rules")
                 .size(),
-            1U);
+            llama.get_node("logical_axis_rules").size());
+}
+
+// MaxText's deepseek3-671b-2dfsdp preset sets override_logical_axis_rules: its list replaces the
+// rules of every logical axis MaxText names; only tpusim's own axes (activation_batch_no_exp, for
+// tokens grouped by expert), which no MaxText list can name, keep the base rules.
+TEST(LogicalAxisRules, PresetOverrideReplacesEveryMaxTextNamedRule) {
+  const Config config = Config::load("", {"model_name=deepseek3-671b-2dfsdp"});
+  std::set<std::string> preset_names;
+  size_t preset_rules = 0;
+  for (const auto& row : read_tsv("tests/data/maxtext/maxtext_presets.tsv")) {
+    if (row[0] == "deepseek3-671b-2dfsdp" && row[1] == "logical_axis_rules") {
+      for (const YAML::Node& rule : parse_yaml(row[2], "preset")) {
+        preset_names.insert(rule[0].Scalar());
+        ++preset_rules;
+      }
+    }
+  }
+  ASSERT_EQ(preset_rules, 24U);
+  size_t kept = 0;
+  for (const YAML::Node& rule : config.get_node("logical_axis_rules")) {
+    const std::string name = rule[0].Scalar();
+    if (!preset_names.contains(name)) {
+      EXPECT_FALSE(is_maxtext_logical_axis(name)) << name << " survived the override";
+      ++kept;
+    }
+  }
+  EXPECT_EQ(config.get_node("logical_axis_rules").size(), preset_rules + kept);
+  EXPECT_GT(kept, 0U);  // activation_batch_no_exp and its kin
 }
 
 TEST(ConfigYaml, NullUnderscoresAndBoolCaseAsMaxTextWritesThem) {

@@ -282,6 +282,9 @@ TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {
 // (a key on the command line wins), tracing flags change nothing, the rest is listed as not
 // modeled; LIBTPU_INIT_ARGS is read like --xla-flags.
 TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
+  // The host's own flags (a TPU VM exports them) must not leak into what this test expects.
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
   const std::string flags =
       "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true "
       "--xla_tpu_enable_async_collective_fusion=false --xla_tpu_scoped_vmem_limit_kib=65536 "

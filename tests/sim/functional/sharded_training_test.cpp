@@ -118,6 +118,23 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-mla",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_context_parallelism=2", "sparse_matmul=false", "capacity_factor=4.0"}},
+      // gemma4's pieces at tiny size: 5 sliding-window layers then a global one with its own head
+      // width, one kv head and a shared K/V projection (the key projection feeds both), MoE with
+      // a shared expert as wide as the dense MLP.
+      {"tiny-llama",
+       {"override_model_config=true", "decoder_block=gemma4", "base_num_decoder_layers=6",
+        "sliding_window_size=8", "global_head_dim=32", "global_num_kv_heads=1",
+        "share_kv_projections=true", "num_experts=4", "num_experts_per_tok=2", "shared_experts=1",
+        "base_moe_mlp_dim=32", "compile_topology=v5e-4", "per_device_batch_size=1",
+        "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
+      // llama4's: chunked attention (chunks of 8 in 32 tokens), a global no-RoPE layer every
+      // 2nd, every 2nd layer MoE (top-1 of 4 and a shared expert).
+      {"tiny-llama",
+       {"override_model_config=true", "decoder_block=llama4", "base_num_decoder_layers=4",
+        "chunk_attn_window_size=8", "nope_layer_interval=2", "interleave_moe_layer_step=2",
+        "num_experts=4", "num_experts_per_tok=1", "shared_experts=1", "base_moe_mlp_dim=32",
+        "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_context_parallelism=2"}},
   };
   for (const Case& test_case : cases) {
     SCOPED_TRACE(describe(test_case));
