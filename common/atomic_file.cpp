@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
@@ -10,6 +11,15 @@
 namespace tpusim {
 
 void write_file_atomically(const std::string& path, std::string_view content) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, error);
+  if (!error && std::filesystem::exists(status) &&
+      status.type() != std::filesystem::file_type::regular) {
+    throw UserError("'" + path +
+                    "' exists and is not a regular file (a link, directory, device or FIFO); "
+                    "tpusim replaces output files whole, so it writes only regular files and new "
+                    "paths");
+  }
   const std::string temporary = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream stream(temporary, std::ios::binary | std::ios::trunc);

@@ -13,7 +13,9 @@
 
 namespace tpusim {
 
-// Throws UserError naming the path when the directory is not writable.
+// Throws UserError naming the path when the directory is not writable, or when `path` exists and
+// is not a regular file: a device (/dev/full), a directory, a FIFO or a symbolic link would be
+// replaced by the rename, so tpusim writes only to regular files and new paths.
 void write_file_atomically(const std::string& path, std::string_view content);
 
 }  // namespace tpusim

@@ -25,6 +25,24 @@ TEST(AtomicFile, WritesWholeContentAndLeavesNoTemporary) {
   std::filesystem::remove_all(directory);
 }
 
+// The rename would replace whatever the path is: a device, a directory or a link is refused, and
+// left as it was.
+TEST(AtomicFile, RefusesToReplaceWhatIsNotARegularFile) {
+  EXPECT_THROW(write_file_atomically("/dev/null", "a"), UserError);
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_link_test";
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory / "sub");
+  const auto target = directory / "target.txt";
+  write_file_atomically(target.string(), "kept");
+  std::filesystem::create_symlink(target, directory / "link.txt");
+  EXPECT_THROW(write_file_atomically((directory / "link.txt").string(), "new"), UserError);
+  EXPECT_THROW(write_file_atomically((directory / "sub").string(), "new"), UserError);
+  EXPECT_TRUE(std::filesystem::is_symlink(directory / "link.txt"));
+  EXPECT_EQ(read_text_file(target.string()), "kept");
+  std::filesystem::remove_all(directory);
+}
+
 TEST(AtomicFile, UnwritableDirectoryIsUserError) {
   EXPECT_THROW(write_file_atomically("/nonexistent_dir_tpusim/x.txt", "a"), UserError);
 }
