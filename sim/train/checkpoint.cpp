@@ -565,9 +565,24 @@ Checkpoint load_checkpoint(const std::string& directory) {
   } catch (const nlohmann::json::parse_error& parse_error) {
     throw file_error(state_path, std::string("not valid JSON: ") + parse_error.what());
   }
+  // Steps stay far below int64's end, so that step + 1 and step x tokens cannot overflow.
+  constexpr uint64_t kMaxStep = uint64_t{1} << 40;
   if (!state.is_object() || !state.contains("step") || !state["step"].is_number_unsigned() ||
-      state["step"].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    throw file_error(state_path, "no non-negative integer \"step\"");
+      state["step"].get<uint64_t>() > kMaxStep) {
+    throw file_error(state_path, "no integer \"step\" from 0 to 2^40");
+  }
+  // A checkpoint written by tpusim lives in checkpoints/<step>: a step that disagrees with its
+  // directory (a copied or edited state.json) would resume at the wrong place.
+  fs::path named = path.lexically_normal();
+  if (named.filename().empty()) {
+    named = named.parent_path();
+  }
+  const std::string name = named.filename().string();
+  const bool step_directory =
+      !name.empty() && name.find_first_not_of("0123456789") == std::string::npos;
+  if (step_directory && name != std::to_string(state["step"].get<uint64_t>())) {
+    throw file_error(state_path, "says step " + std::to_string(state["step"].get<uint64_t>()) +
+                                     " but its directory is step " + name);
   }
   if (!state.contains("files") || !state["files"].is_object()) {
     throw file_error(state_path, "no \"files\" object");

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/yaml_text.h"
 
 namespace tpusim {
 namespace {
@@ -339,6 +340,24 @@ TEST_F(CheckpointTest, LatestCheckpointPicksTheHighestCompleteStep) {
   write_bytes(checkpoints / "400", "a file, not a directory");
   EXPECT_EQ(latest_checkpoint(run), checkpoint_directory(run, 100));
   EXPECT_EQ(load_checkpoint(latest_checkpoint(run)).step, 100);
+}
+
+// state.json's step must be the step its directory names (checkpoints/<step>), and small enough
+// that step + 1 cannot overflow: an edited or copied state.json is refused, not resumed.
+TEST_F(CheckpointTest, StepThatDisagreesWithItsDirectoryOrOverflowsIsUserError) {
+  const fs::path directory = root_ / "run" / "checkpoints" / "20";
+  save_checkpoint(directory.string(), sample_checkpoint());  // records step 42
+  expect_user_error([&] { load_checkpoint(directory.string()); },
+                    {"state.json", "step 42", "directory is step 20"});
+  expect_user_error([&] { load_checkpoint(directory.string() + "/"); }, {"directory is step 20"});
+
+  const fs::path huge = root_ / "huge";
+  save_checkpoint(huge.string(), sample_checkpoint());
+  const fs::path state = huge / "state.json";
+  nlohmann::json json = nlohmann::json::parse(read_text_file(state.string()));
+  json["step"] = std::numeric_limits<int64_t>::max();
+  write_bytes(state, json.dump());
+  expect_user_error([&] { load_checkpoint(huge.string()); }, {"state.json", "2^40"});
 }
 
 TEST_F(CheckpointTest, MissingDirectoryIsUserErrorNamingIt) {
