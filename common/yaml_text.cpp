@@ -1,5 +1,7 @@
 #include "common/yaml_text.h"
 
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -9,6 +11,19 @@
 namespace tpusim {
 
 std::string read_text_file(const std::string& path) {
+  // Only regular files (links followed): a directory, a FIFO or /dev/zero would fail late or
+  // never end; a size cap keeps a wrong path from exhausting memory.
+  constexpr std::uintmax_t kMaxBytes = std::uintmax_t{8} << 30;
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!error && std::filesystem::exists(status) &&
+      status.type() != std::filesystem::file_type::regular) {
+    throw UserError("'" + path + "' is not a regular file (a directory, device or FIFO)");
+  }
+  if (!error && std::filesystem::exists(status) &&
+      std::filesystem::file_size(path, error) > kMaxBytes) {
+    throw UserError("'" + path + "' is larger than 8 GiB, more than tpusim reads");
+  }
   std::ifstream stream(path, std::ios::binary);
   if (!stream) {
     throw UserError("cannot read file '" + path + "'");

@@ -12,7 +12,8 @@
 
 namespace tpusim {
 
-// Whole file as text; UserError naming the path when it cannot be read.
+// Whole file as text; UserError naming the path when it cannot be read, is not a regular file, or
+// is larger than 8 GiB.
 std::string read_text_file(const std::string& path);
 
 // Parses YAML text holding one document (several are a UserError: only the first would count);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -22,6 +23,49 @@ namespace {
 
 constexpr const char* kCommandLine = "command line";
 constexpr const char* kDefaultModelName = "default";
+
+// Well-formed UTF-8 (no stray continuation bytes, no truncated or overlong sequences, no
+// surrogates): config strings end up in JSON output, which must be valid UTF-8.
+bool is_valid_utf8(std::string_view text) {
+  size_t index = 0;
+  while (index < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[index]);
+    size_t length = 0;
+    uint32_t code = 0;
+    if (lead < 0x80) {
+      ++index;
+      continue;
+    }
+    if ((lead & 0xE0) == 0xC0) {
+      length = 2;
+      code = lead & 0x1F;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3;
+      code = lead & 0x0F;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4;
+      code = lead & 0x07;
+    } else {
+      return false;
+    }
+    if (index + length > text.size()) {
+      return false;
+    }
+    for (size_t offset = 1; offset < length; ++offset) {
+      const auto next = static_cast<unsigned char>(text[index + offset]);
+      if ((next & 0xC0) != 0x80) {
+        return false;
+      }
+      code = (code << 6) | (next & 0x3F);
+    }
+    const uint32_t smallest = length == 2 ? 0x80 : length == 3 ? 0x800 : 0x10000;
+    if (code < smallest || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
+      return false;
+    }
+    index += length;
+  }
+  return true;
+}
 
 // YAML 1.1 (PyYAML, which MaxText reads its configs with) allows digit-group underscores in
 // numbers: "1_000_000", "10_000.5". yaml-cpp (YAML 1.2) reads them as strings, so a number's text
@@ -124,6 +168,9 @@ YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& k
       }
       if (!value.IsScalar()) {
         return fail("a string");
+      }
+      if (!is_valid_utf8(value.Scalar())) {
+        throw UserError(where + ": the value is not valid UTF-8", key);
       }
       return YAML::Node(value.Scalar());
     case ConfigType::kBool: {

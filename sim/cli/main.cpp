@@ -36,7 +36,8 @@ int run(int argc, char** argv) {
       const nlohmann::json error = {{"error", message},
                                     {"key", key.empty() ? nlohmann::json() : nlohmann::json(key)},
                                     {"exit", tpusim::kUserErrorExitCode}};
-      std::cout << error.dump() << "\n";
+      // A message can quote bytes the user typed; replace any that are not UTF-8.
+      std::cout << error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
     return tpusim::kUserErrorExitCode;
   };

@@ -61,6 +61,8 @@ TEST(TopologyCommand, InvalidInputsExit2) {
   expect_user_error({"topology", "v6e-512"}, "v6e-512");
   expect_user_error({"topology", "v5p:3x3x3"}, "3x3x3");
   expect_user_error({"topology", "v5p-128", "--num-slices", "0"}, "num_slices");
+  // A million slices used to take 26 s and 2.9 GB: the slice count is bounded.
+  expect_user_error({"topology", "v5p-16", "--num-slices", "1000000"}, "1000000");
   expect_user_error({"topology"}, "slice");
   expect_user_error({"topology", "v5p-8", "--bogus"}, "--bogus");
 }
@@ -393,6 +395,14 @@ TEST(TrainCommand, BadInputExits2) {
                     "/nonexistent/corpus.txt");
   expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256"}, "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
+  // Inputs that are not regular files fail at once instead of failing late (a directory) or
+  // never ending (/dev/zero); a value that is not UTF-8 cannot reach the JSON output.
+  expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/tmp"},
+                    "/tmp");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/dev/zero"},
+      "/dev/zero");
+  expect_user_error({"config", "run_name=\xff"}, "run_name");
   expect_user_error(
       {"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
        "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
