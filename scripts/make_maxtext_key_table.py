@@ -27,7 +27,7 @@ NONE_PATTERNS = [ r'^global_rope_max_timescale$', r'^global_rope_proportion$', r
  r'^use_multimodal$', r'^use_audio', r'^freeze_', r'^dtype_mm$', r'^max_num_images_per_example$', r'^vision_output_length$',
  r'^use_mrope$', r'^mrope_section$', r'^position_id_per_seconds$', r'^elastic_', r'managed_mldiagnostics',
  r'^skip_jax_distributed_system$', r'^compiled_trainstep_file$', r'^write_estimator_result$', r'^max_checkify$',
- r'^abort_on_', r'^target_eval_loss$', r'^enable_data_shuffling$', r'^num_epoch$', r'^generate_padding_batch',
+ r'^target_eval_loss$', r'^enable_data_shuffling$', r'^num_epoch$', r'^generate_padding_batch',
  r'^expansion_factor_real_data$', r'^colocated_python_data_input$', r'^lr_schedule_type$', r'^learning_rate_final_fraction$',
  r'^wsd_', r'^muon_', r'^enable_nnx$', r'^pure_nnx', r'^use_ragged_attention$', r'^ragged_block_size$',
  r'^max_corpus_chars$', r'^default_prompt$', r'^use_dpo$', r'^use_sft$', r'^sft_train_on_completion_only$',

@@ -68,6 +68,13 @@ nlohmann::json validate_csv(const std::string& path) {
     const std::string where =
         path + " row " + std::to_string(index + 2) + " (" + row[id_column] + ")";
     const double measured = parse_number(row[step_column], where + " measured_step_s");
+    if (!(measured > 0) || !std::isfinite(measured)) {
+      throw UserError(where + " measured_step_s: '" + row[step_column] +
+                      "' must be a positive number of seconds");
+    }
+    if (row[args_column].find_first_not_of(" \t") == std::string::npos) {
+      throw UserError(where + " args: empty; give the run's key=value overrides");
+    }
     Config config = [&] {
       try {
         return Config::load("", split_args(row[args_column]));

@@ -431,6 +431,14 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
                         config_.get_string("run_name").empty())) {
     throw UserError("enable_checkpointing: needs base_output_directory and run_name");
   }
+  // The run's files stay inside base_output_directory: run_name is one path component.
+  if (const std::string run_name = config_.get_string("run_name");
+      run_name.find('/') != std::string::npos || run_name == "." || run_name == "..") {
+    throw UserError("run_name: '" + run_name +
+                        "' must be a plain name (no '/', not '.' or '..'): the run's files go to "
+                        "base_output_directory/run_name",
+                    "run_name");
+  }
   const int64_t period = config_.get_int("checkpoint_period");
   int64_t first_step = 1;
   // Rank 0 finds the checkpoint; every rank restores it.
@@ -601,6 +609,15 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       progress << "\n";
     }
     curve.push_back(metrics);
+    // MaxText stops on a NaN or infinite loss (abort_on_nan_loss, abort_on_inf_loss); so does
+    // tpusim, before the step's weights could be saved.
+    if ((std::isnan(metrics.loss) && config_.get_bool("abort_on_nan_loss")) ||
+        (std::isinf(metrics.loss) && config_.get_bool("abort_on_inf_loss"))) {
+      throw UserError("step " + std::to_string(step) + ": the loss is " +
+                      (std::isnan(metrics.loss) ? "NaN" : "infinite") +
+                      "; training stopped (abort_on_nan_loss / abort_on_inf_loss), nothing saved "
+                      "for this step");
+    }
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       Checkpoint checkpoint = model.to_checkpoint(step);
       if (root) {

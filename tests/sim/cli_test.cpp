@@ -343,6 +343,15 @@ TEST(ValidateCommand, BadFilesExit2) {
     return directory + "/" + name;
   };
   expect_user_error({"validate", "/nonexistent/results.csv"}, "/nonexistent/results.csv");
+  // A measured time of 0 or less gave an inf% error; empty args estimated the default model.
+  expect_user_error({"validate", write("zero.csv",
+                                       "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
+                                       "v5e,compile_topology=v5e-8,0,\n")},
+                    "row 2 (A) measured_step_s");
+  expect_user_error({"validate", write("empty_args.csv",
+                                       "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
+                                       "v5e, ,1.0,\n")},
+                    "row 2 (A) args");
   expect_user_error(
       {"validate",
        write("no_args.csv", "id,hardware,measured_step_s,measured_tokens_s_chip\nA,v5e,1,\n")},
@@ -388,6 +397,26 @@ TEST(TrainCommand, MetricsFileContract) {
   EXPECT_TRUE(saw_eval);
 }
 
+// A diverging run (learning rate 1000) reaches a NaN loss at step 5: training stops with exit 2
+// naming the step, as MaxText's abort_on_nan_loss does; switched off, it runs on.
+TEST(TrainCommand, NonFiniteLossStopsTraining) {
+  const std::vector<std::string> run = {"train",
+                                        "model_name=tiny-llama",
+                                        "compile_topology=v5e-1",
+                                        "steps=6",
+                                        "learning_rate=1000",
+                                        "per_device_batch_size=1",
+                                        "max_target_length=16",
+                                        "--quiet"};
+  const auto stopped = run_tpusim(run);
+  EXPECT_EQ(stopped.exit_code, 2) << stopped.err;
+  EXPECT_NE(stopped.err.find("the loss is NaN"), std::string::npos) << stopped.err;
+  std::vector<std::string> allowed = run;
+  allowed.emplace_back("abort_on_nan_loss=false");
+  allowed.emplace_back("abort_on_inf_loss=false");
+  EXPECT_EQ(run_tpusim(allowed).exit_code, 0);
+}
+
 TEST(TrainCommand, BadInputExits2) {
   expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text"}, "dataset_path");
   expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text",
@@ -403,6 +432,10 @@ TEST(TrainCommand, BadInputExits2) {
       {"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/dev/zero"},
       "/dev/zero");
   expect_user_error({"config", "run_name=\xff"}, "run_name");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "run_name=../..", "enable_checkpointing=true",
+       "base_output_directory=/tmp/tpusim_cli_test_runs", "steps=1"},
+      "run_name");
   expect_user_error(
       {"train", "model_name=llama2-7b", "vocab_size=100", "override_model_config=true",
        "dataset_type=text", "dataset_path=/usr/share/common-licenses/GPL-3"},
