@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/error.h"
 #include "hw/slice.h"
 #include "hw/topology.h"
 #include "sim/cli/commands.h"
@@ -113,6 +114,12 @@ void register_topology_command(CLI::App& app) {
       ->expected(0, 1);
   command->callback([options, command] {
     options->dot = command->count("--dot") > 0;
+    if (options->dot && options->dot_path.empty() && options->json) {
+      // Both on stdout would make neither parseable.
+      throw UserError(
+          "topology: --json and --dot without a FILE both print to stdout; give --dot a "
+          "FILE or drop one of them");
+    }
     const Slice slice = parse_slice(options->slice_name, options->num_slices);
     const Topology topology(slice);
     if (options->dot) {

@@ -65,6 +65,7 @@ TEST(TopologyCommand, InvalidInputsExit2) {
   expect_user_error({"topology", "v5p-16", "--num-slices", "1000000"}, "1000000");
   expect_user_error({"topology"}, "slice");
   expect_user_error({"topology", "v5p-8", "--bogus"}, "--bogus");
+  expect_user_error({"topology", "v5p-8", "--json", "--dot"}, "--dot");
 }
 
 TEST(HwCommand, ListsCatalogWithSources) {
