@@ -562,31 +562,21 @@ void check_passthrough_value(const MaxTextKey& key, const YAML::Node& value,
   if (value.IsNull() || key.effect == MaxTextKeyEffect::kNoEffect) {
     return;
   }
-  const std::string where = "'" + key.name + "' (" + origin + ", a MaxText key)";
-  auto expect = [&](bool ok, const std::string& expected) {
-    if (!ok) {
-      throw UserError(where + ": expected " + expected + ", got '" + describe(value) + "'",
-                      key.name);
-    }
-  };
-  const bool scalar = value.IsScalar();
-  const std::string text = scalar ? without_digit_underscores(value.Scalar()) : "";
-  if (key.type == "bool") {
-    std::string lower = text;
-    for (char& character : lower) {
-      character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
-    }
-    expect(scalar && (lower == "true" || lower == "false"), "true or false");
-  } else if (key.type == "int") {
-    expect(scalar && looks_like_int(text), "an integer");
-  } else if (key.type == "float") {
-    expect(scalar && (looks_like_int(text) || looks_like_float(text)), "a number");
-  } else if (key.type == "list") {
-    expect(value.IsSequence() || scalar, "a list like [a, b]");
-  } else if (key.type == "map") {
-    expect(value.IsMap(), "a mapping like {a: b}");
-  } else if (key.type == "str") {
-    expect(scalar, "a string");
+  // Scalars are checked as tpusim's own keys of that type are (coerce); lists may also be given as
+  // a scalar, as MaxText's command line allows; maps must be maps.
+  static const std::map<std::string, ConfigType, std::less<>> kScalarTypes = {
+      {"bool", ConfigType::kBool},
+      {"int", ConfigType::kInt},
+      {"float", ConfigType::kFloat},
+      {"str", ConfigType::kString}};
+  const std::string where = origin + ", a MaxText key";
+  if (const auto scalar = kScalarTypes.find(key.type); scalar != kScalarTypes.end()) {
+    coerce(value, scalar->second, key.name, where);
+  } else if ((key.type == "list" && !value.IsSequence() && !value.IsScalar()) ||
+             (key.type == "map" && !value.IsMap())) {
+    throw UserError("'" + key.name + "' (" + where + "): expected a " + key.type + ", got '" +
+                        describe(value) + "'",
+                    key.name);
   }
 }
 

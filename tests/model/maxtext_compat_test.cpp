@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/csv.h"
 #include "common/error.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
@@ -22,34 +23,10 @@
 namespace tpusim {
 namespace {
 
-// Rows of a tab-separated fixture (the header row dropped, no quoting: values are YAML text).
+// Rows of a tab-separated fixture (header dropped, no quoting: values are YAML text).
 std::vector<std::vector<std::string>> read_tsv(const std::string& relative_path) {
   const std::string path = testing::source_dir() + "/" + relative_path;
-  std::ifstream file(path);
-  EXPECT_TRUE(file.good()) << "cannot read " << path;
-  std::vector<std::vector<std::string>> rows;
-  std::string line;
-  bool header_seen = false;
-  while (std::getline(file, line)) {
-    if (line.empty() || line.front() == '#') {
-      continue;
-    }
-    if (!header_seen) {
-      header_seen = true;
-      continue;
-    }
-    std::vector<std::string> fields;
-    std::stringstream stream(line);
-    std::string field;
-    while (std::getline(stream, field, '\t')) {
-      fields.push_back(field);
-    }
-    if (!line.empty() && line.back() == '\t') {
-      fields.emplace_back();
-    }
-    rows.push_back(fields);
-  }
-  return rows;
+  return parse_tsv(read_text_file(path), path).rows;
 }
 
 // A scratch directory for YAML files, removed with the test.

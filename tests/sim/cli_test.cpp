@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/csv.h"
+#include "common/yaml_text.h"
 #include "support/run_command.h"
 
 namespace tpusim {
@@ -227,17 +229,13 @@ TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
 // MaxText's own base.yml (rebuilt from the key/value fixture) as the config file gives the
 // estimate of tpusim's embedded base.yml: the same defaults, rules merged by name.
 TEST(EstimateCommand, MaxTextBaseYmlGivesTheEmbeddedBasesEstimate) {
-  std::ifstream keys(testing::source_dir() + "/tests/data/maxtext/maxtext_keys.tsv");
-  ASSERT_TRUE(keys.good());
+  const std::string fixture = testing::source_dir() + "/tests/data/maxtext/maxtext_keys.tsv";
+  const CsvTable keys = parse_tsv(read_text_file(fixture), fixture);  // key, default, type
   const std::string path = ::testing::TempDir() + "/maxtext_base.yml";
   {
     std::ofstream yaml(path);
-    std::string line;
-    std::getline(keys, line);  // header
-    while (std::getline(keys, line)) {
-      const size_t tab = line.find('\t');
-      const size_t second = line.find('\t', tab + 1);
-      yaml << line.substr(0, tab) << ": " << line.substr(tab + 1, second - tab - 1) << "\n";
+    for (const std::vector<std::string>& row : keys.rows) {
+      yaml << row[0] << ": " << row[1] << "\n";
     }
   }
   for (const char* model : {"model_name=llama2-7b", "model_name=mixtral-8x7b"}) {
