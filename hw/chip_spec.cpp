@@ -53,6 +53,7 @@ const std::vector<std::pair<std::string, SpecMember>>& spec_members() {
       {"dcn_latency_us", &ChipSpec::dcn_latency_us},
       {"sparsecores_per_chip", &ChipSpec::sparsecores_per_chip},
       {"sparsecore_collective_offload_default", &ChipSpec::sparsecore_collective_offload_default},
+      {"sparsecore_reduce_scatter_time_factor", &ChipSpec::sparsecore_reduce_scatter_time_factor},
       {"max_slice_chips", &ChipSpec::max_slice_chips},
       {"pod_bisection_tbps", &ChipSpec::pod_bisection_tbps},
       {"power_watts", &ChipSpec::power_watts},

@@ -99,6 +99,9 @@ struct ChipSpec {
   double dcn_latency_us = 0;
   double sparsecores_per_chip = 0;
   double sparsecore_collective_offload_default = 0;  // 1 = XLA offloads AG/RS/AR by default
+  // An offloaded reduce-scatter takes this many times its ICI roofline (the SparseCores reduce the
+  // incoming shards); all-reduces pay it on their reduce-scatter half.
+  double sparsecore_reduce_scatter_time_factor = 1;
 
   // System.
   double max_slice_chips = 0;

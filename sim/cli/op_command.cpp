@@ -73,6 +73,10 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys,
   context.chip = &chip;
   const std::string quantization = config.get_string("quantization");
   context.int8_matmuls = quantization == "int8";
+  context.fp8_matmuls = quantization.rfind("fp8", 0) == 0;
+  // A lone matmul is a forward pass; with a bf16 dtype its operands pay the quantize pass.
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
+      context.int8_matmuls || context.fp8_matmuls;
   const OpCost cost = cost_compute_op(graph, graph.ops()[static_cast<size_t>(id)], context, false);
   const double seconds = cost.seconds + chip.dispatch_overhead_us * 1e-6;
   const double flops =

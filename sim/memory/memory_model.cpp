@@ -39,6 +39,7 @@ class MemoryModel {
     last_use_.assign(tensors, kNoOp);
     live_.assign(tensors, Liveness::kDead);
     dies_after_.assign(tensors, kNoOp);
+    counted_.assign(tensors, 0);
   }
 
   MemoryEstimate run() {
@@ -224,7 +225,50 @@ class MemoryModel {
       dies_after_[slot] = last_use != kNoOp  ? std::max(index, last_use)
                           : carry_out_[slot] ? kNoOp
                                              : index;
+      counted_[slot] = bytes_[slot];
       (gathered ? current.gathered : current.other) += bytes_[slot];
+    };
+    const bool backward = graph_.region(region).phase == Phase::kBackward;
+    // XLA's buffer assignment lets an elementwise-shaped op write its result over an operand it
+    // reads for the last time (the logits' gradient over the saved logits, a residual over its
+    // input): the output then takes no new memory. A saved activation (freed with its backward
+    // region) can be taken over once, by an op of that backward region that reads it last.
+    std::vector<bool> taken_over;
+    auto reuse_operand_buffer = [&](const Op& op, int index) {
+      if (!writes_in_place(op)) {
+        return;
+      }
+      for (const TensorId output : op.outputs) {
+        const auto out_slot = static_cast<size_t>(output);
+        if (category_[out_slot] != Category::kTemporary || counted_[out_slot] <= 0) {
+          continue;
+        }
+        for (const TensorId input : op.inputs) {
+          const auto in_slot = static_cast<size_t>(input);
+          if (bytes_[in_slot] < bytes_[out_slot] || last_use_[in_slot] != index ||
+              graph_.tensor(input).kind == TensorKind::kInput) {
+            continue;
+          }
+          const bool temporary = category_[in_slot] == Category::kTemporary &&
+                                 live_[in_slot] == Liveness::kOther && counted_[in_slot] > 0 &&
+                                 dies_after_[in_slot] == index;
+          const bool saved = backward && category_[in_slot] == Category::kSaved &&
+                             !taken_over[in_slot];
+          if (!temporary && !saved) {
+            continue;
+          }
+          if (temporary) {
+            current.other -= counted_[in_slot];
+            counted_[in_slot] = 0;
+          } else {
+            taken_over[in_slot] = true;
+            (live_[out_slot] == Liveness::kGathered ? current.gathered : current.other) -=
+                counted_[out_slot];
+            counted_[out_slot] = 0;
+          }
+          break;
+        }
+      }
     };
     for (size_t position = 0; position < ops.size(); ++position) {
       const Op& op = *ops[position];
@@ -236,6 +280,10 @@ class MemoryModel {
       for (const TensorId output : op.outputs) {
         add(output, gathers_weight, index);
       }
+      if (taken_over.empty()) {
+        taken_over.assign(graph_.tensors().size(), false);
+      }
+      reuse_operand_buffer(op, index);
       // While the op runs: its live tensors plus its own scratch (dot_product scores).
       const double scratch = attention_scores_bytes(op);
       if (current.total() + scratch > peak.total()) {
@@ -252,7 +300,7 @@ class MemoryModel {
       std::sort(dead.begin(), dead.end());
       for (const TensorId id : dead) {
         const auto slot = static_cast<size_t>(id);
-        (live_[slot] == Liveness::kGathered ? current.gathered : current.other) -= bytes_[slot];
+        (live_[slot] == Liveness::kGathered ? current.gathered : current.other) -= counted_[slot];
         live_[slot] = Liveness::kDead;
       }
       std::erase_if(
@@ -269,6 +317,19 @@ class MemoryModel {
     }
     cached = peak;
     return peak;
+  }
+
+  // Ops whose output has an operand's shape, element by element: XLA can write it in place.
+  static bool writes_in_place(const Op& op) {
+    switch (op.kind) {
+      case OpKind::kElementwise:
+      case OpKind::kCrossEntropyGrad:
+      case OpKind::kRope:
+      case OpKind::kNormGrad:
+        return true;
+      default:
+        return false;
+    }
   }
 
   // attention=dot_product: the scores an attention op (or its gradient) materializes.
@@ -305,6 +366,7 @@ class MemoryModel {
   std::vector<int> last_use_;
   std::vector<Liveness> live_;
   std::vector<int> dies_after_;
+  std::vector<double> counted_;  // bytes a live temporary holds (0 once another took them over)
 };
 
 }  // namespace

@@ -35,6 +35,8 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   const double link = chip.ici_link_bandwidth_uni_gbps * kGiga * chip.ici_achievable_fraction /
                       slice.devices_per_chip;
   double ici_bandwidth = 0;
+  double chip_link_bandwidth = 0;  // of the torus links only (no D2D)
+  double chiplet_devices = 1;      // devices of one chip in the group (the D2D portion)
   double ici_hops = 0;
   double ici_devices = 1;
   bool d2d_only = true;
@@ -47,6 +49,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
     for (const PhysicalPortion& portion : axis.portions) {
       if (portion.physical_axis == kChipletAxis) {
         ici_bandwidth += chip.d2d_bandwidth_uni_gbps * kGiga;
+        chiplet_devices *= static_cast<double>(portion.size);
         ici_hops += 1;
         continue;
       }
@@ -57,6 +60,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
       all_wrap = all_wrap && wraps;
       // Both neighbours of a wrapped ring take a share; an open line is one direction's worth.
       ici_bandwidth += (wraps ? 2.0 : 1.0) * link;
+      chip_link_bandwidth += (wraps ? 2.0 : 1.0) * link;
       ici_hops += wraps ? portion.size / 2.0 : portion.size - 1.0;
     }
   }
@@ -66,6 +70,16 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   auto gather = [&](double size, double devices, double bandwidth, double hops, double latency) {
     return std::max(hops * latency, gather_seconds(size, devices, bandwidth));
   };
+  // A group spanning the chiplet pair and torus axes cannot route more through the fast D2D link
+  // than the partner holds: every byte the chip lacks enters over its torus links, shared by its
+  // devices. So the group is also bounded by the chip's ingress, (N - c)/N x V over c x W_torus.
+  auto chip_ingress_bound = [&](double size) {
+    if (chiplet_devices <= 1 || chip_link_bandwidth <= 0 || ici_devices <= chiplet_devices) {
+      return 0.0;
+    }
+    return (ici_devices - chiplet_devices) / ici_devices * size /
+           (chiplet_devices * chip_link_bandwidth);
+  };
   // The ICI stage moves the slice's part: V / (DCN devices) for a hierarchical collective.
   const double ici_bytes = bytes / std::max(1.0, dcn_devices);
   double ici = 0;
@@ -74,11 +88,13 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   switch (kind) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
-      ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency);
+      ici = std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
+                     chip_ingress_bound(ici_bytes));
       dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency);
       break;
     case OpKind::kAllReduce:
-      ici = 2 * gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency);
+      ici = 2 * std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
+                         chip_ingress_bound(ici_bytes));
       dcn = 2 * gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
                        dcn_devices - 1, dcn_latency);
       break;

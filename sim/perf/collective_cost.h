@@ -8,7 +8,9 @@
 //   bidirectional ring, half on a line
 // where W adds the bandwidth of every physical axis the ring spans: 2 x link per wrapped torus
 // axis (a bidirectional ring), 1 x link on an open line (the far end is N-1 hops away), the D2D
-// link for the v7x chiplet pair, and the host NICs for DCN (each chip's share). Links run at
+// link for the v7x chiplet pair, and the host NICs for DCN (each chip's share). A group that spans
+// the chiplet pair and torus axes is also bounded by the chip's ingress: the bytes the chip lacks
+// all enter over its torus links, whatever the D2D link adds. Links run at
 // their achievable fraction; each collective pays collective_launch_us. An axis split over ICI
 // and DCN runs hierarchically: the ICI part, then the DCN part.
 //

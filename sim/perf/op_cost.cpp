@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,15 +35,39 @@ double roundup(double value, double tile) {
   return std::ceil(value / tile) * tile;
 }
 
-double peak_flops_per_device(const CostContext& context) {
+// The MXU rate of a matmul: the quantization's narrow type when `narrow` (chips without that MXU
+// mode run it at the bf16 rate), else bf16.
+double peak_flops_per_device(const CostContext& context, bool narrow) {
   const ChipSpec& chip = *context.chip;
   double tflops = chip.peak_bf16_tflops;
-  if (context.int8_matmuls && chip.peak_int8_tops > 0) {
+  if (narrow && context.int8_matmuls && chip.peak_int8_tops > 0) {
     tflops = chip.peak_int8_tops;
-  } else if (context.fp8_matmuls && chip.peak_fp8_tflops > 0) {
+  } else if (narrow && context.fp8_matmuls && chip.peak_fp8_tflops > 0) {
     tflops = chip.peak_fp8_tflops;
   }
   return tflops * kTera / chip.devices_per_chip;
+}
+
+// Tokens index activations by batch and length, grouped MoE rows by expert_tokens; a weight (or
+// a weight's gradient) has none of them.
+bool has_token_dims(const Tensor& tensor) {
+  return tensor.dim_index("batch") >= 0 || tensor.dim_index("length") >= 0 ||
+         tensor.dim_index("expert_tokens") >= 0;
+}
+
+// Which pass of a weight matmul an einsum is: forward (or its remat recompute) and the input
+// gradient read a weight operand, the weight gradient writes a weight-shaped result. Einsums of
+// activations only (dot_product attention) are none of them.
+std::optional<MatmulPass> matmul_pass(const Tensor& lhs, const Tensor& rhs, const Tensor& out) {
+  if (!has_token_dims(lhs) || !has_token_dims(rhs)) {
+    return lhs.kind == TensorKind::kGradient || rhs.kind == TensorKind::kGradient
+               ? MatmulPass::kInputGrad
+               : MatmulPass::kForward;
+  }
+  if (!has_token_dims(out)) {
+    return MatmulPass::kWeightGrad;
+  }
+  return std::nullopt;
 }
 
 double hbm_bytes_per_second(const ChipSpec& chip) {
@@ -80,6 +105,10 @@ struct EinsumShape {
   double k = 1;               // contracted
   double n = 1;               // cols
   char expert_tokens_in = 0;  // 'm', 'k' or 'n': where a dropless grouped matmul's token dim is
+  // The largest dim of each role, by name ("embed", "mlp", "expert_tokens"): megablox tiles.
+  std::string m_name;
+  std::string k_name;
+  std::string n_name;
 };
 
 EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out) {
@@ -119,26 +148,90 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
   std::sort(dims.begin(), dims.end(),
             [](const Named& a, const Named& b) { return *a.name < *b.name; });
   EinsumShape shape;
+  double largest_m = 0;
+  double largest_k = 0;
+  double largest_n = 0;
   for (const Named& dim : dims) {
     const auto size = static_cast<double>(dim.size);
     char group = 0;
+    auto take_name = [&dim, size](std::string& name, double& largest) {
+      if (size > largest) {
+        largest = size;
+        name = *dim.name;
+      }
+    };
     if (dim.lhs && dim.rhs && dim.out) {
       shape.loops *= size;
     } else if (dim.lhs && dim.rhs) {
       shape.k *= size;
       group = 'k';
+      take_name(shape.k_name, largest_k);
     } else if (dim.lhs) {
       shape.m *= size;
       group = 'm';
+      take_name(shape.m_name, largest_m);
     } else {
       shape.n *= size;
       group = 'n';
+      take_name(shape.n_name, largest_n);
     }
     if (*dim.name == "expert_tokens") {
       shape.expert_tokens_in = group;
     }
   }
   return shape;
+}
+
+// A megablox grouped matmul (gmm for the forward and dlhs, tgmm for the weight gradient) walks
+// tiles of tm rows x tk x tn: a tile that straddles two experts' rows is visited once per expert,
+// so `rows` rows of `groups` experts take ceil(rows / tm) + groups - 1 row tiles (jax's megablox
+// make_group_metadata), and the embed/mlp dims pad up to whole tiles. Each row tile re-reads the
+// expert's weight tile; the left operand is re-read once per output column tile.
+struct GroupedMatmulWork {
+  double executed_flops = 0;
+  double hbm_bytes = 0;
+};
+
+GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMatmulTiles& tiles,
+                                      double routed, double lhs_bytes, double rhs_bytes,
+                                      double out_bytes) {
+  auto tile_of = [&tiles](const std::string& name) {
+    return static_cast<double>(name == "embed" ? tiles.embed : tiles.mlp);
+  };
+  const double groups = shape.loops;
+  GroupedMatmulWork work;
+  if (shape.expert_tokens_in == 'k') {
+    // tgmm: out[expert, m, n] = sum over the expert's rows of lhs[row, m] x rhs[row, n].
+    const double rows = groups * shape.k * routed;
+    const double tm = std::min(static_cast<double>(tiles.batch_seq), rows);
+    const double ta = std::min(tile_of(shape.m_name), shape.m);
+    const double tb = std::min(tile_of(shape.n_name), shape.n);
+    const double padded_m = roundup(shape.m, ta);
+    const double padded_n = roundup(shape.n, tb);
+    const double visits = std::ceil(rows / tm) + groups - 1;
+    work.executed_flops = 2.0 * visits * tm * padded_m * padded_n;
+    work.hbm_bytes = visits * tm *
+                         (padded_m * (padded_n / tb) * lhs_bytes +
+                          padded_n * (padded_m / ta) * rhs_bytes) +
+                     groups * padded_m * padded_n * out_bytes;
+    return work;
+  }
+  // gmm: out[row, n] = lhs[row, k] x rhs[expert(row), k, n].
+  const double rows = groups * shape.m * routed;
+  const double tm = std::min(static_cast<double>(tiles.batch_seq), rows);
+  const double tk = std::min(tile_of(shape.k_name), shape.k);
+  const double tn = std::min(tile_of(shape.n_name), shape.n);
+  const double padded_k = roundup(shape.k, tk);
+  const double padded_n = roundup(shape.n, tn);
+  const double visits = std::ceil(rows / tm) + groups - 1;
+  work.executed_flops = 2.0 * visits * tm * padded_k * padded_n;
+  // The grid walks (column tile, row tile, contraction tile). Pallas fetches a block only when
+  // its index changes between steps, so with the whole contraction in one tile an expert's
+  // weight column stays in VMEM across that expert's row tiles: fetched once per expert.
+  const double weight_fetches = padded_k / tk > 1 ? visits : groups;
+  work.hbm_bytes = visits * ((padded_n / tn) * tm * padded_k * lhs_bytes + tm * padded_n * out_bytes) +
+                   weight_fetches * padded_k * padded_n * rhs_bytes;
+  return work;
 }
 
 OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
@@ -161,23 +254,61 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   } else {
     loops *= routed;
   }
+  const std::optional<MatmulPass> pass = matmul_pass(lhs, rhs, out);
+  const bool quantized =
+      pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)];
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;
-  // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
-  const double efficiency =
-      std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
+  const double peak = peak_flops_per_device(context, quantized) * chip.mxu_achievable_fraction;
   // Pipeline fill and drain of the systolic array, once per op: weights are double-buffered, so
   // later weight tiles load without a bubble ([SB-t]; docs/reference/hardware.md §5.3).
   const double fill_drain_seconds = chip.mxu_fill_drain_cycles / (chip.clock_ghz * kGiga);
-  cost.mxu_seconds = cost.matmul_flops / (peak_flops_per_device(context) *
-                                          chip.mxu_achievable_fraction * efficiency) +
-                     fill_drain_seconds;
-  cost.hbm_seconds = loops *
-                     blocked_matmul_hbm_bytes(chip, m, k, n, dtype_bytes(lhs.dtype),
-                                              dtype_bytes(rhs.dtype), dtype_bytes(out.dtype)) /
-                     hbm_bytes_per_second(chip);
-  return finish(cost, context);
+  const double lhs_bytes = dtype_bytes(lhs.dtype);
+  const double rhs_bytes = dtype_bytes(rhs.dtype);
+  const double out_bytes = dtype_bytes(out.dtype);
+  if (context.megablox && pass.has_value() &&
+      (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
+    const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
+    const GroupedMatmulTiles& tiles =
+        context.megablox_tiles[weight][static_cast<size_t>(*pass)];
+    const GroupedMatmulWork work =
+        grouped_matmul_work(shape, tiles, routed, lhs_bytes, rhs_bytes, out_bytes);
+    cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
+    cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
+  } else {
+    // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
+    const double efficiency =
+        std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
+    cost.mxu_seconds = cost.matmul_flops / (peak * efficiency) + fill_drain_seconds;
+    cost.hbm_seconds =
+        loops * blocked_matmul_hbm_bytes(chip, m, k, n, lhs_bytes, rhs_bytes, out_bytes) /
+        hbm_bytes_per_second(chip);
+  }
+  OpCost result = finish(cost, context);
+  if (quantized) {
+    // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction
+    // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
+    // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
+    // Operands already 1 byte wide, or with a fixed scale, need no pass.
+    auto needs_scale_pass = [&context](const Tensor& operand) {
+      if (dtype_bytes(operand.dtype) <= 1) {
+        return false;
+      }
+      if (!has_token_dims(operand)) {
+        return context.dynamic_scale_weights;
+      }
+      return operand.kind == TensorKind::kGradient ? context.dynamic_scale_gradients
+                                                   : context.dynamic_scale_activations;
+    };
+    const double operand_bytes = loops * ((needs_scale_pass(lhs) ? m * k * lhs_bytes : 0.0) +
+                                          (needs_scale_pass(rhs) ? k * n * rhs_bytes : 0.0));
+    const double quantize_seconds =
+        operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
+    result.seconds += quantize_seconds;
+    result.hbm_seconds += quantize_seconds;
+  }
+  return result;
 }
 
 int64_t dim_or_one(const Tensor& tensor, const std::string& name) {
@@ -254,7 +385,9 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     mxu_seconds *= kFlashBackwardMatmulRatio;
     hbm_bytes *= 2;  // reads dO and O, writes dQ, dK, dV
   }
-  cost.mxu_seconds = mxu_seconds / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
+  // Attention kernels (splash, dot_product) run in bf16 whatever the quantization of the layers.
+  cost.mxu_seconds =
+      mxu_seconds / (peak_flops_per_device(context, false) * chip.mxu_achievable_fraction);
   cost.hbm_seconds = hbm_bytes / hbm_bytes_per_second(chip);
   cost.vpu_seconds =
       scores * kSoftmaxFlopsPerScore * (backward ? 2.0 : 1.0) / vpu_flops_per_second(chip);
@@ -284,7 +417,7 @@ OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostConte
   OpCost cost;
   cost.matmul_flops = 2.0 * static_cast<double>(grouped.num_elements()) * length;
   cost.mxu_seconds =
-      cost.matmul_flops / (peak_flops_per_device(context) * chip.mxu_achievable_fraction);
+      cost.matmul_flops / (peak_flops_per_device(context, false) * chip.mxu_achievable_fraction);
   cost.hbm_seconds =
       static_cast<double>(tokens.bytes() + grouped.bytes()) / hbm_bytes_per_second(chip);
   return finish(cost, context);

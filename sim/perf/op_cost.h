@@ -29,6 +29,18 @@ enum class CostCategory { kMxu, kHbm, kVpu, kOverhead };
 
 const char* cost_category_name(CostCategory category);
 
+// MaxText's megablox tile sizes for one grouped matmul (wi_tile_fwd_batch_seq, ...): rows of the
+// token dim, and the tiles of the embed and mlp dims.
+struct GroupedMatmulTiles {
+  int64_t batch_seq = 512;
+  int64_t embed = 1024;
+  int64_t mlp = 1024;
+  bool operator==(const GroupedMatmulTiles&) const = default;
+};
+
+// The three matmuls of a layer's weight: forward, input gradient (dlhs), weight gradient (drhs).
+enum class MatmulPass { kForward = 0, kInputGrad = 1, kWeightGrad = 2 };
+
 struct CostContext {
   const ChipSpec* chip = nullptr;
   bool flash_attention = true;  // attention=flash/autoselected vs dot_product
@@ -36,9 +48,22 @@ struct CostContext {
   int64_t block_kv = 512;       // sa_block_kv
   bool int8_matmuls = false;    // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;     // quantization=fp8* on chips with fp8 MXUs
+  // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by
+  // MatmulPass: AQT int8 quantizes forward and dlhs, fp8 all three. Attention kernels stay bf16.
+  bool quantized_pass[3] = {false, false, false};
+  // Whose scales are found at run time ("absmax" calibration: an extra read of the operand before
+  // each quantized matmul) rather than fixed: weights, forward activations, gradients.
+  bool dynamic_scale_weights = true;
+  bool dynamic_scale_activations = true;
+  bool dynamic_scale_gradients = true;
+  // Dropless grouped matmuls run as megablox kernels (sparse_matmul and megablox): tiles by
+  // weight (0: wi, 1: wo) and MatmulPass.
+  bool megablox = false;
+  GroupedMatmulTiles megablox_tiles[2][3];
   // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
   // program_efficiency); 1 for a single op timed alone (`tpusim op`).
   double program_efficiency = 1.0;
+  bool operator==(const CostContext&) const = default;
 };
 
 struct OpCost {

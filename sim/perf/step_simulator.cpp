@@ -92,8 +92,11 @@ std::string join_axes(const std::vector<std::string>& axes) {
 }
 
 // The resources ops run on besides the TensorCore.
-enum class Resource { kIci, kDcn, kSparseCore, kHost };
-constexpr size_t kResources = 4;
+// Offloaded gathers and reductions run on different SparseCores of the chip (recipes pin
+// all-gathers to one: xla_tpu_use_single_sparse_core_for_all_gather_offload), so each kind has
+// its own queue, as XLA also keeps one collective of each kind in flight.
+enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost };
+constexpr size_t kResources = 5;
 
 // What the scheduler needs about one op. Costs are pure functions of the op and the options, so
 // they are worked out once per simulate_step call instead of once per simulated iteration.
@@ -113,12 +116,6 @@ struct OpPlan {
   int compute_label = -1;
   const char* trace_resource = "";
 };
-
-bool same_context(const CostContext& a, const CostContext& b) {
-  return a.chip == b.chip && a.flash_attention == b.flash_attention && a.block_q == b.block_q &&
-         a.block_kv == b.block_kv && a.int8_matmuls == b.int8_matmuls &&
-         a.fp8_matmuls == b.fp8_matmuls && a.program_efficiency == b.program_efficiency;
-}
 
 }  // namespace
 
@@ -183,7 +180,7 @@ struct StepSimulator::Analysis {
   // cost_compute_op of `op` under `context`, computed once per (op, context).
   const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context) {
     auto found = std::find_if(costs.begin(), costs.end(), [&](const ContextCosts& entry) {
-      return same_context(entry.context, context);
+      return entry.context == context;
     });
     if (found == costs.end()) {
       costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
@@ -353,13 +350,43 @@ class Simulator {
       }
       plan.kind = OpPlan::Kind::kCollective;
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      plan.resource = time.dcn_seconds > time.ici_seconds
-                          ? Resource::kDcn
-                          : (offloaded ? Resource::kSparseCore : Resource::kIci);
+      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
+      plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
+                      : !offloaded                        ? Resource::kIci
+                      : reduction                         ? Resource::kSparseCoreReduce
+                                                          : Resource::kSparseCore;
+      if (offloaded) {
+        // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
+        const double reduce_share = op.kind == OpKind::kReduceScatter ? 1.0
+                                    : op.kind == OpKind::kAllReduce    ? 0.5
+                                                                       : 0.0;
+        plan.seconds += reduce_share * time.ici_seconds *
+                        (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
+      }
       if (details_) {
         plan.wait_label = labels_.intern(std::string("exposed_") + time.link + "_" +
                                          join_axes(op.attrs.mesh_axes));
-        plan.trace_resource = offloaded ? "SparseCore" : (time.link == "dcn" ? "DCN" : "ICI");
+        plan.trace_resource = plan.resource == Resource::kSparseCoreReduce ? "SparseCore (reduce)"
+                              : plan.resource == Resource::kSparseCore ? "SparseCore"
+                              : time.link == "dcn"                     ? "DCN"
+                                                                       : "ICI";
+      }
+      // On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
+      // SparseCores (v7x), such a collective kept off them and not fused into a matmul
+      // (collective_matmul's continuation fusion of tensor-parallel activations) is driven by
+      // the TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x
+      // report's -22% for dense models with the offload is this exposure going away).
+      const bool tensorcore_driven =
+          !offloaded && plan.resource == Resource::kIci && op.kind != OpKind::kAllToAll &&
+          op.kind != OpKind::kCollectivePermute && !plan.overlapped_with_matmul &&
+          program_.slice.chip->sparsecore_collective_offload_default > 0;
+      if (tensorcore_driven) {
+        plan.kind = OpPlan::Kind::kCompute;
+        plan.bound = CostCategory::kOverhead;
+        if (details_) {
+          plan.compute_label = plan.wait_label;
+          plan.trace_resource = "TensorCore";
+        }
       }
       return plan;
     }
@@ -617,6 +644,34 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
+  // AQT int8 quantizes the forward and dlhs matmuls (the weight gradient stays bf16); fp8 runs
+  // all three passes in fp8 (e4m3 forward, e5m2 gradients).
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
+      options.cost.int8_matmuls || options.cost.fp8_matmuls;
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] =
+      options.cost.int8_matmuls || options.cost.fp8_matmuls;
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] =
+      options.cost.fp8_matmuls;
+  auto dynamic = [&config](const char* key) {
+    return config.get_string(key).rfind("fixed", 0) != 0;
+  };
+  options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
+  options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
+  options.cost.dynamic_scale_gradients = dynamic("bwd_quantization_calibration_method");
+  // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
+  options.cost.megablox = config.get_bool("sparse_matmul") &&
+                          (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
+  const char* const weights[] = {"wi", "wo"};
+  const char* const passes[] = {"fwd", "dlhs", "drhs"};
+  for (size_t weight = 0; weight < 2; ++weight) {
+    for (size_t pass = 0; pass < 3; ++pass) {
+      const std::string prefix = std::string(weights[weight]) + "_tile_" + passes[pass] + "_";
+      GroupedMatmulTiles& tiles = options.cost.megablox_tiles[weight][pass];
+      tiles.batch_seq = config.get_int(prefix + "batch_seq");
+      tiles.embed = config.get_int(prefix + "embed_dim");
+      tiles.mlp = config.get_int(prefix + "mlp_dim");
+    }
+  }
   const std::string offload = config.get_string("sparse_core_collective_offload");
   options.sparse_core_offload =
       offload == "on" || (offload == "auto" && chip.sparsecore_collective_offload_default > 0);
