@@ -12,6 +12,7 @@
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
+#include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
@@ -84,6 +85,7 @@ void register_estimate_command(CLI::App& app) {
   auto trace_path = std::make_shared<std::string>();
   auto profile = std::make_shared<int>(0);
   auto xla_flags = std::make_shared<std::string>();
+  auto without = std::make_shared<std::vector<std::string>>();
   CLI::App* command = app.add_subcommand(
       "estimate",
       "Estimate one training step of a MaxText config on a slice: step time, MFU, "
@@ -95,7 +97,10 @@ void register_estimate_command(CLI::App& app) {
   command->add_option(
       "--xla-flags", *xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
-  command->callback([args, json_output, trace_path, profile, xla_flags] {
+  command->add_option("--without", *without, "Switch off named cost mechanisms (comma-separated), to see what each contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+      ->delimiter(',');
+  command->callback([args, json_output, trace_path, profile, xla_flags, without] {
+    disable_mechanisms(*without);
     XlaFlagReport xla_report;
     const Config config = load_command_config(*args, *xla_flags, &xla_report);
     const Estimate estimate = estimate_config(config);
@@ -106,6 +111,9 @@ void register_estimate_command(CLI::App& app) {
       nlohmann::json json = estimate.json;
       json.update(passthrough_keys_json(config));
       json["xla_flags"] = xla_flags_json(xla_report);
+      if (!without->empty()) {
+        json["mechanisms_off"] = disabled_mechanisms();
+      }
       std::cout << json.dump(2) << "\n";
     } else {
       print_human(estimate.json);

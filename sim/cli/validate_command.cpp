@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
+#include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
@@ -117,12 +118,17 @@ nlohmann::json validate_csv(const std::string& path) {
 void register_validate_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json_output = std::make_shared<bool>(false);
+  auto without = std::make_shared<std::vector<std::string>>();
   CLI::App* command = app.add_subcommand(
       "validate", "Predict every row of a published-results CSV and compare with the measurements");
   command->add_option("file", *path, "CSV in the format of validation/published.csv")->required();
   command->add_flag("--json", *json_output, "Print JSON");
-  command->callback([path, json_output] {
-    const nlohmann::json result = validate_csv(*path);
+  command->add_option("--without", *without, "Switch off named cost mechanisms (comma-separated), to see what each contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+      ->delimiter(',');
+  command->callback([path, json_output, without] {
+    disable_mechanisms(*without);
+    nlohmann::json result = validate_csv(*path);
+    result["mechanisms_off"] = disabled_mechanisms();
     if (*json_output) {
       std::cout << result.dump(2) << "\n";
       return;

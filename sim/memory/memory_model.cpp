@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "sim/perf/mechanisms.h"
+
 namespace tpusim {
 namespace {
 
@@ -235,7 +237,7 @@ class MemoryModel {
     // region) can be taken over once, by an op of that backward region that reads it last.
     std::vector<bool> taken_over;
     auto reuse_operand_buffer = [&](const Op& op, int index) {
-      if (!writes_in_place(op)) {
+      if (!writes_in_place(op) || !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
         return;
       }
       for (const TensorId output : op.outputs) {

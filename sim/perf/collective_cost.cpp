@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sim/perf/mechanisms.h"
+
 namespace tpusim {
 namespace {
 
@@ -74,13 +76,14 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   // than the partner holds: every byte the chip lacks enters over its torus links, shared by its
   // devices. So the group is also bounded by the chip's ingress, (N - c)/N x V over c x W_torus.
   auto chip_ingress_bound = [&](double size) {
-    if (chiplet_devices <= 1 || chip_link_bandwidth <= 0 || ici_devices <= chiplet_devices) {
+    if (chiplet_devices <= 1 || chip_link_bandwidth <= 0 || ici_devices <= chiplet_devices ||
+        !mechanism_enabled(Mechanism::kChipIngressBound)) {
       return 0.0;
     }
     return (ici_devices - chiplet_devices) / ici_devices * size /
            (chiplet_devices * chip_link_bandwidth);
   };
-  // The ICI stage moves the slice's part: V / (DCN devices) for a hierarchical collective.
+  // An all-to-all's ICI stage moves the slice's part: V / (DCN devices).
   const double ici_bytes = bytes / std::max(1.0, dcn_devices);
   double ici = 0;
   double dcn = 0;
@@ -88,13 +91,25 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   switch (kind) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
-      ici = std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
-                     chip_ingress_bound(ici_bytes));
-      dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency);
+      // Across slices the small shards cross DCN (each device swaps its shard with its peers
+      // in the other slices), then ICI gathers the slice's V / DCN-sized pieces into V (a
+      // reduce-scatter runs the same stages in reverse): DCN carries V / N of each peer.
+      if (!mechanism_enabled(Mechanism::kDcnShardsFirst)) {
+        // Ablation: the ICI stage first, then the whole array over DCN.
+        ici = std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
+                       chip_ingress_bound(ici_bytes));
+        dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency);
+        break;
+      }
+      ici = std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
+                     chip_ingress_bound(bytes));
+      dcn = gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
+                   dcn_devices - 1, dcn_latency);
       break;
     case OpKind::kAllReduce:
-      ici = 2 * std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
-                         chip_ingress_bound(ici_bytes));
+      // ICI reduce-scatter of V, DCN all-reduce of the V / ICI shard, ICI all-gather of V.
+      ici = 2 * std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
+                         chip_ingress_bound(bytes));
       dcn = 2 * gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
                        dcn_devices - 1, dcn_latency);
       break;

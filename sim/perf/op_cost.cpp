@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/ir/op_flops.h"
+#include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
@@ -267,7 +268,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   const double lhs_bytes = dtype_bytes(lhs.dtype);
   const double rhs_bytes = dtype_bytes(rhs.dtype);
   const double out_bytes = dtype_bytes(out.dtype);
-  if (context.megablox && pass.has_value() &&
+  if (context.megablox && pass.has_value() && mechanism_enabled(Mechanism::kGroupedMatmulTiles) &&
       (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
     const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
     const GroupedMatmulTiles& tiles =
@@ -286,7 +287,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         hbm_bytes_per_second(chip);
   }
   OpCost result = finish(cost, context);
-  if (quantized) {
+  if (quantized && mechanism_enabled(Mechanism::kQuantizeScalePass)) {
     // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction
     // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
     // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
@@ -387,15 +388,25 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
   }
   // Attention kernels (splash, dot_product) run in bf16 whatever the quantization of the layers.
   cost.mxu_seconds =
-      mxu_seconds / (peak_flops_per_device(context, false) * chip.mxu_achievable_fraction);
+      mxu_seconds / (peak_flops_per_device(context, !mechanism_enabled(Mechanism::kBf16Attention)) *
+                     chip.mxu_achievable_fraction);
   cost.hbm_seconds = hbm_bytes / hbm_bytes_per_second(chip);
   cost.vpu_seconds =
       scores * kSoftmaxFlopsPerScore * (backward ? 2.0 : 1.0) / vpu_flops_per_second(chip);
   if (context.flash_attention) {
-    // Within a block the softmax needs Q.K^T's result and P.V needs the softmax's: the kernel
-    // runs them one after the other, so MXU and VPU time add (HBM streaming overlaps both).
+    // Within a block the softmax needs Q.K^T's result and P.V needs the softmax's: on one
+    // compute sub-block the kernel runs them one after the other, so MXU and VPU time add (HBM
+    // streaming overlaps both). With several sub-blocks per key/value block, the VLIW core
+    // issues the next sub-block's matmuls beside this one's softmax: a software pipeline whose
+    // time is the longer stage plus one sub-block of the shorter.
     OpCost result = finish(cost, context);
-    const double serial = result.mxu_seconds + result.vpu_seconds;
+    const double chunks =
+        mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
+            ? static_cast<double>(std::max<int64_t>(
+                  1, backward ? context.kv_compute_chunks_backward : context.kv_compute_chunks_forward))
+            : 1.0;
+    const double serial = std::max(result.mxu_seconds, result.vpu_seconds) +
+                          std::min(result.mxu_seconds, result.vpu_seconds) / chunks;
     if (serial > result.seconds - chip.op_overhead_us * kMicro) {
       result.seconds = serial + chip.op_overhead_us * kMicro;
       result.bound = CostCategory::kMxu;

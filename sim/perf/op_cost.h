@@ -46,6 +46,11 @@ struct CostContext {
   bool flash_attention = true;  // attention=flash/autoselected vs dot_product
   int64_t block_q = 512;        // sa_block_q
   int64_t block_kv = 512;       // sa_block_kv
+  // Compute sub-blocks per key/value block (sa_block_kv / sa_block_kv_compute forward,
+  // sa_block_kv_dkv / sa_block_kv_dkv_compute backward): with more than one, the kernel's Q.K^T of
+  // one sub-block overlaps the softmax of the previous one.
+  int64_t kv_compute_chunks_forward = 1;
+  int64_t kv_compute_chunks_backward = 1;
   bool int8_matmuls = false;    // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;     // quantization=fp8* on chips with fp8 MXUs
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by

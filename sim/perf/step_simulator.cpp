@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
+#include "sim/perf/mechanisms.h"
 #include "sim/perf/timeline.h"
 
 namespace tpusim {
@@ -341,8 +342,10 @@ class Simulator {
     if (is_collective(op.kind)) {
       const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
+      // Data-parallel gradient all-reduces across slices are combined and run after the
+      // backward pass; an FSDP reduce-scatter that spans slices runs per layer like any other.
       const bool gradient_across_slices =
-          time.dcn_seconds > 0 && op.phase == Phase::kBackward &&
+          time.dcn_seconds > 0 && op.phase == Phase::kBackward && op.kind == OpKind::kAllReduce &&
           graph_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
       if (gradient_across_slices) {
         plan.kind = OpPlan::Kind::kDeferredGradient;
@@ -350,12 +353,14 @@ class Simulator {
       }
       plan.kind = OpPlan::Kind::kCollective;
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
+      const bool sparsecore_reduction = mechanism_enabled(Mechanism::kSparseCoreReduction);
+      const bool reduction = sparsecore_reduction && (op.kind == OpKind::kReduceScatter ||
+                                                      op.kind == OpKind::kAllReduce);
       plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
                       : !offloaded                        ? Resource::kIci
                       : reduction                         ? Resource::kSparseCoreReduce
                                                           : Resource::kSparseCore;
-      if (offloaded) {
+      if (offloaded && sparsecore_reduction) {
         // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
         const double reduce_share = op.kind == OpKind::kReduceScatter ? 1.0
                                     : op.kind == OpKind::kAllReduce    ? 0.5
@@ -379,6 +384,7 @@ class Simulator {
       const bool tensorcore_driven =
           !offloaded && plan.resource == Resource::kIci && op.kind != OpKind::kAllToAll &&
           op.kind != OpKind::kCollectivePermute && !plan.overlapped_with_matmul &&
+          mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
           program_.slice.chip->sparsecore_collective_offload_default > 0;
       if (tensorcore_driven) {
         plan.kind = OpPlan::Kind::kCompute;
@@ -641,6 +647,12 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.flash_attention = attention != "dot_product";
   options.cost.block_q = config.get_int("sa_block_q");
   options.cost.block_kv = config.get_int("sa_block_kv");
+  options.cost.kv_compute_chunks_forward =
+      std::max<int64_t>(1, config.get_int("sa_block_kv") /
+                               std::max<int64_t>(1, config.get_int("sa_block_kv_compute")));
+  options.cost.kv_compute_chunks_backward =
+      std::max<int64_t>(1, config.get_int("sa_block_kv_dkv") /
+                               std::max<int64_t>(1, config.get_int("sa_block_kv_dkv_compute")));
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";

@@ -1,0 +1,140 @@
+#include "sim/perf/mechanisms.h"
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+
+#include "common/error.h"
+#include "common/suggest.h"
+
+namespace tpusim {
+namespace {
+
+constexpr auto kCount = static_cast<size_t>(Mechanism::kCount);
+
+struct Description {
+  const char* name;
+  const char* summary;
+};
+
+constexpr std::array<Description, kCount> kDescriptions = {{
+    {"grouped_matmul_tiles",
+     "megablox/tokamax grouped matmuls visit ceil(rows/tm) + experts - 1 row tiles, pad "
+     "embed/mlp to whole tiles and refetch an expert's weights per row tile"},
+    {"quantize_scale_pass",
+     "an absmax-calibrated quantized matmul first reads each bf16 operand for its scale"},
+    {"bf16_attention", "attention kernels run at the bf16 MXU rate under fp8/int8 quantization"},
+    {"chip_ingress_bound",
+     "a collective over the v7x chiplet pair and torus axes is bounded by the chip's torus links"},
+    {"sparsecore_reduction",
+     "offloaded reduce-scatters take 3x their ICI roofline, on a SparseCore queue of their own"},
+    {"tensorcore_driven_collectives",
+     "on v7x, collectives kept off the SparseCores block the TensorCore while they run"},
+    {"dcn_shards_first",
+     "a gather across slices moves shards over DCN, then the full array over ICI"},
+    {"in_place_buffers",
+     "an elementwise result reuses the buffer of an operand it reads for the last time"},
+    {"attention_subblock_pipelining",
+     "splash attention with several kv compute sub-blocks per block overlaps the softmax of one "
+     "with the matmuls of the next"},
+}};
+
+// Relaxed atomics: set once before estimating, read by every cost function.
+std::array<std::atomic<bool>, kCount>& switches() {
+  static std::array<std::atomic<bool>, kCount> enabled;
+  static const bool initialized = [] {
+    for (std::atomic<bool>& flag : enabled) {
+      flag.store(true, std::memory_order_relaxed);
+    }
+    return true;
+  }();
+  (void)initialized;
+  return enabled;
+}
+
+}  // namespace
+
+const char* mechanism_name(Mechanism mechanism) {
+  return kDescriptions.at(static_cast<size_t>(mechanism)).name;
+}
+
+const char* mechanism_summary(Mechanism mechanism) {
+  return kDescriptions.at(static_cast<size_t>(mechanism)).summary;
+}
+
+bool mechanism_enabled(Mechanism mechanism) {
+  return switches().at(static_cast<size_t>(mechanism)).load(std::memory_order_relaxed);
+}
+
+namespace {
+
+std::array<bool, kCount> enabled_from_names(const std::vector<std::string>& disabled) {
+  std::array<bool, kCount> enabled{};
+  enabled.fill(true);
+  for (const std::string& name : disabled) {
+    bool found = false;
+    for (size_t index = 0; index < kCount; ++index) {
+      if (name == kDescriptions.at(index).name) {
+        enabled.at(index) = false;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::vector<std::string> known;
+      std::string listed;
+      for (const Description& description : kDescriptions) {
+        known.emplace_back(description.name);
+        listed += (listed.empty() ? "" : ", ") + known.back();
+      }
+      throw UserError("--without: unknown mechanism '" + name + "'" + did_you_mean(name, known) +
+                          "; known: " + listed,
+                      name);
+    }
+  }
+  return enabled;
+}
+
+void store(const std::array<bool, kCount>& enabled) noexcept {
+  for (size_t index = 0; index < kCount; ++index) {
+    switches()[index].store(enabled[index], std::memory_order_relaxed);
+  }
+}
+
+std::array<bool, kCount> current() noexcept {
+  std::array<bool, kCount> enabled{};
+  for (size_t index = 0; index < kCount; ++index) {
+    enabled[index] = switches()[index].load(std::memory_order_relaxed);
+  }
+  return enabled;
+}
+
+}  // namespace
+
+void disable_mechanisms(const std::vector<std::string>& names) {
+  store(enabled_from_names(names));
+}
+
+std::vector<std::string> disabled_mechanisms() {
+  std::vector<std::string> names;
+  const std::array<bool, kCount> enabled = current();
+  for (size_t index = 0; index < kCount; ++index) {
+    if (!enabled.at(index)) {
+      names.emplace_back(kDescriptions.at(index).name);
+    }
+  }
+  return names;
+}
+
+MechanismsOff::MechanismsOff(const std::vector<std::string>& names) : previous_(current()) {
+  std::array<bool, kCount> enabled = enabled_from_names(names);
+  for (size_t index = 0; index < kCount; ++index) {
+    enabled.at(index) = enabled.at(index) && previous_.at(index);
+  }
+  store(enabled);
+}
+
+MechanismsOff::~MechanismsOff() {
+  store(previous_);
+}
+
+}  // namespace tpusim
