@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Installs what tpusim needs from Debian's packages, only what is missing (quick when all present).
-# Usage (as root): bash scripts/setup.sh [--with-reference]
+# Usage (as root): bash scripts/setup.sh [--with-reference] [--with-reports]
 #   --with-reference  also installs python3-torch (with OpenBLAS), the independent numerical
 #                     reference of the tests.
+#   --with-reports    also installs python3-matplotlib, for the plots of
+#                     benchmarks/make_reports.py.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libboost-graph-dev libeigen3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
           libsentencepiece-dev sentencepiece libgoogle-perftools-dev)
-if [[ "${1:-}" == "--with-reference" ]]; then
-  packages+=(python3-torch python3-numpy libopenblas0)
-fi
+for option in "$@"; do
+  case "$option" in
+    --with-reference) packages+=(python3-torch python3-numpy libopenblas0) ;;
+    --with-reports) packages+=(python3-matplotlib) ;;
+    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for package in "${packages[@]}"; do
