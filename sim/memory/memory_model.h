@@ -15,6 +15,9 @@
 //                      That is a lower bound (an assumption, not measured: XLA may keep the
 //                      scores and their exponentials apart, and remat_policy=none would also
 //                      save the probabilities for backward, which is not counted).
+// Buffer reuse as XLA assigns it: an elementwise-shaped op (elementwise, rope, norm and
+// cross-entropy gradients) writes its output over an operand it reads for the last time, a
+// temporary or, in a backward region, a saved activation (the logits' gradient over the logits).
 // A repeated region (scanned layers) is one iteration's program: saved activations and gradients
 // accumulate per iteration, temporaries do not. The peak is the largest total over the step's
 // checkpoints: the end of each forward region, the first and last iteration of each backward

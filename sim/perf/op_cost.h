@@ -10,7 +10,14 @@
 // into it (no extra HBM round trip, as XLA's output fusion). Attention is costed as the kernel
 // the config selects: flash/splash keeps scores in VMEM, skips fully masked causal blocks and
 // re-reads K/V once per query block (sa_block_q); dot_product materializes the scores in HBM and
-// computes the whole square.
+// computes the whole square. Attention always runs at the bf16 rate; within a block its softmax
+// (VPU) and matmuls (MXU) add, unless the kv block is split into compute sub-blocks
+// (sa_block_kv_compute), which pipelines them: max + min / sub-blocks.
+// Dropless MoE grouped matmuls under megablox/tokamax are costed as the tiled kernel runs them
+// (MaxText's wi_tile_* / wo_tile_* keys): ceil(rows / tm) + experts - 1 row tiles, embed and mlp
+// padded to whole tiles, the expert's weight refetched per row tile unless the contraction is one
+// tile. Quantized matmuls (int8: forward and dlhs; fp8: also the weight gradient) run at the
+// narrow MXU rate and, with absmax calibration, first read each bf16 operand for its scale.
 //
 // Example:
 //   OpCost cost = cost_compute_op(graph, op, context);

@@ -9,7 +9,9 @@
 // ahead (prefetch of the next layer). Gradient reduce-scatters trail the backward pass; DCN
 // reductions overlap what follows; tensor-parallel activation collectives sit on the critical
 // path unless collective_matmul overlaps them with the matmul they feed. On v7x, SparseCores run
-// all-gather / reduce-scatter / all-reduce (sparse_core_collective_offload) on their own queue.
+// all-gather / reduce-scatter / all-reduce (sparse_core_collective_offload): gathers on one queue,
+// reductions on another at 1/sparsecore_reduce_scatter_time_factor of the ICI roofline; with the
+// offload off, v7x's collectives are driven by the TensorCore and block its compute.
 //
 // A region repeated R times (scanned layers) is simulated for a few iterations until its period is
 // steady, then extrapolated, so the cost of a step does not grow with layers or chips (one device
