@@ -97,7 +97,12 @@ void register_estimate_command(CLI::App& app) {
   command->add_option(
       "--xla-flags", *xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
-  command->add_option("--without", *without, "Switch off named cost mechanisms (comma-separated), to see what each contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+  command
+      ->add_option("--without", *without,
+                   "Switch off named cost mechanisms (comma-separated), to see what each "
+                   "contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, "
+                   "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
+                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
       ->delimiter(',');
   command->callback([args, json_output, trace_path, profile, xla_flags, without] {
     disable_mechanisms(*without);

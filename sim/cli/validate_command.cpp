@@ -123,7 +123,12 @@ void register_validate_command(CLI::App& app) {
       "validate", "Predict every row of a published-results CSV and compare with the measurements");
   command->add_option("file", *path, "CSV in the format of validation/published.csv")->required();
   command->add_flag("--json", *json_output, "Print JSON");
-  command->add_option("--without", *without, "Switch off named cost mechanisms (comma-separated), to see what each contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+  command
+      ->add_option("--without", *without,
+                   "Switch off named cost mechanisms (comma-separated), to see what each "
+                   "contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, "
+                   "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
+                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
       ->delimiter(',');
   command->callback([path, json_output, without] {
     disable_mechanisms(*without);

@@ -254,8 +254,8 @@ class MemoryModel {
           const bool temporary = category_[in_slot] == Category::kTemporary &&
                                  live_[in_slot] == Liveness::kOther && counted_[in_slot] > 0 &&
                                  dies_after_[in_slot] == index;
-          const bool saved = backward && category_[in_slot] == Category::kSaved &&
-                             !taken_over[in_slot];
+          const bool saved =
+              backward && category_[in_slot] == Category::kSaved && !taken_over[in_slot];
           if (!temporary && !saved) {
             continue;
           }

@@ -103,8 +103,8 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
       }
       ici = std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                      chip_ingress_bound(bytes));
-      dcn = gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
-                   dcn_devices - 1, dcn_latency);
+      dcn = gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth, dcn_devices - 1,
+                   dcn_latency);
       break;
     case OpKind::kAllReduce:
       // ICI reduce-scatter of V, DCN all-reduce of the V / ICI shard, ICI all-gather of V.

@@ -211,10 +211,10 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
     const double padded_n = roundup(shape.n, tb);
     const double visits = std::ceil(rows / tm) + groups - 1;
     work.executed_flops = 2.0 * visits * tm * padded_m * padded_n;
-    work.hbm_bytes = visits * tm *
-                         (padded_m * (padded_n / tb) * lhs_bytes +
-                          padded_n * (padded_m / ta) * rhs_bytes) +
-                     groups * padded_m * padded_n * out_bytes;
+    work.hbm_bytes =
+        visits * tm *
+            (padded_m * (padded_n / tb) * lhs_bytes + padded_n * (padded_m / ta) * rhs_bytes) +
+        groups * padded_m * padded_n * out_bytes;
     return work;
   }
   // gmm: out[row, n] = lhs[row, k] x rhs[expert(row), k, n].
@@ -230,8 +230,9 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   // its index changes between steps, so with the whole contraction in one tile an expert's
   // weight column stays in VMEM across that expert's row tiles: fetched once per expert.
   const double weight_fetches = padded_k / tk > 1 ? visits : groups;
-  work.hbm_bytes = visits * ((padded_n / tn) * tm * padded_k * lhs_bytes + tm * padded_n * out_bytes) +
-                   weight_fetches * padded_k * padded_n * rhs_bytes;
+  work.hbm_bytes =
+      visits * ((padded_n / tn) * tm * padded_k * lhs_bytes + tm * padded_n * out_bytes) +
+      weight_fetches * padded_k * padded_n * rhs_bytes;
   return work;
 }
 
@@ -256,8 +257,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     loops *= routed;
   }
   const std::optional<MatmulPass> pass = matmul_pass(lhs, rhs, out);
-  const bool quantized =
-      pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)];
+  const bool quantized = pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)];
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;
@@ -271,8 +271,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   if (context.megablox && pass.has_value() && mechanism_enabled(Mechanism::kGroupedMatmulTiles) &&
       (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
     const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
-    const GroupedMatmulTiles& tiles =
-        context.megablox_tiles[weight][static_cast<size_t>(*pass)];
+    const GroupedMatmulTiles& tiles = context.megablox_tiles[weight][static_cast<size_t>(*pass)];
     const GroupedMatmulWork work =
         grouped_matmul_work(shape, tiles, routed, lhs_bytes, rhs_bytes, out_bytes);
     cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
@@ -282,9 +281,9 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     const double efficiency =
         std::max(mxu_padding_efficiency(chip, m, k, n), mxu_padding_efficiency(chip, n, k, m));
     cost.mxu_seconds = cost.matmul_flops / (peak * efficiency) + fill_drain_seconds;
-    cost.hbm_seconds =
-        loops * blocked_matmul_hbm_bytes(chip, m, k, n, lhs_bytes, rhs_bytes, out_bytes) /
-        hbm_bytes_per_second(chip);
+    cost.hbm_seconds = loops *
+                       blocked_matmul_hbm_bytes(chip, m, k, n, lhs_bytes, rhs_bytes, out_bytes) /
+                       hbm_bytes_per_second(chip);
   }
   OpCost result = finish(cost, context);
   if (quantized && mechanism_enabled(Mechanism::kQuantizeScalePass)) {
@@ -400,11 +399,11 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     // issues the next sub-block's matmuls beside this one's softmax: a software pipeline whose
     // time is the longer stage plus one sub-block of the shorter.
     OpCost result = finish(cost, context);
-    const double chunks =
-        mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
-            ? static_cast<double>(std::max<int64_t>(
-                  1, backward ? context.kv_compute_chunks_backward : context.kv_compute_chunks_forward))
-            : 1.0;
+    const double chunks = mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
+                              ? static_cast<double>(std::max<int64_t>(
+                                    1, backward ? context.kv_compute_chunks_backward
+                                                : context.kv_compute_chunks_forward))
+                              : 1.0;
     const double serial = std::max(result.mxu_seconds, result.vpu_seconds) +
                           std::min(result.mxu_seconds, result.vpu_seconds) / chunks;
     if (serial > result.seconds - chip.op_overhead_us * kMicro) {

@@ -58,8 +58,8 @@ struct CostContext {
   // one sub-block overlaps the softmax of the previous one.
   int64_t kv_compute_chunks_forward = 1;
   int64_t kv_compute_chunks_backward = 1;
-  bool int8_matmuls = false;    // quantization=int8 on chips with int8 MXUs
-  bool fp8_matmuls = false;     // quantization=fp8* on chips with fp8 MXUs
+  bool int8_matmuls = false;  // quantization=int8 on chips with int8 MXUs
+  bool fp8_matmuls = false;   // quantization=fp8* on chips with fp8 MXUs
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by
   // MatmulPass: AQT int8 quantizes forward and dlhs, fp8 all three. Attention kernels stay bf16.
   bool quantized_pass[3] = {false, false, false};

@@ -180,9 +180,8 @@ struct StepSimulator::Analysis {
 
   // cost_compute_op of `op` under `context`, computed once per (op, context).
   const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context) {
-    auto found = std::find_if(costs.begin(), costs.end(), [&](const ContextCosts& entry) {
-      return entry.context == context;
-    });
+    auto found = std::find_if(costs.begin(), costs.end(),
+                              [&](const ContextCosts& entry) { return entry.context == context; });
     if (found == costs.end()) {
       costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
                        std::vector<bool>(graph.ops().size(), false)});
@@ -354,8 +353,8 @@ class Simulator {
       plan.kind = OpPlan::Kind::kCollective;
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
       const bool sparsecore_reduction = mechanism_enabled(Mechanism::kSparseCoreReduction);
-      const bool reduction = sparsecore_reduction && (op.kind == OpKind::kReduceScatter ||
-                                                      op.kind == OpKind::kAllReduce);
+      const bool reduction = sparsecore_reduction &&
+                             (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce);
       plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
                       : !offloaded                        ? Resource::kIci
                       : reduction                         ? Resource::kSparseCoreReduce
@@ -363,8 +362,8 @@ class Simulator {
       if (offloaded && sparsecore_reduction) {
         // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
         const double reduce_share = op.kind == OpKind::kReduceScatter ? 1.0
-                                    : op.kind == OpKind::kAllReduce    ? 0.5
-                                                                       : 0.0;
+                                    : op.kind == OpKind::kAllReduce   ? 0.5
+                                                                      : 0.0;
         plan.seconds += reduce_share * time.ici_seconds *
                         (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
       }
@@ -372,9 +371,9 @@ class Simulator {
         plan.wait_label = labels_.intern(std::string("exposed_") + time.link + "_" +
                                          join_axes(op.attrs.mesh_axes));
         plan.trace_resource = plan.resource == Resource::kSparseCoreReduce ? "SparseCore (reduce)"
-                              : plan.resource == Resource::kSparseCore ? "SparseCore"
-                              : time.link == "dcn"                     ? "DCN"
-                                                                       : "ICI";
+                              : plan.resource == Resource::kSparseCore     ? "SparseCore"
+                              : time.link == "dcn"                         ? "DCN"
+                                                                           : "ICI";
       }
       // On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
       // SparseCores (v7x), such a collective kept off them and not fused into a matmul

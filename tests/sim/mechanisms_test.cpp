@@ -1,6 +1,8 @@
 // The named cost mechanisms of sim/perf/mechanisms.h: each against a hand-computed case, each
 // switched off to show it is what moves the number, and the v7x optimization guide's ablations
 // (docs/reference/hardware.md §4) in the direction the guide reports.
+#include "sim/perf/mechanisms.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,6 @@
 #include "sharding/mesh.h"
 #include "sim/estimate/estimate.h"
 #include "sim/perf/collective_cost.h"
-#include "sim/perf/mechanisms.h"
 #include "sim/perf/op_cost.h"
 
 namespace tpusim {
@@ -38,19 +39,18 @@ double hbm_bytes_per_device(const ChipSpec& spec) {
 Graph grouped_matmul_graph(int64_t experts, int64_t rows_per_expert, int64_t embed, int64_t mlp) {
   Graph graph;
   const int region = graph.add_region("moe", 1, Phase::kForward);
-  const TensorId rows = graph.add_tensor(
-      "moe/dispatched",
-      {Dim{"experts", experts, ""}, Dim{"expert_tokens", rows_per_expert, ""},
-       Dim{"embed", embed, ""}},
-      DType::kBF16, TensorKind::kActivation, region);
-  const TensorId weight = graph.add_tensor(
-      "moe/experts/wi_0/cast",
-      {Dim{"experts", experts, ""}, Dim{"embed", embed, ""}, Dim{"mlp", mlp, ""}}, DType::kBF16,
-      TensorKind::kActivation, region);
+  const TensorId rows =
+      graph.add_tensor("moe/dispatched",
+                       {Dim{"experts", experts, ""}, Dim{"expert_tokens", rows_per_expert, ""},
+                        Dim{"embed", embed, ""}},
+                       DType::kBF16, TensorKind::kActivation, region);
+  const TensorId weight =
+      graph.add_tensor("moe/experts/wi_0/cast",
+                       {Dim{"experts", experts, ""}, Dim{"embed", embed, ""}, Dim{"mlp", mlp, ""}},
+                       DType::kBF16, TensorKind::kActivation, region);
   const TensorId out = graph.add_tensor(
       "moe/experts/wi_0",
-      {Dim{"experts", experts, ""}, Dim{"expert_tokens", rows_per_expert, ""},
-       Dim{"mlp", mlp, ""}},
+      {Dim{"experts", experts, ""}, Dim{"expert_tokens", rows_per_expert, ""}, Dim{"mlp", mlp, ""}},
       DType::kBF16, TensorKind::kActivation, region);
   OpAttrs attrs;
   attrs.contracted = {"embed"};
@@ -97,10 +97,10 @@ TEST(GroupedMatmulTiles, PadsDimsToWholeTiles) {
   const ChipSpec& v7x = chip("v7x");
   const Graph graph = grouped_matmul_graph(4, 2048, 4096, 1536);
   const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
-  const OpCost padded = cost_compute_op(graph, graph.ops().front(),
-                                        megablox_context(v7x, 2048, 4096, 1024), false);
-  const OpCost whole = cost_compute_op(graph, graph.ops().front(),
-                                       megablox_context(v7x, 2048, 4096, 1536), false);
+  const OpCost padded =
+      cost_compute_op(graph, graph.ops().front(), megablox_context(v7x, 2048, 4096, 1024), false);
+  const OpCost whole =
+      cost_compute_op(graph, graph.ops().front(), megablox_context(v7x, 2048, 4096, 1536), false);
   EXPECT_NEAR((padded.mxu_seconds - fill) / (whole.mxu_seconds - fill), 2048.0 / 1536.0, 1e-9);
 }
 
@@ -112,12 +112,12 @@ TEST(GroupedMatmulTiles, WholeContractionTileFetchesWeightsOnce) {
   const double visits = 8192.0 / 256 + 8 - 1;
   const double rows_read = visits * 256 * 2048 * 2;  // one column tile
   const double out_written = visits * 256 * 1024 * 2;
-  const OpCost once = cost_compute_op(graph, graph.ops().front(),
-                                      megablox_context(v7x, 256, 2048, 1024), false);
+  const OpCost once =
+      cost_compute_op(graph, graph.ops().front(), megablox_context(v7x, 256, 2048, 1024), false);
   EXPECT_NEAR(once.hbm_seconds * hbm_bytes_per_device(v7x),
               rows_read + out_written + 8.0 * 2048 * 1024 * 2, 1.0);
-  const OpCost every = cost_compute_op(graph, graph.ops().front(),
-                                       megablox_context(v7x, 256, 1024, 1024), false);
+  const OpCost every =
+      cost_compute_op(graph, graph.ops().front(), megablox_context(v7x, 256, 1024, 1024), false);
   EXPECT_NEAR(every.hbm_seconds * hbm_bytes_per_device(v7x),
               rows_read + out_written + visits * 2048 * 1024 * 2, 1.0);
 }
@@ -149,8 +149,8 @@ TEST(QuantizeScalePass, AbsmaxReadsEachOperandOnce) {
   context.dynamic_scale_weights = true;
   context.dynamic_scale_activations = true;
   const OpCost absmax = cost_compute_op(graph, graph.ops().front(), context, false);
-  EXPECT_NEAR((absmax.seconds - fixed.seconds) * hbm_bytes_per_device(v7x),
-              2.0 * 8192 * 8192 * 2, 1.0);
+  EXPECT_NEAR((absmax.seconds - fixed.seconds) * hbm_bytes_per_device(v7x), 2.0 * 8192 * 8192 * 2,
+              1.0);
   MechanismsOff off({"quantize_scale_pass"});
   EXPECT_DOUBLE_EQ(cost_compute_op(graph, graph.ops().front(), context, false).seconds,
                    fixed.seconds);
@@ -179,8 +179,7 @@ TEST(Bf16Attention, Fp8LeavesAttentionAlone) {
   EXPECT_DOUBLE_EQ(profiled_seconds(quantized, "attention"), attention);
   EXPECT_LT(quantized.step_seconds, plain.step_seconds);  // the projections still speed up
   MechanismsOff off({"bf16_attention"});
-  EXPECT_LT(profiled_seconds(estimate_config(Config::load("", fp8)), "attention"),
-            0.9 * attention);
+  EXPECT_LT(profiled_seconds(estimate_config(Config::load("", fp8)), "attention"), 0.9 * attention);
 }
 
 // An all-gather over the chiplet pair and the torus: each chip must bring in all it lacks over
@@ -249,9 +248,9 @@ TEST(V7xGuideAblations, SparseCoreOffloadHelpsDenseAndMoe) {
 }
 
 TEST(V7xGuideAblations, TensorParallelOnTheChipletPairBeatsMoreContext) {
-  const std::vector<std::string> base = {"model_name=llama3.1-8b", "compile_topology=tpu7x-128",
+  const std::vector<std::string> base = {"model_name=llama3.1-8b",  "compile_topology=tpu7x-128",
                                          "max_target_length=32768", "per_device_batch_size=0.25",
-                                         "remat_policy=full", "ici_fsdp_parallelism=-1"};
+                                         "remat_policy=full",       "ici_fsdp_parallelism=-1"};
   std::vector<std::string> tp_cp = base;
   tp_cp.insert(tp_cp.end(), {"ici_tensor_parallelism=2", "ici_context_parallelism=2"});
   std::vector<std::string> cp = base;
@@ -261,9 +260,9 @@ TEST(V7xGuideAblations, TensorParallelOnTheChipletPairBeatsMoreContext) {
 
 // Splash with kv compute sub-blocks overlaps one sub-block's softmax with the next's matmuls.
 TEST(AttentionSubblockPipelining, SubBlocksHideTheSoftmax) {
-  const std::vector<std::string> base = {
-      "model_name=llama3.1-8b", "compile_topology=tpu7x-16", "max_target_length=32768",
-      "per_device_batch_size=0.5", "sa_block_q=2048", "sa_block_kv=2048"};
+  const std::vector<std::string> base = {"model_name=llama3.1-8b",  "compile_topology=tpu7x-16",
+                                         "max_target_length=32768", "per_device_batch_size=0.5",
+                                         "sa_block_q=2048",         "sa_block_kv=2048"};
   std::vector<std::string> one = base;
   one.emplace_back("sa_block_kv_compute=2048");
   std::vector<std::string> four = base;
@@ -272,24 +271,24 @@ TEST(AttentionSubblockPipelining, SubBlocksHideTheSoftmax) {
   const double pipelined = profiled_seconds(estimate_config(Config::load("", four)), "attention");
   EXPECT_LT(pipelined, 0.9 * serial);
   MechanismsOff off({"attention_subblock_pipelining"});
-  EXPECT_DOUBLE_EQ(profiled_seconds(estimate_config(Config::load("", four)), "attention"),
-                   serial);
+  EXPECT_DOUBLE_EQ(profiled_seconds(estimate_config(Config::load("", four)), "attention"), serial);
 }
 
 // gpt-oss-120b as published (I-11 of validation/published.csv) ran on real TPUs: the logits'
 // gradient written over the saved logits keeps it in HBM; without that reuse it does not fit.
 TEST(InPlaceBuffers, PublishedGptOssRunFits) {
-  const std::vector<std::string> run = {
-      "model_name=gpt-oss-120b",   "compile_topology=tpu7x-512", "max_target_length=8192",
-      "per_device_batch_size=10",  "ici_data_parallelism=8",     "ici_fsdp_parallelism=64",
-      "remat_policy=custom",       "attention=flash",            "sparse_matmul=true"};
+  const std::vector<std::string> run = {"model_name=gpt-oss-120b", "compile_topology=tpu7x-512",
+                                        "max_target_length=8192",  "per_device_batch_size=10",
+                                        "ici_data_parallelism=8",  "ici_fsdp_parallelism=64",
+                                        "remat_policy=custom",     "attention=flash",
+                                        "sparse_matmul=true"};
   EXPECT_TRUE(estimate_config(Config::load("", run)).memory.fits);
   MechanismsOff off({"in_place_buffers"});
   EXPECT_FALSE(estimate_config(Config::load("", run)).memory.fits);
   // A config that really cannot fit still does not.
-  EXPECT_FALSE(estimate_config(Config::load("", {"model_name=llama3.1-405b",
-                                                 "compile_topology=v5e-8"}))
-                   .memory.fits);
+  EXPECT_FALSE(
+      estimate_config(Config::load("", {"model_name=llama3.1-405b", "compile_topology=v5e-8"}))
+          .memory.fits);
 }
 
 TEST(Mechanisms, UnknownNameIsAUserErrorAndScopesRestore) {
