@@ -20,6 +20,19 @@
 namespace tpusim {
 namespace {
 
+#ifdef TPUSIM_SANITIZER_SLOWDOWN
+constexpr double kSanitizerSlowdown = TPUSIM_SANITIZER_SLOWDOWN;
+#else
+constexpr double kSanitizerSlowdown = 1;
+#endif
+
+// collective_timeout_seconds as a duration. A sanitizer build runs several times slower, so what
+// is a hang in a normal build is only slowness there: its waits scale by kSanitizerSlowdown.
+std::chrono::milliseconds collective_timeout(const Config& config) {
+  return std::chrono::milliseconds(static_cast<int64_t>(
+      std::ceil(config.get_float("collective_timeout_seconds") * 1000 * kSanitizerSlowdown)));
+}
+
 constexpr uint64_t kDefaultSeed = 0;
 
 // Writes a device's local block into the global row-major array of its tensor.
@@ -82,9 +95,7 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
                     std::to_string(kMaxSimulatedDevices) +
                     " per process (spread them over processes with mpirun)");
   }
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(std::ceil(config.get_float("collective_timeout_seconds") * 1000)));
-  communicator_ = transport_->make_communicator(sizes_, owner_, timeout);
+  communicator_ = transport_->make_communicator(sizes_, owner_, collective_timeout(config));
   slots_ = std::make_unique<ExecutionSlots>(
       resolve_num_threads(config.get_int("num_threads"), transport_->ranks_on_host()));
   communicator_->set_execution_slots(slots_.get());
@@ -374,8 +385,7 @@ Trainer::Trainer(const Config& config, Transport* transport)
       data_(Dataset::from_config(config)),
       own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport) {
-  transport_->set_timeout(std::chrono::milliseconds(
-      static_cast<int64_t>(std::ceil(config_.get_float("collective_timeout_seconds") * 1000))));
+  transport_->set_timeout(collective_timeout(config_));
 }
 
 double Trainer::learning_rate(int64_t step) const {
