@@ -3,6 +3,7 @@
 #include "sim/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,10 +15,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "common/error.h"
 
@@ -500,6 +503,39 @@ bool is_complete_checkpoint(const fs::path& directory) {
   return true;
 }
 
+// Removes "<step>.tmp.<pid>" and "<step>.old.<pid>" directories beside `target` left by a save
+// whose process no longer runs (killed mid-write): a live writer's are kept.
+void remove_stale_leftovers(const fs::path& parent) {
+  std::error_code error;
+  fs::directory_iterator entry(parent, error);
+  std::vector<fs::path> stale;
+  for (; !error && entry != fs::directory_iterator(); entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    for (const char* kind : {".tmp.", ".old."}) {
+      const size_t at = name.find(kind);
+      if (at == std::string::npos || at == 0 || name.find_first_not_of("0123456789") != at) {
+        continue;
+      }
+      const std::string pid_text = name.substr(at + std::strlen(kind));
+      int64_t pid = 0;
+      const auto [end, parse_error] =
+          std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+      if (parse_error != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0 ||
+          pid > std::numeric_limits<pid_t>::max()) {
+        continue;
+      }
+      const bool alive =
+          ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;  // EPERM: exists, not ours
+      if (!alive || pid == ::getpid()) {
+        stale.push_back(entry->path());
+      }
+    }
+  }
+  for (const fs::path& path : stale) {
+    fs::remove_all(path, error);  // best effort: a leftover that stays is only disk space
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& directory, const Checkpoint& checkpoint) {
@@ -531,8 +567,8 @@ void save_checkpoint(const std::string& directory, const Checkpoint& checkpoint)
                       "': " + error.message());
     }
   }
+  remove_stale_leftovers(parent.empty() ? fs::path(".") : parent);
   const fs::path temporary = target.string() + process_suffix("tmp");
-  fs::remove_all(temporary, error);  // a leftover of an earlier process with the same id
   if (!fs::create_directory(temporary, error) || error) {
     throw UserError("cannot create checkpoint directory '" + temporary.string() +
                     "': " + (error ? error.message() : "it already exists"));
@@ -610,6 +646,7 @@ std::string latest_checkpoint(const std::string& run_directory) {
     return "";
   }
   int64_t latest = -1;
+  int64_t latest_incomplete = -1;
   fs::directory_iterator entry(checkpoints, error);
   for (; !error && entry != fs::directory_iterator(); entry.increment(error)) {
     // Only canonical step numbers: "<step>.tmp.<pid>", "007" or "notes" are not checkpoints.
@@ -620,13 +657,24 @@ std::string latest_checkpoint(const std::string& run_directory) {
         std::to_string(step) != name) {
       continue;
     }
-    if (step > latest && is_complete_checkpoint(entry->path())) {
-      latest = step;
+    if (is_complete_checkpoint(entry->path())) {
+      latest = std::max(latest, step);
+    } else {
+      latest_incomplete = std::max(latest_incomplete, step);
     }
   }
   if (error) {
     throw UserError("cannot list checkpoints in '" + checkpoints.string() +
                     "': " + error.message());
+  }
+  if (latest_incomplete > latest) {
+    // Said, not skipped in silence: the user may have expected to resume from there.
+    std::cerr << "tpusim: checkpoint '" << checkpoint_directory(run_directory, latest_incomplete)
+              << "' is incomplete (" << kModelFile << ", " << kOptimizerFile << " and "
+              << kStateFile << " are not all regular files); "
+              << (latest < 0 ? std::string("starting from step 1")
+                             : "resuming from step " + std::to_string(latest))
+              << "\n";
   }
   return latest < 0 ? "" : checkpoint_directory(run_directory, latest);
 }

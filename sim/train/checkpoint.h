@@ -65,8 +65,9 @@ Checkpoint load_checkpoint(const std::string& directory);
 std::string checkpoint_directory(const std::string& run_directory, int64_t step);
 
 // The directory of the highest-step complete checkpoint of the run (as checkpoint_directory
-// names it), or "" when there is none. Leftovers of interrupted saves ("<step>.tmp.<pid>") and
-// directories without all three files are ignored.
+// names it), or "" when there is none. Leftovers of interrupted saves ("<step>.tmp.<pid>") are
+// ignored (and removed by the next save once their process is gone); a step directory without all
+// three files is skipped with a message on stderr when it is newer than the one resumed from.
 std::string latest_checkpoint(const std::string& run_directory);
 
 }  // namespace tpusim

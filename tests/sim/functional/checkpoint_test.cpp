@@ -342,6 +342,31 @@ TEST_F(CheckpointTest, LatestCheckpointPicksTheHighestCompleteStep) {
   EXPECT_EQ(load_checkpoint(latest_checkpoint(run)).step, 100);
 }
 
+// A save removes leftovers of saves whose process is gone ("<step>.tmp.<pid>", "<step>.old.<pid>")
+// and keeps a live process's; resuming past an incomplete newer step says so on stderr.
+TEST_F(CheckpointTest, StaleLeftoversAreRemovedAndIncompleteStepsReported) {
+  const std::string run = (root_ / "run").string();
+  Checkpoint checkpoint = sample_checkpoint();
+  checkpoint.step = 10;
+  save_checkpoint(checkpoint_directory(run, 10), checkpoint);
+  const fs::path checkpoints = fs::path(run) / "checkpoints";
+  const std::string dead = std::to_string(std::numeric_limits<pid_t>::max() - 1);  // no such pid
+  const std::string live = std::to_string(::getppid());
+  for (const std::string& name : {"30.tmp." + dead, "30.old." + dead, "40.tmp." + live}) {
+    fs::create_directories(checkpoints / name);
+  }
+  fs::create_directories(checkpoints / "20");  // a step whose files never arrived
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(latest_checkpoint(run), checkpoint_directory(run, 10));
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("checkpoints/20' is incomplete"), std::string::npos) << said;
+  EXPECT_NE(said.find("resuming from step 10"), std::string::npos) << said;
+  checkpoint.step = 11;
+  save_checkpoint(checkpoint_directory(run, 11), checkpoint);
+  EXPECT_EQ(entries_of(checkpoints),
+            (std::vector<std::string>{"10", "11", "20", "40.tmp." + live}));
+}
+
 // state.json's step must be the step its directory names (checkpoints/<step>), and small enough
 // that step + 1 cannot overflow: an edited or copied state.json is refused, not resumed.
 TEST_F(CheckpointTest, StepThatDisagreesWithItsDirectoryOrOverflowsIsUserError) {
