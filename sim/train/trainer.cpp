@@ -35,6 +35,89 @@ std::chrono::milliseconds collective_timeout(const Config& config) {
 
 constexpr uint64_t kDefaultSeed = 0;
 
+// The config keys that fix a model's math (its architecture and, for a resume, its optimizer): a
+// checkpoint records them, and only a run with the same values may load it. The mesh, batch and
+// run settings may differ (a checkpoint resumes on another mesh).
+const std::vector<std::string>& identity_keys() {
+  static const std::vector<std::string> keys = {"model_name",
+                                                "decoder_block",
+                                                "global_parameter_scale",
+                                                "base_emb_dim",
+                                                "base_num_query_heads",
+                                                "base_num_kv_heads",
+                                                "base_mlp_dim",
+                                                "base_moe_mlp_dim",
+                                                "base_num_decoder_layers",
+                                                "head_dim",
+                                                "mlp_activations",
+                                                "logits_via_embedding",
+                                                "normalize_embedding_logits",
+                                                "normalization_layer_epsilon",
+                                                "vocab_size",
+                                                "rope_max_timescale",
+                                                "rope_min_timescale",
+                                                "rope_type",
+                                                "final_logits_soft_cap",
+                                                "attn_logits_soft_cap",
+                                                "use_post_attn_norm",
+                                                "use_post_ffw_norm",
+                                                "attention_bias",
+                                                "mlp_bias",
+                                                "attention_sink",
+                                                "q_lora_rank",
+                                                "kv_lora_rank",
+                                                "qk_nope_head_dim",
+                                                "qk_rope_head_dim",
+                                                "v_head_dim",
+                                                "num_experts",
+                                                "num_experts_per_tok",
+                                                "shared_experts",
+                                                "first_num_dense_layers",
+                                                "interleave_moe_layer_step",
+                                                "sliding_window_size",
+                                                "weight_dtype",
+                                                "opt_type"};
+  return keys;
+}
+
+nlohmann::json model_identity(const Config& config) {
+  const nlohmann::json all = config.to_json();
+  nlohmann::json identity = nlohmann::json::object();
+  for (const std::string& key : identity_keys()) {
+    if (all.contains(key)) {
+      identity[key] = all[key];
+    }
+  }
+  return identity;
+}
+
+// A checkpoint made from another model (or, for a resume, another optimizer) is refused, naming
+// the first key that differs, even where the tensor shapes would fit. Checkpoints written before
+// tpusim recorded model_config are checked on model_name only.
+void check_made_from(const Checkpoint& checkpoint, const std::string& directory,
+                     const Config& config, bool with_optimizer) {
+  const nlohmann::json& metadata = checkpoint.metadata;
+  nlohmann::json recorded = nlohmann::json::object();
+  if (metadata.is_object() && metadata.contains("model_config") &&
+      metadata["model_config"].is_object()) {
+    recorded = metadata["model_config"];
+  } else if (metadata.is_object() && metadata.contains("model_name")) {
+    recorded["model_name"] = metadata["model_name"];
+  }
+  const nlohmann::json current = model_identity(config);
+  for (const auto& [key, value] : recorded.items()) {
+    if ((key == "opt_type" && !with_optimizer) || !current.contains(key)) {
+      continue;
+    }
+    if (current[key] != value) {
+      throw UserError("checkpoint '" + directory + "' was made with " + key + "=" + value.dump() +
+                          " but this run has " + key + "=" + current[key].dump() +
+                          " (a checkpoint loads only into the model it was made from)",
+                      key);
+    }
+  }
+}
+
 // Writes a device's local block into the global row-major array of its tensor.
 void place_block(const Tensor& tensor, const float* local, const DeviceContext& device,
                  std::vector<float>& global) {
@@ -456,12 +539,17 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       checkpointing && root ? latest_checkpoint(run_directory) : "");
   if (!latest.empty()) {
     const Checkpoint checkpoint = load_shared_checkpoint(*transport_, latest);
+    check_made_from(checkpoint, latest, config_, /*with_optimizer=*/true);
     model.restore(checkpoint, /*with_optimizer=*/true);
     if (reference) {
       reference->restore(checkpoint, true);
     }
     first_step = checkpoint.step + 1;
     if (checkpoint.metadata.contains("metrics")) {
+      if (!checkpoint.metadata["metrics"].is_string()) {
+        throw UserError("checkpoint '" + latest +
+                        "': state.json metadata.metrics is not a string (not written by tpusim)");
+      }
       metrics_text = checkpoint.metadata["metrics"].get<std::string>();
     }
     if (report) {
@@ -470,6 +558,8 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   } else if (!config_.get_string("load_parameters_path").empty()) {
     const Checkpoint checkpoint =
         load_shared_checkpoint(*transport_, config_.get_string("load_parameters_path"));
+    check_made_from(checkpoint, config_.get_string("load_parameters_path"), config_,
+                    /*with_optimizer=*/false);
     model.restore(checkpoint, /*with_optimizer=*/false);
     if (reference) {
       reference->restore(checkpoint, false);
@@ -632,6 +722,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       Checkpoint checkpoint = model.to_checkpoint(step);
       if (root) {
         checkpoint.metadata = {{"model_name", config_.get_string("model_name")},
+                               {"model_config", model_identity(config_)},
                                {"data_position", step},
                                {"metrics", metrics_text}};
         save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);

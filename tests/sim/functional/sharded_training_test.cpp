@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/error.h"
 #include "model/config.h"
 #include "sim/train/trainer.h"
 
@@ -280,6 +281,25 @@ TEST(Checkpointing, ResumesOnAnotherMesh) {
   const auto single = train_to(4, "mesh", {"compile_topology=v5e-1"}, "4");
   ASSERT_EQ(single.size(), 2u);
   EXPECT_NEAR(single[1].loss, sharded[3].loss, 1e-5 * sharded[3].loss);
+}
+
+// A checkpoint carries the config keys that fix the model's math; one made with another
+// rope_max_timescale (same shapes) or another optimizer is refused naming the key, not resumed.
+TEST(Checkpointing, RefusesACheckpointOfAnotherModel) {
+  std::filesystem::remove_all(run_root() + "tpusim_resume_other");
+  train_to(2, "other", {"compile_topology=v5e-1"});
+  for (const char* changed : {"rope_max_timescale=500000", "opt_type=sgd"}) {
+    std::vector<std::string> mesh = {"compile_topology=v5e-1", changed};
+    try {
+      train_to(4, "other", mesh);
+      ADD_FAILURE() << changed << " resumed a checkpoint of another config";
+    } catch (const UserError& error) {
+      const std::string key = std::string(changed).substr(0, std::string(changed).find('='));
+      EXPECT_EQ(error.key(), key);
+      EXPECT_NE(std::string(error.what()).find("was made with " + key), std::string::npos)
+          << error.what();
+    }
+  }
 }
 
 }  // namespace
