@@ -21,9 +21,11 @@ namespace {
 constexpr int64_t kByteVocabulary = 256;
 constexpr double kEvalFraction = 0.1;
 
-std::string read_documents(const std::string& path) {
+// dataset_type decides how the file is read, whatever its name: "text" as is, "jsonl" as one JSON
+// record with a "text" string per line.
+std::string read_documents(const std::string& path, bool json_lines) {
   std::string raw = read_text_file(path);
-  if (!path.ends_with(".jsonl") && !path.ends_with(".json")) {
+  if (!json_lines) {
     return raw;
   }
   std::string text;
@@ -73,7 +75,7 @@ Dataset Dataset::from_config(const Config& config) {
     throw UserError("dataset_path: dataset_type=" + type + " needs a file");
   }
   data.synthetic_ = false;
-  const std::string text = read_documents(path);
+  const std::string text = read_documents(path, type == "jsonl");
   if (tokenizer.empty()) {
     if (data.vocab_ < kByteVocabulary) {
       throw UserError("vocab_size: " + std::to_string(data.vocab_) +

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -68,6 +70,44 @@ TEST(Dataset, BadInputIsUserError) {
                UserError);
   EXPECT_THROW(Dataset::from_config(Config::load("", {"model_name=tiny-llama", "dataset_type=hf"})),
                UserError);
+}
+
+// dataset_type decides how a file is read, not its name: a .txt read as jsonl parses its records
+// (and names the line that is not one); a .jsonl read as text is taken byte for byte.
+TEST(Dataset, DatasetTypeDecidesNotTheSuffix) {
+  const std::filesystem::path directory = std::filesystem::path(::testing::TempDir()) /
+                                          ("tpusim_dataset_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  std::string records;
+  for (int index = 0; index < 40; ++index) {
+    records += R"({"text": "record )" + std::to_string(index) +
+               R"( of a json lines file"})"
+               "\n";
+  }
+  const std::filesystem::path as_txt = directory / "records.txt";
+  const std::filesystem::path as_jsonl = directory / "records.jsonl";
+  for (const auto& path : {as_txt, as_jsonl}) {
+    std::ofstream(path) << records;
+  }
+  auto load = [](const char* type, const std::filesystem::path& path) {
+    return Dataset::from_config(
+        Config::load("", {"model_name=tiny-llama", "max_target_length=32",
+                          std::string("dataset_type=") + type, "dataset_path=" + path.string()}));
+  };
+  const Batch parsed = load("jsonl", as_txt).train_batch(0, 0, 1);
+  const std::string parsed_text(parsed.tokens.begin(), parsed.tokens.end());
+  EXPECT_EQ(parsed_text.find('{'), std::string::npos) << "records parsed: " << parsed_text;
+  const Batch raw = load("text", as_jsonl).train_batch(0, 0, 1);
+  // Any 32 bytes of the raw records hold a quote: read as text, nothing was parsed away.
+  EXPECT_NE(std::string(raw.tokens.begin(), raw.tokens.end()).find('"'), std::string::npos);
+  std::ofstream(as_txt, std::ios::app) << "not json\n";
+  try {
+    load("jsonl", as_txt);
+    ADD_FAILURE() << "a malformed record was accepted";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("records.txt:41"), std::string::npos) << error.what();
+  }
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace
