@@ -178,6 +178,27 @@ def validation():
         lines += ["![predicted vs measured step time](validation_scatter.png)", ""]
     else:
         lines += ["(The scatter plot needs python3-matplotlib: `bash scripts/setup.sh --with-reports`.)", ""]
+    # GPU rows: H100 nodes (compile_topology=a3), predicted with the h100-sxm catalog entry and
+    # the program_efficiency every TPU generation shares (nothing fitted to these rows).
+    gpu = run_json(["validate", str(VALIDATION / "gpu_published.csv")])
+    lines += ["## NVIDIA H100 (validation/gpu_published.csv)", "",
+              "MaxText on 8-GPU H100 SXM nodes (`hardware=gpu compile_topology=a3`, nodes = "
+              "`compile_topology_num_slices`): NVSwitch inside a node, one 400 Gb/s InfiniBand NIC "
+              "per GPU between nodes (configs/hw/h100-sxm.yml). No parameter was fitted to these "
+              "rows: `program_efficiency` is the TPU value.", "",
+              "| id | measured s | predicted s | error | predicted MFU | HBM peak GiB | biggest part of the step |",
+              "|---|---|---|---|---|---|---|"]
+    for row in gpu["rows"]:
+        breakdown = row["breakdown"]
+        top = max(breakdown.items(), key=lambda item: item[1])
+        exposed = sum(v for k, v in breakdown.items() if k.startswith("exposed"))
+        verdict = "" if row.get("fits", True) else " (predicted OOM)"
+        lines.append(f"| {row['id']} | {row['measured_step_s']:.3f} | {row['predicted_step_s']:.3f}{verdict} | "
+                     f"{100 * row['error']:+.1f}% | {100 * row['predicted_mfu']:.1f}% | "
+                     f"{row['hbm_peak_bytes_per_device'] / 2**30:.1f} | {top[0]} {top[1]:.2f} s; exposed comm {exposed:.2f} s |")
+    gpu_summary = gpu["summary"]
+    lines += ["", f"**GPU summary over {gpu_summary['rows']} rows:** median |error| "
+              f"{100 * gpu_summary['median_abs_error']:.1f}%, max {100 * gpu_summary['max_abs_error']:.1f}%.", ""]
     # Ablation: each mechanism switched off, over the published rows and the recipes.
     baseline = {row["id"]: row["error"] for row in result["rows"]}
     baseline_fits = {row["id"]: row.get("fits", True) for row in result["rows"]}

@@ -5,11 +5,18 @@
 
 namespace tpusim {
 
-size_t CsvTable::column(std::string_view name) const {
+std::optional<size_t> CsvTable::find_column(std::string_view name) const {
   for (size_t index = 0; index < header.size(); ++index) {
     if (header[index] == name) {
       return index;
     }
+  }
+  return std::nullopt;
+}
+
+size_t CsvTable::column(std::string_view name) const {
+  if (const std::optional<size_t> index = find_column(name)) {
+    return *index;
   }
   throw UserError(origin + ": missing column '" + std::string(name) + "'" +
                   did_you_mean(name, header));

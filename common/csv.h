@@ -7,6 +7,7 @@
 //   table.rows[0][table.column("id")];        // "V4-1"
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,8 @@ struct CsvTable {
 
   // Index of a column; UserError naming the file and the column when it is missing.
   size_t column(std::string_view name) const;
+  // Index of a column, or nullopt when the table has none of that name.
+  std::optional<size_t> find_column(std::string_view name) const;
 };
 
 // UserError naming the file and line for an unterminated quote or a row with the wrong number of

@@ -96,8 +96,11 @@ SliceRules parse_slice_rules(const YAML::Node& node, std::string_view origin) {
     rules.shape_rule = ShapeRule::kCube;
   } else if (shape_rule == "plane") {
     rules.shape_rule = ShapeRule::kPlane;
+  } else if (shape_rule == "switched") {
+    rules.shape_rule = ShapeRule::kSwitched;
   } else {
-    throw UserError(where + ".shape_rule: '" + shape_rule + "' is not 'cube' or 'plane'");
+    throw UserError(where + ".shape_rule: '" + shape_rule +
+                    "' is not 'cube', 'plane' or 'switched'");
   }
   const YAML::Node shapes = node["small_shapes"];
   if (!shapes || !shapes.IsSequence()) {
@@ -114,8 +117,17 @@ SliceRules parse_slice_rules(const YAML::Node& node, std::string_view origin) {
     rules.wraparound = WraparoundRule::kAxis16;
   } else if (wrap == "all") {
     rules.wraparound = WraparoundRule::kAll;
+  } else if (wrap == "none") {
+    rules.wraparound = WraparoundRule::kNone;
   } else {
-    throw UserError(where + ".wraparound: '" + wrap + "' is not full_cube, axis_16 or all");
+    throw UserError(where + ".wraparound: '" + wrap + "' is not full_cube, axis_16, all or none");
+  }
+  if (rules.shape_rule == ShapeRule::kSwitched &&
+      (rules.small_shapes.size() != 1 || rules.small_shapes[0].size() != 1 ||
+       rules.wraparound != WraparoundRule::kNone)) {
+    throw UserError(where +
+                    ": a switched node lists exactly one 1-D shape (its GPUs, e.g. \"8\") " +
+                    "and wraparound none");
   }
   return rules;
 }

@@ -27,8 +27,10 @@ enum class SliceNameUnit { kTensorCores, kChips };
 
 // Which physical shapes a generation's slices take.
 enum class ShapeRule {
-  kCube,   // 3D: listed small shapes, then A x B x C with every dim a multiple of 4
-  kPlane,  // 2D: only the listed shapes
+  kCube,      // 3D: listed small shapes, then A x B x C with every dim a multiple of 4
+  kPlane,     // 2D: only the listed shapes
+  kSwitched,  // a GPU node: the one listed shape of GPUs behind a switch (NVSwitch), named by
+              // its node name alone ("a3"); nodes over the DCN fabric are the "slices"
 };
 
 // Which torus axes have wraparound links.
@@ -36,6 +38,7 @@ enum class WraparoundRule {
   kFullCube,  // all axes wrap iff every dim is a multiple of 4 (v4, v5p, v7x)
   kAxis16,    // an axis wraps iff its size is 16 (v5e, v6e)
   kAll,       // every axis of size > 2 wraps (v3 pods)
+  kNone,      // no torus (a switched GPU node)
 };
 
 struct SliceRules {
@@ -109,6 +112,9 @@ struct ChipSpec {
   double power_watts = 0;
 
   std::map<std::string, Provenance> provenance;  // spec key -> where its value came from
+
+  // A GPU node (NVLink domain behind a switch) rather than a TPU torus slice.
+  bool is_gpu() const { return slice.shape_rule == ShapeRule::kSwitched; }
 
   // Whole-device numbers the engines use.
   double hbm_capacity_bytes_per_device() const;

@@ -98,6 +98,8 @@ std::vector<bool> wraparound_for_shape(const ChipSpec& chip, const std::vector<i
       case WraparoundRule::kAll:
         wraps[axis] = shape[axis] > 2;
         break;
+      case WraparoundRule::kNone:
+        break;
     }
   }
   return wraps;
@@ -111,16 +113,37 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
     throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
                     " must be from 1 to " + std::to_string(kMaxSlices));
   }
+  // A GPU node is named alone ("a3"): one node of the listed GPUs, nodes over the fabric.
+  if (const ChipSpec* node = catalog.chip_for_slice_prefix(name);
+      node != nullptr && node->slice.shape_rule == ShapeRule::kSwitched) {
+    Slice slice;
+    slice.chip = node;
+    slice.name = std::string(name);
+    slice.num_slices = num_slices;
+    slice.devices_per_chip = static_cast<int>(node->devices_per_chip);
+    slice.shape = node->slice.small_shapes.front();
+    slice.chips = product(slice.shape);
+    slice.wraparound.assign(slice.shape.size(), false);
+    slice.switched = true;
+    slice.chips_per_host = std::min(slice.chips, static_cast<int>(node->chips_per_host));
+    slice.hosts = (slice.chips + slice.chips_per_host - 1) / slice.chips_per_host;
+    return slice;
+  }
   const size_t colon = name.find(':');
   const size_t dash = name.rfind('-');
   const bool explicit_shape = colon != std::string_view::npos;
   const size_t split = explicit_shape ? colon : dash;
   if (name.empty() || split == std::string_view::npos || split == 0 || split + 1 >= name.size()) {
     throw UserError("compile_topology: '" + std::string(name) +
-                    "' is not a slice name like v5p-128, v6e-256, tpu7x-512 or v5p:4x4x8");
+                    "' is not a slice name like v5p-128, v6e-256, tpu7x-512, v5p:4x4x8 or a3");
   }
   const std::string_view prefix = name.substr(0, split);
   const ChipSpec* chip = catalog.chip_for_slice_prefix(prefix);
+  if (chip != nullptr && chip->slice.shape_rule == ShapeRule::kSwitched) {
+    throw UserError("compile_topology: '" + std::string(name) + "': a GPU node is named alone ('" +
+                    std::string(prefix) +
+                    "'); give the number of nodes as compile_topology_num_slices");
+  }
   if (chip == nullptr) {
     throw UserError("compile_topology: unknown TPU generation '" + std::string(prefix) + "' in '" +
                     std::string(name) + "'" + did_you_mean(prefix, catalog.slice_prefixes()));
@@ -184,6 +207,9 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
 
 std::vector<std::string> example_slice_names(const ChipSpec& chip, int max_names) {
   const std::string prefix = chip.slice.name_prefixes.front();
+  if (chip.slice.shape_rule == ShapeRule::kSwitched) {
+    return {prefix};
+  }
   const int unit = chip.slice.name_counts == SliceNameUnit::kTensorCores
                        ? static_cast<int>(chip.tensorcores_per_chip)
                        : 1;

@@ -8,7 +8,10 @@
 //   parse_slice("v5p:4x4x8")  -> v5p, 4x4x8 = 128 chips
 //   parse_slice("tpu7x-4x4x8"), parse_slice("v6e-4x4") -> a shape after the dash, as xpk writes it
 //   parse_slice("ironwood-256") -> tpu7x-256 (the v7x catalog lists the name as a prefix)
-// Several slices (multislice over DCN) come from compile_topology_num_slices.
+//   parse_slice("a3", 8)      -> 8 nodes of 8 x H100 SXM, NVSwitch inside a node, InfiniBand
+//                                between nodes (a GPU node is named alone, MaxText's "a3")
+// Several slices (multislice over DCN) come from compile_topology_num_slices; for GPUs a slice is
+// a node and the DCN is the node-to-node fabric.
 #pragma once
 
 #include <string>
@@ -30,6 +33,9 @@ struct Slice {
   int chips_per_host = 0;  // min(chips, the chip's chips_per_host)
   int hosts = 0;           // per slice
   int num_slices = 1;
+  // A GPU node: every device reaches every other through the switch at its full link bandwidth
+  // (shape is {GPUs per node}, no torus, no wraparound).
+  bool switched = false;
 
   int devices() const { return chips * devices_per_chip; }
   int total_chips() const { return chips * num_slices; }

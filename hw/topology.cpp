@@ -65,7 +65,16 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
     const int base = slice_index * devices_per_slice;
     for (int chip_id = 0; chip_id < slice.chips; ++chip_id) {
       const std::vector<int> coords = coords_of(chip_id, slice.shape);
-      for (size_t axis = 0; axis < slice.shape.size(); ++axis) {
+      // A GPU node: one switch hop joins every pair, at the GPU's whole link bandwidth.
+      for (int other = chip_id + 1; slice.switched && other < slice.chips; ++other) {
+        TopologyEdge edge;
+        edge.kind = LinkKind::kIci;
+        edge.bandwidth_uni_bytes_per_s = link_bw * chip.ici_links_per_chip;
+        edge.latency_s = chip.ici_hop_latency_us * kMicro;
+        edge.axis = 0;
+        boost::add_edge(base + chip_id, base + other, edge, graph_);
+      }
+      for (size_t axis = 0; axis < slice.shape.size() && !slice.switched; ++axis) {
         const int size = slice.shape[axis];
         if (size < 2) {
           continue;
@@ -168,6 +177,13 @@ AxisBandwidth Topology::axis_bandwidth(int axis) const {
   if (result.size < 2) {
     return result;
   }
+  if (slice_.switched) {
+    // Through the switch every GPU sends and receives on all its links at once.
+    result.ring_bandwidth_bytes_per_s =
+        result.link_bandwidth_uni_bytes_per_s * slice_.chip->ici_links_per_chip;
+    result.max_hops = 1;
+    return result;
+  }
   result.ring_bandwidth_bytes_per_s =
       (result.wraps ? 2.0 : 1.0) * result.link_bandwidth_uni_bytes_per_s;
   result.max_hops = result.wraps ? result.size / 2 : result.size - 1;
@@ -180,6 +196,11 @@ double Topology::bisection_bandwidth_bytes_per_s() const {
   const int size = *longest;
   if (size < 2) {
     return 0;
+  }
+  if (slice_.switched) {
+    // A non-blocking switch: half the GPUs send to the other half at their whole link bandwidth.
+    return slice_.chip->ici_link_bandwidth_uni_gbps * kGiga * slice_.chip->ici_links_per_chip *
+           (size / 2);
   }
   // Devices with coordinate < size/2 on `axis` form one half of each slice.
   const int half = size / 2;
@@ -199,6 +220,9 @@ double Topology::bisection_bandwidth_bytes_per_s() const {
 }
 
 int Topology::ici_links_per_chip() const {
+  if (slice_.switched) {
+    return static_cast<int>(slice_.chip->ici_links_per_chip);  // to the switch (NVLink ports)
+  }
   int most = 0;
   const int per_chip = slice_.devices_per_chip;
   for (int chip_id = 0; chip_id < slice_.chips; ++chip_id) {

@@ -5,6 +5,10 @@
 // (wraparound only where the generation's rule allows it), D2D links between the two chiplets of a
 // v7x chip, PCIe links from each chip to its host, and DCN links from each host to the fabric.
 //
+// A GPU node (slice.switched) has no torus: every pair of its GPUs is one edge, one hop through
+// the switch, at the GPU's whole NVLink bandwidth (a non-blocking NVSwitch); nodes join over the
+// DCN fabric vertex (InfiniBand), one NIC per GPU.
+//
 // v7x assumption (docs/reference/hardware.md §5.5: the split of ICI ports between the two
 // chiplets is not public): the chip is one torus node; each ICI link is drawn as two edges, one
 // between the chiplet-0 vertices and one between the chiplet-1 vertices of neighbouring chips,

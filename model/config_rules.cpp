@@ -39,7 +39,7 @@ const std::vector<EnumRule>& enum_rules() {
        {"full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
         "save_dot_except_mlp", "save_dot_except_mlpwi", "save_qkv_proj", "save_out_proj",
         "qkv_proj_offloaded", "minimal_offloaded", "minimal_with_quantization",
-        "minimal_with_context_and_quantization", "custom", "none"}},
+        "minimal_with_context_and_quantization", "minimal_flash", "custom", "none"}},
       {"attention",
        {"autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"}},
       {"attention_type", {"global", "local_sliding", "mla", "chunk", "full"}},

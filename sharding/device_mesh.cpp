@@ -74,6 +74,11 @@ std::string MeshAxisPlacement::describe(const Slice& slice) const {
       text += "chiplet pair (D2D)";
       continue;
     }
+    if (slice.switched) {
+      text += "NVSwitch (" + std::to_string(portion.size) + " of " +
+              std::to_string(slice.shape.front()) + " GPUs)";
+      continue;
+    }
     text +=
         std::string("torus ") + kNames[portion.physical_axis] + " (" + std::to_string(portion.size);
     if (!portion.whole_axis) {

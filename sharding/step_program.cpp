@@ -17,7 +17,20 @@ Slice slice_from_config(const Config& config) {
     throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
                     " must be -1 (one slice) or a positive count");
   }
-  return parse_slice(topology, static_cast<int>(std::max<int64_t>(1, num_slices)));
+  Slice slice = parse_slice(topology, static_cast<int>(std::max<int64_t>(1, num_slices)));
+  // MaxText's `hardware` must agree with the slice: a GPU node runs hardware=gpu (or
+  // gpu_multiprocess), a TPU slice hardware=tpu; cpu is accepted with either.
+  const std::string hardware = config.get_string("hardware");
+  const bool gpu_hardware = hardware == "gpu" || hardware == "gpu_multiprocess";
+  if (slice.chip->is_gpu() && hardware == "tpu") {
+    throw UserError("hardware: 'tpu' but compile_topology '" + topology + "' is a GPU node (" +
+                    slice.chip->display_name + "); set hardware=gpu");
+  }
+  if (!slice.chip->is_gpu() && gpu_hardware) {
+    throw UserError("hardware: '" + hardware + "' but compile_topology '" + topology +
+                    "' is a TPU slice; give a GPU node (e.g. compile_topology=a3) or hardware=tpu");
+  }
+  return slice;
 }
 
 StepProgram build_step_program(const Config& config) {

@@ -61,7 +61,10 @@ RematPolicy RematPolicy::from_config(const Config& config) {
     mark(named, {"out_proj"}, device);
     mark(named, kMlpIn, device);
     mark(named, kMlpOut, device);
-  } else if (name == "minimal_with_context" || name == "minimal_with_context_and_quantization") {
+  } else if (name == "minimal_with_context" || name == "minimal_with_context_and_quantization" ||
+             name == "minimal_flash") {
+    // minimal_flash (MaxText's GPU policy): dots without batch dims plus the attention output
+    // ("context"), i.e. minimal_with_context.
     mark(named, kQkv, device);
     mark(named, {"out_proj", "context"}, device);
     mark(named, kMlpIn, device);

@@ -59,20 +59,29 @@ void register_hw_command(CLI::App& app) {
       return;
     }
     if (chip_name->empty()) {
-      std::cout << std::left << std::setw(6) << "chip" << std::right << std::setw(10) << "bf16 TF/s"
-                << std::setw(9) << "HBM GiB" << std::setw(10) << "HBM GB/s" << std::setw(9)
-                << "dev/chip" << std::setw(10) << "ICI GB/s" << std::setw(7) << "links"
+      std::cout << std::left << std::setw(10) << "chip" << std::right << std::setw(10)
+                << "bf16 TF/s" << std::setw(9) << "HBM GiB" << std::setw(10) << "HBM GB/s"
+                << std::setw(9) << "dev/chip" << std::setw(10) << "link GB/s" << std::setw(7)
+                << "links"
                 << "  slice names\n";
       for (const ChipSpec* chip : chips) {
-        std::cout << std::left << std::setw(6) << chip->name << std::right << std::setw(10)
+        const std::string& prefix = chip->slice.name_prefixes.front();
+        std::string names;
+        if (chip->is_gpu()) {
+          names = prefix + " (a node of " +
+                  std::to_string(chip->slice.small_shapes.front().front()) +
+                  " GPUs; nodes = compile_topology_num_slices)";
+        } else {
+          names = prefix + "-N (" +
+                  (chip->slice.name_counts == SliceNameUnit::kTensorCores ? "N TensorCores"
+                                                                          : "N chips") +
+                  ")";
+        }
+        std::cout << std::left << std::setw(10) << chip->name << std::right << std::setw(10)
                   << chip->peak_bf16_tflops << std::setw(9) << chip->hbm_capacity_gib
                   << std::setw(10) << chip->hbm_bandwidth_gbps << std::setw(9)
                   << chip->devices_per_chip << std::setw(10) << chip->ici_link_bandwidth_uni_gbps
-                  << std::setw(7) << chip->ici_links_per_chip << "  "
-                  << chip->slice.name_prefixes.front() << "-N ("
-                  << (chip->slice.name_counts == SliceNameUnit::kTensorCores ? "N TensorCores"
-                                                                             : "N chips")
-                  << ")\n";
+                  << std::setw(7) << chip->ici_links_per_chip << "  " << names << "\n";
       }
       return;
     }

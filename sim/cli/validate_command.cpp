@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -60,8 +61,13 @@ nlohmann::json validate_csv(const std::string& path) {
   const size_t id_column = table.column("id");
   const size_t args_column = table.column("args");
   const size_t step_column = table.column("measured_step_s");
-  const size_t tokens_column = table.column("measured_tokens_s_chip");
-  const size_t hardware_column = table.column("hardware");
+  // Optional: the measured tokens/s per chip, and the hardware (validation/gpu_published.csv
+  // names it in a "gpu" column).
+  const std::optional<size_t> tokens_column = table.find_column("measured_tokens_s_chip");
+  const std::optional<size_t> gpu_column = table.find_column("gpu");
+  const size_t hardware_column = gpu_column.has_value() && !table.find_column("hardware")
+                                     ? *gpu_column
+                                     : table.column("hardware");
   nlohmann::json rows = nlohmann::json::array();
   std::vector<double> errors;
   for (size_t index = 0; index < table.rows.size(); ++index) {
@@ -96,8 +102,8 @@ nlohmann::json validate_csv(const std::string& path) {
                             {"fits", estimate.memory.fits},
                             {"hbm_peak_bytes_per_device", estimate.memory.peak_bytes},
                             {"breakdown", estimate.timing.breakdown}};
-    if (!row[tokens_column].empty()) {
-      const double tokens = parse_number(row[tokens_column], where + " measured_tokens_s_chip");
+    if (tokens_column.has_value() && !row[*tokens_column].empty()) {
+      const double tokens = parse_number(row[*tokens_column], where + " measured_tokens_s_chip");
       entry["measured_tokens_s_chip"] = tokens;
       entry["tokens_error"] = (estimate.tokens_per_s_per_chip - tokens) / tokens;
     }
@@ -138,22 +144,35 @@ void register_validate_command(CLI::App& app) {
       std::cout << result.dump(2) << "\n";
       return;
     }
-    std::cout << std::left << std::setw(8) << "id" << std::setw(6) << "chip" << std::right
-              << std::setw(11) << "measured_s" << std::setw(12) << "predicted_s" << std::setw(9)
-              << "error" << std::setw(14) << "tok/s/chip" << std::setw(12) << "predicted"
-              << std::setw(8) << "MFU"
+    // Columns as wide as their longest id and hardware name.
+    int id_width = 8;
+    int hardware_width = 6;
+    for (const auto& row : result["rows"]) {
+      id_width = std::max(id_width, static_cast<int>(row["id"].get<std::string>().size()) + 2);
+      hardware_width =
+          std::max(hardware_width, static_cast<int>(row["hardware"].get<std::string>().size()) + 2);
+    }
+    std::cout << std::left << std::setw(id_width) << "id" << std::setw(hardware_width) << "chip"
+              << std::right << std::setw(11) << "measured_s" << std::setw(12) << "predicted_s"
+              << std::setw(9) << "error" << std::setw(14) << "tok/s/chip" << std::setw(12)
+              << "predicted" << std::setw(8) << "MFU"
               << "\n";
     std::cout << std::fixed;
     for (const auto& row : result["rows"]) {
-      std::cout << std::left << std::setw(8) << row["id"].get<std::string>() << std::setw(6)
-                << row["hardware"].get<std::string>() << std::right << std::setprecision(3)
-                << std::setw(11) << row["measured_step_s"].get<double>() << std::setw(12)
-                << row["predicted_step_s"].get<double>() << std::setprecision(1) << std::setw(8)
-                << 100 * row["error"].get<double>() << "%" << std::setw(14)
-                << (row.contains("measured_tokens_s_chip")
-                        ? row["measured_tokens_s_chip"].get<double>()
-                        : 0.0)
-                << std::setw(12) << row["predicted_tokens_s_chip"].get<double>() << std::setw(7)
+      std::ostringstream measured_tokens;
+      measured_tokens << std::fixed << std::setprecision(1);
+      if (row.contains("measured_tokens_s_chip")) {
+        measured_tokens << row["measured_tokens_s_chip"].get<double>();
+      } else {
+        measured_tokens << "-";
+      }
+      std::cout << std::left << std::setw(id_width) << row["id"].get<std::string>()
+                << std::setw(hardware_width) << row["hardware"].get<std::string>() << std::right
+                << std::setprecision(3) << std::setw(11) << row["measured_step_s"].get<double>()
+                << std::setw(12) << row["predicted_step_s"].get<double>() << std::setprecision(1)
+                << std::setw(8) << 100 * row["error"].get<double>() << "%" << std::setw(14)
+                << measured_tokens.str() << std::setw(12)
+                << row["predicted_tokens_s_chip"].get<double>() << std::setw(7)
                 << 100 * row["predicted_mfu"].get<double>() << "%\n";
     }
     const auto& summary = result["summary"];

@@ -356,16 +356,20 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
   space.batches = batch_choices(config, limits, space.slice.total_devices(), keys);
   space.remats = remat_choices(config, keys);
 
+  // On a GPU node the fused attention is cuDNN's (Transformer Engine), with no splash blocks.
+  const bool gpu = space.slice.chip->is_gpu();
+  const std::string fused_attention = gpu ? "cudnn_flash_te" : "flash";
   if (pinned(config, "attention")) {
     const std::string kind = config.get_string("attention");
-    if (kind != "dot_product" && kind != "flash" && kind != "autoselected") {
-      throw UserError("attention: explore times dot_product and flash (TPU), not '" + kind + "'");
+    if (kind != "dot_product" && kind != fused_attention && kind != "autoselected") {
+      throw UserError("attention: explore times dot_product and " + fused_attention + " (" +
+                      (gpu ? "GPU" : "TPU") + "), not '" + kind + "'");
     }
     const int64_t length = config.get_int("max_target_length");
-    space.attention_kinds = {kind == "autoselected" ? (length < 128 ? "dot_product" : "flash")
-                                                    : kind};
+    space.attention_kinds = {
+        kind == "autoselected" ? (length < 128 ? "dot_product" : fused_attention) : kind};
   } else {
-    space.attention_kinds = {"dot_product", "flash"};
+    space.attention_kinds = {"dot_product", fused_attention};
     keys.emplace_back("attention");
   }
   const bool block_q_pinned = pinned(config, "sa_block_q");
@@ -379,12 +383,12 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
       block_kv_values.push_back(block);
     }
   }
-  if (block_q_pinned) {
+  if (block_q_pinned || gpu) {  // splash blocks are a TPU kernel's
     block_q_values = {config.get_int("sa_block_q")};
   } else {
     keys.emplace_back("sa_block_q");
   }
-  if (block_kv_pinned) {
+  if (block_kv_pinned || gpu) {
     block_kv_values = {config.get_int("sa_block_kv")};
   } else {
     keys.emplace_back("sa_block_kv");
@@ -401,7 +405,8 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
     space.sparse_core_values = {"off", "on"};
     keys.emplace_back("sparse_core_collective_offload");
   }
-  if (pinned(config, "collective_matmul")) {
+  if (pinned(config, "collective_matmul") || gpu) {
+    // TPU's async collective fusion; XLA GPU's windowed einsum is another switch, not searched.
     space.collective_matmul_values = {config.get_bool("collective_matmul")};
   } else {
     space.collective_matmul_values = {false, true};

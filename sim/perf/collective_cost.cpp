@@ -56,6 +56,15 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
         continue;
       }
       d2d_only = false;
+      if (slice.switched) {
+        // Through the switch each GPU uses all its links whatever the group, and a ring of N
+        // takes N - 1 steps of one switch hop.
+        ici_bandwidth += chip.ici_links_per_chip * link;
+        chip_link_bandwidth += chip.ici_links_per_chip * link;
+        ici_hops += portion.size - 1.0;
+        all_wrap = false;
+        continue;
+      }
       const bool wraps = portion.whole_axis &&
                          slice.wraparound[static_cast<size_t>(portion.physical_axis)] &&
                          portion.size > 2;
@@ -115,8 +124,9 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
       break;
     case OpKind::kAllToAll:
     case OpKind::kCollectivePermute:
+      // A switch carries each device's (N-1)/N x V at its link bandwidth, like a gather.
       ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency) /
-            (all_wrap && !d2d_only ? 4.0 : 2.0);
+            (slice.switched ? 1.0 : (all_wrap && !d2d_only ? 4.0 : 2.0));
       dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency) / 2.0;
       break;
     default:

@@ -11,7 +11,9 @@
 // link for the v7x chiplet pair, and the host NICs for DCN (each chip's share). A group that spans
 // the chiplet pair and torus axes is also bounded by the chip's ingress: the bytes the chip lacks
 // all enter over its torus links, whatever the D2D link adds. Links run at
-// their achievable fraction; each collective pays collective_launch_us. An axis split over ICI
+// their achievable fraction; each collective pays collective_launch_us. On a GPU node
+// (slice.switched) W is the GPU's whole NVLink bandwidth through the switch and a ring of N takes
+// N - 1 hops. An axis split over ICI
 // and DCN runs hierarchically: the ICI part, then the DCN part.
 //
 // Example:

@@ -107,5 +107,25 @@ TEST(ParseSlice, ErrorNamesValueAndSuggestsGeneration) {
   }
 }
 
+TEST(Slice, GpuNodeIsNamedAloneAndCountsNodesAsSlices) {
+  const Slice node = parse_slice("a3", 16);
+  EXPECT_EQ(node.chip->name, "h100-sxm");
+  EXPECT_TRUE(node.chip->is_gpu());
+  EXPECT_TRUE(node.switched);
+  EXPECT_EQ(node.shape, std::vector<int>{8});
+  EXPECT_EQ(node.wraparound, std::vector<bool>{false});
+  EXPECT_EQ(node.total_devices(), 128);
+  EXPECT_EQ(node.total_hosts(), 16);
+  EXPECT_FALSE(parse_slice("v5p-8").switched);
+  // A count after the node name is not how MaxText names GPU nodes.
+  try {
+    (void)parse_slice("a3-16");
+    FAIL() << "a3-16 accepted";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("compile_topology_num_slices"), std::string::npos)
+        << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/error.h"
+
 namespace tpusim {
 namespace {
 
@@ -104,6 +106,25 @@ TEST(Topology, DotOutputIsGraphviz) {
   const std::string dot = Topology(parse_slice("v5p-8")).to_dot();
   EXPECT_EQ(dot.rfind("graph", 0), 0u);
   EXPECT_NE(dot.find(" -- "), std::string::npos);
+}
+
+TEST(Topology, GpuNodeIsOneSwitchHopBetweenAnyPair) {
+  // compile_topology=a3: 8 x H100 behind NVSwitch, 18 NVLink4 links of 25 GB/s each [SB-g].
+  const Topology node(parse_slice("a3", 2));
+  EXPECT_TRUE(node.slice().switched);
+  EXPECT_EQ(node.num_devices(), 16);
+  for (int other = 1; other < 8; ++other) {
+    EXPECT_EQ(node.hop_distance(0, other), 1) << other;
+  }
+  EXPECT_EQ(node.ici_links_per_chip(), 18);
+  const AxisBandwidth axis = node.axis_bandwidth(0);
+  EXPECT_DOUBLE_EQ(axis.ring_bandwidth_bytes_per_s, 450e9);
+  EXPECT_EQ(axis.max_hops, 1);
+  // Half the GPUs send to the other half at 450 GB/s each.
+  EXPECT_DOUBLE_EQ(node.bisection_bandwidth_bytes_per_s(), 4 * 450e9);
+  // One 400 Gb/s NIC per GPU: 8 x 50 GB/s per node into the fabric.
+  EXPECT_DOUBLE_EQ(node.dcn_bandwidth_per_slice_bytes_per_s(), 400e9);
+  EXPECT_THROW((void)node.hop_distance(0, 8), UserError);  // other node: InfiniBand, not NVLink
 }
 
 }  // namespace

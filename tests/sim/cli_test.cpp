@@ -335,6 +335,39 @@ TEST(ValidateCommand, JsonContractOnThePublishedSet) {
   }
 }
 
+TEST(EstimateCommand, GpuNodesRunAsMaxTextWritesThem) {
+  // The JAX-Toolbox guide's command with compile_topology=a3 added (validation/gpu_published.csv).
+  const auto guide = run_tpusim(
+      {"estimate", "model_name=llama2-7b", "per_device_batch_size=2", "max_target_length=4096",
+       "ici_fsdp_parallelism=8", "attention=cudnn_flash_te", "remat_policy=minimal_flash",
+       "scan_layers=false", "hardware=gpu", "compile_topology=a3", "--json"});
+  ASSERT_EQ(guide.exit_code, 0) << guide.err;
+  const nlohmann::json json = nlohmann::json::parse(guide.out);
+  EXPECT_EQ(json["chip"], "h100-sxm");
+  EXPECT_EQ(json["devices"], 8);
+  EXPECT_TRUE(json["fits"].get<bool>());
+  EXPECT_DOUBLE_EQ(json["mfu_peak_tflops_per_device"].get<double>(), 989.0);
+  // `hardware` must agree with the slice, as MaxText would not run a GPU config on a TPU.
+  expect_user_error({"estimate", "model_name=llama2-7b", "compile_topology=a3"}, "hardware");
+  expect_user_error({"estimate", "model_name=llama2-7b", "hardware=gpu", "compile_topology=v5p-8"},
+                    "hardware");
+  expect_user_error({"estimate", "hardware=gpu", "compile_topology=a3-8"},
+                    "compile_topology_num_slices");
+}
+
+TEST(ValidateCommand, GpuRowsValidateFromTheirOwnCsv) {
+  const std::string csv = testing::source_dir() + "/validation/gpu_published.csv";
+  const auto result = run_tpusim({"validate", csv, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_EQ(json["rows"].size(), 4u);
+  for (const auto& row : json["rows"]) {
+    EXPECT_EQ(row["hardware"], "h100-sxm-80g");
+    EXPECT_TRUE(row["fits"].get<bool>()) << row["id"];
+    EXPECT_FALSE(row.contains("measured_tokens_s_chip"));
+  }
+}
+
 TEST(ValidateCommand, BadFilesExit2) {
   const std::string directory = ::testing::TempDir();
   const auto write = [&](const std::string& name, const std::string& text) {

@@ -110,6 +110,46 @@ TEST(CollectiveCost, AllGatherOnWrappedAndOpenRings) {
               (wrapped.seconds - v5e.collective_launch_us * 1e-6) / 4, 1e-9);
 }
 
+TEST(CollectiveCost, GpuNodeGathersThroughTheSwitchAndNodesOverInfiniBand) {
+  // 8 x H100 behind NVSwitch: every GPU sends and receives on its 18 links at once, so an
+  // all-gather of V over the 8 takes 7/8 V / (18 x 25 GB/s x achievable), as [SB-g] writes it.
+  const Slice node = parse_slice("a3");
+  const ChipSpec& h100 = *node.chip;
+  const DeviceMesh mesh = place_mesh(
+      resolve_mesh(
+          Config::load("", {"hardware=gpu", "compile_topology=a3", "ici_fsdp_parallelism=8"}),
+          node),
+      node);
+  const double bytes = 512e6;
+  const double nvlink = 18 * 25e9 * h100.ici_achievable_fraction;
+  const double launch = h100.collective_launch_us * 1e-6;
+  const CollectiveTime gather = collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, node);
+  EXPECT_NEAR(gather.seconds, 7.0 / 8 * bytes / nvlink + launch, 1e-12);
+  // A switch gives a 4-GPU group the same per-GPU bandwidth (no torus hops to share).
+  const DeviceMesh half = place_mesh(
+      resolve_mesh(Config::load("", {"hardware=gpu", "compile_topology=a3",
+                                     "ici_fsdp_parallelism=4", "ici_data_parallelism=2"}),
+                   node),
+      node);
+  EXPECT_NEAR(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, half, node).seconds,
+              3.0 / 4 * bytes / nvlink + launch, 1e-12);
+  // All-to-all through the switch: each GPU sends 7/8 of V at its link bandwidth.
+  EXPECT_NEAR(collective_time(OpKind::kAllToAll, bytes, {"fsdp"}, mesh, node).seconds,
+              gather.seconds, 1e-12);
+  // 8 nodes: FSDP over 64 GPUs gathers over NVLink, then V/8 per GPU over its 50 GB/s NIC.
+  const Slice nodes = parse_slice("a3", 8);
+  const DeviceMesh cluster = place_mesh(
+      resolve_mesh(
+          Config::load("", {"hardware=gpu", "compile_topology=a3", "compile_topology_num_slices=8",
+                            "ici_fsdp_parallelism=8", "dcn_fsdp_parallelism=8"}),
+          nodes),
+      nodes);
+  const CollectiveTime wide = collective_time(OpKind::kAllGather, bytes, {"fsdp"}, cluster, nodes);
+  const double nic = 50e9 * h100.dcn_achievable_fraction;
+  EXPECT_NEAR(wide.ici_seconds, 7.0 / 8 * bytes / nvlink, 1e-12);
+  EXPECT_NEAR(wide.dcn_seconds, 7.0 / 8 * (bytes / 8) / nic, 1e-12);
+}
+
 TEST(CollectiveCost, LatencyBoundSmallMessages) {
   const Config config = Config::load(
       "", {"compile_topology=v5e-256", "ici_fsdp_parallelism=16", "ici_data_parallelism=-1"});
