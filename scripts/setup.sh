@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what tpusim needs from Debian's packages, only what is missing (quick when all present).
-# Usage (as root): bash scripts/setup.sh [--with-reference] [--with-reports]
+# Usage (as root): bash scripts/setup.sh [--with-reference] [--with-reports] [--with-browser]
 #   --with-reference  also installs python3-torch (with OpenBLAS), the independent numerical
 #                     reference of the tests.
 #   --with-reports    also installs python3-matplotlib, for the plots of
 #                     benchmarks/make_reports.py.
+#   --with-browser    also installs Debian's chromium, which loads the HTML step pages in the
+#                     test suite (tests/browser).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
@@ -15,7 +17,8 @@ for option in "$@"; do
   case "$option" in
     --with-reference) packages+=(python3-torch python3-numpy libopenblas0) ;;
     --with-reports) packages+=(python3-matplotlib) ;;
-    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports)" >&2; exit 2 ;;
+    --with-browser) packages+=(chromium) ;;
+    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports, --with-browser)" >&2; exit 2 ;;
   esac
 done
 

@@ -17,7 +17,7 @@ for arg in "$@"; do
   esac
 done
 
-bash scripts/setup.sh --with-reference
+bash scripts/setup.sh --with-reference --with-browser
 build_dir=build
 if ((sanitize)); then
   bash scripts/build.sh --sanitize

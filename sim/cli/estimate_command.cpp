@@ -12,6 +12,7 @@
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
+#include "sim/estimate/step_html.h"
 #include "sim/perf/mechanisms.h"
 
 namespace tpusim {
@@ -83,6 +84,7 @@ void register_estimate_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto json_output = std::make_shared<bool>(false);
   auto trace_path = std::make_shared<std::string>();
+  auto html_path = std::make_shared<std::string>();
   auto profile = std::make_shared<int>(0);
   auto xla_flags = std::make_shared<std::string>();
   auto without = std::make_shared<std::vector<std::string>>();
@@ -93,6 +95,9 @@ void register_estimate_command(CLI::App& app) {
   command->add_option("args", *args, "[config.yml ...] key=value ...");
   command->add_flag("--json", *json_output, "Print one JSON object");
   command->add_option("--trace", *trace_path, "Write a Chrome trace-event JSON (Perfetto)");
+  command->add_option(
+      "--html", *html_path,
+      "Write a self-contained HTML page: summary, breakdown, HBM, timeline by lane");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
   command->add_option(
       "--xla-flags", *xla_flags,
@@ -104,13 +109,20 @@ void register_estimate_command(CLI::App& app) {
                    "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
                    "dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
       ->delimiter(',');
-  command->callback([args, json_output, trace_path, profile, xla_flags, without] {
+  command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without] {
     disable_mechanisms(*without);
     XlaFlagReport xla_report;
     const Config config = load_command_config(*args, *xla_flags, &xla_report);
     const Estimate estimate = estimate_config(config);
     if (!trace_path->empty()) {
-      write_file_atomically(*trace_path, chrome_trace(estimate.timing));
+      write_file_atomically(*trace_path, chrome_trace(estimate));
+    }
+    if (!html_path->empty()) {
+      std::string command_line = "tpusim estimate";
+      for (const std::string& arg : *args) {
+        command_line += " " + arg;
+      }
+      write_file_atomically(*html_path, step_html(estimate, command_line));
     }
     if (*json_output) {
       nlohmann::json json = estimate.json;

@@ -4,6 +4,7 @@
 
 #include "model/config.h"
 #include "model/flops_maxtext.h"
+#include "sim/estimate/trace_lanes.h"
 
 namespace tpusim {
 namespace {
@@ -40,8 +41,8 @@ Estimate estimate_config(const Config& config) {
   estimate.mfu = estimate.tflops_per_device / chip.mfu_peak_bf16_tflops_per_device;
   estimate.hardware_utilization =
       estimate.timing.hardware_matmul_flops / step / chip.peak_bf16_flops_per_device();
-  const double tokens =
-      static_cast<double>(built.global_batch) * static_cast<double>(config.get_int("max_target_length"));
+  const double tokens = static_cast<double>(built.global_batch) *
+                        static_cast<double>(config.get_int("max_target_length"));
   estimate.tokens_per_s = tokens / step;
   estimate.tokens_per_s_per_chip = estimate.tokens_per_s / built.slice.total_chips();
 
@@ -56,7 +57,8 @@ Estimate estimate_config(const Config& config) {
   nlohmann::json placement = nlohmann::json::object();
   for (const MeshAxisPlacement& axis : built.mesh.axes) {
     if (axis.ici_size * axis.dcn_size > 1) {
-      placement[mesh_axis_names()[static_cast<size_t>(axis.mesh_axis)]] = axis.describe(built.slice);
+      placement[mesh_axis_names()[static_cast<size_t>(axis.mesh_axis)]] =
+          axis.describe(built.slice);
     }
   }
   json["mesh_placement"] = placement;
@@ -84,24 +86,50 @@ Estimate estimate_config(const Config& config) {
   json["fits"] = estimate.memory.fits;
   nlohmann::json padding = nlohmann::json::array();
   for (const PaddingNote& note : built.program.padding) {
-    padding.push_back({{"tensor", note.tensor}, {"dim", note.dim}, {"size", note.global_size},
-                       {"shards", note.shards}, {"padded_to", note.padded_size}});
+    padding.push_back({{"tensor", note.tensor},
+                       {"dim", note.dim},
+                       {"size", note.global_size},
+                       {"shards", note.shards},
+                       {"padded_to", note.padded_size}});
   }
   json["padding"] = padding;
   return estimate;
 }
 
-std::string chrome_trace(const StepTiming& timing) {
+std::string chrome_trace(const Estimate& estimate) {
+  const StepTiming& timing = estimate.timing;
+  const Slice& slice = estimate.program.slice;
   nlohmann::json events = nlohmann::json::array();
-  std::map<std::string, int> tracks;
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", 0},
+                    {"args",
+                     {{"name", "device 0: " + slice.chip->display_name + " in " + slice.name +
+                                   " (mesh " + estimate.program.mesh.shape.describe() + ")"}}}});
+  const std::vector<std::string> lanes = ordered_lanes(timing.trace);
+  std::map<std::string, int> lane_index;
+  for (size_t index = 0; index < lanes.size(); ++index) {
+    lane_index[lanes[index]] = static_cast<int>(index);
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 0},
+                      {"tid", static_cast<int>(index)},
+                      {"args", {{"name", lanes[index]}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", 0},
+                      {"tid", static_cast<int>(index)},
+                      {"args", {{"sort_index", static_cast<int>(index)}}}});
+  }
   for (const TraceEvent& event : timing.trace) {
-    const auto [it, inserted] = tracks.emplace(event.resource, static_cast<int>(tracks.size()));
-    if (inserted) {
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", it->second},
-                        {"args", {{"name", event.resource}}}});
-    }
-    events.push_back({{"ph", "X"}, {"name", event.name}, {"cat", event.region}, {"pid", 0},
-                      {"tid", it->second}, {"ts", event.start * 1e6}, {"dur", event.duration * 1e6}});
+    events.push_back({{"ph", "X"},
+                      {"name", event.name},
+                      {"cat", event.region},
+                      {"pid", 0},
+                      {"tid", lane_index[event.resource]},
+                      {"ts", event.start * 1e6},
+                      {"dur", event.duration * 1e6},
+                      {"args", {{"region", event.region}, {"detail", event.detail}}}});
   }
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }

@@ -27,8 +27,8 @@ struct Estimate {
   StepTiming timing;
   double model_tflop_per_device_step = 0;  // MaxText convention
   double step_seconds = 0;
-  double mfu = 0;                  // model FLOP/s per device / mfu_peak_bf16_tflops_per_device
-  double hardware_utilization = 0; // executed matmul FLOP/s per device / bf16 peak per device
+  double mfu = 0;                   // model FLOP/s per device / mfu_peak_bf16_tflops_per_device
+  double hardware_utilization = 0;  // executed matmul FLOP/s per device / bf16 peak per device
   double tflops_per_device = 0;
   double tflops_per_chip = 0;
   double tokens_per_s = 0;
@@ -38,7 +38,9 @@ struct Estimate {
 
 Estimate estimate_config(const Config& config);
 
-// Chrome trace-event JSON (Perfetto) of the simulated iterations, one track per resource.
-std::string chrome_trace(const StepTiming& timing);
+// Chrome trace-event JSON (Perfetto) of the simulated iterations: the device as a named process,
+// one named track per lane (sim/estimate/trace_lanes.h), each op with its region and what bounds
+// it (or its collective kind) as args.
+std::string chrome_trace(const Estimate& estimate);
 
 }  // namespace tpusim

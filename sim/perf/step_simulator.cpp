@@ -115,7 +115,10 @@ struct OpPlan {
   // link and axes, host_transfers, or idle), the label of its own compute time, and its trace row.
   int wait_label = -1;
   int compute_label = -1;
-  const char* trace_resource = "";
+  int trace_lane = -1;  // in lanes_: "TensorCore", "ICI fsdp", "DCN data", "Host link", ...
+  const char* trace_detail = "";  // compute: mxu/hbm/vpu/overhead; collective: its kind
+  int trace_dcn_lane = -1;        // a two-stage collective's DCN stage: its lane and seconds
+  double trace_dcn_seconds = 0;
 };
 
 }  // namespace
@@ -288,7 +291,7 @@ class Simulator {
       }
     }
     const double microbatch = tensorcore_free_;
-    flush_deferred_gradient_reductions(total);
+    flush_deferred_gradient_reductions(total, timing);
     const double optimizer_start = tensorcore_free_;
     for (int region = 0; region < regions; ++region) {
       if (graph_.region(region).phase == Phase::kOptimizer) {
@@ -370,10 +373,25 @@ class Simulator {
       if (details_) {
         plan.wait_label = labels_.intern(std::string("exposed_") + time.link + "_" +
                                          join_axes(op.attrs.mesh_axes));
-        plan.trace_resource = plan.resource == Resource::kSparseCoreReduce ? "SparseCore (reduce)"
-                              : plan.resource == Resource::kSparseCore     ? "SparseCore"
-                              : time.link == "dcn"                         ? "DCN"
-                                                                           : "ICI";
+        // One lane per link and mesh axes, as the trace viewers show a link each. A collective
+        // with an ICI and a DCN stage shows each stage on its own lane, one after the other.
+        const bool gpu = program_.slice.switched;
+        const std::string dcn_link = gpu ? "InfiniBand" : "DCN";
+        const bool two_stages = time.ici_seconds > 0 && time.dcn_seconds > 0;
+        const std::string link = plan.resource == Resource::kSparseCoreReduce ? "SparseCore reduce"
+                                 : plan.resource == Resource::kSparseCore     ? "SparseCore"
+                                 : time.link == "dcn" && !two_stages          ? dcn_link
+                                 : time.link == "d2d"                         ? "D2D"
+                                 : gpu                                        ? "NVLink"
+                                                                              : "ICI";
+        std::vector<std::string> axes = op.attrs.mesh_axes;
+        std::sort(axes.begin(), axes.end());
+        plan.trace_lane = lanes_.intern(link + " " + join_axes(axes));
+        if (two_stages) {
+          plan.trace_dcn_lane = lanes_.intern(dcn_link + " " + join_axes(axes));
+          plan.trace_dcn_seconds = time.dcn_seconds;
+        }
+        plan.trace_detail = op_kind_name(op.kind);
       }
       // On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
       // SparseCores (v7x), such a collective kept off them and not fused into a matmul
@@ -390,7 +408,7 @@ class Simulator {
         plan.bound = CostCategory::kOverhead;
         if (details_) {
           plan.compute_label = plan.wait_label;
-          plan.trace_resource = "TensorCore";
+          plan.trace_lane = lanes_.intern(compute_lane());
         }
       }
       return plan;
@@ -403,7 +421,8 @@ class Simulator {
       plan.resource = Resource::kHost;
       if (details_) {
         plan.wait_label = labels_.intern("host_transfers");
-        plan.trace_resource = "Host link";
+        plan.trace_lane = lanes_.intern("Host link");
+        plan.trace_detail = op_kind_name(op.kind);
       }
       return plan;
     }
@@ -414,7 +433,8 @@ class Simulator {
     plan.bound = cost.bound;
     if (details_) {
       plan.compute_label = labels_.intern(std::string("compute_") + cost_category_name(cost.bound));
-      plan.trace_resource = "TensorCore";
+      plan.trace_lane = lanes_.intern(compute_lane());
+      plan.trace_detail = cost_category_name(cost.bound);
     }
     return plan;
   }
@@ -423,7 +443,7 @@ class Simulator {
 
   // Gradient reductions across slices (DCN) are combined by XLA into a few large all-reduces
   // after the backward pass (all-reduce combiner), so they run then, and the update waits.
-  void flush_deferred_gradient_reductions(Accounting& total) {
+  void flush_deferred_gradient_reductions(Accounting& total, StepTiming& timing) {
     if (deferred_dcn_seconds_ <= 0) {
       return;
     }
@@ -431,6 +451,9 @@ class Simulator {
     const double end = start + deferred_dcn_seconds_;
     if (details_) {
       total.seconds.add(labels_.intern("exposed_dcn_gradient_reduction"), end - tensorcore_free_);
+      timing.trace.push_back({"gradient all-reduce across slices (combined)",
+                              program_.slice.switched ? "InfiniBand gradients" : "DCN gradients",
+                              "step", start, deferred_dcn_seconds_, "all_reduce"});
     }
     tensorcore_free_ = end;
     last_event_end_ = std::max(last_event_end_, end);
@@ -545,7 +568,14 @@ class Simulator {
         start = timeline(plan.resource).place(ready, plan.seconds);
         end = start + plan.seconds;
         if (record) {
-          timing.trace.push_back({op.name, plan.trace_resource, info.name, start, plan.seconds});
+          const double dcn =
+              plan.trace_dcn_lane >= 0 ? std::min(plan.seconds, plan.trace_dcn_seconds) : 0.0;
+          timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
+                                  plan.seconds - dcn, plan.trace_detail});
+          if (dcn > 0) {
+            timing.trace.push_back({op.name, lanes_.name(plan.trace_dcn_lane), info.name,
+                                    start + plan.seconds - dcn, dcn, plan.trace_detail});
+          }
         }
         break;
       case OpPlan::Kind::kCompute:
@@ -570,7 +600,8 @@ class Simulator {
           profiled_[id] = true;
         }
         if (record && plan.seconds > 0) {
-          timing.trace.push_back({op.name, plan.trace_resource, info.name, start, plan.seconds});
+          timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
+                                  plan.seconds, plan.trace_detail});
         }
         break;
     }
@@ -622,7 +653,11 @@ class Simulator {
   std::vector<double>& finish_not_before_;  // by tensor id: collective-matmul chunks arriving
   std::vector<std::pair<double, double>>& op_span_;  // by op id: (start, end), latest iteration
   // With record_details: labels, and each compute op's TensorCore seconds and calls.
+  // The trace lane of compute: the TensorCore, or the SMs of a GPU.
+  const char* compute_lane() const { return program_.slice.switched ? "GPU SMs" : "TensorCore"; }
+
   LabelTable labels_;
+  LabelTable lanes_;  // trace lanes
   int idle_label_ = -1;
   std::vector<double> profile_seconds_;
   std::vector<double> profile_calls_;

@@ -51,13 +51,17 @@ struct PerfOptions {
 
 PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip);
 
-// One op's place on the timeline, for traces.
+// One op's place on the timeline, for traces. Its lane is the resource it occupies: "TensorCore"
+// (a GPU's "GPU SMs"), a link with the mesh axes the collective runs over ("ICI fsdp",
+// "D2D tensor", "DCN data", "NVLink fsdp", "InfiniBand fsdp", "SparseCore fsdp",
+// "SparseCore reduce fsdp") or "Host link".
 struct TraceEvent {
   std::string name;
-  std::string resource;  // "TensorCore", "ICI", "DCN", "SparseCore", "Host link"
+  std::string resource;
   std::string region;
   double start = 0;
   double duration = 0;
+  std::string detail;  // compute: what bounds it (mxu, hbm, vpu, overhead); else the op kind
 };
 
 // Where the TensorCore's time goes, per op of the program (all iterations, all microbatches).

@@ -1,9 +1,11 @@
 // End-to-end tests of the tpusim command line: output contracts and exit codes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -163,6 +165,43 @@ TEST(EstimateCommand, TraceIsChromeTraceJson) {
   const nlohmann::json trace = nlohmann::json::parse(stream);
   ASSERT_TRUE(trace["traceEvents"].is_array());
   EXPECT_GT(trace["traceEvents"].size(), 10u);
+}
+
+TEST(EstimateCommand, TraceHasALanePerLinkAndAxesAndTheHtmlPageTheSame) {
+  // Multislice with tensor parallelism: compute, the fsdp and tensor rings, the DCN stages of the
+  // hierarchical gathers and the combined gradient all-reduce each get a named lane.
+  const std::string trace_path = ::testing::TempDir() + "/tpusim_multislice_trace.json";
+  const std::string html_path = ::testing::TempDir() + "/tpusim_multislice.html";
+  const auto result = run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5e-256",
+                                  "compile_topology_num_slices=2", "ici_fsdp_parallelism=64",
+                                  "ici_tensor_parallelism=4", "dcn_fsdp_parallelism=2", "--trace",
+                                  trace_path, "--html", html_path});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(trace_path);
+  const nlohmann::json trace = nlohmann::json::parse(stream);
+  std::vector<std::string> lanes;
+  std::string process;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["name"] == "thread_name") {
+      lanes.push_back(event["args"]["name"]);
+    } else if (event["name"] == "process_name") {
+      process = event["args"]["name"];
+    }
+  }
+  EXPECT_NE(process.find("TPU v5e"), std::string::npos) << process;
+  for (const char* lane : {"TensorCore", "ICI fsdp", "ICI tensor", "DCN fsdp"}) {
+    EXPECT_NE(std::find(lanes.begin(), lanes.end(), lane), lanes.end()) << lane;
+  }
+  EXPECT_EQ(lanes.front(), "TensorCore");  // compute first, then links, DCN, host
+  std::ifstream page_stream(html_path);
+  const std::string page((std::istreambuf_iterator<char>(page_stream)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(page.rfind("<!doctype html>", 0), 0u);
+  EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg"));  // no other URL
+  EXPECT_EQ(page.find("https://"), std::string::npos);
+  for (const char* lane : {"\"ICI fsdp\"", "\"DCN fsdp\""}) {
+    EXPECT_NE(page.find(lane), std::string::npos) << lane;
+  }
 }
 
 TEST(OpCommand, MatmulAndCollectives) {

@@ -1,0 +1,286 @@
+#include "sim/estimate/step_html.h"
+
+#include <map>
+
+#include "sim/estimate/trace_lanes.h"
+
+namespace tpusim {
+namespace {
+
+// The page; @TITLE@ and @DATA@ are replaced. The script reads the JSON block and draws three SVGs.
+constexpr const char* kPage = R"html(<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>@TITLE@</title>
+<style>
+  body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; max-width: 1400px; }
+  h1 { font-size: 20px; margin: 0 0 4px; }
+  h2 { font-size: 15px; margin: 22px 0 6px; }
+  table.summary td { padding: 1px 14px 1px 0; }
+  table.summary td:first-child { color: #5b6477; }
+  .legend span { display: inline-block; margin-right: 14px; }
+  .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+  #timeline { border: 1px solid #d7dbe3; cursor: grab; user-select: none; }
+  #tip { position: fixed; pointer-events: none; background: #1d2433; color: #fff; padding: 4px 8px;
+         border-radius: 4px; font-size: 12px; display: none; white-space: pre; }
+  pre { background: #f4f6f9; padding: 8px; white-space: pre-wrap; word-break: break-all; }
+  button { margin-right: 6px; }
+  .note { color: #5b6477; font-size: 12px; }
+</style>
+</head>
+<body>
+<h1 id="title"></h1>
+<table class="summary" id="summary"></table>
+<h2>Where the step goes</h2>
+<svg id="breakdown" width="1000" height="34"></svg>
+<div class="legend" id="breakdown-legend"></div>
+<h2>HBM per device at the peak</h2>
+<svg id="memory" width="1000" height="34"></svg>
+<div class="legend" id="memory-legend"></div>
+<h2>Timeline of one device (the simulated iterations)</h2>
+<div><button id="zoom-in">zoom in</button><button id="zoom-out">zoom out</button><button id="reset">reset</button>
+<span class="note">wheel: zoom at the pointer; drag: pan; hover: an op's details. Layer loops
+are simulated for a few iterations and the rest repeat them, so the timeline has gaps.</span></div>
+<svg id="timeline" width="1000"></svg>
+<div id="tip"></div>
+<h2>Config</h2>
+<pre id="config"></pre>
+<script type="application/json" id="data">@DATA@</script>
+<script>
+"use strict";
+(() => {
+const data = JSON.parse(document.getElementById("data").textContent);
+const svgNS = "http://www.w3.org/2000/svg";
+const palette = ["#3b6fd6", "#e8833a", "#3fa672", "#c94f6d", "#8a63c9", "#d4b13b", "#4bb3c4",
+                 "#7f8694", "#b86b3c", "#5a8f3c"];
+function el(name, attrs, parent) {
+  const node = document.createElementNS(svgNS, name);
+  for (const key in attrs) node.setAttribute(key, attrs[key]);
+  if (parent) parent.appendChild(node);
+  return node;
+}
+function seconds(value) {
+  if (value >= 1) return value.toFixed(3) + " s";
+  if (value >= 1e-3) return (value * 1e3).toFixed(3) + " ms";
+  return (value * 1e6).toFixed(1) + " us";
+}
+function gib(bytes) { return (bytes / 2 ** 30).toFixed(2) + " GiB"; }
+
+document.getElementById("title").textContent = data.title;
+const summary = document.getElementById("summary");
+for (const [key, value] of data.summary) {
+  const row = summary.insertRow();
+  row.insertCell().textContent = key;
+  row.insertCell().textContent = value;
+}
+document.getElementById("config").textContent = data.command;
+
+function stackedBar(svgId, legendId, parts, total, format) {
+  const sum = parts.reduce((m, p) => m + p[1], 0);
+  total = Math.max(total, sum);
+  const svg = document.getElementById(svgId);
+  const legend = document.getElementById(legendId);
+  const width = 1000;
+  let x = 0;
+  parts.forEach(([name, value], index) => {
+    const w = total > 0 ? value / total * width : 0;
+    const color = palette[index % palette.length];
+    const rect = el("rect", {x: x, y: 4, width: Math.max(w, 0), height: 26, fill: color}, svg);
+    el("title", {}, rect).textContent = name + ": " + format(value);
+    x += w;
+    const item = document.createElement("span");
+    item.innerHTML = '<i style="background:' + color + '"></i>';
+    item.appendChild(document.createTextNode(name + " " + format(value)));
+    legend.appendChild(item);
+  });
+  return x;
+}
+stackedBar("breakdown", "breakdown-legend", data.breakdown, data.step_seconds, seconds);
+stackedBar("memory", "memory-legend", data.memory, data.hbm_capacity, gib);
+{
+  // The capacity as a line (the bar runs past it when the run does not fit).
+  const sum = data.memory.reduce((m, p) => m + p[1], 0);
+  const x = Math.min(999, data.hbm_capacity / Math.max(sum, data.hbm_capacity) * 1000);
+  const line = el("line", {x1: x, x2: x, y1: 0, y2: 34, stroke: "#1d2433", "stroke-width": 3},
+                  document.getElementById("memory"));
+  el("title", {}, line).textContent = "capacity " + gib(data.hbm_capacity);
+}
+
+// Timeline: one lane per resource, ops as rectangles coloured by what bounds them.
+const timeline = document.getElementById("timeline");
+const laneHeight = 26, labelWidth = 190, plotWidth = 1000 - labelWidth, laneTop = 20;
+timeline.setAttribute("height", laneTop + data.lanes.length * laneHeight + 4);
+const end = data.events.reduce((m, e) => Math.max(m, e[1] + e[2]), 0) || 1;
+let view = {start: 0, span: end};
+const detailColor = {mxu: "#3b6fd6", hbm: "#e8833a", vpu: "#3fa672", overhead: "#7f8694"};
+const axis = el("g", {}, timeline);
+const lanes = data.lanes.map((name, index) => {
+  const group = el("g", {"class": "lane", "data-lane": name}, timeline);
+  const y = laneTop + index * laneHeight;
+  el("rect", {x: 0, y: y, width: 1000, height: laneHeight,
+              fill: index % 2 ? "#ffffff" : "#f4f6f9"}, group);
+  const label = el("text", {x: 6, y: y + 17, "font-size": 12, fill: "#1d2433"}, group);
+  label.textContent = name;
+  return {group: group, y: y, ops: el("g", {}, group)};
+});
+const tip = document.getElementById("tip");
+function draw() {
+  for (const lane of lanes) lane.ops.replaceChildren();
+  axis.replaceChildren();
+  const scale = plotWidth / view.span;
+  for (let t = 0; t <= 10; ++t) {
+    const x = labelWidth + t * plotWidth / 10;
+    el("line", {x1: x, x2: x, y1: laneTop - 4, y2: laneTop + data.lanes.length * laneHeight,
+                stroke: "#e3e6ec"}, axis);
+    const text = el("text", {x: x + 2, y: 12, "font-size": 10, fill: "#5b6477"}, axis);
+    text.textContent = seconds(view.start + t * view.span / 10);
+  }
+  for (const e of data.events) {
+    const x0 = (e[1] - view.start) * scale, x1 = (e[1] + e[2] - view.start) * scale;
+    if (x1 < 0 || x0 > plotWidth) continue;
+    const x = labelWidth + Math.max(0, x0), w = Math.max(0.5, Math.min(plotWidth, x1) - Math.max(0, x0));
+    const lane = lanes[e[0]];
+    const color = detailColor[e[5]] || palette[(e[0] + 4) % palette.length];
+    const rect = el("rect", {x: x, y: lane.y + 3, width: w, height: laneHeight - 6, fill: color},
+                    lane.ops);
+    rect.dataset.tip = e[3] + "\n" + e[4] + " / " + e[5] + "\nstart " + seconds(e[1]) +
+                       ", " + seconds(e[2]);
+  }
+}
+timeline.addEventListener("mousemove", (event) => {
+  const text = event.target.dataset ? event.target.dataset.tip : undefined;
+  if (!text || drag) { tip.style.display = "none"; return; }
+  tip.textContent = text;
+  tip.style.left = (event.clientX + 12) + "px";
+  tip.style.top = (event.clientY + 12) + "px";
+  tip.style.display = "block";
+});
+timeline.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+function zoom(factor, atX) {
+  const fraction = Math.min(1, Math.max(0, (atX - labelWidth) / plotWidth));
+  const at = view.start + fraction * view.span;
+  view.span = Math.min(end, Math.max(end * 1e-6, view.span * factor));
+  view.start = Math.min(Math.max(0, at - fraction * view.span), end - view.span);
+  draw();
+}
+timeline.addEventListener("wheel", (event) => {
+  event.preventDefault();
+  const box = timeline.getBoundingClientRect();
+  zoom(event.deltaY < 0 ? 0.8 : 1.25, event.clientX - box.left);
+}, {passive: false});
+let drag = null;
+timeline.addEventListener("mousedown", (event) => { drag = {x: event.clientX, start: view.start}; });
+window.addEventListener("mouseup", () => { drag = null; });
+window.addEventListener("mousemove", (event) => {
+  if (!drag) return;
+  const shift = (drag.x - event.clientX) / plotWidth * view.span;
+  view.start = Math.min(Math.max(0, drag.start + shift), end - view.span);
+  draw();
+});
+document.getElementById("zoom-in").onclick = () => zoom(0.5, labelWidth + plotWidth / 2);
+document.getElementById("zoom-out").onclick = () => zoom(2, labelWidth + plotWidth / 2);
+document.getElementById("reset").onclick = () => { view = {start: 0, span: end}; draw(); };
+draw();
+document.body.dataset.rendered = "1";
+})();
+</script>
+</body>
+</html>
+)html";
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+std::string html_escape(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string format_number(double value, int decimals) {
+  std::string text = std::to_string(value);
+  const size_t dot = text.find('.');
+  return dot == std::string::npos ? text : text.substr(0, dot + static_cast<size_t>(decimals) + 1);
+}
+
+}  // namespace
+
+std::string step_html(const Estimate& estimate, const std::string& command_line) {
+  const nlohmann::json& report = estimate.json;
+  nlohmann::json data;
+  const std::string title = report["model_name"].get<std::string>() + " on " +
+                            report["slice"].get<std::string>() +
+                            (estimate.program.slice.num_slices > 1
+                                 ? " x " + std::to_string(estimate.program.slice.num_slices)
+                                 : std::string());
+  data["title"] = title;
+  nlohmann::json summary = nlohmann::json::array();
+  summary.push_back({"step time", format_number(estimate.step_seconds, 3) + " s"});
+  summary.push_back({"MFU", format_number(100 * estimate.mfu, 1) + "%"});
+  summary.push_back({"TFLOP/s per chip", format_number(estimate.tflops_per_chip, 1)});
+  summary.push_back({"tokens/s per chip", format_number(estimate.tokens_per_s_per_chip, 1)});
+  summary.push_back(
+      {"HBM per device", format_number(estimate.memory.peak_bytes / (1ull << 30), 2) + " of " +
+                             format_number(estimate.memory.capacity_bytes / (1ull << 30), 2) +
+                             " GiB" + (estimate.memory.fits ? " (fits)" : " (OUT OF MEMORY)")});
+  summary.push_back({"chip", estimate.program.slice.chip->display_name});
+  summary.push_back({"mesh", report["mesh"]});
+  for (const auto& [axis, placement] : report["mesh_placement"].items()) {
+    summary.push_back({"  " + axis, placement});
+  }
+  data["summary"] = summary;
+  nlohmann::json breakdown = nlohmann::json::array();
+  for (const auto& [name, seconds] : estimate.timing.breakdown) {
+    if (seconds > 0) {
+      breakdown.push_back({name, seconds});
+    }
+  }
+  data["breakdown"] = breakdown;
+  data["step_seconds"] = estimate.step_seconds;
+  const MemoryBreakdown& peak = estimate.memory.at_peak;
+  data["memory"] = nlohmann::json::array({nlohmann::json::array({"weights", peak.weights}),
+                                          {"optimizer state", peak.optimizer_state},
+                                          {"gradients", peak.gradients},
+                                          {"saved activations", peak.saved_activations},
+                                          {"gathered weights", peak.gathered_weights},
+                                          {"temporaries", peak.temporaries}});
+  data["hbm_capacity"] = estimate.memory.capacity_bytes;
+  const std::vector<std::string> lanes = ordered_lanes(estimate.timing.trace);
+  std::map<std::string, int> lane_index;
+  for (size_t index = 0; index < lanes.size(); ++index) {
+    lane_index[lanes[index]] = static_cast<int>(index);
+  }
+  data["lanes"] = lanes;
+  nlohmann::json events = nlohmann::json::array();
+  for (const TraceEvent& event : estimate.timing.trace) {
+    events.push_back({lane_index[event.resource], event.start, event.duration, event.name,
+                      event.region, event.detail});
+  }
+  data["events"] = events;
+  data["command"] = command_line;
+  // A "</" inside the JSON block would end the script element early.
+  const std::string json = replace_all(data.dump(), "</", "<\\/");
+  std::string page = replace_all(kPage, "@TITLE@", html_escape("tpusim step: " + title));
+  return replace_all(page, "@DATA@", json);
+}
+
+}  // namespace tpusim

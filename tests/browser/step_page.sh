@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Loads tpusim's HTML step pages in headless Chromium (Debian's `chromium`) and checks that each
+# renders (its script ran to the end: <body data-rendered="1">, no uncaught error on the console)
+# and shows every lane its run uses; saves a screenshot of each.
+# Usage: step_page.sh TPUSIM_BINARY OUTPUT_DIR
+set -euo pipefail
+tpusim=$1
+out=$2
+mkdir -p "$out"
+browser=$(command -v chromium || command -v chromium-browser || true)
+if [[ -z "$browser" ]]; then
+  echo "step_page: no chromium; install it with: bash scripts/setup.sh --with-browser" >&2
+  exit 1
+fi
+browser_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
+               --user-data-dir="$out/profile" --enable-logging=stderr --v=0)
+failures=0
+
+# check NAME "LANE|LANE|..." ARGS...: estimate with --html, load the page, look for the lanes.
+check() {
+  local name=$1 lanes=$2
+  shift 2
+  local page="$out/$name.html"
+  "$tpusim" estimate "$@" --html "$page" > /dev/null
+  local dom
+  dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$page" 2> "$out/$name.console.txt")
+  if ! grep -q 'data-rendered="1"' <<< "$dom"; then
+    echo "step_page: $name: the page's script did not finish" >&2
+    failures=$((failures + 1))
+  fi
+  if grep -q "Uncaught" "$out/$name.console.txt"; then
+    echo "step_page: $name: script error: $(grep -m1 Uncaught "$out/$name.console.txt")" >&2
+    failures=$((failures + 1))
+  fi
+  local lane
+  IFS='|' read -ra wanted <<< "$lanes"
+  for lane in "${wanted[@]}"; do
+    if ! grep -q "data-lane=\"$lane" <<< "$dom"; then
+      echo "step_page: $name: no lane starting '$lane'" >&2
+      failures=$((failures + 1))
+    fi
+  done
+  "$browser" "${browser_flags[@]}" --window-size=1100,900 --screenshot="$out/$name.png" \
+    "file://$page" 2> /dev/null
+  [[ -s "$out/$name.png" ]] || { echo "step_page: $name: no screenshot" >&2; failures=$((failures + 1)); }
+  echo "step_page: $name checked ($out/$name.png)"
+}
+
+# A v7x run with SparseCore collective offload (on by default there) and the chiplet pair.
+check v7x_offload "TensorCore|SparseCore|Host link" \
+  model_name=llama3.1-70b compile_topology=tpu7x-256 per_device_batch_size=2 \
+  remat_policy=custom decoder_layer_input=offload
+# Multislice over DCN with tensor parallelism inside each slice.
+check multislice "TensorCore|ICI fsdp|ICI tensor|DCN" \
+  model_name=llama2-70b compile_topology=v5e-256 compile_topology_num_slices=2 \
+  ici_fsdp_parallelism=64 ici_tensor_parallelism=4 dcn_data_parallelism=2
+# GPU nodes: NVLink inside a node, InfiniBand between nodes.
+check gpu_nodes "GPU SMs|NVLink fsdp|InfiniBand" \
+  hardware=gpu compile_topology=a3 compile_topology_num_slices=2 model_name=llama2-7b \
+  ici_fsdp_parallelism=8 dcn_fsdp_parallelism=2 attention=cudnn_flash_te
+
+if ((failures > 0)); then
+  echo "step_page: $failures failure(s)" >&2
+  exit 1
+fi
+echo "step_page: all pages render with their lanes"
