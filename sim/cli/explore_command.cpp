@@ -12,10 +12,12 @@
 #include <memory>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
+#include "sim/explore/explore_html.h"
 #include "sim/explore/explorer.h"
 #ifdef TPUSIM_WITH_MPI
 #include "sim/functional/mpi_transport.h"
@@ -39,7 +41,23 @@ struct ExploreFlags {
   int threads = 0;
   bool no_branch_and_bound = false;
   bool progress = false;
+  std::string html;
 };
+
+// Samples of the evaluated candidates kept for the HTML scatter.
+constexpr size_t kHtmlSamples = 20000;
+
+// explore --html: the page of the search (sim/explore/explore_html.h).
+void write_html(const ExploreResult& result, const ExploreFlags& flags) {
+  if (flags.html.empty()) {
+    return;
+  }
+  std::string command_line = "tpusim explore";
+  for (const std::string& arg : flags.args) {
+    command_line += " " + arg;
+  }
+  write_file_atomically(flags.html, explore_html(result, command_line));
+}
 
 // A progress bar with rate and ETA on stderr, only when it is a terminal.
 void show_progress(int64_t done, int64_t total, std::chrono::steady_clock::time_point started) {
@@ -158,6 +176,9 @@ void register_explore_command(CLI::App& app) {
   command->add_flag("--no-branch-and-bound", flags->no_branch_and_bound,
                     "Time every candidate that fits instead of skipping those that provably "
                     "cannot enter the top N (same top N, slower; for benchmarks)");
+  command->add_option("--html", flags->html,
+                      "Write a self-contained HTML page: top N, and a scatter of step time "
+                      "against HBM of the evaluated candidates with the Pareto front");
   command->add_flag("--progress", flags->progress,
                     "Show the progress bar even when stderr is not a terminal");
   command->callback([flags] {
@@ -173,6 +194,7 @@ void register_explore_command(CLI::App& app) {
     options.top = flags->top;
     options.threads = flags->threads;
     options.branch_and_bound = !flags->no_branch_and_bound;
+    options.max_samples = flags->html.empty() ? 0 : kHtmlSamples;
     if (flags->threads < 0) {
       throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");
     }
@@ -198,11 +220,13 @@ void register_explore_command(CLI::App& app) {
       if (transport.rank() != 0) {
         return;
       }
+      write_html(result, *flags);
       print_result(result, *flags);
       return;
     }
 #endif
     result = explore(config, options);
+    write_html(result, *flags);
     print_result(result, *flags);
   });
 }

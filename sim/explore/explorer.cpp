@@ -244,6 +244,28 @@ struct WorkerResult {
   std::map<std::string, int64_t> pruned;
   double smallest_peak = std::numeric_limits<double>::infinity();
   double capacity = 0;
+  // A uniform sample of what was evaluated (reservoir sampling, a fixed seed per worker).
+  std::vector<ExploreSample> samples;
+  int64_t samples_seen = 0;
+  uint64_t random_state = 0x9E3779B97F4A7C15ULL;
+
+  void sample(const ExploreSample& value, size_t limit) {
+    if (limit == 0) {
+      return;
+    }
+    ++samples_seen;
+    if (samples.size() < limit) {
+      samples.push_back(value);
+      return;
+    }
+    random_state ^= random_state << 13;
+    random_state ^= random_state >> 7;
+    random_state ^= random_state << 17;
+    const uint64_t slot = random_state % static_cast<uint64_t>(samples_seen);
+    if (slot < limit) {
+      samples[slot] = value;
+    }
+  }
 
   void offer(Scored scored, size_t limit) {
     if (top.size() == limit && !better(scored, top.back())) {
@@ -434,6 +456,7 @@ class MeshEvaluator {
             return;
           }
         }
+        std::vector<double> kind_peaks(kinds, memory.peak_bytes);
         for (size_t kind = 0; kind < kinds; ++kind) {
           if (!fitted[remat][kind]) {
             out.pruned[kDoesNotFitHbm] += per_kind[kind];  // a smaller batch did not fit
@@ -445,9 +468,11 @@ class MeshEvaluator {
             peak = estimate_memory(program).peak_bytes;
             program.attention_scores_in_hbm = false;
           }
+          kind_peaks[kind] = peak;
           if (peak > usable) {
             fitted[remat][kind] = false;
             out.pruned[kDoesNotFitHbm] += per_kind[kind];
+            out.sample({0.0, 0.0, peak, false}, options_.max_samples);
           }
         }
         if (!any_fits(fitted[remat])) {
@@ -479,6 +504,8 @@ class MeshEvaluator {
             const StepTiming timing = simulator->run(perf_options);
             ++out.evaluated;
             const double step = timing.step_seconds;
+            out.sample({step, tokens / step / chips, kind_peaks[variant.kind], true},
+                       options_.max_samples);
             const double mfu = model_tflops_[batch] / step / chip.mfu_peak_bf16_tflops_per_device;
             const double per_chip = tokens / step / chips;
             Scored scored;
@@ -821,10 +848,27 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     for (Scored& scored : worker.top) {
       merged.offer(std::move(scored), static_cast<size_t>(options.top));
     }
+    merged.samples.insert(merged.samples.end(), worker.samples.begin(), worker.samples.end());
+    merged.samples_seen += worker.samples_seen;
   }
   if (ranks > 1) {
+    std::vector<ExploreSample> samples = std::move(merged.samples);
+    const int64_t seen = merged.samples_seen;
     merged = merge_ranks(merged, *options.transport, space, static_cast<size_t>(options.top));
+    merged.samples = std::move(samples);  // this rank's only
+    merged.samples_seen = seen;
   }
+  // Each worker kept up to max_samples; thin the union to max_samples by a fixed stride.
+  if (options.max_samples > 0 && merged.samples.size() > options.max_samples) {
+    std::vector<ExploreSample> thinned;
+    thinned.reserve(options.max_samples);
+    for (size_t index = 0; index < options.max_samples; ++index) {
+      thinned.push_back(merged.samples[index * merged.samples.size() / options.max_samples]);
+    }
+    merged.samples = std::move(thinned);
+  }
+  result.samples = std::move(merged.samples);
+  result.samples_seen = merged.samples_seen;
   result.candidates_evaluated = merged.evaluated;
   result.programs_built = merged.programs;
   result.pruned = merged.pruned;

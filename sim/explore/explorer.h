@@ -68,6 +68,17 @@ struct ExploreOptions {
   Transport* transport = nullptr;
   // Called now and then from one thread with (meshes done, meshes in all).
   std::function<void(int64_t, int64_t)> progress;
+  // Keep up to this many samples of what was evaluated (a uniform sample per worker thread, for
+  // explore's HTML scatter); 0 keeps none. Under mpirun only this rank's samples are kept.
+  size_t max_samples = 0;
+};
+
+// One evaluated candidate, for plots: timed (it fits) or built and found not to fit (no time).
+struct ExploreSample {
+  double step_seconds = 0;  // 0 when it does not fit (not timed)
+  double tokens_per_s_per_chip = 0;
+  double peak_bytes = 0;
+  bool fits = false;
 };
 
 struct Candidate {
@@ -106,6 +117,8 @@ struct ExploreResult {
   std::vector<RankedCandidate> top;    // best first
   double smallest_peak_hbm_bytes = 0;  // over programs built (why nothing fits)
   double usable_hbm_bytes = 0;
+  std::vector<ExploreSample> samples;  // with ExploreOptions::max_samples
+  int64_t samples_seen = 0;            // candidates the samples were drawn from
   nlohmann::json to_json() const;
 };
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loads tpusim's HTML step pages in headless Chromium (Debian's `chromium`) and checks that each
+# Loads tpusim's HTML pages (estimate --html for three runs, explore --html for one search) in headless Chromium (Debian's `chromium`) and checks that each
 # renders (its script ran to the end: <body data-rendered="1">, no uncaught error on the console)
 # and shows every lane its run uses; saves a screenshot of each.
 # Usage: step_page.sh TPUSIM_BINARY OUTPUT_DIR
@@ -58,6 +58,26 @@ check multislice "TensorCore|ICI fsdp|ICI tensor|DCN" \
 check gpu_nodes "GPU SMs|NVLink fsdp|InfiniBand" \
   hardware=gpu compile_topology=a3 compile_topology_num_slices=2 model_name=llama2-7b \
   ici_fsdp_parallelism=8 dcn_fsdp_parallelism=2 attention=cudnn_flash_te
+
+# The explore page: the top N and a scatter of the evaluated candidates.
+explore_page="$out/explore.html"
+"$tpusim" explore model_name=llama2-7b compile_topology=v5p-32 --top 5 --html "$explore_page" \
+  > /dev/null
+dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$explore_page" 2> "$out/explore.console.txt")
+grep -q 'data-rendered="1"' <<< "$dom" || { echo "step_page: explore: script did not finish" >&2; failures=$((failures + 1)); }
+if grep -q "Uncaught" "$out/explore.console.txt"; then
+  echo "step_page: explore: script error: $(grep -m1 Uncaught "$out/explore.console.txt")" >&2
+  failures=$((failures + 1))
+fi
+samples=$(grep -o 'class="sample"' <<< "$dom" | wc -l)
+rings=$(grep -o 'class="top-ring"' <<< "$dom" | wc -l)
+if ((samples < 10 || rings != 5)); then
+  echo "step_page: explore: $samples candidates and $rings top-N rings drawn (want >= 10 and 5)" >&2
+  failures=$((failures + 1))
+fi
+"$browser" "${browser_flags[@]}" --window-size=1100,1000 --screenshot="$out/explore.png" \
+  "file://$explore_page" 2> /dev/null
+echo "step_page: explore checked: $samples candidates, $rings top rings ($out/explore.png)"
 
 if ((failures > 0)); then
   echo "step_page: $failures failure(s)" >&2
