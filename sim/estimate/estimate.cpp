@@ -131,6 +131,26 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"dur", event.duration * 1e6},
                       {"args", {{"region", event.region}, {"detail", event.detail}}}});
   }
+  // Flow arrows: a collective's end -> the op that waited for it (binding to the enclosing slices).
+  int flow_id = 0;
+  for (const TraceFlow& flow : timing.flows) {
+    ++flow_id;
+    events.push_back({{"ph", "s"},
+                      {"name", "wait"},
+                      {"cat", "wait"},
+                      {"id", flow_id},
+                      {"pid", 0},
+                      {"tid", lane_index[flow.from_lane]},
+                      {"ts", flow.from_time * 1e6 - 0.001}});
+    events.push_back({{"ph", "f"},
+                      {"bp", "e"},
+                      {"name", "wait"},
+                      {"cat", "wait"},
+                      {"id", flow_id},
+                      {"pid", 0},
+                      {"tid", lane_index[flow.to_lane]},
+                      {"ts", flow.to_time * 1e6}});
+  }
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }
 

@@ -578,7 +578,8 @@ class Simulator {
           }
         }
         break;
-      case OpPlan::Kind::kCompute:
+      case OpPlan::Kind::kCompute: {
+        const double waiting_from = tensorcore_free_;
         start = std::max(ready, tensorcore_free_);
         if (details_ && start > tensorcore_free_) {
           // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
@@ -602,8 +603,21 @@ class Simulator {
         if (record && plan.seconds > 0) {
           timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
                                   plan.seconds, plan.trace_detail});
+          // The collective or transfer this op waited for: an arrow from its end to here.
+          const int waited_for = start > waiting_from ? blocking_producer : -1;
+          if (waited_for >= 0) {
+            const OpPlan& producer = plans_[static_cast<size_t>(waited_for)];
+            if (producer.kind != OpPlan::Kind::kCompute && producer.trace_lane >= 0) {
+              const int lane =
+                  producer.trace_dcn_lane >= 0 ? producer.trace_dcn_lane : producer.trace_lane;
+              timing.flows.push_back({lanes_.name(lane),
+                                      op_span_[static_cast<size_t>(waited_for)].second,
+                                      lanes_.name(plan.trace_lane), start});
+            }
+          }
         }
         break;
+      }
     }
     op_span_[id] = {start, end};
     double output_ready = end;

@@ -64,6 +64,15 @@ struct TraceEvent {
   std::string detail;  // compute: what bounds it (mxu, hbm, vpu, overhead); else the op kind
 };
 
+// An op that waited for a collective or host transfer: from the end of that one (on its lane) to
+// the start of the op (on the compute lane), drawn as an arrow in traces.
+struct TraceFlow {
+  std::string from_lane;
+  double from_time = 0;
+  std::string to_lane;
+  double to_time = 0;
+};
+
 // Where the TensorCore's time goes, per op of the program (all iterations, all microbatches).
 struct OpProfile {
   std::string region;
@@ -83,6 +92,7 @@ struct StepTiming {
   std::map<std::string, double> breakdown;
   double hardware_matmul_flops = 0;  // executed per device per step
   std::vector<TraceEvent> trace;     // the simulated iterations (not extrapolated ones)
+  std::vector<TraceFlow> flows;      // the waits among them
   std::vector<OpProfile> profile;    // compute ops, most expensive first
 };
 

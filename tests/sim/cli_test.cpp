@@ -181,13 +181,20 @@ TEST(EstimateCommand, TraceHasALanePerLinkAndAxesAndTheHtmlPageTheSame) {
   const nlohmann::json trace = nlohmann::json::parse(stream);
   std::vector<std::string> lanes;
   std::string process;
+  int flow_starts = 0;
+  int flow_ends = 0;
   for (const auto& event : trace["traceEvents"]) {
     if (event["name"] == "thread_name") {
       lanes.push_back(event["args"]["name"]);
     } else if (event["name"] == "process_name") {
       process = event["args"]["name"];
     }
+    flow_starts += event["ph"] == "s" ? 1 : 0;
+    flow_ends += event["ph"] == "f" ? 1 : 0;
   }
+  // Tensor-parallel gathers are waited for: arrows from them to the ops that waited.
+  EXPECT_GT(flow_starts, 0);
+  EXPECT_EQ(flow_starts, flow_ends);
   EXPECT_NE(process.find("TPU v5e"), std::string::npos) << process;
   for (const char* lane : {"TensorCore", "ICI fsdp", "ICI tensor", "DCN fsdp"}) {
     EXPECT_NE(std::find(lanes.begin(), lanes.end(), lane), lanes.end()) << lane;
