@@ -86,13 +86,10 @@ def recipe_of_row(row, recipes, models):
     return None
 
 
-def scatter_plot(rows, recipes, path):
+def scatter_plot(rows, recipes, path, gpu_rows=()):
     """predicted vs measured step time, log-log; returns False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, axes = plt.subplots(figsize=(6.4, 6.0))
     colors = {"v4": "tab:gray", "v5e": "tab:green", "v5p": "tab:blue", "v6e": "tab:orange",
@@ -106,8 +103,14 @@ def scatter_plot(rows, recipes, path):
     axes.scatter([measured for _, measured, _, _ in recipes.values()],
                  [predicted for predicted, _, _, _ in recipes.values()], marker="x", color="black",
                  s=30, label="public recipes, as pasted")
-    low, high = 2.0, 200.0
+    if gpu_rows:
+        axes.scatter([row["measured_step_s"] for row in gpu_rows],
+                     [row["predicted_step_s"] for row in gpu_rows], marker="s", color="tab:purple",
+                     s=26, label="H100 (gpu_published.csv)")
+    low, high = 0.5, 200.0
     axes.plot([low, high], [low, high], color="black", linewidth=0.8)
+    axes.fill_between([low, high], [low / 1.05, high / 1.05], [low * 1.05, high * 1.05],
+                      color="tab:green", alpha=0.12, linewidth=0, label="±5%")
     for factor, style in ((1.1, ":"), (1 / 1.1, ":")):
         axes.plot([low, high], [low * factor, high * factor], color="gray", linestyle=style,
                   linewidth=0.8)
@@ -117,15 +120,32 @@ def scatter_plot(rows, recipes, path):
     axes.set_ylim(low, high)
     axes.set_xlabel("measured step time (s)")
     axes.set_ylabel("predicted step time (s)")
-    axes.set_title("tpusim estimate vs published MaxText runs (dotted: ±10%)")
+    axes.set_title("tpusim estimate vs published MaxText runs (band ±5%, dotted ±10%)",
+                   fontsize=10)
     axes.legend(loc="upper left", fontsize=8)
+    save_figure(figure, path)
+    return True
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None when python3-matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(figure, path):
+    """Writes a figure as PNG atomically (temporary file, then rename), readable by all."""
     figure.tight_layout()
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".png", delete=False) as handle:
         temporary = handle.name
     figure.savefig(temporary, dpi=110)
     os.chmod(temporary, 0o644)
     os.replace(temporary, path)
-    return True
 
 
 def error_summary(errors):
@@ -174,13 +194,13 @@ def validation():
               f"{', '.join(out_of_memory) if out_of_memory else 'none'}. "
               f"**Over the {len(recipes)} public recipes as pasted** (reports/compat.md): median "
               f"{100 * statistics.median(recipe_errors):.1f}%, max {100 * max(recipe_errors):.1f}%.", ""]
-    if scatter_plot(result["rows"], recipes, ROOT / "reports/validation_scatter.png"):
+    gpu = run_json(["validate", str(VALIDATION / "gpu_published.csv")])
+    if scatter_plot(result["rows"], recipes, ROOT / "reports/validation_scatter.png", gpu["rows"]):
         lines += ["![predicted vs measured step time](validation_scatter.png)", ""]
     else:
         lines += ["(The scatter plot needs python3-matplotlib: `bash scripts/setup.sh --with-reports`.)", ""]
     # GPU rows: H100 nodes (compile_topology=a3), predicted with the h100-sxm catalog entry and
     # the program_efficiency every TPU generation shares (nothing fitted to these rows).
-    gpu = run_json(["validate", str(VALIDATION / "gpu_published.csv")])
     lines += ["## NVIDIA H100 (validation/gpu_published.csv)", "",
               "MaxText on 8-GPU H100 SXM nodes (`hardware=gpu compile_topology=a3`, nodes = "
               "`compile_topology_num_slices`): NVSwitch inside a node, one 400 Gb/s InfiniBand NIC "
@@ -403,6 +423,20 @@ def training():
     lines += ["", f"Best held-out loss **{best:.3f} nats**, {unigram - best:.3f} nats below the unigram "
               "entropy. The training loss keeps falling below the held-out loss: a 35 KB text is "
               "small for even this model (it starts to memorize).", ""]
+    plt = pyplot()
+    if plt is not None:
+        figure, axes = plt.subplots(figsize=(6.4, 3.8))
+        axes.plot([row["step"] for row in rows], [row["loss"] for row in rows], label="train loss")
+        evals = [row for row in rows if "eval_loss" in row]
+        axes.plot([row["step"] for row in evals], [row["eval_loss"] for row in evals], "o-",
+                  label="held-out loss")
+        axes.axhline(unigram, color="gray", linestyle=":", label=f"unigram entropy {unigram:.2f}")
+        axes.set_xlabel("step")
+        axes.set_ylabel("loss (nats per byte)")
+        axes.set_title("tiny-llama, 4 simulated v5e devices (fsdp=2 x tensor=2)", fontsize=10)
+        axes.legend(fontsize=8)
+        save_figure(figure, ROOT / "reports/training_loss.png")
+        lines += ["![training and held-out loss by step](training_loss.png)", ""]
     write_atomically(ROOT / "reports/training.md", "\n".join(lines))
     print(f"wrote reports/training.md (best eval {best:.3f}, unigram {unigram:.3f})")
 

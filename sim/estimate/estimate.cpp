@@ -131,6 +131,38 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"dur", event.duration * 1e6},
                       {"args", {{"region", event.region}, {"detail", event.detail}}}});
   }
+  // HBM in use as counters, at each memory checkpoint placed at its region in the trace: the end
+  // of the region's last event, or of its first event for a "(first iteration)" checkpoint.
+  constexpr double kGibibyte = 1024.0 * 1024.0 * 1024.0;
+  for (const MemoryCheckpoint& point : estimate.memory.timeline) {
+    const size_t paren = point.where.find(" (");
+    const std::string region = point.where.substr(0, paren);
+    const bool first = point.where.find("(first iteration)") != std::string::npos;
+    double at = -1;
+    for (const TraceEvent& event : timing.trace) {
+      if (event.region == region) {
+        at = event.start + event.duration;
+        if (first) {
+          break;
+        }
+      }
+    }
+    if (at < 0) {
+      continue;
+    }
+    const MemoryBreakdown& kinds = point.memory;
+    events.push_back({{"ph", "C"},
+                      {"name", "HBM GiB"},
+                      {"pid", 0},
+                      {"ts", at * 1e6},
+                      {"args",
+                       {{"weights", kinds.weights / kGibibyte},
+                        {"optimizer state", kinds.optimizer_state / kGibibyte},
+                        {"gradients", kinds.gradients / kGibibyte},
+                        {"saved activations", kinds.saved_activations / kGibibyte},
+                        {"gathered weights", kinds.gathered_weights / kGibibyte},
+                        {"temporaries", kinds.temporaries / kGibibyte}}}});
+  }
   // Flow arrows: a collective's end -> the op that waited for it (binding to the enclosing slices).
   int flow_id = 0;
   for (const TraceFlow& flow : timing.flows) {

@@ -41,7 +41,7 @@ Estimate estimate_config(const Config& config);
 // Chrome trace-event JSON (Perfetto) of the simulated iterations: the device as a named process,
 // one named track per lane (sim/estimate/trace_lanes.h), each op with its region and what bounds
 // it (or its collective kind) as args, and a flow arrow from each collective or transfer to the
-// op that waited for it.
+// op that waited for it; HBM in use by kind as a counter track at each memory checkpoint.
 std::string chrome_trace(const Estimate& estimate);
 
 }  // namespace tpusim

@@ -38,6 +38,11 @@ constexpr const char* kPage = R"html(<!doctype html>
 <h2>HBM per device at the peak</h2>
 <svg id="memory" width="1000" height="34"></svg>
 <div class="legend" id="memory-legend"></div>
+<h2>HBM per device over the step</h2>
+<svg id="memory-over-step" width="1000" height="270"></svg>
+<div class="note">At each checkpoint of the memory model, in step order: the end of each forward
+region, the first and last iteration of each backward region, the optimizer update. The
+dashed line is the usable HBM; the peak is outlined.</div>
 <h2>Timeline of one device (the simulated iterations)</h2>
 <div><button id="zoom-in">zoom in</button><button id="zoom-out">zoom out</button><button id="reset">reset</button>
 <span class="note">wheel: zoom at the pointer; drag: pan; hover: an op's details. Layer loops
@@ -105,6 +110,46 @@ stackedBar("memory", "memory-legend", data.memory, data.hbm_capacity, gib);
   const line = el("line", {x1: x, x2: x, y1: 0, y2: 34, stroke: "#1d2433", "stroke-width": 3},
                   document.getElementById("memory"));
   el("title", {}, line).textContent = "capacity " + gib(data.hbm_capacity);
+}
+
+// HBM over the step: a stacked column per memory checkpoint, in the colours of the bar above.
+{
+  const svg = document.getElementById("memory-over-step");
+  const points = data.memory_timeline;
+  const left = 60, right = 990, top = 10, bottom = 170;
+  const totals = points.map((p) => p.slice(1).reduce((m, v) => m + v, 0));
+  const high = Math.max(data.hbm_capacity, ...totals, 1) * 1.05;
+  const peak = totals.indexOf(Math.max(...totals));
+  const width = (right - left) / Math.max(points.length, 1);
+  const yOf = (bytes) => bottom - bytes / high * (bottom - top);
+  points.forEach((point, index) => {
+    let below = 0;
+    const group = el("g", {}, svg);
+    el("title", {}, group).textContent = point[0] + ": " + gib(totals[index]);
+    point.slice(1).forEach((bytes, kind) => {
+      el("rect", {x: left + index * width + 1, y: yOf(below + bytes), width: Math.max(1, width - 2),
+                  height: Math.max(0, yOf(below) - yOf(below + bytes)),
+                  fill: palette[kind % palette.length]}, group);
+      below += bytes;
+    });
+    if (index === peak) {
+      el("rect", {x: left + index * width, y: yOf(totals[index]) - 2, width: width,
+                  height: bottom - yOf(totals[index]) + 2, fill: "none", stroke: "#1d2433",
+                  "stroke-width": 2}, group);
+    }
+    if (points.length <= 40 || index % Math.ceil(points.length / 40) === 0) {
+      const label = el("text", {x: left + index * width + width / 2, y: bottom + 8, "font-size": 9,
+                                fill: "#5b6477", transform: "rotate(35 " + (left + index * width +
+                                width / 2) + " " + (bottom + 8) + ")"}, svg);
+      label.textContent = point[0].length > 28 ? point[0].slice(0, 27) + "…" : point[0];
+    }
+  });
+  el("line", {x1: left, x2: right, y1: yOf(data.hbm_capacity), y2: yOf(data.hbm_capacity),
+              stroke: "#c94f6d", "stroke-dasharray": "4 3"}, svg);
+  for (let t = 0; t <= 4; ++t) {
+    const text = el("text", {x: 4, y: yOf(high * t / 4) + 4, "font-size": 10, fill: "#5b6477"}, svg);
+    text.textContent = gib(high * t / 4);
+  }
 }
 
 // Timeline: one lane per resource, ops as rectangles coloured by what bounds them.
@@ -264,6 +309,13 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
                                           {"gathered weights", peak.gathered_weights},
                                           {"temporaries", peak.temporaries}});
   data["hbm_capacity"] = estimate.memory.capacity_bytes;
+  nlohmann::json memory_timeline = nlohmann::json::array();
+  for (const MemoryCheckpoint& point : estimate.memory.timeline) {
+    const MemoryBreakdown& kinds = point.memory;
+    memory_timeline.push_back({point.where, kinds.weights, kinds.optimizer_state, kinds.gradients,
+                               kinds.saved_activations, kinds.gathered_weights, kinds.temporaries});
+  }
+  data["memory_timeline"] = memory_timeline;
   const std::vector<std::string> lanes = ordered_lanes(estimate.timing.trace);
   std::map<std::string, int> lane_index;
   for (size_t index = 0; index < lanes.size(); ++index) {

@@ -1,6 +1,7 @@
 // sim/estimate/step_html.h: one self-contained HTML page for one estimate (`tpusim estimate
 // --html step.html`): the summary, where the step goes (breakdown bar), HBM per device at the peak
-// by kind against the capacity, the timeline of the simulated iterations with one lane per
+// by kind against the capacity and at every checkpoint of the step (sim/memory/memory_model.h), the
+// timeline of the simulated iterations with one lane per
 // resource (sim/estimate/trace_lanes.h; wheel to zoom, drag to pan, hover for an op's details),
 // and the config. No network: inline SVG, CSS and script; the data is a JSON block in the page.
 //

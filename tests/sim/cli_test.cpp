@@ -183,6 +183,7 @@ TEST(EstimateCommand, TraceHasALanePerLinkAndAxesAndTheHtmlPageTheSame) {
   std::string process;
   int flow_starts = 0;
   int flow_ends = 0;
+  int hbm_counters = 0;
   for (const auto& event : trace["traceEvents"]) {
     if (event["name"] == "thread_name") {
       lanes.push_back(event["args"]["name"]);
@@ -191,7 +192,9 @@ TEST(EstimateCommand, TraceHasALanePerLinkAndAxesAndTheHtmlPageTheSame) {
     }
     flow_starts += event["ph"] == "s" ? 1 : 0;
     flow_ends += event["ph"] == "f" ? 1 : 0;
+    hbm_counters += event["ph"] == "C" && event["name"] == "HBM GiB" ? 1 : 0;
   }
+  EXPECT_GT(hbm_counters, 3);  // forward, backward and optimizer checkpoints
   // Tensor-parallel gathers are waited for: arrows from them to the ops that waited.
   EXPECT_GT(flow_starts, 0);
   EXPECT_EQ(flow_starts, flow_ends);
