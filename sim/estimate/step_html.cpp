@@ -2,35 +2,21 @@
 
 #include <map>
 
+#include "sim/estimate/html_page.h"
 #include "sim/estimate/trace_lanes.h"
 
 namespace tpusim {
 namespace {
 
-// The page; @TITLE@ and @DATA@ are replaced. The script reads the JSON block and draws three SVGs.
-constexpr const char* kPage = R"html(<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>@TITLE@</title>
-<style>
-  body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; max-width: 1400px; }
-  h1 { font-size: 20px; margin: 0 0 4px; }
-  h2 { font-size: 15px; margin: 22px 0 6px; }
+// The page (sim/estimate/html_page.h frames it): the summary, the breakdown and HBM bars, HBM
+// over the step, the timeline by lane, and the config.
+constexpr const char* kCss = R"css(
   table.summary td { padding: 1px 14px 1px 0; }
   table.summary td:first-child { color: #5b6477; }
-  .legend span { display: inline-block; margin-right: 14px; }
-  .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
   #timeline { border: 1px solid #d7dbe3; cursor: grab; user-select: none; }
-  #tip { position: fixed; pointer-events: none; background: #1d2433; color: #fff; padding: 4px 8px;
-         border-radius: 4px; font-size: 12px; display: none; white-space: pre; }
-  pre { background: #f4f6f9; padding: 8px; white-space: pre-wrap; word-break: break-all; }
-  button { margin-right: 6px; }
-  .note { color: #5b6477; font-size: 12px; }
-</style>
-</head>
-<body>
-<h1 id="title"></h1>
+)css";
+
+constexpr const char* kBody = R"html(<h1 id="title"></h1>
 <table class="summary" id="summary"></table>
 <h2>Where the step goes</h2>
 <svg id="breakdown" width="1000" height="34"></svg>
@@ -48,29 +34,12 @@ dashed line is the usable HBM; the peak is outlined.</div>
 <span class="note">wheel: zoom at the pointer; drag: pan; hover: an op's details. Layer loops
 are simulated for a few iterations and the rest repeat them, so the timeline has gaps.</span></div>
 <svg id="timeline" width="1000"></svg>
-<div id="tip"></div>
 <h2>Config</h2>
 <pre id="config"></pre>
-<script type="application/json" id="data">@DATA@</script>
-<script>
-"use strict";
-(() => {
-const data = JSON.parse(document.getElementById("data").textContent);
-const svgNS = "http://www.w3.org/2000/svg";
-const palette = ["#3b6fd6", "#e8833a", "#3fa672", "#c94f6d", "#8a63c9", "#d4b13b", "#4bb3c4",
-                 "#7f8694", "#b86b3c", "#5a8f3c"];
-function el(name, attrs, parent) {
-  const node = document.createElementNS(svgNS, name);
-  for (const key in attrs) node.setAttribute(key, attrs[key]);
-  if (parent) parent.appendChild(node);
-  return node;
-}
-function seconds(value) {
-  if (value >= 1) return value.toFixed(3) + " s";
-  if (value >= 1e-3) return (value * 1e3).toFixed(3) + " ms";
-  return (value * 1e6).toFixed(1) + " us";
-}
-function gib(bytes) { return (bytes / 2 ** 30).toFixed(2) + " GiB"; }
+)html";
+
+// Draws the page from `data` (see step_html below for its fields).
+constexpr const char* kScript = R"js(
 
 document.getElementById("title").textContent = data.title;
 const summary = document.getElementById("summary");
@@ -169,7 +138,8 @@ const lanes = data.lanes.map((name, index) => {
   label.textContent = name;
   return {group: group, y: y, ops: el("g", {}, group)};
 });
-const tip = document.getElementById("tip");
+let drag = null;
+tips.suppressed = () => drag !== null;
 function draw() {
   for (const lane of lanes) lane.ops.replaceChildren();
   axis.replaceChildren();
@@ -193,15 +163,6 @@ function draw() {
                        ", " + seconds(e[2]);
   }
 }
-timeline.addEventListener("mousemove", (event) => {
-  const text = event.target.dataset ? event.target.dataset.tip : undefined;
-  if (!text || drag) { tip.style.display = "none"; return; }
-  tip.textContent = text;
-  tip.style.left = (event.clientX + 12) + "px";
-  tip.style.top = (event.clientY + 12) + "px";
-  tip.style.display = "block";
-});
-timeline.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 function zoom(factor, atX) {
   const fraction = Math.min(1, Math.max(0, (atX - labelWidth) / plotWidth));
   const at = view.start + fraction * view.span;
@@ -214,7 +175,6 @@ timeline.addEventListener("wheel", (event) => {
   const box = timeline.getBoundingClientRect();
   zoom(event.deltaY < 0 ? 0.8 : 1.25, event.clientX - box.left);
 }, {passive: false});
-let drag = null;
 timeline.addEventListener("mousedown", (event) => { drag = {x: event.clientX, start: view.start}; });
 window.addEventListener("mouseup", () => { drag = null; });
 window.addEventListener("mousemove", (event) => {
@@ -227,39 +187,7 @@ document.getElementById("zoom-in").onclick = () => zoom(0.5, labelWidth + plotWi
 document.getElementById("zoom-out").onclick = () => zoom(2, labelWidth + plotWidth / 2);
 document.getElementById("reset").onclick = () => { view = {start: 0, span: end}; draw(); };
 draw();
-document.body.dataset.rendered = "1";
-})();
-</script>
-</body>
-</html>
-)html";
-
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
-  return text;
-}
-
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
+)js";
 
 std::string format_number(double value, int decimals) {
   std::string text = std::to_string(value);
@@ -329,10 +257,7 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
   }
   data["events"] = events;
   data["command"] = command_line;
-  // A "</" inside the JSON block would end the script element early.
-  const std::string json = replace_all(data.dump(), "</", "<\\/");
-  std::string page = replace_all(kPage, "@TITLE@", html_escape("tpusim step: " + title));
-  return replace_all(page, "@DATA@", json);
+  return render_html_page({"tpusim step: " + title, kCss, kBody, kScript}, data);
 }
 
 }  // namespace tpusim

@@ -2,35 +2,23 @@
 
 #include <algorithm>
 
+#include "sim/estimate/html_page.h"
+
 namespace tpusim {
 namespace {
 
-// The page; @TITLE@ and @DATA@ are replaced.
-constexpr const char* kPage = R"html(<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>@TITLE@</title>
-<style>
-  body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; max-width: 1400px; }
-  h1 { font-size: 20px; margin: 0 0 4px; }
-  h2 { font-size: 15px; margin: 22px 0 6px; }
+// The page (sim/estimate/html_page.h frames it): counts, the scatter, the top N, the command.
+constexpr const char* kCss = R"css(
   table { border-collapse: collapse; }
   table.top td, table.top th { padding: 3px 10px 3px 0; text-align: right; vertical-align: top; }
   table.top td.args, table.top th.args { text-align: left; font: 11px/1.3 monospace; max-width: 700px; }
   table.top tr:nth-child(even) { background: #f4f6f9; }
   table.counts td { padding: 1px 14px 1px 0; word-break: break-word; }
   table.counts td:first-child { white-space: nowrap; color: #5b6477; }
-  .legend span { display: inline-block; margin-right: 14px; }
   .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 5px; }
-  #tip { position: fixed; pointer-events: none; background: #1d2433; color: #fff; padding: 4px 8px;
-         border-radius: 4px; font-size: 12px; display: none; white-space: pre; }
-  pre { background: #f4f6f9; padding: 8px; white-space: pre-wrap; word-break: break-all; }
-  .note { color: #5b6477; font-size: 12px; }
-</style>
-</head>
-<body>
-<h1 id="title"></h1>
+)css";
+
+constexpr const char* kBody = R"html(<h1 id="title"></h1>
 <table class="counts" id="counts"></table>
 <h2>Throughput against HBM per device</h2>
 <div class="legend"><span><i style="background:#3b6fd6"></i>fits (timed)</span>
@@ -39,25 +27,16 @@ constexpr const char* kPage = R"html(<!doctype html>
 <span><i style="border:2px solid #1d2433;width:7px;height:7px"></i>top N</span></div>
 <svg id="scatter" width="1000" height="520"></svg>
 <div class="note" id="sample-note"></div>
-<div id="tip"></div>
 <h2>Top candidates</h2>
 <table class="top" id="top"><tr><th>#</th><th>step s</th><th>MFU</th><th>tokens/s/chip</th>
 <th>HBM GiB</th><th>mesh</th><th class="args">reproduce with</th></tr></table>
 <h2>Search</h2>
 <pre id="command"></pre>
-<script type="application/json" id="data">@DATA@</script>
-<script>
-"use strict";
-(() => {
-const data = JSON.parse(document.getElementById("data").textContent);
-const svgNS = "http://www.w3.org/2000/svg";
-function el(name, attrs, parent) {
-  const node = document.createElementNS(svgNS, name);
-  for (const key in attrs) node.setAttribute(key, attrs[key]);
-  if (parent) parent.appendChild(node);
-  return node;
-}
-const gib = (bytes) => bytes / 2 ** 30;
+)html";
+
+// Draws the page from `data` (see explore_html below for its fields).
+constexpr const char* kScript = R"js(
+const gibValue = (bytes) => bytes / 2 ** 30;
 document.getElementById("title").textContent = data.title;
 document.getElementById("command").textContent = data.command;
 const counts = document.getElementById("counts");
@@ -70,7 +49,7 @@ const table = document.getElementById("top");
 data.top.forEach((item, index) => {
   const row = table.insertRow();
   const cells = [index + 1, item.step_time_s.toFixed(3), (100 * item.mfu).toFixed(1) + "%",
-                 item.tokens_per_s_per_chip.toFixed(1), gib(item.hbm_peak_bytes_per_device).toFixed(2),
+                 item.tokens_per_s_per_chip.toFixed(1), gibValue(item.hbm_peak_bytes_per_device).toFixed(2),
                  item.mesh, item.estimate_command];
   cells.forEach((value, column) => {
     const cell = row.insertCell();
@@ -85,8 +64,8 @@ const svg = document.getElementById("scatter");
 const left = 70, right = 980, topStrip = 30, plotTop = 50, bottom = 470;
 const fits = data.samples.filter((s) => s[2] === 1);
 const misses = data.samples.filter((s) => s[2] === 0);
-const allX = data.samples.map((s) => gib(s[1])).concat(data.top.map((t) => gib(t.hbm_peak_bytes_per_device)),
-                                                      [gib(data.usable_hbm)]);
+const allX = data.samples.map((s) => gibValue(s[1])).concat(data.top.map((t) => gibValue(t.hbm_peak_bytes_per_device)),
+                                                      [gibValue(data.usable_hbm)]);
 const times = fits.map((s) => s[0]).concat(data.top.map((t) => t.tokens_per_s_per_chip));
 const xMax = Math.max(...allX, 1e-9) * 1.05;
 const yMin = 0, yMax = times.length ? Math.max(...times) * 1.05 : 1;
@@ -101,62 +80,41 @@ for (let t = 0; t <= 5; ++t) {
 }
 el("text", {x: (left + right) / 2 - 60, y: bottom + 34, "font-size": 12}, svg).textContent = "peak HBM per device (GiB)";
 el("text", {x: 8, y: plotTop - 6, "font-size": 12}, svg).textContent = "tokens/s per chip";
-el("line", {x1: xOf(gib(data.usable_hbm)), x2: xOf(gib(data.usable_hbm)), y1: topStrip - 10, y2: bottom,
+el("line", {x1: xOf(gibValue(data.usable_hbm)), x2: xOf(gibValue(data.usable_hbm)), y1: topStrip - 10, y2: bottom,
             stroke: "#c94f6d", "stroke-dasharray": "4 3"}, svg);
-el("text", {x: xOf(gib(data.usable_hbm)) + 4, y: topStrip - 14, "font-size": 11, fill: "#c94f6d"}, svg)
-    .textContent = "usable HBM " + gib(data.usable_hbm).toFixed(1) + " GiB";
-const tip = document.getElementById("tip");
+el("text", {x: xOf(gibValue(data.usable_hbm)) + 4, y: topStrip - 14, "font-size": 11, fill: "#c94f6d"}, svg)
+    .textContent = "usable HBM " + gibValue(data.usable_hbm).toFixed(1) + " GiB";
 function dot(x, y, color, text, cls) {
   const c = el("circle", {cx: x, cy: y, r: 3, fill: color, "fill-opacity": 0.55, "class": cls}, svg);
   c.dataset.tip = text;
   return c;
 }
 for (const s of misses) {
-  dot(xOf(gib(s[1])), topStrip + (s[1] % 7), "#c94f6d", "does not fit: " + gib(s[1]).toFixed(2) + " GiB", "sample");
+  dot(xOf(gibValue(s[1])), topStrip + (s[1] % 7), "#c94f6d", "does not fit: " + gibValue(s[1]).toFixed(2) + " GiB", "sample");
 }
 for (const s of fits) {
-  dot(xOf(gib(s[1])), yOf(s[0]), "#3b6fd6", s[0].toFixed(1) + " tokens/s/chip, step " + s[3].toFixed(3) +
-      " s, " + gib(s[1]).toFixed(2) + " GiB", "sample");
+  dot(xOf(gibValue(s[1])), yOf(s[0]), "#3b6fd6", s[0].toFixed(1) + " tokens/s/chip, step " + s[3].toFixed(3) +
+      " s, " + gibValue(s[1]).toFixed(2) + " GiB", "sample");
 }
 // Pareto front: sorted by HBM, keep each candidate with more tokens/s than every smaller one.
 const front = fits.slice().sort((a, b) => a[1] - b[1] || b[0] - a[0]);
 let best = -Infinity;
 const points = [];
 for (const s of front) {
-  if (s[0] > best) { best = s[0]; points.push(xOf(gib(s[1])) + "," + yOf(s[0])); }
+  if (s[0] > best) { best = s[0]; points.push(xOf(gibValue(s[1])) + "," + yOf(s[0])); }
 }
 if (points.length) el("polyline", {points: points.join(" "), fill: "none", stroke: "#e8833a", "stroke-width": 2}, svg);
 data.top.forEach((t, index) => {
-  const ring = el("circle", {cx: xOf(gib(t.hbm_peak_bytes_per_device)), cy: yOf(t.tokens_per_s_per_chip), r: 6,
+  const ring = el("circle", {cx: xOf(gibValue(t.hbm_peak_bytes_per_device)), cy: yOf(t.tokens_per_s_per_chip), r: 6,
                              fill: "none", stroke: "#1d2433", "stroke-width": 1.5, "class": "top-ring"}, svg);
   ring.dataset.tip = "#" + (index + 1) + ": " + t.tokens_per_s_per_chip.toFixed(1) + " tokens/s/chip, step " +
                      t.step_time_s.toFixed(3) + " s\n" + t.mesh;
-});
-svg.addEventListener("mousemove", (event) => {
-  const text = event.target.dataset ? event.target.dataset.tip : undefined;
-  if (!text) { tip.style.display = "none"; return; }
-  tip.textContent = text;
-  tip.style.left = (event.clientX + 12) + "px";
-  tip.style.top = (event.clientY + 12) + "px";
-  tip.style.display = "block";
 });
 document.getElementById("sample-note").textContent =
     "Plotted: " + data.samples.length + " of the " + data.samples_seen + " candidates built (timed or found not to fit)" +
     (data.samples.length < data.samples_seen ? " (a uniform sample)" : "") +
     ". Candidates skipped unbuilt (branch and bound, a smaller batch already too large) are not drawn.";
-document.body.dataset.rendered = "1";
-})();
-</script>
-</body>
-</html>
-)html";
-
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
-  return text;
-}
+)js";
 
 }  // namespace
 
@@ -188,9 +146,7 @@ std::string explore_html(const ExploreResult& result, const std::string& command
   data["samples"] = samples;
   data["samples_seen"] = result.samples_seen;
   data["command"] = command_line;
-  const std::string json = replace_all(data.dump(), "</", "<\\/");
-  std::string page = replace_all(kPage, "@TITLE@", "tpusim " + title);
-  return replace_all(page, "@DATA@", json);
+  return render_html_page({"tpusim " + title, kCss, kBody, kScript}, data);
 }
 
 }  // namespace tpusim

@@ -1,0 +1,98 @@
+#include "sim/estimate/html_page.h"
+
+namespace tpusim {
+namespace {
+
+constexpr const char* kSharedCss = R"css(
+  body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; max-width: 1400px; }
+  h1 { font-size: 20px; margin: 0 0 4px; }
+  h2 { font-size: 15px; margin: 22px 0 6px; }
+  .legend span { display: inline-block; margin-right: 14px; }
+  .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+  #tip { position: fixed; pointer-events: none; background: #1d2433; color: #fff; padding: 4px 8px;
+         border-radius: 4px; font-size: 12px; display: none; white-space: pre; }
+  pre { background: #f4f6f9; padding: 8px; white-space: pre-wrap; word-break: break-all; }
+  button { margin-right: 6px; }
+  .note { color: #5b6477; font-size: 12px; }
+)css";
+
+constexpr const char* kSharedScript = R"js(
+const data = JSON.parse(document.getElementById("data").textContent);
+const svgNS = "http://www.w3.org/2000/svg";
+const palette = ["#3b6fd6", "#e8833a", "#3fa672", "#c94f6d", "#8a63c9", "#d4b13b", "#4bb3c4",
+                 "#7f8694", "#b86b3c", "#5a8f3c"];
+function el(name, attrs, parent) {
+  const node = document.createElementNS(svgNS, name);
+  for (const key in attrs) node.setAttribute(key, attrs[key]);
+  if (parent) parent.appendChild(node);
+  return node;
+}
+function gib(bytes) { return (bytes / 2 ** 30).toFixed(2) + " GiB"; }
+function seconds(value) {
+  if (value >= 1) return value.toFixed(3) + " s";
+  if (value >= 1e-3) return (value * 1e3).toFixed(3) + " ms";
+  return (value * 1e6).toFixed(1) + " us";
+}
+const tips = {suppressed: () => false};
+{
+  const tip = document.getElementById("tip");
+  document.addEventListener("mousemove", (event) => {
+    const text = event.target.dataset ? event.target.dataset.tip : undefined;
+    if (!text || tips.suppressed()) { tip.style.display = "none"; return; }
+    tip.textContent = text;
+    tip.style.left = (event.clientX + 12) + "px";
+    tip.style.top = (event.clientY + 12) + "px";
+    tip.style.display = "block";
+  });
+}
+)js";
+
+std::string html_escape(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// JSON inside <script>: a "</" would end the element early.
+std::string script_safe(std::string json) {
+  for (size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) {
+    json.replace(at, 2, "<\\/");
+  }
+  return json;
+}
+
+}  // namespace
+
+std::string render_html_page(const HtmlPage& page, const nlohmann::json& data) {
+  std::string html =
+      "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>";
+  html += html_escape(page.title);
+  html += "</title>\n<style>";
+  html += kSharedCss;
+  html += page.css;
+  html += "</style>\n</head>\n<body>\n";
+  html += page.body;
+  html += "\n<div id=\"tip\"></div>\n<script type=\"application/json\" id=\"data\">";
+  html += script_safe(data.dump());
+  html += "</script>\n<script>\n\"use strict\";\n(() => {";
+  html += kSharedScript;
+  html += page.script;
+  html += "\ndocument.body.dataset.rendered = \"1\";\n})();\n</script>\n</body>\n</html>\n";
+  return html;
+}
+
+}  // namespace tpusim
