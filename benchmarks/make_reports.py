@@ -149,6 +149,14 @@ def save_figure(figure, path):
     os.replace(temporary, path)
 
 
+def biggest_part(row):
+    """The largest entry of a validated row's step breakdown, and its exposed communication."""
+    breakdown = row["breakdown"]
+    top = max(breakdown.items(), key=lambda item: item[1])
+    exposed = sum(v for k, v in breakdown.items() if k.startswith("exposed"))
+    return f"{top[0]} {top[1]:.2f} s; exposed comm {exposed:.2f} s"
+
+
 def error_summary(errors):
     return f"{100 * statistics.median(errors):.1f}% / {100 * max(errors):.1f}%"
 
@@ -173,9 +181,7 @@ def validation():
              "| id | chip | measured s | predicted s | error | recipe error | tokens/s/chip measured | predicted | predicted MFU | biggest part of the step |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        breakdown = row["breakdown"]
-        top = max(breakdown.items(), key=lambda item: item[1])
-        exposed = sum(v for k, v in breakdown.items() if k.startswith("exposed"))
+        biggest = biggest_part(row)
         recipe = recipe_of_row(row, recipes, models)
         recipe_error = ""
         if recipe:
@@ -185,7 +191,7 @@ def validation():
         lines.append(f"| {row['id']} | {row['hardware']} | {row['measured_step_s']:.3f} | "
                      f"{row['predicted_step_s']:.3f}{verdict} | {100 * row['error']:+.1f}% | {recipe_error} | "
                      f"{row.get('measured_tokens_s_chip', 0):.1f} | {row['predicted_tokens_s_chip']:.1f} | "
-                     f"{100 * row['predicted_mfu']:.1f}% | {top[0]} {top[1]:.2f} s; exposed comm {exposed:.2f} s |")
+                     f"{100 * row['predicted_mfu']:.1f}% | {biggest} |")
     summary = result["summary"]
     recipe_errors = [abs(p / m - 1) for p, m, _, _ in recipes.values()]
     out_of_memory = [row["id"] for row in result["rows"] if not row.get("fits", True)]
@@ -210,13 +216,10 @@ def validation():
               "| id | measured s | predicted s | error | predicted MFU | HBM peak GiB | biggest part of the step |",
               "|---|---|---|---|---|---|---|"]
     for row in gpu["rows"]:
-        breakdown = row["breakdown"]
-        top = max(breakdown.items(), key=lambda item: item[1])
-        exposed = sum(v for k, v in breakdown.items() if k.startswith("exposed"))
         verdict = "" if row.get("fits", True) else " (predicted OOM)"
         lines.append(f"| {row['id']} | {row['measured_step_s']:.3f} | {row['predicted_step_s']:.3f}{verdict} | "
                      f"{100 * row['error']:+.1f}% | {100 * row['predicted_mfu']:.1f}% | "
-                     f"{row['hbm_peak_bytes_per_device'] / 2**30:.1f} | {top[0]} {top[1]:.2f} s; exposed comm {exposed:.2f} s |")
+                     f"{row['hbm_peak_bytes_per_device'] / 2**30:.1f} | {biggest_part(row)} |")
     gpu_summary = gpu["summary"]
     lines += ["", f"**GPU summary over {gpu_summary['rows']} rows:** median |error| "
               f"{100 * gpu_summary['median_abs_error']:.1f}%, max {100 * gpu_summary['max_abs_error']:.1f}%.", ""]
