@@ -748,8 +748,10 @@ def compat():
              "<args as written> --xla-flags '<its XLA flags>'`, nothing dropped or renamed. "
              "The test suite runs the same commands (tests/sim/cli_test.cpp, "
              "EstimateCommand.PublishedRecipesRunAsPasted).", "",
-             f"**{ran} of {len(recipes)} run**; the others exit 2 naming the model tpusim does not "
-             "build yet. Over the runs: median |step error| "
+             f"**{ran} of {len(recipes)} run**"
+             + ("; the others exit 2 naming the model tpusim does not build yet"
+                if ran < len(recipes) else "")
+             + ". Over the runs: median |step error| "
              f"{100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%. These recipes "
              "are not the calibration set (validation/published.csv); several share a "
              "measurement with it. The notes list the MaxText keys set off their default that the "

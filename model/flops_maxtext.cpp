@@ -27,6 +27,10 @@ constexpr int64_t kGemma2LayersPerDecoderLayer = 2;
 // Gemma 3 repeats 5 local sliding-window layers then 1 global layer (MaxText
 // GEMMA3_ATTENTION_PATTERN_LENGTH).
 constexpr int64_t kGemma3AttentionPatternLength = 6;
+// gemma4_small repeats 4 local layers then 1 global (see model/builder/layer_plan.cpp).
+constexpr int64_t kGemma4SmallAttentionPatternLength = 5;
+// A gemma4_small layer's per-layer input costs two matmuls of D x P: the gate and the output.
+constexpr double kPerLayerInputMatmuls = 2.0;
 // 2023 convention: 6 FLOPs per parameter per token (2 forward, 4 backward).
 constexpr double kTrainingFlopsPerParamPerToken = 6.0;
 // 2023 parameter count: RMSNorm scales before attention and before the MLP in each layer.
@@ -87,7 +91,9 @@ struct AttentionLayerCounts {
 // attention_type says (MaxText does the same).
 AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
   const bool windowed_block = dims.decoder_block == "gemma2" || dims.decoder_block == "gemma3" ||
-                              dims.decoder_block == "gemma4" || dims.decoder_block == "gpt_oss";
+                              dims.decoder_block == "gemma4" ||
+                              dims.decoder_block == "gemma4_small" ||
+                              dims.decoder_block == "gpt_oss";
   if (windowed_block && dims.sliding_window_size <= 0) {
     return {num_layers, 0, 0};  // no window: every layer global, as the model builder lays it
   }
@@ -102,6 +108,8 @@ AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_l
   int64_t pattern_length = 1;
   if (dims.decoder_block == "gemma3" || dims.decoder_block == "gemma4") {
     pattern_length = kGemma3AttentionPatternLength;
+  } else if (dims.decoder_block == "gemma4_small") {
+    pattern_length = kGemma4SmallAttentionPatternLength;
   } else if (dims.decoder_block == "gpt_oss") {
     pattern_length = dims.inhomogeneous_layer_cycle_interval;
     if (pattern_length < 1) {
@@ -133,6 +141,35 @@ double mla_params(const ModelDims& dims) {
          as_double(dims.num_query_heads * dims.v_head_dim * dims.emb_dim);
 }
 
+// gemma4_small's kv-shared layers (no K/V projection; a double-wide MLP with use_double_wide_mlp)
+// and per-layer inputs; nothing for other blocks. Global layers are every
+// kGemma4SmallAttentionPatternLength-th, as in attention_layer_counts.
+void add_gemma4_small_terms(const ModelDims& dims, double tokens, MaxTextForwardFlops& forward) {
+  for (int64_t index = 0; index < forward.num_layers; ++index) {
+    if (dims.is_kv_shared_layer(index)) {
+      ++forward.num_kv_shared_layers;
+      if (dims.sliding_window_size <= 0 || (index + 1) % kGemma4SmallAttentionPatternLength == 0) {
+        ++forward.num_kv_shared_global_layers;
+      }
+      forward.kv_shared_dense_ffn = ffn_flops(tokens, dims, dims.layer_mlp_dim(index));
+    }
+  }
+  const double emb = as_double(dims.emb_dim);
+  const double kv_projections = 2.0;
+  forward.kv_projection = kFlopsPerMultiplyAdd * tokens * emb * kv_projections *
+                          as_double(dims.num_kv_heads * dims.head_dim);
+  const double global_kv = dims.global_layer_shares_kv() ? 1.0 : kv_projections;
+  forward.global_kv_projection =
+      kFlopsPerMultiplyAdd * tokens * emb * global_kv *
+      as_double(dims.global_layer_kv_heads() * dims.global_layer_head_dim());
+  if (dims.has_per_layer_inputs()) {
+    const double width = as_double(dims.hidden_size_per_layer_input);
+    const double layers = as_double(forward.num_layers);
+    forward.per_layer_inputs =
+        kFlopsPerMultiplyAdd * tokens * emb * width * layers * (1.0 + kPerLayerInputMatmuls);
+  }
+}
+
 struct BatchShape {
   double batch = 0;     // B, sequences per device per microbatch
   double sequence = 0;  // S
@@ -153,13 +190,25 @@ BatchShape batch_shape(const Config& config) {
 double MaxTextForwardFlops::learnable_weight_flops() const {
   return dense_ffn * as_double(num_dense_layers) + (moe_ffn + router) * as_double(num_moe_layers) +
          (qkv + out_proj) * as_double(num_layers - num_global_attention_layers) +
-         (global_qkv + global_out_proj) * as_double(num_global_attention_layers) + unembed;
+         (global_qkv + global_out_proj) * as_double(num_global_attention_layers) + unembed -
+         kv_projection * as_double(num_kv_shared_layers - num_kv_shared_global_layers) -
+         global_kv_projection * as_double(num_kv_shared_global_layers) +
+         (kv_shared_dense_ffn - dense_ffn) * as_double(num_kv_shared_layers) + per_layer_inputs;
 }
 
 double MaxTextForwardFlops::attention_flops() const {
   return global_attention * as_double(num_global_attention_layers) +
          local_attention * as_double(num_local_attention_layers) +
          chunked_attention * as_double(num_chunked_attention_layers);
+}
+
+double MaxTextFlops::kv_shared_projection_tflops() const {
+  const double forward_flops =
+      forward.kv_projection *
+          as_double(forward.num_kv_shared_layers - forward.num_kv_shared_global_layers) +
+      forward.global_kv_projection * as_double(forward.num_kv_shared_global_layers);
+  return kTrainingPassesPerForward * as_double(gradient_accumulation_steps) * forward_flops /
+         kFlopsPerTflop;
 }
 
 MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
@@ -239,6 +288,7 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
         kAttentionMatmuls * kFlopsPerMultiplyAdd * chunk_pairs * heads * head_dim;
   }
   forward.unembed = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.vocab_size);
+  add_gemma4_small_terms(dims, tokens, forward);
 
   MaxTextFlops flops;
   flops.forward = forward;

@@ -51,7 +51,18 @@ struct MaxTextForwardFlops {
   double local_attention = 0;   // one sliding-window layer: 4.B.(S.W - W^2/2).H.h, W <= S
   // One llama4 chunked layer: 4.B.(n.C^2/2 + r^2/2).H.h, n = S // C whole chunks, r = S % C.
   double chunked_attention = 0;
-  double unembed = 0;      // once per model: 2.B.S.D.V (the input lookup is a gather)
+  double unembed = 0;  // once per model: 2.B.S.D.V (the input lookup is a gather)
+  // gemma4_small: the K and V projections a kv-shared layer does not compute (2.B.S.D.2K.h, and
+  // with the global layers' K and h for a global one), the dense FFN of a kv-shared layer (twice
+  // as wide with use_double_wide_mlp), and the per-layer inputs over the whole model: the
+  // projection of the embeddings to L.P (2.B.S.D.L.P) plus each layer's gate and output
+  // projections (2 x 2.B.S.D.P), P = hidden_size_per_layer_input.
+  double kv_projection = 0;
+  double global_kv_projection = 0;
+  double kv_shared_dense_ffn = 0;
+  double per_layer_inputs = 0;
+  int64_t num_kv_shared_layers = 0;
+  int64_t num_kv_shared_global_layers = 0;
   int64_t num_layers = 0;  // the real depth (gemma2: 2 x base_num_decoder_layers)
   int64_t num_dense_layers = 0;
   int64_t num_moe_layers = 0;
@@ -73,6 +84,10 @@ struct MaxTextFlops {
   int64_t gradient_accumulation_steps = 1;
 
   double total_tflops() const { return learnable_weight_tflops + attention_tflops; }
+  // The K/V projections of gemma4_small's kv-shared layers over the step (3 x G x forward):
+  // MaxText skips them and does not count them; tpusim's program computes them
+  // (model/builder/forward_builder.cpp), so its matmul FLOPs are total_tflops() plus these.
+  double kv_shared_projection_tflops() const;
 };
 
 // MaxText's calculate_tflops_training_per_device for `config` (dims after global_parameter_scale).

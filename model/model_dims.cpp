@@ -59,6 +59,10 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
   dims.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
   dims.v_head_dim = config.get_int("v_head_dim");
+  dims.hidden_size_per_layer_input = config.get_int("hidden_size_per_layer_input");
+  dims.vocab_size_per_layer_input = config.get_int("vocab_size_per_layer_input");
+  dims.num_kv_shared_layers = config.get_int("num_kv_shared_layers");
+  dims.use_double_wide_mlp = config.get_bool("use_double_wide_mlp");
   return dims;
 }
 

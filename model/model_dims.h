@@ -56,12 +56,24 @@ struct ModelDims {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  // gemma4_small (gemma4-e2b/e4b): per-layer inputs of hidden_size_per_layer_input (each layer
+  // looks its tokens up in its own table of vocab_size_per_layer_input rows, projects the residual
+  // stream to that width, gates and projects back); the last num_kv_shared_layers layers reuse an
+  // earlier layer's keys and values (no K/V projection), their MLP twice as wide with
+  // use_double_wide_mlp.
+  int64_t hidden_size_per_layer_input = 0;
+  int64_t vocab_size_per_layer_input = 0;
+  int64_t num_kv_shared_layers = 0;
+  bool use_double_wide_mlp = false;
 
   static ModelDims from_config(const Config& config);
 
   bool is_moe() const { return num_experts > 1; }
-  // gemma4's global layers have their own head width, kv heads and shared K/V projection.
-  bool global_layers_differ() const { return decoder_block == "gemma4"; }
+  // gemma4's and gemma4_small's global layers have their own head width, kv heads and shared K/V
+  // projection.
+  bool global_layers_differ() const {
+    return decoder_block == "gemma4" || decoder_block == "gemma4_small";
+  }
   int64_t global_layer_head_dim() const {
     return global_layers_differ() && global_head_dim > 0 ? global_head_dim : head_dim;
   }
@@ -84,6 +96,21 @@ struct ModelDims {
   bool is_moe_layer(int64_t index) const {
     return is_moe() && index >= first_num_dense_layers &&
            (index + 1) % std::max<int64_t>(1, interleave_moe_layer_step) == 0;
+  }
+  // gemma4_small: every layer adds a per-layer input (hidden_size_per_layer_input > 0).
+  bool has_per_layer_inputs() const {
+    return decoder_block == "gemma4_small" && hidden_size_per_layer_input > 0;
+  }
+  // gemma4_small: layer `index` (0-based) is one of the last num_kv_shared_layers, which reuse an
+  // earlier layer's keys and values.
+  bool is_kv_shared_layer(int64_t index) const {
+    return decoder_block == "gemma4_small" && num_kv_shared_layers > 0 &&
+           index >= num_layers - num_kv_shared_layers;
+  }
+  // The dense MLP width of layer `index`: twice mlp_dim on gemma4_small's kv-shared layers with
+  // use_double_wide_mlp.
+  int64_t layer_mlp_dim(int64_t index) const {
+    return use_double_wide_mlp && is_kv_shared_layer(index) ? 2 * mlp_dim : mlp_dim;
   }
 };
 

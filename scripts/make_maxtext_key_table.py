@@ -39,7 +39,7 @@ NONE_PATTERNS = [ r'^global_rope_max_timescale$', r'^global_rope_proportion$', r
  r'^enable_multi_tier_checkpointing$', r'^multi_tier_checkpointing', r'^enable_emergency_checkpoint$',
  r'^weight_sparsity_', r'^replicate_quant_scale$', r'^quant_cfg_path$', r'^rope_theta_for_vit$',
  r'^eval_per_device_batch_size$', r'^use_vertex_tensorboard$', r'^distill_', r'^subslice_shape$',
- r'^hidden_size_per_layer_input$', r'^vocab_size_per_layer_input$', r'^jax_cache_dir$',
+ r'^jax_cache_dir$',
 ]
 # Keys that change what a training step computes or how fast, but tpusim does not model yet.
 # (Everything not matched above is treated as such: a conservative default.)

@@ -166,6 +166,8 @@ class ForwardBuilder {
   }
 
   TensorId build_layer(const LayerGroup& group, int region, TensorId x) {
+    const TensorId per_layer_input =
+        dims_.has_per_layer_inputs() ? build_per_layer_input(region, x) : -1;
     const TensorId attention_in = norm("pre_attention_norm", x, region);
     TensorId attention_out = group.attention == AttentionKind::kMla
                                  ? build_mla(region, attention_in)
@@ -178,11 +180,60 @@ class ForwardBuilder {
     const TensorId mlp_in = norm("pre_mlp_norm", residual, region);
     TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe
                            ? build_moe(region, mlp_in)
-                           : build_mlp("mlp", region, mlp_in, dims_.mlp_dim);
+                           : build_mlp("mlp", region, mlp_in, group.mlp_dim);
     if (config_.get_bool("use_post_ffw_norm")) {
       mlp_out = norm("post_mlp_norm", mlp_out, region);
     }
-    return elementwise("mlp_residual", ElementwiseFn::kAdd, {residual, mlp_out}, region);
+    const TensorId output =
+        elementwise("mlp_residual", ElementwiseFn::kAdd, {residual, mlp_out}, region);
+    return per_layer_input < 0 ? output : add_per_layer_input(region, output, per_layer_input);
+  }
+
+  // gemma4_small's per-layer input of width P = hidden_size_per_layer_input: the layer's own table
+  // [vocab_size_per_layer_input, P] looked up at the tokens, plus the normalized projection of the
+  // residual stream to P. MaxText projects the token embedding once for all layers ([D, L.P]) and
+  // each layer takes its slice; tpusim's layers project their own input instead (the program has
+  // no per-layer slices of a tensor made outside the scan): the same FLOPs, bytes and weights.
+  TensorId build_per_layer_input(int region, TensorId x) {
+    const int64_t width = dims_.hidden_size_per_layer_input;
+    const std::vector<Dim> per_layer_dims =
+        with_last(activation_dims(), {act("per_layer", width, "activation_mlp")});
+    const TensorId tokens =
+        graph().add_tensor("tokens", token_dims(), DType::kI32, TensorKind::kInput, region);
+    const TensorId table = parameter_tensor(
+        "per_layer/embedding",
+        {Dim{"vocab", dims_.vocab_size_per_layer_input, "vocab"}, Dim{"per_layer", width, "embed"}},
+        region);
+    const TensorId embedded = activation("per_layer/embedded", per_layer_dims, region);
+    graph().add_op(OpKind::kEmbeddingLookup, "per_layer/embedding", {tokens, table}, {embedded}, {},
+                   region);
+    const TensorId w_projection =
+        weight("per_layer/projection",
+               {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}}, region);
+    const TensorId projected =
+        einsum("per_layer/projection", x, w_projection, {"embed"}, per_layer_dims, region);
+    const TensorId normed = norm("per_layer/projection_norm", projected, region);
+    return elementwise("per_layer/input", ElementwiseFn::kAdd, {normed, embedded}, region);
+  }
+
+  // The layer's output plus norm(W_out . (gelu(W_gate . output) * per_layer_input)).
+  TensorId add_per_layer_input(int region, TensorId output, TensorId per_layer_input) {
+    const int64_t width = dims_.hidden_size_per_layer_input;
+    const TensorId w_gate =
+        weight("per_layer/gate",
+               {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}}, region);
+    TensorId gate = einsum("per_layer/gate", output, w_gate, {"embed"},
+                           graph().tensor(per_layer_input).dims, region);
+    gate = elementwise("per_layer/gelu", ElementwiseFn::kGelu, {gate}, region);
+    const TensorId gated =
+        elementwise("per_layer/gated", ElementwiseFn::kMul, {gate, per_layer_input}, region);
+    const TensorId w_out =
+        weight("per_layer/out",
+               {Dim{"per_layer", width, "mlp"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
+    TensorId projected =
+        einsum("per_layer/out", gated, w_out, {"per_layer"}, activation_dims(), region);
+    projected = norm("per_layer/out_norm", projected, region);
+    return elementwise("per_layer/residual", ElementwiseFn::kAdd, {output, projected}, region);
   }
 
   std::vector<Dim> head_dims(int64_t heads, const std::string& heads_name,
@@ -219,6 +270,10 @@ class ForwardBuilder {
                   "out_proj");
   }
 
+  // gemma4_small's kv-shared layers (group.kv_shared) project their own keys and values here,
+  // where MaxText reuses those of the last earlier layer of the same attention kind: the program
+  // has no tensors that cross from one scanned region into a later one. That adds 2.D.2K.h FLOPs
+  // per token and layer (0.7% of gemma4-e2b's step); model/flops_maxtext.cpp counts MaxText's.
   TensorId build_attention(const LayerGroup& group, int region, TensorId x) {
     // gemma4's global layers: their own head width and kv heads, one K/V projection.
     const bool global = group.attention == AttentionKind::kGlobal;

@@ -5,6 +5,8 @@
 //   gemma2: every layer is a local (sliding window) + a global sublayer;
 //   gemma3, gemma4: every 6th layer is global, the others local (gemma4's global layers have
 //     their own head width, kv heads and shared K/V: ModelDims::global_layers_differ);
+//   gemma4_small: every 5th layer is global; the last num_kv_shared_layers reuse an earlier
+//     layer's keys and values (kv_shared; twice as wide an MLP with use_double_wide_mlp);
 //   llama4: every nope_layer_interval-th layer is global (no RoPE), the others chunked
 //     (chunk_attn_window_size); every interleave_moe_layer_step-th layer is MoE;
 //   gpt_oss: alternating local/global (inhomogeneous_layer_cycle_interval);
@@ -28,8 +30,12 @@ enum class FeedForwardKind { kDense, kMoe };
 struct LayerGroup {
   AttentionKind attention = AttentionKind::kGlobal;
   FeedForwardKind feed_forward = FeedForwardKind::kDense;
+  // gemma4_small's last num_kv_shared_layers (ModelDims::is_kv_shared_layer).
+  bool kv_shared = false;
+  int64_t mlp_dim = 0;  // the dense MLP's width (ModelDims::layer_mlp_dim)
   int64_t count = 0;
-  std::string name() const;  // "layer", "moe_layer", "local_layer", "chunked_moe_layer", ...
+  // "layer", "moe_layer", "local_layer", "chunked_moe_layer", "kv_shared_local_layer", ...
+  std::string name() const;
 };
 
 std::vector<LayerGroup> plan_layers(const Config& config);

@@ -32,7 +32,10 @@ TEST(ForwardBuilder, MatmulFlopsEqualMaxTextConventionForEveryPreset) {
           "", {"model_name=" + name, "per_device_batch_size=" + std::to_string(batch) + ".0",
                "max_target_length=512", "override_model_config=true"});
       const ForwardGraph forward = build_forward(config, batch);
-      const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12;
+      // gemma4_small's kv-shared layers project keys and values that MaxText reuses.
+      const MaxTextFlops maxtext = maxtext_training_flops_per_device(config);
+      const double expected =
+          (maxtext.total_tflops() + maxtext.kv_shared_projection_tflops()) * 1e12;
       EXPECT_NEAR(3.0 * forward_matmul_flops(forward) / expected, 1.0, 1e-9);
     }
   }

@@ -271,8 +271,8 @@ TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
           << result.err;
     }
   }
-  // 21 of 22 at this revision: gemma4-e2b needs the gemma4_small block.
-  EXPECT_GE(ran, 21);
+  // All 22 at this revision (gemma4-e2b since the gemma4_small block).
+  EXPECT_EQ(ran, 22);
 }
 
 // MaxText's own base.yml (rebuilt from the key/value fixture) as the config file gives the

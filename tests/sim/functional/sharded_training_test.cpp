@@ -128,6 +128,14 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
         "share_kv_projections=true", "num_experts=4", "num_experts_per_tok=2", "shared_experts=1",
         "base_moe_mlp_dim=32", "compile_topology=v5e-4", "per_device_batch_size=1",
         "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
+      // gemma4_small's: 5 layers (every 5th global, with its own head width), per-layer inputs
+      // of width 16 from a 256-row table, the last 2 layers kv-shared with a double-wide MLP.
+      {"tiny-llama",
+       {"override_model_config=true", "decoder_block=gemma4_small", "base_num_decoder_layers=5",
+        "sliding_window_size=8", "global_head_dim=32", "hidden_size_per_layer_input=16",
+        "vocab_size_per_layer_input=256", "num_kv_shared_layers=2", "use_double_wide_mlp=true",
+        "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_tensor_parallelism=2"}},
       // llama4's: chunked attention (chunks of 8 in 32 tokens), a global no-RoPE layer every
       // 2nd, every 2nd layer MoE (top-1 of 4 and a shared expert).
       {"tiny-llama",
