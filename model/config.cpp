@@ -191,11 +191,18 @@ YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& k
     }
     case ConfigType::kInt: {
       const std::string text = value.IsScalar() ? without_digit_underscores(value.Scalar()) : "";
-      if (!value.IsScalar() || !looks_like_int(text)) {
+      // A whole number written with a zero fraction (qwen2.5's rope_max_timescale: 1000000.0) is
+      // that integer, as MaxText's pydantic schema takes it; 1.5 and 1e3 are not integers.
+      const size_t point = text.find('.');
+      const std::string whole =
+          point != std::string::npos && text.find_first_not_of('0', point + 1) == std::string::npos
+              ? text.substr(0, point)
+              : text;
+      if (!value.IsScalar() || !looks_like_int(whole)) {
         return fail("an integer");
       }
       try {
-        return YAML::Node(std::stoll(text));
+        return YAML::Node(std::stoll(whole));
       } catch (const std::out_of_range&) {
         return fail("an integer within 64 bits");
       }

@@ -888,6 +888,14 @@ class Partitioner {
                          {"batch", "length"});
         return;
       }
+      case OpKind::kReduceSum: {
+        // Each device sums its part; the shards of the summed dims leave partial sums.
+        const TensorId input = op.inputs[0];
+        const AxesByName reference = by_name(input, layout(input));
+        emit_with_partials(op, {local(input)}, {follow(op.outputs[0], reference)},
+                           {summed_axes(input, layout(input), op.outputs[0])});
+        return;
+      }
       case OpKind::kRmsNorm:
       case OpKind::kLayerNorm:
       case OpKind::kNormGrad:

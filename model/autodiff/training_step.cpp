@@ -274,8 +274,21 @@ class BackwardBuilder {
       case OpKind::kElementwise: {
         const ElementwiseFn fn = op.attrs.function;
         if (fn == ElementwiseFn::kAdd) {
+          // An input broadcast over dims it lacks (a bias over the tokens) gets dy summed over
+          // them.
+          const Tensor& output = graph_.tensor(op.outputs[0]);
           for (const TensorId input : op.inputs) {
-            accumulate(input, dy, region);
+            OpAttrs attrs;
+            for (const Dim& dim : output.dims) {
+              if (graph_.tensor(input).dim_index(dim.name) < 0) {
+                attrs.contracted.push_back(dim.name);
+              }
+            }
+            accumulate(input,
+                       attrs.contracted.empty() ? dy
+                                                : simple_op(OpKind::kReduceSum, grad_name(), {dy},
+                                                            graph_.tensor(input), region, attrs),
+                       region);
           }
           return;
         }

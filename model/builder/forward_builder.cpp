@@ -266,8 +266,19 @@ class ForwardBuilder {
                {Dim{"heads", dims_.num_query_heads, "heads"},
                 Dim{head_dim_name, head_dim_size, "kv"}, Dim{"embed", dims_.emb_dim, "embed"}},
                region);
-    return einsum("attention/out", context, wo, {"heads", head_dim_name}, activation_dims(), region,
-                  "out_proj");
+    const TensorId out = einsum("attention/out", context, wo, {"heads", head_dim_name},
+                                activation_dims(), region, "out_proj");
+    return with_bias("attention/out", out, {Dim{"embed", dims_.emb_dim, "norm"}}, region);
+  }
+
+  // With attention_bias (qwen2, gpt-oss), MaxText's attention projections (query, key, value and
+  // out) add a learned bias over their output features; otherwise `x` as it is.
+  TensorId with_bias(const std::string& name, TensorId x, std::vector<Dim> bias_dims, int region) {
+    if (!config_.get_bool("attention_bias")) {
+      return x;
+    }
+    const TensorId bias = parameter_tensor(name + "/bias", std::move(bias_dims), region);
+    return elementwise(name + "/add_bias", ElementwiseFn::kAdd, {x, bias}, region);
   }
 
   // gemma4_small's kv-shared layers (group.kv_shared) project their own keys and values here,
@@ -290,8 +301,12 @@ class ForwardBuilder {
                  {Dim{"embed", dims_.emb_dim, "embed"}, Dim{heads_name, heads, weight_logical},
                   Dim{"head_dim", head_dim, "kv"}},
                  region);
-      return einsum("attention/" + name, x, w, {"embed"},
-                    head_dims(heads, heads_name, act_logical, "head_dim", head_dim), region, remat);
+      const TensorId projected =
+          einsum("attention/" + name, x, w, {"embed"},
+                 head_dims(heads, heads_name, act_logical, "head_dim", head_dim), region, remat);
+      return with_bias("attention/" + name, projected,
+                       {Dim{heads_name, heads, weight_logical}, Dim{"head_dim", head_dim, "kv"}},
+                       region);
     };
     TensorId query = projection("query", "heads", dims_.num_query_heads, "q_heads",
                                 "activation_heads", "query_proj");

@@ -695,6 +695,29 @@ void run_elementwise(const Ctx& ctx) {
   });
 }
 
+// kReduceSum(x) -> y: y sums x over the dims y lacks (attrs.contracted names them), in x's
+// row-major order with a double accumulator (bias gradients: dbias = sum of dy over the tokens).
+void run_reduce_sum(const Ctx& ctx) {
+  ctx.expect_counts(1, 1, 1, 1);
+  const Tensor& in_tensor = ctx.in_tensor(0);
+  const Tensor& out_tensor = ctx.out_tensor(0);
+  Space space;
+  for (const Dim& dim : in_tensor.dims) {
+    space.add(dim.name, dim.size);
+  }
+  const std::array<std::vector<int64_t>, 2> all = {strides_of(in_tensor),
+                                                   ctx.strides_in(out_tensor, space, false, true)};
+  std::vector<double> sums(static_cast<size_t>(out_tensor.num_elements()), 0.0);
+  const float* in = ctx.in(0);
+  for_each_index(space.sizes, all, [&](const std::array<int64_t, 2>& at) {
+    sums[static_cast<size_t>(at[1])] += in[at[0]];
+  });
+  float* out = ctx.out(0);
+  for (size_t index = 0; index < sums.size(); ++index) {
+    out[index] = static_cast<float>(sums[index]);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Norms. The reduced dim r is attrs.contracted[0] (the last dim of x when attrs.contracted is
 // empty); a row is one index of x's other dims; N is r's size: its LOCAL size without statistics
@@ -2242,7 +2265,6 @@ void run_kernel(const Graph& graph, const Op& op, const std::vector<const Tensor
     case OpKind::kAllReduce:
     case OpKind::kAllToAll:
     case OpKind::kCollectivePermute:
-    case OpKind::kReduceSum:
       throw std::logic_error(std::string("not a compute op: ") + op_kind_name(op.kind) + " '" +
                              op.name + "'");
     default:
@@ -2255,6 +2277,9 @@ void run_kernel(const Graph& graph, const Op& op, const std::vector<const Tensor
       return;
     case OpKind::kElementwise:
       run_elementwise(ctx);
+      return;
+    case OpKind::kReduceSum:
+      run_reduce_sum(ctx);
       return;
     case OpKind::kRmsNorm:
       NormKernel(ctx, NormForm::kRms, false).forward();

@@ -48,6 +48,19 @@ TEST(Config, IntsReadAsYamlConvertsThem) {
   EXPECT_EQ(config.get_int("base_emb_dim"), 9223372036854775807);
 }
 
+// MaxText's presets write some integers with a zero fraction (qwen2.5: rope_max_timescale
+// 1000000.0); pydantic takes them as integers, and so does tpusim. A real fraction is an error.
+TEST(Config, IntsWithAZeroFractionAreIntegers) {
+  Config config = Config::load("", {});
+  config.set("rope_max_timescale", "1000000.0", "test");
+  EXPECT_EQ(config.get_int("rope_max_timescale"), 1000000);
+  config.set("rope_max_timescale", "-7.00", "test");
+  EXPECT_EQ(config.get_int("rope_max_timescale"), -7);
+  for (const char* text : {"1.5", "1000000.01", ".0", "1e3", "1.0e3"}) {
+    EXPECT_THROW(config.set("rope_max_timescale", text, "test"), UserError) << text;
+  }
+}
+
 // get_float reads the stored text with from_chars; it must agree with yaml-cpp's conversion.
 TEST(Config, FloatsReadAsYamlConvertsThem) {
   Config config = Config::load("", {});

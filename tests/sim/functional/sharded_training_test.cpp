@@ -128,6 +128,12 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
         "share_kv_projections=true", "num_experts=4", "num_experts_per_tok=2", "shared_experts=1",
         "base_moe_mlp_dim=32", "compile_topology=v5e-4", "per_device_batch_size=1",
         "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
+      // qwen2's attention biases (query, key, value, out): their gradients sum over the tokens,
+      // which fsdp and context parallelism split.
+      {"tiny-llama",
+       {"override_model_config=true", "decoder_block=qwen2", "attention_bias=true",
+        "compile_topology=v5e-8", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_tensor_parallelism=2", "ici_context_parallelism=2"}},
       // gemma4_small's: 5 layers (every 5th global, with its own head width), per-layer inputs
       // of width 16 from a 256-row table, the last 2 layers kv-shared with a double-wide MLP.
       {"tiny-llama",
