@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "sim/train/safetensors.h"
 
 namespace tpusim {
 namespace {
@@ -258,191 +259,6 @@ std::string dump_json(const Json& json, int indent, const std::string& what) {
   }
 }
 
-uint64_t element_count(const std::string& name, const CheckpointTensor& tensor) {
-  uint64_t count = 1;
-  for (const int64_t dim : tensor.shape) {
-    if (dim < 0) {
-      throw std::logic_error("save_checkpoint: tensor '" + name + "' has a negative dimension");
-    }
-    const auto size = static_cast<uint64_t>(dim);
-    if (size != 0 && count > std::numeric_limits<uint64_t>::max() / size) {
-      throw std::logic_error("save_checkpoint: tensor '" + name + "' has too many elements");
-    }
-    count *= size;
-  }
-  return count;
-}
-
-std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& tensors) {
-  // The JSON lists the tensors in map order and the data follows in the same order.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.empty() || name == "__metadata__") {
-      throw std::logic_error("save_checkpoint: invalid tensor name '" + name + "'");
-    }
-    if (element_count(name, tensor) != tensor.values.size()) {
-      throw std::logic_error("save_checkpoint: tensor '" + name + "' has " +
-                             std::to_string(tensor.values.size()) +
-                             " values, which does not match its shape");
-    }
-    const uint64_t bytes = tensor.values.size() * sizeof(float);
-    header[name] = {
-        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string header_text = dump_json(header, -1, "a tensor name");
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-
-  std::string out;
-  out.reserve(kHeaderSizeBytes + header_text.size() + offset);
-  const uint64_t header_size = header_text.size();
-  for (uint64_t i = 0; i < kHeaderSizeBytes; ++i) {
-    out += static_cast<char>((header_size >> (8 * i)) & 0xff);
-  }
-  out += header_text;
-  for (const auto& [name, tensor] : tensors) {
-    out.append(reinterpret_cast<const char*>(tensor.values.data()),
-               tensor.values.size() * sizeof(float));
-  }
-  return out;
-}
-
-struct TensorEntry {
-  std::string name;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return nlohmann::json(shape).dump();
-}
-
-TensorEntry parse_tensor_entry(const fs::path& path, const std::string& name,
-                               const nlohmann::json& info) {
-  const auto bad = [&](const std::string& problem) {
-    return file_error(path, "bad safetensors header: tensor '" + name + "' " + problem);
-  };
-  if (!info.is_object()) {
-    throw bad("is not a JSON object");
-  }
-  const auto dtype = info.find("dtype");
-  if (dtype == info.end() || !dtype->is_string()) {
-    throw bad("has no \"dtype\" string");
-  }
-  if (*dtype != "F32") {
-    throw file_error(path, "tensor '" + name + "' has unsupported dtype '" +
-                               dtype->get<std::string>() + "' (only F32 is supported)");
-  }
-  TensorEntry entry;
-  entry.name = name;
-  const auto shape = info.find("shape");
-  if (shape == info.end() || !shape->is_array()) {
-    throw bad("has no \"shape\" array");
-  }
-  uint64_t count = 1;
-  for (const nlohmann::json& dim : *shape) {
-    if (!dim.is_number_unsigned() ||
-        dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw bad("has a shape entry that is not a non-negative integer");
-    }
-    const auto size = dim.get<uint64_t>();
-    if (size != 0 && count > std::numeric_limits<uint64_t>::max() / sizeof(float) / size) {
-      throw bad("has a shape too large to address");
-    }
-    count *= size;
-    entry.shape.push_back(static_cast<int64_t>(size));
-  }
-  const auto offsets = info.find("data_offsets");
-  if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 ||
-      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-    throw bad("has no \"data_offsets\" pair of non-negative integers");
-  }
-  entry.begin = (*offsets)[0].get<uint64_t>();
-  entry.end = (*offsets)[1].get<uint64_t>();
-  if (entry.end < entry.begin) {
-    throw bad("has data_offsets that end before they begin");
-  }
-  if (entry.end - entry.begin != count * sizeof(float)) {
-    throw bad("has data_offsets [" + std::to_string(entry.begin) + ", " +
-              std::to_string(entry.end) + "] that do not hold the " +
-              std::to_string(count * sizeof(float)) + " bytes of shape " + shape_text(entry.shape));
-  }
-  return entry;
-}
-
-std::map<std::string, CheckpointTensor> decode_safetensors(const fs::path& path,
-                                                           std::string_view bytes) {
-  if (bytes.size() < kHeaderSizeBytes) {
-    throw file_error(path, "truncated: " + std::to_string(bytes.size()) +
-                               " bytes, shorter than the 8-byte safetensors header size");
-  }
-  uint64_t header_size = 0;
-  for (uint64_t i = 0; i < kHeaderSizeBytes; ++i) {
-    header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  }
-  const uint64_t available = bytes.size() - kHeaderSizeBytes;
-  if (header_size > available) {
-    throw file_error(path, "bad safetensors header: header size " + std::to_string(header_size) +
-                               " bytes is larger than the file (" + std::to_string(bytes.size()) +
-                               " bytes)");
-  }
-  nlohmann::json header;
-  try {
-    const char* begin = bytes.data() + kHeaderSizeBytes;
-    header = nlohmann::json::parse(begin, begin + header_size);
-  } catch (const nlohmann::json::parse_error& error) {
-    throw file_error(path, std::string("bad safetensors header: not valid JSON: ") + error.what());
-  }
-  if (!header.is_object()) {
-    throw file_error(path, "bad safetensors header: not a JSON object");
-  }
-
-  std::vector<TensorEntry> entries;
-  for (const auto& [name, info] : header.items()) {
-    if (name != "__metadata__") {
-      entries.push_back(parse_tensor_entry(path, name, info));
-    }
-  }
-  // The tensors must tile the data section exactly: no gaps, no overlaps, nothing missing.
-  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  const uint64_t data_size = available - header_size;
-  uint64_t position = 0;
-  for (const TensorEntry& entry : entries) {
-    if (entry.begin != position) {
-      throw file_error(path, "bad safetensors header: tensor '" + entry.name + "' starts at byte " +
-                                 std::to_string(entry.begin) + " of the data, expected " +
-                                 std::to_string(position) + " (tensors must be contiguous)");
-    }
-    position = entry.end;
-  }
-  if (position > data_size) {
-    throw file_error(path, "truncated: the header describes " + std::to_string(position) +
-                               " bytes of tensor data, the file holds " +
-                               std::to_string(data_size));
-  }
-  if (position < data_size) {
-    throw file_error(path,
-                     std::to_string(data_size - position) + " bytes of data after the last tensor");
-  }
-
-  const std::string_view data = bytes.substr(kHeaderSizeBytes + header_size);
-  std::map<std::string, CheckpointTensor> tensors;
-  for (TensorEntry& entry : entries) {
-    CheckpointTensor& tensor = tensors[entry.name];
-    tensor.shape = std::move(entry.shape);
-    tensor.values.resize((entry.end - entry.begin) / sizeof(float));
-    if (!tensor.values.empty()) {
-      std::memcpy(tensor.values.data(), data.data() + entry.begin, entry.end - entry.begin);
-    }
-  }
-  return tensors;
-}
-
 nlohmann::json file_record(std::string_view content) {
   return {{"bytes", content.size()}, {"sha256", sha256_hex(content)}};
 }
@@ -475,7 +291,7 @@ std::map<std::string, CheckpointTensor> load_tensor_file(const fs::path& directo
   const std::string actual_sha256 = sha256_hex(content);
   std::map<std::string, CheckpointTensor> tensors;
   try {
-    tensors = decode_safetensors(path, content);
+    tensors = decode_safetensors(path.string(), content);
   } catch (const UserError& error) {
     if (actual_sha256 == expected_sha256) {
       throw;

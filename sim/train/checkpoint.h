@@ -5,9 +5,8 @@
 //   optimizer.safetensors  the Adam moments ("<parameter>/mu", "<parameter>/nu"), float32
 //   state.json             {"step": n, "metadata": {...}, "files": {"model.safetensors":
 //                           {"bytes": n, "sha256": "<hex>"}, "optimizer.safetensors": {...}}}
-// The .safetensors files follow https://huggingface.co/docs/safetensors (little-endian 8-byte
-// header size, JSON header padded with spaces to a multiple of 8 bytes, dtype "F32", tensors
-// contiguous in the order of the header), so other tools can read them; tensor names are kept
+// The .safetensors files follow https://huggingface.co/docs/safetensors (safetensors.h; dtype
+// "F32"), so other tools can read them; tensor names are kept
 // exactly as given ('/', '#' and '.' included). The checksums are those of `sha256sum`.
 //
 // Saving is atomic as a whole: the files go to "<directory>.tmp.<pid>", are fsync'd, and the
@@ -35,13 +34,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tpusim {
+#include "sim/train/safetensors.h"
 
-// One float32 tensor, row-major; a scalar has shape {} and one value.
-struct CheckpointTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
+namespace tpusim {
 
 struct Checkpoint {
   int64_t step = 0;                                   // updates applied

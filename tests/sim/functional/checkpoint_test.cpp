@@ -444,10 +444,10 @@ TEST_F(CheckpointTest, UnsupportedDtypeIsUserError) {
   std::string bytes = read_bytes(model);
   const size_t dtype = bytes.find("\"F32\"");
   ASSERT_NE(dtype, std::string::npos);
-  bytes.replace(dtype, 5, "\"F16\"");
+  bytes.replace(dtype, 5, "\"F64\"");
   write_bytes(model, bytes);
   expect_user_error([&] { load_checkpoint(directory.string()); },
-                    {model.string(), "unsupported dtype 'F16'"});
+                    {model.string(), "unsupported dtype 'F64'"});
 }
 
 }  // namespace
