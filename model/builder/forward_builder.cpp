@@ -74,8 +74,9 @@ class ForwardBuilder {
 
   // A parameter as a matmul reads it: MaxText keeps weights in weight_dtype and casts them to
   // dtype inside the layer; the cast runs on each device's shard, so FSDP gathers move dtype bytes.
-  TensorId weight(const std::string& name, std::vector<Dim> dims, int region) {
-    const TensorId parameter = parameter_tensor(name, std::move(dims), region);
+  TensorId weight(const std::string& name, std::vector<Dim> dims, int region,
+                  const ParameterInit& init) {
+    const TensorId parameter = parameter_tensor(name, std::move(dims), region, init);
     if (weight_dtype_ == activation_dtype_) {
       return parameter;
     }
@@ -87,8 +88,17 @@ class ForwardBuilder {
     return cast;
   }
   // A parameter used as is (norm scales and biases, embedding tables).
-  TensorId parameter_tensor(const std::string& name, std::vector<Dim> dims, int region) {
+  TensorId parameter_tensor(const std::string& name, std::vector<Dim> dims, int region,
+                            const ParameterInit& init) {
+    result_.initializers[graph().region(region).name + "/" + name] = init;
     return graph().add_tensor(name, std::move(dims), weight_dtype_, TensorKind::kParameter, region);
+  }
+  // MaxText's dense kernels: variance scaling over `fan_in` (the contracted axes), truncated
+  // normal; GPT-3's attention kernels draw from a plain normal (Gpt3MultiHeadAttention).
+  ParameterInit dense(int64_t fan_in, double divisor = 1, bool gpt3_attention = false) const {
+    return kernel_init(static_cast<double>(fan_in), divisor,
+                       gpt3_attention && block_ == "gpt3" ? InitDistribution::kNormal
+                                                          : InitDistribution::kTruncatedNormal);
   }
   TensorId activation(const std::string& name, std::vector<Dim> dims, int region,
                       const std::string& remat_name = "") {
@@ -123,10 +133,11 @@ class ForwardBuilder {
     const Dim& last = input_dims.back();
     const bool layer_norm = block_ == "gpt3";
     std::vector<TensorId> inputs = {
-        x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region)};
+        x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region,
+                            constant_init(1))};
     if (layer_norm) {
-      inputs.push_back(
-          parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region));
+      inputs.push_back(parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region,
+                                        constant_init(0)));
     }
     const TensorId out = activation(name, input_dims, region);
     OpAttrs attrs;
@@ -143,7 +154,8 @@ class ForwardBuilder {
     tokens_ = graph().add_tensor("tokens", token_dims(), DType::kI32, TensorKind::kInput, region);
     table_ = parameter_tensor(
         "token_embedding",
-        {Dim{"vocab", dims_.vocab_size, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
+        {Dim{"vocab", dims_.vocab_size, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region,
+        normal_init(1.0));
     TensorId x = activation("embedded", activation_dims(), region);
     graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, {}, region);
     const int64_t positions = config_.get_int("trainable_position_size");
@@ -156,7 +168,8 @@ class ForwardBuilder {
           graph().add_tensor("positions", token_dims(), DType::kI32, TensorKind::kInput, region);
       const TensorId position_table = parameter_tensor(
           "position_embedding",
-          {Dim{"position", positions, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
+          {Dim{"position", positions, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region,
+          normal_init(1.0));
       const TensorId position_x = activation("position_embedded", activation_dims(), region);
       graph().add_op(OpKind::kEmbeddingLookup, "position_embedding", {position_ids, position_table},
                      {position_x}, {}, region);
@@ -203,13 +216,14 @@ class ForwardBuilder {
     const TensorId table = parameter_tensor(
         "per_layer/embedding",
         {Dim{"vocab", dims_.vocab_size_per_layer_input, "vocab"}, Dim{"per_layer", width, "embed"}},
-        region);
+        region, normal_init(1.0));
     const TensorId embedded = activation("per_layer/embedded", per_layer_dims, region);
     graph().add_op(OpKind::kEmbeddingLookup, "per_layer/embedding", {tokens, table}, {embedded}, {},
                    region);
     const TensorId w_projection =
         weight("per_layer/projection",
-               {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}}, region);
+               {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}}, region,
+               dense(dims_.emb_dim));
     const TensorId projected =
         einsum("per_layer/projection", x, w_projection, {"embed"}, per_layer_dims, region);
     const TensorId normed = norm("per_layer/projection_norm", projected, region);
@@ -219,17 +233,17 @@ class ForwardBuilder {
   // The layer's output plus norm(W_out . (gelu(W_gate . output) * per_layer_input)).
   TensorId add_per_layer_input(int region, TensorId output, TensorId per_layer_input) {
     const int64_t width = dims_.hidden_size_per_layer_input;
-    const TensorId w_gate =
-        weight("per_layer/gate",
-               {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}}, region);
+    const TensorId w_gate = weight(
+        "per_layer/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"per_layer", width, "mlp"}},
+        region, dense(dims_.emb_dim));
     TensorId gate = einsum("per_layer/gate", output, w_gate, {"embed"},
                            graph().tensor(per_layer_input).dims, region);
     gate = elementwise("per_layer/gelu", ElementwiseFn::kGelu, {gate}, region);
     const TensorId gated =
         elementwise("per_layer/gated", ElementwiseFn::kMul, {gate, per_layer_input}, region);
-    const TensorId w_out =
-        weight("per_layer/out",
-               {Dim{"per_layer", width, "mlp"}, Dim{"embed", dims_.emb_dim, "embed"}}, region);
+    const TensorId w_out = weight(
+        "per_layer/out", {Dim{"per_layer", width, "mlp"}, Dim{"embed", dims_.emb_dim, "embed"}},
+        region, dense(width));
     TensorId projected =
         einsum("per_layer/out", gated, w_out, {"per_layer"}, activation_dims(), region);
     projected = norm("per_layer/out_norm", projected, region);
@@ -244,7 +258,8 @@ class ForwardBuilder {
   }
 
   TensorId attention_op(const LayerGroup& group, int region, std::vector<TensorId> inputs,
-                        int64_t heads, const std::string& out_dim, int64_t out_dim_size) {
+                        int64_t heads, const std::string& out_dim, int64_t out_dim_size,
+                        double runtime_scale) {
     const TensorId context = activation(
         "attention/context", head_dims(heads, "heads", "activation_heads", out_dim, out_dim_size),
         region, "context");
@@ -255,6 +270,7 @@ class ForwardBuilder {
     attrs.window = group.attention == AttentionKind::kChunked
                        ? dims_.chunk_attn_window_size
                        : config_.get_int("sliding_window_size");
+    attrs.attention_scale = runtime_scale;
     graph().add_op(OpKind::kAttention, "attention", std::move(inputs), {context}, attrs, region);
     return context;
   }
@@ -265,7 +281,7 @@ class ForwardBuilder {
         weight("attention/out",
                {Dim{"heads", dims_.num_query_heads, "heads"},
                 Dim{head_dim_name, head_dim_size, "kv"}, Dim{"embed", dims_.emb_dim, "embed"}},
-               region);
+               region, dense(dims_.num_query_heads * head_dim_size, 1, true));
     const TensorId out = einsum("attention/out", context, wo, {"heads", head_dim_name},
                                 activation_dims(), region, "out_proj");
     return with_bias("attention/out", out, {Dim{"embed", dims_.emb_dim, "norm"}}, region);
@@ -277,7 +293,9 @@ class ForwardBuilder {
     if (!config_.get_bool("attention_bias")) {
       return x;
     }
-    const TensorId bias = parameter_tensor(name + "/bias", std::move(bias_dims), region);
+    // MaxText's bias_init: zeros.
+    const TensorId bias =
+        parameter_tensor(name + "/bias", std::move(bias_dims), region, constant_init(0));
     return elementwise(name + "/add_bias", ElementwiseFn::kAdd, {x, bias}, region);
   }
 
@@ -293,14 +311,17 @@ class ForwardBuilder {
     const bool shared_kv = global && dims_.global_layer_shares_kv();
     // llama4's global layers use no position encoding (NoPE); gpt3 adds learned positions.
     const bool rotary = block_ != "gpt3" && !(block_ == "llama4" && global);
+    const QueryScaling scaling = query_scaling(config_, head_dim);
     auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
                           const std::string& weight_logical, const std::string& act_logical,
                           const std::string& remat) {
+      // Fan-in = embed (the contracted axis); the query's init carries the folded 1/sqrt(d).
+      const double divisor = name == "query" ? scaling.init_divisor : 1.0;
       const TensorId w =
           weight("attention/" + name,
                  {Dim{"embed", dims_.emb_dim, "embed"}, Dim{heads_name, heads, weight_logical},
                   Dim{"head_dim", head_dim, "kv"}},
-                 region);
+                 region, dense(dims_.emb_dim, divisor, true));
       const TensorId projected =
           einsum("attention/" + name, x, w, {"embed"},
                  head_dims(heads, heads_name, act_logical, "head_dim", head_dim), region, remat);
@@ -321,7 +342,7 @@ class ForwardBuilder {
       key = rope("attention/key_rope", key, region);
     }
     const TensorId context = attention_op(group, region, {query, key, value}, dims_.num_query_heads,
-                                          "head_dim", head_dim);
+                                          "head_dim", head_dim, scaling.runtime_scale);
     return out_projection(region, context, "head_dim", head_dim);
   }
 
@@ -348,7 +369,8 @@ class ForwardBuilder {
     const auto query_dims =
         head_dims(heads, "heads", "activation_heads", "qk_head_dim", nope + rope_dim);
     if (q_lora > 0) {
-      const TensorId wq_a = weight("mla/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region);
+      const TensorId wq_a = weight("mla/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region,
+                                   dense(dims_.emb_dim));
       TensorId q_latent =
           einsum("mla/q_latent", x, wq_a, {"embed"},
                  with_last(activation_dims(), {act("q_lora", q_lora, "activation_embed")}), region,
@@ -357,36 +379,38 @@ class ForwardBuilder {
       const TensorId wq_b = weight(
           "mla/wq_b",
           {Dim{"q_lora", q_lora, "q_lora"}, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}},
-          region);
+          region, dense(q_lora));
       query = einsum("mla/query", q_latent, wq_b, {"q_lora"}, query_dims, region, "query_proj");
     } else {
       const TensorId wq =
-          weight("mla/wq", {embed_w, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}}, region);
+          weight("mla/wq", {embed_w, heads_w, Dim{"qk_head_dim", nope + rope_dim, "kv"}}, region,
+                 dense(dims_.emb_dim));
       query = einsum("mla/query", x, wq, {"embed"}, query_dims, region, "query_proj");
     }
     query = rope("mla/query_rope", query, region);
-    const TensorId wkv_a =
-        weight("mla/wkv_a", {embed_w, Dim{"kv_lora", kv_lora, "kv_lora"}}, region);
+    const TensorId wkv_a = weight("mla/wkv_a", {embed_w, Dim{"kv_lora", kv_lora, "kv_lora"}},
+                                  region, dense(dims_.emb_dim));
     TensorId kv_latent =
         einsum("mla/kv_latent", x, wkv_a, {"embed"},
                with_last(activation_dims(), {act("kv_lora", kv_lora, "activation_embed")}), region,
                "mla_kv");
     kv_latent = norm("mla/kv_norm", kv_latent, region);
-    const TensorId wk_rope =
-        weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}}, region);
+    const TensorId wk_rope = weight("mla/wk_rope", {embed_w, Dim{"qk_rope", rope_dim, "kv"}},
+                                    region, dense(dims_.emb_dim));
     TensorId key_rope =
         einsum("mla/key_rope", x, wk_rope, {"embed"},
                with_last(activation_dims(), {act("qk_rope", rope_dim, "")}), region);
     key_rope = rope("mla/key_rope_rotated", key_rope, region);
-    const TensorId wk_b =
-        weight("mla/wk_b",
-               {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"qk_nope", nope, "kv"}}, region);
+    const TensorId wk_b = weight(
+        "mla/wk_b", {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"qk_nope", nope, "kv"}},
+        region, dense(kv_lora));
     const TensorId key =
         einsum("mla/key", kv_latent, wk_b, {"kv_lora"},
                head_dims(heads, "heads", "activation_heads", "qk_nope", nope), region, "key_proj");
-    const TensorId wv_b = weight(
-        "mla/wv_b",
-        {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"v_head_dim", value_dim, "kv"}}, region);
+    const TensorId wv_b =
+        weight("mla/wv_b",
+               {Dim{"kv_lora", kv_lora, "kv_lora"}, heads_w, Dim{"v_head_dim", value_dim, "kv"}},
+               region, dense(kv_lora));
     const TensorId value =
         einsum("mla/value", kv_latent, wv_b, {"kv_lora"},
                head_dims(heads, "heads", "activation_heads", "v_head_dim", value_dim), region,
@@ -394,7 +418,8 @@ class ForwardBuilder {
     LayerGroup mla;
     mla.attention = AttentionKind::kMla;
     const TensorId context =
-        attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim);
+        attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim,
+                     query_scaling(config_, nope + rope_dim).runtime_scale);
     return out_projection(region, context, "v_head_dim", value_dim);
   }
 
@@ -412,6 +437,11 @@ class ForwardBuilder {
     const std::string mlp_logical = moe ? "mlp_moe" : "mlp";
     const std::string remat_prefix = moe ? "moe_mlpwi" : "mlpwi";
     std::vector<Dim> hidden_dims = with_last(in_dims, {act("mlp", mlp_dim, "activation_mlp")});
+    // Fan-in: the contracted axis (embed for wi, mlp for wo). MaxText's routed experts pass
+    // in_axis=0 (experts), out_axis=1 to the initializer of their [experts, a, b] kernels, so jax
+    // takes fan-in = experts x b: experts x mlp for wi, experts x embed for wo.
+    const int64_t wi_fan_in = moe ? dims_.num_experts * mlp_dim : dims_.emb_dim;
+    const int64_t wo_fan_in = moe ? dims_.num_experts * dims_.emb_dim : mlp_dim;
     TensorId gated = -1;
     const auto& activations = dims_.mlp_activations;
     for (size_t index = 0; index < activations.size(); ++index) {
@@ -419,7 +449,7 @@ class ForwardBuilder {
       w_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
       w_dims.emplace_back("mlp", mlp_dim, mlp_logical);
       const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
-      const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region);
+      const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region, dense(wi_fan_in));
       TensorId hidden = einsum(prefix + "/wi" + suffix, x, w, {"embed"}, hidden_dims, region,
                                remat_prefix + (activations.size() > 1 ? suffix : ""), ragged);
       const std::string& function = activations[index];
@@ -437,7 +467,7 @@ class ForwardBuilder {
     std::vector<Dim> wo_dims = weight_lead;
     wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
     wo_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
-    const TensorId wo = weight(prefix + "/wo", wo_dims, region);
+    const TensorId wo = weight(prefix + "/wo", wo_dims, region, dense(wo_fan_in));
     return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo",
                   ragged);
   }
@@ -450,8 +480,9 @@ class ForwardBuilder {
   TensorId build_moe(int region, TensorId x) {
     const int64_t experts = dims_.num_experts;
     const int64_t top_k = dims_.num_experts_per_tok;
-    const TensorId w_gate = weight(
-        "moe/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"experts", experts, "exp"}}, region);
+    const TensorId w_gate =
+        weight("moe/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"experts", experts, "exp"}},
+               region, dense(dims_.emb_dim));
     const TensorId router_logits =
         einsum("moe/router", x, w_gate, {"embed"},
                with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
@@ -532,9 +563,10 @@ class ForwardBuilder {
     }
     std::vector<std::string> contracted = {"embed"};
     if (!dims_.logits_via_embedding) {
-      unembed = weight(
-          "unembedding",
-          {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"vocab", dims_.vocab_size, "vocab"}}, region);
+      unembed =
+          weight("unembedding",
+                 {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"vocab", dims_.vocab_size, "vocab"}},
+                 region, dense(dims_.emb_dim));
     }
     const TensorId logits = einsum(
         "logits", normed, unembed, contracted,

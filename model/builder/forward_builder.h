@@ -13,8 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "model/builder/initializers.h"
 #include "model/builder/layer_plan.h"
 #include "model/ir/graph.h"
 
@@ -37,6 +40,9 @@ struct ForwardGraph {
   int64_t head_chunks = 1;  // num_vocab_tiling: the head region runs once per chunk of tokens
   int64_t batch = 0;        // sequences in the graph
   int64_t length = 0;       // tokens per sequence
+  // How each parameter starts, by "<region>/<parameter>" ("layer/attention/query"): MaxText's
+  // initializer of that kernel (initializers.h).
+  std::map<std::string, ParameterInit> initializers;
 };
 
 // `batch` is the number of sequences the graph processes (a whole microbatch before partitioning).

@@ -118,6 +118,9 @@ struct OpAttrs {
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
   double epsilon = 1e-6;               // norms: added to the variance
   double rope_max_timescale = 10000;   // rope: the longest wavelength (MaxText rope_max_timescale)
+  // Attention: multiplies the logits q.k. MaxText's default Attention uses 1 (its query kernel's
+  // initializer carries 1/sqrt(head_dim)); see model/builder/initializers.h for each family.
+  double attention_scale = 1;
   // Cross-entropy (and its gradient): the loss is the mean over `token_chunks` x the op's tokens;
   // > 1 when the head runs once per chunk of the tokens (num_vocab_tiling), each iteration of its
   // region adding its chunk's share.

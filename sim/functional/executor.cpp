@@ -9,6 +9,8 @@
 
 #include "common/counter_hash.h"
 #include "common/error.h"
+#include "model/autodiff/training_step.h"
+#include "model/builder/initializers.h"
 #include "model/ir/op_flops.h"
 #include "sim/functional/kernels.h"
 
@@ -22,6 +24,26 @@ double normal(uint64_t seed, uint64_t name, uint64_t index) {
   const double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;
   const double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// One element of a parameter drawn as `init` says, from the counter stream of (seed, name, index).
+// A truncated normal redraws (from further streams of the same element) until |z| < 2, as jax's
+// truncated_normal(-2, 2), then scales by stddev / kTruncatedNormalStd so the std is stddev.
+double draw(const ParameterInit& init, uint64_t seed, uint64_t name, uint64_t index) {
+  switch (init.distribution) {
+    case InitDistribution::kConstant:
+      return init.value;
+    case InitDistribution::kNormal:
+      return init.stddev * normal(seed, name, index);
+    case InitDistribution::kTruncatedNormal:
+      break;
+  }
+  constexpr double kBound = 2;
+  double z = normal(seed, name, index);
+  for (uint64_t attempt = 1; std::abs(z) >= kBound; ++attempt) {
+    z = normal(seed, name ^ splitmix64(~attempt), index);
+  }
+  return z * init.stddev / kTruncatedNormalStd;
 }
 
 // The dim in which a chunk-sized tensor is `chunks` times shorter than the whole one, or a
@@ -222,6 +244,8 @@ bool Executor::owns_global_element(const Tensor& tensor) const {
 }
 
 void Executor::initialize_parameters(uint64_t seed) {
+  const std::map<std::string, ParameterInit>& initializers =
+      program_.step->forward_info.initializers;
   for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
     const Region& info = graph_.region(region);
     if (info.phase != Phase::kForward) {
@@ -240,27 +264,21 @@ void Executor::initialize_parameters(uint64_t seed) {
         if (tensor.kind == TensorKind::kOptimizerState) {
           continue;  // moments start at zero
         }
-        const bool norm = !tensor.dims.empty() && tensor.dims.back().logical == "norm";
-        const bool bias = tensor.name.ends_with("/bias");
-        // Lookup tables (not the unembedding matmul): N(0, 1) as flax nn.Embed.
-        const bool embedding =
-            tensor.name == "token_embedding" || tensor.name == "position_embedding";
-        double fan_in = 1;
-        for (size_t dim = 0; dim + 1 < tensor.dims.size(); ++dim) {
-          if (tensor.dims[dim].name != "experts") {
-            fan_in *= static_cast<double>(tensor.dims[dim].whole_size());
-          }
+        const std::string key = info.name + "/" + tensor.name;
+        const auto found = initializers.find(key);
+        if (found == initializers.end()) {
+          throw std::logic_error("functional engine: no initializer for parameter '" + key + "'");
         }
-        const double scale = embedding ? 1.0 : 1.0 / std::sqrt(fan_in);
+        const ParameterInit& init = found->second;
         const uint64_t name = fnv1a(tensor.name) ^ splitmix64(static_cast<uint64_t>(layer_));
-        // Each element from its GLOBAL index: every sharding draws the same model.
+        // Each element from its GLOBAL index: every sharding draws the same model. Constants fill
+        // the padding of an uneven split too (as before); random draws leave it zero.
         device_.for_each_global_element(tensor, [&](int64_t local_flat, int64_t global_flat) {
           float value = 0;
-          if (norm) {
-            value = bias ? 0.0f : 1.0f;
+          if (init.distribution == InitDistribution::kConstant) {
+            value = static_cast<float>(init.value);
           } else if (global_flat >= 0) {
-            value =
-                static_cast<float>(scale * normal(seed, name, static_cast<uint64_t>(global_flat)));
+            value = static_cast<float>(draw(init, seed, name, static_cast<uint64_t>(global_flat)));
           }
           data.values[static_cast<size_t>(local_flat)] = value;
         });

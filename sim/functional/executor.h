@@ -60,8 +60,9 @@ class Executor {
   Executor(const StepProgram& program, DeviceContext device, Communicator& communicator);
 
   // Deterministic initialization by GLOBAL element index, so every sharding gets the same model:
-  // norm scales 1, biases 0, embedding tables N(0, 1), other weights N(0, 1/fan_in); Adam moments
-  // 0.
+  // each parameter as MaxText initializes it (the builder's ForwardGraph::initializers: norm
+  // scales 1, biases 0, embedding tables N(0, 1), kernels variance-scaled truncated normals over
+  // their fan-in, the query's carrying 1/sqrt(head_dim)); Adam moments 0.
   void initialize_parameters(uint64_t seed);
 
   // The global tokens and targets of every microbatch of the step, each [sequences, length]

@@ -1163,14 +1163,15 @@ void run_rope(const Ctx& ctx) {
 //   length, R); the feature dim of each is its one dim that is none of those names.
 //   GQA: GLOBAL query head h uses global kv head h / (H / K) (H, K global head counts); it must be
 //   in this device's kv head slice (query heads at or past H, the padding of an uneven split, get
-//   zeros). Scores: scale * q.k with scale = 1 / sqrt(D_qk), D_qk = q's
-//   feature size; MLA form (4 inputs): q.k = q[..., :D_k].k + q[..., D_k:].k_rope (requires
-//   D_qk = D_k + R). Query positions are GLOBAL (device.offset of q's length dim), key positions
-//   likewise (offset of k's length dim; it is normally whole). Mask attrs.mask: kCausal allows key
-//   j iff j <= query position p; kSlidingWindow also needs p - j < attrs.window; kChunked needs
-//   j / attrs.window == p / attrs.window (llama4's chunks); kNone allows all.
-//   Softmax in fp32 over the allowed keys (a row with none gives zeros); out = P v. With
-//   bf16_matmul_inputs, q, k, v, k_rope and P are rounded to bf16 before their matmuls.
+//   zeros). Scores: scale * q.k with scale = attrs.attention_scale (1 for MaxText's default
+//   Attention, which folds 1/sqrt(D) into the query's initializer); MLA form (4 inputs): q.k =
+//   q[..., :D_k].k + q[..., D_k:].k_rope (requires D_qk = D_k + R). Query positions are GLOBAL
+//   (device.offset of q's length dim), key positions likewise (offset of k's length dim; it is
+//   normally whole). Mask attrs.mask: kCausal allows key j iff j <= query position p;
+//   kSlidingWindow also needs p - j < attrs.window; kChunked needs j / attrs.window == p /
+//   attrs.window (llama4's chunks); kNone allows all. Softmax in fp32 over the allowed keys (a row
+//   with none gives zeros); out = P v. With bf16_matmul_inputs, q, k, v, k_rope and P are rounded
+//   to bf16 before their matmuls.
 // kAttentionGrad(dout, q, k, v, [k_rope], out) -> dq, dk, dv, [dk_rope]: exact VJP. P is
 //   recomputed from q and k; D_i = sum(dout_i * out_i); dS = P * (dout v^T - D); dq = scale dS k
 //   (and scale dS k_rope for q's rope part); dk = scale dS^T q; dv = P^T dout; dk_rope = scale
@@ -1311,7 +1312,7 @@ class AttentionKernel {
     } else if (q_.features != d_k_) {
       ctx.fail("query and key feature sizes differ");
     }
-    scale_ = Scalar{1} / std::sqrt(static_cast<Scalar>(q_.feature_dim->whole_size()));
+    scale_ = static_cast<Scalar>(ctx.op().attrs.attention_scale);
     // GQA mapping on global head indices.
     const int64_t query_heads = q_.heads_dim->whole_size();
     const int64_t kv_heads = k_.heads_dim->whole_size();

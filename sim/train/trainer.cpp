@@ -14,6 +14,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "model/builder/initializers.h"
 #include "sim/functional/in_process_communicator.h"
 #include "sim/functional/tensor_data.h"
 
@@ -80,6 +81,9 @@ const std::vector<std::string>& identity_keys() {
   return keys;
 }
 
+constexpr const char* kQueryScalingKey = "query_scaling";
+constexpr const char* kQueryScalingMaxText = "maxtext";
+
 nlohmann::json model_identity(const Config& config) {
   const nlohmann::json all = config.to_json();
   nlohmann::json identity = nlohmann::json::object();
@@ -88,6 +92,10 @@ nlohmann::json model_identity(const Config& config) {
       identity[key] = all[key];
     }
   }
+  // Not a config key: the attention's query scaling follows MaxText (model/builder/
+  // initializers.h). Checkpoints from before that (logits scaled by 1/sqrt(head_dim) at run time
+  // in every family) lack it and are refused: their weights would compute other logits now.
+  identity[kQueryScalingKey] = kQueryScalingMaxText;
   return identity;
 }
 
@@ -105,6 +113,14 @@ void check_made_from(const Checkpoint& checkpoint, const std::string& directory,
     recorded["model_name"] = metadata["model_name"];
   }
   const nlohmann::json current = model_identity(config);
+  if (!recorded.contains(kQueryScalingKey)) {
+    throw UserError(
+        "checkpoint '" + directory +
+            "' was made before tpusim followed MaxText's query scaling (1/sqrt(head_dim) "
+            "in the query's initializer, not at run time): its weights would compute "
+            "other logits in this tpusim; retrain it, or export and convert it",
+        kQueryScalingKey);
+  }
   for (const auto& [key, value] : recorded.items()) {
     if ((key == "opt_type" && !with_optimizer) || !current.contains(key)) {
       continue;
@@ -154,12 +170,34 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
   return worst;
 }
 
+// The functional engine computes MaxText's math for the switches it builds; a switch it does not
+// build would silently train another model, so `tpusim train` refuses it, naming the key.
+void check_functional_support(const Config& config) {
+  const auto refuse = [](const std::string& key, const std::string& value, const std::string& why) {
+    throw UserError(key + ": " + value + " is not computed by tpusim train (" + why + ")", key);
+  };
+  if (uses_qk_norm(config)) {
+    refuse("use_qk_norm", "true", "the per-head query/key RMSNorm is not built");
+  }
+  for (const char* key : {"attn_logits_soft_cap", "final_logits_soft_cap"}) {
+    if (config.get_float(key) > 0) {
+      refuse(key, std::to_string(config.get_float(key)), "logit soft-capping is not built");
+    }
+  }
+  if (config.get_bool("logits_via_embedding") && config.get_bool("normalize_embedding_logits")) {
+    refuse("normalize_embedding_logits", "true",
+           "the tied logits' division by sqrt(emb_dim) is not built; set it to false");
+  }
+}
+
 }  // namespace
 
 ShardedModel::ShardedModel(const Config& config, Transport* transport)
     : own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport),
-      program_(build_step_program(config)) {
+      program_(build_step_program(config)),
+      identity_({{"model_name", config.get_string("model_name")},
+                 {"model_config", model_identity(config)}}) {
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     sizes_[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
   }
@@ -344,6 +382,7 @@ Checkpoint ShardedModel::to_checkpoint(int64_t step) {
   std::map<std::string, std::vector<float>> global = gather_global(false);
   Checkpoint checkpoint;
   checkpoint.step = step;
+  checkpoint.metadata = identity_;
   for (const Executor::NamedState& state : executors_.front()->state()) {
     const std::string name = state.name + "#" + std::to_string(state.layer);
     const auto found = global.find(name);
@@ -468,6 +507,7 @@ Trainer::Trainer(const Config& config, Transport* transport)
       data_(Dataset::from_config(config)),
       own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport) {
+  check_functional_support(config_);
   transport_->set_timeout(collective_timeout(config_));
 }
 
@@ -721,10 +761,8 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       Checkpoint checkpoint = model.to_checkpoint(step);
       if (root) {
-        checkpoint.metadata = {{"model_name", config_.get_string("model_name")},
-                               {"model_config", model_identity(config_)},
-                               {"data_position", step},
-                               {"metrics", metrics_text}};
+        checkpoint.metadata["data_position"] = step;
+        checkpoint.metadata["metrics"] = metrics_text;
         save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
       }
     }

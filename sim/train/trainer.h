@@ -88,7 +88,8 @@ class ShardedModel {
   std::map<std::string, std::vector<float>> global_gradients();
 
   // The model as a checkpoint (global arrays, whatever the sharding or the ranks; complete on
-  // rank 0, empty elsewhere), and back: a checkpoint written by one mesh or rank count restores
+  // rank 0, empty elsewhere; metadata: model_name and the model_config keys that fix its math),
+  // and back: a checkpoint written by one mesh or rank count restores
   // into any other mesh or rank count of the same model.
   Checkpoint to_checkpoint(int64_t step);
   // Restores parameters (and moments, when `with_optimizer`) of this process's devices; UserError
@@ -107,6 +108,7 @@ class ShardedModel {
   std::unique_ptr<LocalTransport> own_transport_;
   Transport* transport_;
   StepProgram program_;
+  nlohmann::json identity_;  // {"model_name": ..., "model_config": {...}} for checkpoints
   std::array<int, kNumMeshAxes> sizes_{};
   std::vector<int> owner_;    // rank of each mesh device
   std::vector<int> devices_;  // this rank's devices, ascending

@@ -2,8 +2,10 @@
 # One tpusim training step against the independent fp64 PyTorch reference (torch_reference.py):
 # loss, every gradient, the gradient norm and clipping factor, and the AdamW update, for the tiny
 # llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
-# the latter also on a deliberately unbalanced router). Exits 0 only if every model passes; 77 (ctest: skipped) when
-# python3-torch is not installed (bash scripts/setup.sh --with-reference installs it).
+# the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
+# query scale outside GPT-3).
+# Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
+# (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
 

@@ -22,11 +22,14 @@ docs/reference/numerics.md). The per-step parameter change
 information: it is ~1e-4 of the parameter, so its error mixes 1-ulp rounding flips with the
 gradient error amplified by Adam's g / (|g| + eps) on tiny gradients, and it is not held to 1e-5.
 
-Model families (detected from the tensor names):
-  llama  RMSNorm, RoPE (split halves), causal GQA attention, SwiGLU MLP, untied unembedding.
-  gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA, GELU (tanh) MLP,
+Model families (detected from the tensor names), as MaxText computes them:
+  llama  RMSNorm, RoPE (split halves), causal GQA attention with NO run-time 1/sqrt(head_dim)
+         (MaxText's default Attention folds it into the query kernel's initializer), SwiGLU MLP,
+         untied unembedding.
+  gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
+         by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
-  moe    llama attention with a Mixtral MoE block: softmax router over experts, top-k experts
+  moe    llama attention (no run-time query scale) with a Mixtral MoE block: softmax router over experts, top-k experts
          per token weighted by their (unrenormalized) softmax probabilities, SwiGLU experts;
          with --capacity-factor > 0 each expert takes at most ceil(tokens*k/E*factor) token
          choices, first come first served in (token, choice) order, the rest are dropped;
@@ -126,15 +129,19 @@ def rope(x, max_timescale, min_timescale=1.0):
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
-def causal_attention(q, k, v):
-    """q[b, l, H, d], k/v[b, l, K, d]; query head h reads kv head h // (H / K)."""
-    heads, kv_heads, d = q.shape[2], k.shape[2], q.shape[3]
+def causal_attention(q, k, v, scale):
+    """q[b, l, H, d], k/v[b, l, K, d]; query head h reads kv head h // (H / K); logits scale * q.k.
+
+    MaxText's default Attention multiplies q.k by nothing (scale 1): it folds 1/sqrt(d) into the
+    query kernel's initializer instead. GPT-3's attention divides the query by sqrt(d) at run time.
+    """
+    heads, kv_heads = q.shape[2], k.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} kv heads")
     group = heads // kv_heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     length = q.shape[1]
     allowed = torch.ones(length, length, dtype=torch.bool).tril()
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -184,7 +191,9 @@ class Reference:
         if self.family != "gpt3":
             q = rope(q, self.args.rope_max_timescale)
             k = rope(k, self.args.rope_max_timescale)
-        context = causal_attention(q, k, v)
+        # Where MaxText scales the logits: GPT-3 at run time, the others not at all (query init).
+        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" else 1.0
+        context = causal_attention(q, k, v, scale)
         return torch.einsum("blhd,hde->ble", context, self.w(f"{r}/attention/out", layer))
 
     def mlp(self, x, layer):
@@ -236,7 +245,7 @@ class Reference:
         combined = (picked * (weights * keep)[..., None]).sum(dim=1)
         return combined.reshape(batch, length, embed)
 
-    def loss(self, tokens, targets):
+    def logits(self, tokens):
         batch, length = tokens.shape
         x = self.w("embed/token_embedding")[tokens]
         if self.family == "gpt3":
@@ -251,7 +260,10 @@ class Reference:
             logits = x @ self.w("embed/token_embedding").T
             if self.args.normalize_embedding_logits:
                 logits = logits / math.sqrt(x.shape[-1])
-        log_probabilities = torch.log_softmax(logits, dim=-1)
+        return logits
+
+    def loss(self, tokens, targets):
+        log_probabilities = torch.log_softmax(self.logits(tokens), dim=-1)
         picked = log_probabilities.gather(-1, targets[..., None])[..., 0]
         return -picked.mean()
 

@@ -1,6 +1,8 @@
 // End-to-end tests of the tpusim command line: output contracts and exit codes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -530,6 +532,18 @@ TEST(TrainCommand, BadInputExits2) {
   expect_user_error({"train", "model_name=tiny-moe", "compile_topology=v5e-8",
                      "ici_fsdp_parallelism=1", "ici_expert_parallelism=8"},
                     "num_experts");
+}
+
+// MaxText switches the functional engine does not compute are refused, not silently ignored.
+TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
+  expect_user_error({"train", "model_name=tiny-llama", "use_qk_norm=true"}, "use_qk_norm");
+  expect_user_error({"train", "model_name=tiny-llama", "attn_logits_soft_cap=50"},
+                    "attn_logits_soft_cap");
+  expect_user_error({"train", "model_name=tiny-llama", "final_logits_soft_cap=30"},
+                    "final_logits_soft_cap");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "override_model_config=true", "logits_via_embedding=true"},
+      "normalize_embedding_logits");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {

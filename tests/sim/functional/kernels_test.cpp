@@ -851,10 +851,17 @@ void add_attention_tensors(AttentionGraph& g, const AttentionCase& test, const D
                                     dim(v_name, test.value_dim)});
 }
 
+// Scaled as a runtime-scaling family would (1/sqrt(D_qk)): a scale other than 1 exercises the
+// scale in the forward and in every gradient.
+double attention_scale(const AttentionCase& test) {
+  return 1 / std::sqrt(static_cast<double>(test.key_dim + test.rope_dim));
+}
+
 OpAttrs attention_attrs(const AttentionCase& test) {
   OpAttrs attrs;
   attrs.mask = test.mask;
   attrs.window = test.window;
+  attrs.attention_scale = attention_scale(test);
   return attrs;
 }
 
@@ -865,7 +872,7 @@ std::vector<double> reference_attention(const AttentionCase& test,
   const TensorData& k = in[1];
   const TensorData& v = in[2];
   const int64_t group = test.heads / test.kv_heads;
-  const double scale = 1 / std::sqrt(static_cast<double>(test.key_dim + test.rope_dim));
+  const double scale = attention_scale(test);
   std::vector<double> out(static_cast<size_t>(2 * length * test.heads * test.value_dim), 0.0);
   for (int64_t b = 0; b < 2; ++b) {
     for (int64_t h = 0; h < test.heads; ++h) {
