@@ -26,6 +26,7 @@ int run(int argc, char** argv) {
   tpusim::register_validate_command(app);
   tpusim::register_op_command(app);
   tpusim::register_train_command(app);
+  tpusim::register_export_hf_command(app);
   // Under --json an error is also one JSON object on stdout, so scripts read every outcome
   // from one stream: {"error": message, "key": the config key or null, "exit": 2}.
   const bool json_errors = std::any_of(

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -17,6 +18,8 @@
 #include "model/builder/initializers.h"
 #include "sim/functional/in_process_communicator.h"
 #include "sim/functional/tensor_data.h"
+#include "sim/train/hf_names.h"
+#include "sim/train/safetensors.h"
 
 namespace tpusim {
 namespace {
@@ -484,6 +487,38 @@ Checkpoint load_shared_checkpoint(Transport& transport, const std::string& direc
   return deserialize_checkpoint(bytes);
 }
 
+// load_parameters_path names Hugging Face weights (hf_names.h) rather than a tpusim checkpoint:
+// a .safetensors file, or a directory with model.safetensors and no state.json (an export-hf
+// directory, or a public checkpoint converted to one safetensors file).
+bool is_hf_weights(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_regular_file(path, error)) {
+    return true;
+  }
+  return fs::is_regular_file(fs::path(path) / "model.safetensors", error) &&
+         !fs::exists(fs::path(path) / "state.json", error);
+}
+
+// The HF weights at `path` as tpusim's global weights; rank 0 reads, every rank gets them.
+Checkpoint load_shared_hf_weights(Transport& transport, const std::string& path,
+                                  const Config& config) {
+  const auto read = [&] {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    const std::string file =
+        fs::is_directory(path, error) ? (fs::path(path) / "model.safetensors").string() : path;
+    Checkpoint checkpoint;
+    checkpoint.weights = from_hf(config, read_safetensors(file));
+    return checkpoint;
+  };
+  if (!transport.distributed()) {
+    return read();
+  }
+  return deserialize_checkpoint(
+      transport.broadcast_from_root(transport.rank() == 0 ? serialize_checkpoint(read()) : ""));
+}
+
 }  // namespace
 
 Config unsharded_reference_config(const Config& config) {
@@ -595,11 +630,13 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     if (report) {
       progress << "resumed from " << latest << " (step " << checkpoint.step << ")\n";
     }
-  } else if (!config_.get_string("load_parameters_path").empty()) {
-    const Checkpoint checkpoint =
-        load_shared_checkpoint(*transport_, config_.get_string("load_parameters_path"));
-    check_made_from(checkpoint, config_.get_string("load_parameters_path"), config_,
-                    /*with_optimizer=*/false);
+  } else if (const std::string path = config_.get_string("load_parameters_path"); !path.empty()) {
+    const bool hf = is_hf_weights(path);
+    const Checkpoint checkpoint = hf ? load_shared_hf_weights(*transport_, path, config_)
+                                     : load_shared_checkpoint(*transport_, path);
+    if (!hf) {
+      check_made_from(checkpoint, path, config_, /*with_optimizer=*/false);
+    }
     model.restore(checkpoint, /*with_optimizer=*/false);
     if (reference) {
       reference->restore(checkpoint, false);

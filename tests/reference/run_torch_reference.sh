@@ -3,7 +3,7 @@
 # loss, every gradient, the gradient norm and clipping factor, and the AdamW update, for the tiny
 # llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
-# query scale outside GPT-3).
+# query scale outside GPT-3); then the Hugging Face export and import of tiny-llama and tiny-gpt3.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
@@ -71,6 +71,28 @@ else
   echo "=== tiny-moe-dropless-unbalanced: could not make the unbalanced checkpoint"
   failed+=(tiny-moe-dropless-unbalanced)
 fi
+
+# Hugging Face export and import (sim/train/hf_names.h): the weights of a --dump written by
+# export-hf, read back by Transformers' names in torch (hf_reference.py), give tpusim's loss and
+# the MaxText-convention logits; loaded by load_parameters_path they are the same weights again.
+# check_hf <label> <model>
+check_hf() {
+  local label="$1" model="$2"
+  local dump="$work/$label" hf="$work/$label-hf" imported="$work/$label-imported"
+  echo "=== $label: export-hf, then load_parameters_path=<export>"
+  if "$tpusim" train "model_name=$model" "${common[@]}" --dump "$dump" --quiet &&
+    "$tpusim" export-hf "$dump/initial" "$hf" &&
+    "$tpusim" train "model_name=$model" "load_parameters_path=$hf" "${common[@]}" \
+      --dump "$imported" --quiet &&
+    "$python" "$here/hf_reference.py" "$hf" "$dump" --import-dump "$imported"; then
+    echo "=== $label: passed"
+  else
+    echo "=== $label: FAILED"
+    failed+=("$label")
+  fi
+}
+check_hf hf-llama tiny-llama
+check_hf hf-gpt2 tiny-gpt3
 
 if ((${#failed[@]})); then
   echo "run_torch_reference: FAILED: ${failed[*]}"

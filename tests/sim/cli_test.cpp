@@ -546,6 +546,51 @@ TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
       "normalize_embedding_logits");
 }
 
+// export-hf writes model.safetensors and config.json from a checkpoint; load_parameters_path
+// reads the directory back; bad input exits 2 naming the path, tensor or key.
+TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
+  const std::string base = ::testing::TempDir() + "/tpusim_export_hf_" + std::to_string(::getpid());
+  const std::vector<std::string> run = {"train",
+                                        "compile_topology=v5e-1",
+                                        "per_device_batch_size=1",
+                                        "max_target_length=16",
+                                        "steps=1",
+                                        "enable_checkpointing=true",
+                                        "base_output_directory=" + base,
+                                        "--quiet"};
+  for (const std::string model : {"tiny-llama", "tiny-moe"}) {
+    std::vector<std::string> args = run;
+    args.push_back("model_name=" + model);
+    args.push_back("run_name=" + model);
+    const auto trained = run_tpusim(args);
+    ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  }
+  const std::string out = base + "/hf";
+  const auto exported = run_tpusim({"export-hf", base + "/tiny-llama/checkpoints/1", out});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  std::ifstream config_file(out + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config.at("architectures"), nlohmann::json({"LlamaForCausalLM"}));
+  EXPECT_EQ(config.at("num_hidden_layers"), 2);
+  std::vector<std::string> load = {"train",
+                                   "model_name=tiny-llama",
+                                   "compile_topology=v5e-1",
+                                   "per_device_batch_size=1",
+                                   "max_target_length=16",
+                                   "steps=1",
+                                   "load_parameters_path=" + out,
+                                   "--quiet"};
+  const auto loaded = run_tpusim(load);
+  EXPECT_EQ(loaded.exit_code, 0) << loaded.err;
+  // Bad input: a missing checkpoint, a family with no Transformers names, weights of another
+  // model (tiny-gpt3's needs wte/wpe, not Llama's names).
+  expect_user_error({"export-hf", base + "/nowhere", out}, base + "/nowhere");
+  expect_user_error({"export-hf", base + "/tiny-moe/checkpoints/1", base + "/moe-hf"},
+                    "decoder_block 'mixtral'");
+  load[1] = "model_name=tiny-gpt3";
+  expect_user_error(load, "transformer.wte.weight");
+}
+
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {
   const auto result =
       run_tpusim({"program", "model_name=tiny-llama", "compile_topology=v5e-4",

@@ -1,0 +1,309 @@
+#include "sim/train/hf_names.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "common/error.h"
+#include "model/builder/initializers.h"
+#include "model/config.h"
+#include "model/model_dims.h"
+
+namespace tpusim {
+namespace {
+
+std::string layer_name(const std::string& tensor, int64_t layer) {
+  return "layer/" + tensor + "#" + std::to_string(layer);
+}
+
+int64_t product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t total = 1;
+  for (size_t index = begin; index < end; ++index) {
+    total *= shape[index];
+  }
+  return total;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return nlohmann::json(shape).dump();
+}
+
+// The matrix views of one mapping: tpusim [rows, cols]; the HF tensor [hf_rows, hf_cols].
+struct Views {
+  int64_t rows, cols, hf_cols;
+};
+
+Views views(const HfTensor& entry) {
+  const auto split = static_cast<size_t>(entry.split);
+  return {product(entry.shape, 0, split), product(entry.shape, split, entry.shape.size()),
+          entry.hf_shape.size() <= 1 ? 1 : product(entry.hf_shape, 1, entry.hf_shape.size())};
+}
+
+// Flat HF index of tpusim matrix element (row, col).
+int64_t hf_index(const HfTensor& entry, const Views& view, int64_t row, int64_t col) {
+  return entry.transposed ? (col + entry.column_offset) * view.hf_cols + row
+                          : row * view.hf_cols + col + entry.column_offset;
+}
+
+}  // namespace
+
+std::string hf_family(const Config& config) {
+  const ModelDims dims = ModelDims::from_config(config);
+  const std::string block = config.get_string("decoder_block");
+  const auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError("Hugging Face conversion: " + why, key);
+  };
+  if (block != "llama2" && block != "mistral" && block != "gpt3") {
+    refuse("decoder_block", "decoder_block '" + block +
+                                "' has no Transformers mapping in tpusim (llama2, mistral: "
+                                "Llama/Mistral names; gpt3: GPT-2 names)");
+  }
+  if (dims.is_moe()) {
+    refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
+  }
+  if (uses_qk_norm(config)) {
+    refuse("use_qk_norm", "qk-norm (Qwen3's q_norm/k_norm) is not built by tpusim");
+  }
+  const std::vector<std::string> gated = {"silu", "linear"};
+  if (block == "gpt3") {
+    if (dims.mlp_activations != std::vector<std::string>{"gelu"}) {
+      refuse("mlp_activations", "GPT-2 names need mlp_activations [\"gelu\"]");
+    }
+    if (!dims.logits_via_embedding || config.get_bool("normalize_embedding_logits")) {
+      refuse("logits_via_embedding",
+             "GPT-2 ties its logits to the token embedding, undivided (logits_via_embedding "
+             "true, normalize_embedding_logits false)");
+    }
+    if (dims.num_kv_heads != dims.num_query_heads ||
+        dims.num_query_heads * dims.head_dim != dims.emb_dim) {
+      refuse("head_dim", "GPT-2's c_attn needs heads x head_dim = emb_dim and kv heads = heads");
+    }
+    if (config.get_int("trainable_position_size") <= 0) {
+      refuse("trainable_position_size", "GPT-2 needs learned positions");
+    }
+    return "gpt2";
+  }
+  if (dims.mlp_activations != gated) {
+    refuse("mlp_activations", "Llama/Mistral names need mlp_activations [\"silu\", \"linear\"]");
+  }
+  if (dims.logits_via_embedding && config.get_bool("normalize_embedding_logits")) {
+    refuse("normalize_embedding_logits",
+           "Transformers' tied logits are not divided by sqrt(emb_dim)");
+  }
+  return block == "mistral" ? "mistral" : "llama";
+}
+
+std::vector<HfTensor> hf_tensor_map(const Config& config) {
+  const std::string family = hf_family(config);
+  const ModelDims dims = ModelDims::from_config(config);
+  const int64_t embed = dims.emb_dim;
+  const int64_t heads = dims.num_query_heads;
+  const int64_t kv_heads = dims.num_kv_heads;
+  const int64_t head_dim = dims.head_dim;
+  // Transformers scales q.k by 1/sqrt(head_dim); tpusim by its runtime scale (MaxText's).
+  const double query_scale = (1.0 / std::sqrt(static_cast<double>(head_dim))) /
+                             query_scaling(config, head_dim).runtime_scale;
+  std::vector<HfTensor> map;
+  const auto add = [&](std::string name, std::vector<int64_t> shape, int64_t split,
+                       std::string hf_name, std::vector<int64_t> hf_shape, bool transposed,
+                       int64_t column_offset = 0, double scale = 1) {
+    map.push_back({std::move(name), std::move(shape), split, std::move(hf_name),
+                   std::move(hf_shape), transposed, column_offset, scale});
+  };
+  if (family == "gpt2") {
+    const int64_t positions = config.get_int("trainable_position_size");
+    add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "transformer.wte.weight",
+        {dims.vocab_size, embed}, false);
+    add("embed/position_embedding#0", {positions, embed}, 1, "transformer.wpe.weight",
+        {positions, embed}, false);
+    for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+      const std::string hf = "transformer.h." + std::to_string(layer) + ".";
+      for (const auto& [norm, ln] :
+           {std::pair{"pre_attention_norm", "ln_1"}, std::pair{"pre_mlp_norm", "ln_2"}}) {
+        add(layer_name(std::string(norm) + "/scale", layer), {embed}, 1, hf + ln + ".weight",
+            {embed}, false);
+        add(layer_name(std::string(norm) + "/bias", layer), {embed}, 1, hf + ln + ".bias", {embed},
+            false);
+      }
+      int64_t offset = 0;
+      for (const char* projection : {"query", "key", "value"}) {
+        add(layer_name(std::string("attention/") + projection, layer), {embed, heads, head_dim}, 1,
+            hf + "attn.c_attn.weight", {embed, 3 * embed}, false, offset,
+            projection == std::string("query") ? query_scale : 1.0);
+        offset += heads * head_dim;
+      }
+      add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
+          hf + "attn.c_proj.weight", {heads * head_dim, embed}, false);
+      add(layer_name("mlp/wi", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.c_fc.weight",
+          {embed, dims.mlp_dim}, false);
+      add(layer_name("mlp/wo", layer), {dims.mlp_dim, embed}, 1, hf + "mlp.c_proj.weight",
+          {dims.mlp_dim, embed}, false);
+    }
+    add("head/final_norm/scale#0", {embed}, 1, "transformer.ln_f.weight", {embed}, false);
+    add("head/final_norm/bias#0", {embed}, 1, "transformer.ln_f.bias", {embed}, false);
+    return map;
+  }
+  add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "model.embed_tokens.weight",
+      {dims.vocab_size, embed}, false);
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    const std::string hf = "model.layers." + std::to_string(layer) + ".";
+    add(layer_name("pre_attention_norm/scale", layer), {embed}, 1, hf + "input_layernorm.weight",
+        {embed}, false);
+    add(layer_name("pre_mlp_norm/scale", layer), {embed}, 1, hf + "post_attention_layernorm.weight",
+        {embed}, false);
+    add(layer_name("attention/query", layer), {embed, heads, head_dim}, 1,
+        hf + "self_attn.q_proj.weight", {heads * head_dim, embed}, true, 0, query_scale);
+    add(layer_name("attention/key", layer), {embed, kv_heads, head_dim}, 1,
+        hf + "self_attn.k_proj.weight", {kv_heads * head_dim, embed}, true);
+    add(layer_name("attention/value", layer), {embed, kv_heads, head_dim}, 1,
+        hf + "self_attn.v_proj.weight", {kv_heads * head_dim, embed}, true);
+    add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
+        hf + "self_attn.o_proj.weight", {embed, heads * head_dim}, true);
+    add(layer_name("mlp/wi_0", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.gate_proj.weight",
+        {dims.mlp_dim, embed}, true);
+    add(layer_name("mlp/wi_1", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
+        {dims.mlp_dim, embed}, true);
+    add(layer_name("mlp/wo", layer), {dims.mlp_dim, embed}, 1, hf + "mlp.down_proj.weight",
+        {embed, dims.mlp_dim}, true);
+  }
+  add("head/final_norm/scale#0", {embed}, 1, "model.norm.weight", {embed}, false);
+  if (!dims.logits_via_embedding) {
+    add("head/unembedding#0", {embed, dims.vocab_size}, 1, "lm_head.weight",
+        {dims.vocab_size, embed}, true);
+  }
+  return map;
+}
+
+std::map<std::string, std::vector<int64_t>> hf_zero_tensors(const Config& config) {
+  std::map<std::string, std::vector<int64_t>> zeros;
+  if (hf_family(config) != "gpt2") {
+    return zeros;
+  }
+  const ModelDims dims = ModelDims::from_config(config);
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    const std::string hf = "transformer.h." + std::to_string(layer) + ".";
+    zeros[hf + "attn.c_attn.bias"] = {3 * dims.emb_dim};
+    zeros[hf + "attn.c_proj.bias"] = {dims.emb_dim};
+    zeros[hf + "mlp.c_fc.bias"] = {dims.mlp_dim};
+    zeros[hf + "mlp.c_proj.bias"] = {dims.emb_dim};
+  }
+  return zeros;
+}
+
+std::map<std::string, CheckpointTensor> to_hf(
+    const Config& config, const std::map<std::string, CheckpointTensor>& weights) {
+  std::map<std::string, CheckpointTensor> hf;
+  for (const auto& [name, shape] : hf_zero_tensors(config)) {
+    hf[name] = {shape, std::vector<float>(static_cast<size_t>(product(shape, 0, shape.size())))};
+  }
+  for (const HfTensor& entry : hf_tensor_map(config)) {
+    const auto found = weights.find(entry.name);
+    if (found == weights.end() || found->second.shape != entry.shape) {
+      throw std::logic_error("export: the checkpoint has no parameter '" + entry.name +
+                             "' of shape " + shape_text(entry.shape));
+    }
+    CheckpointTensor& target = hf[entry.hf_name];
+    if (target.values.empty()) {
+      target.shape = entry.hf_shape;
+      target.values.assign(static_cast<size_t>(product(entry.hf_shape, 0, entry.hf_shape.size())),
+                           0.0f);
+    }
+    const Views view = views(entry);
+    const std::vector<float>& values = found->second.values;
+    for (int64_t row = 0; row < view.rows; ++row) {
+      for (int64_t col = 0; col < view.cols; ++col) {
+        target.values[static_cast<size_t>(hf_index(entry, view, row, col))] = static_cast<float>(
+            static_cast<double>(values[static_cast<size_t>(row * view.cols + col)]) / entry.scale);
+      }
+    }
+  }
+  return hf;
+}
+
+std::map<std::string, CheckpointTensor> from_hf(const Config& config,
+                                                const std::map<std::string, CheckpointTensor>& hf) {
+  const auto tensor = [&](const std::string& name,
+                          const std::vector<int64_t>& shape) -> const CheckpointTensor& {
+    const auto found = hf.find(name);
+    if (found == hf.end()) {
+      throw UserError("Hugging Face weights: no tensor '" + name + "' (shape " + shape_text(shape) +
+                      ") for model_name " + config.get_string("model_name"));
+    }
+    if (found->second.shape != shape) {
+      throw UserError("Hugging Face weights: tensor '" + name + "' has shape " +
+                      shape_text(found->second.shape) + ", the model needs " + shape_text(shape) +
+                      " (model_name " + config.get_string("model_name") + ")");
+    }
+    return found->second;
+  };
+  for (const auto& [name, shape] : hf_zero_tensors(config)) {
+    for (const float value : tensor(name, shape).values) {
+      if (value != 0.0f) {
+        throw UserError("Hugging Face weights: tensor '" + name +
+                        "' is not zero, but tpusim's gpt3 block has no biases in its attention "
+                        "and MLP");
+      }
+    }
+  }
+  std::map<std::string, CheckpointTensor> weights;
+  for (const HfTensor& entry : hf_tensor_map(config)) {
+    const CheckpointTensor& source = tensor(entry.hf_name, entry.hf_shape);
+    const Views view = views(entry);
+    CheckpointTensor& target = weights[entry.name];
+    target.shape = entry.shape;
+    target.values.resize(static_cast<size_t>(view.rows * view.cols));
+    for (int64_t row = 0; row < view.rows; ++row) {
+      for (int64_t col = 0; col < view.cols; ++col) {
+        target.values[static_cast<size_t>(row * view.cols + col)] = static_cast<float>(
+            static_cast<double>(
+                source.values[static_cast<size_t>(hf_index(entry, view, row, col))]) *
+            entry.scale);
+      }
+    }
+  }
+  return weights;
+}
+
+nlohmann::json hf_config_json(const Config& config) {
+  const std::string family = hf_family(config);
+  const ModelDims dims = ModelDims::from_config(config);
+  if (family == "gpt2") {
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", dims.vocab_size},
+            {"n_embd", dims.emb_dim},
+            {"n_head", dims.num_query_heads},
+            {"n_layer", dims.num_layers},
+            {"n_inner", dims.mlp_dim},
+            {"n_positions", config.get_int("trainable_position_size")},
+            {"layer_norm_epsilon", config.get_float("normalization_layer_epsilon")},
+            {"activation_function", "gelu_new"},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", "float32"}};
+  }
+  nlohmann::json json = {
+      {"architectures", {family == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", family},
+      {"vocab_size", dims.vocab_size},
+      {"hidden_size", dims.emb_dim},
+      {"intermediate_size", dims.mlp_dim},
+      {"num_hidden_layers", dims.num_layers},
+      {"num_attention_heads", dims.num_query_heads},
+      {"num_key_value_heads", dims.num_kv_heads},
+      {"head_dim", dims.head_dim},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", config.get_int("max_target_length")},
+      {"rms_norm_eps", config.get_float("normalization_layer_epsilon")},
+      {"rope_theta", config.get_float("rope_max_timescale")},
+      {"tie_word_embeddings", dims.logits_via_embedding},
+      {"attention_bias", false},
+      {"torch_dtype", "float32"}};
+  if (family == "mistral") {
+    json["sliding_window"] = nullptr;  // MaxText trains Mistral with full causal attention
+  } else {
+    json["mlp_bias"] = false;
+  }
+  return json;
+}
+
+}  // namespace tpusim
