@@ -235,15 +235,6 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
     }
     return found->second;
   };
-  for (const auto& [name, shape] : hf_zero_tensors(config)) {
-    for (const float value : tensor(name, shape).values) {
-      if (value != 0.0f) {
-        throw UserError("Hugging Face weights: tensor '" + name +
-                        "' is not zero, but tpusim's gpt3 block has no biases in its attention "
-                        "and MLP");
-      }
-    }
-  }
   std::map<std::string, CheckpointTensor> weights;
   for (const HfTensor& entry : hf_tensor_map(config)) {
     const CheckpointTensor& source = tensor(entry.hf_name, entry.hf_shape);
@@ -257,6 +248,15 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
             static_cast<double>(
                 source.values[static_cast<size_t>(hf_index(entry, view, row, col))]) *
             entry.scale);
+      }
+    }
+  }
+  for (const auto& [name, shape] : hf_zero_tensors(config)) {
+    for (const float value : tensor(name, shape).values) {
+      if (value != 0.0f) {
+        throw UserError("Hugging Face weights: tensor '" + name +
+                        "' is not zero, but tpusim's gpt3 block has no biases in its attention "
+                        "and MLP");
       }
     }
   }
