@@ -566,6 +566,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
   }
   CrossProcessTraffic traffic_before = model.traffic();
+  if (report && !data_.note().empty()) {
+    progress << data_.note() << "\n";
+  }
   for (int64_t step = first_step; step <= steps; ++step) {
     transport_->at_step(step);
     const auto start = std::chrono::steady_clock::now();

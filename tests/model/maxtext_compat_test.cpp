@@ -119,6 +119,7 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
                                              "collective_timeout_seconds",
                                              "collectives_in_flight_per_type",
                                              "cosine_learning_rate_final_fraction",
+                                             "dataset_cache_dir",
                                              "functional_dtype",
                                              "hbm_headroom_fraction",
                                              "mesh_placement_first",
