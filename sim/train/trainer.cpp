@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -240,7 +241,8 @@ void ShardedModel::on_every_device(const Work& work) {
   }
 }
 
-StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatches) {
+StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatches,
+                                           TokenLogProbs* log_probs) {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<int32_t>> targets;
   for (const Batch& batch : microbatches) {
@@ -248,10 +250,36 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
     targets.push_back(batch.targets);
   }
   std::vector<StepResult> results(executors_.size());
+  std::vector<TokenLogProbs> sinks(log_probs != nullptr ? executors_.size() : 0);
+  for (size_t index = 0; index < sinks.size(); ++index) {
+    sinks[index] = *log_probs;
+    sinks[index].values.clear();
+    executors_[index]->record_token_log_probs(&sinks[index]);
+  }
   on_every_device([&](Executor& executor, int device) {
     executor.set_batch(tokens, targets);
     results[static_cast<size_t>(device)] = executor.compute_gradients();
   });
+  if (log_probs != nullptr) {
+    // Every token some device of some rank computed, as (index, value) pairs on every rank.
+    std::vector<double> mine;
+    for (size_t index = 0; index < sinks.size(); ++index) {
+      executors_[index]->record_token_log_probs(nullptr);
+      for (size_t token = 0; token < sinks[index].values.size(); ++token) {
+        if (!std::isnan(sinks[index].values[token])) {
+          mine.insert(mine.end(), {static_cast<double>(token), sinks[index].values[token]});
+        }
+      }
+    }
+    log_probs->values.assign(static_cast<size_t>(log_probs->sequences * log_probs->length),
+                             std::numeric_limits<float>::quiet_NaN());
+    for (const std::vector<double>& rank : transport_->all_gather(mine)) {
+      for (size_t entry = 0; entry + 2 <= rank.size(); entry += 2) {
+        log_probs->values.at(static_cast<size_t>(rank[entry])) =
+            static_cast<float>(rank[entry + 1]);
+      }
+    }
+  }
   // Every device's (device, loss, sum of squares), on every rank.
   std::vector<double> mine;
   for (size_t index = 0; index < results.size(); ++index) {
