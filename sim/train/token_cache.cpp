@@ -20,6 +20,7 @@
 #include "common/counter_hash.h"
 #include "common/error.h"
 #include "common/yaml_text.h"
+#include "sim/train/token_viz.h"
 
 namespace tpusim {
 namespace {
@@ -145,6 +146,10 @@ class Tokenizer {
   }
   int64_t pieces() const {
     return model_.empty() ? kByteVocabulary : static_cast<int64_t>(processor_.GetPieceSize());
+  }
+  std::string piece(int32_t token) const {
+    return token >= 0 && token < pieces() ? processor_.IdToPiece(token)
+                                          : "#" + std::to_string(token);
   }
   std::vector<int32_t> encode(std::string_view text) const {
     if (model_.empty()) {
@@ -462,6 +467,23 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
   }
   result.note = note.str();
   return result;
+}
+
+std::vector<std::string> token_texts(const std::string& tokenizer_path,
+                                     const std::vector<int32_t>& tokens) {
+  std::vector<std::string> texts;
+  if (tokenizer_path.empty()) {
+    for (const int32_t token : tokens) {
+      texts.push_back(token < kByteVocabulary ? byte_token_text(token)
+                                              : "#" + std::to_string(token));
+    }
+    return texts;
+  }
+  const Tokenizer tokenizer(tokenizer_path, tokenizer_path);
+  for (const int32_t token : tokens) {
+    texts.push_back(tokenizer.piece(token));
+  }
+  return texts;
 }
 
 }  // namespace tpusim

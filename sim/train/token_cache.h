@@ -95,4 +95,9 @@ struct TokenizedSource {
 
 TokenizedSource load_tokens(const TokenSourceSpec& spec);
 
+// The text of each token, for display: SentencePiece pieces with tokenizer_path, else bytes
+// (byte_token_text of token_viz.h; ids past 255, from synthetic data, as "#id").
+std::vector<std::string> token_texts(const std::string& tokenizer_path,
+                                     const std::vector<int32_t>& tokens);
+
 }  // namespace tpusim

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,8 @@
 #include "common/error.h"
 #include "sim/functional/in_process_communicator.h"
 #include "sim/functional/tensor_data.h"
+#include "sim/train/token_cache.h"
+#include "sim/train/token_viz.h"
 
 namespace tpusim {
 namespace {
@@ -491,6 +495,69 @@ Config unsharded_reference_config(const Config& config) {
   return reference;
 }
 
+namespace {
+
+// Held-out sequences shown by the token view (fewer when the batch is smaller).
+constexpr int64_t kTokenVizSequences = 4;
+
+void check_token_viz_file(const std::string& path, int64_t eval_interval) {
+  if (eval_interval <= 0) {
+    throw UserError("token_viz_file: needs eval_interval > 0 (the view is drawn at evaluations)",
+                    "token_viz_file");
+  }
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw UserError("token_viz_file: '" + path + "' exists and is not a regular file",
+                    "token_viz_file");
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent, error)) {
+    throw UserError("token_viz_file: the directory of '" + path + "' does not exist",
+                    "token_viz_file");
+  }
+}
+
+// Adds one evaluation's log-probabilities of the sampled sequences (and, the first time, their
+// target tokens' text).
+void add_token_viz_step(TokenViz& viz, int64_t step, const TokenLogProbs& log_probs,
+                        const Batch& batch) {
+  const int64_t shown = std::min(kTokenVizSequences, log_probs.sequences);
+  if (viz.pieces.empty()) {
+    for (int64_t sequence = 0; sequence < shown; ++sequence) {
+      const auto first = batch.targets.begin() + sequence * log_probs.length;
+      viz.pieces.push_back(
+          token_texts(viz.tokenizer_path, std::vector<int32_t>(first, first + log_probs.length)));
+    }
+  }
+  TokenViz::Step entry;
+  entry.step = step;
+  for (int64_t sequence = 0; sequence < shown; ++sequence) {
+    const auto first = log_probs.values.begin() + sequence * log_probs.length;
+    entry.log_probs.emplace_back(first, first + log_probs.length);
+  }
+  viz.steps.push_back(std::move(entry));
+}
+
+// The page, with the loss curves of the metrics so far (a resumed run's include the steps before
+// the resume; its token heatmaps start at the resume).
+void write_token_viz(const std::string& path, TokenViz& viz, const std::string& metrics_text) {
+  viz.loss.clear();
+  viz.eval_loss.clear();
+  std::istringstream lines(metrics_text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    viz.loss.emplace_back(record["step"].get<int64_t>(), record["loss"].get<double>());
+    if (record.contains("eval_loss")) {
+      viz.eval_loss.emplace_back(record["step"].get<int64_t>(), record["eval_loss"].get<double>());
+    }
+  }
+  write_file_atomically(path, render_token_viz(viz));
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& config, Transport* transport)
     : config_(config),
       data_(Dataset::from_config(config)),
@@ -537,6 +604,14 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   const std::string metrics_path = root ? config_.get_string("metrics_file") : "";
   std::string metrics_text;
   std::vector<StepMetrics> curve;
+  // Every rank computes the token view's log-probabilities (a collective); rank 0 writes it.
+  const std::string viz_path = config_.get_string("token_viz_file");
+  TokenViz viz;
+  if (!viz_path.empty()) {
+    check_token_viz_file(viz_path, eval_interval);
+    viz.title = "tpusim train: " + config_.get_string("model_name") + ", token probabilities";
+    viz.tokenizer_path = config_.get_string("tokenizer_path");
+  }
   DeviceContext::Optimizer optimizer;
   optimizer.b1 = config_.get_float("adam_b1");
   optimizer.b2 = config_.get_float("adam_b2");
@@ -694,7 +769,15 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
         for (auto& batch : eval) {
           batch = data_.eval_batch(index, sequences);
         }
-        total += model.compute_gradients(eval).loss;
+        // The token view samples evaluation batch 0: the same sequences at every evaluation.
+        TokenLogProbs log_probs;
+        log_probs.sequences = sequences;
+        log_probs.length = length;
+        const bool sample = !viz_path.empty() && index == 0;
+        total += model.compute_gradients(eval, sample ? &log_probs : nullptr).loss;
+        if (sample) {
+          add_token_viz_step(viz, step, log_probs, eval.front());
+        }
       }
       metrics.eval_loss = total / static_cast<double>(eval_steps);
     }
@@ -721,6 +804,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     metrics_text += line.dump() + "\n";
     if (!metrics_path.empty()) {
       write_file_atomically(metrics_path, metrics_text);
+    }
+    if (root && !viz_path.empty() && metrics.eval_loss) {
+      write_token_viz(viz_path, viz, metrics_text);
     }
     if (report) {
       progress << "step " << std::setw(5) << step << "  loss " << std::fixed << std::setprecision(4)

@@ -125,7 +125,8 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
                                              "mesh_placement_first",
                                              "moe_mlpwi",
                                              "num_threads",
-                                             "sparse_core_collective_offload"};
+                                             "sparse_core_collective_offload",
+                                             "token_viz_file"};
   const Config config = Config::load("", {});
   for (const std::string& key : config.keys()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);

@@ -606,7 +606,7 @@ TEST(TrainCommand, TokenCacheIsReusedAndChangesNoLoss) {
   std::filesystem::remove_all(root);
 }
 
-TEST(TrainCommand, TokenCacheKeyExits2NamingIt) {
+TEST(TrainCommand, TokenCacheAndViewKeysExit2NamingTheKey) {
   const std::vector<std::string> text = {"train", "model_name=tiny-llama", "dataset_type=text",
                                          "dataset_path=/usr/share/common-licenses/GPL-3",
                                          "steps=1"};
@@ -617,6 +617,10 @@ TEST(TrainCommand, TokenCacheKeyExits2NamingIt) {
   };
   expect_user_error(with("dataset_cache_dir=/usr/share/common-licenses/GPL-3"),
                     "dataset_cache_dir");
+  expect_user_error(with("token_viz_file=/tmp/tokens.html"), "token_viz_file");  // no eval
+  std::vector<std::string> directory = with("token_viz_file=/tmp");
+  directory.emplace_back("eval_interval=1");
+  expect_user_error(directory, "token_viz_file");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {
