@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -52,10 +55,8 @@ std::string hex(uint64_t value) {
 
 // dataset_type decides how the file is read, whatever its name: "text" as is, "jsonl" as one JSON
 // record with a "text" string per line.
-std::string read_documents(const std::string& raw, const std::string& path, bool json_lines) {
-  if (!json_lines) {
-    return raw;
-  }
+// (JSON lines only: a text file is used as read.)
+std::string read_documents(const std::string& raw, const std::string& path) {
   std::string text;
   std::istringstream lines(raw);
   std::string line;
@@ -174,6 +175,40 @@ class Tokenizer {
   std::string source_;
   sentencepiece::SentencePieceProcessor processor_;
 };
+
+// Tokenizes the pieces on the host's cores (each piece on its own, so the tokens do not depend on
+// the thread count); the first error is rethrown.
+std::vector<std::vector<int32_t>> encode_pieces(const Tokenizer& tokenizer,
+                                                const std::vector<std::string_view>& pieces) {
+  std::vector<std::vector<int32_t>> tokens(pieces.size());
+  std::vector<std::exception_ptr> errors(pieces.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t piece = next++; piece < pieces.size(); piece = next++) {
+      try {
+        tokens[piece] = tokenizer.encode(pieces[piece]);
+      } catch (...) {
+        errors[piece] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(pieces.size(), std::max(1U, std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (size_t thread = 1; thread < threads; ++thread) {
+    workers.emplace_back(work);
+  }
+  work();
+  for (std::thread& worker : workers) {
+    worker.join();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) {
+      std::rethrow_exception(error);
+    }
+  }
+  return tokens;
+}
 
 std::string encode_chunk(const std::vector<int32_t>& tokens, int width) {
   std::string bytes(tokens.size() * static_cast<size_t>(width), '\0');
@@ -329,7 +364,9 @@ void write_cache(const TokenSourceSpec& spec, const std::string& directory,
   // Chunks of an older source are no longer referenced.
   for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with("chunk-") && std::find(names.begin(), names.end(), name) == names.end()) {
+    // Only finished chunks (".bin"): another process may be writing its temporaries here.
+    if (name.starts_with("chunk-") && name.ends_with(".bin") &&
+        std::find(names.begin(), names.end(), name) == names.end()) {
       std::filesystem::remove(entry.path(), error);
     }
   }
@@ -438,14 +475,13 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  const std::string raw = read_text_file(spec.path);
-  source.hash = hex(content_hash(raw));
+  std::string text = read_text_file(spec.path);
+  source.hash = hex(content_hash(text));
   const Tokenizer tokenizer(spec.tokenizer_path, spec.path);
-  const std::string text = read_documents(raw, spec.path, spec.dataset_type == "jsonl");
-  std::vector<std::vector<int32_t>> pieces;
-  for (const std::string_view piece : cut_pieces(text)) {
-    pieces.push_back(tokenizer.encode(piece));
+  if (spec.dataset_type == "jsonl") {
+    text = read_documents(text, spec.path);
   }
+  std::vector<std::vector<int32_t>> pieces = encode_pieces(tokenizer, cut_pieces(text));
   TokenizedSource result;
   result.pieces = tokenizer.pieces();
   result.tokenize_seconds =

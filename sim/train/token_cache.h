@@ -24,7 +24,8 @@
 // The tokens do not depend on max_target_length or the seeds (windows and order are the
 // Dataset's), so one cache serves every run on the same file. With or without a cache the tokens
 // are the same: a source is always tokenized in pieces of about kTokenizePieceBytes cut after a
-// newline (SentencePiece encodes each piece on its own; byte-level tokens are the bytes).
+// newline (SentencePiece encodes each piece on its own; byte-level tokens are the bytes), the
+// pieces on worker threads, one per core (the tokens do not depend on their number).
 //
 // Example:
 //   TokenizedSource source = load_tokens({.dataset_type = "text", .path = "corpus.txt",
