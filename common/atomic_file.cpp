@@ -1,5 +1,6 @@
 #include "common/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +11,20 @@
 
 namespace tpusim {
 
-void write_file_atomically(const std::string& path, std::string_view content) {
+namespace {
+
+// fsync of an open path (a file or a directory); false when it cannot be opened or synced.
+bool sync_path(const std::string& path, int flags) {
+  const int descriptor = ::open(path.c_str(), flags);
+  if (descriptor < 0) {
+    return false;
+  }
+  const bool synced = ::fsync(descriptor) == 0;
+  ::close(descriptor);
+  return synced;
+}
+
+void write_file(const std::string& path, std::string_view content, bool durable) {
   std::error_code error;
   const std::filesystem::file_status status = std::filesystem::symlink_status(path, error);
   if (!error && std::filesystem::exists(status) &&
@@ -33,10 +47,29 @@ void write_file_atomically(const std::string& path, std::string_view content) {
       throw UserError("failed while writing file '" + path + "'");
     }
   }
+  if (durable && !sync_path(temporary, O_RDONLY)) {
+    std::remove(temporary.c_str());
+    throw UserError("cannot flush file '" + path + "' to disk");
+  }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     std::remove(temporary.c_str());
     throw UserError("cannot move finished file into place at '" + path + "'");
   }
+  if (durable) {
+    // The rename itself reaches the disk with the directory's entry.
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    sync_path(parent.empty() ? std::string(".") : parent.string(), O_RDONLY | O_DIRECTORY);
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, std::string_view content) {
+  write_file(path, content, /*durable=*/false);
+}
+
+void write_file_durably(const std::string& path, std::string_view content) {
+  write_file(path, content, /*durable=*/true);
 }
 
 }  // namespace tpusim

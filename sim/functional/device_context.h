@@ -13,17 +13,32 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "model/ir/tensor.h"
 #include "sharding/mesh.h"
 
 namespace tpusim {
 
+// Where the cross-entropy kernel records the log-probability of each target token (the token
+// probability view, sim/train/token_viz.h): [sequences, length] of one microbatch, global
+// indices, NaN for the tokens this device does not compute. The executor sets the current
+// microbatch and head chunk before the loss runs.
+struct TokenLogProbs {
+  int64_t sequences = 0;
+  int64_t length = 0;
+  int64_t microbatch = 0;  // the microbatch to record
+  int64_t current_microbatch = 0;
+  int64_t chunk = 0;  // a chunked head (num_vocab_tiling): positions [chunk L/T, (chunk+1) L/T)
+  std::vector<float> values;
+};
+
 struct DeviceContext {
   int device = 0;                               // global device index
   std::array<int, kNumMeshAxes> coordinates{};  // position on each mesh axis (ici x dcn)
   std::array<int, kNumMeshAxes> sizes{};        // mesh axis sizes
   bool bf16_matmul_inputs = false;              // functional_dtype=bfloat16_matmul
+  TokenLogProbs* token_log_probs = nullptr;     // when set, the loss records each token's log p
 
   // The optimizer step (AdamW, MaxText/optax semantics) this program execution applies.
   struct Optimizer {

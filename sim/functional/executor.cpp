@@ -354,6 +354,10 @@ void Executor::run_op(const Op& op, int microbatch) {
     counters_.collective_bytes += static_cast<double>(collective_bytes(graph_, op));
     ++counters_.collectives;
   } else {
+    if (op.kind == OpKind::kCrossEntropy && device_.token_log_probs != nullptr) {
+      device_.token_log_probs->current_microbatch = microbatch;
+      device_.token_log_probs->chunk = chunk_;
+    }
     run_kernel(graph_, op, inputs, outputs, device_);
     if (op.kind == OpKind::kEinsum) {
       double flops = op_flops(graph_, op).matmul;

@@ -90,6 +90,8 @@ class Executor {
 
   const ExecutionCounters& counters() const { return counters_; }
   const DeviceContext& device() const { return device_; }
+  // While set (not nullptr), the loss records each target token's log-probability in `sink`.
+  void record_token_log_probs(TokenLogProbs* sink) { device_.token_log_probs = sink; }
 
  private:
   using Key = std::pair<TensorId, int64_t>;  // (local tensor, layer; 0 when not per-layer)

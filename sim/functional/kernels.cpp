@@ -1693,6 +1693,11 @@ class CrossEntropyKernel {
     const float* logits = ctx_.in(0);
     const float* targets = ctx_.in(1);
     const float* stats = with_stats ? ctx_.in(2) : nullptr;
+    TokenLogProbs* sink = ctx_.device().token_log_probs;
+    const bool record = sink != nullptr && sink->current_microbatch == sink->microbatch;
+    // By the targets' local element: -(lse - target logit).
+    std::vector<float> log_probs(record ? static_cast<size_t>(ctx_.in_tensor(1).num_elements())
+                                        : 0);
     double total = 0;
     for_each_token(stats_tokens, [&](int64_t logits_at, int64_t target_at, int64_t stats_at) {
       Row row;
@@ -1703,9 +1708,38 @@ class CrossEntropyKernel {
       } else {
         row = local_row(logits + logits_at, to_index(targets[target_at]) - vocab_offset_);
       }
-      total += row.max + std::log(row.sum) - row.target;
+      const double token_loss = row.max + std::log(row.sum) - row.target;
+      total += token_loss;
+      if (record) {
+        log_probs[static_cast<size_t>(target_at)] = static_cast<float>(-token_loss);
+      }
     });
     ctx_.out(0)[0] = static_cast<float>(total / static_cast<double>(token_count_));
+    if (record) {
+      record_log_probs(*sink, log_probs);
+    }
+  }
+
+  // Places this device's per-token log-probabilities at their global [sequence, position].
+  void record_log_probs(TokenLogProbs& sink, const std::vector<float>& log_probs) const {
+    const Tensor& targets = ctx_.in_tensor(1);
+    if (targets.dims.size() != 2) {
+      ctx_.fail("the token probability view needs [batch, length] targets");
+    }
+    const int64_t chunk_length = targets.dims[1].whole_size();
+    sink.values.resize(static_cast<size_t>(sink.sequences * sink.length),
+                       std::numeric_limits<float>::quiet_NaN());
+    ctx_.device().for_each_global_element(targets, [&](int64_t local, int64_t global) {
+      if (global < 0) {
+        return;
+      }
+      const int64_t sequence = global / chunk_length;
+      const int64_t position = sink.chunk * chunk_length + global % chunk_length;
+      if (sequence < sink.sequences && position < sink.length) {
+        sink.values[static_cast<size_t>(sequence * sink.length + position)] =
+            log_probs[static_cast<size_t>(local)];
+      }
+    });
   }
 
   void statistics() const {

@@ -1,56 +1,20 @@
 #include "sim/train/dataset.h"
 
-#include <sentencepiece_processor.h>
-
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <cstring>
 #include <numeric>
-#include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "common/counter_hash.h"
 #include "common/error.h"
-#include "common/yaml_text.h"
 #include "model/config.h"
+#include "sim/train/token_cache.h"
 
 namespace tpusim {
 namespace {
 
 constexpr int64_t kByteVocabulary = 256;
 constexpr double kEvalFraction = 0.1;
-
-// dataset_type decides how the file is read, whatever its name: "text" as is, "jsonl" as one JSON
-// record with a "text" string per line.
-std::string read_documents(const std::string& path, bool json_lines) {
-  std::string raw = read_text_file(path);
-  if (!json_lines) {
-    return raw;
-  }
-  std::string text;
-  std::istringstream lines(raw);
-  std::string line;
-  int number = 0;
-  while (std::getline(lines, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) {
-      continue;
-    }
-    try {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (!record.contains("text") || !record["text"].is_string()) {
-        throw UserError(path + ":" + std::to_string(number) +
-                        ": a JSON-lines record needs a \"text\" string");
-      }
-      text += record["text"].get<std::string>();
-      text += '\n';
-    } catch (const nlohmann::json::exception& error) {
-      throw UserError(path + ":" + std::to_string(number) + ": malformed JSON: " + error.what());
-    }
-  }
-  return text;
-}
 
 }  // namespace
 
@@ -75,39 +39,28 @@ Dataset Dataset::from_config(const Config& config) {
     throw UserError("dataset_path: dataset_type=" + type + " needs a file");
   }
   data.synthetic_ = false;
-  const std::string text = read_documents(path, type == "jsonl");
-  if (tokenizer.empty()) {
-    if (data.vocab_ < kByteVocabulary) {
-      throw UserError("vocab_size: " + std::to_string(data.vocab_) +
-                      " is too small for the byte-level tokenizer (needs >= 256)");
-    }
-    data.bytes_.assign(text.begin(), text.end());
-    for (int32_t& token : data.bytes_) {
-      token = static_cast<int32_t>(static_cast<unsigned char>(static_cast<char>(token)));
-    }
-  } else {
-    // A SentencePiece model (the tokenizer MaxText's Llama-2-era configs use).
-    sentencepiece::SentencePieceProcessor processor;
-    const auto status = processor.Load(tokenizer);
-    if (!status.ok()) {
-      throw UserError("tokenizer_path: cannot load SentencePiece model '" + tokenizer +
-                      "': " + status.ToString());
-    }
-    if (processor.GetPieceSize() > data.vocab_) {
-      throw UserError("vocab_size: " + std::to_string(data.vocab_) + " is smaller than the " +
-                      std::to_string(processor.GetPieceSize()) + " pieces of '" + tokenizer + "'");
-    }
-    std::vector<int> ids;
-    const auto encoded = processor.Encode(text, &ids);
-    if (!encoded.ok()) {
-      throw UserError("tokenizer_path: '" + tokenizer + "' failed on '" + path +
-                      "': " + encoded.ToString());
-    }
-    data.bytes_.assign(ids.begin(), ids.end());
+  // The cache: dataset_cache_dir, else under base_output_directory, else none.
+  std::string cache = config.get_string("dataset_cache_dir");
+  if (cache.empty() && !config.get_string("base_output_directory").empty()) {
+    cache = config.get_string("base_output_directory") + "/dataset_cache";
   }
-  const int64_t windows = (static_cast<int64_t>(data.bytes_.size()) - 1) / data.length_;
+  TokenizedSource source = load_tokens(
+      {.dataset_type = type, .path = path, .tokenizer_path = tokenizer, .cache_directory = cache});
+  if (tokenizer.empty() && data.vocab_ < kByteVocabulary) {
+    throw UserError("vocab_size: " + std::to_string(data.vocab_) +
+                    " is too small for the byte-level tokenizer (needs >= 256)");
+  }
+  if (!tokenizer.empty() && source.pieces > data.vocab_) {
+    throw UserError("vocab_size: " + std::to_string(data.vocab_) + " is smaller than the " +
+                    std::to_string(source.pieces) + " pieces of '" + tokenizer + "'");
+  }
+  data.tokens_ = std::move(source.tokens);
+  data.note_ = std::move(source.note);
+  data.from_cache_ = source.from_cache;
+  const TokenArray& tokens = *data.tokens_;
+  const int64_t windows = (tokens.size() - 1) / data.length_;
   if (windows < 2) {
-    throw UserError("dataset_path: '" + path + "' holds " + std::to_string(data.bytes_.size()) +
+    throw UserError("dataset_path: '" + path + "' holds " + std::to_string(tokens.size()) +
                     " bytes, too few for two windows of max_target_length + 1 tokens");
   }
   const auto eval_count =
@@ -127,12 +80,29 @@ Dataset Dataset::from_config(const Config& config) {
   for (int64_t index = 0; index < eval_count; ++index) {
     data.eval_.push_back((train_count + index) * data.length_);
   }
-  std::map<int32_t, int64_t> counts;
+  // Token frequencies by id, in id order (the order of the sum decides its last bits).
+  std::vector<int64_t> counts(static_cast<size_t>(std::max<int64_t>(source.pieces, data.vocab_)));
   const int64_t train_bytes = train_count * data.length_;
-  for (int64_t index = 0; index < train_bytes; ++index) {
-    ++counts[data.bytes_[static_cast<size_t>(index)]];
+  int64_t counted = 0;
+  for (const TokenArray::Chunk& chunk : tokens.chunks()) {
+    const int64_t take = std::min(chunk.tokens, train_bytes - counted);
+    for (int64_t index = 0; index < take; ++index) {
+      int32_t token = 0;
+      if (chunk.width == 4) {
+        std::memcpy(&token, static_cast<const char*>(chunk.data) + index * 4, 4);
+      } else {
+        uint16_t narrow = 0;
+        std::memcpy(&narrow, static_cast<const char*>(chunk.data) + index * 2, 2);
+        token = narrow;
+      }
+      ++counts[static_cast<size_t>(token)];
+    }
+    counted += take;
   }
-  for (const auto& [token, count] : counts) {
+  for (const int64_t count : counts) {
+    if (count == 0) {
+      continue;
+    }
     const double p = static_cast<double>(count) / static_cast<double>(train_bytes);
     data.unigram_entropy_ -= p * std::log(p);
   }
@@ -146,8 +116,8 @@ Batch Dataset::window_batch(const std::vector<int64_t>& windows, int64_t first,
     const int64_t start =
         windows[static_cast<size_t>((first + sequence) % static_cast<int64_t>(windows.size()))];
     for (int64_t position = 0; position < length_; ++position) {
-      batch.tokens.push_back(bytes_[static_cast<size_t>(start + position)]);
-      batch.targets.push_back(bytes_[static_cast<size_t>(start + position + 1)]);
+      batch.tokens.push_back(tokens_->at(start + position));
+      batch.targets.push_back(tokens_->at(start + position + 1));
     }
   }
   return batch;

@@ -7,6 +7,9 @@
 // into windows of max_target_length + 1 tokens (inputs and next-token targets), and split 90/10
 // into training and held-out evaluation windows. The batch of step s is a fixed permutation of
 // the windows, indexed by s, so a resumed run reads exactly what an uninterrupted one would.
+// The tokens come from token_cache.h: tokenized once into dataset_cache_dir (default
+// <base_output_directory>/dataset_cache; no cache when both are ""), then memory-mapped by every
+// later run whatever its max_target_length; the batches are bitwise the same either way.
 //
 // Example:
 //   Dataset data = Dataset::from_config(config);
@@ -14,12 +17,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace tpusim {
 
 class Config;
+class TokenArray;
 
 struct Batch {
   std::vector<int32_t> tokens;   // [sequences, length] row-major
@@ -41,6 +46,9 @@ class Dataset {
   // Unigram entropy of the training tokens in nats (0 for synthetic data): a loss below it means
   // the model learned more than token frequencies.
   double unigram_entropy() const { return unigram_entropy_; }
+  // What loading did ("dataset: 1234 tokens read from the cache ..."); "" for synthetic data.
+  const std::string& note() const { return note_; }
+  bool from_cache() const { return from_cache_; }
 
  private:
   Batch window_batch(const std::vector<int64_t>& windows, int64_t first, int64_t sequences) const;
@@ -51,7 +59,9 @@ class Dataset {
   int64_t length_ = 0;
   int64_t vocab_ = 0;
   int64_t accumulation_ = 1;
-  std::vector<int32_t> bytes_;
+  std::shared_ptr<const TokenArray> tokens_;
+  std::string note_;
+  bool from_cache_ = false;
   std::vector<int64_t> train_;  // window start offsets, permuted
   std::vector<int64_t> eval_;
   double unigram_entropy_ = 0;

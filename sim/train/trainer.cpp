@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,8 @@
 #include "sim/functional/tensor_data.h"
 #include "sim/train/hf_names.h"
 #include "sim/train/safetensors.h"
+#include "sim/train/token_cache.h"
+#include "sim/train/token_viz.h"
 
 namespace tpusim {
 namespace {
@@ -281,7 +285,8 @@ void ShardedModel::on_every_device(const Work& work) {
   }
 }
 
-StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatches) {
+StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatches,
+                                           TokenLogProbs* log_probs) {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<int32_t>> targets;
   for (const Batch& batch : microbatches) {
@@ -289,10 +294,36 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
     targets.push_back(batch.targets);
   }
   std::vector<StepResult> results(executors_.size());
+  std::vector<TokenLogProbs> sinks(log_probs != nullptr ? executors_.size() : 0);
+  for (size_t index = 0; index < sinks.size(); ++index) {
+    sinks[index] = *log_probs;
+    sinks[index].values.clear();
+    executors_[index]->record_token_log_probs(&sinks[index]);
+  }
   on_every_device([&](Executor& executor, int device) {
     executor.set_batch(tokens, targets);
     results[static_cast<size_t>(device)] = executor.compute_gradients();
   });
+  if (log_probs != nullptr) {
+    // Every token some device of some rank computed, as (index, value) pairs on every rank.
+    std::vector<double> mine;
+    for (size_t index = 0; index < sinks.size(); ++index) {
+      executors_[index]->record_token_log_probs(nullptr);
+      for (size_t token = 0; token < sinks[index].values.size(); ++token) {
+        if (!std::isnan(sinks[index].values[token])) {
+          mine.insert(mine.end(), {static_cast<double>(token), sinks[index].values[token]});
+        }
+      }
+    }
+    log_probs->values.assign(static_cast<size_t>(log_probs->sequences * log_probs->length),
+                             std::numeric_limits<float>::quiet_NaN());
+    for (const std::vector<double>& rank : transport_->all_gather(mine)) {
+      for (size_t entry = 0; entry + 2 <= rank.size(); entry += 2) {
+        log_probs->values.at(static_cast<size_t>(rank[entry])) =
+            static_cast<float>(rank[entry + 1]);
+      }
+    }
+  }
   // Every device's (device, loss, sum of squares), on every rank.
   std::vector<double> mine;
   for (size_t index = 0; index < results.size(); ++index) {
@@ -537,6 +568,69 @@ Config unsharded_reference_config(const Config& config) {
   return reference;
 }
 
+namespace {
+
+// Held-out sequences shown by the token view (fewer when the batch is smaller).
+constexpr int64_t kTokenVizSequences = 4;
+
+void check_token_viz_file(const std::string& path, int64_t eval_interval) {
+  if (eval_interval <= 0) {
+    throw UserError("token_viz_file: needs eval_interval > 0 (the view is drawn at evaluations)",
+                    "token_viz_file");
+  }
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw UserError("token_viz_file: '" + path + "' exists and is not a regular file",
+                    "token_viz_file");
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent, error)) {
+    throw UserError("token_viz_file: the directory of '" + path + "' does not exist",
+                    "token_viz_file");
+  }
+}
+
+// Adds one evaluation's log-probabilities of the sampled sequences (and, the first time, their
+// target tokens' text).
+void add_token_viz_step(TokenViz& viz, int64_t step, const TokenLogProbs& log_probs,
+                        const Batch& batch) {
+  const int64_t shown = std::min(kTokenVizSequences, log_probs.sequences);
+  if (viz.pieces.empty()) {
+    for (int64_t sequence = 0; sequence < shown; ++sequence) {
+      const auto first = batch.targets.begin() + sequence * log_probs.length;
+      viz.pieces.push_back(
+          token_texts(viz.tokenizer_path, std::vector<int32_t>(first, first + log_probs.length)));
+    }
+  }
+  TokenViz::Step entry;
+  entry.step = step;
+  for (int64_t sequence = 0; sequence < shown; ++sequence) {
+    const auto first = log_probs.values.begin() + sequence * log_probs.length;
+    entry.log_probs.emplace_back(first, first + log_probs.length);
+  }
+  viz.steps.push_back(std::move(entry));
+}
+
+// The page, with the loss curves of the metrics so far (a resumed run's include the steps before
+// the resume; its token heatmaps start at the resume).
+void write_token_viz(const std::string& path, TokenViz& viz, const std::string& metrics_text) {
+  viz.loss.clear();
+  viz.eval_loss.clear();
+  std::istringstream lines(metrics_text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    viz.loss.emplace_back(record["step"].get<int64_t>(), record["loss"].get<double>());
+    if (record.contains("eval_loss")) {
+      viz.eval_loss.emplace_back(record["step"].get<int64_t>(), record["eval_loss"].get<double>());
+    }
+  }
+  write_file_atomically(path, render_token_viz(viz));
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& config, Transport* transport)
     : config_(config),
       data_(Dataset::from_config(config)),
@@ -584,6 +678,14 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   const std::string metrics_path = root ? config_.get_string("metrics_file") : "";
   std::string metrics_text;
   std::vector<StepMetrics> curve;
+  // Every rank computes the token view's log-probabilities (a collective); rank 0 writes it.
+  const std::string viz_path = config_.get_string("token_viz_file");
+  TokenViz viz;
+  if (!viz_path.empty()) {
+    check_token_viz_file(viz_path, eval_interval);
+    viz.title = "tpusim train: " + config_.get_string("model_name") + ", token probabilities";
+    viz.tokenizer_path = config_.get_string("tokenizer_path");
+  }
   DeviceContext::Optimizer optimizer;
   optimizer.b1 = config_.get_float("adam_b1");
   optimizer.b2 = config_.get_float("adam_b2");
@@ -643,6 +745,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
   }
   CrossProcessTraffic traffic_before = model.traffic();
+  if (report && !data_.note().empty()) {
+    progress << data_.note() << "\n";
+  }
   for (int64_t step = first_step; step <= steps; ++step) {
     transport_->at_step(step);
     const auto start = std::chrono::steady_clock::now();
@@ -740,7 +845,15 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
         for (auto& batch : eval) {
           batch = data_.eval_batch(index, sequences);
         }
-        total += model.compute_gradients(eval).loss;
+        // The token view samples evaluation batch 0: the same sequences at every evaluation.
+        TokenLogProbs log_probs;
+        log_probs.sequences = sequences;
+        log_probs.length = length;
+        const bool sample = !viz_path.empty() && index == 0;
+        total += model.compute_gradients(eval, sample ? &log_probs : nullptr).loss;
+        if (sample) {
+          add_token_viz_step(viz, step, log_probs, eval.front());
+        }
       }
       metrics.eval_loss = total / static_cast<double>(eval_steps);
     }
@@ -767,6 +880,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     metrics_text += line.dump() + "\n";
     if (!metrics_path.empty()) {
       write_file_atomically(metrics_path, metrics_text);
+    }
+    if (root && !viz_path.empty() && metrics.eval_loss) {
+      write_token_viz(viz_path, viz, metrics_text);
     }
     if (report) {
       progress << "step " << std::setw(5) << step << "  loss " << std::fixed << std::setprecision(4)

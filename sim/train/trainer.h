@@ -79,7 +79,10 @@ class ShardedModel {
   // Gradients of one optimizer step's batch (microbatches x sequences): the loss of device 0 and
   // the global gradient norm (every device's sum of squares, added in device order), with the
   // counters of this process's first device (device 0 on rank 0).
-  StepResult compute_gradients(const std::vector<Batch>& microbatches);
+  // With `log_probs` (sequences and length set, the microbatch to record): also the
+  // log-probability of every target token of that microbatch, [sequences, length], on every rank.
+  StepResult compute_gradients(const std::vector<Batch>& microbatches,
+                               TokenLogProbs* log_probs = nullptr);
   void apply_update(const DeviceContext::Optimizer& optimizer);
 
   // Global (unsharded) values by "<region>/<tensor>#<layer>": parameters, moments, gradients.

@@ -119,12 +119,14 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
                                              "collective_timeout_seconds",
                                              "collectives_in_flight_per_type",
                                              "cosine_learning_rate_final_fraction",
+                                             "dataset_cache_dir",
                                              "functional_dtype",
                                              "hbm_headroom_fraction",
                                              "mesh_placement_first",
                                              "moe_mlpwi",
                                              "num_threads",
-                                             "sparse_core_collective_offload"};
+                                             "sparse_core_collective_offload",
+                                             "token_viz_file"};
   const Config config = Config::load("", {});
   for (const std::string& key : config.keys()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);

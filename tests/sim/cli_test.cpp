@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -594,6 +595,96 @@ TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
                     "decoder_block 'mixtral'");
   load[1] = "model_name=tiny-gpt3";
   expect_user_error(load, "transformer.wte.weight");
+}
+
+// The losses of a metrics file, in step order.
+std::vector<double> losses_of(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream stream(path);
+  std::string line;
+  while (std::getline(stream, line)) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
+}
+
+// The first run tokenizes into the cache under base_output_directory, the second says it read
+// the cache; a run with the cache that stops at step 2 and resumes to step 4 has bitwise the
+// losses of one uncached, uninterrupted run. A corrupted chunk then exits 2 naming it.
+TEST(TrainCommand, TokenCacheIsReusedAndChangesNoLoss) {
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) / "tpusim_cli_token_cache";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::vector<std::string> run = {"train",
+                                        "model_name=tiny-llama",
+                                        "compile_topology=v5e-4",
+                                        "per_device_batch_size=1",
+                                        "learning_rate_schedule_steps=4",
+                                        "dataset_type=text",
+                                        "dataset_path=/usr/share/common-licenses/GPL-3"};
+  // The schedule does not follow `steps`: the run stopped at step 2 and resumed is the same run.
+  auto with = [&](std::vector<std::string> extra) {
+    if (std::none_of(extra.begin(), extra.end(), [](const std::string& key) {
+          return key.starts_with("max_target_length=");
+        })) {
+      extra.emplace_back("max_target_length=32");
+    }
+    std::vector<std::string> args = run;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_tpusim(args);
+  };
+  const std::string plain = (root / "plain.jsonl").string();
+  ASSERT_EQ(with({"steps=4", "metrics_file=" + plain}).exit_code, 0);
+  const std::vector<std::string> cached = {
+      "base_output_directory=" + root.string(), "run_name=cached", "enable_checkpointing=true",
+      "checkpoint_period=2", "metrics_file=" + (root / "cached.jsonl").string()};
+  auto cached_run = [&](const std::string& steps) {
+    std::vector<std::string> extra = cached;
+    extra.push_back(steps);
+    return with(extra);
+  };
+  const auto first = cached_run("steps=2");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("dataset: tokenized"), std::string::npos) << first.err;
+  const auto resumed = cached_run("steps=4");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("read from the cache"), std::string::npos) << resumed.err;
+  EXPECT_EQ(resumed.err.find("dataset: tokenized"), std::string::npos) << resumed.err;
+  const std::vector<double> expected = losses_of(plain);
+  ASSERT_EQ(expected.size(), 4U);
+  EXPECT_EQ(losses_of((root / "cached.jsonl").string()), expected);
+  // Another max_target_length reads the same cache.
+  const auto longer =
+      with({"steps=1", "max_target_length=64", "base_output_directory=" + root.string()});
+  EXPECT_NE(longer.err.find("read from the cache"), std::string::npos) << longer.err;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root / "dataset_cache")) {
+    if (entry.path().filename().string().starts_with("chunk-")) {
+      std::filesystem::resize_file(entry.path(), 100);
+    }
+  }
+  expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text",
+                     "dataset_path=/usr/share/common-licenses/GPL-3",
+                     "base_output_directory=" + root.string(), "steps=1"},
+                    "truncated");
+  std::filesystem::remove_all(root);
+}
+
+TEST(TrainCommand, TokenCacheAndViewKeysExit2NamingTheKey) {
+  const std::vector<std::string> text = {"train", "model_name=tiny-llama", "dataset_type=text",
+                                         "dataset_path=/usr/share/common-licenses/GPL-3",
+                                         "steps=1"};
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> args = text;
+    args.push_back(extra);
+    return args;
+  };
+  expect_user_error(with("dataset_cache_dir=/usr/share/common-licenses/GPL-3"),
+                    "dataset_cache_dir");
+  expect_user_error(with("token_viz_file=/tmp/tokens.html"), "token_viz_file");  // no eval
+  std::vector<std::string> directory = with("token_viz_file=/tmp");
+  directory.emplace_back("eval_interval=1");
+  expect_user_error(directory, "token_viz_file");
 }
 
 TEST(ProgramCommand, PrintsLocalShapesAndCollectivesWithBytes) {

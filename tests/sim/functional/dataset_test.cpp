@@ -1,4 +1,6 @@
-// Training data: byte-level and SentencePiece tokenization, determinism by step, bad input.
+// Training data: byte-level and SentencePiece tokenization, determinism by step, bad input, and
+// the token cache (reuse across max_target_length, the same batches with and without it, stale
+// and corrupted caches).
 #include "sim/train/dataset.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +14,9 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/yaml_text.h"
 #include "model/config.h"
+#include "sim/train/token_cache.h"
 
 namespace tpusim {
 namespace {
@@ -20,8 +24,12 @@ namespace {
 constexpr const char* kText = "/usr/share/common-licenses/GPL-3";  // on every Debian machine
 
 Config text_config(const std::vector<std::string>& extra) {
-  std::vector<std::string> overrides = {"model_name=tiny-llama", "max_target_length=32",
-                                        "dataset_type=text", std::string("dataset_path=") + kText};
+  std::vector<std::string> overrides = {"model_name=tiny-llama", "dataset_type=text",
+                                        std::string("dataset_path=") + kText};
+  if (std::none_of(extra.begin(), extra.end(),
+                   [](const std::string& key) { return key.starts_with("max_target_length="); })) {
+    overrides.emplace_back("max_target_length=32");
+  }
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return Config::load("", overrides);
 }
@@ -108,6 +116,155 @@ TEST(Dataset, DatasetTypeDecidesNotTheSuffix) {
     EXPECT_NE(std::string(error.what()).find("records.txt:41"), std::string::npos) << error.what();
   }
   std::filesystem::remove_all(directory);
+}
+
+// A fresh directory under the test's temporary directory.
+std::filesystem::path fresh_directory(const std::string& name) {
+  const std::filesystem::path directory =
+      std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory);
+  return directory;
+}
+
+// Every training batch of the first `steps` steps and the first eval batch are equal.
+void expect_same_batches(const Dataset& a, const Dataset& b, int64_t steps) {
+  ASSERT_EQ(a.train_windows(), b.train_windows());
+  ASSERT_EQ(a.eval_windows(), b.eval_windows());
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch left = a.train_batch(step, 0, 4);
+    const Batch right = b.train_batch(step, 0, 4);
+    ASSERT_EQ(left.tokens, right.tokens) << "step " << step;
+    ASSERT_EQ(left.targets, right.targets) << "step " << step;
+  }
+  EXPECT_EQ(a.eval_batch(0, 4).tokens, b.eval_batch(0, 4).tokens);
+  // Bitwise, not within a tolerance: the sum runs in the same order.
+  EXPECT_EQ(a.unigram_entropy(), b.unigram_entropy());
+}
+
+// The first run tokenizes and writes the cache; runs with another max_target_length or seed read
+// it without tokenizing, and every batch (hence a resumed run, which asks for batches by step) is
+// bitwise what the uncached dataset gives.
+TEST(TokenCache, ReusedAcrossMaxTargetLengthWithTheSameBatches) {
+  const std::filesystem::path cache = fresh_directory("tpusim_token_cache");
+  const std::string cache_key = "dataset_cache_dir=" + cache.string();
+  const Dataset first = Dataset::from_config(text_config({cache_key}));
+  EXPECT_FALSE(first.from_cache());
+  EXPECT_NE(first.note().find("tokenized"), std::string::npos) << first.note();
+  const Dataset second = Dataset::from_config(text_config({cache_key}));
+  EXPECT_TRUE(second.from_cache()) << second.note();
+  EXPECT_NE(second.note().find("read from the cache"), std::string::npos) << second.note();
+  expect_same_batches(Dataset::from_config(text_config({})), second, 40);
+  for (const char* other : {"max_target_length=64", "data_shuffle_seed=7"}) {
+    const Dataset reused = Dataset::from_config(text_config({cache_key, other}));
+    EXPECT_TRUE(reused.from_cache()) << other;
+    expect_same_batches(Dataset::from_config(text_config({other})), reused, 40);
+  }
+  // base_output_directory alone puts the cache beneath it.
+  const Dataset beneath =
+      Dataset::from_config(text_config({"base_output_directory=" + cache.string() + "/runs"}));
+  EXPECT_NE(beneath.note().find("runs/dataset_cache"), std::string::npos) << beneath.note();
+  std::filesystem::remove_all(cache);
+}
+
+// A source over kTokenizePieceBytes makes several chunks; the tokens still are the file's bytes,
+// also across a chunk boundary, with and without the cache.
+TEST(TokenCache, SeveralChunksHoldTheWholeFile) {
+  const std::filesystem::path directory = fresh_directory("tpusim_token_chunks");
+  const std::string licence = read_text_file(kText);
+  std::string text;
+  while (static_cast<int64_t>(text.size()) < kTokenizePieceBytes + (1 << 20)) {
+    text += licence;
+  }
+  const std::string path = (directory / "big.txt").string();
+  std::ofstream(path) << text;
+  const TokenSourceSpec spec = {.dataset_type = "text",
+                                .path = path,
+                                .tokenizer_path = "",
+                                .cache_directory = (directory / "cache").string()};
+  const TokenizedSource built = load_tokens(spec);
+  const TokenizedSource mapped = load_tokens(spec);
+  ASSERT_TRUE(mapped.from_cache);
+  EXPECT_GE(mapped.tokens->chunks().size(), 2U);
+  ASSERT_EQ(mapped.tokens->size(), static_cast<int64_t>(text.size()));
+  for (int64_t index : {int64_t{0}, mapped.tokens->chunks()[0].tokens - 1,
+                        mapped.tokens->chunks()[0].tokens, mapped.tokens->size() - 1}) {
+    EXPECT_EQ(mapped.tokens->at(index),
+              static_cast<unsigned char>(text[static_cast<size_t>(index)]));
+    EXPECT_EQ(built.tokens->at(index), mapped.tokens->at(index));
+  }
+  std::filesystem::remove_all(directory);
+}
+
+TEST(TokenCache, SentencePieceTokensAreCachedToo) {
+  const std::filesystem::path directory = fresh_directory("tpusim_spm_cache");
+  const std::string command = std::string("spm_train --input=") + kText +
+                              " --model_prefix=" + directory.string() +
+                              "/text --vocab_size=200 --model_type=bpe --character_coverage=1.0 "
+                              "> /dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "spm_train (Debian package sentencepiece)";
+  const std::vector<std::string> keys = {"tokenizer_path=" + directory.string() + "/text.model",
+                                         "dataset_cache_dir=" + directory.string() + "/cache"};
+  EXPECT_FALSE(Dataset::from_config(text_config(keys)).from_cache());
+  const Dataset cached = Dataset::from_config(text_config(keys));
+  EXPECT_TRUE(cached.from_cache());
+  expect_same_batches(Dataset::from_config(text_config({keys[0]})), cached, 20);
+  std::filesystem::remove_all(directory);
+}
+
+// A changed source makes the cache stale: rebuilt, and the note says so. A chunk changed on disk
+// or cut short is a corrupted cache: exit 2 naming the file.
+TEST(TokenCache, StaleCacheIsRebuiltCorruptedOneNamed) {
+  const std::filesystem::path directory = fresh_directory("tpusim_token_corrupt");
+  const std::string path = (directory / "corpus.txt").string();
+  std::filesystem::copy_file(kText, path);
+  auto load = [&] {
+    return Dataset::from_config(Config::load(
+        "", {"model_name=tiny-llama", "max_target_length=32", "dataset_type=text",
+             "dataset_path=" + path, "dataset_cache_dir=" + (directory / "cache").string()}));
+  };
+  load();
+  std::ofstream(path, std::ios::app) << "one more line\n";
+  const Dataset rebuilt = load();
+  EXPECT_FALSE(rebuilt.from_cache());
+  EXPECT_NE(rebuilt.note().find("rebuilt"), std::string::npos) << rebuilt.note();
+  ASSERT_TRUE(load().from_cache());
+  std::filesystem::path chunk;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(directory / "cache")) {
+    if (entry.path().filename().string().starts_with("chunk-")) {
+      chunk = entry.path();
+    }
+  }
+  ASSERT_FALSE(chunk.empty());
+  auto expect_named = [&](const std::string& what) {
+    try {
+      load();
+      ADD_FAILURE() << "a " << what << " cache was read";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find(chunk.filename().string()), std::string::npos)
+          << error.what();
+      EXPECT_NE(std::string(error.what()).find(what), std::string::npos) << error.what();
+      EXPECT_EQ(error.key(), "dataset_cache_dir");
+    }
+  };
+  {
+    std::fstream stream(chunk, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekp(100);
+    stream.put('\x7f');
+  }
+  expect_named("content hash");
+  std::filesystem::resize_file(chunk, std::filesystem::file_size(chunk) / 2);
+  expect_named("truncated");
+  std::filesystem::remove_all(directory);
+}
+
+TEST(TokenCache, CacheDirectoryThatIsAFileIsUserError) {
+  try {
+    Dataset::from_config(text_config({std::string("dataset_cache_dir=") + kText}));
+    ADD_FAILURE() << "a file was taken as the cache directory";
+  } catch (const UserError& error) {
+    EXPECT_EQ(error.key(), "dataset_cache_dir") << error.what();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,525 @@
+#include "sim/train/token_cache.h"
+
+#include <fcntl.h>
+#include <sentencepiece_processor.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "common/counter_hash.h"
+#include "common/error.h"
+#include "common/yaml_text.h"
+#include "sim/train/token_viz.h"
+
+namespace tpusim {
+namespace {
+
+constexpr const char* kFormat = "tpusim-token-cache-1";
+constexpr const char* kIndexFile = "index.json";
+constexpr int64_t kByteVocabulary = 256;
+constexpr int64_t kMaxUint16Pieces = 65536;
+
+// xxHash64's constants and round (Collet, xxHash specification).
+constexpr uint64_t kPrime1 = 0x9E3779B185EBCA87ULL;
+constexpr uint64_t kPrime2 = 0xC2B2AE3D27D4EB4FULL;
+
+uint64_t rotate_left(uint64_t value, int bits) {
+  return (value << bits) | (value >> (64 - bits));
+}
+uint64_t round_hash(uint64_t lane, uint64_t word) {
+  return rotate_left(lane + word * kPrime2, 31) * kPrime1;
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << std::hex;
+  out.width(16);
+  out.fill('0');
+  out << value;
+  return out.str();
+}
+
+// dataset_type decides how the file is read, whatever its name: "text" as is, "jsonl" as one JSON
+// record with a "text" string per line.
+// (JSON lines only: a text file is used as read.)
+std::string read_documents(const std::string& raw, const std::string& path) {
+  std::string text;
+  std::istringstream lines(raw);
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      continue;
+    }
+    try {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.contains("text") || !record["text"].is_string()) {
+        throw UserError(path + ":" + std::to_string(number) +
+                        ": a JSON-lines record needs a \"text\" string");
+      }
+      text += record["text"].get<std::string>();
+      text += '\n';
+    } catch (const nlohmann::json::exception& error) {
+      throw UserError(path + ":" + std::to_string(number) + ": malformed JSON: " + error.what());
+    }
+  }
+  return text;
+}
+
+struct Fingerprint {
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+  std::string hash;  // "" until computed
+
+  nlohmann::json to_json() const {
+    return {{"bytes", bytes}, {"mtime_ns", mtime_ns}, {"hash", hash}};
+  }
+};
+
+Fingerprint stat_file(const std::string& path, const std::string& key) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) != 0 || !S_ISREG(status.st_mode)) {
+    throw UserError(key + ": '" + path + "' is not a readable regular file", key);
+  }
+  Fingerprint print;
+  print.bytes = static_cast<uint64_t>(status.st_size);
+  print.mtime_ns = static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000 +
+                   static_cast<int64_t>(status.st_mtim.tv_nsec);
+  return print;
+}
+
+// Whether the file still is what `recorded` describes: size and mtime equal, or the same size and
+// content hash (reads the file only in that case).
+bool still_matches(const std::string& path, const Fingerprint& now,
+                   const nlohmann::json& recorded) {
+  if (!recorded.is_object() || recorded.value("bytes", uint64_t{0}) != now.bytes) {
+    return false;
+  }
+  if (recorded.value("mtime_ns", int64_t{-1}) == now.mtime_ns) {
+    return true;
+  }
+  return recorded.value("hash", std::string()) == hex(content_hash(read_text_file(path)));
+}
+
+// The source text cut into pieces of about kTokenizePieceBytes, each ending after a newline.
+std::vector<std::string_view> cut_pieces(std::string_view text) {
+  std::vector<std::string_view> pieces;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = std::min(text.size(), start + static_cast<size_t>(kTokenizePieceBytes));
+    if (end < text.size()) {
+      const size_t newline = text.find('\n', end - 1);
+      end = newline == std::string_view::npos ? text.size() : newline + 1;
+    }
+    pieces.push_back(text.substr(start, end - start));
+    start = end;
+  }
+  return pieces;
+}
+
+class Tokenizer {
+ public:
+  Tokenizer(const std::string& model, const std::string& source) : model_(model), source_(source) {
+    if (model_.empty()) {
+      return;
+    }
+    const auto status = processor_.Load(model_);
+    if (!status.ok()) {
+      throw UserError(
+          "tokenizer_path: cannot load SentencePiece model '" + model_ + "': " + status.ToString(),
+          "tokenizer_path");
+    }
+  }
+  int64_t pieces() const {
+    return model_.empty() ? kByteVocabulary : static_cast<int64_t>(processor_.GetPieceSize());
+  }
+  std::string piece(int32_t token) const {
+    return token >= 0 && token < pieces() ? processor_.IdToPiece(token)
+                                          : "#" + std::to_string(token);
+  }
+  std::vector<int32_t> encode(std::string_view text) const {
+    if (model_.empty()) {
+      std::vector<int32_t> tokens(text.size());
+      for (size_t index = 0; index < text.size(); ++index) {
+        tokens[index] = static_cast<unsigned char>(text[index]);
+      }
+      return tokens;
+    }
+    std::vector<int> ids;
+    const auto encoded = processor_.Encode(text, &ids);
+    if (!encoded.ok()) {
+      throw UserError(
+          "tokenizer_path: '" + model_ + "' failed on '" + source_ + "': " + encoded.ToString(),
+          "tokenizer_path");
+    }
+    return {ids.begin(), ids.end()};
+  }
+
+ private:
+  std::string model_;
+  std::string source_;
+  sentencepiece::SentencePieceProcessor processor_;
+};
+
+// Tokenizes the pieces on the host's cores (each piece on its own, so the tokens do not depend on
+// the thread count); the first error is rethrown.
+std::vector<std::vector<int32_t>> encode_pieces(const Tokenizer& tokenizer,
+                                                const std::vector<std::string_view>& pieces) {
+  std::vector<std::vector<int32_t>> tokens(pieces.size());
+  std::vector<std::exception_ptr> errors(pieces.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t piece = next++; piece < pieces.size(); piece = next++) {
+      try {
+        tokens[piece] = tokenizer.encode(pieces[piece]);
+      } catch (...) {
+        errors[piece] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(pieces.size(), std::max(1U, std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (size_t thread = 1; thread < threads; ++thread) {
+    workers.emplace_back(work);
+  }
+  work();
+  for (std::thread& worker : workers) {
+    worker.join();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) {
+      std::rethrow_exception(error);
+    }
+  }
+  return tokens;
+}
+
+std::string encode_chunk(const std::vector<int32_t>& tokens, int width) {
+  std::string bytes(tokens.size() * static_cast<size_t>(width), '\0');
+  for (size_t index = 0; index < tokens.size(); ++index) {
+    const auto value = static_cast<uint32_t>(tokens[index]);
+    for (int byte = 0; byte < width; ++byte) {
+      bytes[index * static_cast<size_t>(width) + static_cast<size_t>(byte)] =
+          static_cast<char>((value >> (8 * byte)) & 0xffU);
+    }
+  }
+  return bytes;
+}
+
+std::string absolute(const std::string& path) {
+  std::error_code error;
+  const auto resolved = std::filesystem::absolute(path, error);
+  return error ? path : resolved.lexically_normal().string();
+}
+
+// The cache directory of a source: "<file name>-<hash of type, source, tokenizer>".
+std::string cache_directory_for(const TokenSourceSpec& spec) {
+  const std::string identity =
+      spec.dataset_type + "\n" + absolute(spec.path) + "\n" +
+      (spec.tokenizer_path.empty() ? "bytes" : absolute(spec.tokenizer_path));
+  const std::string name = std::filesystem::path(spec.path).filename().string();
+  return (std::filesystem::path(spec.cache_directory) / (name + "-" + hex(fnv1a(identity))))
+      .string();
+}
+
+UserError corrupted(const std::string& file, const std::string& what) {
+  return UserError("dataset_cache_dir: the token cache file '" + file + "' is corrupted (" + what +
+                       "); delete its directory to rebuild it",
+                   "dataset_cache_dir");
+}
+
+// The cache at `directory` if it is complete and matches the source and tokenizer; nullopt with
+// `stale` set when it is absent or out of date; UserError when it is corrupted.
+std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std::string& directory,
+                                          const Fingerprint& source, std::string& stale) {
+  const std::string index_path = directory + "/" + kIndexFile;
+  std::error_code error;
+  if (!std::filesystem::exists(index_path, error)) {
+    return std::nullopt;
+  }
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_text_file(index_path));
+  } catch (const nlohmann::json::exception& parse_error) {
+    throw corrupted(index_path, std::string("not JSON: ") + parse_error.what());
+  }
+  if (!index.is_object() || index.value("format", std::string()) != kFormat ||
+      !index.contains("chunks") || !index["chunks"].is_array() || !index.contains("pieces")) {
+    throw corrupted(index_path, std::string("not a ") + kFormat + " index");
+  }
+  if (index.value("dataset_type", std::string()) != spec.dataset_type) {
+    stale = "dataset_type changed";
+    return std::nullopt;
+  }
+  if (!still_matches(spec.path, source, index["source"])) {
+    stale = "'" + spec.path + "' changed";
+    return std::nullopt;
+  }
+  const nlohmann::json& tokenizer = index["tokenizer"];
+  if (spec.tokenizer_path.empty() != (tokenizer.value("kind", std::string()) == "bytes")) {
+    stale = "the tokenizer changed";
+    return std::nullopt;
+  }
+  if (!spec.tokenizer_path.empty() &&
+      !still_matches(spec.tokenizer_path, stat_file(spec.tokenizer_path, "tokenizer_path"),
+                     tokenizer)) {
+    stale = "'" + spec.tokenizer_path + "' changed";
+    return std::nullopt;
+  }
+  const int width = index.value("token_bytes", 0);
+  if (width != 2 && width != 4) {
+    throw corrupted(index_path, "token_bytes must be 2 or 4");
+  }
+  std::vector<std::string> paths;
+  for (const nlohmann::json& chunk : index["chunks"]) {
+    const std::string file = directory + "/" + chunk.value("file", std::string("?"));
+    const auto tokens = chunk.value("tokens", int64_t{-1});
+    const auto expected = static_cast<uintmax_t>(tokens) * static_cast<uintmax_t>(width);
+    const uintmax_t bytes = std::filesystem::file_size(file, error);
+    if (error) {
+      throw corrupted(file, "missing");
+    }
+    if (tokens < 0 || bytes != expected) {
+      throw corrupted(file, std::to_string(bytes) + " bytes, the index records " +
+                                std::to_string(expected) + (bytes < expected ? ": truncated" : ""));
+    }
+    paths.push_back(file);
+  }
+  TokenizedSource result;
+  auto tokens = TokenArray::mapped(paths, width);
+  for (size_t chunk = 0; chunk < paths.size(); ++chunk) {
+    const TokenArray::Chunk& mapped = tokens->chunks()[chunk];
+    const std::string_view bytes(static_cast<const char*>(mapped.data),
+                                 static_cast<size_t>(mapped.tokens * width));
+    if (hex(content_hash(bytes)) != index["chunks"][chunk].value("hash", std::string())) {
+      throw corrupted(paths[chunk], "its content hash differs from the index's");
+    }
+  }
+  result.tokens = std::move(tokens);
+  result.pieces = index["pieces"].get<int64_t>();
+  result.from_cache = true;
+  result.cache_path = directory;
+  result.note = "dataset: " + std::to_string(result.tokens->size()) +
+                " tokens read from the cache " + directory + " (nothing tokenized)";
+  return result;
+}
+
+void write_cache(const TokenSourceSpec& spec, const std::string& directory,
+                 const Fingerprint& source, const Tokenizer& tokenizer,
+                 const std::vector<std::vector<int32_t>>& pieces) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) {
+    throw UserError("dataset_cache_dir: cannot create '" + directory + "': " + error.message(),
+                    "dataset_cache_dir");
+  }
+  const int width = tokenizer.pieces() <= kMaxUint16Pieces ? 2 : 4;
+  nlohmann::json chunks = nlohmann::json::array();
+  std::vector<std::string> names;
+  for (size_t piece = 0; piece < pieces.size(); ++piece) {
+    std::string name = std::to_string(piece);
+    name = "chunk-" + source.hash + "-" + std::string(5 - std::min<size_t>(5, name.size()), '0') +
+           name + ".bin";
+    const std::string bytes = encode_chunk(pieces[piece], width);
+    write_file_durably(directory + "/" + name, bytes);
+    chunks.push_back(
+        {{"file", name}, {"tokens", pieces[piece].size()}, {"hash", hex(content_hash(bytes))}});
+    names.push_back(name);
+  }
+  nlohmann::json tokenizer_json = {{"kind", "bytes"}};
+  if (!spec.tokenizer_path.empty()) {
+    Fingerprint model = stat_file(spec.tokenizer_path, "tokenizer_path");
+    model.hash = hex(content_hash(read_text_file(spec.tokenizer_path)));
+    tokenizer_json = model.to_json();
+    tokenizer_json["kind"] = "sentencepiece";
+    tokenizer_json["path"] = absolute(spec.tokenizer_path);
+  }
+  nlohmann::json source_json = source.to_json();
+  source_json["path"] = absolute(spec.path);
+  const nlohmann::json index = {{"format", kFormat},
+                                {"dataset_type", spec.dataset_type},
+                                {"source", source_json},
+                                {"tokenizer", tokenizer_json},
+                                {"pieces", tokenizer.pieces()},
+                                {"token_bytes", width},
+                                {"chunks", chunks}};
+  // Last: the index makes the chunks visible to readers.
+  write_file_durably(directory + "/" + kIndexFile, index.dump(1) + "\n");
+  // Chunks of an older source are no longer referenced.
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    // Only finished chunks (".bin"): another process may be writing its temporaries here.
+    if (name.starts_with("chunk-") && name.ends_with(".bin") &&
+        std::find(names.begin(), names.end(), name) == names.end()) {
+      std::filesystem::remove(entry.path(), error);
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t content_hash(std::string_view data, uint64_t seed) {
+  std::array<uint64_t, 4> lanes = {seed + kPrime1 + kPrime2, seed + kPrime2, seed, seed - kPrime1};
+  const size_t blocks = data.size() / 32;
+  for (size_t block = 0; block < blocks; ++block) {
+    for (size_t lane = 0; lane < 4; ++lane) {
+      uint64_t word = 0;
+      std::memcpy(&word, data.data() + block * 32 + lane * 8, 8);
+      lanes[lane] = round_hash(lanes[lane], word);
+    }
+  }
+  uint64_t hash = static_cast<uint64_t>(data.size());
+  for (const uint64_t lane : lanes) {
+    hash = splitmix64(hash ^ lane);
+  }
+  for (size_t index = blocks * 32; index < data.size(); ++index) {
+    hash = splitmix64(hash ^ static_cast<unsigned char>(data[index]));
+  }
+  return hash;
+}
+
+TokenArray::~TokenArray() {
+  for (const auto& [address, bytes] : mappings_) {
+    ::munmap(address, bytes);
+  }
+}
+
+void TokenArray::add(Chunk chunk) {
+  if (starts_.empty()) {
+    starts_.push_back(0);
+  }
+  starts_.push_back(starts_.back() + chunk.tokens);
+  chunks_.push_back(chunk);
+}
+
+std::unique_ptr<TokenArray> TokenArray::in_memory(std::vector<std::vector<int32_t>> pieces) {
+  auto array = std::make_unique<TokenArray>();
+  array->owned_ = std::move(pieces);
+  for (const auto& piece : array->owned_) {
+    array->add({piece.data(), static_cast<int64_t>(piece.size()), 4});
+  }
+  return array;
+}
+
+std::unique_ptr<TokenArray> TokenArray::mapped(const std::vector<std::string>& paths, int width) {
+  auto array = std::make_unique<TokenArray>();
+  for (const std::string& path : paths) {
+    const auto bytes = static_cast<size_t>(std::filesystem::file_size(path));
+    if (bytes == 0) {
+      array->add({nullptr, 0, width});
+      continue;
+    }
+    const int descriptor = ::open(path.c_str(), O_RDONLY);
+    if (descriptor < 0) {
+      throw corrupted(path, "cannot be opened");
+    }
+    void* address = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, descriptor, 0);
+    ::close(descriptor);
+    if (address == MAP_FAILED) {
+      throw corrupted(path, "cannot be mapped");
+    }
+    array->mappings_.emplace_back(address, bytes);
+    array->add({address, static_cast<int64_t>(bytes) / width, width});
+  }
+  return array;
+}
+
+int32_t TokenArray::at(int64_t index) const {
+  const auto after = std::upper_bound(starts_.begin(), starts_.end(), index);
+  const auto chunk = static_cast<size_t>(after - starts_.begin() - 1);
+  const Chunk& found = chunks_[chunk];
+  const int64_t local = index - starts_[chunk];
+  if (found.width == 4) {
+    int32_t value = 0;
+    std::memcpy(&value, static_cast<const char*>(found.data) + local * 4, 4);
+    return value;
+  }
+  uint16_t value = 0;
+  std::memcpy(&value, static_cast<const char*>(found.data) + local * 2, 2);
+  return value;
+}
+
+TokenizedSource load_tokens(const TokenSourceSpec& spec) {
+  const bool cached = !spec.cache_directory.empty();
+  if (cached) {
+    std::error_code error;
+    if (std::filesystem::exists(spec.cache_directory, error) &&
+        !std::filesystem::is_directory(spec.cache_directory, error)) {
+      throw UserError(
+          "dataset_cache_dir: '" + spec.cache_directory + "' exists and is not a directory",
+          "dataset_cache_dir");
+    }
+  }
+  Fingerprint source = stat_file(spec.path, "dataset_path");
+  const std::string directory = cached ? cache_directory_for(spec) : "";
+  std::string stale;
+  if (cached) {
+    if (auto hit = read_cache(spec, directory, source, stale)) {
+      return std::move(*hit);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string text = read_text_file(spec.path);
+  source.hash = hex(content_hash(text));
+  const Tokenizer tokenizer(spec.tokenizer_path, spec.path);
+  if (spec.dataset_type == "jsonl") {
+    text = read_documents(text, spec.path);
+  }
+  std::vector<std::vector<int32_t>> pieces = encode_pieces(tokenizer, cut_pieces(text));
+  TokenizedSource result;
+  result.pieces = tokenizer.pieces();
+  result.tokenize_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (cached) {
+    write_cache(spec, directory, source, tokenizer, pieces);
+    result.cache_path = directory;
+  }
+  result.tokens = TokenArray::in_memory(std::move(pieces));
+  std::ostringstream note;
+  note.precision(2);
+  note << std::fixed << "dataset: tokenized " << result.tokens->size() << " tokens of '"
+       << spec.path << "' in " << result.tokenize_seconds << " s";
+  if (cached) {
+    note << ", cached in " << directory;
+    if (!stale.empty()) {
+      note << " (rebuilt: " << stale << ")";
+    }
+  }
+  result.note = note.str();
+  return result;
+}
+
+std::vector<std::string> token_texts(const std::string& tokenizer_path,
+                                     const std::vector<int32_t>& tokens) {
+  std::vector<std::string> texts;
+  if (tokenizer_path.empty()) {
+    for (const int32_t token : tokens) {
+      texts.push_back(token < kByteVocabulary ? byte_token_text(token)
+                                              : "#" + std::to_string(token));
+    }
+    return texts;
+  }
+  const Tokenizer tokenizer(tokenizer_path, tokenizer_path);
+  for (const int32_t token : tokens) {
+    texts.push_back(tokenizer.piece(token));
+  }
+  return texts;
+}
+
+}  // namespace tpusim
