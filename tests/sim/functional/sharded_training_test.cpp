@@ -26,9 +26,6 @@ constexpr double kTolerance = 1e-5;
 struct Case {
   std::string model;
   std::vector<std::string> mesh;
-  // A zero-initialized tensor (a bias) is nothing but its Adam updates, so its relative error is
-  // the updates' own, undiluted by initial weights: such cases allow more on the weights.
-  double weights_tolerance = kTolerance;
 };
 
 std::string describe(const Case& test_case) {
@@ -141,13 +138,16 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
         "base_moe_mlp_dim=32", "compile_topology=v5e-4", "per_device_batch_size=1",
         "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}},
       // qwen2's attention biases (query, key, value, out): their gradients sum over the tokens,
-      // which fsdp and context parallelism split. The biases start at zero, so after 2 steps
-      // they are their Adam updates alone; measured: gradients 6.6e-7, the worst bias 2.7e-5.
+      // which fsdp and context parallelism split. adam_eps 1e-3: the biases start at zero
+      // (MaxText's bias_init), and the key bias's lowest-frequency RoPE dims then get gradients of
+      // 2e-7, where Adam's g / (|g| + eps) with eps 1e-8 (or 1e-6) turns the fp32 summation
+      // difference (3e-10, 2.5e-7 of the tensor's gradient) into 1.3e-5 (3e-5) of the updated
+      // bias. With eps above every gradient the update is linear in g, so the weights compare the
+      // gradients' sharding; the gradients themselves are compared as they are.
       {"tiny-llama",
        {"override_model_config=true", "decoder_block=qwen2", "attention_bias=true",
         "compile_topology=v5e-8", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
-        "ici_tensor_parallelism=2", "ici_context_parallelism=2"},
-       1e-4},
+        "ici_tensor_parallelism=2", "ici_context_parallelism=2", "adam_eps=1e-3"}},
       // gemma4_small's: 5 layers (every 5th global, with its own head width), per-layer inputs
       // of width 16 from a 256-row table, the last 2 layers kv-shared with a double-wide MLP.
       {"tiny-llama",
@@ -172,7 +172,7 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
               << worst.weights << "  " << describe(test_case) << "\n";
     EXPECT_LE(worst.loss, kTolerance);
     EXPECT_LE(worst.gradients, kTolerance);
-    EXPECT_LE(worst.weights, test_case.weights_tolerance);
+    EXPECT_LE(worst.weights, kTolerance);
   }
 }
 
