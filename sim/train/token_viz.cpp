@@ -30,7 +30,7 @@ constexpr const char* kBody = R"HTML(
 it at the chosen evaluation step (hover a token for its probability and log-probability).</p>
 <div class="controls">
   <label>step <select id="step"></select></label>
-  <span style="margin-left:16px">p = 0</span><span class="legend"></span><span>p = 1</span>
+  <span style="margin-left:16px">p &le; 0.001</span><span class="legend"></span><span>p = 1</span>
   <span id="mean" style="margin-left:16px"></span>
 </div>
 <svg id="curve" width="640" height="200"></svg>
@@ -47,7 +47,12 @@ data.steps.forEach((s, i) => {
 });
 select.value = data.steps.length - 1;
 
-function colour(p) { return "hsl(" + (120 * p).toFixed(0) + ",70%," + (62 + 8 * Math.sin(Math.PI * p)).toFixed(0) + "%)"; }
+// On a log scale: a model at a few nats per token gives most tokens p < 0.1, which a linear scale
+// would paint all red. p <= 0.001 red, 0.03 yellow, 1 green.
+function colour(p) {
+  const x = Math.min(1, Math.max(0, 1 + Math.log10(Math.max(p, 1e-9)) / 3));
+  return "hsl(" + (120 * x).toFixed(0) + ",70%," + (62 + 8 * Math.sin(Math.PI * x)).toFixed(0) + "%)";
+}
 
 const curve = document.getElementById("curve");
 const W = 640, H = 200, pad = 36;

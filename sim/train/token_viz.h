@@ -3,8 +3,9 @@
 // At every evaluation the trainer records the log-probability the model gives each target token
 // of a fixed sample of held-out sequences (the first sequences of evaluation batch 0) and
 // rewrites one self-contained HTML page (html_page.h's frame: inline CSS and script, no network):
-// a heatmap per sequence, each token coloured by its probability with the values on hover, a
-// step selector over the evaluations, and the training and evaluation loss curves.
+// a heatmap per sequence, each token coloured by its probability (log scale, 0.001 to 1) with the
+// values on hover, a step selector over the evaluations, and the training and evaluation loss
+// curves.
 //
 // Example:
 //   TokenViz viz{.title = "tiny-llama on GPL-3", .pieces = {{"T", "h", "e"}}};
