@@ -60,6 +60,9 @@ std::string hf_family(const Config& config) {
   if (dims.is_moe()) {
     refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
   }
+  if (config.get_bool("attention_bias")) {
+    refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
+  }
   if (uses_qk_norm(config)) {
     refuse("use_qk_norm", "qk-norm (Qwen3's q_norm/k_norm) is not built by tpusim");
   }
