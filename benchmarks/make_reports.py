@@ -492,7 +492,7 @@ def screenshot_page(page, png, scratch):
 
 STARTUP_BYTES = 50 * 2**20
 STARTUP_ARGS = ["model_name=tiny-llama", "compile_topology=v5e-1", "per_device_batch_size=1",
-                "max_target_length=64", "steps=1", "dataset_type=text", "--quiet"]
+                "max_target_length=64", "steps=1", "dataset_type=text"]
 
 
 def startup_corpus(path):
