@@ -7,13 +7,8 @@ set -euo pipefail
 tpusim=$1
 out=$2
 mkdir -p "$out"
-browser=$(command -v chromium || command -v chromium-browser || true)
-if [[ -z "$browser" ]]; then
-  echo "step_page: no chromium; install it with: bash scripts/setup.sh --with-browser" >&2
-  exit 1
-fi
-browser_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
-               --user-data-dir="$out/profile" --enable-logging=stderr --v=0)
+test_name=step_page
+source "$(dirname "$0")/chromium.sh"
 failures=0
 
 # check NAME "LANE|LANE|..." ARGS...: estimate with --html, load the page, look for the lanes.

@@ -9,13 +9,8 @@ set -euo pipefail
 tpusim=$1
 out=$2
 mkdir -p "$out"
-browser=$(command -v chromium || command -v chromium-browser || true)
-if [[ -z "$browser" ]]; then
-  echo "token_viz_page: no chromium; install it with: bash scripts/setup.sh --with-browser" >&2
-  exit 1
-fi
-browser_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
-               --user-data-dir="$out/profile" --enable-logging=stderr --v=0)
+test_name=token_viz_page
+source "$(dirname "$0")/chromium.sh"
 failures=0
 fail() { echo "token_viz_page: $*" >&2; failures=$((failures + 1)); }
 
