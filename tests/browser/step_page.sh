@@ -18,7 +18,10 @@ check() {
   local page="$out/$name.html"
   "$tpusim" estimate "$@" --html "$page" > /dev/null
   local dom
-  dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$page" 2> "$out/$name.console.txt")
+  if ! dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$page" 2> "$out/$name.console.txt"); then
+    echo "step_page: $name: chromium failed: $(tail -n 3 "$out/$name.console.txt")" >&2
+    failures=$((failures + 1))
+  fi
   if ! grep -q 'data-rendered="1"' <<< "$dom"; then
     echo "step_page: $name: the page's script did not finish" >&2
     failures=$((failures + 1))

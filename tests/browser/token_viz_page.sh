@@ -26,7 +26,8 @@ if grep -Eq '<(script|link|img)[^>]+(src|href)=' "$page"; then
   fail "the page loads something (it must be self-contained)"
 fi
 
-dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$page" 2> "$out/token_viz.console.txt")
+dom=$("$browser" "${browser_flags[@]}" --dump-dom "file://$page" 2> "$out/token_viz.console.txt") ||
+  fail "chromium exited with $?: $(tail -n 3 "$out/token_viz.console.txt")"
 grep -q 'data-rendered="1"' <<< "$dom" || fail "the page's script did not finish"
 if grep -q "Uncaught" "$out/token_viz.console.txt"; then
   fail "script error: $(grep -m1 Uncaught "$out/token_viz.console.txt")"
