@@ -18,6 +18,8 @@ namespace tpusim {
 
 // Exit status of the CLI for any invalid input.
 inline constexpr int kUserErrorExitCode = 2;
+// Exit status of the CLI for a programming error (anything but a UserError escaped a command).
+inline constexpr int kInternalErrorExitCode = 1;
 
 class UserError : public std::runtime_error {
  public:
