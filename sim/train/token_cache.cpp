@@ -467,6 +467,9 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
     }
   }
   Fingerprint source = stat_file(spec.path, "dataset_path");
+  if (!spec.tokenizer_path.empty()) {
+    stat_file(spec.tokenizer_path, "tokenizer_path");  // a directory or a FIFO is exit 2
+  }
   const std::string directory = cached ? cache_directory_for(spec) : "";
   std::string stale;
   if (cached) {
@@ -515,6 +518,7 @@ std::vector<std::string> token_texts(const std::string& tokenizer_path,
     }
     return texts;
   }
+  stat_file(tokenizer_path, "tokenizer_path");
   const Tokenizer tokenizer(tokenizer_path, tokenizer_path);
   for (const int32_t token : tokens) {
     texts.push_back(tokenizer.piece(token));

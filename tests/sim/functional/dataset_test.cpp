@@ -73,6 +73,9 @@ TEST(Dataset, SentencePieceModel) {
 TEST(Dataset, BadInputIsUserError) {
   EXPECT_THROW(Dataset::from_config(text_config({"tokenizer_path=/nonexistent/tokenizer.model"})),
                UserError);
+  // A directory as the tokenizer was an internal error (exit 1) from the stream reading it.
+  EXPECT_THROW(Dataset::from_config(text_config({"tokenizer_path=/tmp"})), UserError);
+  EXPECT_THROW(Dataset::from_config(text_config({"tokenizer_path=/dev/null"})), UserError);
   EXPECT_THROW(Dataset::from_config(Config::load("", {"model_name=tiny-llama", "dataset_type=text",
                                                       "dataset_path=/nonexistent.txt"})),
                UserError);
