@@ -17,6 +17,28 @@
 namespace tpusim {
 namespace {
 
+// The message with control characters a value may carry (a newline, a tab, an escape) written
+// as \n, \t or \xHH, so an error stays one line on stderr whatever the user typed.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 int run_cli_or_throw(int argc, char** argv) {
   CLI::App app{"tpusim: estimate, explore and functionally run MaxText training on TPU slices"};
   app.require_subcommand(1);
@@ -35,7 +57,7 @@ int run_cli_or_throw(int argc, char** argv) {
   const bool json_errors = std::any_of(
       argv + 1, argv + argc, [](const char* arg) { return std::string_view(arg) == "--json"; });
   auto user_error = [&](const std::string& message, const std::string& key) {
-    std::cerr << "tpusim: " << message << "\n";
+    std::cerr << "tpusim: " << one_line(message) << "\n";
     if (json_errors) {
       const nlohmann::json error = {{"error", message},
                                     {"key", key.empty() ? nlohmann::json() : nlohmann::json(key)},
@@ -68,7 +90,7 @@ int run_cli(int argc, char** argv) {
   try {
     return run_cli_or_throw(argc, argv);
   } catch (const std::exception& error) {
-    std::cerr << "tpusim: internal error: " << error.what() << "\n";
+    std::cerr << "tpusim: internal error: " << one_line(error.what()) << "\n";
     return kInternalErrorExitCode;
   }
 }

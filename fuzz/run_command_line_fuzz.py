@@ -1,0 +1,195 @@
+"""Command-line fuzz: N generated tpusim command lines, each checked against the CLI's contract.
+
+The contract: every command ends with exit 0, or exit 2 and a one-line "tpusim: ..." message on
+stderr (plus an error object on stdout under --json); never a crash, a hang (a command over
+--timeout seconds), exit 1 (an internal error), or a file changed outside the run's directory.
+
+fuzz/command_lines.py draws the lines (classes: see its header); fuzz/command_line_driver runs them
+through tpusim::run_cli in chunks of --chunk lines, one process per chunk. When a driver process
+dies (a crash or a hang), its progress file names the line, which is recorded; the chunk goes on
+after it. At the end the runner checks that nothing outside the sandbox's work/ directory changed:
+the files in outside/ (a symbolic link in work/ points at one), /dev/full still a device, the
+repository's tracked and untracked files as they were.
+
+Writes a JSON summary (--summary) and exits 1 when the contract was broken anywhere.
+
+Example (the default test tier runs 2,000 lines; the slow tier 1,000,000):
+    python3 fuzz/run_command_line_fuzz.py --driver build/fuzz/command_line_driver --repo . \\
+        --count 2000 --seed 1 --summary /tmp/cli_fuzz.json
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import command_lines  # noqa: E402
+
+
+def snapshot(directory):
+    """Path -> (kind, content hash or link target) for everything under directory."""
+    found = {}
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                found[path] = ("link", os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    found[path] = ("file", hashlib.sha256(handle.read()).hexdigest())
+            else:
+                found[path] = ("other", stat.S_IFMT(info.st_mode))
+    return found
+
+
+def repository_state(repo):
+    """git status --porcelain (tracked changes and untracked files), or None outside git."""
+    result = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--ignored=no"],
+                            capture_output=True, text=True, check=False)
+    return result.stdout if result.returncode == 0 else None
+
+
+def run_chunk(driver, lines_path, work, timeout, progress_path):
+    """Runs the driver over lines_path from its first line; returns (summary or None, rc)."""
+    command = [str(driver), "--input", str(lines_path), "--progress-file", str(progress_path),
+               "--timeout", str(timeout)]
+    result = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False,
+                            stdin=subprocess.DEVNULL, errors="replace")
+    if result.returncode == 0:
+        return json.loads(result.stdout), 0, result.stderr
+    return None, result.returncode, result.stderr
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--driver", type=Path, required=True)
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--chunk", type=int, default=20000)
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per command")
+    parser.add_argument("--sandbox", type=Path, help="default: a new temporary directory")
+    parser.add_argument("--summary", type=Path, help="write the JSON summary here")
+    options = parser.parse_args()
+    options.driver = options.driver.resolve()
+    options.repo = options.repo.resolve()
+
+    sandbox_root = options.sandbox or Path(tempfile.mkdtemp(prefix="tpusim-cli-fuzz-"))
+    sandbox_root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(options.seed)
+    keys = command_lines.Keys(options.repo)
+    sandbox = command_lines.Sandbox(sandbox_root, options.repo)
+    sandbox.write_configs(rng, keys, 300)
+    sandbox.write_csvs(rng, 60)
+    generator = command_lines.Generator(rng, keys, sandbox)
+    outside_before = snapshot(sandbox.outside)
+    repo_before = repository_state(options.repo)
+    dev_full_before = stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+    classes = {}
+    violations = []
+    start = time.monotonic()
+    done = 0
+    lines_path = sandbox_root / "chunk.tsv"
+    progress_path = sandbox_root / "progress"
+    peak_rss = 0.0
+    while done < options.count:
+        size = min(options.chunk, options.count - done)
+        chunk = []
+        for _ in range(size):
+            label, argv = generator.line()
+            argv = [command_lines.unescape_literal(token) for token in argv]
+            chunk.append("\t".join([label] + [command_lines.escape(t) for t in argv]))
+        first = 0
+        while first < len(chunk):
+            lines_path.write_text("\n".join(chunk[first:]) + "\n")
+            summary, code, errors = run_chunk(options.driver, lines_path, sandbox.work,
+                                              options.timeout, progress_path)
+            if summary is not None:
+                for label, stats in summary["classes"].items():
+                    total = classes.setdefault(label, {"count": 0, "exit_codes": {},
+                                                       "slowest_seconds": 0.0})
+                    total["count"] += stats["count"]
+                    for exit_code, count in stats["exit_codes"].items():
+                        total["exit_codes"][exit_code] = total["exit_codes"].get(exit_code, 0) + count
+                    total["slowest_seconds"] = max(total["slowest_seconds"],
+                                                   stats["slowest_seconds"])
+                for violation in summary["violations"]:
+                    violation["command"] = chunk[first + violation["line"] - 1]
+                    violations.append(violation)
+                peak_rss = max(peak_rss, summary["peak_rss_mib"])
+                break
+            # The driver died on a line: record it, go on after it.
+            text = progress_path.read_text().strip() if progress_path.exists() else "0"
+            line = int(text or "0")
+            what = "hang" if code == 3 else ("signal %d" % -code if code < 0 else "exit %d" % code)
+            culprit = chunk[first + line - 1] if line >= 1 else "?"
+            label = culprit.split("\t", 1)[0]
+            violations.append({"class": label, "problem": what, "command": culprit,
+                               "stderr": errors[-400:]})
+            total = classes.setdefault(label, {"count": 0, "exit_codes": {},
+                                               "slowest_seconds": 0.0})
+            total["count"] += 1
+            total["exit_codes"][what] = total["exit_codes"].get(what, 0) + 1
+            first += max(line, 1)
+        done += size
+        print("cli fuzz: %d of %d commands, %d violations, %.0f s" %
+              (done, options.count, len(violations), time.monotonic() - start), file=sys.stderr)
+
+    changed = []
+    outside_after = snapshot(sandbox.outside)
+    if outside_after != outside_before:
+        changed.append("files outside the run directory changed: %s" % sorted(
+            set(outside_after.items()) ^ set(outside_before.items())))
+    if stat.S_ISCHR(os.stat("/dev/full").st_mode) != dev_full_before:
+        changed.append("/dev/full is no longer a character device")
+    if not os.path.islink(sandbox.work / "link_to_outside"):
+        changed.append("work/link_to_outside was replaced")
+    repo_after = repository_state(options.repo)
+    if repo_after != repo_before:
+        changed.append("the repository changed: %r -> %r" % (repo_before, repo_after))
+    extra = sorted(str(p) for p in sandbox_root.iterdir()
+                   if p.name not in ("work", "outside", "chunk.tsv", "progress"))
+    if extra:
+        changed.append("new files beside work/: %s" % extra)
+
+    result = {
+        "commands": options.count, "seed": options.seed, "seconds": time.monotonic() - start,
+        "peak_rss_mib": peak_rss, "classes": classes, "violations": violations,
+        "files_changed_outside": changed,
+        "reproduce": "python3 fuzz/run_command_line_fuzz.py --driver build/fuzz/command_line_driver"
+                     " --repo . --count %d --seed %d" % (options.count, options.seed),
+    }
+    if options.summary:
+        temporary = options.summary.with_suffix(".tmp")
+        temporary.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        os.replace(temporary, options.summary)
+    for violation in violations[:20]:
+        print("VIOLATION %s: %s\n  %s\n  %s" % (violation["class"], violation["problem"],
+                                               violation["command"][:300],
+                                               violation.get("stderr", "")[:300].strip()),
+              file=sys.stderr)
+    for problem in changed:
+        print("FILES: " + problem, file=sys.stderr)
+    exit_zero = sum(c["exit_codes"].get("0", 0) for c in classes.values())
+    print("cli fuzz: %d commands in %.0f s (%d classes): %d exit 0, %d exit 2, %d violations, "
+          "%d file problems" % (options.count, result["seconds"], len(classes), exit_zero,
+                                sum(c["exit_codes"].get("2", 0) for c in classes.values()),
+                                len(violations), len(changed)))
+    if not options.sandbox:
+        subprocess.run(["rm", "-rf", str(sandbox_root)], check=False)
+    return 1 if violations or changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
