@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -199,6 +200,9 @@ int main(int argc, char** argv) {
   };
   std::map<std::string, ClassStats> classes;
   nlohmann::json violations = nlohmann::json::array();
+  // Commands after which the peak resident memory rose by more than 256 MiB.
+  nlohmann::json memory_jumps = nlohmann::json::array();
+  double peak_mib = 0;
   std::string line;
   int64_t line_number = 0;
   while (std::getline(input, line)) {
@@ -235,6 +239,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fflush(stderr);
 
+    rusage after{};
+    getrusage(RUSAGE_SELF, &after);
+    const double now_mib = static_cast<double>(after.ru_maxrss) / 1024.0;
+    if (now_mib > peak_mib + 256 && memory_jumps.size() < 100) {
+      memory_jumps.push_back({{"line", line_number}, {"class", label}, {"peak_mib", now_mib}});
+    }
+    peak_mib = std::max(peak_mib, now_mib);
     if (outcomes.is_open()) {
       outcomes << line_number << '\t' << code << '\t' << seconds << '\n';
     }
@@ -282,6 +293,7 @@ int main(int argc, char** argv) {
                                  {"slowest_line", stats.slowest_line}};
   }
   summary["violations"] = violations;
+  summary["memory_jumps"] = memory_jumps;
   const std::string text =
       summary.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   (void)!write(summary_fd, text.data(), text.size());

@@ -98,6 +98,7 @@ def main():
 
     classes = {}
     violations = []
+    memory_jumps = []
     start = time.monotonic()
     done = 0
     lines_path = sandbox_root / "chunk.tsv"
@@ -128,6 +129,9 @@ def main():
                     violation["command"] = chunk[first + violation["line"] - 1]
                     violations.append(violation)
                 peak_rss = max(peak_rss, summary["peak_rss_mib"])
+                for jump in summary["memory_jumps"]:
+                    jump["command"] = chunk[first + jump["line"] - 1]
+                    memory_jumps.append(jump)
                 break
             # The driver died on a line: record it, go on after it.
             text = progress_path.read_text().strip() if progress_path.exists() else "0"
@@ -165,7 +169,7 @@ def main():
 
     result = {
         "commands": options.count, "seed": options.seed, "seconds": time.monotonic() - start,
-        "peak_rss_mib": peak_rss, "classes": classes, "violations": violations,
+        "peak_rss_mib": peak_rss, "memory_jumps": memory_jumps, "classes": classes, "violations": violations,
         "files_changed_outside": changed,
         "reproduce": "python3 fuzz/run_command_line_fuzz.py --driver build/fuzz/command_line_driver"
                      " --repo . --count %d --seed %d" % (options.count, options.seed),

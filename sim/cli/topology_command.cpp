@@ -24,8 +24,9 @@ struct TopologyOptions {
 
 constexpr double kGiga = 1e9;
 
-nlohmann::json topology_json(const Topology& topology) {
-  const Slice& slice = topology.slice();
+// `topology` is the graph of one slice (every figure below is per slice or per chip); `slice` the
+// whole request, for the totals over its slices.
+nlohmann::json topology_json(const Topology& topology, const Slice& slice) {
   nlohmann::json json;
   json["slice"] = slice.name;
   json["chip"] = slice.chip->name;
@@ -121,15 +122,27 @@ void register_topology_command(CLI::App& app) {
           "FILE or drop one of them");
     }
     const Slice slice = parse_slice(options->slice_name, options->num_slices);
-    const Topology topology(slice);
     if (options->dot) {
+      // The drawing holds every device, host and link of every slice.
+      constexpr int kMaxDotDevices = 65536;
+      if (slice.total_devices() > kMaxDotDevices) {
+        throw UserError("topology: --dot draws up to " + std::to_string(kMaxDotDevices) +
+                        " devices; " + options->slice_name + " x " +
+                        std::to_string(slice.num_slices) + " slices has " +
+                        std::to_string(slice.total_devices()));
+      }
+      const Topology topology(slice);
       if (options->dot_path.empty()) {
         std::cout << topology.to_dot();
         return;
       }
       write_file_atomically(options->dot_path, topology.to_dot());
     }
-    const nlohmann::json json = topology_json(topology);
+    // The figures are per slice, so one slice's graph gives them: 10,000 slices of a 256-chip
+    // pod took 2.5 s and 1.4 GB as one graph.
+    Slice one_slice = slice;
+    one_slice.num_slices = 1;
+    const nlohmann::json json = topology_json(Topology(one_slice), slice);
     if (options->json) {
       std::cout << json.dump(2) << "\n";
     } else {

@@ -54,6 +54,17 @@ TEST(TopologyCommand, MultisliceAndHumanOutput) {
   ASSERT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("16x16"), std::string::npos);
   EXPECT_NE(human.out.find("bisection"), std::string::npos);
+  // The per-slice figures come from one slice's graph: the most slices give the same figures
+  // (10,000 slices of a 256-chip pod took 1.4 GB as one graph of all of them).
+  const auto many = run_tpusim({"topology", "v5e-256", "--num-slices", "10000", "--json"});
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  nlohmann::json many_json = nlohmann::json::parse(many.out);
+  nlohmann::json two_json = nlohmann::json::parse(json_result.out);
+  EXPECT_EQ(many_json["chips"], 2560000);
+  for (const char* key : {"axes", "bisection_bandwidth_tbps", "ici_links_per_chip",
+                          "dcn_bandwidth_per_slice_gbps", "chips_per_slice"}) {
+    EXPECT_EQ(many_json[key], two_json[key]) << key;
+  }
 }
 
 TEST(TopologyCommand, DotToStdout) {
@@ -73,6 +84,9 @@ TEST(TopologyCommand, InvalidInputsExit2) {
   expect_user_error({"topology"}, "slice");
   expect_user_error({"topology", "v5p-8", "--bogus"}, "--bogus");
   expect_user_error({"topology", "v5p-8", "--json", "--dot"}, "--dot");
+  // Drawing every device of 300 pods is refused, not attempted.
+  expect_user_error({"topology", "v5e-256", "--num-slices", "300", "--dot", "/tmp/never.dot"},
+                    "65536");
 }
 
 TEST(HwCommand, ListsCatalogWithSources) {
