@@ -452,7 +452,20 @@ Config Config::load_files(const std::vector<std::string>& paths,
                       "model_name");
     }
   }
-  Config config = load_base(*embedded_file(kEmbeddedBasePath), kEmbeddedBasePath);
+  // The embedded base.yml is parsed once per process (the YAML parse was half of a command's
+  // time); each load gets deep copies of its values, since yaml-cpp nodes are shared references.
+  static const Config embedded_base =
+      load_base(*embedded_file(kEmbeddedBasePath), kEmbeddedBasePath);
+  Config config;
+  config.order_ = embedded_base.order_;
+  for (const auto& [key, entry] : embedded_base.entries_) {
+    // A fresh Entry: assigning to a copied node would redirect the shared one instead.
+    Entry copy;
+    copy.type = entry.type;
+    copy.value = YAML::Clone(entry.value);
+    copy.origin = entry.origin;
+    config.entries_.emplace(key, std::move(copy));
+  }
   for (const ConfigFileLayer& layer : files) {
     for (const auto& item : layer.root) {
       // A file's rules always merge by name: the embedded base's rules are MaxText's plus the

@@ -19,6 +19,13 @@ namespace {
 
 constexpr const char* kCommandLine = "command line";
 
+// A limit as the user would write it (0.25, 1e+309 -> inf), for messages.
+std::string format_number(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
 // The mesh axes the explorer factorizes the devices over (issue: MaxText's parallelism axes;
 // stage waits for pipelines).
 const std::vector<std::string> kIciSearchAxes = {
@@ -174,6 +181,11 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
          per_device *= 2) {
       add(per_device, pinned_accumulation);
     }
+    if (choices.empty()) {
+      throw UserError("explore: no per_device_batch_size up to " +
+                      format_number(limits.max_per_device_batch) + " gives a whole sequence on " +
+                      std::to_string(devices) + " devices");
+    }
     searched_keys.emplace_back("per_device_batch_size");
   }
   std::sort(choices.begin(), choices.end(),
@@ -311,11 +323,22 @@ int64_t SearchSpace::size() const {
 }
 
 SearchSpace build_search_space(const Config& config, const ExploreLimits& limits) {
-  if (limits.max_per_device_batch <= 0 || limits.max_accumulation_steps < 1 ||
-      limits.min_hbm_headroom < 0 || limits.min_hbm_headroom >= 1 || limits.global_batch_size < 0) {
-    throw UserError(
-        "explore: limits out of range (max per-device batch > 0, max accumulation "
-        ">= 1, 0 <= min HBM headroom < 1, global batch >= 0)");
+  // Written so NaN fails too. The largest batch bounds the search's loop (1e309 was an endless
+  // loop); below the smallest candidate (1/64) nothing would be searched.
+  constexpr double kSmallestBatch = 1.0 / 64;
+  constexpr double kLargestBatch = 65536;
+  if (!(limits.max_per_device_batch >= kSmallestBatch &&
+        limits.max_per_device_batch <= kLargestBatch)) {
+    throw UserError("--max-per-device-batch: " + format_number(limits.max_per_device_batch) +
+                    " must be from 1/64 to 65536");
+  }
+  if (!(limits.min_hbm_headroom >= 0 && limits.min_hbm_headroom < 1)) {
+    throw UserError("--min-hbm-headroom: " + format_number(limits.min_hbm_headroom) +
+                    " must be a fraction from 0 to below 1");
+  }
+  if (limits.max_accumulation_steps < 1 || limits.global_batch_size < 0) {
+    throw UserError("--global-batch-size: " + std::to_string(limits.global_batch_size) +
+                    " must be 0 (search the batch) or a number of sequences");
   }
   for (const bool dcn : {false, true}) {
     const std::string key = mesh_axis_key(dcn, "stage");

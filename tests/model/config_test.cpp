@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "common/embedded_files.h"
 #include "common/error.h"
 #include "model/config_rules.h"
@@ -33,6 +35,18 @@ TEST(Config, EmbeddedBaseLoadsWithMaxTextDefaults) {
 
 // get_int reads the stored decimal text directly; it must agree with yaml-cpp's conversion for
 // every way an int can be written.
+// The embedded base is parsed once per process; a load that changes values (a preset replacing
+// logical_axis_rules, overrides of lists) must not leak into the next load.
+TEST(Config, LoadsInOneProcessDoNotShareValues) {
+  const nlohmann::json first = Config::load("", {"model_name=tiny-llama"}).to_json();
+  Config::load("", {"model_name=deepseek3-671b-2dfsdp"});
+  Config::load("", {"model_name=tiny-llama", "override_model_config=true", "mlp_activations=[gelu]",
+                    "mesh_axes=[data, fsdp, tensor, stage, expert, context, sequence, "
+                    "tensor_transpose, tensor_sequence, autoregressive, fsdp_transpose]",
+                    "data_sharding=[[data, fsdp]]"});
+  EXPECT_EQ(Config::load("", {"model_name=tiny-llama"}).to_json(), first);
+}
+
 TEST(Config, IntsReadAsYamlConvertsThem) {
   Config config = Config::load("", {});
   for (const char* text : {"0", "-0", "7", "-1", "007", "+5", "4096", "-9223372036854775808",

@@ -818,6 +818,19 @@ TEST(ExploreCommand, BadConstraintsExitTwo) {
   expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
                      "ici_data_parallelism=65536", "ici_fsdp_parallelism=65536"},
                     "ici_data_parallelism=65536");
+  // Found by the command-line fuzz: 1e-30 searched no batch and crashed (SIGSEGV), 1e309 (inf)
+  // never left the loop doubling the batch; NaN passed every comparison.
+  for (const char* bad : {"1e-30", "1e309", "nan", "70000"}) {
+    expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
+                       "--max-per-device-batch", bad},
+                      "--max-per-device-batch");
+  }
+  expect_user_error({"explore", "model_name=tiny-llama", "compile_topology=v5e-8",
+                     "--max-per-device-batch", "0.015625"},
+                    "no per_device_batch_size up to 0.015625");
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--min-hbm-headroom", "nan"},
+      "--min-hbm-headroom");
 }
 
 TEST(ExploreCommand, NothingFitsSaysWhy) {
