@@ -41,7 +41,8 @@ MODELS = {
     "moe": ["model_name=tiny-moe", "compile_topology=v5e-8", "ici_expert_parallelism=4",
             "ici_fsdp_parallelism=2", "sparse_matmul=false", "capacity_factor=4.0"],
 }
-# Bounds a whole mpirun: well above a healthy run (a few seconds), below ctest's timeout.
+# Bounds a whole mpirun: well above a healthy run (a few seconds), below ctest's timeout; times
+# --time-scale (10 in sanitizer builds, whose code runs several times slower).
 RUN_LIMIT_S = 90
 
 
@@ -231,7 +232,10 @@ def main():
     parser.add_argument("model", nargs="?", default="llama", choices=sorted(MODELS))
     parser.add_argument("--tpusim", required=True)
     parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("--time-scale", type=int, default=1)
     args = parser.parse_args()
+    global RUN_LIMIT_S
+    RUN_LIMIT_S *= args.time_scale
     work = tempfile.mkdtemp(prefix=f"tpusim_mpi_{args.case}_")
     try:
         if args.case == "ranks_match_threaded":
