@@ -70,6 +70,39 @@ def run_chunk(driver, lines_path, work, timeout, progress_path):
     return None, result.returncode, result.stderr
 
 
+def markdown(result):
+    """The summary as a Markdown section: one row per class, then what broke the contract."""
+    doc = command_lines.__doc__.split("\n\n")[1].replace("\n", " ")
+    lines = ["## Generated command lines", "",
+             "%d command lines (seed %d) in %.0f s of wall time (one driver process at a time, "
+             "on a shared 2-core machine), %.1f ms each; peak memory of a driver process "
+             "%.0f MiB. %s" % (result["commands"], result["seed"], result["seconds"],
+                                               1000 * result["seconds"] / result["commands"],
+                                               result["peak_rss_mib"], doc), "",
+             "| class | commands | exit 0 | exit 2 | other | slowest (s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, stats in sorted(result["classes"].items()):
+        codes = stats["exit_codes"]
+        other = sum(count for code, count in codes.items() if code not in ("0", "2"))
+        lines.append("| %s | %d | %d | %d | %d | %.2f |" % (
+            label, stats["count"], codes.get("0", 0), codes.get("2", 0), other,
+            stats["slowest_seconds"]))
+    lines += ["", "Contract violations (crash, hang, exit 1, a multi-line or missing message): "
+              "**%d**." % len(result["violations"])]
+    for violation in result["violations"][:20]:
+        lines.append("- %s, %s: `%s`" % (violation["class"], violation["problem"],
+                                         violation["command"][:200].replace("\t", " ")))
+    lines += ["", "Files changed outside the run's directory: **%d**." %
+              len(result["files_changed_outside"])]
+    lines += ["%s" % problem for problem in result["files_changed_outside"]]
+    if result["memory_jumps"]:
+        lines += ["", "Commands that raised a driver's peak memory by more than 256 MiB:"]
+        lines += ["- `%s` (%.0f MiB)" % (jump["command"][:160].replace("\t", " "),
+                                        jump["peak_mib"]) for jump in result["memory_jumps"][:10]]
+    lines += ["", "Reproduce: `%s` (after `bash scripts/build.sh`)." % result["reproduce"], ""]
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--driver", type=Path, required=True)
@@ -80,7 +113,14 @@ def main():
     parser.add_argument("--timeout", type=int, default=60, help="seconds per command")
     parser.add_argument("--sandbox", type=Path, help="default: a new temporary directory")
     parser.add_argument("--summary", type=Path, help="write the JSON summary here")
+    parser.add_argument("--markdown", type=Path,
+                        help="write the summary as a Markdown section (for reports/reliability.md)")
+    parser.add_argument("--markdown-from", type=Path,
+                        help="only turn this JSON summary into --markdown, run nothing")
     options = parser.parse_args()
+    if options.markdown_from:
+        options.markdown.write_text(markdown(json.loads(options.markdown_from.read_text())))
+        return 0
     options.driver = options.driver.resolve()
     options.repo = options.repo.resolve()
 
@@ -178,6 +218,10 @@ def main():
         temporary = options.summary.with_suffix(".tmp")
         temporary.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         os.replace(temporary, options.summary)
+    if options.markdown:
+        temporary = options.markdown.with_suffix(".tmp")
+        temporary.write_text(markdown(result))
+        os.replace(temporary, options.markdown)
     for violation in violations[:20]:
         print("VIOLATION %s: %s\n  %s\n  %s" % (violation["class"], violation["problem"],
                                                violation["command"][:300],
