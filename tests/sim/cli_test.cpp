@@ -530,6 +530,11 @@ TEST(TrainCommand, BadInputExits2) {
       {"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/dev/zero"},
       "/dev/zero");
   expect_user_error({"config", "run_name=\xff"}, "run_name");
+  // A value with a newline or an escape stays on the error's one line, written as \n and \x1b.
+  const auto newline = run_tpusim({"estimate", "model_name=tiny\nllama\x1b[31m"});
+  EXPECT_EQ(newline.exit_code, 2);
+  EXPECT_EQ(std::count(newline.err.begin(), newline.err.end(), '\n'), 1) << newline.err;
+  EXPECT_NE(newline.err.find("tiny\\nllama\\x1b[31m"), std::string::npos) << newline.err;
   expect_user_error(
       {"train", "model_name=tiny-llama", "run_name=../..", "enable_checkpointing=true",
        "base_output_directory=/tmp/tpusim_cli_test_runs", "steps=1"},
