@@ -70,6 +70,14 @@ def run_chunk(driver, lines_path, work, timeout, progress_path):
     return None, result.returncode, result.stderr
 
 
+def report(violation):
+    """One violation on stderr as soon as it is found (a long run's log shows it at once)."""
+    print("VIOLATION %s: %s\n  %s\n  %s" % (violation["class"], violation["problem"],
+                                           violation["command"][:300],
+                                           violation.get("stderr", "")[:300].strip()),
+          file=sys.stderr, flush=True)
+
+
 def markdown(result):
     """The summary as a Markdown section: one row per class, then what broke the contract."""
     doc = command_lines.__doc__.split("\n\n")[1].replace("\n", " ")
@@ -168,6 +176,7 @@ def main():
                 for violation in summary["violations"]:
                     violation["command"] = chunk[first + violation["line"] - 1]
                     violations.append(violation)
+                    report(violation)
                 peak_rss = max(peak_rss, summary["peak_rss_mib"])
                 for jump in summary["memory_jumps"]:
                     jump["command"] = chunk[first + jump["line"] - 1]
@@ -181,6 +190,7 @@ def main():
             label = culprit.split("\t", 1)[0]
             violations.append({"class": label, "problem": what, "command": culprit,
                                "stderr": errors[-400:]})
+            report(violations[-1])
             total = classes.setdefault(label, {"count": 0, "exit_codes": {},
                                                "slowest_seconds": 0.0})
             total["count"] += 1
@@ -222,11 +232,6 @@ def main():
         temporary = options.markdown.with_suffix(".tmp")
         temporary.write_text(markdown(result))
         os.replace(temporary, options.markdown)
-    for violation in violations[:20]:
-        print("VIOLATION %s: %s\n  %s\n  %s" % (violation["class"], violation["problem"],
-                                               violation["command"][:300],
-                                               violation.get("stderr", "")[:300].strip()),
-              file=sys.stderr)
     for problem in changed:
         print("FILES: " + problem, file=sys.stderr)
     exit_zero = sum(c["exit_codes"].get("0", 0) for c in classes.values())

@@ -760,8 +760,12 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
         "--objective tokens_per_dollar: the hardware catalog (configs/hw) has no chip prices; "
         "use tokens_per_s_per_chip, mfu or step_time");
   }
-  if (options.top < 1) {
-    throw UserError("--top: " + std::to_string(options.top) + " must be at least 1");
+  // Each listed candidate is estimated again in full for its breakdown (~1.5 ms): --top 65536
+  // ran for minutes (found by the command-line fuzz). A ranking longer than this is not read.
+  constexpr int kMaxTop = 1000;
+  if (options.top < 1 || options.top > kMaxTop) {
+    throw UserError("--top: " + std::to_string(options.top) + " must be from 1 to " +
+                    std::to_string(kMaxTop));
   }
   ExploreResult result;
   result.objective = options.objective;

@@ -836,6 +836,9 @@ TEST(ExploreCommand, BadConstraintsExitTwo) {
   expect_user_error(
       {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--min-hbm-headroom", "nan"},
       "--min-hbm-headroom");
+  // Each listed candidate is estimated again: --top 65536 ran for minutes.
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-8", "--top", "65536"}, "--top");
 }
 
 TEST(ExploreCommand, NothingFitsSaysWhy) {
