@@ -485,6 +485,10 @@ class Generator:
                                "data_shuffle_seed", "init_weights_seed", "dataset_cache_dir"])
         if key in ("metrics_file", "token_viz_file", "dataset_cache_dir"):
             value = self.rng.choice(self.sandbox.hostile_outputs)
+        elif key == "gradient_accumulation_steps":
+            # A valid count trains that many microbatches for real (65,536 take minutes on a CPU:
+            # work the user asked for, not a hang); the edges around the valid range are tried.
+            value = self.rng.choice(["0", "-1", "1", "2", "1048577", "2147483648", "1.5", "abc"])
         elif key == "run_name":
             value = self.rng.choice(["ok", "../..", "..", "/abs", "a/b", "", "\\xff", "a\\nb"])
         else:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "common/error.h"
@@ -164,9 +165,14 @@ std::string join(const std::vector<std::string>& values) {
   return out.str();
 }
 
+// A whole number as its digits (1048577, not 1.04858e+06: the bound and the value must read
+// differently when they differ), anything else with the precision that tells it apart.
 std::string format_number(double value) {
+  if (std::isfinite(value) && value == std::floor(value) && std::abs(value) < 1e18) {
+    return std::to_string(static_cast<int64_t>(value));
+  }
   std::ostringstream out;
-  out << value;
+  out << std::setprecision(15) << value;
   return out.str();
 }
 
