@@ -152,6 +152,29 @@ def main():
     lines_path = sandbox_root / "chunk.tsv"
     progress_path = sandbox_root / "progress"
     peak_rss = 0.0
+
+    def run_lines(lines):
+        lines_path.write_text("\n".join(lines) + "\n")
+        return run_chunk(options.driver, lines_path, sandbox.work, options.timeout, progress_path)
+
+    def add_summary(summary, chunk, first):
+        nonlocal peak_rss
+        for label, stats in summary["classes"].items():
+            total = classes.setdefault(label, {"count": 0, "exit_codes": {},
+                                               "slowest_seconds": 0.0})
+            total["count"] += stats["count"]
+            for exit_code, count in stats["exit_codes"].items():
+                total["exit_codes"][exit_code] = total["exit_codes"].get(exit_code, 0) + count
+            total["slowest_seconds"] = max(total["slowest_seconds"], stats["slowest_seconds"])
+        for violation in summary["violations"]:
+            violation["command"] = chunk[first + violation["line"] - 1]
+            violations.append(violation)
+            report(violation)
+        peak_rss = max(peak_rss, summary["peak_rss_mib"])
+        for jump in summary["memory_jumps"]:
+            jump["command"] = chunk[first + jump["line"] - 1]
+            memory_jumps.append(jump)
+
     while done < options.count:
         size = min(options.chunk, options.count - done)
         chunk = []
@@ -161,32 +184,20 @@ def main():
             chunk.append("\t".join([label] + [command_lines.escape(t) for t in argv]))
         first = 0
         while first < len(chunk):
-            lines_path.write_text("\n".join(chunk[first:]) + "\n")
-            summary, code, errors = run_chunk(options.driver, lines_path, sandbox.work,
-                                              options.timeout, progress_path)
+            summary, code, errors = run_lines(chunk[first:])
             if summary is not None:
-                for label, stats in summary["classes"].items():
-                    total = classes.setdefault(label, {"count": 0, "exit_codes": {},
-                                                       "slowest_seconds": 0.0})
-                    total["count"] += stats["count"]
-                    for exit_code, count in stats["exit_codes"].items():
-                        total["exit_codes"][exit_code] = total["exit_codes"].get(exit_code, 0) + count
-                    total["slowest_seconds"] = max(total["slowest_seconds"],
-                                                   stats["slowest_seconds"])
-                for violation in summary["violations"]:
-                    violation["command"] = chunk[first + violation["line"] - 1]
-                    violations.append(violation)
-                    report(violation)
-                peak_rss = max(peak_rss, summary["peak_rss_mib"])
-                for jump in summary["memory_jumps"]:
-                    jump["command"] = chunk[first + jump["line"] - 1]
-                    memory_jumps.append(jump)
+                add_summary(summary, chunk, first)
                 break
-            # The driver died on a line: record it, go on after it.
+            # The driver died on a line: run the lines before it again (their outcomes died with
+            # the process), record the culprit, go on after it.
             text = progress_path.read_text().strip() if progress_path.exists() else "0"
-            line = int(text or "0")
+            line = max(int(text or "0"), 1)
+            if line > 1:
+                before, _, _ = run_lines(chunk[first:first + line - 1])
+                if before is not None:
+                    add_summary(before, chunk, first)
             what = "hang" if code == 3 else ("signal %d" % -code if code < 0 else "exit %d" % code)
-            culprit = chunk[first + line - 1] if line >= 1 else "?"
+            culprit = chunk[first + line - 1]
             label = culprit.split("\t", 1)[0]
             violations.append({"class": label, "problem": what, "command": culprit,
                                "stderr": errors[-400:]})
@@ -195,7 +206,7 @@ def main():
                                                "slowest_seconds": 0.0})
             total["count"] += 1
             total["exit_codes"][what] = total["exit_codes"].get(what, 0) + 1
-            first += max(line, 1)
+            first += line
         done += size
         print("cli fuzz: %d of %d commands, %d violations, %.0f s" %
               (done, options.count, len(violations), time.monotonic() - start), file=sys.stderr)
