@@ -67,8 +67,9 @@ bool same_tensors(const std::map<std::string, CheckpointTensor>& a,
   for (auto left = a.begin(), right = b.begin(); left != a.end(); ++left, ++right) {
     if (left->first != right->first || left->second.shape != right->second.shape ||
         left->second.values.size() != right->second.values.size() ||
-        std::memcmp(left->second.values.data(), right->second.values.data(),
-                    left->second.values.size() * sizeof(float)) != 0) {
+        (!left->second.values.empty() &&
+         std::memcmp(left->second.values.data(), right->second.values.data(),
+                     left->second.values.size() * sizeof(float)) != 0)) {
       return false;
     }
   }
