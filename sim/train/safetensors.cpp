@@ -213,7 +213,8 @@ std::map<std::string, CheckpointTensor> decode_safetensors(const std::string& pa
   try {
     const char* begin = bytes.data() + kHeaderSizeBytes;
     header = nlohmann::json::parse(begin, begin + header_size);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
+    // parse_error, and out_of_range for a number too large for a double ("1e400").
     throw file_error(path, std::string("bad safetensors header: not valid JSON: ") + error.what());
   }
   if (!header.is_object()) {
