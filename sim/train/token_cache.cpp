@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -246,8 +247,9 @@ UserError corrupted(const std::string& file, const std::string& what) {
 
 // The cache at `directory` if it is complete and matches the source and tokenizer; nullopt with
 // `stale` set when it is absent or out of date; UserError when it is corrupted.
-std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std::string& directory,
-                                          const Fingerprint& source, std::string& stale) {
+std::optional<TokenizedSource> read_cache_index(const TokenSourceSpec& spec,
+                                                const std::string& directory,
+                                                const Fingerprint& source, std::string& stale) {
   const std::string index_path = directory + "/" + kIndexFile;
   std::error_code error;
   if (!std::filesystem::exists(index_path, error)) {
@@ -313,11 +315,28 @@ std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std
   }
   result.tokens = std::move(tokens);
   result.pieces = index["pieces"].get<int64_t>();
+  // The Dataset sizes its token counts by the vocabulary: an id must fit the token width.
+  const int64_t max_pieces = width == 2 ? int64_t{1} << 16 : std::numeric_limits<int32_t>::max();
+  if (result.pieces < 1 || result.pieces > max_pieces) {
+    throw corrupted(index_path, "pieces must be from 1 to " + std::to_string(max_pieces) +
+                                    " for tokens of " + std::to_string(width) + " bytes");
+  }
   result.from_cache = true;
   result.cache_path = directory;
   result.note = "dataset: " + std::to_string(result.tokens->size()) +
                 " tokens read from the cache " + directory + " (nothing tokenized)";
   return result;
+}
+
+// read_cache_index, with a field of the wrong JSON type (a hand-edited or damaged index) a
+// corrupted cache like any other.
+std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std::string& directory,
+                                          const Fingerprint& source, std::string& stale) {
+  try {
+    return read_cache_index(spec, directory, source, stale);
+  } catch (const nlohmann::json::exception& error) {
+    throw corrupted(directory + "/" + kIndexFile, std::string("malformed index: ") + error.what());
+  }
 }
 
 void write_cache(const TokenSourceSpec& spec, const std::string& directory,
