@@ -74,8 +74,10 @@ const Setup& setup() {
     const fs::path source = scratch / "source.txt";
     const fs::path cache = scratch / "cache";
     tpusim::fuzz::write_file(source, kCacheSource);
-    const tpusim::TokenizedSource built = tpusim::load_tokens(
-        {.dataset_type = "text", .path = source.string(), .cache_directory = cache.string()});
+    const tpusim::TokenizedSource built = tpusim::load_tokens({.dataset_type = "text",
+                                                               .path = source.string(),
+                                                               .tokenizer_path = "",
+                                                               .cache_directory = cache.string()});
     result->index_path = fs::path(built.cache_path) / "index.json";
     for (size_t length = 0; length < kLengths.size(); ++length) {
       result->configs[0][length] = dataset_config("text", source, cache.string(), kLengths[length]);
