@@ -140,6 +140,11 @@ TensorEntry parse_tensor_entry(const std::string& path, const std::string& name,
   const auto bad = [&](const std::string& problem) {
     return file_error(path, "bad safetensors header: tensor '" + name + "' " + problem);
   };
+  // What encode_safetensors refuses to write is not read either: a checkpoint that loads must
+  // save again.
+  if (name.empty()) {
+    throw file_error(path, "bad safetensors header: a tensor has an empty name");
+  }
   if (!info.is_object()) {
     throw bad("is not a JSON object");
   }
