@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace tpusim {
 namespace {
@@ -93,6 +94,10 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
   auto take = [&](const std::string& text, const std::string& source) {
     if (text.find_first_not_of(" \t\n") == std::string::npos) {
       return;
+    }
+    // Flag names are listed in --json output, which must be UTF-8.
+    if (!is_valid_utf8(text)) {
+      throw UserError(source + ": the flags are not valid UTF-8 text");
     }
     report.sources.push_back(source);
     const std::vector<Flag> parsed = parse_flags(text, source);

@@ -414,7 +414,8 @@ Checkpoint load_checkpoint(const std::string& directory) {
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(state_text);
-  } catch (const nlohmann::json::parse_error& parse_error) {
+  } catch (const nlohmann::json::exception& parse_error) {
+    // parse_error, and out_of_range for a number too large for a double ("1e400").
     throw file_error(state_path, std::string("not valid JSON: ") + parse_error.what());
   }
   // Steps stay far below int64's end, so that step + 1 and step x tokens cannot overflow.

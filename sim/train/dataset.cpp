@@ -95,6 +95,12 @@ Dataset Dataset::from_config(const Config& config) {
         std::memcpy(&narrow, static_cast<const char*>(chunk.data) + index * 2, 2);
         token = narrow;
       }
+      // Only a damaged token cache holds ids past its tokenizer's pieces.
+      if (token < 0 || static_cast<size_t>(token) >= counts.size()) {
+        throw UserError("dataset_path: token id " + std::to_string(token) + " of '" + path +
+                        "' is outside the tokenizer's " + std::to_string(counts.size()) +
+                        " pieces (a corrupted token cache? remove it to rebuild it)");
+      }
       ++counts[static_cast<size_t>(token)];
     }
     counted += take;

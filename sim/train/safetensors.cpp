@@ -140,6 +140,11 @@ TensorEntry parse_tensor_entry(const std::string& path, const std::string& name,
   const auto bad = [&](const std::string& problem) {
     return file_error(path, "bad safetensors header: tensor '" + name + "' " + problem);
   };
+  // What encode_safetensors refuses to write is not read either: a checkpoint that loads must
+  // save again.
+  if (name.empty()) {
+    throw file_error(path, "bad safetensors header: a tensor has an empty name");
+  }
   if (!info.is_object()) {
     throw bad("is not a JSON object");
   }
@@ -213,7 +218,8 @@ std::map<std::string, CheckpointTensor> decode_safetensors(const std::string& pa
   try {
     const char* begin = bytes.data() + kHeaderSizeBytes;
     header = nlohmann::json::parse(begin, begin + header_size);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
+    // parse_error, and out_of_range for a number too large for a double ("1e400").
     throw file_error(path, std::string("bad safetensors header: not valid JSON: ") + error.what());
   }
   if (!header.is_object()) {

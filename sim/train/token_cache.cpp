@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -103,14 +104,35 @@ Fingerprint stat_file(const std::string& path, const std::string& key) {
   return print;
 }
 
+// The whole number `object[key]`, or nullopt when it is missing or not an integer that fits int64
+// (nlohmann's get<int64_t> converts 1e51 or 2^64 - 1 out of range: undefined behavior).
+std::optional<int64_t> integer_field(const nlohmann::json& object, const char* key) {
+  if (!object.is_object()) {
+    return std::nullopt;
+  }
+  const auto found = object.find(key);
+  if (found == object.end() || !found->is_number_integer()) {
+    return std::nullopt;
+  }
+  if (found->is_number_unsigned()) {
+    const auto value = found->get<uint64_t>();
+    if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(value);
+  }
+  return found->get<int64_t>();
+}
+
 // Whether the file still is what `recorded` describes: size and mtime equal, or the same size and
 // content hash (reads the file only in that case).
 bool still_matches(const std::string& path, const Fingerprint& now,
                    const nlohmann::json& recorded) {
-  if (!recorded.is_object() || recorded.value("bytes", uint64_t{0}) != now.bytes) {
+  const std::optional<int64_t> bytes = integer_field(recorded, "bytes");
+  if (!bytes || *bytes < 0 || static_cast<uint64_t>(*bytes) != now.bytes) {
     return false;
   }
-  if (recorded.value("mtime_ns", int64_t{-1}) == now.mtime_ns) {
+  if (integer_field(recorded, "mtime_ns") == now.mtime_ns) {
     return true;
   }
   return recorded.value("hash", std::string()) == hex(content_hash(read_text_file(path)));
@@ -246,8 +268,9 @@ UserError corrupted(const std::string& file, const std::string& what) {
 
 // The cache at `directory` if it is complete and matches the source and tokenizer; nullopt with
 // `stale` set when it is absent or out of date; UserError when it is corrupted.
-std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std::string& directory,
-                                          const Fingerprint& source, std::string& stale) {
+std::optional<TokenizedSource> read_cache_index(const TokenSourceSpec& spec,
+                                                const std::string& directory,
+                                                const Fingerprint& source, std::string& stale) {
   const std::string index_path = directory + "/" + kIndexFile;
   std::error_code error;
   if (!std::filesystem::exists(index_path, error)) {
@@ -282,14 +305,15 @@ std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std
     stale = "'" + spec.tokenizer_path + "' changed";
     return std::nullopt;
   }
-  const int width = index.value("token_bytes", 0);
-  if (width != 2 && width != 4) {
+  const int64_t token_bytes = integer_field(index, "token_bytes").value_or(0);
+  if (token_bytes != 2 && token_bytes != 4) {
     throw corrupted(index_path, "token_bytes must be 2 or 4");
   }
+  const int width = static_cast<int>(token_bytes);
   std::vector<std::string> paths;
   for (const nlohmann::json& chunk : index["chunks"]) {
     const std::string file = directory + "/" + chunk.value("file", std::string("?"));
-    const auto tokens = chunk.value("tokens", int64_t{-1});
+    const int64_t tokens = integer_field(chunk, "tokens").value_or(-1);
     const auto expected = static_cast<uintmax_t>(tokens) * static_cast<uintmax_t>(width);
     const uintmax_t bytes = std::filesystem::file_size(file, error);
     if (error) {
@@ -312,12 +336,29 @@ std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std
     }
   }
   result.tokens = std::move(tokens);
-  result.pieces = index["pieces"].get<int64_t>();
+  result.pieces = integer_field(index, "pieces").value_or(0);
+  // The Dataset sizes its token counts by the vocabulary: an id must fit the token width.
+  const int64_t max_pieces = width == 2 ? int64_t{1} << 16 : std::numeric_limits<int32_t>::max();
+  if (result.pieces < 1 || result.pieces > max_pieces) {
+    throw corrupted(index_path, "pieces must be from 1 to " + std::to_string(max_pieces) +
+                                    " for tokens of " + std::to_string(width) + " bytes");
+  }
   result.from_cache = true;
   result.cache_path = directory;
   result.note = "dataset: " + std::to_string(result.tokens->size()) +
                 " tokens read from the cache " + directory + " (nothing tokenized)";
   return result;
+}
+
+// read_cache_index, with a field of the wrong JSON type (a hand-edited or damaged index) a
+// corrupted cache like any other.
+std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std::string& directory,
+                                          const Fingerprint& source, std::string& stale) {
+  try {
+    return read_cache_index(spec, directory, source, stale);
+  } catch (const nlohmann::json::exception& error) {
+    throw corrupted(directory + "/" + kIndexFile, std::string("malformed index: ") + error.what());
+  }
 }
 
 void write_cache(const TokenSourceSpec& spec, const std::string& directory,

@@ -58,5 +58,30 @@ TEST(YamlText, MalformedYamlNamesOriginAndLine) {
   }
 }
 
+// yaml-cpp 0.7 loops on a ',' at document level, allocating until memory runs out (found by
+// fuzz/config_fuzz.cpp): each such text is a UserError at the ','.
+TEST(YamlText, CommaAtDocumentLevelIsUserErrorNotEndlessDocuments) {
+  for (const char* text : {",", ",defaults:# gemm ", "- a\n,", "# c\n,", "'x',", "&a ,"}) {
+    try {
+      parse_yaml(text, "comma.yml");
+      FAIL() << "expected UserError for " << text;
+    } catch (const UserError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("comma.yml"), std::string::npos) << message;
+      EXPECT_NE(message.find("','"), std::string::npos) << message;
+    }
+  }
+  // Commas where YAML allows them still parse, and several documents are still counted.
+  EXPECT_EQ(parse_yaml("a: [1, 2]\nb: x, y\n", "ok.yml")["b"].as<std::string>(), "x, y");
+  EXPECT_TRUE(parse_yaml("", "empty.yml").IsNull());
+  try {
+    parse_yaml("a: 1\n---\nb: 2\n---\nc: 3\n", "three.yml");
+    FAIL() << "expected UserError";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("3 YAML documents"), std::string::npos)
+        << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -384,6 +384,18 @@ TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
   EXPECT_NE(bad.err.find("xla_oops"), std::string::npos) << bad.err;
 }
 
+// An XLA flag name that is not UTF-8 could not be printed in --json (nlohmann's dump threw, exit
+// 1): it is exit 2 naming where the flags came from. Found by fuzz/cli_fuzz.cpp.
+TEST(EstimateCommand, XlaFlagsThatAreNotUtf8Exit2) {
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
+  expect_user_error({"estimate", "model_name=tiny-llama", "--xla-flags",
+                     "--x\xff"
+                     "a_tpu_scoped_vmem_limit_kib=98304",
+                     "--json"},
+                    "--xla-flags: the flags are not valid UTF-8");
+}
+
 TEST(ValidateCommand, JsonContractOnThePublishedSet) {
   const std::string csv = testing::source_dir() + "/validation/published.csv";
   const auto result = run_tpusim({"validate", csv, "--json"});

@@ -438,6 +438,32 @@ TEST_F(CheckpointTest, GarbageHeaderIsUserError) {
                     {model.string(), "bad safetensors header", "not valid JSON"});
 }
 
+// A number too large for a double is nlohmann's out_of_range, not a parse_error: it must still be
+// a UserError, in a safetensors header and in state.json (found by fuzz/checkpoint_fuzz.cpp).
+TEST_F(CheckpointTest, NumberTooLargeForADoubleIsUserError) {
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1e3082],"data_offsets":[0,0]}})";
+  std::string bytes(kHeaderSizeBytes, '\0');
+  write_u64_le(bytes, header.size());
+  bytes += header;
+  expect_user_error([&] { decode_safetensors("big.safetensors", bytes); },
+                    {"big.safetensors", "bad safetensors header", "not valid JSON"});
+
+  const fs::path directory = saved_sample();
+  write_bytes(directory / "state.json", R"({"step": 1e400, "files": {}})");
+  expect_user_error([&] { load_checkpoint(directory.string()); }, {"state.json", "not valid JSON"});
+}
+
+// A tensor named "" decoded, but save_checkpoint refuses the name (std::logic_error): a resumed
+// run could not save. The reader refuses it too (found by fuzz/checkpoint_fuzz.cpp's round trip).
+TEST_F(CheckpointTest, EmptyTensorNameIsUserError) {
+  const std::string header = R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string bytes(kHeaderSizeBytes, '\0');
+  write_u64_le(bytes, header.size());
+  bytes += header + std::string(4, '\0');
+  expect_user_error([&] { decode_safetensors("unnamed.safetensors", bytes); },
+                    {"unnamed.safetensors", "empty name"});
+}
+
 TEST_F(CheckpointTest, UnsupportedDtypeIsUserError) {
   const fs::path directory = saved_sample();
   const fs::path model = directory / "model.safetensors";

@@ -8,10 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/yaml_text.h"
@@ -258,6 +262,69 @@ TEST(TokenCache, StaleCacheIsRebuiltCorruptedOneNamed) {
   expect_named("content hash");
   std::filesystem::resize_file(chunk, std::filesystem::file_size(chunk) / 2);
   expect_named("truncated");
+  std::filesystem::remove_all(directory);
+}
+
+// A hand-edited or damaged index.json is exit 2 too: fields of the wrong JSON type, a vocabulary
+// that does not fit the token width, and tokens past the vocabulary (a 2-byte cache read as
+// 4-byte tokens, which overran the Dataset's token counts). Found by fuzz/dataset_fuzz.cpp.
+TEST(TokenCache, MalformedIndexIsUserError) {
+  const std::filesystem::path directory = fresh_directory("tpusim_token_index");
+  const std::string path = (directory / "corpus.txt").string();
+  {
+    std::ofstream out(path);
+    for (int line = 0; line < 50; ++line) {
+      out << "the quick brown fox jumps over the lazy dog\n";  // 44 bytes: an even total
+    }
+  }
+  auto load = [&] {
+    return Dataset::from_config(Config::load(
+        "", {"model_name=tiny-llama", "max_target_length=32", "dataset_type=text",
+             "dataset_path=" + path, "dataset_cache_dir=" + (directory / "cache").string()}));
+  };
+  load();
+  std::filesystem::path index_path;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(directory / "cache")) {
+    if (entry.path().filename() == "index.json") {
+      index_path = entry.path();
+    }
+  }
+  ASSERT_FALSE(index_path.empty());
+  const nlohmann::json index = nlohmann::json::parse(read_text_file(index_path.string()));
+  auto expect_refused = [&](const nlohmann::json& edited, const std::string& what) {
+    std::ofstream(index_path, std::ios::trunc) << edited.dump();
+    try {
+      load();
+      ADD_FAILURE() << "index " << edited.dump() << " was read";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find(what), std::string::npos) << error.what();
+    }
+  };
+  nlohmann::json edited = index;
+  edited["chunks"][0] = nullptr;
+  expect_refused(edited, "malformed index");
+  edited = index;
+  edited["dataset_type"] = 5;
+  expect_refused(edited, "malformed index");
+  // Whole numbers that are text, fractional or past int64 (2.8e51 converted to int64 was
+  // undefined behavior; fuzz/corpus/dataset/index-pieces-float-overflow) are refused by name.
+  for (const nlohmann::json& pieces :
+       {nlohmann::json("many"), nlohmann::json(int64_t{1} << 40), nlohmann::json(2.8e51),
+        nlohmann::json(std::numeric_limits<uint64_t>::max()), nlohmann::json(256.0)}) {
+    edited = index;
+    edited["pieces"] = pieces;
+    expect_refused(edited, "pieces must be from 1 to 65536");
+  }
+  edited = index;
+  edited["token_bytes"] = 2.0;
+  expect_refused(edited, "token_bytes must be 2 or 4");
+  edited = index;
+  edited["chunks"][0]["tokens"] = 1e30;
+  expect_refused(edited, "bytes, the index records");
+  edited = index;
+  edited["token_bytes"] = 4;
+  edited["chunks"][0]["tokens"] = index["chunks"][0]["tokens"].get<int64_t>() / 2;
+  expect_refused(edited, "outside the tokenizer's 256 pieces");
   std::filesystem::remove_all(directory);
 }
 
