@@ -10,10 +10,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -29,7 +32,7 @@
 namespace tpusim {
 namespace {
 
-constexpr const char* kFormat = "tpusim-token-cache-1";
+constexpr const char* kFormat = "tpusim-token-cache-2";
 constexpr const char* kIndexFile = "index.json";
 constexpr int64_t kByteVocabulary = 256;
 constexpr int64_t kMaxUint16Pieces = 65536;
@@ -199,37 +202,70 @@ class Tokenizer {
 };
 
 // Tokenizes the pieces on the host's cores (each piece on its own, so the tokens do not depend on
-// the thread count); the first error is rethrown.
-std::vector<std::vector<int32_t>> encode_pieces(const Tokenizer& tokenizer,
-                                                const std::vector<std::string_view>& pieces) {
+// the thread count) and hands them to `consume` in order, on the calling thread, as soon as each
+// and all before it are done. Stops early when `cancelled` is set; the first error is rethrown.
+void encode_pieces_in_order(const Tokenizer& tokenizer, const std::vector<std::string_view>& pieces,
+                            const std::atomic<bool>& cancelled,
+                            const std::function<void(size_t, std::vector<int32_t>)>& consume) {
   std::vector<std::vector<int32_t>> tokens(pieces.size());
   std::vector<std::exception_ptr> errors(pieces.size());
+  std::vector<char> done(pieces.size(), 0);
+  std::mutex mutex;
+  std::condition_variable finished;
   std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
   auto work = [&] {
-    for (size_t piece = next++; piece < pieces.size(); piece = next++) {
+    for (size_t piece = next++; piece < pieces.size() && !cancelled && !stop; piece = next++) {
+      std::vector<int32_t> encoded;
+      std::exception_ptr error;
       try {
-        tokens[piece] = tokenizer.encode(pieces[piece]);
+        encoded = tokenizer.encode(pieces[piece]);
       } catch (...) {
-        errors[piece] = std::current_exception();
+        error = std::current_exception();
       }
+      const std::lock_guard lock(mutex);
+      tokens[piece] = std::move(encoded);
+      errors[piece] = error;
+      done[piece] = 1;
+      finished.notify_all();
     }
   };
   const size_t threads =
       std::min<size_t>(pieces.size(), std::max(1U, std::thread::hardware_concurrency()));
   std::vector<std::thread> workers;
-  for (size_t thread = 1; thread < threads; ++thread) {
+  for (size_t thread = 0; thread < threads; ++thread) {
     workers.emplace_back(work);
   }
-  work();
+  std::exception_ptr failure;
+  for (size_t piece = 0; piece < pieces.size() && !cancelled && !failure; ++piece) {
+    std::vector<int32_t> ready;
+    {
+      std::unique_lock lock(mutex);
+      // A worker that saw `cancelled` leaves its piece undone: wake up to check it too.
+      while (done[piece] == 0 && !cancelled) {
+        finished.wait_for(lock, std::chrono::milliseconds(50));
+      }
+      if (done[piece] == 0) {
+        break;
+      }
+      failure = errors[piece];
+      ready = std::move(tokens[piece]);
+    }
+    if (!failure) {
+      try {
+        consume(piece, std::move(ready));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  stop = true;
   for (std::thread& worker : workers) {
     worker.join();
   }
-  for (const std::exception_ptr& error : errors) {
-    if (error) {
-      std::rethrow_exception(error);
-    }
+  if (failure) {
+    std::rethrow_exception(failure);
   }
-  return tokens;
 }
 
 std::string encode_chunk(const std::vector<int32_t>& tokens, int width) {
@@ -282,8 +318,17 @@ std::optional<TokenizedSource> read_cache_index(const TokenSourceSpec& spec,
   } catch (const nlohmann::json::exception& parse_error) {
     throw corrupted(index_path, std::string("not JSON: ") + parse_error.what());
   }
-  if (!index.is_object() || index.value("format", std::string()) != kFormat ||
-      !index.contains("chunks") || !index["chunks"].is_array() || !index.contains("pieces")) {
+  // An index of an earlier format (pieces cut elsewhere, so other tokens) is rebuilt.
+  const std::string format =
+      index.is_object() && index.contains("format") && index["format"].is_string()
+          ? index["format"].get<std::string>()
+          : "";
+  if (format != kFormat && format.starts_with("tpusim-token-cache-")) {
+    stale = "the cache format changed (" + format + ")";
+    return std::nullopt;
+  }
+  if (!index.is_object() || format != kFormat || !index.contains("chunks") ||
+      !index["chunks"].is_array() || !index.contains("pieces")) {
     throw corrupted(index_path, std::string("not a ") + kFormat + " index");
   }
   if (index.value("dataset_type", std::string()) != spec.dataset_type) {
@@ -361,57 +406,77 @@ std::optional<TokenizedSource> read_cache(const TokenSourceSpec& spec, const std
   }
 }
 
-void write_cache(const TokenSourceSpec& spec, const std::string& directory,
-                 const Fingerprint& source, const Tokenizer& tokenizer,
-                 const std::vector<std::vector<int32_t>>& pieces) {
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  if (error) {
-    throw UserError("dataset_cache_dir: cannot create '" + directory + "': " + error.message(),
-                    "dataset_cache_dir");
-  }
-  const int width = tokenizer.pieces() <= kMaxUint16Pieces ? 2 : 4;
-  nlohmann::json chunks = nlohmann::json::array();
-  std::vector<std::string> names;
-  for (size_t piece = 0; piece < pieces.size(); ++piece) {
-    std::string name = std::to_string(piece);
-    name = "chunk-" + source.hash + "-" + std::string(5 - std::min<size_t>(5, name.size()), '0') +
-           name + ".bin";
-    const std::string bytes = encode_chunk(pieces[piece], width);
-    write_file_durably(directory + "/" + name, bytes);
-    chunks.push_back(
-        {{"file", name}, {"tokens", pieces[piece].size()}, {"hash", hex(content_hash(bytes))}});
-    names.push_back(name);
-  }
-  nlohmann::json tokenizer_json = {{"kind", "bytes"}};
-  if (!spec.tokenizer_path.empty()) {
-    Fingerprint model = stat_file(spec.tokenizer_path, "tokenizer_path");
-    model.hash = hex(content_hash(read_text_file(spec.tokenizer_path)));
-    tokenizer_json = model.to_json();
-    tokenizer_json["kind"] = "sentencepiece";
-    tokenizer_json["path"] = absolute(spec.tokenizer_path);
-  }
-  nlohmann::json source_json = source.to_json();
-  source_json["path"] = absolute(spec.path);
-  const nlohmann::json index = {{"format", kFormat},
-                                {"dataset_type", spec.dataset_type},
-                                {"source", source_json},
-                                {"tokenizer", tokenizer_json},
-                                {"pieces", tokenizer.pieces()},
-                                {"token_bytes", width},
-                                {"chunks", chunks}};
-  // Last: the index makes the chunks visible to readers.
-  write_file_durably(directory + "/" + kIndexFile, index.dump(1) + "\n");
-  // Chunks of an older source are no longer referenced.
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    const std::string name = entry.path().filename().string();
-    // Only finished chunks (".bin"): another process may be writing its temporaries here.
-    if (name.starts_with("chunk-") && name.ends_with(".bin") &&
-        std::find(names.begin(), names.end(), name) == names.end()) {
-      std::filesystem::remove(entry.path(), error);
+// Writes a cache as the tokenizer produces it: create() the directory, one chunk file per
+// add_chunk(), then finish() writes the index that makes them visible and removes the chunks of an
+// older source.
+class CacheWriter {
+ public:
+  CacheWriter(const TokenSourceSpec& spec, std::string directory, Fingerprint source,
+              const Tokenizer& tokenizer)
+      : spec_(spec),
+        directory_(std::move(directory)),
+        source_(std::move(source)),
+        pieces_(tokenizer.pieces()),
+        width_(pieces_ <= kMaxUint16Pieces ? 2 : 4) {}
+
+  void create() const {
+    std::error_code error;
+    std::filesystem::create_directories(directory_, error);
+    if (error) {
+      throw UserError("dataset_cache_dir: cannot create '" + directory_ + "': " + error.message(),
+                      "dataset_cache_dir");
     }
   }
-}
+
+  void add_chunk(size_t piece, const std::vector<int32_t>& tokens) {
+    std::string name = std::to_string(piece);
+    name = "chunk-" + source_.hash + "-" + std::string(5 - std::min<size_t>(5, name.size()), '0') +
+           name + ".bin";
+    const std::string bytes = encode_chunk(tokens, width_);
+    write_file_durably(directory_ + "/" + name, bytes);
+    chunks_.push_back(
+        {{"file", name}, {"tokens", tokens.size()}, {"hash", hex(content_hash(bytes))}});
+    names_.push_back(name);
+  }
+
+  void finish() const {
+    nlohmann::json tokenizer_json = {{"kind", "bytes"}};
+    if (!spec_.tokenizer_path.empty()) {
+      Fingerprint model = stat_file(spec_.tokenizer_path, "tokenizer_path");
+      model.hash = hex(content_hash(read_text_file(spec_.tokenizer_path)));
+      tokenizer_json = model.to_json();
+      tokenizer_json["kind"] = "sentencepiece";
+      tokenizer_json["path"] = absolute(spec_.tokenizer_path);
+    }
+    nlohmann::json source_json = source_.to_json();
+    source_json["path"] = absolute(spec_.path);
+    const nlohmann::json index = {{"format", kFormat},     {"dataset_type", spec_.dataset_type},
+                                  {"source", source_json}, {"tokenizer", tokenizer_json},
+                                  {"pieces", pieces_},     {"token_bytes", width_},
+                                  {"chunks", chunks_}};
+    // Last: the index makes the chunks visible to readers.
+    write_file_durably(directory_ + "/" + kIndexFile, index.dump(1) + "\n");
+    // Chunks of an older source are no longer referenced.
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(directory_, error)) {
+      const std::string name = entry.path().filename().string();
+      // Only finished chunks (".bin"): another process may be writing its temporaries here.
+      if (name.starts_with("chunk-") && name.ends_with(".bin") &&
+          std::find(names_.begin(), names_.end(), name) == names_.end()) {
+        std::filesystem::remove(entry.path(), error);
+      }
+    }
+  }
+
+ private:
+  TokenSourceSpec spec_;
+  std::string directory_;
+  Fingerprint source_;
+  int64_t pieces_;
+  int width_;
+  nlohmann::json chunks_ = nlohmann::json::array();
+  std::vector<std::string> names_;
+};
 
 }  // namespace
 
@@ -436,6 +501,10 @@ uint64_t content_hash(std::string_view data, uint64_t seed) {
 }
 
 TokenArray::~TokenArray() {
+  if (producer_.joinable()) {
+    cancelled_ = true;
+    producer_.join();
+  }
   for (const auto& [address, bytes] : mappings_) {
     ::munmap(address, bytes);
   }
@@ -447,6 +516,73 @@ void TokenArray::add(Chunk chunk) {
   }
   starts_.push_back(starts_.back() + chunk.tokens);
   chunks_.push_back(chunk);
+  published_ = chunks_.size();
+}
+
+std::shared_ptr<TokenArray> TokenArray::growing(size_t expected_chunks, Producer produce) {
+  auto array = std::make_shared<TokenArray>();
+  // Sized once: readers index these while the producer fills the next slots.
+  array->chunks_.resize(expected_chunks);
+  array->starts_.assign(expected_chunks + 1, 0);
+  array->owned_.reserve(expected_chunks);
+  array->complete_ = false;
+  TokenArray* self = array.get();
+  array->producer_ = std::thread([self, produce = std::move(produce)] {
+    std::string note;
+    std::exception_ptr failure;
+    try {
+      note = produce(*self, self->cancelled_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const std::lock_guard lock(self->mutex_);
+    self->note_ = std::move(note);
+    self->failure_ = failure;
+    self->complete_ = true;
+    self->changed_.notify_all();
+  });
+  return array;
+}
+
+void TokenArray::publish(std::vector<int32_t> tokens) {
+  const std::lock_guard lock(mutex_);
+  const size_t chunk = published_;
+  if (chunk >= chunks_.size()) {
+    throw std::logic_error("TokenArray::publish: more chunks than expected");
+  }
+  owned_.push_back(std::move(tokens));
+  const std::vector<int32_t>& stored = owned_.back();
+  chunks_[chunk] = {stored.data(), static_cast<int64_t>(stored.size()), 4};
+  starts_[chunk + 1] = starts_[chunk] + static_cast<int64_t>(stored.size());
+  published_.store(chunk + 1, std::memory_order_release);
+  changed_.notify_all();
+}
+
+int64_t TokenArray::size() const {
+  return starts_.empty() ? 0 : starts_[published_.load(std::memory_order_acquire)];
+}
+
+bool TokenArray::complete() const {
+  const std::lock_guard lock(mutex_);
+  return complete_;
+}
+
+int64_t TokenArray::wait_for(int64_t tokens) const {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return complete_ || size() >= tokens; });
+  if (failure_) {
+    std::rethrow_exception(failure_);
+  }
+  return size();
+}
+
+std::string TokenArray::wait_complete() const {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return complete_; });
+  if (failure_) {
+    std::rethrow_exception(failure_);
+  }
+  return note_;
 }
 
 std::unique_ptr<TokenArray> TokenArray::in_memory(std::vector<std::vector<int32_t>> pieces) {
@@ -482,7 +618,8 @@ std::unique_ptr<TokenArray> TokenArray::mapped(const std::vector<std::string>& p
 }
 
 int32_t TokenArray::at(int64_t index) const {
-  const auto after = std::upper_bound(starts_.begin(), starts_.end(), index);
+  const auto published = static_cast<ptrdiff_t>(published_.load(std::memory_order_acquire));
+  const auto after = std::upper_bound(starts_.begin(), starts_.begin() + published + 1, index);
   const auto chunk = static_cast<size_t>(after - starts_.begin() - 1);
   const Chunk& found = chunks_[chunk];
   const int64_t local = index - starts_[chunk];
@@ -519,31 +656,61 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  std::string text = read_text_file(spec.path);
-  source.hash = hex(content_hash(text));
-  const Tokenizer tokenizer(spec.tokenizer_path, spec.path);
+  auto text = std::make_shared<std::string>(read_text_file(spec.path));
+  source.hash = hex(content_hash(*text));
+  auto tokenizer = std::make_shared<const Tokenizer>(spec.tokenizer_path, spec.path);
   if (spec.dataset_type == "jsonl") {
-    text = read_documents(text, spec.path);
+    *text = read_documents(*text, spec.path);
   }
-  std::vector<std::vector<int32_t>> pieces = encode_pieces(tokenizer, cut_pieces(text));
+  auto pieces = std::make_shared<const std::vector<std::string_view>>(cut_pieces(*text));
+  std::shared_ptr<CacheWriter> writer;
+  if (cached) {
+    writer = std::make_shared<CacheWriter>(spec, directory, source, *tokenizer);
+    writer->create();  // a directory that cannot be made is exit 2 before training starts
+  }
   TokenizedSource result;
-  result.pieces = tokenizer.pieces();
-  result.tokenize_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (cached) {
-    write_cache(spec, directory, source, tokenizer, pieces);
-    result.cache_path = directory;
-  }
-  result.tokens = TokenArray::in_memory(std::move(pieces));
+  result.pieces = tokenizer->pieces();
+  result.cache_path = directory;
+  const std::string path = spec.path;
+  // `pieces` views `text`: the producer owns both until it is done.
+  result.tokens = TokenArray::growing(
+      pieces->size(), [=](TokenArray& array, const std::atomic<bool>& cancelled) {
+        const std::shared_ptr<std::string> owned_text = text;
+        encode_pieces_in_order(*tokenizer, *pieces, cancelled,
+                               [&](size_t piece, std::vector<int32_t> tokens) {
+                                 if (writer) {
+                                   writer->add_chunk(piece, tokens);
+                                 }
+                                 array.publish(std::move(tokens));
+                               });
+        if (cancelled) {
+          return std::string("dataset: tokenizing stopped early, nothing cached");
+        }
+        if (writer) {
+          writer->finish();
+        }
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::ostringstream note;
+        note.precision(2);
+        note << std::fixed << "dataset: tokenized " << array.size() << " tokens of '" << path
+             << "' in " << seconds << " s";
+        if (writer) {
+          note << ", cached in " << directory;
+          if (!stale.empty()) {
+            note << " (rebuilt: " << stale << ")";
+          }
+        }
+        return note.str();
+      });
   std::ostringstream note;
-  note.precision(2);
-  note << std::fixed << "dataset: tokenized " << result.tokens->size() << " tokens of '"
-       << spec.path << "' in " << result.tokenize_seconds << " s";
-  if (cached) {
-    note << ", cached in " << directory;
-    if (!stale.empty()) {
-      note << " (rebuilt: " << stale << ")";
-    }
+  note.precision(1);
+  note << std::fixed << "dataset: tokenizing '" << spec.path << "' ("
+       << static_cast<double>(text->size()) / (1 << 20) << " MiB in " << pieces->size()
+       << (pieces->size() == 1 ? " piece" : " pieces")
+       << ") in the background; training starts with the first";
+  if (!stale.empty()) {
+    note << " (cache rebuilt: " << stale << ")";
   }
   result.note = note.str();
   return result;

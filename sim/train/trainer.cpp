@@ -920,6 +920,11 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       }
     }
   }
+  // The tokenizer finishes (and writes the cache for the next run) even when training needed only
+  // its first eras.
+  if (const std::string tokenized = data_.wait_until_tokenized(); report && !tokenized.empty()) {
+    progress << tokenized << "\n";
+  }
   return curve;
 }
 

@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -157,7 +160,11 @@ TEST(TokenCache, ReusedAcrossMaxTargetLengthWithTheSameBatches) {
   const std::string cache_key = "dataset_cache_dir=" + cache.string();
   const Dataset first = Dataset::from_config(text_config({cache_key}));
   EXPECT_FALSE(first.from_cache());
-  EXPECT_NE(first.note().find("tokenized"), std::string::npos) << first.note();
+  EXPECT_NE(first.note().find("tokenizing"), std::string::npos) << first.note();
+  // The cache is complete once the background tokenizer is done.
+  const std::string tokenized = first.wait_until_tokenized();
+  EXPECT_NE(tokenized.find("tokenized"), std::string::npos) << tokenized;
+  EXPECT_NE(tokenized.find("cached in"), std::string::npos) << tokenized;
   const Dataset second = Dataset::from_config(text_config({cache_key}));
   EXPECT_TRUE(second.from_cache()) << second.note();
   EXPECT_NE(second.note().find("read from the cache"), std::string::npos) << second.note();
@@ -170,7 +177,8 @@ TEST(TokenCache, ReusedAcrossMaxTargetLengthWithTheSameBatches) {
   // base_output_directory alone puts the cache beneath it.
   const Dataset beneath =
       Dataset::from_config(text_config({"base_output_directory=" + cache.string() + "/runs"}));
-  EXPECT_NE(beneath.note().find("runs/dataset_cache"), std::string::npos) << beneath.note();
+  const std::string beneath_note = beneath.wait_until_tokenized();
+  EXPECT_NE(beneath_note.find("runs/dataset_cache"), std::string::npos) << beneath_note;
   std::filesystem::remove_all(cache);
 }
 
@@ -190,6 +198,7 @@ TEST(TokenCache, SeveralChunksHoldTheWholeFile) {
                                 .tokenizer_path = "",
                                 .cache_directory = (directory / "cache").string()};
   const TokenizedSource built = load_tokens(spec);
+  built.tokens->wait_complete();
   const TokenizedSource mapped = load_tokens(spec);
   ASSERT_TRUE(mapped.from_cache);
   EXPECT_GE(mapped.tokens->chunks().size(), 2U);
@@ -203,6 +212,78 @@ TEST(TokenCache, SeveralChunksHoldTheWholeFile) {
   std::filesystem::remove_all(directory);
 }
 
+// The order as dataset.h defines it, checked on 2.5 MiB of pseudo-random letters (every window
+// different; 2^20 tokens per era, windows of 32 + 1 tokens: 32768 windows per era, of which the
+// last 3276 are held out): held-out window k of era e starts at token (32768 e + 29492 + k) * 32;
+// the first 29492 training positions are distinct windows of era 0's training part and position
+// 29492 is in era 1's.
+TEST(Dataset, ErasHoldOutTheirLastTenthAndShuffleWithinThemselves) {
+  const std::filesystem::path directory = fresh_directory("tpusim_eras");
+  std::string text(5U << 19, ' ');
+  uint64_t state = 1;
+  for (char& letter : text) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;  // Knuth's MMIX LCG
+    letter = static_cast<char>('A' + (state >> 59));                  // 32 ASCII letters and signs
+  }
+  const std::string path = (directory / "letters.txt").string();
+  std::ofstream(path) << text;
+  const Dataset data = Dataset::from_config(
+      Config::load("", {"model_name=tiny-llama", "max_target_length=32", "dataset_type=text",
+                        "dataset_path=" + path, "base_output_directory=", "dataset_cache_dir="}));
+  constexpr int64_t kEra = 32768;
+  constexpr int64_t kTrain = 29492;
+  std::map<std::vector<int32_t>, int64_t> window_of;  // a window's 32 tokens -> its number
+  for (int64_t window = 0; (window + 1) * 32 < static_cast<int64_t>(text.size()); ++window) {
+    window_of[std::vector<int32_t>(text.begin() + window * 32, text.begin() + window * 32 + 32)] =
+        window;
+  }
+  auto window_at = [&](const Batch& batch) {
+    const auto found = window_of.find(batch.tokens);
+    return found == window_of.end() ? int64_t{-1} : found->second;
+  };
+  EXPECT_EQ(window_at(data.eval_batch(0, 1)), kTrain);
+  EXPECT_EQ(window_at(data.eval_batch(3275, 1)), kTrain + 3275);
+  EXPECT_EQ(window_at(data.eval_batch(3276, 1)), kEra + kTrain);
+  std::set<int64_t> seen;
+  for (int64_t position = 0; position < kTrain; position += 7) {
+    const int64_t window = window_at(data.train_batch(position, 0, 1));
+    EXPECT_TRUE(window >= 0 && window < kTrain) << position << " -> " << window;
+    EXPECT_TRUE(seen.insert(window).second) << position << " repeats window " << window;
+  }
+  const int64_t next_era = window_at(data.train_batch(kTrain, 0, 1));
+  EXPECT_TRUE(next_era >= kEra && next_era < kEra + kTrain) << next_era;
+  // 2.5 MiB: two full eras and a half one, each holding out a tenth.
+  const int64_t windows = (static_cast<int64_t>(text.size()) - 1) / 32;
+  EXPECT_EQ(data.train_windows() + data.eval_windows(), windows);
+  EXPECT_EQ(data.eval_windows(), 2 * 3276 + (windows - 2 * kEra) / 10);
+  std::filesystem::remove_all(directory);
+}
+
+// A growing TokenArray is readable while its producer still works: wait_for returns once the
+// first chunk is published, wait_complete once the producer returns, with its note.
+TEST(TokenCache, GrowingArrayIsReadBeforeItIsComplete) {
+  std::mutex gate;
+  gate.lock();
+  auto array = TokenArray::growing(2, [&](TokenArray& out, const std::atomic<bool>&) {
+    out.publish({7, 8, 9});
+    const std::lock_guard wait(gate);  // held by the test until it has read the first chunk
+    out.publish({10});
+    return std::string("done");
+  });
+  EXPECT_EQ(array->wait_for(2), 3);
+  EXPECT_FALSE(array->complete());
+  EXPECT_EQ(array->at(2), 9);
+  gate.unlock();
+  EXPECT_EQ(array->wait_complete(), "done");
+  EXPECT_EQ(array->size(), 4);
+  EXPECT_EQ(array->at(3), 10);
+  // A producer's error reaches the reader.
+  auto failing = TokenArray::growing(1, [](TokenArray&, const std::atomic<bool>&) -> std::string {
+    throw UserError("tokenizer_path: broken", "tokenizer_path");
+  });
+  EXPECT_THROW(failing->wait_for(1), UserError);
+}
+
 TEST(TokenCache, SentencePieceTokensAreCachedToo) {
   const std::filesystem::path directory = fresh_directory("tpusim_spm_cache");
   const std::string command = std::string("spm_train --input=") + kText +
@@ -212,7 +293,9 @@ TEST(TokenCache, SentencePieceTokensAreCachedToo) {
   ASSERT_EQ(std::system(command.c_str()), 0) << "spm_train (Debian package sentencepiece)";
   const std::vector<std::string> keys = {"tokenizer_path=" + directory.string() + "/text.model",
                                          "dataset_cache_dir=" + directory.string() + "/cache"};
-  EXPECT_FALSE(Dataset::from_config(text_config(keys)).from_cache());
+  const Dataset built = Dataset::from_config(text_config(keys));
+  EXPECT_FALSE(built.from_cache());
+  built.wait_until_tokenized();
   const Dataset cached = Dataset::from_config(text_config(keys));
   EXPECT_TRUE(cached.from_cache());
   expect_same_batches(Dataset::from_config(text_config({keys[0]})), cached, 20);
@@ -225,10 +308,13 @@ TEST(TokenCache, StaleCacheIsRebuiltCorruptedOneNamed) {
   const std::filesystem::path directory = fresh_directory("tpusim_token_corrupt");
   const std::string path = (directory / "corpus.txt").string();
   std::filesystem::copy_file(kText, path);
+  // Each load waits for its tokenizer, so the next one finds the cache it wrote.
   auto load = [&] {
-    return Dataset::from_config(Config::load(
+    Dataset data = Dataset::from_config(Config::load(
         "", {"model_name=tiny-llama", "max_target_length=32", "dataset_type=text",
              "dataset_path=" + path, "dataset_cache_dir=" + (directory / "cache").string()}));
+    data.wait_until_tokenized();
+    return data;
   };
   load();
   std::ofstream(path, std::ios::app) << "one more line\n";
@@ -277,10 +363,13 @@ TEST(TokenCache, MalformedIndexIsUserError) {
       out << "the quick brown fox jumps over the lazy dog\n";  // 44 bytes: an even total
     }
   }
+  // Each load waits for its tokenizer, so the next one finds the cache it wrote.
   auto load = [&] {
-    return Dataset::from_config(Config::load(
+    Dataset data = Dataset::from_config(Config::load(
         "", {"model_name=tiny-llama", "max_target_length=32", "dataset_type=text",
              "dataset_path=" + path, "dataset_cache_dir=" + (directory / "cache").string()}));
+    data.wait_until_tokenized();
+    return data;
   };
   load();
   std::filesystem::path index_path;
