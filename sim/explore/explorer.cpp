@@ -1,6 +1,7 @@
 #include "sim/explore/explorer.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -482,14 +483,13 @@ class MeshEvaluator {
         std::optional<StepSimulator> simulator;  // shared by the timing variants below
         for (size_t which = 0; which < placed.size(); ++which) {
           program.mesh = placed[which];
+          // With the SparseCore offload off (v7x), collectives the TensorCore drives add to the
+          // compute bound; worked out on first need for this placement, by collective_matmul.
+          std::array<std::optional<double>, 2> tensorcore_driven;
           for (size_t index = 0; index < variants_.size(); ++index) {
             const Variant& variant = variants_[index];
             if (!fitted[remat][variant.kind]) {
               continue;  // counted above
-            }
-            if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
-              out.pruned[kCannotBeatTop] += 1;
-              continue;
             }
             PerfOptions perf_options = base_perf_;
             perf_options.record_details = false;  // ranking needs the times only
@@ -498,8 +498,26 @@ class MeshEvaluator {
                                                (variant.perf.sparse_core_offload == "auto" &&
                                                 chip.sparsecore_collective_offload_default > 0);
             perf_options.collective_matmul = variant.perf.collective_matmul;
+            double step_bound = context_bounds[variant.context];
+            if (best_possible(step_bound) < threshold_.get()) {
+              out.pruned[kCannotBeatTop] += 1;
+              continue;
+            }
             if (!simulator.has_value()) {
               simulator.emplace(program);
+            }
+            if (!perf_options.sparse_core_offload &&
+                chip.sparsecore_collective_offload_default > 0) {
+              std::optional<double>& driven = tensorcore_driven[perf_options.collective_matmul];
+              if (!driven.has_value()) {
+                driven =
+                    simulator->tensorcore_driven_collective_seconds(perf_options.collective_matmul);
+              }
+              step_bound += *driven;
+              if (best_possible(step_bound) < threshold_.get()) {
+                out.pruned[kCannotBeatTop] += 1;
+                continue;
+              }
             }
             const StepTiming timing = simulator->run(perf_options);
             ++out.evaluated;

@@ -121,6 +121,33 @@ struct OpPlan {
   double trace_dcn_seconds = 0;
 };
 
+// Data-parallel gradient all-reduces across slices are combined and run after the backward pass
+// (an FSDP reduce-scatter that spans slices runs per layer like any other).
+bool deferred_gradient_reduction(const Graph& graph, const Op& op, const CollectiveTime& time) {
+  return time.dcn_seconds > 0 && op.phase == Phase::kBackward && op.kind == OpKind::kAllReduce &&
+         graph.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
+}
+
+// Collective matmul (Wang et al. ASPLOS'23): an activation all-gather / reduce-scatter is split
+// into steps that overlap the matmul it feeds or drains.
+bool overlapped_with_matmul(const Op& op, bool collective_matmul, bool weight_only) {
+  return collective_matmul && !weight_only &&
+         (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter);
+}
+
+// On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
+// SparseCores (v7x), such a collective kept off them and not fused into a matmul
+// (collective_matmul's continuation fusion of tensor-parallel activations) is driven by the
+// TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x report's
+// -22% for dense models with the offload is this exposure going away).
+bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overlapped,
+                          const ChipSpec& chip) {
+  return !offloaded && on_ici && op.kind != OpKind::kAllToAll &&
+         op.kind != OpKind::kCollectivePermute && !overlapped &&
+         mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
+         chip.sparsecore_collective_offload_default > 0;
+}
+
 }  // namespace
 
 // What the scheduler needs about a program whatever the options: each region's ops, the carries,
@@ -329,12 +356,10 @@ class Simulator {
   OpPlan plan_op(const Op& op) {
     OpPlan plan;
     plan.wait_label = idle_label_;
-    // Collective matmul (Wang et al. ASPLOS'23): an activation all-gather / reduce-scatter is
-    // split into steps that overlap the matmul it feeds or drains; the matmul can start on the
-    // first chunk and a reduce-scatter on the matmul's first partial result.
-    plan.overlapped_with_matmul =
-        options_.collective_matmul && !weight_only_[static_cast<size_t>(op.id)] &&
-        (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter);
+    // Collective matmul: the matmul can start on the first chunk of an overlapped all-gather,
+    // and a reduce-scatter on the matmul's first partial result.
+    plan.overlapped_with_matmul = overlapped_with_matmul(op, options_.collective_matmul,
+                                                         weight_only_[static_cast<size_t>(op.id)]);
     if (plan.overlapped_with_matmul && op.kind == OpKind::kReduceScatter) {
       const int producer = graph_.producer(op.inputs[0]);
       if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].kind == OpKind::kEinsum) {
@@ -344,12 +369,7 @@ class Simulator {
     if (is_collective(op.kind)) {
       const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
-      // Data-parallel gradient all-reduces across slices are combined and run after the
-      // backward pass; an FSDP reduce-scatter that spans slices runs per layer like any other.
-      const bool gradient_across_slices =
-          time.dcn_seconds > 0 && op.phase == Phase::kBackward && op.kind == OpKind::kAllReduce &&
-          graph_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
-      if (gradient_across_slices) {
+      if (deferred_gradient_reduction(graph_, op, time)) {
         plan.kind = OpPlan::Kind::kDeferredGradient;
         return plan;
       }
@@ -393,17 +413,8 @@ class Simulator {
         }
         plan.trace_detail = op_kind_name(op.kind);
       }
-      // On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
-      // SparseCores (v7x), such a collective kept off them and not fused into a matmul
-      // (collective_matmul's continuation fusion of tensor-parallel activations) is driven by
-      // the TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x
-      // report's -22% for dense models with the offload is this exposure going away).
-      const bool tensorcore_driven =
-          !offloaded && plan.resource == Resource::kIci && op.kind != OpKind::kAllToAll &&
-          op.kind != OpKind::kCollectivePermute && !plan.overlapped_with_matmul &&
-          mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
-          program_.slice.chip->sparsecore_collective_offload_default > 0;
-      if (tensorcore_driven) {
+      if (driven_by_tensorcore(op, offloaded, plan.resource == Resource::kIci,
+                               plan.overlapped_with_matmul, *program_.slice.chip)) {
         plan.kind = OpPlan::Kind::kCompute;
         plan.bound = CostCategory::kOverhead;
         if (details_) {
@@ -746,6 +757,36 @@ StepSimulator::~StepSimulator() = default;
 
 StepTiming StepSimulator::run(const PerfOptions& options) {
   return Simulator(program_, options, *analysis_).run();
+}
+
+double StepSimulator::tensorcore_driven_collective_seconds(bool collective_matmul) {
+  const Graph& graph = program_.program.graph;
+  const ChipSpec& chip = *program_.slice.chip;
+  if (chip.sparsecore_collective_offload_default <= 0) {
+    return 0;
+  }
+  analysis_->use_mesh(graph, program_.mesh);
+  double microbatch = 0;
+  double optimizer = 0;
+  for (const Op& op : graph.ops()) {
+    if (!is_collective(op.kind)) {
+      continue;
+    }
+    const CollectiveTime& time = analysis_->collective(graph, op, program_.mesh, program_.slice);
+    // As Simulator::plan: a deferred gradient reduction, a collective on DCN, or one overlapped
+    // with its matmul is not the TensorCore's.
+    const bool overlapped = overlapped_with_matmul(
+        op, collective_matmul, analysis_->weight_only[static_cast<size_t>(op.id)]);
+    if (deferred_gradient_reduction(graph, op, time) ||
+        !driven_by_tensorcore(op, /*offloaded=*/false, time.dcn_seconds <= time.ici_seconds,
+                              overlapped, chip)) {
+      continue;
+    }
+    const Region& region = graph.region(op.region);
+    (region.phase == Phase::kOptimizer ? optimizer : microbatch) +=
+        time.seconds * static_cast<double>(region.repeat);
+  }
+  return microbatch * static_cast<double>(program_.accumulation_steps) + optimizer;
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {

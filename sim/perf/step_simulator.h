@@ -112,6 +112,12 @@ class StepSimulator {
   StepSimulator(const StepSimulator&) = delete;
   StepSimulator& operator=(const StepSimulator&) = delete;
   StepTiming run(const PerfOptions& options);
+  // Seconds the TensorCore spends driving collectives in one step of the program's mesh when the
+  // SparseCore offload is off: on v7x each all-gather / reduce-scatter / all-reduce over ICI that
+  // is neither offloaded nor overlapped with its matmul runs on the TensorCore (0 on chips whose
+  // collectives are asynchronous). Those runs add to the compute ops' time, so compute plus this
+  // is a lower bound on the step (the explorer's branch and bound).
+  double tensorcore_driven_collective_seconds(bool collective_matmul);
 
   struct Analysis;
 

@@ -2,7 +2,9 @@
 //   - the attention kind does not change the training step (so one program serves both kinds);
 //   - the TensorCore bound never exceeds the step time the performance engine gives, per context;
 //   - a remat policy's bound from the remat_policy=none program never exceeds the bound of the
-//     policy's own partitioned program, and is not loose (within a few percent of it).
+//     policy's own partitioned program, and is not loose (within a few percent of it);
+//   - on v7x with the SparseCore offload off, the TensorCore bound plus the collectives the
+//     TensorCore drives still never exceeds the step, and is the tighter for them.
 #include "sim/explore/step_bounds.h"
 
 #include <gtest/gtest.h>
@@ -111,6 +113,39 @@ INSTANTIATE_TEST_SUITE_P(
              {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024",
               "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}}),
     [](const testing::TestParamInfo<Case>& param) { return param.param.name; });
+
+// v7x without the SparseCore offload: its all-gathers, reduce-scatters and all-reduces over ICI
+// (those not overlapped with a matmul) run on the TensorCore, so they add to its bound.
+TEST(StepBounds, TensorCoreDrivenCollectivesAddToTheBoundOnV7x) {
+  for (const std::vector<std::string>& mesh :
+       {std::vector<std::string>{"ici_fsdp_parallelism=-1"},
+        std::vector<std::string>{"ici_fsdp_parallelism=4", "ici_tensor_parallelism=4"},
+        std::vector<std::string>{"ici_data_parallelism=2", "ici_fsdp_parallelism=4",
+                                 "ici_tensor_parallelism=2", "gradient_accumulation_steps=2"}}) {
+    std::vector<std::string> keys = {"model_name=llama2-7b", "compile_topology=tpu7x-16",
+                                     "max_target_length=2048", "per_device_batch_size=1"};
+    keys.insert(keys.end(), mesh.begin(), mesh.end());
+    const Config config = Config::load("", keys);
+    const StepProgram program = build_step_program(config);
+    PerfOptions options = perf_options_from_config(config, *program.slice.chip);
+    options.record_details = false;
+    options.sparse_core_offload = false;
+    const double compute = tensorcore_lower_bounds(program, {options.cost}).step.front();
+    StepSimulator simulator(program);
+    for (const bool collective_matmul : {false, true}) {
+      SCOPED_TRACE(keys.back() + (collective_matmul ? " collective_matmul" : ""));
+      options.collective_matmul = collective_matmul;
+      const double driven = simulator.tensorcore_driven_collective_seconds(collective_matmul);
+      EXPECT_GT(driven, 0);  // FSDP's weight all-gathers at least
+      EXPECT_LE(compute + driven, simulator.run(options).step_seconds * (1 + 1e-12));
+    }
+    // Chips whose collectives are asynchronous have none.
+    Config v5p = config;
+    v5p.set("compile_topology", "v5p-32", "test");
+    const StepProgram v5p_program = build_step_program(v5p);
+    EXPECT_EQ(StepSimulator(v5p_program).tensorcore_driven_collective_seconds(false), 0);
+  }
+}
 
 }  // namespace
 }  // namespace tpusim
