@@ -484,8 +484,11 @@ class MeshEvaluator {
         for (size_t which = 0; which < placed.size(); ++which) {
           program.mesh = placed[which];
           // With the SparseCore offload off (v7x), collectives the TensorCore drives add to the
-          // compute bound; worked out on first need for this placement, by collective_matmul.
+          // compute bound; and the busiest link bounds the step too. Both depend on the placement
+          // and the perf switches, not on the attention kernel: worked out on first need, by
+          // [offload][collective_matmul].
           std::array<std::optional<double>, 2> tensorcore_driven;
+          std::array<std::array<std::optional<double>, 2>, 2> busiest_link;
           for (size_t index = 0; index < variants_.size(); ++index) {
             const Variant& variant = variants_[index];
             if (!fitted[remat][variant.kind]) {
@@ -518,6 +521,15 @@ class MeshEvaluator {
                 out.pruned[kCannotBeatTop] += 1;
                 continue;
               }
+            }
+            std::optional<double>& link =
+                busiest_link[perf_options.sparse_core_offload][perf_options.collective_matmul];
+            if (!link.has_value()) {
+              link = simulator->busiest_link_seconds(perf_options);
+            }
+            if (best_possible(std::max(step_bound, *link)) < threshold_.get()) {
+              out.pruned[kCannotBeatTop] += 1;
+              continue;
             }
             const StepTiming timing = simulator->run(perf_options);
             ++out.evaluated;

@@ -306,6 +306,23 @@ class Simulator {
     }
   }
 
+  // The busiest link's occupied seconds over one microbatch and the optimizer (StepSimulator's).
+  double busiest_link_seconds() {
+    std::array<double, kResources> busy{};
+    for (const Op& op : graph_.ops()) {
+      if (!is_collective(op.kind) && op.kind != OpKind::kHostOffload &&
+          op.kind != OpKind::kHostLoad) {
+        continue;
+      }
+      const OpPlan plan = plan_op(op);
+      if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
+        busy[static_cast<size_t>(plan.resource)] +=
+            plan.seconds * static_cast<double>(graph_.region(op.region).repeat);
+      }
+    }
+    return *std::max_element(busy.begin(), busy.end());
+  }
+
   StepTiming run() {
     StepTiming timing;
     Accounting total;
@@ -757,6 +774,10 @@ StepSimulator::~StepSimulator() = default;
 
 StepTiming StepSimulator::run(const PerfOptions& options) {
   return Simulator(program_, options, *analysis_).run();
+}
+
+double StepSimulator::busiest_link_seconds(const PerfOptions& options) {
+  return Simulator(program_, options, *analysis_).busiest_link_seconds();
 }
 
 double StepSimulator::tensorcore_driven_collective_seconds(bool collective_matmul) {

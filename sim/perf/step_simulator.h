@@ -118,6 +118,10 @@ class StepSimulator {
   // collectives are asynchronous). Those runs add to the compute ops' time, so compute plus this
   // is a lower bound on the step (the explorer's branch and bound).
   double tensorcore_driven_collective_seconds(bool collective_matmul);
+  // The busiest link's occupied seconds (ICI, DCN, each SparseCore queue, the host link) over one
+  // microbatch and the optimizer under `options`: a link runs one collective or transfer at a
+  // time, so the step takes at least this long (the explorer's branch and bound).
+  double busiest_link_seconds(const PerfOptions& options);
 
   struct Analysis;
 
