@@ -337,6 +337,17 @@ class ForwardBuilder {
     const TensorId value = shared_kv ? key
                                      : projection("value", "kv_heads", kv_heads, "kv_heads",
                                                   "activation_kv_heads", "value_proj");
+    if (uses_qk_norm(config_)) {
+      // MaxText's Attention with use_qk_norm (attentions.py, qwen3's layers): an RMSNorm over
+      // head_dim of every head of the projected query and of the projected key, each with its own
+      // learned [head_dim] scale (initialized to ones, kernel axis "norm") and epsilon
+      // normalization_layer_epsilon, applied before RoPE; the values are not normalized. The
+      // query is then scaled by query_pre_attn_scalar = head_dim^-0.5 at run time (scaling above).
+      // llama4's qk-norm (a scale-free L2 norm after RoPE) is another function and is refused by
+      // tpusim train.
+      query = norm("attention/query_norm", query, region);
+      key = norm("attention/key_norm", key, region);
+    }
     if (rotary) {
       query = rope("attention/query_rope", query, region);
       key = rope("attention/key_rope", key, region);

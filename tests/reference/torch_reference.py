@@ -25,7 +25,11 @@ gradient error amplified by Adam's g / (|g| + eps) on tiny gradients, and it is 
 Model families (detected from the tensor names), as MaxText computes them:
   llama  RMSNorm, RoPE (split halves), causal GQA attention with NO run-time 1/sqrt(head_dim)
          (MaxText's default Attention folds it into the query kernel's initializer), SwiGLU MLP,
-         untied unembedding.
+         untied unembedding, or logits tied to the token embedding (head/unembedding absent).
+         With qk-norm (qwen3: the parameters attention/query_norm/scale and key_norm/scale are
+         present): the query and the key of every head RMS-normalized over head_dim, each with
+         its own scale, before RoPE, and q.k scaled by 1/sqrt(head_dim) at run time (MaxText's
+         query_pre_attn_scalar); pass --eps 1e-6 --rope-max-timescale 1e6 for tiny-qwen3.
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
@@ -188,11 +192,18 @@ class Reference:
         q = torch.einsum("ble,ehd->blhd", x, self.w(f"{r}/attention/query", layer))
         k = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/key", layer))
         v = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/value", layer))
+        qk_norm = f"{r}/attention/query_norm/scale#{layer}" in self.p
+        if qk_norm:
+            # MaxText's use_qk_norm (qwen3): each head's query and key RMS-normalized over head_dim
+            # with their own [head_dim] scales, before RoPE; values untouched.
+            q = rms_norm(q, self.w(f"{r}/attention/query_norm/scale", layer), self.args.eps)
+            k = rms_norm(k, self.w(f"{r}/attention/key_norm/scale", layer), self.args.eps)
         if self.family != "gpt3":
             q = rope(q, self.args.rope_max_timescale)
             k = rope(k, self.args.rope_max_timescale)
-        # Where MaxText scales the logits: GPT-3 at run time, the others not at all (query init).
-        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" else 1.0
+        # Where MaxText scales the logits: GPT-3 at run time (query / sqrt(d)), qk-norm at run time
+        # (query_pre_attn_scalar = d^-0.5), the others not at all (folded into the query init).
+        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" or qk_norm else 1.0
         context = causal_attention(q, k, v, scale)
         return torch.einsum("blhd,hde->ble", context, self.w(f"{r}/attention/out", layer))
 

@@ -568,12 +568,11 @@ TEST(TrainCommand, BadInputExits2) {
 
 // MaxText switches the functional engine does not compute are refused, not silently ignored.
 TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
-  // use_qk_norm is a MaxText key tpusim's config does not model: a warning line comes first.
-  const auto qk_norm = run_tpusim({"train", "model_name=tiny-llama", "use_qk_norm=true"});
-  EXPECT_EQ(qk_norm.exit_code, 2) << qk_norm.err;
-  EXPECT_NE(qk_norm.err.find("tpusim: use_qk_norm: true is not computed by tpusim train"),
-            std::string::npos)
-      << qk_norm.err;
+  // qk-norm is built as MaxText's Attention does it (qwen3), not llama4's L2 variant after RoPE.
+  expect_user_error({"train", "model_name=tiny-llama", "override_model_config=true",
+                     "decoder_block=llama4", "use_qk_norm=true"},
+                    "use_qk_norm");
+  expect_user_error({"train", "model_name=tiny-mla", "use_qk_norm=true"}, "use_qk_norm");
   expect_user_error({"train", "model_name=tiny-llama", "attn_logits_soft_cap=50"},
                     "attn_logits_soft_cap");
   expect_user_error({"train", "model_name=tiny-llama", "final_logits_soft_cap=30"},

@@ -80,6 +80,16 @@ TEST(InterpretersAgree, FlopsBytesAndPeakMemory) {
   }
 }
 
+// qk-norm (tiny-qwen3): the query and key norms and their gradients are ops of the program like
+// any other norm, so the engine executes what the performance model counts.
+TEST(InterpretersAgree, QkNorm) {
+  for (const auto& mesh : std::vector<std::vector<std::string>>{
+           {"compile_topology=v5e-1"},
+           {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"}}) {
+    expect_agreement(config_for("tiny-qwen3", mesh), true, mesh.back());
+  }
+}
+
 // Dropless MoE on a router that sends every token to experts 0 and 1: the grouped matmuls
 // execute the rows routing really filled. On one device those are all B*S*k token choices, so
 // the count is exact however unbalanced; under expert parallelism each device's share varies

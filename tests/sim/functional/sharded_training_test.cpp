@@ -93,6 +93,18 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-gpt3",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_tensor_parallelism=2"}},
+      // qk-norm (qwen3): the query and key norms' [head_dim] scales get gradients summed over
+      // every token and head, which fsdp, tensor (heads) and context parallelism split; with
+      // tensor 4 > 2 kv heads the keys are gathered.
+      {"tiny-qwen3",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_tensor_parallelism=2"}},
+      {"tiny-qwen3",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=1",
+        "ici_tensor_parallelism=4"}},
+      {"tiny-qwen3",
+       {"compile_topology=v5e-8", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_context_parallelism=2", "ici_tensor_sequence_parallelism=2"}},
       {"tiny-llama",
        {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=4",
         "gradient_accumulation_steps=2"}},
