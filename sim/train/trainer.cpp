@@ -197,14 +197,12 @@ void check_functional_support(const Config& config) {
       refuse("use_qk_norm", "true", "qk-norm with multi-head latent attention is not built");
     }
   }
-  for (const char* key : {"attn_logits_soft_cap", "final_logits_soft_cap"}) {
-    if (config.get_float(key) > 0) {
-      refuse(key, std::to_string(config.get_float(key)), "logit soft-capping is not built");
-    }
-  }
-  if (config.get_bool("logits_via_embedding") && config.get_bool("normalize_embedding_logits")) {
-    refuse("normalize_embedding_logits", "true",
-           "the tied logits' division by sqrt(emb_dim) is not built; set it to false");
+  // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
+  // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
+  // untied logits would be silently ignored there, so it is refused here rather than guessed.
+  if (config.get_float("final_logits_soft_cap") > 0 && !config.get_bool("logits_via_embedding")) {
+    refuse("final_logits_soft_cap", std::to_string(config.get_float("final_logits_soft_cap")),
+           "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
 }
 

@@ -124,7 +124,8 @@ def tpusim_convention_logits(dump, tokens, eps, rope_max_timescale):
     params = {n: torch.tensor(v) for n, v in initial.items()}
     family = ref.detect_family(initial)
     args = argparse.Namespace(eps=eps, rope_max_timescale=rope_max_timescale, top_k=2,
-                              capacity_factor=-1.0, normalize_embedding_logits=False)
+                              capacity_factor=-1.0, normalize_embedding_logits=False,
+                              attn_logits_soft_cap=0.0, final_logits_soft_cap=0.0)
     return ref.Reference(params, family, args).logits(tokens)
 
 

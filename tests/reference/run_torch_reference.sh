@@ -58,6 +58,12 @@ check tiny-llama "model_name=tiny-llama" ""
 check tiny-gpt3 "model_name=tiny-gpt3" ""
 # qk-norm (the query and key RMSNorm of Qwen3), tied logits, rope 1e6, epsilon 1e-6.
 check tiny-qwen3 "model_name=tiny-qwen3" "--eps 1e-6 --rope-max-timescale 1e6"
+# gemma2's switches on tiny-llama: attention logits soft-capped at 0.5 (below the logits' size,
+# so tanh is far from linear), logits tied, divided by sqrt(64) and soft-capped at 1.
+check tiny-llama-soft-caps "model_name=tiny-llama override_model_config=true \
+  logits_via_embedding=true normalize_embedding_logits=true attn_logits_soft_cap=0.5 \
+  final_logits_soft_cap=1.0" \
+  "--normalize-embedding-logits --attn-logits-soft-cap 0.5 --final-logits-soft-cap 1.0"
 # The chunked head (num_vocab_tiling) against the same unchunked reference.
 check tiny-gpt3-vocab-tiling "model_name=tiny-gpt3 num_vocab_tiling=4" ""
 # MoE, dense dispatch with capacity: each expert takes at most tokens*k/E choices, the rest drop.

@@ -6,8 +6,10 @@
 //      attention scale into it; truncated normals never exceed 2 sigma (sigma = std / 0.8796),
 //      GPT-3's attention kernels (plain normals) do; embeddings N(0, 1); norm scales 1.
 //  (2) The attention's runtime scale per family, as the builder gives it to the attention op.
-//  (3) Attention of a fixed 2-token example with those scales: the second token's softmax weights
-//      over the two keys, worked out by hand.
+//  (3) Attention of a fixed 2-token example with those scales (and a soft cap): the second
+//      token's softmax weights over the two keys, worked out by hand.
+//  (4) qk-norm (qwen3): where the per-head query/key RMSNorm sits and what it computes.
+//  (5) gemma2's soft caps and the tied logits' normalization, as the builder configures them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -278,7 +280,7 @@ TEST(MaxTextQueryScaling, QueryInitCarriesTheScaleOnlyWithoutRuntimeScaling) {
 // Token 1 attends to keys 0 and 1 with q1 = (1, 2), k0 = (1, 0), k1 = (0, 1): q.k = (1, 2).
 // With v0 = (1, 0), v1 = (0, 1) its output is its softmax weights (p0, p1), p0 = 1 / (1 + e^s)
 // for runtime scale s. Token 0 sees only itself: output v0.
-std::vector<float> two_token_attention(double scale) {
+std::vector<float> two_token_attention(double scale, double soft_cap = 0) {
   Graph graph;
   const int region = graph.add_region("layer", 1, Phase::kForward);
   const auto tensor = [&](const std::string& name) {
@@ -293,6 +295,7 @@ std::vector<float> two_token_attention(double scale) {
   const TensorId out = tensor("out");
   OpAttrs attrs;
   attrs.attention_scale = scale;
+  attrs.logit_soft_cap = soft_cap;
   graph.add_op(OpKind::kAttention, "attention", {q, k, v}, {out}, attrs, region);
   TensorData q_data = TensorData::zeros(graph.tensor(q));
   TensorData k_data = TensorData::zeros(graph.tensor(k));
@@ -315,6 +318,39 @@ TEST(MaxTextQueryScaling, TwoTokenAttentionLogits) {
   const std::vector<float> gpt3 = two_token_attention(runtime_scale({"model_name=tiny-gpt3"}));
   EXPECT_NEAR(gpt3[2], 0.43782349911420193, 1e-7);
   EXPECT_NEAR(gpt3[3], 0.56217650088579807, 1e-7);
+  // attn_logits_soft_cap 1 (scale 1): logits (1, 2) -> (tanh 1, tanh 2) = (0.7616, 0.9640), so
+  // p0 = 1 / (1 + e^(tanh 2 - tanh 1)) = 0.44956376321847996.
+  const std::vector<float> capped = two_token_attention(1.0, 1.0);
+  EXPECT_NEAR(capped[2], 0.44956376321847996, 1e-7);
+  EXPECT_NEAR(capped[3], 0.55043623678152004, 1e-7);
+}
+
+// gemma2-2b as MaxText configures it: attention logits capped at 50 after the query scaling
+// head_dim^-0.5 = 1/16; tied logits divided by sqrt(emb_dim 2304) = 48 (normalize_embedding_logits,
+// MaxText's default) and then capped at 30, both applied by the loss as it reads the logits.
+TEST(MaxTextSoftCaps, Gemma2AttentionAndTiedLogits) {
+  const ForwardGraph forward = build_forward(tiny_config({"model_name=gemma2-2b"}), 1);
+  const Op& attention = attention_op(forward);
+  EXPECT_EQ(attention.attrs.logit_soft_cap, 50.0);
+  EXPECT_EQ(attention.attrs.attention_scale, 1.0 / 16.0);
+  const Op& loss = op_named(forward.graph, "cross_entropy");
+  EXPECT_EQ(loss.attrs.logit_soft_cap, 30.0);
+  EXPECT_DOUBLE_EQ(loss.attrs.logit_multiplier, 1.0 / 48.0);
+  EXPECT_EQ(producer_name(forward.graph, loss.inputs[0]), "logits");
+  // Untied logits (tiny-llama) and tied ones neither divided nor capped (tiny-qwen3): untouched.
+  for (const char* model : {"model_name=tiny-llama", "model_name=tiny-qwen3"}) {
+    const ForwardGraph other = build_forward(tiny_config({model}), 1);
+    const Op& other_loss = op_named(other.graph, "cross_entropy");
+    EXPECT_EQ(other_loss.attrs.logit_soft_cap, 0.0) << model;
+    EXPECT_EQ(other_loss.attrs.logit_multiplier, 1.0) << model;
+    EXPECT_EQ(attention_op(other).attrs.logit_soft_cap, 0.0) << model;
+  }
+  // A final cap on untied logits, as MaxText's logits_dense branch: not applied.
+  const ForwardGraph untied = build_forward(
+      tiny_config({"model_name=tiny-llama", "final_logits_soft_cap=30", "attn_logits_soft_cap=20"}),
+      1);
+  EXPECT_EQ(op_named(untied.graph, "cross_entropy").attrs.logit_soft_cap, 0.0);
+  EXPECT_EQ(attention_op(untied).attrs.logit_soft_cap, 20.0);
 }
 
 }  // namespace
