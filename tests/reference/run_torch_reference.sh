@@ -64,6 +64,11 @@ check tiny-llama-soft-caps "model_name=tiny-llama override_model_config=true \
   logits_via_embedding=true normalize_embedding_logits=true attn_logits_soft_cap=0.5 \
   final_logits_soft_cap=1.0" \
   "--normalize-embedding-logits --attn-logits-soft-cap 0.5 --final-logits-soft-cap 1.0"
+# ... and with the chunked head (num_vocab_tiling): every chunk's loss reads its logits capped.
+check tiny-llama-soft-caps-vocab-tiling "model_name=tiny-llama override_model_config=true \
+  logits_via_embedding=true normalize_embedding_logits=true attn_logits_soft_cap=0.5 \
+  final_logits_soft_cap=1.0 num_vocab_tiling=4" \
+  "--normalize-embedding-logits --attn-logits-soft-cap 0.5 --final-logits-soft-cap 1.0"
 # The chunked head (num_vocab_tiling) against the same unchunked reference.
 check tiny-gpt3-vocab-tiling "model_name=tiny-gpt3 num_vocab_tiling=4" ""
 # MoE, dense dispatch with capacity: each expert takes at most tokens*k/E choices, the rest drop.
