@@ -347,8 +347,8 @@ class ForwardBuilder {
       // learned [head_dim] scale (initialized to ones, kernel axis "norm") and epsilon
       // normalization_layer_epsilon, applied before RoPE; the values are not normalized. The
       // query is then scaled by query_pre_attn_scalar = head_dim^-0.5 at run time (scaling above).
-      // llama4's qk-norm (a scale-free L2 norm after RoPE) is another function and is refused by
-      // tpusim train.
+      // llama4's qk-norm (a scale-free L2 norm after RoPE) is another function: tpusim train
+      // refuses it, tpusim estimate charges it as this norm (the same traffic and vector work).
       query = norm("attention/query_norm", query, region);
       key = norm("attention/key_norm", key, region);
     }
