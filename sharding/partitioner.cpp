@@ -604,6 +604,9 @@ class Partitioner {
     const TensorId partial = make_local(stats_info, stat_layout, op.region, "/partial");
     OpAttrs stat_attrs;
     stat_attrs.contracted = {reduced_dim};
+    // Cross-entropy statistics read the logits through the loss's transform (soft cap).
+    stat_attrs.logit_soft_cap = op.attrs.logit_soft_cap;
+    stat_attrs.logit_multiplier = op.attrs.logit_multiplier;
     add_op(statistics_kind, joined(op.name, "/statistics"), inputs, {partial}, stat_attrs,
            op.region);
     const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,

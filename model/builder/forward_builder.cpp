@@ -271,6 +271,10 @@ class ForwardBuilder {
                        ? dims_.chunk_attn_window_size
                        : config_.get_int("sliding_window_size");
     attrs.attention_scale = runtime_scale;
+    // MaxText's attn_logits_soft_cap (AttentionOp, attention_op.py): the scaled logits become
+    // cap tanh(logits / cap) before the mask and the softmax. MaxText's presets set it for gemma2
+    // (50); tpusim applies it in whichever block the config sets it.
+    attrs.logit_soft_cap = config_.get_float("attn_logits_soft_cap");
     graph().add_op(OpKind::kAttention, "attention", std::move(inputs), {context}, attrs, region);
     return context;
   }
@@ -337,6 +341,17 @@ class ForwardBuilder {
     const TensorId value = shared_kv ? key
                                      : projection("value", "kv_heads", kv_heads, "kv_heads",
                                                   "activation_kv_heads", "value_proj");
+    if (uses_qk_norm(config_)) {
+      // MaxText's Attention with use_qk_norm (attentions.py, qwen3's layers): an RMSNorm over
+      // head_dim of every head of the projected query and of the projected key, each with its own
+      // learned [head_dim] scale (initialized to ones, kernel axis "norm") and epsilon
+      // normalization_layer_epsilon, applied before RoPE; the values are not normalized. The
+      // query is then scaled by query_pre_attn_scalar = head_dim^-0.5 at run time (scaling above).
+      // llama4's qk-norm (a scale-free L2 norm after RoPE) is another function: tpusim train
+      // refuses it, tpusim estimate charges it as this norm (the same traffic and vector work).
+      query = norm("attention/query_norm", query, region);
+      key = norm("attention/key_norm", key, region);
+    }
     if (rotary) {
       query = rope("attention/query_rope", query, region);
       key = rope("attention/key_rope", key, region);
@@ -576,6 +591,18 @@ class ForwardBuilder {
     const TensorId loss = graph().add_tensor("loss", {}, DType::kF32, TensorKind::kScalar, region);
     OpAttrs loss_attrs;
     loss_attrs.token_chunks = chunks;
+    if (dims_.logits_via_embedding) {
+      // MaxText's output head (decoders.py), in its tied branch only (logits attend on the token
+      // embedding): with normalize_embedding_logits the logits are divided by sqrt(emb_dim), then
+      // with final_logits_soft_cap > 0 they become cap tanh(logits / cap) (gemma2/3/4: 30). Its
+      // untied branch (logits_dense) applies neither; tpusim train refuses a final cap there.
+      // The loss applies both as it reads the logits (XLA fuses them into the loss, so the step
+      // keeps one logits tensor).
+      loss_attrs.logit_soft_cap = config_.get_float("final_logits_soft_cap");
+      loss_attrs.logit_multiplier = config_.get_bool("normalize_embedding_logits")
+                                        ? 1.0 / std::sqrt(static_cast<double>(dims_.emb_dim))
+                                        : 1.0;
+    }
     graph().add_op(OpKind::kCrossEntropy, "cross_entropy", {logits, targets}, {loss}, loss_attrs,
                    region);
     result_.loss = loss;

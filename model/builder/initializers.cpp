@@ -46,12 +46,7 @@ ParameterInit kernel_init(double fan_in, double divisor, InitDistribution distri
 }
 
 bool uses_qk_norm(const Config& config) {
-  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
-    if (key.key == "use_qk_norm") {
-      return key.value == "true" || key.value == "True";
-    }
-  }
-  return false;
+  return config.get_bool("use_qk_norm");
 }
 
 QueryScaling query_scaling(const Config& config, int64_t head_dim) {

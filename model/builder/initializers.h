@@ -59,8 +59,7 @@ struct QueryScaling {
   std::string reason;        // "default Attention: folded into the query init", ...
 };
 
-// MaxText's use_qk_norm (a key tpusim's base.yml does not model: read from the passthrough keys,
-// "true"/"True" = on).
+// MaxText's use_qk_norm: a per-head RMSNorm of the query and the key (qwen3).
 bool uses_qk_norm(const Config& config);
 
 // For the attention of `config`'s decoder block whose query heads are `head_dim` wide (MLA reads

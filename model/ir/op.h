@@ -121,6 +121,13 @@ struct OpAttrs {
   // Attention: multiplies the logits q.k. MaxText's default Attention uses 1 (its query kernel's
   // initializer carries 1/sqrt(head_dim)); see model/builder/initializers.h for each family.
   double attention_scale = 1;
+  // Attention: soft-caps the scaled logits s to cap tanh(s / cap) before the mask and softmax
+  // (MaxText's attn_logits_soft_cap); 0 = off. Cross-entropy (its statistics and gradient): the
+  // logits x it reads are first transformed to z = cap tanh(m x / cap), or z = m x when the cap is
+  // 0, with m = logit_multiplier (MaxText's tied output head: normalize_embedding_logits and
+  // final_logits_soft_cap), as XLA fuses them into the loss.
+  double logit_soft_cap = 0;
+  double logit_multiplier = 1;
   // Cross-entropy (and its gradient): the loss is the mean over `token_chunks` x the op's tokens;
   // > 1 when the head runs once per chunk of the tokens (num_vocab_tiling), each iteration of its
   // region adding its chunk's share.

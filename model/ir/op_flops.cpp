@@ -12,6 +12,7 @@ constexpr double kSimpleElementwiseFlops = 1.0;  // add, mul, scale, cast
 constexpr double kActivationFlops = 4.0;         // silu/gelu/sigmoid: exp + divide + multiply
 constexpr double kNormFlopsPerElement = 4.0;     // square, sum, scale, multiply
 constexpr double kSoftmaxFlopsPerScore = 5.0;    // max, subtract, exp, sum, divide
+constexpr double kSoftCapFlopsPerScore = 3.0;    // divide, tanh, multiply (a logit soft cap)
 constexpr double kRopeFlopsPerElement = 3.0;     // two multiplies and an add
 constexpr double kAdamFlopsPerParameter = 12.0;  // two moments, bias correction, sqrt, update
 constexpr double kCrossEntropyFlopsPerLogit = 4.0;
@@ -57,7 +58,9 @@ OpFlops attention_forward_flops(const Graph& graph, const Op& op) {
   const double keys_per_query = static_cast<double>(key_length) *
                                 attention_mask_fraction(op.attrs.mask, key_length, op.attrs.window);
   const double scores = batch * heads * static_cast<double>(query_length) * keys_per_query;
-  return {kFlopsPerMac * scores * (qk_dim + v_dim), kSoftmaxFlopsPerScore * scores};
+  const double vector_per_score =
+      kSoftmaxFlopsPerScore + (op.attrs.logit_soft_cap > 0 ? kSoftCapFlopsPerScore : 0.0);
+  return {kFlopsPerMac * scores * (qk_dim + v_dim), vector_per_score * scores};
 }
 
 }  // namespace
@@ -118,8 +121,12 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     case OpKind::kRope:
       return {0, kRopeFlopsPerElement * elements(graph, op.inputs.at(0))};
     case OpKind::kCrossEntropy:
-    case OpKind::kCrossEntropyGrad:
-      return {0, kCrossEntropyFlopsPerLogit * elements(graph, op.inputs.at(0))};
+    case OpKind::kCrossEntropyGrad: {
+      // The tied head's transform of each logit (multiply, then soft cap) fused into the loss.
+      const double transform = (op.attrs.logit_soft_cap > 0 ? kSoftCapFlopsPerScore : 0.0) +
+                               (op.attrs.logit_multiplier != 1.0 ? kSimpleElementwiseFlops : 0.0);
+      return {0, (kCrossEntropyFlopsPerLogit + transform) * elements(graph, op.inputs.at(0))};
+    }
     case OpKind::kAdamUpdate:
       return {0, kAdamFlopsPerParameter * elements(graph, op.inputs.at(0))};
     case OpKind::kReduceSum:

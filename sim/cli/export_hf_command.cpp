@@ -1,10 +1,10 @@
 // `tpusim export-hf CHECKPOINT OUT_DIR [config.yml ...] [key=value ...]`: writes a tpusim
 // checkpoint's weights as a Hugging Face Transformers model directory: OUT_DIR/model.safetensors
 // (Transformers' tensor names and layouts, float32; sim/train/hf_names.h) and OUT_DIR/config.json
-// (LlamaConfig / MistralConfig / GPT2Config fields). The model is the one the checkpoint records
-// (model_name and its model_config keys); further arguments are applied over it. Both files are
-// written atomically. Exit 0 on success, 2 on bad input (a missing or damaged checkpoint, a
-// checkpoint without a recorded model, a family with no Transformers mapping).
+// (LlamaConfig / MistralConfig / Qwen3Config / GPT2Config fields). The model is the one the
+// checkpoint records (model_name and its model_config keys); further arguments are applied over it.
+// Both files are written atomically. Exit 0 on success, 2 on bad input (a missing or damaged
+// checkpoint, a checkpoint without a recorded model, a family with no Transformers mapping).
 //
 // Example:
 //   tpusim export-hf runs/a/checkpoints/200 /tmp/tiny-llama-hf

@@ -1164,7 +1164,8 @@ void run_rope(const Ctx& ctx) {
 //   GQA: GLOBAL query head h uses global kv head h / (H / K) (H, K global head counts); it must be
 //   in this device's kv head slice (query heads at or past H, the padding of an uneven split, get
 //   zeros). Scores: scale * q.k with scale = attrs.attention_scale (1 for MaxText's default
-//   Attention, which folds 1/sqrt(D) into the query's initializer); MLA form (4 inputs): q.k =
+//   Attention, which folds 1/sqrt(D) into the query's initializer), then cap tanh(scores / cap)
+//   when cap = attrs.logit_soft_cap > 0; MLA form (4 inputs): q.k =
 //   q[..., :D_k].k + q[..., D_k:].k_rope (requires D_qk = D_k + R). Query positions are GLOBAL
 //   (device.offset of q's length dim), key positions likewise (offset of k's length dim; it is
 //   normally whole). Mask attrs.mask: kCausal allows key j iff j <= query position p;
@@ -1173,7 +1174,8 @@ void run_rope(const Ctx& ctx) {
 //   with none gives zeros); out = P v. With bf16_matmul_inputs, q, k, v, k_rope and P are rounded
 //   to bf16 before their matmuls.
 // kAttentionGrad(dout, q, k, v, [k_rope], out) -> dq, dk, dv, [dk_rope]: exact VJP. P is
-//   recomputed from q and k; D_i = sum(dout_i * out_i); dS = P * (dout v^T - D); dq = scale dS k
+//   recomputed from q and k; D_i = sum(dout_i * out_i); dS = P * (dout v^T - D) (times
+//   1 - tanh^2(scaled scores / cap) under a soft cap); dq = scale dS k
 //   (and scale dS k_rope for q's rope part); dk = scale dS^T q; dv = P^T dout; dk_rope = scale
 //   sum over heads of dS^T q_rope. dk, dv, dk_rope hold the contribution of THIS device's queries
 //   (partial sums the engine reduces). With bf16_matmul_inputs, dout, q, k, v, k_rope, P and dS
@@ -1313,6 +1315,7 @@ class AttentionKernel {
       ctx.fail("query and key feature sizes differ");
     }
     scale_ = static_cast<Scalar>(ctx.op().attrs.attention_scale);
+    soft_cap_ = static_cast<Scalar>(ctx.op().attrs.logit_soft_cap);
     // GQA mapping on global head indices.
     const int64_t query_heads = q_.heads_dim->whole_size();
     const int64_t kv_heads = k_.heads_dim->whole_size();
@@ -1413,13 +1416,17 @@ class AttentionKernel {
         const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
         const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
         const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
-        const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
+        RowMatrix cap_slope;
+        const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, &cap_slope);
         const RowMatrix dv_matrix = round_matrix(ctx_, probabilities).transpose() * dout_matrix;
         const RowMatrix dp = dout_matrix * v_matrix.transpose();
         // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
         const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
             dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
         RowMatrix ds = probabilities.cwiseProduct(dp.colwise() - delta) * scale_;
+        if (soft_cap_ > 0) {
+          ds = ds.cwiseProduct(cap_slope);
+        }
         ds = round_matrix(ctx_, ds);
         RowMatrix dq_matrix(q_.length, q_.features);
         dq_matrix.leftCols(d_k_) = ds * k_matrix;
@@ -1466,13 +1473,25 @@ class AttentionKernel {
     return false;
   }
 
-  // Masked softmax(scale q k^T) in Scalar; masked entries are 0.
-  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope) const {
+  // Masked softmax(scale q k^T) in Scalar, soft-capped first when soft_cap_ > 0; masked entries
+  // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap).
+  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope,
+                    RowMatrix* cap_slope = nullptr) const {
     RowMatrix scores = q.leftCols(d_k_) * k.transpose();
     if (mla_) {
       scores.noalias() += q.rightCols(kr_.features) * k_rope.transpose();
     }
     scores *= scale_;
+    if (soft_cap_ > 0) {
+      // MaxText's attn_logits_soft_cap (attention_op.py, the dot-product path, and the splash
+      // kernel's soft cap): after the query scaling and before the mask, logits -> cap tanh(
+      // logits / cap), which bounds them to (-cap, cap).
+      const RowMatrix tanh = (scores / soft_cap_).array().tanh().matrix();
+      scores = tanh * soft_cap_;
+      if (cap_slope != nullptr) {
+        *cap_slope = (Scalar(1) - tanh.array().square()).matrix();
+      }
+    }
     for (int64_t i = 0; i < scores.rows(); ++i) {
       const int64_t query = q_position_ + i;
       Scalar max = -std::numeric_limits<Scalar>::infinity();
@@ -1502,6 +1521,7 @@ class AttentionKernel {
   AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
   int64_t d_k_ = 0;
   Scalar scale_ = 1;
+  Scalar soft_cap_ = 0;
   std::vector<int64_t> kv_of_;
   int64_t q_position_ = 0;
   int64_t k_position_ = 0;
@@ -1618,6 +1638,11 @@ void run_embedding(const Ctx& ctx, bool gradient) {
 //   no valid local entries the max is the lowest float and the sum 0.
 // kCrossEntropyGrad(logits, targets[, stats]) -> dlogits = (softmax - onehot(target)) / T, the
 //   softmax over the global vocab from the stats when given (padding entries get 0).
+// Logit transform (MaxText's tied output head, decoders.py: normalize_embedding_logits divides
+//   the logits by sqrt(emb_dim), then final_logits_soft_cap c maps them to c tanh(logits / c)):
+//   every op above reads each logit x as z = c tanh(m x / c) (z = m x when c = attrs.
+//   logit_soft_cap is 0; m = attrs.logit_multiplier), and the gradient is taken through it:
+//   dlogits = (softmax(z) - onehot) / T x m (1 - tanh^2(m x / c)) (x m when c is 0).
 // ------------------------------------------------------------------------------------------------
 class CrossEntropyKernel {
  public:
@@ -1632,6 +1657,8 @@ class CrossEntropyKernel {
     logits_strides_ = ctx.strides_in(logits, tokens_, true, false);
     targets_strides_ = ctx.strides_in(ctx.in_tensor(1), tokens_, true, true);
     token_count_ = std::max<int64_t>(1, ctx.op().attrs.token_chunks);
+    soft_cap_ = ctx.op().attrs.logit_soft_cap;
+    multiplier_ = ctx.op().attrs.logit_multiplier;
     for (const Dim& dim : logits.dims) {
       if (dim.name != "vocab") {
         token_count_ *= dim.whole_size();
@@ -1663,18 +1690,32 @@ class CrossEntropyKernel {
                    [&](const std::array<int64_t, 3>& at) { body(at[0], at[1], at[2]); });
   }
 
-  // Local statistics of one token's logits.
+  // The logit the loss sees: z = cap tanh(m x / cap), or m x without a cap.
+  double transformed(float logit) const {
+    const double scaled = multiplier_ * static_cast<double>(logit);
+    return soft_cap_ > 0 ? soft_cap_ * std::tanh(scaled / soft_cap_) : scaled;
+  }
+  // dz / dx.
+  double slope(float logit) const {
+    if (soft_cap_ <= 0) {
+      return multiplier_;
+    }
+    const double t = std::tanh(multiplier_ * static_cast<double>(logit) / soft_cap_);
+    return multiplier_ * (1.0 - t * t);
+  }
+
+  // Local statistics of one token's (transformed) logits.
   Row local_row(const float* logits, int64_t target_local) const {
     Row row;
     row.max = std::numeric_limits<float>::lowest();
     for (int64_t j = 0; j < valid_; ++j) {
-      row.max = std::max(row.max, static_cast<double>(logits[j * vocab_stride_]));
+      row.max = std::max(row.max, transformed(logits[j * vocab_stride_]));
     }
     for (int64_t j = 0; j < valid_; ++j) {
-      row.sum += std::exp(static_cast<double>(logits[j * vocab_stride_]) - row.max);
+      row.sum += std::exp(transformed(logits[j * vocab_stride_]) - row.max);
     }
     if (target_local >= 0 && target_local < valid_) {
-      row.target = logits[target_local * vocab_stride_];
+      row.target = transformed(logits[target_local * vocab_stride_]);
     }
     return row;
   }
@@ -1792,10 +1833,10 @@ class CrossEntropyKernel {
         sum = row.sum;
       }
       for (int64_t j = 0; j < valid_; ++j) {
-        const double p =
-            std::exp(static_cast<double>(logits[at[0] + j * vocab_stride_]) - max) / sum;
+        const float logit = logits[at[0] + j * vocab_stride_];
+        const double p = std::exp(transformed(logit) - max) / sum;
         dlogits[at[3] + j * d_step] =
-            static_cast<float>((p - (j == target ? 1.0 : 0.0)) * inverse_count);
+            static_cast<float>((p - (j == target ? 1.0 : 0.0)) * inverse_count * slope(logit));
       }
     });
   }
@@ -1810,6 +1851,8 @@ class CrossEntropyKernel {
   std::vector<int64_t> logits_strides_;
   std::vector<int64_t> targets_strides_;
   int64_t token_count_ = 1;
+  double soft_cap_ = 0;
+  double multiplier_ = 1;
 };
 
 // ------------------------------------------------------------------------------------------------

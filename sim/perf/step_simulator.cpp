@@ -197,9 +197,12 @@ struct StepSimulator::Analysis {
           continue;
         }
         const Op& source = graph.ops()[static_cast<size_t>(producer)];
+        // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
+        // and their rotation are one XLA fusion between the projection and the attention.
         const bool fusible_source = source.kind == OpKind::kEinsum ||
                                     source.kind == OpKind::kElementwise ||
-                                    source.kind == OpKind::kRope;
+                                    source.kind == OpKind::kRope ||
+                                    (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
         if (fusible_source && source.region == op.region &&
             consumers[static_cast<size_t>(input)] == 1) {
           fused[static_cast<size_t>(op.id)] = true;

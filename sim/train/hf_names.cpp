@@ -52,10 +52,10 @@ std::string hf_family(const Config& config) {
   const auto refuse = [](const std::string& key, const std::string& why) {
     throw UserError("Hugging Face conversion: " + why, key);
   };
-  if (block != "llama2" && block != "mistral" && block != "gpt3") {
+  if (block != "llama2" && block != "mistral" && block != "qwen3" && block != "gpt3") {
     refuse("decoder_block", "decoder_block '" + block +
                                 "' has no Transformers mapping in tpusim (llama2, mistral: "
-                                "Llama/Mistral names; gpt3: GPT-2 names)");
+                                "Llama/Mistral names; qwen3: Qwen3 names; gpt3: GPT-2 names)");
   }
   if (dims.is_moe()) {
     refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
@@ -63,8 +63,12 @@ std::string hf_family(const Config& config) {
   if (config.get_bool("attention_bias")) {
     refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
   }
-  if (uses_qk_norm(config)) {
-    refuse("use_qk_norm", "qk-norm (Qwen3's q_norm/k_norm) is not built by tpusim");
+  // Transformers' Qwen3 always has q_norm/k_norm; Llama, Mistral and GPT-2 never do.
+  if (block == "qwen3" && !uses_qk_norm(config)) {
+    refuse("use_qk_norm", "Qwen3's names need use_qk_norm true (its q_norm and k_norm)");
+  }
+  if (block != "qwen3" && uses_qk_norm(config)) {
+    refuse("use_qk_norm", "only Qwen3's names have the query/key norms (decoder_block qwen3)");
   }
   const std::vector<std::string> gated = {"silu", "linear"};
   if (block == "gpt3") {
@@ -91,6 +95,9 @@ std::string hf_family(const Config& config) {
   if (dims.logits_via_embedding && config.get_bool("normalize_embedding_logits")) {
     refuse("normalize_embedding_logits",
            "Transformers' tied logits are not divided by sqrt(emb_dim)");
+  }
+  if (block == "qwen3") {
+    return "qwen3";
   }
   return block == "mistral" ? "mistral" : "llama";
 }
@@ -161,6 +168,14 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
         hf + "self_attn.v_proj.weight", {kv_heads * head_dim, embed}, true);
     add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
         hf + "self_attn.o_proj.weight", {embed, heads * head_dim}, true);
+    if (family == "qwen3") {
+      // Qwen3Attention's RMSNorms over head_dim, shared by the heads: MaxText's query_norm and
+      // key_norm scales, the same [head_dim] vectors.
+      add(layer_name("attention/query_norm/scale", layer), {head_dim}, 1,
+          hf + "self_attn.q_norm.weight", {head_dim}, false);
+      add(layer_name("attention/key_norm/scale", layer), {head_dim}, 1,
+          hf + "self_attn.k_norm.weight", {head_dim}, false);
+    }
     add(layer_name("mlp/wi_0", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.gate_proj.weight",
         {dims.mlp_dim, embed}, true);
     add(layer_name("mlp/wi_1", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
@@ -284,25 +299,34 @@ nlohmann::json hf_config_json(const Config& config) {
             {"tie_word_embeddings", true},
             {"torch_dtype", "float32"}};
   }
-  nlohmann::json json = {
-      {"architectures", {family == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", family},
-      {"vocab_size", dims.vocab_size},
-      {"hidden_size", dims.emb_dim},
-      {"intermediate_size", dims.mlp_dim},
-      {"num_hidden_layers", dims.num_layers},
-      {"num_attention_heads", dims.num_query_heads},
-      {"num_key_value_heads", dims.num_kv_heads},
-      {"head_dim", dims.head_dim},
-      {"hidden_act", "silu"},
-      {"max_position_embeddings", config.get_int("max_target_length")},
-      {"rms_norm_eps", config.get_float("normalization_layer_epsilon")},
-      {"rope_theta", config.get_float("rope_max_timescale")},
-      {"tie_word_embeddings", dims.logits_via_embedding},
-      {"attention_bias", false},
-      {"torch_dtype", "float32"}};
+  const char* architecture = family == "mistral" ? "MistralForCausalLM"
+                             : family == "qwen3" ? "Qwen3ForCausalLM"
+                                                 : "LlamaForCausalLM";
+  nlohmann::json json = {{"architectures", {architecture}},
+                         {"model_type", family},
+                         {"vocab_size", dims.vocab_size},
+                         {"hidden_size", dims.emb_dim},
+                         {"intermediate_size", dims.mlp_dim},
+                         {"num_hidden_layers", dims.num_layers},
+                         {"num_attention_heads", dims.num_query_heads},
+                         {"num_key_value_heads", dims.num_kv_heads},
+                         {"head_dim", dims.head_dim},
+                         {"hidden_act", "silu"},
+                         {"max_position_embeddings", config.get_int("max_target_length")},
+                         {"rms_norm_eps", config.get_float("normalization_layer_epsilon")},
+                         {"rope_theta", config.get_float("rope_max_timescale")},
+                         {"tie_word_embeddings", dims.logits_via_embedding},
+                         {"attention_bias", false},
+                         {"torch_dtype", "float32"}};
   if (family == "mistral") {
     json["sliding_window"] = nullptr;  // MaxText trains Mistral with full causal attention
+  } else if (family == "qwen3") {
+    // Qwen3Config: full causal attention in every layer (MaxText's qwen3 block has no window).
+    json["attention_dropout"] = 0.0;
+    json["use_sliding_window"] = false;
+    json["sliding_window"] = nullptr;
+    json["max_window_layers"] = dims.num_layers;
+    json["rope_scaling"] = nullptr;
   } else {
     json["mlp_bias"] = false;
   }

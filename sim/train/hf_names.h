@@ -4,6 +4,8 @@
 // Transformers checkpoint; import (load_parameters_path) and export (`tpusim export-hf`) both use
 // it. Families:
 //   decoder_block llama2 / mistral (dense)  -> LlamaForCausalLM / MistralForCausalLM names
+//   decoder_block qwen3 (dense, use_qk_norm) -> Qwen3ForCausalLM names (Llama's plus
+//                                               self_attn.q_norm / k_norm, [head_dim] each)
 //   decoder_block gpt3                       -> GPT2LMHeadModel names
 // Layouts: a torch Linear weight is [out, in], MaxText's kernel [in, out] (with the heads axes
 // split out: query [embed, heads, head_dim] <-> q_proj [heads*head_dim, embed]); GPT-2's Conv1D
@@ -11,10 +13,10 @@
 // kernel is scaled as MaxText's conversion scripts scale it: Transformers multiplies q.k by
 // 1/sqrt(head_dim) at run time, MaxText's default Attention does not (it lives in the query
 // kernel), so tpusim's query = q_proj^T x (1/sqrt(head_dim)) / (tpusim's runtime scale): 1/4 for
-// tiny-llama (head_dim 16), 1 for GPT-3 (which scales at run time itself). HF's rotary layout
-// (q_proj rows of each head: the even then the odd frequencies, rotate_half) is already MaxText's
-// split-halves RoPE, so no row permutation is needed. GPT-2's biases, which tpusim's gpt3 block
-// does not have, are written as zeros and must be zeros on import.
+// tiny-llama (head_dim 16), 1 for GPT-3 and Qwen3 (which scale at run time themselves). HF's rotary
+// layout (q_proj rows of each head: the even then the odd frequencies, rotate_half) is already
+// MaxText's split-halves RoPE, so no row permutation is needed. GPT-2's biases, which tpusim's gpt3
+// block does not have, are written as zeros and must be zeros on import.
 //
 // Example (tiny-llama):
 //   std::vector<HfTensor> map = hf_tensor_map(config);
@@ -52,7 +54,7 @@ struct HfTensor {
   double scale = 1;  // tpusim value = HF value x scale
 };
 
-// The Transformers family of a config: "llama", "mistral" or "gpt2". UserError naming
+// The Transformers family of a config: "llama", "mistral", "qwen3" or "gpt2". UserError naming
 // decoder_block (or the key that rules the family out) otherwise; exit code 2.
 std::string hf_family(const Config& config);
 
@@ -72,7 +74,8 @@ std::map<std::string, CheckpointTensor> to_hf(
 std::map<std::string, CheckpointTensor> from_hf(const Config& config,
                                                 const std::map<std::string, CheckpointTensor>& hf);
 
-// config.json for the export: the fields of Transformers' LlamaConfig / MistralConfig / GPT2Config.
+// config.json for the export: the fields of Transformers' LlamaConfig / MistralConfig /
+// Qwen3Config / GPT2Config.
 nlohmann::json hf_config_json(const Config& config);
 
 }  // namespace tpusim

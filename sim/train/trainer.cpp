@@ -70,6 +70,7 @@ const std::vector<std::string>& identity_keys() {
                                                 "use_post_attn_norm",
                                                 "use_post_ffw_norm",
                                                 "attention_bias",
+                                                "use_qk_norm",
                                                 "mlp_bias",
                                                 "attention_sink",
                                                 "q_lora_rank",
@@ -183,17 +184,25 @@ void check_functional_support(const Config& config) {
   const auto refuse = [](const std::string& key, const std::string& value, const std::string& why) {
     throw UserError(key + ": " + value + " is not computed by tpusim train (" + why + ")", key);
   };
+  // qk-norm is built as MaxText's default Attention does it (a per-head RMSNorm of query and key
+  // before RoPE, model/builder/forward_builder.cpp). llama4's variant (a scale-free L2 norm after
+  // RoPE) and MLA (whose attention has no such norm in tpusim) are not.
   if (uses_qk_norm(config)) {
-    refuse("use_qk_norm", "true", "the per-head query/key RMSNorm is not built");
-  }
-  for (const char* key : {"attn_logits_soft_cap", "final_logits_soft_cap"}) {
-    if (config.get_float(key) > 0) {
-      refuse(key, std::to_string(config.get_float(key)), "logit soft-capping is not built");
+    const std::string block = config.get_string("decoder_block");
+    if (block == "llama4") {
+      refuse("use_qk_norm", "true",
+             "llama4's qk-norm, an L2 norm without scale after RoPE, is not built");
+    }
+    if (block == "deepseek" || config.get_string("attention_type") == "mla") {
+      refuse("use_qk_norm", "true", "qk-norm with multi-head latent attention is not built");
     }
   }
-  if (config.get_bool("logits_via_embedding") && config.get_bool("normalize_embedding_logits")) {
-    refuse("normalize_embedding_logits", "true",
-           "the tied logits' division by sqrt(emb_dim) is not built; set it to false");
+  // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
+  // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
+  // untied logits would be silently ignored there, so it is refused here rather than guessed.
+  if (config.get_float("final_logits_soft_cap") > 0 && !config.get_bool("logits_via_embedding")) {
+    refuse("final_logits_soft_cap", std::to_string(config.get_float("final_logits_soft_cap")),
+           "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
 }
 

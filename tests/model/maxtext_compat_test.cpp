@@ -315,7 +315,7 @@ TEST(ConfigKeys, UnknownToBothIsAnErrorNamingTheKeyWithASuggestion) {
 
 TEST(ConfigKeys, MaxTextKeysAreKeptAsideWithTheirEffect) {
   const Config config =
-      Config::load("", {"profiler=xplane", "use_random_routing=True", "use_qk_norm=false"});
+      Config::load("", {"profiler=xplane", "use_random_routing=True", "float32_qk_product=false"});
   std::map<std::string, Config::PassthroughKey> kept;
   for (const Config::PassthroughKey& key : config.passthrough_keys()) {
     kept[key.key] = key;
@@ -324,7 +324,7 @@ TEST(ConfigKeys, MaxTextKeysAreKeptAsideWithTheirEffect) {
   EXPECT_EQ(kept["profiler"].effect, MaxTextKeyEffect::kNoEffect);
   EXPECT_EQ(kept["use_random_routing"].effect, MaxTextKeyEffect::kNotModeled);
   EXPECT_FALSE(kept["use_random_routing"].is_maxtext_default);
-  EXPECT_TRUE(kept["use_qk_norm"].is_maxtext_default);  // MaxText's default is false
+  EXPECT_TRUE(kept["float32_qk_product"].is_maxtext_default);  // MaxText's default is false
   EXPECT_EQ(kept["profiler"].origin, "command line");
 }
 

@@ -1,4 +1,4 @@
-"""fp64 PyTorch model read by Hugging Face Transformers' tensor names (Llama/Mistral and GPT-2).
+"""fp64 PyTorch model read by Hugging Face Transformers' tensor names (Llama/Mistral, Qwen3, GPT-2).
 
 What it checks
 --------------
@@ -6,13 +6,17 @@ What it checks
 (Transformers' names and layouts) and HF_DIR/config.json. This script builds the model from those
 two files alone, as Transformers defines it (it is not packaged for Debian, so the model is
 written out here): Llama = RMSNorm, rotate-half RoPE, q.k / sqrt(head_dim) at run time, SwiGLU;
-GPT-2 = LayerNorm, learned positions, fused c_attn (Conv1D, [in, out]) with biases, q.k /
-sqrt(head_dim), gelu_new, tied lm_head. Then, on the batch of DUMP/step.json:
+Qwen3 = Llama plus Qwen3Attention's q_norm / k_norm (an RMSNorm over head_dim of each head's
+projected query and key, before RoPE, rms_norm_eps); GPT-2 = LayerNorm, learned positions, fused
+c_attn (Conv1D, [in, out]) with biases, q.k / sqrt(head_dim), gelu_new, tied lm_head. Then, on the
+batch of DUMP/step.json:
 
   * its loss against tpusim's (step.json "loss"), relative error <= 1e-6;
   * its logits against those of the MaxText-convention reference of torch_reference.py fed
-    DUMP/initial (tpusim's names, no run-time query scale): max |difference| <= 1e-9 (the two
-    differ only by fp64 rounding when the export converted the query scale correctly);
+    DUMP/initial (tpusim's names, MaxText's query scaling; --eps and --rope-max-timescale give
+    its epsilon and RoPE theta, independently of the exported config.json): max |difference|
+    <= 1e-9 (the two differ only by fp64 rounding when the export converted the query scale
+    correctly);
   * with --import-dump DIR (a `tpusim train load_parameters_path=HF_DIR --dump DIR` run): the
     weights tpusim loaded equal DUMP/initial's exactly, and its loss equals this model's.
 
@@ -64,6 +68,9 @@ def llama_logits(w, config, tokens):
         q = (h @ w[p + "self_attn.q_proj.weight"].T).view(batch, length, heads, head_dim)
         k = (h @ w[p + "self_attn.k_proj.weight"].T).view(batch, length, kv_heads, head_dim)
         v = (h @ w[p + "self_attn.v_proj.weight"].T).view(batch, length, kv_heads, head_dim)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: per-head RMSNorm before RoPE
+            q = rms(q, w[p + "self_attn.q_norm.weight"])
+            k = rms(k, w[p + "self_attn.k_norm.weight"])
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -111,13 +118,14 @@ def gpt2_logits(w, config, tokens):
     return x @ w["transformer.wte.weight"].T
 
 
-def tpusim_convention_logits(dump, tokens):
+def tpusim_convention_logits(dump, tokens, eps, rope_max_timescale):
     """Logits of torch_reference.py's MaxText-convention model on DUMP/initial."""
     initial = ref.read_safetensors(os.path.join(dump, "initial", "model.safetensors"))
     params = {n: torch.tensor(v) for n, v in initial.items()}
     family = ref.detect_family(initial)
-    args = argparse.Namespace(eps=1e-5, rope_max_timescale=10000.0, top_k=2,
-                              capacity_factor=-1.0, normalize_embedding_logits=False)
+    args = argparse.Namespace(eps=eps, rope_max_timescale=rope_max_timescale, top_k=2,
+                              capacity_factor=-1.0, normalize_embedding_logits=False,
+                              attn_logits_soft_cap=0.0, final_logits_soft_cap=0.0)
     return ref.Reference(params, family, args).logits(tokens)
 
 
@@ -126,6 +134,9 @@ def main():
     parser.add_argument("hf_dir")
     parser.add_argument("dump")
     parser.add_argument("--import-dump", default=None)
+    parser.add_argument("--eps", type=float, default=1e-5,
+                        help="normalization_layer_epsilon of the MaxText-convention reference")
+    parser.add_argument("--rope-max-timescale", type=float, default=10000.0)
     args = parser.parse_args()
     with open(os.path.join(args.hf_dir, "config.json")) as stream:
         config = json.load(stream)
@@ -150,7 +161,7 @@ def main():
     print(f"# {args.hf_dir}: {config['architectures'][0]}, {len(weights)} tensors, "
           f"batch {shape[0]}x{shape[1]}")
     check("loss by HF names vs tpusim's (relative)", abs(loss - step["loss"]) / abs(loss), 1e-6)
-    reference = tpusim_convention_logits(args.dump, tokens)
+    reference = tpusim_convention_logits(args.dump, tokens, args.eps, args.rope_max_timescale)
     check("logits by HF names vs MaxText-convention reference (max abs)",
           (logits - reference).abs().max().item(), 1e-9)
     if args.import_dump:

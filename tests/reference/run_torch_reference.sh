@@ -3,7 +3,8 @@
 # loss, every gradient, the gradient norm and clipping factor, and the AdamW update, for the tiny
 # llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
-# query scale outside GPT-3); then the Hugging Face export and import of tiny-llama and tiny-gpt3.
+# query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
+# import of tiny-llama, tiny-gpt3 and tiny-qwen3.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
@@ -55,6 +56,19 @@ check() {
 
 check tiny-llama "model_name=tiny-llama" ""
 check tiny-gpt3 "model_name=tiny-gpt3" ""
+# qk-norm (the query and key RMSNorm of Qwen3), tied logits, rope 1e6, epsilon 1e-6.
+check tiny-qwen3 "model_name=tiny-qwen3" "--eps 1e-6 --rope-max-timescale 1e6"
+# gemma2's switches on tiny-llama: attention logits soft-capped at 0.5 (below the logits' size,
+# so tanh is far from linear), logits tied, divided by sqrt(64) and soft-capped at 1.
+check tiny-llama-soft-caps "model_name=tiny-llama override_model_config=true \
+  logits_via_embedding=true normalize_embedding_logits=true attn_logits_soft_cap=0.5 \
+  final_logits_soft_cap=1.0" \
+  "--normalize-embedding-logits --attn-logits-soft-cap 0.5 --final-logits-soft-cap 1.0"
+# ... and with the chunked head (num_vocab_tiling): every chunk's loss reads its logits capped.
+check tiny-llama-soft-caps-vocab-tiling "model_name=tiny-llama override_model_config=true \
+  logits_via_embedding=true normalize_embedding_logits=true attn_logits_soft_cap=0.5 \
+  final_logits_soft_cap=1.0 num_vocab_tiling=4" \
+  "--normalize-embedding-logits --attn-logits-soft-cap 0.5 --final-logits-soft-cap 1.0"
 # The chunked head (num_vocab_tiling) against the same unchunked reference.
 check tiny-gpt3-vocab-tiling "model_name=tiny-gpt3 num_vocab_tiling=4" ""
 # MoE, dense dispatch with capacity: each expert takes at most tokens*k/E choices, the rest drop.
@@ -75,16 +89,17 @@ fi
 # Hugging Face export and import (sim/train/hf_names.h): the weights of a --dump written by
 # export-hf, read back by Transformers' names in torch (hf_reference.py), give tpusim's loss and
 # the MaxText-convention logits; loaded by load_parameters_path they are the same weights again.
-# check_hf <label> <model>
+# check_hf <label> <model> [hf_reference.py options]
 check_hf() {
-  local label="$1" model="$2"
+  local label="$1" model="$2" options="${3:-}"
   local dump="$work/$label" hf="$work/$label-hf" imported="$work/$label-imported"
   echo "=== $label: export-hf, then load_parameters_path=<export>"
   if "$tpusim" train "model_name=$model" "${common[@]}" --dump "$dump" --quiet &&
     "$tpusim" export-hf "$dump/initial" "$hf" &&
     "$tpusim" train "model_name=$model" "load_parameters_path=$hf" "${common[@]}" \
       --dump "$imported" --quiet &&
-    "$python" "$here/hf_reference.py" "$hf" "$dump" --import-dump "$imported"; then
+    # shellcheck disable=SC2086  # the options are a word list
+    "$python" "$here/hf_reference.py" "$hf" "$dump" --import-dump "$imported" $options; then
     echo "=== $label: passed"
   else
     echo "=== $label: FAILED"
@@ -93,6 +108,7 @@ check_hf() {
 }
 check_hf hf-llama tiny-llama
 check_hf hf-gpt2 tiny-gpt3
+check_hf hf-qwen3 tiny-qwen3 "--eps 1e-6 --rope-max-timescale 1e6"
 
 if ((${#failed[@]})); then
   echo "run_torch_reference: FAILED: ${failed[*]}"

@@ -25,7 +25,15 @@ gradient error amplified by Adam's g / (|g| + eps) on tiny gradients, and it is 
 Model families (detected from the tensor names), as MaxText computes them:
   llama  RMSNorm, RoPE (split halves), causal GQA attention with NO run-time 1/sqrt(head_dim)
          (MaxText's default Attention folds it into the query kernel's initializer), SwiGLU MLP,
-         untied unembedding.
+         untied unembedding, or logits tied to the token embedding (head/unembedding absent).
+         With qk-norm (qwen3: the parameters attention/query_norm/scale and key_norm/scale are
+         present): the query and the key of every head RMS-normalized over head_dim, each with
+         its own scale, before RoPE, and q.k scaled by 1/sqrt(head_dim) at run time (MaxText's
+         query_pre_attn_scalar); pass --eps 1e-6 --rope-max-timescale 1e6 for tiny-qwen3.
+         --attn-logits-soft-cap C: the scaled attention logits become C tanh(logits / C) before
+         the mask; with tied logits, --normalize-embedding-logits divides them by sqrt(emb_dim)
+         and --final-logits-soft-cap C then caps them the same way (gemma2's switches, as
+         MaxText's AttentionOp and tied output head apply them).
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
@@ -129,11 +137,17 @@ def rope(x, max_timescale, min_timescale=1.0):
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
-def causal_attention(q, k, v, scale):
+def soft_cap(x, cap):
+    """Gemma 2's logit soft-capping as MaxText applies it: cap * tanh(x / cap); cap 0 = off."""
+    return cap * torch.tanh(x / cap) if cap > 0 else x
+
+
+def causal_attention(q, k, v, scale, cap=0.0):
     """q[b, l, H, d], k/v[b, l, K, d]; query head h reads kv head h // (H / K); logits scale * q.k.
 
     MaxText's default Attention multiplies q.k by nothing (scale 1): it folds 1/sqrt(d) into the
     query kernel's initializer instead. GPT-3's attention divides the query by sqrt(d) at run time.
+    With cap > 0 (attn_logits_soft_cap) the scaled logits are soft-capped before the causal mask.
     """
     heads, kv_heads = q.shape[2], k.shape[2]
     if heads % kv_heads:
@@ -141,7 +155,7 @@ def causal_attention(q, k, v, scale):
     group = heads // kv_heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores = soft_cap(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale, cap)
     length = q.shape[1]
     allowed = torch.ones(length, length, dtype=torch.bool).tril()
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -188,12 +202,19 @@ class Reference:
         q = torch.einsum("ble,ehd->blhd", x, self.w(f"{r}/attention/query", layer))
         k = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/key", layer))
         v = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/value", layer))
+        qk_norm = f"{r}/attention/query_norm/scale#{layer}" in self.p
+        if qk_norm:
+            # MaxText's use_qk_norm (qwen3): each head's query and key RMS-normalized over head_dim
+            # with their own [head_dim] scales, before RoPE; values untouched.
+            q = rms_norm(q, self.w(f"{r}/attention/query_norm/scale", layer), self.args.eps)
+            k = rms_norm(k, self.w(f"{r}/attention/key_norm/scale", layer), self.args.eps)
         if self.family != "gpt3":
             q = rope(q, self.args.rope_max_timescale)
             k = rope(k, self.args.rope_max_timescale)
-        # Where MaxText scales the logits: GPT-3 at run time, the others not at all (query init).
-        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" else 1.0
-        context = causal_attention(q, k, v, scale)
+        # Where MaxText scales the logits: GPT-3 at run time (query / sqrt(d)), qk-norm at run time
+        # (query_pre_attn_scalar = d^-0.5), the others not at all (folded into the query init).
+        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" or qk_norm else 1.0
+        context = causal_attention(q, k, v, scale, self.args.attn_logits_soft_cap)
         return torch.einsum("blhd,hde->ble", context, self.w(f"{r}/attention/out", layer))
 
     def mlp(self, x, layer):
@@ -258,8 +279,10 @@ class Reference:
             logits = x @ self.w("head/unembedding")
         else:  # tied to the token embedding
             logits = x @ self.w("embed/token_embedding").T
+            # MaxText's tied output head: divided by sqrt(emb_dim), then soft-capped.
             if self.args.normalize_embedding_logits:
                 logits = logits / math.sqrt(x.shape[-1])
+            logits = soft_cap(logits, self.args.final_logits_soft_cap)
         return logits
 
     def loss(self, tokens, targets):
@@ -316,6 +339,10 @@ def main():
     parser.add_argument("--rope-max-timescale", type=float, default=10000.0)
     parser.add_argument("--normalize-embedding-logits", action="store_true",
                         help="divide tied logits by sqrt(embed) (false for GPT-3)")
+    parser.add_argument("--attn-logits-soft-cap", type=float, default=0.0,
+                        help="attention logits -> cap tanh(logits / cap); 0 = off")
+    parser.add_argument("--final-logits-soft-cap", type=float, default=0.0,
+                        help="tied logits -> cap tanh(logits / cap) after the normalization")
     parser.add_argument("--top-k", type=int, default=2, help="num_experts_per_tok (MoE)")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
                         help="MoE expert capacity factor; <= 0: dropless")

@@ -568,19 +568,14 @@ TEST(TrainCommand, BadInputExits2) {
 
 // MaxText switches the functional engine does not compute are refused, not silently ignored.
 TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
-  // use_qk_norm is a MaxText key tpusim's config does not model: a warning line comes first.
-  const auto qk_norm = run_tpusim({"train", "model_name=tiny-llama", "use_qk_norm=true"});
-  EXPECT_EQ(qk_norm.exit_code, 2) << qk_norm.err;
-  EXPECT_NE(qk_norm.err.find("tpusim: use_qk_norm: true is not computed by tpusim train"),
-            std::string::npos)
-      << qk_norm.err;
-  expect_user_error({"train", "model_name=tiny-llama", "attn_logits_soft_cap=50"},
-                    "attn_logits_soft_cap");
+  // qk-norm is built as MaxText's Attention does it (qwen3), not llama4's L2 variant after RoPE.
+  expect_user_error({"train", "model_name=tiny-llama", "override_model_config=true",
+                     "decoder_block=llama4", "use_qk_norm=true"},
+                    "use_qk_norm");
+  expect_user_error({"train", "model_name=tiny-mla", "use_qk_norm=true"}, "use_qk_norm");
+  // MaxText soft-caps only tied logits: a final cap on tiny-llama's untied ones is refused.
   expect_user_error({"train", "model_name=tiny-llama", "final_logits_soft_cap=30"},
                     "final_logits_soft_cap");
-  expect_user_error(
-      {"train", "model_name=tiny-llama", "override_model_config=true", "logits_via_embedding=true"},
-      "normalize_embedding_logits");
 }
 
 // export-hf writes model.safetensors and config.json from a checkpoint; load_parameters_path
@@ -595,7 +590,7 @@ TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
                                         "enable_checkpointing=true",
                                         "base_output_directory=" + base,
                                         "--quiet"};
-  for (const std::string model : {"tiny-llama", "tiny-moe"}) {
+  for (const std::string model : {"tiny-llama", "tiny-moe", "tiny-qwen3"}) {
     std::vector<std::string> args = run;
     args.push_back("model_name=" + model);
     args.push_back("run_name=" + model);
@@ -619,6 +614,19 @@ TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
                                    "--quiet"};
   const auto loaded = run_tpusim(load);
   EXPECT_EQ(loaded.exit_code, 0) << loaded.err;
+  // Qwen3 (qk-norm): Qwen3ForCausalLM with its own head_dim, read back the same way.
+  const std::string qwen3_out = base + "/qwen3-hf";
+  const auto qwen3 = run_tpusim({"export-hf", base + "/tiny-qwen3/checkpoints/1", qwen3_out});
+  ASSERT_EQ(qwen3.exit_code, 0) << qwen3.err;
+  std::ifstream qwen3_file(qwen3_out + "/config.json");
+  const nlohmann::json qwen3_config = nlohmann::json::parse(qwen3_file);
+  EXPECT_EQ(qwen3_config.at("architectures"), nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(qwen3_config.at("head_dim"), 32);
+  std::vector<std::string> load_qwen3 = load;
+  load_qwen3[1] = "model_name=tiny-qwen3";
+  load_qwen3[6] = "load_parameters_path=" + qwen3_out;
+  const auto qwen3_loaded = run_tpusim(load_qwen3);
+  EXPECT_EQ(qwen3_loaded.exit_code, 0) << qwen3_loaded.err;
   // Bad input: a missing checkpoint, a family with no Transformers names, weights of another
   // model (tiny-gpt3's needs wte/wpe, not Llama's names).
   expect_user_error({"export-hf", base + "/nowhere", out}, base + "/nowhere");

@@ -60,6 +60,47 @@ TEST(HfNames, LlamaLayoutsAndQueryScale) {
   EXPECT_EQ(hf.size(), 21u);
 }
 
+// Qwen3 (Transformers' Qwen3ForCausalLM, tiny-qwen3: embed 64, 4 heads / 2 kv heads of head_dim
+// 32, tied logits): q_proj.weight[h * 32 + d][e] = query[e][h][d] unscaled (both MaxText's qk-norm
+// attention and Transformers' Qwen3 multiply q.k by 1/sqrt(head_dim) at run time);
+// self_attn.q_norm.weight / k_norm.weight = the [head_dim] scales of tpusim's query_norm /
+// key_norm; no lm_head (tie_word_embeddings).
+TEST(HfNames, Qwen3LayoutsAndQkNorms) {
+  const Config config = tiny("tiny-qwen3");
+  EXPECT_EQ(hf_family(config), "qwen3");
+  auto weights = initial_weights(config);
+  // The norm scales start at ones: make them distinguishable.
+  for (auto& [name, tensor] : weights) {
+    if (name.find("_norm/scale") != std::string::npos) {
+      for (size_t index = 0; index < tensor.values.size(); ++index) {
+        tensor.values[index] = 1.0f + 0.125f * static_cast<float>(index % 8);
+      }
+      tensor.values[0] = name.find("key_norm") != std::string::npos ? 3.0f : 2.0f;
+    }
+  }
+  const auto hf = to_hf(config, weights);
+  const auto& query = weights.at("layer/attention/query#1").values;  // [64, 4, 32]
+  const auto& q_proj = hf.at("model.layers.1.self_attn.q_proj.weight");
+  ASSERT_EQ(q_proj.shape, (std::vector<int64_t>{128, 64}));
+  for (const auto& [e, h, d] : {std::tuple{0, 0, 0}, std::tuple{5, 3, 31}, std::tuple{63, 2, 7}}) {
+    EXPECT_EQ(q_proj.values[static_cast<size_t>((h * 32 + d) * 64 + e)],
+              query[static_cast<size_t>((e * 4 + h) * 32 + d)]);
+  }
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.k_proj.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.o_proj.weight").shape, (std::vector<int64_t>{64, 128}));
+  const auto& q_norm = hf.at("model.layers.1.self_attn.q_norm.weight");
+  ASSERT_EQ(q_norm.shape, (std::vector<int64_t>{32}));
+  EXPECT_EQ(q_norm.values, weights.at("layer/attention/query_norm/scale#1").values);
+  EXPECT_EQ(q_norm.values[0], 2.0f);
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.k_norm.weight").values[0], 3.0f);
+  EXPECT_FALSE(hf.contains("lm_head.weight"));
+  // 2 layers x 11 tensors + embedding + final norm.
+  EXPECT_EQ(hf.size(), 24u);
+  const auto back = from_hf(config, hf);
+  EXPECT_EQ(back.at("layer/attention/key_norm/scale#0").values,
+            weights.at("layer/attention/key_norm/scale#0").values);
+}
+
 // GPT-2: c_attn.weight [64, 192] holds query | key | value side by side, [in, out] (Conv1D); the
 // query is not rescaled (GPT-3 and GPT-2 both divide by sqrt(head_dim) at run time); the biases
 // tpusim does not have are zeros.
@@ -82,7 +123,7 @@ TEST(HfNames, Gpt2FusedAttentionAndZeroBiases) {
 }
 
 TEST(HfNames, ExportThenImportGivesTheSameWeights) {
-  for (const std::string model : {"tiny-llama", "tiny-gpt3"}) {
+  for (const std::string model : {"tiny-llama", "tiny-gpt3", "tiny-qwen3"}) {
     SCOPED_TRACE(model);
     const Config config = tiny(model);
     const auto weights = initial_weights(config);
@@ -122,6 +163,18 @@ TEST(HfNames, BadInputNamesTheTensorOrKey) {
   expect_user_error([&] { hf_family(tiny("tiny-llama", {"num_experts=4"})); },
                     "mixture of experts");
   expect_user_error([&] { hf_family(tiny("tiny-mla")); }, "decoder_block 'deepseek'");
+  // Only Qwen3's names have q_norm / k_norm, and Qwen3 always has them.
+  expect_user_error([&] { hf_family(tiny("tiny-llama", {"use_qk_norm=true"})); }, "only Qwen3");
+  expect_user_error(
+      [&] {
+        hf_family(tiny("tiny-qwen3", {"override_model_config=true", "use_qk_norm=false"}));
+      },
+      "need use_qk_norm true");
+  const Config qwen3 = tiny("tiny-qwen3");
+  auto without_norm = to_hf(qwen3, initial_weights(qwen3));
+  without_norm.erase("model.layers.0.self_attn.k_norm.weight");
+  expect_user_error([&] { from_hf(qwen3, without_norm); },
+                    "'model.layers.0.self_attn.k_norm.weight'");
 }
 
 TEST(HfNames, ConfigJsonHasTransformersFields) {
@@ -132,6 +185,20 @@ TEST(HfNames, ConfigJsonHasTransformersFields) {
   EXPECT_EQ(llama.at("head_dim"), 16);
   EXPECT_EQ(llama.at("rope_theta"), 10000.0);
   EXPECT_EQ(llama.at("tie_word_embeddings"), false);
+  // Qwen3Config: tiny-qwen3's head_dim 32 (not hidden_size / heads = 16), epsilon 1e-6, theta 1e6,
+  // tied logits.
+  const nlohmann::json qwen3 = hf_config_json(tiny("tiny-qwen3"));
+  EXPECT_EQ(qwen3.at("architectures"), nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(qwen3.at("model_type"), "qwen3");
+  EXPECT_EQ(qwen3.at("head_dim"), 32);
+  EXPECT_EQ(qwen3.at("num_attention_heads"), 4);
+  EXPECT_EQ(qwen3.at("num_key_value_heads"), 2);
+  EXPECT_EQ(qwen3.at("intermediate_size"), 128);
+  EXPECT_EQ(qwen3.at("rms_norm_eps"), 1e-6);
+  EXPECT_EQ(qwen3.at("rope_theta"), 1e6);
+  EXPECT_EQ(qwen3.at("tie_word_embeddings"), true);
+  EXPECT_EQ(qwen3.at("attention_bias"), false);
+  EXPECT_EQ(qwen3.at("use_sliding_window"), false);
   const nlohmann::json gpt2 = hf_config_json(tiny("tiny-gpt3"));
   EXPECT_EQ(gpt2.at("model_type"), "gpt2");
   EXPECT_EQ(gpt2.at("n_inner"), 256);

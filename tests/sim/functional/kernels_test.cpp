@@ -804,6 +804,7 @@ struct AttentionCase {
   int64_t key_dim = 4;    // D_k (MLA: the nope part)
   int64_t rope_dim = 0;   // MLA: R
   int64_t value_dim = 4;  // D_v
+  double soft_cap = 0;    // attn_logits_soft_cap: scaled logits s -> cap tanh(s / cap)
 };
 
 std::vector<AttentionCase> attention_cases() {
@@ -813,6 +814,8 @@ std::vector<AttentionCase> attention_cases() {
       {"chunked", 2, 2, AttentionMask::kChunked, 2, false, 4, 0, 4},
       {"no_mask", 2, 2, AttentionMask::kNone, 0, false, 3, 0, 4},
       {"mla_causal", 2, 2, AttentionMask::kCausal, 0, true, 3, 2, 3},
+      // A cap of 0.5 against scaled logits up to ~2: tanh far from linear.
+      {"gqa_soft_cap", 4, 2, AttentionMask::kCausal, 0, false, 4, 0, 4, 0.5},
   };
 }
 
@@ -862,6 +865,7 @@ OpAttrs attention_attrs(const AttentionCase& test) {
   attrs.mask = test.mask;
   attrs.window = test.window;
   attrs.attention_scale = attention_scale(test);
+  attrs.logit_soft_cap = test.soft_cap;
   return attrs;
 }
 
@@ -896,8 +900,12 @@ std::vector<double> reference_attention(const AttentionCase& test,
           for (int64_t r = 0; r < test.rope_dim; ++r) {
             dot += double{q.at({b, i, h, test.key_dim + r})} * in[3].at({b, j, r});
           }
-          scores[static_cast<size_t>(j)] = dot * scale;
-          max = std::max(max, dot * scale);
+          double logit = dot * scale;
+          if (test.soft_cap > 0) {
+            logit = test.soft_cap * std::tanh(logit / test.soft_cap);
+          }
+          scores[static_cast<size_t>(j)] = logit;
+          max = std::max(max, logit);
         }
         double sum = 0;
         for (double& score : scores) {
@@ -1139,6 +1147,40 @@ TEST(KernelCrossEntropy, LossMatchesFormulaAndGradientFiniteDifferences) {
   one.values[0] = 1;
   expect_fd("cross_entropy dlogits", c.graph, forward, inputs, {one}, 0,
             run(c.graph, grad, inputs)[0]);
+}
+
+// The tied output head's transform, read by the loss: z = c tanh(m x / c) (c = 0: z = m x); the
+// loss is the plain cross-entropy of z, and the gradient with respect to x matches the finite
+// differences of that loss.
+TEST(KernelCrossEntropy, TransformedLogitsMatchFormulaAndFiniteDifferences) {
+  std::mt19937 rng(19);
+  for (const auto& [cap, multiplier] :
+       {std::pair{1.5, 1.0}, std::pair{1.5, 0.5}, std::pair{0.0, 0.125}}) {
+    SCOPED_TRACE("cap " + std::to_string(cap) + " multiplier " + std::to_string(multiplier));
+    Case c;
+    const TensorId logits = c.tensor("logits", logits_dims(6));
+    const TensorId targets = c.tensor("targets", token_dims(), TensorKind::kInput);
+    const TensorId loss = c.tensor("loss", {}, TensorKind::kScalar);
+    const TensorId dlogits = c.tensor("dlogits", logits_dims(6));
+    OpAttrs attrs;
+    attrs.logit_soft_cap = cap;
+    attrs.logit_multiplier = multiplier;
+    const Op& forward = c.op(OpKind::kCrossEntropy, {logits, targets}, {loss}, attrs);
+    const Op& grad = c.op(OpKind::kCrossEntropyGrad, {logits, targets}, {dlogits}, attrs, true);
+    const std::vector<TensorData> inputs = {random_data(c.info(logits), rng, -4, 4),
+                                            random_ints(c.info(targets), rng, 6)};
+    TensorData z = inputs[0];
+    for (float& value : z.values) {
+      const double scaled = multiplier * value;
+      value = static_cast<float>(cap > 0 ? cap * std::tanh(scaled / cap) : scaled);
+    }
+    const TensorData result = run(c.graph, forward, inputs)[0];
+    EXPECT_NEAR(result.values[0], reference_loss(z, inputs[1]), 1e-5);
+    TensorData one = TensorData::zeros(c.info(loss));
+    one.values[0] = 1;
+    expect_fd("transformed cross_entropy dlogits", c.graph, forward, inputs, {one}, 0,
+              run(c.graph, grad, inputs)[0]);
+  }
 }
 
 // Vocab split over two devices (5 = 3 + 2, with one padding entry on the second): statistics

@@ -6,8 +6,10 @@
 //      attention scale into it; truncated normals never exceed 2 sigma (sigma = std / 0.8796),
 //      GPT-3's attention kernels (plain normals) do; embeddings N(0, 1); norm scales 1.
 //  (2) The attention's runtime scale per family, as the builder gives it to the attention op.
-//  (3) Attention of a fixed 2-token example with those scales: the second token's softmax weights
-//      over the two keys, worked out by hand.
+//  (3) Attention of a fixed 2-token example with those scales (and a soft cap): the second
+//      token's softmax weights over the two keys, worked out by hand.
+//  (4) qk-norm (qwen3): where the per-head query/key RMSNorm sits and what it computes.
+//  (5) gemma2's soft caps and the tied logits' normalization, as the builder configures them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -136,6 +138,25 @@ TEST(MaxTextInit, TinyMoeExpertStatistics) {
                            });
 }
 
+// tiny-qwen3 (qk-norm): embed 64, 4 query / 2 kv heads of head_dim 32, mlp 128. The query is
+// initialized like the key (its 1/sqrt(head_dim) is applied at run time), the out projection has
+// fan-in heads x head_dim = 128, and the query and key norms' [head_dim] scales start at ones.
+TEST(MaxTextInit, TinyQwen3KernelStatistics) {
+  const auto state = initial_state("tiny-qwen3");
+  expect_statistics(state, {
+                               {"layer/attention/query", 0.125, true},  // not divided
+                               {"layer/attention/key", 0.125, true},
+                               {"layer/attention/out", 1.0 / std::sqrt(128.0), true},
+                               {"embed/token_embedding", 1.0, false},
+                           });
+  for (const char* norm : {"layer/attention/query_norm/scale", "layer/attention/key_norm/scale"}) {
+    const Statistics scale = statistics(state, norm);
+    EXPECT_EQ(scale.count, 2 * 32) << norm;  // [head_dim] in each of the 2 layers
+    EXPECT_EQ(scale.std, 0.0) << norm;
+    EXPECT_EQ(scale.max_abs, 1.0) << norm;
+  }
+}
+
 const Op& attention_op(const ForwardGraph& forward) {
   for (const Op& op : forward.graph.ops()) {
     if (op.kind == OpKind::kAttention) {
@@ -168,6 +189,84 @@ TEST(MaxTextQueryScaling, RuntimeScalePerFamily) {
   EXPECT_NEAR(runtime_scale({"model_name=tiny-mla"}), mscale * mscale / std::sqrt(24.0), 1e-12);
 }
 
+const Op& op_named(const Graph& graph, const std::string& name) {
+  for (const Op& op : graph.ops()) {
+    if (op.name == name) {
+      return op;
+    }
+  }
+  throw std::logic_error("no op " + name);
+}
+
+std::string producer_name(const Graph& graph, TensorId tensor) {
+  const int producer = graph.producer(tensor);
+  return producer < 0 ? "" : graph.ops().at(static_cast<size_t>(producer)).name;
+}
+
+// MaxText's Attention with use_qk_norm: projection -> RMSNorm over head_dim (own [head_dim] scale,
+// epsilon normalization_layer_epsilon) -> RoPE, for the query and the key; the values are not
+// normalized; q.k is scaled by head_dim^-0.5 = 1/sqrt(32) at run time.
+TEST(MaxTextQkNorm, NormSitsBetweenProjectionAndRope) {
+  const ForwardGraph forward = build_forward(tiny_config({"model_name=tiny-qwen3"}), 1);
+  const Graph& graph = forward.graph;
+  for (const std::string which : {"query", "key"}) {
+    SCOPED_TRACE(which);
+    const Op& norm = op_named(graph, "attention/" + which + "_norm");
+    EXPECT_EQ(norm.kind, OpKind::kRmsNorm);
+    EXPECT_EQ(norm.attrs.epsilon, 1e-6);
+    ASSERT_EQ(norm.inputs.size(), 2u);
+    EXPECT_EQ(producer_name(graph, norm.inputs[0]), "attention/" + which);  // projection
+    const Tensor& scale = graph.tensor(norm.inputs[1]);
+    ASSERT_EQ(scale.dims.size(), 1u);
+    EXPECT_EQ(scale.dims[0].name, "head_dim");
+    EXPECT_EQ(scale.dims[0].size, 32);
+    EXPECT_EQ(scale.kind, TensorKind::kParameter);
+    const ParameterInit& init = forward.initializers.at("layer/attention/" + which + "_norm/scale");
+    EXPECT_EQ(init.distribution, InitDistribution::kConstant);
+    EXPECT_EQ(init.value, 1.0);
+    const Op& rope = op_named(graph, "attention/" + which + "_rope");
+    EXPECT_EQ(rope.inputs[0], norm.outputs[0]);
+  }
+  const Op& attention = attention_op(forward);
+  EXPECT_EQ(producer_name(graph, attention.inputs[2]), "attention/value");
+  EXPECT_DOUBLE_EQ(attention.attrs.attention_scale, 1.0 / std::sqrt(32.0));
+  // Without use_qk_norm, no norm inside the attention.
+  const ForwardGraph llama = build_forward(tiny_config({"model_name=tiny-llama"}), 1);
+  for (const Op& op : llama.graph.ops()) {
+    EXPECT_EQ(op.name.find("attention/query_norm"), std::string::npos);
+  }
+}
+
+// The norm as MaxText's RMSNorm computes it, per head: x / sqrt(mean over head_dim of x^2 + eps)
+// x scale. Head 0 = (3, 4): mean square 12.5; head 1 = (1, -1): mean square 1 (eps 1e-6);
+// scale (2, 0.5).
+TEST(MaxTextQkNorm, EachHeadIsNormalizedOnItsOwn) {
+  Graph graph;
+  const int region = graph.add_region("layer", 1, Phase::kForward);
+  const std::vector<Dim> dims = {Dim{"batch", 1, ""}, Dim{"length", 1, ""}, Dim{"heads", 2, ""},
+                                 Dim{"head_dim", 2, ""}};
+  const TensorId x = graph.add_tensor("x", dims, DType::kF32, TensorKind::kActivation, region);
+  const TensorId scale = graph.add_tensor("scale", {Dim{"head_dim", 2, "norm"}}, DType::kF32,
+                                          TensorKind::kParameter, region);
+  const TensorId y = graph.add_tensor("y", dims, DType::kF32, TensorKind::kActivation, region);
+  OpAttrs attrs;
+  attrs.contracted = {"head_dim"};
+  attrs.epsilon = 1e-6;
+  graph.add_op(OpKind::kRmsNorm, "attention/query_norm", {x, scale}, {y}, attrs, region);
+  TensorData x_data = TensorData::zeros(graph.tensor(x));
+  TensorData scale_data = TensorData::zeros(graph.tensor(scale));
+  x_data.values = {3, 4, 1, -1};
+  scale_data.values = {2, 0.5};
+  TensorData y_data = TensorData::zeros(graph.tensor(y));
+  run_kernel(graph, graph.ops().back(), {&x_data, &scale_data}, {&y_data}, {});
+  const double rstd0 = 1.0 / std::sqrt(12.5 + 1e-6);
+  const double rstd1 = 1.0 / std::sqrt(1.0 + 1e-6);
+  EXPECT_NEAR(y_data.values[0], 3 * rstd0 * 2, 1e-6);
+  EXPECT_NEAR(y_data.values[1], 4 * rstd0 * 0.5, 1e-6);
+  EXPECT_NEAR(y_data.values[2], 1 * rstd1 * 2, 1e-6);
+  EXPECT_NEAR(y_data.values[3], -1 * rstd1 * 0.5, 1e-6);
+}
+
 TEST(MaxTextQueryScaling, QueryInitCarriesTheScaleOnlyWithoutRuntimeScaling) {
   const auto query_std = [](const std::vector<std::string>& overrides) {
     return build_forward(tiny_config(overrides), 1).initializers.at("layer/attention/query").stddev;
@@ -175,12 +274,13 @@ TEST(MaxTextQueryScaling, QueryInitCarriesTheScaleOnlyWithoutRuntimeScaling) {
   EXPECT_DOUBLE_EQ(query_std({"model_name=tiny-llama"}), 0.125 / 4.0);
   EXPECT_DOUBLE_EQ(query_std({"model_name=tiny-llama", "use_qk_norm=true"}), 0.125);
   EXPECT_DOUBLE_EQ(query_std({"model_name=tiny-gpt3"}), 0.125);
+  EXPECT_DOUBLE_EQ(query_std({"model_name=tiny-qwen3"}), 0.125);
 }
 
 // Token 1 attends to keys 0 and 1 with q1 = (1, 2), k0 = (1, 0), k1 = (0, 1): q.k = (1, 2).
 // With v0 = (1, 0), v1 = (0, 1) its output is its softmax weights (p0, p1), p0 = 1 / (1 + e^s)
 // for runtime scale s. Token 0 sees only itself: output v0.
-std::vector<float> two_token_attention(double scale) {
+std::vector<float> two_token_attention(double scale, double soft_cap = 0) {
   Graph graph;
   const int region = graph.add_region("layer", 1, Phase::kForward);
   const auto tensor = [&](const std::string& name) {
@@ -195,6 +295,7 @@ std::vector<float> two_token_attention(double scale) {
   const TensorId out = tensor("out");
   OpAttrs attrs;
   attrs.attention_scale = scale;
+  attrs.logit_soft_cap = soft_cap;
   graph.add_op(OpKind::kAttention, "attention", {q, k, v}, {out}, attrs, region);
   TensorData q_data = TensorData::zeros(graph.tensor(q));
   TensorData k_data = TensorData::zeros(graph.tensor(k));
@@ -217,6 +318,39 @@ TEST(MaxTextQueryScaling, TwoTokenAttentionLogits) {
   const std::vector<float> gpt3 = two_token_attention(runtime_scale({"model_name=tiny-gpt3"}));
   EXPECT_NEAR(gpt3[2], 0.43782349911420193, 1e-7);
   EXPECT_NEAR(gpt3[3], 0.56217650088579807, 1e-7);
+  // attn_logits_soft_cap 1 (scale 1): logits (1, 2) -> (tanh 1, tanh 2) = (0.7616, 0.9640), so
+  // p0 = 1 / (1 + e^(tanh 2 - tanh 1)) = 0.44956376321847996.
+  const std::vector<float> capped = two_token_attention(1.0, 1.0);
+  EXPECT_NEAR(capped[2], 0.44956376321847996, 1e-7);
+  EXPECT_NEAR(capped[3], 0.55043623678152004, 1e-7);
+}
+
+// gemma2-2b as MaxText configures it: attention logits capped at 50 after the query scaling
+// head_dim^-0.5 = 1/16; tied logits divided by sqrt(emb_dim 2304) = 48 (normalize_embedding_logits,
+// MaxText's default) and then capped at 30, both applied by the loss as it reads the logits.
+TEST(MaxTextSoftCaps, Gemma2AttentionAndTiedLogits) {
+  const ForwardGraph forward = build_forward(tiny_config({"model_name=gemma2-2b"}), 1);
+  const Op& attention = attention_op(forward);
+  EXPECT_EQ(attention.attrs.logit_soft_cap, 50.0);
+  EXPECT_EQ(attention.attrs.attention_scale, 1.0 / 16.0);
+  const Op& loss = op_named(forward.graph, "cross_entropy");
+  EXPECT_EQ(loss.attrs.logit_soft_cap, 30.0);
+  EXPECT_DOUBLE_EQ(loss.attrs.logit_multiplier, 1.0 / 48.0);
+  EXPECT_EQ(producer_name(forward.graph, loss.inputs[0]), "logits");
+  // Untied logits (tiny-llama) and tied ones neither divided nor capped (tiny-qwen3): untouched.
+  for (const char* model : {"model_name=tiny-llama", "model_name=tiny-qwen3"}) {
+    const ForwardGraph other = build_forward(tiny_config({model}), 1);
+    const Op& other_loss = op_named(other.graph, "cross_entropy");
+    EXPECT_EQ(other_loss.attrs.logit_soft_cap, 0.0) << model;
+    EXPECT_EQ(other_loss.attrs.logit_multiplier, 1.0) << model;
+    EXPECT_EQ(attention_op(other).attrs.logit_soft_cap, 0.0) << model;
+  }
+  // A final cap on untied logits, as MaxText's logits_dense branch: not applied.
+  const ForwardGraph untied = build_forward(
+      tiny_config({"model_name=tiny-llama", "final_logits_soft_cap=30", "attn_logits_soft_cap=20"}),
+      1);
+  EXPECT_EQ(op_named(untied.graph, "cross_entropy").attrs.logit_soft_cap, 0.0);
+  EXPECT_EQ(attention_op(untied).attrs.logit_soft_cap, 20.0);
 }
 
 }  // namespace

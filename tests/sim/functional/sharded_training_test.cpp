@@ -93,6 +93,30 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-gpt3",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_tensor_parallelism=2"}},
+      // gemma2's switches: attention logits soft-capped, tied logits (split over vocab by tensor
+      // parallelism) divided by sqrt(emb_dim) and soft-capped.
+      {"tiny-llama",
+       {"override_model_config=true", "logits_via_embedding=true",
+        "normalize_embedding_logits=true", "attn_logits_soft_cap=0.5", "final_logits_soft_cap=1.0",
+        "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_tensor_parallelism=2"}},
+      {"tiny-llama",
+       {"override_model_config=true", "logits_via_embedding=true",
+        "normalize_embedding_logits=true", "attn_logits_soft_cap=0.5", "final_logits_soft_cap=1.0",
+        "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_context_parallelism=2"}},
+      // qk-norm (qwen3): the query and key norms' [head_dim] scales get gradients summed over
+      // every token and head, which fsdp, tensor (heads) and context parallelism split; with
+      // tensor 4 > 2 kv heads the keys are gathered.
+      {"tiny-qwen3",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_tensor_parallelism=2"}},
+      {"tiny-qwen3",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=1",
+        "ici_tensor_parallelism=4"}},
+      {"tiny-qwen3",
+       {"compile_topology=v5e-8", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_context_parallelism=2", "ici_tensor_sequence_parallelism=2"}},
       {"tiny-llama",
        {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=4",
         "gradient_accumulation_steps=2"}},
