@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "common/counter_hash.h"
@@ -19,17 +18,6 @@ constexpr int64_t kByteVocabulary = 256;
 constexpr int64_t kEraTokens = int64_t{1} << 20;
 // One window in kEvalShare of each era is held out for evaluation.
 constexpr int64_t kEvalShare = 10;
-
-int32_t chunk_token(const TokenArray::Chunk& chunk, int64_t index) {
-  if (chunk.width == 4) {
-    int32_t token = 0;
-    std::memcpy(&token, static_cast<const char*>(chunk.data) + index * 4, 4);
-    return token;
-  }
-  uint16_t narrow = 0;
-  std::memcpy(&narrow, static_cast<const char*>(chunk.data) + index * 2, 2);
-  return narrow;
-}
 
 }  // namespace
 
@@ -84,7 +72,7 @@ Dataset Dataset::from_config(const Config& config) {
   if (data.from_cache_) {
     for (const TokenArray::Chunk& chunk : data.tokens_->chunks()) {
       for (int64_t index = 0; index < chunk.tokens; ++index) {
-        const int32_t token = chunk_token(chunk, index);
+        const int32_t token = chunk.at(index);
         if (token < 0 || token >= data.pieces_) {
           throw UserError("dataset_path: token id " + std::to_string(token) + " of '" + path +
                           "' is outside the tokenizer's " + std::to_string(data.pieces_) +

@@ -621,15 +621,17 @@ int32_t TokenArray::at(int64_t index) const {
   const auto published = static_cast<ptrdiff_t>(published_.load(std::memory_order_acquire));
   const auto after = std::upper_bound(starts_.begin(), starts_.begin() + published + 1, index);
   const auto chunk = static_cast<size_t>(after - starts_.begin() - 1);
-  const Chunk& found = chunks_[chunk];
-  const int64_t local = index - starts_[chunk];
-  if (found.width == 4) {
+  return chunks_[chunk].at(index - starts_[chunk]);
+}
+
+int32_t TokenArray::Chunk::at(int64_t index) const {
+  if (width == 4) {
     int32_t value = 0;
-    std::memcpy(&value, static_cast<const char*>(found.data) + local * 4, 4);
+    std::memcpy(&value, static_cast<const char*>(data) + index * 4, 4);
     return value;
   }
   uint16_t value = 0;
-  std::memcpy(&value, static_cast<const char*>(found.data) + local * 2, 2);
+  std::memcpy(&value, static_cast<const char*>(data) + index * 2, 2);
   return value;
 }
 

@@ -72,6 +72,8 @@ class TokenArray {
     const void* data = nullptr;
     int64_t tokens = 0;
     int width = 4;  // bytes per token: 2 (uint16) or 4 (int32 in memory, uint32 in a cache)
+    // Token `index` < tokens of this chunk.
+    int32_t at(int64_t index) const;
   };
   TokenArray() = default;
   TokenArray(const TokenArray&) = delete;
