@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -358,8 +359,11 @@ void Executor::run_op(const Op& op, int microbatch) {
       device_.token_log_probs->current_microbatch = microbatch;
       device_.token_log_probs->chunk = chunk_;
     }
+    const auto start = std::chrono::steady_clock::now();
     run_kernel(graph_, op, inputs, outputs, device_);
     if (op.kind == OpKind::kEinsum) {
+      counters_.einsum_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double flops = op_flops(graph_, op).matmul;
       if (op.inputs.size() == 3) {
         // A grouped matmul multiplies the rows routing really filled (row_experts >= 0), which

@@ -39,7 +39,8 @@
 namespace tpusim {
 
 struct ExecutionCounters {
-  double einsum_flops = 0;  // 2 x M x K x N of every einsum executed
+  double einsum_flops = 0;    // 2 x M x K x N of every einsum executed
+  double einsum_seconds = 0;  // wall time inside the einsum kernels (their speed: benchmarks/)
   // Per-device array V of every collective, as the network model counts it (a dropless MoE's
   // ragged all-to-all: the rows balanced routing fills, what a ragged exchange moves on average;
   // the in-process transport copies its whole padded buffer).

@@ -68,9 +68,7 @@ void KernelThreads::parallel_for(int64_t items, const std::function<void(int64_t
     return;
   }
   if (helpers_.empty() || items == 1) {
-    for (int64_t item = 0; item < items; ++item) {
-      body(item);
-    }
+    tpusim::parallel_for(nullptr, items, body);
     return;
   }
   {
@@ -101,8 +99,18 @@ void parallel_for(KernelThreads* threads, int64_t items, const std::function<voi
     threads->parallel_for(items, body);
     return;
   }
+  std::exception_ptr error;
   for (int64_t item = 0; item < items; ++item) {
-    body(item);
+    try {
+      body(item);
+    } catch (...) {
+      if (!error) {
+        error = std::current_exception();
+      }
+    }
+  }
+  if (error) {
+    std::rethrow_exception(error);
   }
 }
 

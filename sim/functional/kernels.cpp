@@ -840,9 +840,14 @@ void run_elementwise(const Ctx& ctx) {
     float* out = ctx.out_unfilled(0);
     const int64_t count = space.count();
     const auto flat = [&](auto&& f) {
-      for (int64_t index = 0; index < count; ++index) {
-        out[index] = f(a[index], b[index]);
-      }
+      // Pieces of a fixed size (each element's value does not depend on the split).
+      constexpr int64_t kPiece = 1 << 15;
+      parallel_for(ctx.device().threads, (count + kPiece - 1) / kPiece, [&](int64_t piece) {
+        const int64_t end = std::min(count, (piece + 1) * kPiece);
+        for (int64_t index = piece * kPiece; index < end; ++index) {
+          out[index] = f(a[index], b[index]);
+        }
+      });
     };
     const auto sigmoid_f = [](float x) { return 1.0f / (1.0f + std::exp(-x)); };
     switch (fn) {

@@ -37,8 +37,8 @@ const std::vector<std::vector<std::string>>& cases() {
        "max_target_length=64", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
       {"model_name=tiny-gpt3", "compile_topology=v5e-1", "per_device_batch_size=4",
        "max_target_length=64"},
-      {"model_name=tiny-mla", "compile_topology=v5e-2", "per_device_batch_size=2",
-       "max_target_length=32", "ici_tensor_parallelism=2"},
+      {"model_name=tiny-mla", "compile_topology=v5e-4", "per_device_batch_size=2",
+       "max_target_length=32", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
   };
   return all;
 }
