@@ -4,7 +4,8 @@
 For each model and thread count, runs `tpusim train` (synthetic data, 1 simulated device) and an
 independent fp32 PyTorch training loop of the same model (written here from the model's
 definition: token embedding, RMSNorm, RoPE on split halves, causal GQA attention with no run-time
-1/sqrt(head_dim) as in MaxText, SwiGLU MLP, untied unembedding, cross-entropy, AdamW), the two
+1/sqrt(head_dim) as in MaxText, SwiGLU MLP, untied unembedding, cross-entropy, AdamW with
+clipping; tpusim with remat_policy=none, as PyTorch keeps the activations too), the two
 alternating run after run, and reports the median tokens/s of each and their ratio. Each run's
 rate is the median over its steps after the first (warm-up). Also: the cost of simulating 8
 devices (fsdp=4 x tensor=2) over 1 at the same global batch and thread count.
@@ -50,6 +51,9 @@ def tpusim_args(model, threads, devices=1):
         f"max_target_length={model['length']}",
         f"steps={model['steps']}",
         "dataset_type=synthetic",
+        # The same math as the PyTorch loop, which keeps every activation (MaxText's default,
+        # full, recomputes the forward pass in the backward one: a third more FLOPs).
+        "remat_policy=none",
         "learning_rate=1e-4",
         f"num_threads={threads}",
     ]

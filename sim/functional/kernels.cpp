@@ -2409,22 +2409,54 @@ void run_adam(const Ctx& ctx) {
   const float* grad = ctx.in(1);
   const float* mu = ctx.in(2);
   const float* nu = ctx.in(3);
-  float* p_out = ctx.out(0);
-  float* mu_out = ctx.out(1);
-  float* nu_out = ctx.out(2);
+  float* p_out = ctx.out_unfilled(0);  // every element is written below
+  float* mu_out = ctx.out_unfilled(1);
+  float* nu_out = ctx.out_unfilled(2);
   const int64_t count = space.count();
-  for (int64_t index = 0; index < count; ++index) {
-    const double g = grad[index] * opt.gradient_scale;
-    const double m = opt.b1 * mu[index] + (1.0 - opt.b1) * g;
-    const double v = opt.b2 * nu[index] + (1.0 - opt.b2) * g * g;
-    const double mhat = m / correction1;
-    const double vhat = v / correction2;
-    const double update =
-        mhat / (std::sqrt(vhat + opt.eps_root) + opt.eps) + opt.weight_decay * p[index];
-    p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update);
-    mu_out[index] = static_cast<float>(m);
-    nu_out[index] = static_cast<float>(v);
+  // Elementwise: pieces of a fixed size on the kernel threads.
+  constexpr int64_t kPiece = 1 << 15;
+  const int64_t pieces = (count + kPiece - 1) / kPiece;
+  if (ctx.device().fast_kernels) {
+    // functional_precision=fast: the same formula in fp32, the bias corrections as factors.
+    const auto b1 = static_cast<float>(opt.b1);
+    const auto b2 = static_cast<float>(opt.b2);
+    const auto scale = static_cast<float>(opt.gradient_scale);
+    const auto inverse1 = static_cast<float>(1.0 / correction1);
+    const auto inverse2 = static_cast<float>(1.0 / correction2);
+    const auto eps = static_cast<float>(opt.eps);
+    const auto eps_root = static_cast<float>(opt.eps_root);
+    const auto decay = static_cast<float>(opt.weight_decay);
+    const auto rate = static_cast<float>(opt.learning_rate);
+    parallel_for(ctx.device().threads, pieces, [&](int64_t piece) {
+      const int64_t end = std::min(count, (piece + 1) * kPiece);
+      for (int64_t index = piece * kPiece; index < end; ++index) {
+        const float g = grad[index] * scale;
+        const float m = b1 * mu[index] + (1.0f - b1) * g;
+        const float v = b2 * nu[index] + (1.0f - b2) * g * g;
+        const float update =
+            m * inverse1 / (std::sqrt(v * inverse2 + eps_root) + eps) + decay * p[index];
+        p_out[index] = p[index] - rate * update;
+        mu_out[index] = m;
+        nu_out[index] = v;
+      }
+    });
+    return;
   }
+  parallel_for(ctx.device().threads, pieces, [&](int64_t piece) {
+    const int64_t end = std::min(count, (piece + 1) * kPiece);
+    for (int64_t index = piece * kPiece; index < end; ++index) {
+      const double g = grad[index] * opt.gradient_scale;
+      const double m = opt.b1 * mu[index] + (1.0 - opt.b1) * g;
+      const double v = opt.b2 * nu[index] + (1.0 - opt.b2) * g * g;
+      const double mhat = m / correction1;
+      const double vhat = v / correction2;
+      const double update =
+          mhat / (std::sqrt(vhat + opt.eps_root) + opt.eps) + opt.weight_decay * p[index];
+      p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update);
+      mu_out[index] = static_cast<float>(m);
+      nu_out[index] = static_cast<float>(v);
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------

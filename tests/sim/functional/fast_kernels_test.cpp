@@ -1,8 +1,8 @@
 // functional_precision=fast against the reference numerics, and its determinism.
 //  (1) One training step with the fast kernels (fp32 GEMMs and attention) equals the reference
-//      (double accumulation) within fp32 rounding: loss and every gradient within relative L2
-//      1e-5, on one device and sharded (which lays the einsum operands out differently: used in
-//      place, transposed or packed).
+//      (double accumulation) within fp32 rounding: loss, every gradient, updated weight and Adam
+//      moment within relative L2 1e-5, on one device and sharded (which lays the einsum operands
+//      out differently: used in place, transposed or packed).
 //  (2) The fast step is bitwise the same run to run and for any num_threads, whether the threads
 //      run several devices or work inside one device's kernels.
 //  (3) KernelThreads runs every item exactly once and passes an item's exception on.
@@ -62,6 +62,9 @@ TEST(FastKernels, MatchReferenceWithinFp32Rounding) {
     std::string worst;
     EXPECT_LE(testing::worst_relative_difference(fast.gradients, reference.gradients, &worst),
               kTolerance)
+        << worst;
+    // The updated weights and Adam moments (the fast AdamW runs in fp32 too).
+    EXPECT_LE(testing::worst_relative_difference(fast.state, reference.state, &worst), kTolerance)
         << worst;
     // The fast path does compute differently (else this test would compare a path with itself).
     EXPECT_NE(fast.gradients, reference.gradients);
