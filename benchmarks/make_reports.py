@@ -409,7 +409,11 @@ def train_speed_lines():
              "model's definition, the two alternating run after run with the same thread count "
              "(torch.set_num_threads, OMP/OpenBLAS threads; tpusim num_threads). Each run's rate "
              "is the median over its steps after the first; the table gives the median over the "
-             "runs and the ratio of the medians.", "",
+             "runs and the ratio of the medians. tpusim runs `remat_policy=none` here (PyTorch "
+             "keeps the activations too; MaxText's default, full, recomputes the forward pass, "
+             "a third more FLOPs). On a machine shared with other tenants the all-core rows "
+             "measure how each copes with contended cores (PyTorch's OpenMP threads collapse "
+             "when a core is taken away) more than its parallel speed-up.", "",
              "| model | threads | tpusim tokens/s | torch tokens/s | tpusim / torch |",
              "|---|---|---|---|---|"]
     for name, entry in versus["models"].items():
@@ -426,7 +430,8 @@ def train_speed_lines():
                      "steps per run.")
     devices = versus.get("devices")
     lines += ["", "**Einsum rate and simulated devices**, `build/benchmarks/train_benchmark "
-              "--benchmark_repetitions=5` (medians): one step of the small model.", "",
+              "--benchmark_repetitions=5` (medians): one step of the small model (MaxText's "
+              "default remat_policy=full).", "",
               "| run | ms per step | tokens/s | einsum kernels GFLOP/s |", "|---|---|---|---|"]
     for label, name in (("1 device, 1 thread", one), (f"1 device, {cores} threads", one_all),
                         (f"8 devices (fsdp=4 x tensor=2), {cores} threads", eight)):

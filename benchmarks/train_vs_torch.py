@@ -188,7 +188,10 @@ def main():
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     thread_counts = [cores if t == "all" else int(t) for t in args.threads.split(",")]
-    results = {"cores": cores, "runs": args.runs, "models": {}, "devices": None}
+    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                                   check=True, capture_output=True, text=True).stdout.strip()
+    results = {"cores": cores, "runs": args.runs, "models": {}, "devices": None,
+               "torch_version": torch_version}
     for name in args.models.split(","):
         model = MODELS[name]
         for threads in thread_counts:
