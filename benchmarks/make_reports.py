@@ -4,6 +4,7 @@
 Usage (from the project root, after `bash scripts/build.sh`):
   python3 benchmarks/make_reports.py validation    # reports/validation.md
   python3 benchmarks/make_reports.py performance   # reports/performance.md (runs the benchmarks)
+  python3 benchmarks/make_reports.py train_speed   # its "tpusim train" section only (vs PyTorch, ~15 min)
   python3 benchmarks/make_reports.py training      # reports/training.md (trains tiny-llama, ~40 s)
   python3 benchmarks/make_reports.py explore       # reports/explore.md (explorer speed, published rows)
   python3 benchmarks/make_reports.py mpi           # reports/mpi.md (mpirun with 1, 2, 4 ranks, ~2 min)
@@ -338,34 +339,7 @@ def performance():
               "(`load_config_only`). The bar: llama3.1-405b on tpu7x-18432 (9216 chips) well under "
               "a second, and flat (within 2x) from 8 to 9216 chips."]
     lines += phase_table()
-    train = subprocess.run([str(ROOT / "build/benchmarks/train_benchmark"), "--benchmark_repetitions=5",
-                            "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
-    train_runs = [run for run in json.loads(train)["benchmarks"] if run.get("run_type") == "iteration"]
-    def median_of(name, key):
-        return statistics.median(run[key] for run in train_runs if run["run_name"] == name)
-    one_ms = median_of("tiny_llama_1_device/real_time", "real_time")
-    eight_ms = median_of("tiny_llama_8_devices/real_time", "real_time")
-    gemm = median_of("eigen_gemm/512/real_time", "flops_per_s")
-    one_flops = median_of("tiny_llama_1_device/real_time", "matmul_flops_per_s")
-    eight_flops = median_of("tiny_llama_8_devices/real_time", "matmul_flops_per_s")
-    cores = os.cpu_count()
-    lines += ["", "## tpusim train", "",
-              "`build/benchmarks/train_benchmark --benchmark_repetitions=5` (medians): one step of "
-              "tiny-llama, 16 sequences x 128 tokens, on 1 simulated device and on 8 (fsdp=4 x "
-              "tensor=2, one thread per device), against single-threaded Eigen fp32 GEMM (512^3).", "",
-              "| run | ms per step | tokens/s | einsum GFLOP/s | of GEMM rate |", "|---|---|---|---|---|",
-              f"| 1 device | {one_ms:.1f} | {16 * 128 / one_ms * 1e3:.0f} | {one_flops / 1e9:.2f} | "
-              f"{100 * one_flops / gemm:.0f}% of 1 core |",
-              f"| 8 devices | {eight_ms:.1f} | {16 * 128 / eight_ms * 1e3:.0f} | {eight_flops / 1e9:.2f} | "
-              f"{100 * eight_flops / (gemm * min(cores, 8)):.0f}% of {min(cores, 8)} cores |", "",
-              f"Eigen GEMM: {gemm / 1e9:.1f} GFLOP/s per core. Simulating 8 devices over 1 at the same "
-              f"global batch: {eight_ms / one_ms:.2f}x the wall time (the 8 device threads use all "
-              f"{cores} cores; the 1-device run uses one). Only einsum FLOPs are counted (attention's "
-              "matmuls and the optimizer are extra work), so the fraction is a lower bound; the "
-              "rest goes to the small tensors of a tiny model (kernel overheads, collectives' index "
-              "maps, thread rendezvous). The engine's matmuls run in double (fp32 inputs, double "
-              "accumulation: the reference numerics of sim/functional/kernels.cpp), the GEMM rate "
-              "is fp32's; double accumulation costs ~45% more CPU per step than fp32 did."]
+    lines += train_speed_lines()
     path = ROOT / "reports/performance.md"
     write_atomically(path, "\n".join(lines) + "\n" + kept_sections(path))
     print("wrote reports/performance.md")
@@ -396,6 +370,96 @@ def phase_table():
 # everything from this heading to the end of the file.
 KEPT_HEADING = "## Speed-up of the estimate phases"
 EXPLORE_KEPT_HEADING = "## Earlier runs (kept)"
+
+
+TRAIN_HEADING = "## tpusim train"
+
+
+def train_speed_lines():
+    """The "## tpusim train" section: train_benchmark (einsum rate against the GEMM rate, 8
+    devices against 1) and benchmarks/train_vs_torch.py (tokens/s against PyTorch)."""
+    train = subprocess.run([str(ROOT / "build/benchmarks/train_benchmark"),
+                            "--benchmark_repetitions=5", "--benchmark_format=json"], check=True,
+                           capture_output=True, text=True).stdout
+    runs = [run for run in json.loads(train)["benchmarks"] if run.get("run_type") == "iteration"]
+
+    def median_of(name, key):
+        return statistics.median(run[key] for run in runs if run["run_name"] == name)
+
+    cores = os.cpu_count()
+    gemm = max(median_of("eigen_gemm/512/512/512/real_time", "flops_per_s"),
+               median_of("eigen_gemm/2048/256/1024/real_time", "flops_per_s"))
+    one = "one_device_1_thread/real_time"
+    one_all = "one_device_all_threads/real_time"
+    eight = "eight_devices_all_threads/real_time"
+    einsum = median_of(one, "einsum_flops_per_s")
+    with tempfile.TemporaryDirectory() as directory:
+        result = pathlib.Path(directory) / "vs_torch.json"
+        subprocess.run(["/usr/bin/python3", str(ROOT / "benchmarks/train_vs_torch.py"),
+                        "--tpusim", str(BINARY), "--runs", "3", "--json", str(result)],
+                       check=True)
+        versus = json.loads(result.read_text())
+    lines = ["", TRAIN_HEADING, "",
+             "Generated by `python3 benchmarks/make_reports.py train_speed` (also part of "
+             "`performance`), with the default `functional_precision=fast`.", "",
+             "**Against PyTorch**, `/usr/bin/python3 benchmarks/train_vs_torch.py --runs 3`: "
+             "`tpusim train` (1 simulated device, synthetic data) and an independent fp32 PyTorch "
+             f"{versus.get('torch_version', '')} loop of the same Llama (RMSNorm, RoPE, causal GQA "
+             "attention, SwiGLU, untied head, AdamW with clipping), written in the script from the "
+             "model's definition, the two alternating run after run with the same thread count "
+             "(torch.set_num_threads, OMP/OpenBLAS threads; tpusim num_threads). Each run's rate "
+             "is the median over its steps after the first; the table gives the median over the "
+             "runs and the ratio of the medians. tpusim runs `remat_policy=none` here (PyTorch "
+             "keeps the activations too; MaxText's default, full, recomputes the forward pass, "
+             "a third more FLOPs). On a machine shared with other tenants the all-core rows "
+             "measure how each copes with contended cores (PyTorch's OpenMP threads collapse "
+             "when a core is taken away) more than its parallel speed-up.", "",
+             "| model | threads | tpusim tokens/s | torch tokens/s | tpusim / torch |",
+             "|---|---|---|---|---|"]
+    for name, entry in versus["models"].items():
+        for threads, row in entry.items():
+            if threads == "config":
+                continue
+            lines.append(f"| {name} | {threads} | {row['tpusim_tokens_per_s']:.0f} | "
+                         f"{row['torch_tokens_per_s']:.0f} | {row['ratio']:.2f} |")
+    for name, entry in versus["models"].items():
+        c = entry["config"]
+        lines.append(f"\n{name}: emb {c['emb']}, {c['heads']} query / {c['kv_heads']} kv heads "
+                     f"of {c['head_dim']}, mlp {c['mlp']}, {c['layers']} layers, vocab "
+                     f"{c['vocab']}, batch {c['batch']} x {c['length']} tokens, {c['steps']} "
+                     "steps per run.")
+    devices = versus.get("devices")
+    lines += ["", "**Einsum rate and simulated devices**, `build/benchmarks/train_benchmark "
+              "--benchmark_repetitions=5` (medians): one step of the small model (MaxText's "
+              "default remat_policy=full).", "",
+              "| run | ms per step | tokens/s | einsum kernels GFLOP/s |", "|---|---|---|---|"]
+    for label, name in (("1 device, 1 thread", one), (f"1 device, {cores} threads", one_all),
+                        (f"8 devices (fsdp=4 x tensor=2), {cores} threads", eight)):
+        ms = median_of(name, "real_time")
+        lines.append(f"| {label} | {ms:.1f} | {median_of(name, 'tokens_per_s'):.0f} | "
+                     f"{median_of(name, 'einsum_flops_per_s') / 1e9:.1f} |")
+    lines += ["", f"Single-threaded Eigen fp32 GEMM on this machine: {gemm / 1e9:.1f} GFLOP/s (the "
+              "better of 512^3 and the step's largest shape, 2048 x 256 x 1024). The einsum kernels "
+              f"of a 1-thread step (their FLOPs over the time inside them, packing and layout "
+              f"included) run at {einsum / 1e9:.1f} GFLOP/s, {100 * einsum / gemm:.0f}% of it. "
+              "8 simulated devices take "
+              f"{median_of(eight, 'real_time') / median_of(one_all, 'real_time'):.2f}x the wall "
+              "time of 1 device at the same global batch and threads"
+              + (f" (train_vs_torch.py, whole runs: {devices['wall_time_ratio']:.2f}x)"
+                 if devices else "") + ".",
+              "", "`functional_precision=reference` (double accumulation; what `--verify` and the "
+              "fp64 PyTorch test use) is about half as fast."]
+    return lines
+
+
+def train_speed():
+    path = ROOT / "reports/performance.md"
+    text = path.read_text()
+    start = text.index(TRAIN_HEADING)
+    end = text.find("\n## ", start + len(TRAIN_HEADING))
+    section = "\n".join(train_speed_lines()).lstrip("\n")
+    write_atomically(path, text[:start] + section + "\n" + (text[end:] if end >= 0 else ""))
+    print("wrote reports/performance.md (tpusim train)")
 
 
 def kept_sections(path, heading=KEPT_HEADING):
@@ -907,4 +971,5 @@ if __name__ == "__main__":
     targets = sys.argv[1:] or ["validation", "performance", "training", "mpi"]
     for target in targets:
         {"validation": validation, "performance": performance, "training": training,
-         "explore": explore, "mpi": mpi, "compat": compat, "token_cache": token_cache}[target]()
+         "explore": explore, "mpi": mpi, "compat": compat, "token_cache": token_cache,
+         "train_speed": train_speed}[target]()

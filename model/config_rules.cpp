@@ -57,6 +57,7 @@ const std::vector<EnumRule>& enum_rules() {
       {"context_parallel_strategy", {"all_gather", "ring", "ulysses", "usp"}},
       {"sparse_core_collective_offload", {"auto", "on", "off"}},
       {"functional_dtype", {"float32", "bfloat16_matmul"}},
+      {"functional_precision", {"fast", "reference"}},
       {"hardware", {"tpu", "cpu", "gpu", "gpu_multiprocess"}},
       {"decoder_layer_input", kRematValues},
       {"context", kRematValues},

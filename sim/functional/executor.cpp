@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -204,11 +205,36 @@ TensorData& Executor::allocate(TensorId id) {
   const Key slot = key(id);
   auto [it, inserted] = values_.try_emplace(slot);
   if (inserted) {
-    it->second = TensorData::zeros(graph_.tensor(id));
+    const Tensor& tensor = graph_.tensor(id);
+    const auto found = spare_.find(static_cast<size_t>(tensor.num_elements()));
+    if (found != spare_.end() && !found->second.empty()) {
+      // A buffer of the same size that an earlier op released: no allocation, no page faults.
+      it->second.values = std::move(found->second.back());
+      found->second.pop_back();
+      spare_bytes_ -= static_cast<int64_t>(it->second.values.size() * sizeof(float));
+      std::fill(it->second.values.begin(), it->second.values.end(), 0.0f);
+      it->second.shape.clear();
+      for (const Dim& dim : tensor.dims) {
+        it->second.shape.push_back(dim.size);
+      }
+    } else {
+      it->second = TensorData::zeros(tensor);
+    }
     live_bytes_ += graph_.tensor(id).bytes();
     counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
   }
   return it->second;
+}
+
+void Executor::recycle(std::vector<float>&& values) {
+  // Kept up to the largest live set seen, so the spares never more than double the memory.
+  const auto bytes = static_cast<int64_t>(values.size() * sizeof(float));
+  max_live_bytes_ = std::max(max_live_bytes_, live_bytes_ + bytes);
+  if (values.empty() || spare_bytes_ + bytes > max_live_bytes_) {
+    return;
+  }
+  spare_bytes_ += bytes;
+  spare_[values.size()].push_back(std::move(values));
 }
 
 TensorData& Executor::value(TensorId id) {
@@ -224,6 +250,7 @@ void Executor::release(TensorId id) {
   const auto found = values_.find(key(id));
   if (found != values_.end()) {
     live_bytes_ -= graph_.tensor(id).bytes();
+    recycle(std::move(found->second.values));
     values_.erase(found);
   }
 }
@@ -358,8 +385,11 @@ void Executor::run_op(const Op& op, int microbatch) {
       device_.token_log_probs->current_microbatch = microbatch;
       device_.token_log_probs->chunk = chunk_;
     }
+    const auto start = std::chrono::steady_clock::now();
     run_kernel(graph_, op, inputs, outputs, device_);
     if (op.kind == OpKind::kEinsum) {
+      counters_.einsum_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double flops = op_flops(graph_, op).matmul;
       if (op.inputs.size() == 3) {
         // A grouped matmul multiplies the rows routing really filled (row_experts >= 0), which
@@ -377,8 +407,8 @@ void Executor::run_op(const Op& op, int microbatch) {
     // Outputs (param', mu', nu') replace inputs 0, 2 and 3 (input 1 is the gradient).
     constexpr std::array<size_t, 3> kReplaced = {0, 2, 3};
     for (size_t index = 0; index < kReplaced.size(); ++index) {
-      value(op.inputs[kReplaced[index]]) = std::move(*outputs[index]);
-      release(op.outputs[index]);
+      std::swap(value(op.inputs[kReplaced[index]]), *outputs[index]);
+      release(op.outputs[index]);  // the old values, kept for the next step's outputs
     }
   }
   for (const TensorId dead : dead_after_[static_cast<size_t>(op.id)]) {
@@ -534,6 +564,7 @@ StepResult Executor::compute_gradients() {
       const Tensor& tensor = graph_.tensor(it->first.first);
       if (!persistent_[static_cast<size_t>(tensor.id)]) {
         live_bytes_ -= tensor.bytes();
+        recycle(std::move(it->second.values));
         it = values_.erase(it);
       } else {
         ++it;

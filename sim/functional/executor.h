@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "sharding/step_program.h"
@@ -39,7 +40,8 @@
 namespace tpusim {
 
 struct ExecutionCounters {
-  double einsum_flops = 0;  // 2 x M x K x N of every einsum executed
+  double einsum_flops = 0;    // 2 x M x K x N of every einsum executed
+  double einsum_seconds = 0;  // wall time inside the einsum kernels (their speed: benchmarks/)
   // Per-device array V of every collective, as the network model counts it (a dropless MoE's
   // ragged all-to-all: the rows balanced routing fills, what a ragged exchange moves on average;
   // the in-process transport copies its whole padded buffer).
@@ -99,6 +101,7 @@ class Executor {
   TensorData& value(TensorId id);
   TensorData& allocate(TensorId id);
   void release(TensorId id);
+  void recycle(std::vector<float>&& values);  // keeps a released buffer for reuse
   void fill_input(TensorId id, int microbatch);
   void run_region(int region, int microbatch);
   // Moves chunk chunk_ of a chunked carry: into its chunk-sized end, or (from_chunk) out of it.
@@ -122,6 +125,10 @@ class Executor {
   std::vector<TensorId> final_grads_;              // local gradients of the parameters
   std::map<TensorId, TensorId> grad_of_parameter_;
   std::map<Key, TensorData> values_;
+  // Buffers of released values by element count, reused by later allocations of that size.
+  std::unordered_map<size_t, std::vector<std::vector<float>>> spare_;
+  int64_t spare_bytes_ = 0;
+  int64_t max_live_bytes_ = 0;
   std::map<Key, TensorData> accumulated_;  // gradients summed over microbatches
   std::vector<std::vector<int32_t>> tokens_;
   std::vector<std::vector<int32_t>> targets_;

@@ -35,7 +35,12 @@
 #include <utility>
 #include <vector>
 
+// GCC 12's AVX-512 intrinsics (-march=native on an AVX-512 host) initialize a dummy register
+// with itself, which -Wmaybe-uninitialized reports inside Eigen's GEMM packing: a false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <Eigen/Core>
+#pragma GCC diagnostic pop
 
 namespace tpusim {
 namespace {
@@ -166,6 +171,8 @@ class Ctx {
   const Tensor& in_tensor(size_t index) const { return graph_.tensor(op_.inputs.at(index)); }
   const Tensor& out_tensor(size_t index) const { return graph_.tensor(op_.outputs.at(index)); }
   const float* in(size_t index) const { return inputs_.at(index)->values.data(); }
+  // The output, not cleared (for kernels that write every element).
+  float* out_unfilled(size_t index) const { return outputs_.at(index)->values.data(); }
   // The output, zero-filled (kernels accumulate into it or leave gaps at zero).
   float* out(size_t index) const {
     std::vector<float>& values = outputs_.at(index)->values;
@@ -456,6 +463,101 @@ void run_grouped_einsum(const Ctx& ctx) {
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// The fast einsum (functional_precision=fast): fp32 GEMMs on operands used in place where their
+// layout allows, the work cut into items by the shapes alone (never by the thread count), so the
+// result is bitwise the same on any number of kernel threads.
+// ------------------------------------------------------------------------------------------------
+// Row-major strides of a packed iteration space.
+std::vector<int64_t> strides_of_space(const Space& space) {
+  std::vector<int64_t> strides(space.names.size(), 1);
+  for (size_t index = space.names.size(); index > 1; --index) {
+    strides[index - 2] = strides[index - 1] * space.sizes[index - 1];
+  }
+  return strides;
+}
+
+// Whether `tensor`'s dims are exactly the dims of `parts`, in that order.
+bool laid_out_as(const Tensor& tensor, std::initializer_list<const Space*> parts) {
+  size_t at = 0;
+  for (const Space* part : parts) {
+    for (const std::string& name : part->names) {
+      if (at >= tensor.dims.size() || tensor.dims[at].name != name) {
+        return false;
+      }
+      ++at;
+    }
+  }
+  return at == tensor.dims.size();
+}
+
+// A [batch, rows, cols] matrix per batch index: row-major, or (transposed) stored as
+// [batch, cols, rows] row-major, i.e. column-major.
+struct EinsumOperand {
+  const float* data;
+  bool transposed;
+};
+
+using ColMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+
+// C[i] = A[i] B[i] for every batch index i; A is m x k, B k x n, C m x n.
+void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
+                const EinsumOperand& c, int64_t nb, int64_t m, int64_t n, int64_t k) {
+  // Items: each batch index's product, cut into blocks of rows (or of columns when they are
+  // fewer) of at least kMinBlock, at most kMaxBlocks per product.
+  constexpr int64_t kMinBlock = 128;
+  constexpr int64_t kMaxBlocks = 8;
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  int64_t block = std::max(kMinBlock, (extent + kMaxBlocks - 1) / kMaxBlocks);
+  block = (block + 15) / 16 * 16;
+  const int64_t blocks = std::max<int64_t>(1, (extent + block - 1) / block);
+  float* c_data = const_cast<float*>(c.data);
+  const auto item = [&](int64_t index) {
+    const int64_t batch = index / blocks;
+    const int64_t start = (index % blocks) * block;
+    const int64_t size = std::min(block, extent - start);
+    if (size <= 0) {
+      return;
+    }
+    const float* a_data = a.data + batch * m * k;
+    const float* b_data = b.data + batch * k * n;
+    float* out = c_data + batch * m * n;
+    const auto multiply = [&](const auto& lhs, const auto& rhs) {
+      const auto assign = [&](auto& product) {
+        if (by_rows) {
+          product.middleRows(start, size).noalias() = lhs.middleRows(start, size) * rhs;
+        } else {
+          product.middleCols(start, size).noalias() = lhs * rhs.middleCols(start, size);
+        }
+      };
+      if (c.transposed) {
+        Eigen::Map<ColMatrix> product(out, m, n);
+        assign(product);
+      } else {
+        Eigen::Map<RowMatrix> product(out, m, n);
+        assign(product);
+      }
+    };
+    const auto with_rhs = [&](const auto& lhs) {
+      if (b.transposed) {
+        multiply(lhs, Eigen::Map<const ColMatrix>(b_data, k, n));
+      } else {
+        multiply(lhs, Eigen::Map<const RowMatrix>(b_data, k, n));
+      }
+    };
+    if (a.transposed) {
+      with_rhs(Eigen::Map<const ColMatrix>(a_data, m, k));
+    } else {
+      with_rhs(Eigen::Map<const RowMatrix>(a_data, m, k));
+    }
+  };
+  if (m == 0 || n == 0) {
+    return;
+  }
+  parallel_for(ctx.device().threads, nb * blocks, item);
+}
+
 void run_einsum(const Ctx& ctx) {
   ctx.expect_counts(2, 3, 1, 1);
   if (ctx.num_inputs() == 3) {
@@ -563,6 +665,49 @@ void run_einsum(const Ctx& ctx) {
     });
     return result;
   };
+  if (ctx.device().fast_kernels && !ctx.device().bf16_matmul_inputs) {
+    // functional_precision=fast: an operand laid out as [batch, X, Y] or [batch, Y, X] is used
+    // in place (a row- or column-major matrix per batch index), others are packed; fp32 GEMMs.
+    const auto operand = [&](const Tensor& tensor, const float* values, const Space& first,
+                             const Space& second, const Space& summed,
+                             std::vector<float>& storage) {
+      if (summed.names.empty() && laid_out_as(tensor, {&batch, &first, &second})) {
+        return EinsumOperand{values, false};
+      }
+      if (summed.names.empty() && laid_out_as(tensor, {&batch, &second, &first})) {
+        return EinsumOperand{values, true};
+      }
+      storage = pack(tensor, values, first, second, summed);
+      return EinsumOperand{storage.data(), false};
+    };
+    std::vector<float> a_storage;
+    std::vector<float> b_storage;
+    const EinsumOperand lhs = operand(a, ctx.in(0), rows, inner, a_only, a_storage);
+    const EinsumOperand rhs = operand(b, ctx.in(1), inner, cols, b_only, b_storage);
+    float* out = ctx.out_unfilled(0);  // every element is written below
+    if (laid_out_as(c, {&batch, &rows, &cols})) {
+      fast_gemms(ctx, lhs, rhs, EinsumOperand{out, false}, nb, m, n, k);
+      return;
+    }
+    if (laid_out_as(c, {&batch, &cols, &rows})) {
+      fast_gemms(ctx, lhs, rhs, EinsumOperand{out, true}, nb, m, n, k);
+      return;
+    }
+    std::vector<float> packed(static_cast<size_t>(nb * m * n), 0.0f);
+    fast_gemms(ctx, lhs, rhs, EinsumOperand{packed.data(), false}, nb, m, n, k);
+    Space loop;
+    for (const Space* part : {&batch, &rows, &cols}) {
+      for (size_t index = 0; index < part->names.size(); ++index) {
+        loop.add(part->names[index], part->sizes[index]);
+      }
+    }
+    const std::array<std::vector<int64_t>, 2> all = {ctx.strides_in(c, loop, true, true),
+                                                     strides_of_space(loop)};
+    for_each_index(loop.sizes, all, [&](const std::array<int64_t, 2>& at) {
+      out[at[0]] = packed[static_cast<size_t>(at[1])];
+    });
+    return;
+  }
   const std::vector<float> packed_a = pack(a, ctx.in(0), rows, inner, a_only);
   const std::vector<float> packed_b = pack(b, ctx.in(1), inner, cols, b_only);
   std::vector<float> packed_c(static_cast<size_t>(nb * m * n), 0.0f);
@@ -688,8 +833,50 @@ void run_elementwise(const Ctx& ctx) {
                                              : std::vector<int64_t>(space.names.size(), 0);
   const float* a = ctx.in(0);
   const float* b = arity == 2 ? ctx.in(1) : ctx.in(0);
+  const std::vector<int64_t> out_strides = strides_of(out_tensor);
+  if (ctx.device().fast_kernels && a_strides == out_strides &&
+      (arity == 1 || b_strides == out_strides)) {
+    // functional_precision=fast, no broadcasting: one flat loop in fp32.
+    float* out = ctx.out_unfilled(0);
+    const int64_t count = space.count();
+    const auto flat = [&](auto&& f) {
+      // Pieces of a fixed size (each element's value does not depend on the split).
+      constexpr int64_t kPiece = 1 << 15;
+      parallel_for(ctx.device().threads, (count + kPiece - 1) / kPiece, [&](int64_t piece) {
+        const int64_t end = std::min(count, (piece + 1) * kPiece);
+        for (int64_t index = piece * kPiece; index < end; ++index) {
+          out[index] = f(a[index], b[index]);
+        }
+      });
+    };
+    const auto sigmoid_f = [](float x) { return 1.0f / (1.0f + std::exp(-x)); };
+    switch (fn) {
+      case ElementwiseFn::kAdd:
+        flat([](float x, float y) { return x + y; });
+        return;
+      case ElementwiseFn::kMul:
+        flat([](float x, float y) { return x * y; });
+        return;
+      case ElementwiseFn::kScale:
+      case ElementwiseFn::kCast:
+        std::copy(a, a + count, out);
+        return;
+      case ElementwiseFn::kSilu:
+        flat([&](float x, float) { return x * sigmoid_f(x); });
+        return;
+      case ElementwiseFn::kSiluGrad:
+        flat([&](float dy, float x) {
+          const float s = sigmoid_f(x);
+          return dy * s * (1.0f + x * (1.0f - s));
+        });
+        return;
+      default:
+        flat([&](float x, float y) { return static_cast<float>(apply_elementwise(fn, x, y)); });
+        return;
+    }
+  }
   float* out = ctx.out(0);
-  const std::array<std::vector<int64_t>, 3> all = {strides_of(out_tensor), a_strides, b_strides};
+  const std::array<std::vector<int64_t>, 3> all = {out_strides, a_strides, b_strides};
   for_each_index(space.sizes, all, [&](const std::array<int64_t, 3>& at) {
     out[at[0]] = static_cast<float>(apply_elementwise(fn, a[at[1]], b[at[2]]));
   });
@@ -1265,7 +1452,7 @@ Matrix<Scalar> round_matrix(const Ctx& ctx, Matrix<Scalar> matrix) {
 }
 
 // Computes in `Scalar`: double for the fp32 reference, float with bf16_matmul_inputs (the MXU's
-// fp32 accumulation).
+// fp32 accumulation) or functional_precision=fast.
 template <typename Scalar>
 class AttentionKernel {
  public:
@@ -1370,21 +1557,22 @@ class AttentionKernel {
     const float* v = ctx_.in(2);
     const float* kr = mla_ ? ctx_.in(3) : nullptr;
     float* out = ctx_.out(0);
-    for (int64_t b = 0; b < q_.batch; ++b) {
-      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
-      for (int64_t h = 0; h < q_.heads; ++h) {
-        const int64_t kv = kv_of_[static_cast<size_t>(h)];
-        if (kv < 0) {
-          continue;
-        }
-        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
-        const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
-        const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
-        scatter(out, o_, b, h, result, false);
+    // One item per (batch, query head): each writes its own block of the output.
+    parallel_for(ctx_.device().threads, q_.batch * q_.heads, [&](int64_t item) {
+      const int64_t b = item / q_.heads;
+      const int64_t h = item % q_.heads;
+      const int64_t kv = kv_of_[static_cast<size_t>(h)];
+      if (kv < 0) {
+        return;
       }
-    }
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+      const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+      const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
+      const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
+      scatter(out, o_, b, h, result, false);
+    });
   }
 
   void backward() const {
@@ -1398,17 +1586,26 @@ class AttentionKernel {
     float* dk = ctx_.out(1);
     float* dv = ctx_.out(2);
     float* dkr = mla_ ? ctx_.out(3) : nullptr;
-    for (int64_t b = 0; b < q_.batch; ++b) {
+    // One item per (batch, kv head) (per batch index with MLA, whose dk_rope sums over every
+    // head): each sums its query heads in ascending order and writes its own blocks.
+    const int64_t groups = mla_ ? 1 : k_.heads;
+    parallel_for(ctx_.device().threads, q_.batch * groups, [&](int64_t item) {
+      const int64_t b = item / groups;
+      const int64_t group = item % groups;
       const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       RowMatrix dk_rope = RowMatrix::Zero(k_.length, mla_ ? kr_.features : 0);
       // dk, dv of each kv head: summed over the query heads that share it, then written once.
-      std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads),
-                                    RowMatrix::Zero(k_.length, k_.features));
-      std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads),
-                                    RowMatrix::Zero(v_.length, v_.features));
+      std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads));
+      std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads));
+      for (int64_t kv = 0; kv < k_.heads; ++kv) {
+        if (mla_ || kv == group) {
+          dk_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(k_.length, k_.features);
+          dv_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(v_.length, v_.features);
+        }
+      }
       for (int64_t h = 0; h < q_.heads; ++h) {
         const int64_t kv = kv_of_[static_cast<size_t>(h)];
-        if (kv < 0) {
+        if (kv < 0 || (!mla_ && kv != group)) {
           continue;
         }
         const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
@@ -1440,13 +1637,15 @@ class AttentionKernel {
         dv_sum[static_cast<size_t>(kv)] += dv_matrix;
       }
       for (int64_t kv = 0; kv < k_.heads; ++kv) {
-        scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
-        scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
+        if (mla_ || kv == group) {
+          scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
+          scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
+        }
       }
       if (mla_) {
         scatter(dkr, dkr_, b, 0, dk_rope, false);
       }
-    }
+    });
   }
 
  private:
@@ -1458,19 +1657,23 @@ class AttentionKernel {
     }
   }
 
-  bool allowed(int64_t query, int64_t key) const {
+  // The global key positions [first, last) that query position `query` may attend to:
+  // kCausal key <= query; kSlidingWindow also query - key < window; kChunked also
+  // key / window == query / window; kNone every key.
+  std::pair<int64_t, int64_t> allowed_keys(int64_t query) const {
     const OpAttrs& attrs = ctx_.op().attrs;
+    constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;  // no overflow below
     switch (attrs.mask) {
       case AttentionMask::kNone:
-        return true;
+        return {-kUnbounded, kUnbounded};
       case AttentionMask::kCausal:
-        return key <= query;
+        return {-kUnbounded, query + 1};
       case AttentionMask::kSlidingWindow:
-        return key <= query && query - key < attrs.window;
+        return {query - attrs.window + 1, query + 1};
       case AttentionMask::kChunked:
-        return key <= query && key / attrs.window == query / attrs.window;
+        return {query / attrs.window * attrs.window, query + 1};
     }
-    return false;
+    return {0, 0};
   }
 
   // Masked softmax(scale q k^T) in Scalar, soft-capped first when soft_cap_ > 0; masked entries
@@ -1493,21 +1696,24 @@ class AttentionKernel {
       }
     }
     for (int64_t i = 0; i < scores.rows(); ++i) {
-      const int64_t query = q_position_ + i;
+      // Every mask allows one contiguous range of keys [first, last).
+      const auto [first_key, last_key] = allowed_keys(q_position_ + i);
+      const int64_t first = std::clamp<int64_t>(first_key - k_position_, 0, scores.cols());
+      const int64_t last = std::clamp<int64_t>(last_key - k_position_, first, scores.cols());
       Scalar max = -std::numeric_limits<Scalar>::infinity();
-      for (int64_t j = 0; j < scores.cols(); ++j) {
-        if (allowed(query, k_position_ + j)) {
-          max = std::max(max, scores(i, j));
-        }
+      for (int64_t j = first; j < last; ++j) {
+        max = std::max(max, scores(i, j));
       }
       Scalar sum = 0;
-      for (int64_t j = 0; j < scores.cols(); ++j) {
-        if (allowed(query, k_position_ + j)) {
-          scores(i, j) = std::exp(scores(i, j) - max);
-          sum += scores(i, j);
-        } else {
-          scores(i, j) = 0;
-        }
+      for (int64_t j = 0; j < first; ++j) {
+        scores(i, j) = 0;
+      }
+      for (int64_t j = first; j < last; ++j) {
+        scores(i, j) = std::exp(scores(i, j) - max);
+        sum += scores(i, j);
+      }
+      for (int64_t j = last; j < scores.cols(); ++j) {
+        scores(i, j) = 0;
       }
       if (sum > 0) {
         scores.row(i) /= sum;
@@ -2246,22 +2452,54 @@ void run_adam(const Ctx& ctx) {
   const float* grad = ctx.in(1);
   const float* mu = ctx.in(2);
   const float* nu = ctx.in(3);
-  float* p_out = ctx.out(0);
-  float* mu_out = ctx.out(1);
-  float* nu_out = ctx.out(2);
+  float* p_out = ctx.out_unfilled(0);  // every element is written below
+  float* mu_out = ctx.out_unfilled(1);
+  float* nu_out = ctx.out_unfilled(2);
   const int64_t count = space.count();
-  for (int64_t index = 0; index < count; ++index) {
-    const double g = grad[index] * opt.gradient_scale;
-    const double m = opt.b1 * mu[index] + (1.0 - opt.b1) * g;
-    const double v = opt.b2 * nu[index] + (1.0 - opt.b2) * g * g;
-    const double mhat = m / correction1;
-    const double vhat = v / correction2;
-    const double update =
-        mhat / (std::sqrt(vhat + opt.eps_root) + opt.eps) + opt.weight_decay * p[index];
-    p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update);
-    mu_out[index] = static_cast<float>(m);
-    nu_out[index] = static_cast<float>(v);
+  // Elementwise: pieces of a fixed size on the kernel threads.
+  constexpr int64_t kPiece = 1 << 15;
+  const int64_t pieces = (count + kPiece - 1) / kPiece;
+  if (ctx.device().fast_kernels) {
+    // functional_precision=fast: the same formula in fp32, the bias corrections as factors.
+    const auto b1 = static_cast<float>(opt.b1);
+    const auto b2 = static_cast<float>(opt.b2);
+    const auto scale = static_cast<float>(opt.gradient_scale);
+    const auto inverse1 = static_cast<float>(1.0 / correction1);
+    const auto inverse2 = static_cast<float>(1.0 / correction2);
+    const auto eps = static_cast<float>(opt.eps);
+    const auto eps_root = static_cast<float>(opt.eps_root);
+    const auto decay = static_cast<float>(opt.weight_decay);
+    const auto rate = static_cast<float>(opt.learning_rate);
+    parallel_for(ctx.device().threads, pieces, [&](int64_t piece) {
+      const int64_t end = std::min(count, (piece + 1) * kPiece);
+      for (int64_t index = piece * kPiece; index < end; ++index) {
+        const float g = grad[index] * scale;
+        const float m = b1 * mu[index] + (1.0f - b1) * g;
+        const float v = b2 * nu[index] + (1.0f - b2) * g * g;
+        const float update =
+            m * inverse1 / (std::sqrt(v * inverse2 + eps_root) + eps) + decay * p[index];
+        p_out[index] = p[index] - rate * update;
+        mu_out[index] = m;
+        nu_out[index] = v;
+      }
+    });
+    return;
   }
+  parallel_for(ctx.device().threads, pieces, [&](int64_t piece) {
+    const int64_t end = std::min(count, (piece + 1) * kPiece);
+    for (int64_t index = piece * kPiece; index < end; ++index) {
+      const double g = grad[index] * opt.gradient_scale;
+      const double m = opt.b1 * mu[index] + (1.0 - opt.b1) * g;
+      const double v = opt.b2 * nu[index] + (1.0 - opt.b2) * g * g;
+      const double mhat = m / correction1;
+      const double vhat = v / correction2;
+      const double update =
+          mhat / (std::sqrt(vhat + opt.eps_root) + opt.eps) + opt.weight_decay * p[index];
+      p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update);
+      mu_out[index] = static_cast<float>(m);
+      nu_out[index] = static_cast<float>(v);
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -2377,14 +2615,14 @@ void run_kernel(const Graph& graph, const Op& op, const std::vector<const Tensor
       run_rope(ctx);
       return;
     case OpKind::kAttention:
-      if (device.bf16_matmul_inputs) {
+      if (device.bf16_matmul_inputs || device.fast_kernels) {
         AttentionKernel<float>(ctx, false).forward();
       } else {
         AttentionKernel<double>(ctx, false).forward();
       }
       return;
     case OpKind::kAttentionGrad:
-      if (device.bf16_matmul_inputs) {
+      if (device.bf16_matmul_inputs || device.fast_kernels) {
         AttentionKernel<float>(ctx, true).backward();
       } else {
         AttentionKernel<double>(ctx, true).backward();

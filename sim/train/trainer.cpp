@@ -237,9 +237,19 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
       resolve_num_threads(config.get_int("num_threads"), transport_->ranks_on_host()));
   communicator_->set_execution_slots(slots_.get());
   const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
+  const bool fast = config.get_string("functional_precision") == "fast";
+  // num_threads threads compute: with fewer devices than that, each device's kernels get the
+  // rest as helpers (results do not depend on it: sim/functional/kernel_threads.h).
+  const int per_device =
+      std::max(1, slots_->count() / std::max(1, static_cast<int>(devices_.size())));
   for (const int device : devices_) {
     DeviceContext context = InProcessCommunicator::context_for(device, sizes_);
     context.bf16_matmul_inputs = bf16;
+    context.fast_kernels = fast;
+    if (per_device > 1) {
+      kernel_threads_.push_back(std::make_unique<KernelThreads>(per_device));
+      context.threads = kernel_threads_.back().get();
+    }
     executors_.push_back(std::make_unique<Executor>(program_, context, *communicator_));
   }
   const auto seed = static_cast<uint64_t>(config.get_int("init_weights_seed"));
@@ -669,13 +679,19 @@ double Trainer::learning_rate(int64_t step) const {
 }
 
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
-  ShardedModel model(config_, transport_);
+  // --verify compares the reference numerics (double accumulation) of the sharded run and of the
+  // unsharded one, whatever functional_precision says.
+  Config run_config = config_;
+  if (options.verify) {
+    run_config.set("functional_precision", "reference", "--verify");
+  }
+  ShardedModel model(run_config, transport_);
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
   std::unique_ptr<ShardedModel> reference;
   if (options.verify && root) {
-    reference = std::make_unique<ShardedModel>(unsharded_reference_config(config_));
+    reference = std::make_unique<ShardedModel>(unsharded_reference_config(run_config));
   }
   const StepProgram& program = model.program();
   const int64_t sequences = program.microbatch;

@@ -116,6 +116,7 @@ class ShardedModel {
   std::vector<int> owner_;    // rank of each mesh device
   std::vector<int> devices_;  // this rank's devices, ascending
   std::unique_ptr<ExecutionSlots> slots_;
+  std::vector<std::unique_ptr<KernelThreads>> kernel_threads_;  // per device, when it has helpers
   std::unique_ptr<Communicator> communicator_;
   std::vector<std::unique_ptr<Executor>> executors_;  // one per entry of devices_
 };

@@ -121,6 +121,7 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
                                              "cosine_learning_rate_final_fraction",
                                              "dataset_cache_dir",
                                              "functional_dtype",
+                                             "functional_precision",
                                              "hbm_headroom_fraction",
                                              "mesh_placement_first",
                                              "moe_mlpwi",

@@ -31,7 +31,10 @@ fi
 work="$(mktemp -d "${TMPDIR:-/tmp}/tpusim_torch_reference.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
-common=(compile_topology=v5e-1 per_device_batch_size=2 max_target_length=16 steps=1)
+# The reference numerics (double accumulation), which the 1e-5 tolerance against fp64 is for; the
+# default fast kernels are checked against them in tests/sim/functional/fast_kernels_test.cpp.
+common=(compile_topology=v5e-1 per_device_batch_size=2 max_target_length=16 steps=1
+        functional_precision=reference)
 failed=()
 
 # check <label> "<tpusim overrides>" "<reference options>"
