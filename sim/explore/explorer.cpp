@@ -483,12 +483,9 @@ class MeshEvaluator {
         std::optional<StepSimulator> simulator;  // shared by the timing variants below
         for (size_t which = 0; which < placed.size(); ++which) {
           program.mesh = placed[which];
-          // With the SparseCore offload off (v7x), collectives the TensorCore drives add to the
-          // compute bound; and the busiest link bounds the step too. Both depend on the placement
-          // and the perf switches, not on the attention kernel: worked out on first need, by
-          // [offload][collective_matmul].
-          std::array<std::optional<double>, 2> tensorcore_driven;
-          std::array<std::array<std::optional<double>, 2>, 2> busiest_link;
+          // The collectives' bounds depend on the placement and the perf switches, not on the
+          // attention kernel: worked out on first need, by [offload][collective_matmul].
+          std::array<std::array<std::optional<CollectiveBounds>, 2>, 2> collective_bounds;
           for (size_t index = 0; index < variants_.size(); ++index) {
             const Variant& variant = variants_[index];
             if (!fitted[remat][variant.kind]) {
@@ -501,33 +498,23 @@ class MeshEvaluator {
                                                (variant.perf.sparse_core_offload == "auto" &&
                                                 chip.sparsecore_collective_offload_default > 0);
             perf_options.collective_matmul = variant.perf.collective_matmul;
-            double step_bound = context_bounds[variant.context];
-            if (best_possible(step_bound) < threshold_.get()) {
+            if (best_possible(context_bounds[variant.context]) < threshold_.get()) {
               out.pruned[kCannotBeatTop] += 1;
               continue;
             }
             if (!simulator.has_value()) {
               simulator.emplace(program);
             }
-            if (!perf_options.sparse_core_offload &&
-                chip.sparsecore_collective_offload_default > 0) {
-              std::optional<double>& driven = tensorcore_driven[perf_options.collective_matmul];
-              if (!driven.has_value()) {
-                driven =
-                    simulator->tensorcore_driven_collective_seconds(perf_options.collective_matmul);
-              }
-              step_bound += *driven;
-              if (best_possible(step_bound) < threshold_.get()) {
-                out.pruned[kCannotBeatTop] += 1;
-                continue;
-              }
+            std::optional<CollectiveBounds>& bounds =
+                collective_bounds[perf_options.sparse_core_offload][perf_options.collective_matmul];
+            if (!bounds.has_value()) {
+              bounds = simulator->collective_bounds(perf_options);
             }
-            std::optional<double>& link =
-                busiest_link[perf_options.sparse_core_offload][perf_options.collective_matmul];
-            if (!link.has_value()) {
-              link = simulator->busiest_link_seconds(perf_options);
-            }
-            if (best_possible(std::max(step_bound, *link)) < threshold_.get()) {
+            // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
+            const double step_bound =
+                std::max(context_bounds[variant.context] + bounds->tensorcore_driven_seconds,
+                         bounds->busiest_link_seconds);
+            if (best_possible(step_bound) < threshold_.get()) {
               out.pruned[kCannotBeatTop] += 1;
               continue;
             }

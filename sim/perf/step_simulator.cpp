@@ -309,21 +309,27 @@ class Simulator {
     }
   }
 
-  // The busiest link's occupied seconds over one microbatch and the optimizer (StepSimulator's).
-  double busiest_link_seconds() {
+  // StepSimulator::collective_bounds, from the same plans the scheduler runs.
+  CollectiveBounds collective_bounds() {
     std::array<double, kResources> busy{};
+    double driven_microbatch = 0;
+    double driven_optimizer = 0;
     for (const Op& op : graph_.ops()) {
       if (!is_collective(op.kind) && op.kind != OpKind::kHostOffload &&
           op.kind != OpKind::kHostLoad) {
         continue;
       }
       const OpPlan plan = plan_op(op);
+      const Region& region = graph_.region(op.region);
+      const double seconds = plan.seconds * static_cast<double>(region.repeat);
       if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
-        busy[static_cast<size_t>(plan.resource)] +=
-            plan.seconds * static_cast<double>(graph_.region(op.region).repeat);
+        busy[static_cast<size_t>(plan.resource)] += seconds;
+      } else if (plan.kind == OpPlan::Kind::kCompute) {  // driven by the TensorCore
+        (region.phase == Phase::kOptimizer ? driven_optimizer : driven_microbatch) += seconds;
       }
     }
-    return *std::max_element(busy.begin(), busy.end());
+    return {driven_microbatch * static_cast<double>(program_.accumulation_steps) + driven_optimizer,
+            *std::max_element(busy.begin(), busy.end())};
   }
 
   StepTiming run() {
@@ -779,38 +785,10 @@ StepTiming StepSimulator::run(const PerfOptions& options) {
   return Simulator(program_, options, *analysis_).run();
 }
 
-double StepSimulator::busiest_link_seconds(const PerfOptions& options) {
-  return Simulator(program_, options, *analysis_).busiest_link_seconds();
-}
-
-double StepSimulator::tensorcore_driven_collective_seconds(bool collective_matmul) {
-  const Graph& graph = program_.program.graph;
-  const ChipSpec& chip = *program_.slice.chip;
-  if (chip.sparsecore_collective_offload_default <= 0) {
-    return 0;
-  }
-  analysis_->use_mesh(graph, program_.mesh);
-  double microbatch = 0;
-  double optimizer = 0;
-  for (const Op& op : graph.ops()) {
-    if (!is_collective(op.kind)) {
-      continue;
-    }
-    const CollectiveTime& time = analysis_->collective(graph, op, program_.mesh, program_.slice);
-    // As Simulator::plan: a deferred gradient reduction, a collective on DCN, or one overlapped
-    // with its matmul is not the TensorCore's.
-    const bool overlapped = overlapped_with_matmul(
-        op, collective_matmul, analysis_->weight_only[static_cast<size_t>(op.id)]);
-    if (deferred_gradient_reduction(graph, op, time) ||
-        !driven_by_tensorcore(op, /*offloaded=*/false, time.dcn_seconds <= time.ici_seconds,
-                              overlapped, chip)) {
-      continue;
-    }
-    const Region& region = graph.region(op.region);
-    (region.phase == Phase::kOptimizer ? optimizer : microbatch) +=
-        time.seconds * static_cast<double>(region.repeat);
-  }
-  return microbatch * static_cast<double>(program_.accumulation_steps) + optimizer;
+CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
+  PerfOptions lean = options;
+  lean.record_details = false;
+  return Simulator(program_, lean, *analysis_).collective_bounds();
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {

@@ -105,6 +105,19 @@ StepTiming simulate_step(const StepProgram& program, const PerfOptions& options)
 // each run), its graph may not.
 //   StepSimulator simulator(program);
 //   for (const PerfOptions& variant : variants) { simulator.run(variant).step_seconds; }
+// What the collectives of a program alone force on its step, under one set of perf options:
+//   tensorcore_driven_seconds: on v7x, each all-gather / reduce-scatter / all-reduce over ICI that
+//     is neither offloaded to the SparseCores nor overlapped with its matmul runs on the
+//     TensorCore, so these seconds (over the whole step) add to the compute ops' time; 0 on chips
+//     whose collectives are asynchronous, or with the offload on.
+//   busiest_link_seconds: the busiest link's occupied seconds (ICI, DCN, each SparseCore queue,
+//     the host link) over one microbatch and the optimizer; a link runs one collective or
+//     transfer at a time, so the step takes at least this long.
+struct CollectiveBounds {
+  double tensorcore_driven_seconds = 0;
+  double busiest_link_seconds = 0;
+};
+
 class StepSimulator {
  public:
   explicit StepSimulator(const StepProgram& program);
@@ -112,16 +125,9 @@ class StepSimulator {
   StepSimulator(const StepSimulator&) = delete;
   StepSimulator& operator=(const StepSimulator&) = delete;
   StepTiming run(const PerfOptions& options);
-  // Seconds the TensorCore spends driving collectives in one step of the program's mesh when the
-  // SparseCore offload is off: on v7x each all-gather / reduce-scatter / all-reduce over ICI that
-  // is neither offloaded nor overlapped with its matmul runs on the TensorCore (0 on chips whose
-  // collectives are asynchronous). Those runs add to the compute ops' time, so compute plus this
-  // is a lower bound on the step (the explorer's branch and bound).
-  double tensorcore_driven_collective_seconds(bool collective_matmul);
-  // The busiest link's occupied seconds (ICI, DCN, each SparseCore queue, the host link) over one
-  // microbatch and the optimizer under `options`: a link runs one collective or transfer at a
-  // time, so the step takes at least this long (the explorer's branch and bound).
-  double busiest_link_seconds(const PerfOptions& options);
+  // Lower bounds on the step from the collectives under `options` (the explorer's branch and
+  // bound); see CollectiveBounds.
+  CollectiveBounds collective_bounds(const PerfOptions& options);
 
   struct Analysis;
 

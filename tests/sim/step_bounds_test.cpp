@@ -137,7 +137,7 @@ TEST(StepBounds, TensorCoreDrivenCollectivesAddToTheBoundOnV7x) {
     for (const bool collective_matmul : {false, true}) {
       SCOPED_TRACE(keys.back() + (collective_matmul ? " collective_matmul" : ""));
       options.collective_matmul = collective_matmul;
-      const double driven = simulator.tensorcore_driven_collective_seconds(collective_matmul);
+      const double driven = simulator.collective_bounds(options).tensorcore_driven_seconds;
       EXPECT_GT(driven, 0);  // FSDP's weight all-gathers at least
       EXPECT_LE(compute + driven, simulator.run(options).step_seconds * (1 + 1e-12));
     }
@@ -145,7 +145,7 @@ TEST(StepBounds, TensorCoreDrivenCollectivesAddToTheBoundOnV7x) {
     Config v5p = config;
     v5p.set("compile_topology", "v5p-32", "test");
     const StepProgram v5p_program = build_step_program(v5p);
-    EXPECT_EQ(StepSimulator(v5p_program).tensorcore_driven_collective_seconds(false), 0);
+    EXPECT_EQ(StepSimulator(v5p_program).collective_bounds(options).tensorcore_driven_seconds, 0);
   }
 }
 
@@ -181,7 +181,7 @@ TEST(StepBounds, BusiestLinkNeverExceedsTheStep) {
                      std::to_string(offload) + " cm " + std::to_string(collective_matmul));
         options.sparse_core_offload = offload;
         options.collective_matmul = collective_matmul;
-        const double link = simulator.busiest_link_seconds(options);
+        const double link = simulator.collective_bounds(options).busiest_link_seconds;
         EXPECT_GT(link, 0);
         EXPECT_LE(link, simulator.run(options).step_seconds * (1 + 1e-9));
       }
