@@ -7,12 +7,30 @@
 
 namespace tpusim {
 
-ExecutionSlots::ExecutionSlots(int count) : count_(count), free_(0) {
+ExecutionSlots::ExecutionSlots(int count) : count_(count), free_(count) {
   if (count < 1 || count > kMaxSlots) {
     throw std::logic_error("ExecutionSlots: " + std::to_string(count) + " slots (1.." +
                            std::to_string(kMaxSlots) + ")");
   }
-  free_.release(count);
+}
+
+void ExecutionSlots::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  freed_.wait(lock, [this] { return free_ > 0; });
+  --free_;
+}
+
+void ExecutionSlots::release() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++free_;
+  }
+  freed_.notify_one();
+}
+
+int ExecutionSlots::available() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return free_;
 }
 
 int resolve_num_threads(int64_t configured, int ranks_on_host) {

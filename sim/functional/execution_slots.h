@@ -10,6 +10,14 @@
 // on the slot count or the scheduling: every collective combines its members in a fixed group
 // order (communicator.h).
 //
+// The count is a mutex and a condition variable, not std::counting_semaphore: libstdc++ 12's
+// semaphore (bits/semaphore_base.h, atomic_wait.h) reads the counter before spinning and then
+// sleeps until the counter differs from that stale value, while release() wakes sleepers only when
+// the counter was 0. A slot taken and given back during the spin (1 -> 0 -> 1) is a wakeup lost:
+// the acquiring device sleeps beside a free slot. When every other device then waits for it in a
+// collective, nothing releases again and the step hangs until the collective timeout; this
+// happened once in the sanitizer tier (reports/reliability.md).
+//
 // Example:
 //   ExecutionSlots slots(resolve_num_threads(config.get_int("num_threads")));
 //   communicator.set_execution_slots(&slots);
@@ -18,8 +26,9 @@
 //   executor.compute_gradients();       // collectives give the slot back while they wait
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
-#include <semaphore>
+#include <mutex>
 
 namespace tpusim {
 
@@ -34,8 +43,11 @@ class ExecutionSlots {
   int count() const { return count_; }
 
   // Takes a slot, blocking until one is free; gives it back. Calls must pair up on each thread.
-  void acquire() { free_.acquire(); }
-  void release() { free_.release(); }
+  void acquire();
+  void release();
+
+  // Slots free right now (for tests).
+  int available() const;
 
   // Holds a slot for the lifetime of the object (the scope of one device's work).
   class Hold {
@@ -50,9 +62,11 @@ class ExecutionSlots {
   };
 
  private:
-  static constexpr std::ptrdiff_t kMaxSlots = 1 << 16;
+  static constexpr int kMaxSlots = 1 << 16;
   int count_;
-  std::counting_semaphore<kMaxSlots> free_;
+  mutable std::mutex mutex_;
+  std::condition_variable freed_;
+  int free_;
 };
 
 // The slot count of the num_threads key: `configured` when positive; 0 means this host's

@@ -666,7 +666,40 @@ TEST(ExecutionSlots, BoundComputeAndNeverDeadlockCollectives) {
     }
     EXPECT_LE(most.load(), count);
     EXPECT_GE(most.load(), 1);
+    EXPECT_EQ(slots.available(), count);  // every slot given back
   }
+}
+
+// A slot given back while another device waits for one reaches it, however the hand-overs
+// interleave: two devices on one slot pass it back and forth, each waiting while the other
+// holds it (the pattern of a device leaving a collective while another enters one). With
+// libstdc++ 12's std::counting_semaphore a release that lands between the waiter's spin and its
+// sleep could be lost (execution_slots.h); a lost hand-over here would stall until the watchdog.
+TEST(ExecutionSlots, EveryReleaseReachesAWaitingDevice) {
+  ExecutionSlots slots(1);
+  constexpr int kHandOvers = 20000;
+  std::atomic<int> turns = 0;
+  std::atomic<bool> stalled = false;
+  std::vector<std::thread> devices;
+  for (int device = 0; device < 2; ++device) {
+    devices.emplace_back([&] {
+      for (int turn = 0; turn < kHandOvers && !stalled; ++turn) {
+        const ExecutionSlots::Hold hold(slots);
+        ++turns;
+      }
+    });
+  }
+  // A watchdog, not a speed bound: 20,000 hand-overs take milliseconds; a lost one never ends.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (turns.load() < 2 * kHandOvers && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stalled = turns.load() < 2 * kHandOvers;
+  for (std::thread& device : devices) {
+    device.join();
+  }
+  EXPECT_FALSE(stalled) << turns.load() << " of " << 2 * kHandOvers << " turns";
+  EXPECT_EQ(slots.available(), 1);
 }
 
 TEST(ExecutionSlots, NumThreadsZeroSharesTheHostAmongItsRanks) {
