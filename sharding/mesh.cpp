@@ -110,15 +110,6 @@ MeshShape resolve_mesh(const Config& config, const Slice& slice) {
   MeshShape mesh;
   mesh.ici = fill_group(config, false, slice.devices(), "the devices per slice of " + slice.name);
   mesh.dcn = fill_group(config, true, slice.num_slices, "the number of slices");
-  const auto stage = static_cast<size_t>(mesh_axis_index("stage"));
-  if (mesh.ici[stage] > 1 || mesh.dcn[stage] > 1) {
-    // The stage axis would only replicate: there is no pipeline schedule (stages of layers,
-    // pipeline microbatches, bubble) in the step yet, so a number would be silently wrong.
-    const bool dcn = mesh.dcn[stage] > 1;
-    throw UserError(mesh_axis_key(dcn, "stage") + "=" +
-                    std::to_string(dcn ? mesh.dcn[stage] : mesh.ici[stage]) +
-                    ": pipeline parallelism is not modeled yet (no pipeline schedule); use 1");
-  }
   return mesh;
 }
 

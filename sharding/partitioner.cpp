@@ -120,8 +120,11 @@ class Partitioner {
 
   PartitionedProgram run() {
     for (const Region& region : global_.regions()) {
-      out_.add_region(region.name, region.repeat, region.phase, region.forward_region,
-                      region.shared_parameters);
+      const int copy = out_.add_region(region.name, region.repeat, region.phase,
+                                       region.forward_region, region.shared_parameters);
+      out_.mutable_region(copy).pipeline_layers_per_stage = region.pipeline_layers_per_stage;
+      out_.mutable_region(copy).pipeline_parameter_sets = region.pipeline_parameter_sets;
+      out_.mutable_region(copy).pipeline_delayed_forwarding = region.pipeline_delayed_forwarding;
     }
     layouts_.resize(global_.tensors().size());
     local_.assign(global_.tensors().size(), -1);
@@ -155,7 +158,7 @@ class Partitioner {
       }
     }
     for (const Graph::Carry& carry : global_.carries()) {
-      out_.add_carry(local(carry.from), local(carry.to));
+      out_.add_carry(pipeline_hand_over(carry), local(carry.to));
     }
     PartitionedProgram program;
     program.graph = std::move(out_);
@@ -200,6 +203,33 @@ class Partitioner {
     }
     return out_.add_tensor(joined(global.name, suffix), std::move(dims), global.dtype, global.kind,
                            region, global.remat_name);
+  }
+
+  // The source of a carry on this device. In a pipeline stage's loop (forward or backward) the
+  // residual stream (or its gradient) goes to the next stage (back to the previous one) after
+  // every layers_per_stage layers: a collective permute over `stage` (MaxText's shift of the
+  // stage outputs), which the carry then reads. With delayed forwarding the stage reads it an
+  // iteration later: the next iteration does not wait for it (the carry reads the stage's own
+  // output, and the permute runs beside the next iteration's layers).
+  TensorId pipeline_hand_over(const Graph::Carry& carry) {
+    const Tensor& from = global_.tensor(carry.from);
+    const Region& region = global_.region(from.region);
+    const TensorId source = local(carry.from);
+    if (!region.pipelined() || global_.tensor(carry.to).region != from.region) {
+      return source;
+    }
+    const Tensor& local_from = out_.tensor(source);
+    const TensorId moved =
+        out_.add_tensor(local_from.name + "/stage_permute", local_from.dims, local_from.dtype,
+                        local_from.kind, from.region, local_from.remat_name);
+    OpAttrs attrs;
+    attrs.mesh_axes = {"stage"};
+    attrs.group_size = mesh_.shape.size("stage");
+    attrs.every = region.pipeline_layers_per_stage;
+    current_phase_ = region.phase;
+    add_op(OpKind::kCollectivePermute, local_from.name + "/stage_permute", {source}, {moved}, attrs,
+           from.region);
+    return region.pipeline_delayed_forwarding ? source : moved;
   }
 
   // Emits a collective over `axes`; writes `into` when given, else a new local tensor.

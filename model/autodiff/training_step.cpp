@@ -409,6 +409,9 @@ class BackwardBuilder {
     const Region info = graph_.region(region);  // a copy: add_region may move the storage
     const int backward = graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward,
                                            region, info.shared_parameters);
+    graph_.mutable_region(backward).pipeline_layers_per_stage = info.pipeline_layers_per_stage;
+    graph_.mutable_region(backward).pipeline_parameter_sets = info.pipeline_parameter_sets;
+    graph_.mutable_region(backward).pipeline_delayed_forwarding = info.pipeline_delayed_forwarding;
     step.backward_regions.push_back(backward);
     const auto [input, output] = region_io(region);
     materialized_.clear();
@@ -459,9 +462,8 @@ class BackwardBuilder {
       }
       if (!optimizer_region_for.contains(parameter.region)) {
         const Region& owner = graph_.region(parameter.region);
-        optimizer_region_for[parameter.region] =
-            graph_.add_region("optimizer/" + owner.name, owner.shared_parameters ? 1 : owner.repeat,
-                              Phase::kOptimizer, parameter.region);
+        optimizer_region_for[parameter.region] = graph_.add_region(
+            "optimizer/" + owner.name, owner.parameter_sets(), Phase::kOptimizer, parameter.region);
         step.optimizer_regions.push_back(optimizer_region_for[parameter.region]);
       }
       const int region = optimizer_region_for[parameter.region];

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "model/config.h"
 #include "model/model_dims.h"
+#include "model/pipeline_schedule.h"
 
 namespace tpusim {
 namespace {
@@ -26,15 +27,43 @@ class ForwardBuilder {
         length_(config.get_int("max_target_length")),
         activation_dtype_(parse_dtype(config.get_string("dtype"), "dtype")),
         weight_dtype_(parse_dtype(config.get_string("weight_dtype"), "weight_dtype")),
-        block_(config.get_string("decoder_block")) {}
+        block_(config.get_string("decoder_block")),
+        pipeline_(PipelineSchedule::from_config(config, batch)) {}
 
   ForwardGraph build() {
     result_.batch = batch_;
     result_.length = length_;
+    result_.pipeline = pipeline_;
+    const std::vector<LayerGroup> groups = plan_layers(config_);
+    if (pipeline_.active() && groups.size() != 1) {
+      throw UserError(std::string(config_.get_int("dcn_pipeline_parallelism") > 1
+                                      ? "dcn_pipeline_parallelism"
+                                      : "ici_pipeline_parallelism") +
+                      "=" + std::to_string(pipeline_.stages) + ": " +
+                      config_.get_string("model_name") + " has " + std::to_string(groups.size()) +
+                      " kinds of decoder layer; pipelining is modeled only for models whose "
+                      "decoder layers are all alike");
+    }
+    // MaxText's pipeline: the embedding and the logits shard the batch over the stages too
+    // (activation_embed_and_logits_batch); the layers run one microbatch per iteration.
+    if (pipeline_.active()) {
+      batch_logical_ = "activation_embed_and_logits_batch";
+    }
     TensorId x = build_embedding();
     result_.embed_output = x;
-    for (const LayerGroup& group : plan_layers(config_)) {
-      const int region = graph().add_region(group.name(), group.count, Phase::kForward);
+    for (const LayerGroup& group : groups) {
+      const int64_t repeat =
+          pipeline_.active() ? pipeline_.iterations() * pipeline_.layers_per_stage : group.count;
+      const int region = graph().add_region(group.name(), repeat, Phase::kForward);
+      if (pipeline_.active()) {
+        graph().mutable_region(region).pipeline_layers_per_stage = pipeline_.layers_per_stage;
+        graph().mutable_region(region).pipeline_parameter_sets = pipeline_.layers_held();
+        graph().mutable_region(region).pipeline_delayed_forwarding = pipeline_.forwarding_delay > 1;
+      }
+      const int64_t full_batch = batch_;
+      const std::string full_logical = batch_logical_;
+      batch_ /= pipeline_.active() ? pipeline_.microbatches : 1;
+      batch_logical_ = "activation_batch";
       result_.layer_regions.push_back(region);
       const TensorId input =
           graph().add_tensor(group.name() + "/input", activation_dims(), activation_dtype_,
@@ -43,9 +72,11 @@ class ForwardBuilder {
       graph().add_carry(x, input);
       result_.layer_inputs.push_back(input);
       const TensorId output = build_layer(group, region, input);
-      if (group.count > 1) {
+      if (repeat > 1) {
         graph().add_carry(output, input);
       }
+      batch_ = full_batch;
+      batch_logical_ = full_logical;
       result_.layer_outputs.push_back(output);
       x = output;
     }
@@ -60,7 +91,7 @@ class ForwardBuilder {
     return Dim{name, size, logical};
   }
   std::vector<Dim> activation_dims() const {
-    return {act("batch", batch_, "activation_batch"), act("length", length_, "activation_length"),
+    return {act("batch", batch_, batch_logical_), act("length", length_, "activation_length"),
             act("embed", dims_.emb_dim, "activation_embed")};
   }
   std::vector<Dim> with_last(std::vector<Dim> dims, std::vector<Dim> last) const {
@@ -69,7 +100,7 @@ class ForwardBuilder {
     return dims;
   }
   std::vector<Dim> token_dims() const {
-    return {act("batch", batch_, "activation_batch"), act("length", length_, "activation_length")};
+    return {act("batch", batch_, batch_logical_), act("length", length_, "activation_length")};
   }
 
   // A parameter as a matmul reads it: MaxText keeps weights in weight_dtype and casts them to
@@ -616,6 +647,10 @@ class ForwardBuilder {
   DType activation_dtype_;
   DType weight_dtype_;
   std::string block_;
+  PipelineSchedule pipeline_;
+  // The batch dim's logical axis: the layers' (activation_batch), or outside a pipeline's layers
+  // MaxText's activation_embed_and_logits_batch, which also shards over the stages.
+  std::string batch_logical_ = "activation_batch";
   TensorId tokens_ = -1;
   TensorId table_ = -1;
   ForwardGraph result_;

@@ -20,6 +20,7 @@
 #include "model/builder/initializers.h"
 #include "model/builder/layer_plan.h"
 #include "model/ir/graph.h"
+#include "model/pipeline_schedule.h"
 
 namespace tpusim {
 
@@ -40,6 +41,9 @@ struct ForwardGraph {
   int64_t head_chunks = 1;  // num_vocab_tiling: the head region runs once per chunk of tokens
   int64_t batch = 0;        // sequences in the graph
   int64_t length = 0;       // tokens per sequence
+  // MaxText's pipeline (inactive with one stage): the layer region then runs iterations x
+  // layers_per_stage times on batch / microbatches sequences.
+  PipelineSchedule pipeline;
   // How each parameter starts, by "<region>/<parameter>" ("layer/attention/query"): MaxText's
   // initializer of that kernel (initializers.h).
   std::map<std::string, ParameterInit> initializers;

@@ -35,6 +35,26 @@ struct Region {
   // True when every iteration reads the SAME parameters (the chunks of a tiled cross-entropy);
   // false for scanned layers, where each iteration has its own layer's weights.
   bool shared_parameters = false;
+  // The decoder layers' loop of MaxText's SPMD pipeline (model/pipeline_schedule.h), and its
+  // backward: `repeat` is iterations x layers per stage; one iteration of the region is one layer,
+  // and every `pipeline_layers_per_stage`-th hands the residual stream to the next stage. The
+  // device holds `pipeline_parameter_sets` layers (its stage's share), not one per iteration.
+  // 0: not a pipeline region.
+  int64_t pipeline_layers_per_stage = 0;
+  int64_t pipeline_parameter_sets = 0;
+  // pipeline_delay_activation_forwarding: a hand-over is read an iteration later, so it overlaps
+  // the next iteration instead of delaying it.
+  bool pipeline_delayed_forwarding = false;
+
+  bool pipelined() const { return pipeline_layers_per_stage > 0; }
+  // Distinct parameter sets the region's iterations read: 1 when shared, a pipeline stage's
+  // layers, else one per iteration.
+  int64_t parameter_sets() const {
+    if (shared_parameters) {
+      return 1;
+    }
+    return pipelined() ? pipeline_parameter_sets : repeat;
+  }
 };
 
 class Graph {
@@ -56,6 +76,7 @@ class Graph {
   Op& mutable_op(int id) { return ops_.at(static_cast<size_t>(id)); }
   const std::deque<Region>& regions() const { return regions_; }
   const Region& region(int id) const { return regions_.at(static_cast<size_t>(id)); }
+  Region& mutable_region(int id) { return regions_.at(static_cast<size_t>(id)); }
 
   // The op that writes `id`, or -1 (parameters and inputs have none).
   int producer(TensorId id) const;

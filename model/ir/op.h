@@ -132,6 +132,10 @@ struct OpAttrs {
   // > 1 when the head runs once per chunk of the tokens (num_vocab_tiling), each iteration of its
   // region adding its chunk's share.
   int64_t token_chunks = 1;
+  // The op runs once every `every` iterations of its region (after iterations every-1,
+  // 2 every-1, ...): a pipeline stage's hand-over after its layers_per_stage layers. Counts and
+  // costs take repeat / every runs.
+  int64_t every = 1;
 };
 
 struct Op {

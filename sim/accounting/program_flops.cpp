@@ -10,10 +10,9 @@ ProgramFlops program_flops(const StepProgram& program) {
   for (const Op& op : graph.ops()) {
     const Region& region = graph.region(op.region);
     // The optimizer runs once per step; everything else once per microbatch.
-    const double times = static_cast<double>(region.repeat) *
-                         (region.phase == Phase::kOptimizer
-                              ? 1.0
-                              : static_cast<double>(program.accumulation_steps));
+    const double times =
+        static_cast<double>(region.repeat) / static_cast<double>(op.attrs.every) *
+        (region.phase == Phase::kOptimizer ? 1.0 : static_cast<double>(program.accumulation_steps));
     const OpFlops cost = op_flops(graph, op);
     if (op.phase == Phase::kRecompute) {
       flops.recompute_matmul += times * cost.matmul;

@@ -37,6 +37,9 @@ void print_human(const nlohmann::json& json) {
   }
   std::cout << "batch      " << json["global_batch_sequences"].get<int64_t>() << " sequences, "
             << std::llround(json["tokens_per_step"].get<double>()) << " tokens per step\n";
+  if (json.contains("pipeline")) {
+    std::cout << "pipeline   " << json["pipeline"]["schedule"].get<std::string>() << "\n";
+  }
   std::cout << "step time  " << std::setprecision(3) << json["step_time_s"].get<double>() << " s\n";
   std::cout << std::setprecision(1);
   std::cout << "MFU        " << 100 * json["mfu"].get<double>() << "% of "

@@ -92,7 +92,7 @@ void print_csv(const ExploreResult& result) {
 
 void print_human(const ExploreResult& result) {
   const SearchSpace& space = result.space;
-  std::cout << "searched  " << space.size() << " candidates (" << space.meshes.size()
+  std::cout << "searched  " << result.candidates_in_space << " candidates (" << space.meshes.size()
             << " meshes x " << space.batches.size() << " batches x " << space.remats.size()
             << " remat x " << space.placements.size()
             << " placements x attention/perf variants) in " << std::fixed << std::setprecision(2)
@@ -109,6 +109,25 @@ void print_human(const ExploreResult& result) {
               << result.usable_hbm_bytes / kGiB
               << " GiB usable (add devices, shard weights more, or pin a smaller batch)\n";
     return;
+  }
+  if (result.pipeline_options.size() > 1) {
+    // PP over DCN against DP/FSDP there: the best of each schedule and what it loses to.
+    std::cout << "pipeline schedules (best of each):\n";
+    for (const PipelineOption& option : result.pipeline_options) {
+      std::cout << "  " << std::left << std::setw(72) << option.schedule << std::right;
+      if (!option.found) {
+        std::cout << (option.below_bar ? " none beats the top list\n" : " nothing fits\n");
+        continue;
+      }
+      std::cout << " step " << std::setprecision(3) << option.step_time_s << " s";
+      if (option.stages > 1) {
+        std::cout << " (bubble " << option.bubble_s << " s, stage transfers "
+                  << option.stage_transfers_s << " s)";
+      } else {
+        std::cout << " (cross-slice gradient reduction " << option.gradient_reduction_s << " s)";
+      }
+      std::cout << "\n";
+    }
   }
   int rank = 1;
   for (const RankedCandidate& ranked : result.top) {

@@ -63,6 +63,13 @@ Estimate estimate_config(const Config& config) {
   }
   json["mesh_placement"] = placement;
   json["global_batch_sequences"] = built.global_batch;
+  if (const PipelineSchedule& pipeline = built.step->forward_info.pipeline; pipeline.active()) {
+    json["pipeline"] = {
+        {"stages", pipeline.stages},           {"layers_per_stage", pipeline.layers_per_stage},
+        {"repeats", pipeline.repeats},         {"microbatches", pipeline.microbatches},
+        {"iterations", pipeline.iterations()}, {"bubble_fraction", pipeline.bubble_fraction()},
+        {"schedule", pipeline.describe()}};
+  }
   json["tokens_per_step"] = tokens;
   json["step_time_s"] = step;
   json["mfu"] = estimate.mfu;

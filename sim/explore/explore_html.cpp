@@ -128,7 +128,7 @@ std::string explore_html(const ExploreResult& result, const std::string& command
       " (" + result.space.slice.chip->display_name + ")";
   data["title"] = title;
   nlohmann::json counts = nlohmann::json::array();
-  counts.push_back({"candidates in the space", std::to_string(result.space.size())});
+  counts.push_back({"candidates in the space", std::to_string(result.candidates_in_space)});
   counts.push_back({"evaluated (timed)", std::to_string(result.candidates_evaluated)});
   for (const auto& [reason, count] : result.pruned) {
     counts.push_back({"pruned: " + reason, std::to_string(count)});

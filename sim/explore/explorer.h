@@ -105,8 +105,28 @@ struct RankedCandidate {
   nlohmann::json estimate;  // the full `tpusim estimate --json` of the candidate
 };
 
+// One pipeline schedule the explorer searched (its best candidate, if any fits): how a
+// multislice run compares pipelining over DCN with data/FSDP parallelism there.
+struct PipelineOption {
+  int64_t stages = 1;            // 1: no pipeline
+  int64_t microbatches = 0;      // num_pipeline_microbatches (stages > 1)
+  int64_t layers_per_stage = 0;  // num_layers_per_pipeline_stage (stages > 1)
+  std::string schedule;          // PipelineSchedule::describe() of the best, or "no pipeline"
+  int64_t candidates = 0;        // in this schedule's space
+  bool found = false;            // something fits and made the merged top list's bar
+  bool below_bar = false;        // nothing found because nothing beat the earlier schedules' top
+  double step_time_s = 0;
+  double objective = 0;
+  double bubble_s = 0;              // the best candidate's pipeline_bubble
+  double stage_transfers_s = 0;     // its exposed stage hand-overs (exposed_*_stage)
+  double gradient_reduction_s = 0;  // its exposed cross-slice gradient reduction
+  std::string args;                 // its overrides
+};
+
 struct ExploreResult {
-  SearchSpace space;
+  SearchSpace space;  // the first schedule's (no pipeline unless the stage axis is pinned)
+  int64_t candidates_in_space = 0;               // over every pipeline schedule searched
+  std::vector<PipelineOption> pipeline_options;  // more than one when pipelines are searched
   int64_t candidates_evaluated = 0;
   std::map<std::string, int64_t> pruned;  // reason -> candidates
   int64_t programs_built = 0;
@@ -122,6 +142,11 @@ struct ExploreResult {
   nlohmann::json to_json() const;
 };
 
+// Searches the space of build_search_space, once per pipeline schedule: on a multislice slice
+// (or with a stage axis pinned) the stage counts over DCN that divide the slices, each with
+// MaxText's circular layout (num_layers_per_pipeline_stage=1) and one pass (layers / stages),
+// and num_pipeline_microbatches of 1, 2 and 4 x stages, unless the user pinned them; the rankings
+// merge by the objective.
 ExploreResult explore(const Config& config, const ExploreOptions& options);
 
 // The config of one candidate: `config` with the candidate's keys set.

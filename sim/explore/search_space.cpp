@@ -26,8 +26,9 @@ std::string format_number(double value) {
   return text.str();
 }
 
-// The mesh axes the explorer factorizes the devices over (issue: MaxText's parallelism axes;
-// stage waits for pipelines).
+// The mesh axes the explorer factorizes the devices over (MaxText's parallelism axes). The stage
+// axis is not factorized here: explore() searches pipeline schedules one at a time, each with
+// its stage count pinned (sim/explore/explorer.h).
 const std::vector<std::string> kIciSearchAxes = {
     "data", "fsdp", "fsdp_transpose", "tensor", "tensor_sequence", "context", "expert"};
 const std::vector<std::string> kDcnSearchAxes = {"data", "fsdp"};
@@ -340,14 +341,6 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
     throw UserError("--global-batch-size: " + std::to_string(limits.global_batch_size) +
                     " must be 0 (search the batch) or a number of sequences");
   }
-  for (const bool dcn : {false, true}) {
-    const std::string key = mesh_axis_key(dcn, "stage");
-    if (config.get_int(key) != 1) {
-      throw UserError(key + "=" + std::to_string(config.get_int(key)) +
-                      ": pipeline parallelism is not modeled yet, so explore neither searches nor "
-                      "accepts a stage axis; use 1");
-    }
-  }
   SearchSpace space;
   space.slice = slice_from_config(config);
   MeshShape base;
@@ -377,6 +370,23 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
                      return other(a) < other(b);
                    });
   space.batches = batch_choices(config, limits, space.slice.total_devices(), keys);
+  // A pipeline (explore searches one schedule at a time, sim/explore/explorer.h) takes only the
+  // batches its microbatches divide, as MaxText requires.
+  const int64_t stages = std::max<int64_t>(1, config.get_int("ici_pipeline_parallelism")) *
+                         std::max<int64_t>(1, config.get_int("dcn_pipeline_parallelism"));
+  if (stages > 1) {
+    int64_t microbatches = config.get_int("num_pipeline_microbatches");
+    if (microbatches == -1) {
+      microbatches = stages * (config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1);
+    }
+    std::erase_if(space.batches, [&](const BatchChoice& choice) {
+      return microbatches < 1 || choice.microbatch % microbatches != 0;
+    });
+    if (space.batches.empty()) {
+      throw UserError("num_pipeline_microbatches=" + std::to_string(microbatches) +
+                      ": divides none of the batches searched");
+    }
+  }
   space.remats = remat_choices(config, keys);
 
   // On a GPU node the fused attention is cuDNN's (Transformer Engine), with no splash blocks.

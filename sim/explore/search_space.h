@@ -6,7 +6,9 @@
 //     fsdp_transpose, tensor, tensor_sequence, context and expert (ici_*_parallelism), and of the
 //     slices over the DCN axes data and fsdp (dcn_*_parallelism). Pinned axes keep their size; the
 //     searched ones multiply to what is left. Placement on the physical axes (torus, chiplet pair,
-//     DCN) follows from the mesh and the placement choice below (sharding/device_mesh.h);
+//     DCN) follows from the mesh and the placement choice below (sharding/device_mesh.h). The
+//     stage axis keeps its configured size: explore() runs one space per pipeline schedule, and
+//     with stages > 1 only the batches num_pipeline_microbatches divides are kept;
 //   - batch: per_device_batch_size in powers of two up to a limit, or, with a fixed global batch,
 //     every gradient_accumulation_steps that divides it (per_device_batch_size = global /
 //     (accumulation x devices), fractional values allowed as in MaxText);

@@ -54,8 +54,8 @@ class MemoryModel {
     for (const Tensor& tensor : graph_.tensors()) {
       const Region& owner = graph_.region(tensor.region);
       // Parameters (and their moments) exist once per iteration of a scanned layer region, once
-      // in all for a region whose iterations share them.
-      const double repeat = owner.shared_parameters ? 1.0 : static_cast<double>(owner.repeat);
+      // in all for a region whose iterations share them, once per held layer in a pipeline stage.
+      const auto repeat = static_cast<double>(owner.parameter_sets());
       const double bytes = bytes_[static_cast<size_t>(tensor.id)];
       switch (category_[static_cast<size_t>(tensor.id)]) {
         case Category::kWeight:
@@ -119,9 +119,10 @@ class MemoryModel {
       const auto repeat = static_cast<double>(info.repeat);
       const double saved_here = saved[forward];
       const double host_here = offloaded[forward];
-      // Shared parameters accumulate one gradient over all iterations.
+      // Shared parameters accumulate one gradient over all iterations; a pipeline stage one per
+      // layer it holds, whichever iterations use it.
       const double grads_here =
-          grads[static_cast<size_t>(region)] / (info.shared_parameters ? repeat : 1.0);
+          grads[static_cast<size_t>(region)] * static_cast<double>(info.parameter_sets()) / repeat;
       const RegionTemporaries temporaries = temporaries_of(region);
       consider(info.name + " (first iteration)", saved_so_far, grads_so_far + grads_here,
                host_so_far, temporaries);

@@ -56,6 +56,18 @@ class LabelSeconds {
     std::fill(seconds_.begin(), seconds_.end(), 0.0);
     std::fill(charged_.begin(), charged_.end(), false);
   }
+  double total() const {
+    double sum = 0;
+    for (const double value : seconds_) {
+      sum += value;
+    }
+    return sum;
+  }
+  void scale(double factor) {
+    for (double& value : seconds_) {
+      value *= factor;
+    }
+  }
   std::map<std::string, double> by_name(const LabelTable& labels) const {
     std::map<std::string, double> named;
     for (size_t slot = 0; slot < seconds_.size(); ++slot) {
@@ -340,7 +352,11 @@ class Simulator {
     // combines after it, then the optimizer update.
     for (int region = 0; region < regions; ++region) {
       if (graph_.region(region).phase != Phase::kOptimizer) {
-        total.add(simulate_region(region, timing), 1.0);
+        Accounting part = simulate_region(region, timing);
+        if (details_ && graph_.region(region).pipelined()) {
+          label_bubble(part.seconds);
+        }
+        total.add(part, 1.0);
       }
     }
     const double microbatch = tensorcore_free_;
@@ -372,6 +388,16 @@ class Simulator {
   }
 
  private:
+  // A pipeline stage's loop: of its iterations, (S - 1) d compute on nothing (the stage waits for
+  // the first microbatch or has sent its last; model/pipeline_schedule.h). That share of the
+  // loop's time, whatever it was spent on, is the bubble.
+  void label_bubble(LabelSeconds& seconds) {
+    const double fraction = program_.step->forward_info.pipeline.bubble_fraction();
+    const double bubble = seconds.total() * fraction;
+    seconds.scale(1.0 - fraction);
+    seconds.add(labels_.intern("pipeline_bubble"), bubble);
+  }
+
   // Works out the cost of every op of a region, before its first iteration.
   void plan_region(int region) {
     for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
@@ -379,7 +405,19 @@ class Simulator {
     }
   }
 
+  // An op that runs once every `every` iterations (a pipeline stage's hand-over) is charged
+  // 1/every of its cost in each: the region's total is right, the iterations average it.
   OpPlan plan_op(const Op& op) {
+    OpPlan plan = plan_op_once(op);
+    if (op.attrs.every > 1) {
+      plan.seconds /= static_cast<double>(op.attrs.every);
+      plan.matmul_flops /= static_cast<double>(op.attrs.every);
+      plan.trace_dcn_seconds /= static_cast<double>(op.attrs.every);
+    }
+    return plan;
+  }
+
+  OpPlan plan_op_once(const Op& op) {
     OpPlan plan;
     plan.wait_label = idle_label_;
     // Collective matmul: the matmul can start on the first chunk of an overlapped all-gather,

@@ -214,6 +214,14 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
       program_(build_step_program(config)),
       identity_({{"model_name", config.get_string("model_name")},
                  {"model_config", model_identity(config)}}) {
+  if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
+    const bool dcn = config.get_int("dcn_pipeline_parallelism") > 1;
+    throw UserError(std::string(dcn ? "dcn" : "ici") + "_pipeline_parallelism=" +
+                    std::to_string(dcn ? config.get_int("dcn_pipeline_parallelism")
+                                       : config.get_int("ici_pipeline_parallelism")) +
+                    ": tpusim train does not run pipeline stages yet (estimate and explore model "
+                    "them); use 1");
+  }
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     sizes_[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
   }

@@ -142,6 +142,49 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
 }
 
+// Pipelines: estimate shows the schedule and its bubble; MaxText's constraints on stages,
+// layers, microbatches and repeats exit 2 naming the key; train refuses stages (not run yet).
+TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
+  const std::vector<std::string> pipelined = {"estimate",
+                                              "model_name=llama3.1-70b",
+                                              "compile_topology=v5e-256",
+                                              "compile_topology_num_slices=4",
+                                              "dcn_pipeline_parallelism=4",
+                                              "ici_fsdp_parallelism=-1",
+                                              "num_pipeline_microbatches=8"};
+  const auto result = run_tpusim(pipelined);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("pipeline   4 stages x 1 layer, 20 repeats, 8 microbatches: 163 "
+                            "iterations, bubble 1.8%"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("pipeline_bubble"), std::string::npos);
+  EXPECT_NE(result.out.find("exposed_dcn_stage"), std::string::npos);
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> args = pipelined;
+    if (extra.starts_with("num_pipeline_microbatches")) {
+      args.pop_back();
+    }
+    args.push_back(extra);
+    return args;
+  };
+  expect_user_error(with("num_pipeline_microbatches=6"), "num_pipeline_microbatches=6");
+  expect_user_error(with("num_layers_per_pipeline_stage=3"), "num_layers_per_pipeline_stage=3");
+  expect_user_error(with("num_pipeline_repeats=7"), "num_pipeline_repeats=7");
+  expect_user_error(with("pipeline_parallel_layers=40"), "pipeline_parallel_layers=40");
+  // Layers of two kinds (gpt-oss alternates sliding-window and global attention): refused. (Its
+  // preset's keys with no effect on the estimate are listed on stderr first.)
+  const auto mixed = run_tpusim({"estimate", "model_name=gpt-oss-20b", "compile_topology=v5p-16",
+                                 "ici_pipeline_parallelism=2"});
+  EXPECT_EQ(mixed.exit_code, 2);
+  EXPECT_NE(mixed.err.find("ici_pipeline_parallelism=2: gpt-oss-20b has 2 kinds of decoder layer"),
+            std::string::npos)
+      << mixed.err;
+  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5e-4",
+                     "ici_pipeline_parallelism=2", "steps=1"},
+                    "ici_pipeline_parallelism=2");
+}
+
 TEST(EstimateCommand, JsonContract) {
   const auto result = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=v5p-128",
                                   "per_device_batch_size=2", "--json"});

@@ -304,7 +304,6 @@ TEST(Explorer, ContradictingPinsAreUserErrors) {
       {"ici_tensor_parallelism=3", {}},  // does not divide 8 devices
       {"per_device_batch_size=3", {.global_batch_size = 8}},
       {"", {.min_hbm_headroom = 1.5}},
-      {"ici_pipeline_parallelism=2", {}},  // pipelines are not modeled
       {"mesh_placement_first=fsdb", {}},
   };
   for (const auto& [pin, limits] : cases) {
@@ -331,6 +330,68 @@ TEST(Explorer, EmptyFeasibleSetReportsTheSmallestFootprint) {
   EXPECT_EQ(result.candidates_evaluated, 0);
   EXPECT_GT(result.smallest_peak_hbm_bytes, result.usable_hbm_bytes);
   EXPECT_GT(result.pruned.at("weights_exceed_hbm"), 0);
+}
+
+}  // namespace
+}  // namespace tpusim
+
+namespace tpusim {
+namespace {
+
+// On a multislice slice explore weighs pipelining over DCN against data/FSDP there: one search
+// per schedule (no pipeline; 2 stages circular or one pass, each with 2, 4 and 8 microbatches),
+// merged by the objective. Each schedule's best is a real estimate of its own command line.
+TEST(Explorer, RanksPipelinesOverDcnAgainstDataParallelism) {
+  const Config config = Config::load(
+      "", {"model_name=tiny-llama", "compile_topology=v5e-4", "compile_topology_num_slices=2",
+           "max_target_length=256", "remat_policy=full", "ici_fsdp_parallelism=4",
+           "attention=flash", "sa_block_q=512", "sa_block_kv=512"});
+  ExploreOptions options;
+  options.top = 200;  // everything that fits: each schedule's best appears in the list
+  const ExploreResult result = explore(config, options);
+  std::set<std::string> schedules;
+  bool pipelined_found = false;
+  for (const PipelineOption& option : result.pipeline_options) {
+    schedules.insert(option.schedule);
+    EXPECT_TRUE(option.stages == 1 || option.stages == 2) << option.schedule;
+    if (!option.found) {
+      continue;
+    }
+    pipelined_found = pipelined_found || option.stages == 2;
+    const Estimate again = estimate_config(Config::load("", [&] {
+      std::vector<std::string> overrides;
+      std::istringstream words(option.args);
+      for (std::string word; words >> word;) {
+        overrides.push_back(word);
+      }
+      return overrides;
+    }()));
+    EXPECT_DOUBLE_EQ(again.step_seconds, option.step_time_s) << option.args;
+    if (option.stages == 2) {
+      EXPECT_NE(option.args.find("dcn_pipeline_parallelism=2"), std::string::npos);
+      EXPECT_GT(option.bubble_s, 0.0) << option.schedule;
+    }
+  }
+  // tiny-llama's 2 layers on 2 stages: one layer per stage is both circular and one pass.
+  EXPECT_EQ(
+      schedules,
+      (std::set<std::string>{
+          "no pipeline", "2 stages x 1 layer, 1 repeat, 2 microbatches: 3 iterations, bubble 33.3%",
+          "2 stages x 1 layer, 1 repeat, 4 microbatches: 5 iterations, bubble 20.0%",
+          "2 stages x 1 layer, 1 repeat, 8 microbatches: 9 iterations, bubble 11.1%"}));
+  EXPECT_TRUE(pipelined_found);
+  ASSERT_FALSE(result.top.empty());
+  for (size_t rank = 1; rank < result.top.size(); ++rank) {
+    EXPECT_GE(result.top[rank - 1].objective, result.top[rank].objective);
+  }
+  EXPECT_NE(std::find(result.space.searched_keys.begin(), result.space.searched_keys.end(),
+                      "dcn_pipeline_parallelism"),
+            result.space.searched_keys.end());
+  int64_t in_schedules = 0;
+  for (const PipelineOption& option : result.pipeline_options) {
+    in_schedules += option.candidates;
+  }
+  EXPECT_EQ(result.candidates_in_space, in_schedules);
 }
 
 }  // namespace

@@ -1,0 +1,98 @@
+// The estimate of a pipelined step, checked against the schedule's arithmetic worked out by hand.
+//
+// With the microbatch fixed, a schedule of T iterations of k layers costs
+//   step = X + (T k) tau + T pi
+// X: the embedding, head, optimizer and gradient reductions (the same for every k); tau: one
+// layer's forward and backward on one microbatch; pi: one iteration's stage hand-overs (forward
+// and backward). Three schedules of llama3.1-70b on 4 stages (k = 1, 2, 4) give X, tau and pi; a
+// fourth (k = 5) must follow, and each schedule's bubble must be its (S - 1) idle iterations:
+// (S - 1) (k tau + pi).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <Eigen/Dense>
+
+#include "model/config.h"
+#include "sim/estimate/estimate.h"
+
+namespace tpusim {
+namespace {
+
+Estimate estimate_with(const std::vector<std::string>& extra) {
+  // The command: llama3.1-70b on 4 v5e-256 slices, pipelined over DCN.
+  std::vector<std::string> overrides = {
+      "model_name=llama3.1-70b",    "compile_topology=v5e-256", "compile_topology_num_slices=4",
+      "dcn_pipeline_parallelism=4", "ici_fsdp_parallelism=-1",  "num_pipeline_microbatches=8"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return estimate_config(Config::load("", overrides));
+}
+
+TEST(PipelineEstimate, BubbleIsTheIdleIterationsOfTheLoop) {
+  struct Run {
+    int64_t k;
+    int64_t iterations;  // 8 x 80 / (4 k) + 3, by hand
+    double step = 0;
+    double bubble = 0;
+  };
+  std::vector<Run> runs = {{1, 163}, {2, 83}, {4, 43}, {5, 35}};
+  for (Run& run : runs) {
+    const Estimate estimate =
+        estimate_with({"num_layers_per_pipeline_stage=" + std::to_string(run.k)});
+    ASSERT_EQ(estimate.json["pipeline"]["iterations"].get<int64_t>(), run.iterations);
+    run.step = estimate.step_seconds;
+    run.bubble = estimate.json["breakdown"]["pipeline_bubble"].get<double>();
+  }
+  Eigen::Matrix3d system;
+  Eigen::Vector3d steps;
+  for (int row = 0; row < 3; ++row) {
+    const auto t = static_cast<double>(runs[static_cast<size_t>(row)].iterations);
+    const auto k = static_cast<double>(runs[static_cast<size_t>(row)].k);
+    system.row(row) << 1.0, t * k, t;
+    steps(row) = runs[static_cast<size_t>(row)].step;
+  }
+  const Eigen::Vector3d solved = system.fullPivLu().solve(steps);
+  const double fixed = solved(0);
+  const double layer = solved(1);
+  const double hand_over = solved(2);
+  EXPECT_GT(fixed, 0);
+  EXPECT_GT(layer, 0);
+  EXPECT_GT(hand_over, 0);  // the stages' hand-overs cross DCN and wait
+  for (const Run& run : runs) {
+    SCOPED_TRACE("k=" + std::to_string(run.k));
+    const auto t = static_cast<double>(run.iterations);
+    const auto k = static_cast<double>(run.k);
+    EXPECT_NEAR(run.step / (fixed + t * k * layer + t * hand_over), 1.0, 0.005);
+    EXPECT_NEAR(run.bubble / (3.0 * (k * layer + hand_over)), 1.0, 0.01);
+  }
+}
+
+// MaxText's default (one layer per stage, circular) against one pass over 20 layers per stage:
+// the same useful work; the bubble is 3 of 163 iterations against 3 of 11.
+TEST(PipelineEstimate, CircularShrinksTheBubble) {
+  const Estimate circular = estimate_with({});
+  const Estimate one_pass = estimate_with({"num_layers_per_pipeline_stage=20"});
+  const double circular_bubble = circular.json["breakdown"]["pipeline_bubble"].get<double>();
+  const double one_pass_bubble = one_pass.json["breakdown"]["pipeline_bubble"].get<double>();
+  EXPECT_DOUBLE_EQ(circular.json["pipeline"]["bubble_fraction"].get<double>(), 3.0 / 163.0);
+  EXPECT_DOUBLE_EQ(one_pass.json["pipeline"]["bubble_fraction"].get<double>(), 3.0 / 11.0);
+  EXPECT_LT(circular_bubble, one_pass_bubble / 5);
+  EXPECT_LT(circular.step_seconds, one_pass.step_seconds);
+  // The model FLOPs (MaxText's count, without the bubble) are the same.
+  EXPECT_DOUBLE_EQ(circular.json["model_tflop_per_device_step"].get<double>(),
+                   one_pass.json["model_tflop_per_device_step"].get<double>());
+}
+
+// Delayed forwarding reads a hand-over an iteration later, so the transfers hide behind the next
+// iteration's layers, for (S - 1) more iterations.
+TEST(PipelineEstimate, DelayedForwardingHidesTheHandOvers) {
+  const Estimate plain = estimate_with({});
+  const Estimate delayed = estimate_with({"pipeline_delay_activation_forwarding=true"});
+  EXPECT_EQ(delayed.json["pipeline"]["iterations"].get<int64_t>(), 8 * 20 + 2 * 3);
+  EXPECT_GT(plain.json["breakdown"].value("exposed_dcn_stage", 0.0), 0.0);
+  EXPECT_EQ(delayed.json["breakdown"].value("exposed_dcn_stage", 0.0), 0.0);
+}
+
+}  // namespace
+}  // namespace tpusim
