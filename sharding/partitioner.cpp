@@ -125,6 +125,7 @@ class Partitioner {
       out_.mutable_region(copy).pipeline_layers_per_stage = region.pipeline_layers_per_stage;
       out_.mutable_region(copy).pipeline_parameter_sets = region.pipeline_parameter_sets;
       out_.mutable_region(copy).pipeline_delayed_forwarding = region.pipeline_delayed_forwarding;
+      out_.mutable_region(copy).pipeline_circular_storage = region.pipeline_circular_storage;
     }
     layouts_.resize(global_.tensors().size());
     local_.assign(global_.tensors().size(), -1);
@@ -211,6 +212,11 @@ class Partitioner {
   // stage outputs), which the carry then reads. With delayed forwarding the stage reads it an
   // iteration later: the next iteration does not wait for it (the carry reads the stage's own
   // output, and the permute runs beside the next iteration's layers).
+  // MaxText's loop moves two more microbatch-sized buffers a stage each iteration, which no
+  // layer of the iteration waits for: the input stream (state_io: the next microbatches make
+  // their way to stage 0, the finished ones away from the last) and, with circular storage, the
+  // previous iteration's last-stage output on its way into storage (circ_storage_mover). They
+  // run beside the layers on the same links.
   TensorId pipeline_hand_over(const Graph::Carry& carry) {
     const Tensor& from = global_.tensor(carry.from);
     const Region& region = global_.region(from.region);
@@ -229,6 +235,17 @@ class Partitioner {
     current_phase_ = region.phase;
     add_op(OpKind::kCollectivePermute, local_from.name + "/stage_permute", {source}, {moved}, attrs,
            from.region);
+    std::vector<std::string> side = {"/stream_permute"};
+    if (region.pipeline_circular_storage) {
+      side.emplace_back("/storage_permute");
+    }
+    for (const std::string& suffix : side) {
+      const TensorId buffer =
+          out_.add_tensor(local_from.name + suffix, local_from.dims, local_from.dtype,
+                          TensorKind::kActivation, from.region);
+      add_op(OpKind::kCollectivePermute, local_from.name + suffix, {source}, {buffer}, attrs,
+             from.region);
+    }
     return region.pipeline_delayed_forwarding ? source : moved;
   }
 

@@ -412,6 +412,7 @@ class BackwardBuilder {
     graph_.mutable_region(backward).pipeline_layers_per_stage = info.pipeline_layers_per_stage;
     graph_.mutable_region(backward).pipeline_parameter_sets = info.pipeline_parameter_sets;
     graph_.mutable_region(backward).pipeline_delayed_forwarding = info.pipeline_delayed_forwarding;
+    graph_.mutable_region(backward).pipeline_circular_storage = info.pipeline_circular_storage;
     step.backward_regions.push_back(backward);
     const auto [input, output] = region_io(region);
     materialized_.clear();

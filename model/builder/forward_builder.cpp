@@ -59,6 +59,8 @@ class ForwardBuilder {
         graph().mutable_region(region).pipeline_layers_per_stage = pipeline_.layers_per_stage;
         graph().mutable_region(region).pipeline_parameter_sets = pipeline_.layers_held();
         graph().mutable_region(region).pipeline_delayed_forwarding = pipeline_.forwarding_delay > 1;
+        graph().mutable_region(region).pipeline_circular_storage =
+            pipeline_.repeats > 1 && pipeline_.microbatches > pipeline_.stages;
       }
       const int64_t full_batch = batch_;
       const std::string full_logical = batch_logical_;

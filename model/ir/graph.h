@@ -45,6 +45,9 @@ struct Region {
   // pipeline_delay_activation_forwarding: a hand-over is read an iteration later, so it overlaps
   // the next iteration instead of delaying it.
   bool pipeline_delayed_forwarding = false;
+  // Circular repeats with more microbatches than stages: the last stage's outputs wait in a
+  // storage buffer for their next pass, which one more permute per iteration feeds.
+  bool pipeline_circular_storage = false;
 
   bool pipelined() const { return pipeline_layers_per_stage > 0; }
   // Distinct parameter sets the region's iterations read: 1 when shared, a pipeline stage's

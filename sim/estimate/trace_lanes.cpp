@@ -6,7 +6,7 @@ namespace tpusim {
 
 int lane_group(const std::string& lane) {
   auto starts = [&lane](const char* prefix) { return lane.rfind(prefix, 0) == 0; };
-  if (starts("TensorCore") || starts("GPU")) {
+  if (starts("TensorCore") || starts("GPU") || starts("Stage")) {
     return 0;
   }
   if (starts("ICI") || starts("D2D") || starts("NVLink")) {

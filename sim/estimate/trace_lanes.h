@@ -1,5 +1,5 @@
 // sim/estimate/trace_lanes.h: the lanes of a step's timeline in the order people read them, for
-// the Chrome trace and the HTML step page: compute first, then the links inside a chip or node
+// the Chrome trace and the HTML step page: compute first (and a pipeline's "Stage s" lanes), then the links inside a chip or node
 // (ICI, D2D, NVLink), the SparseCores, the links between slices or nodes (DCN, InfiniBand), and
 // the host link.
 //

@@ -93,6 +93,26 @@ class MemoryModel {
         estimate.host_offloaded_bytes = host_bytes;
       }
     };
+    // A pipeline's loop buffers (MaxText pipeline.py), alive from its forward loop to the end of
+    // its backward loop, counted with the saved activations: the stage's share of the inputs
+    // (state_io: M / S microbatches), the hand-over buffer (one), and with circular repeats and
+    // more microbatches than stages the storage of the last stage's outputs until their next
+    // pass (circ_storage: M). One microbatch here is the loop input's bytes on this device.
+    std::vector<double> loop_buffers(regions, 0);
+    const PipelineSchedule& pipeline = program_.step->forward_info.pipeline;
+    for (const Graph::Carry& carry : graph_.carries()) {
+      const Tensor& into = graph_.tensor(carry.to);
+      const Region& loop = graph_.region(into.region);
+      if (pipeline.active() && loop.pipelined() && loop.phase == Phase::kForward &&
+          graph_.tensor(carry.from).region != into.region) {
+        const bool circular_storage =
+            pipeline.repeats > 1 && pipeline.microbatches > pipeline.stages;
+        const int64_t microbatches = pipeline.microbatches / pipeline.stages + 1 +
+                                     (circular_storage ? pipeline.microbatches : 0);
+        loop_buffers[static_cast<size_t>(into.region)] =
+            bytes_[static_cast<size_t>(into.id)] * static_cast<double>(microbatches);
+      }
+    }
     // Forward: saved activations pile up region by region.
     double saved_so_far = 0;
     double host_so_far = 0;
@@ -104,7 +124,8 @@ class MemoryModel {
       }
       forward_regions.push_back(region);
       const auto repeat = static_cast<double>(info.repeat);
-      saved_so_far += saved[static_cast<size_t>(region)] * repeat;
+      saved_so_far +=
+          saved[static_cast<size_t>(region)] * repeat + loop_buffers[static_cast<size_t>(region)];
       host_so_far += offloaded[static_cast<size_t>(region)] * repeat;
       consider(info.name, saved_so_far, 0, host_so_far, temporaries_of(region));
     }
@@ -129,7 +150,7 @@ class MemoryModel {
       consider(info.name + " (last iteration)", saved_so_far - saved_here * (repeat - 1),
                grads_so_far + grads_here * repeat, host_so_far - host_here * (repeat - 1),
                temporaries);
-      saved_so_far -= saved_here * repeat;
+      saved_so_far -= saved_here * repeat + loop_buffers[forward];
       host_so_far -= host_here * repeat;
       grads_so_far += grads_here * repeat;
     }

@@ -352,9 +352,11 @@ class Simulator {
     // combines after it, then the optimizer update.
     for (int region = 0; region < regions; ++region) {
       if (graph_.region(region).phase != Phase::kOptimizer) {
+        const double region_start = tensorcore_free_;
         Accounting part = simulate_region(region, timing);
         if (details_ && graph_.region(region).pipelined()) {
           label_bubble(part.seconds);
+          add_stage_lanes(graph_.region(region), region_start, tensorcore_free_, timing);
         }
         total.add(part, 1.0);
       }
@@ -396,6 +398,52 @@ class Simulator {
     const double bubble = seconds.total() * fraction;
     seconds.scale(1.0 - fraction);
     seconds.add(labels_.intern("pipeline_bubble"), bubble);
+  }
+
+  // The trace's "Stage s" lanes: what each stage works on in each iteration of a pipeline loop
+  // (every device runs the loop in lockstep, so the simulated device's iteration times are all
+  // stages'). Stage s starts d s iterations late; backward runs the iterations in reverse. Runs
+  // of bubble iterations are one event; with many iterations, so are runs of work.
+  void add_stage_lanes(const Region& region, double start, double end, StepTiming& timing) {
+    const PipelineSchedule& schedule = program_.step->forward_info.pipeline;
+    const int64_t iterations = schedule.iterations();
+    const double period = (end - start) / static_cast<double>(iterations);
+    const bool backward = region.phase == Phase::kBackward;
+    constexpr int64_t kMostIterationsDrawn = 400;
+    const bool merge_work = iterations > kMostIterationsDrawn;
+    const int64_t useful = schedule.microbatches * schedule.repeats;
+    for (int64_t stage = 0; stage < schedule.stages; ++stage) {
+      const std::string lane = "Stage " + std::to_string(stage);
+      int64_t run_start = 0;
+      for (int64_t slot = 0; slot < iterations; ++slot) {
+        const int64_t iteration = backward ? iterations - 1 - slot : slot;
+        auto state = [&](int64_t at) {  // -1 bubble, 0 work (merged), else 1 + the work index
+          const int64_t index =
+              (backward ? iterations - 1 - at : at) - stage * schedule.forwarding_delay;
+          if (index < 0 || index >= useful) {
+            return int64_t{-1};
+          }
+          return merge_work ? int64_t{0} : 1 + index;
+        };
+        const int64_t here = state(slot);
+        if (slot + 1 < iterations && state(slot + 1) == here && here <= 0) {
+          continue;  // the run goes on
+        }
+        std::string name = "bubble";
+        if (here == 0) {
+          name = "microbatches";
+        } else if (here > 0) {
+          const int64_t index = iteration - stage * schedule.forwarding_delay;
+          name = "microbatch " + std::to_string(index % schedule.microbatches) + ", repeat " +
+                 std::to_string(index / schedule.microbatches);
+        }
+        timing.trace.push_back({name + (backward ? " (backward)" : ""), lane, region.name,
+                                start + static_cast<double>(run_start) * period,
+                                static_cast<double>(slot + 1 - run_start) * period,
+                                here < 0 ? "bubble" : "layers"});
+        run_start = slot + 1;
+      }
+    }
   }
 
   // Works out the cost of every op of a region, before its first iteration.

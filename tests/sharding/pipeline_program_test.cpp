@@ -4,6 +4,8 @@
 // layers_per_stage layers, and the useful work equals MaxText's per-device FLOP count.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,22 +51,32 @@ TEST(PipelineProgram, LoopLayersAndHandOvers) {
       }
     }
     EXPECT_EQ(loops, 2);  // forward and backward
-    int hand_overs = 0;
+    // Per loop (forward, backward): the hand-over the next iteration reads, the input stream,
+    // and with circular storage (20 repeats, 8 microbatches > 4 stages) the storage mover.
+    std::map<std::string, int> permutes;
+    std::set<TensorId> carried;
+    for (const Graph::Carry& carry : graph.carries()) {
+      carried.insert(carry.from);
+    }
     for (const Op& op : graph.ops()) {
       if (op.kind != OpKind::kCollectivePermute) {
         continue;
       }
-      ++hand_overs;
+      const std::string kind = op.name.substr(op.name.rfind('/') + 1);
+      ++permutes[kind];
       EXPECT_EQ(op.attrs.mesh_axes, std::vector<std::string>{"stage"});
       EXPECT_EQ(op.attrs.group_size, 4);
       EXPECT_EQ(op.attrs.every, expected.layers_per_stage);
-      // One microbatch's residual stream on this device: 2048 x 2 / 8 sequences over 256 fsdp
-      // shards = 2 x 2048 tokens... of which the device has 1 sequence.
+      EXPECT_EQ(carried.contains(op.outputs[0]), kind == "stage_permute") << op.name;
+      // One microbatch's residual stream on this device: 2048 x 2 / 8 = 256 sequences of a
+      // microbatch over 256 fsdp shards.
       const Tensor& moved = graph.tensor(op.inputs[0]);
       EXPECT_EQ(moved.dims.at(0).size, 1) << moved.name;
       EXPECT_EQ(moved.dims.at(1).size, 2048) << moved.name;
     }
-    EXPECT_EQ(hand_overs, 2);
+    EXPECT_EQ(permutes["stage_permute"], 2);
+    EXPECT_EQ(permutes["stream_permute"], 2);
+    EXPECT_EQ(permutes["storage_permute"], expected.layers_per_stage == 1 ? 2 : 0);
     // The embedding shards its batch over the stages too: 2048 sequences / (4 x 256) = 2.
     const TensorId embedded =
         built.program.local_of_global[static_cast<size_t>(built.step->forward_info.embed_output)];

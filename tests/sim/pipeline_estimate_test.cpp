@@ -96,3 +96,29 @@ TEST(PipelineEstimate, DelayedForwardingHidesTheHandOvers) {
 
 }  // namespace
 }  // namespace tpusim
+
+namespace tpusim {
+namespace {
+
+// A stage holds its quarter of the 80 layers: against data parallelism over the same 4 slices
+// (fsdp over each slice in both), the layer weights per device shrink 4x, the embedding and
+// output head (sharded over fsdp only, by hand below) stay.
+TEST(PipelineEstimate, AStageHoldsItsShareOfTheLayers) {
+  const auto weights = [](const std::string& slices_axis) {
+    return estimate_config(
+               Config::load("", {"model_name=llama3.1-70b", "compile_topology=v5e-256",
+                                 "compile_topology_num_slices=4", slices_axis,
+                                 "ici_fsdp_parallelism=-1", "per_device_batch_size=2",
+                                 "max_target_length=2048", "num_pipeline_microbatches=8"}))
+        .memory.at_peak.weights;
+  };
+  const double pipelined = weights("dcn_pipeline_parallelism=4");
+  const double data_parallel = weights("dcn_data_parallelism=4");
+  // Token embedding and unembedding, 128256 x 8192 fp32 each over 256 fsdp shards, and the
+  // final norm's 8192 fp32 scale (replicated).
+  const double outside = 2.0 * 128256 * 8192 * 4 / 256 + 8192 * 4;
+  EXPECT_NEAR(pipelined / (outside + (data_parallel - outside) / 4), 1.0, 1e-9);
+}
+
+}  // namespace
+}  // namespace tpusim
