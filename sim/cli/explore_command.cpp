@@ -116,7 +116,7 @@ void print_human(const ExploreResult& result) {
     for (const PipelineOption& option : result.pipeline_options) {
       std::cout << "  " << std::left << std::setw(72) << option.schedule << std::right;
       if (!option.found) {
-        std::cout << (option.below_bar ? " none beats the top list\n" : " nothing fits\n");
+        std::cout << " nothing fits\n";
         continue;
       }
       std::cout << " step " << std::setprecision(3) << option.step_time_s << " s";

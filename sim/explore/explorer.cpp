@@ -777,10 +777,7 @@ Config candidate_config(const Config& config, const SearchSpace& space,
 
 namespace {
 
-// `bar`: the objective a candidate must beat to enter the merged top list (from the schedules
-// searched before; -infinity at first), so that a later schedule's search prunes against it.
-ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options,
-                                   double bar = -std::numeric_limits<double>::infinity()) {
+ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   if (options.objective == ExploreObjective::kTokensPerDollar) {
     throw UserError(
@@ -824,7 +821,6 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   result.threads = threads;
   std::vector<WorkerResult> workers(static_cast<size_t>(threads));
   SharedThreshold threshold(options.branch_and_bound);
-  threshold.raise(bar);
   const Divisibility divisibility(*steps.get(0, 0), rules);
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
@@ -1024,7 +1020,7 @@ std::vector<ScheduleChoice> schedule_choices(const Config& config, std::vector<s
 }
 
 PipelineOption summarize(const ScheduleChoice& choice, const Config& config,
-                         const ExploreResult& result, double bar) {
+                         const ExploreResult& result) {
   PipelineOption option;
   option.stages = choice.stages;
   option.microbatches = choice.stages > 1 ? choice.microbatches : 0;
@@ -1042,7 +1038,6 @@ PipelineOption summarize(const ScheduleChoice& choice, const Config& config,
   }
   option.candidates = result.candidates_in_space;
   if (result.top.empty()) {
-    option.below_bar = bar > -std::numeric_limits<double>::infinity();
     return option;
   }
   const RankedCandidate& best = result.top.front();
@@ -1088,20 +1083,9 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
       scheduled.set("num_layers_per_pipeline_stage", std::to_string(choice.layers_per_stage),
                     kCommandLineOrigin);
     }
-    // The merged list's N-th objective so far: a later schedule only matters above it.
-    double bar = -std::numeric_limits<double>::infinity();
-    if (everything.size() >= static_cast<size_t>(options.top)) {
-      std::vector<double> objectives;
-      for (const RankedCandidate& ranked : everything) {
-        objectives.push_back(ranked.objective);
-      }
-      std::nth_element(objectives.begin(), objectives.begin() + (options.top - 1), objectives.end(),
-                       std::greater<>());
-      bar = objectives[static_cast<size_t>(options.top - 1)];
-    }
     ExploreResult part;
     try {
-      part = explore_one_schedule(scheduled, options, bar);
+      part = explore_one_schedule(scheduled, options);
     } catch (const UserError& error) {
       // A schedule the batch or the layers cannot take (MaxText refuses it too) is skipped; the
       // error stands only when no schedule could be searched.
@@ -1110,7 +1094,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
       }
       continue;
     }
-    merged.pipeline_options.push_back(summarize(choice, scheduled, part, bar));
+    merged.pipeline_options.push_back(summarize(choice, scheduled, part));
     if (merged.pipeline_options.size() == 1) {
       merged.space = part.space;
       merged.objective = part.objective;
@@ -1188,7 +1172,6 @@ nlohmann::json ExploreResult::to_json() const {
         item["num_pipeline_microbatches"] = option.microbatches;
         item["num_layers_per_pipeline_stage"] = option.layers_per_stage;
       }
-      item["below_top"] = option.below_bar;
       if (option.found) {
         item["best_step_time_s"] = option.step_time_s;
         item["best_objective"] = option.objective;
