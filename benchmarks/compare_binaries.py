@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PUBLISHED = os.path.join(ROOT, "..", "shared", "calibration", "published.csv")
+PUBLISHED = os.path.join(ROOT, "validation", "published.csv")
 
 MODELS = ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b", "mixtral-8x7b",
           "deepseek3-671b", "gemma2-9b", "gpt3-175b", "qwen3-30b-a3b", "qwen3-8b", "gpt-oss-20b",
