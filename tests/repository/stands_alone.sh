@@ -10,10 +10,12 @@ status=0
 # Built from pieces so that this script does not match itself.
 outside='\.\./'"shared"
 inside="shared"'/(reference|calibration|compat)'
+# ... and a path joined from pieces, as os.path.join(ROOT, <parent>, <that folder>) would.
+joined='"\.\.", *"'"shared"'"'
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  matches=$(git grep -n -E "$outside|$inside" -- . || true)
+  matches=$(git grep -n -E "$outside|$inside|$joined" -- . || true)
 else
-  matches=$(grep -rn -E "$outside|$inside" --exclude-dir=build --exclude-dir='build-*' . || true)
+  matches=$(grep -rn -E "$outside|$inside|$joined" --exclude-dir=build --exclude-dir='build-*' . || true)
 fi
 if [[ -n "$matches" ]]; then
   echo "files that name a folder outside the repository:" >&2
