@@ -822,9 +822,11 @@ def pipeline():
              "the logits shard the batch over the stages too (`activation_embed_and_logits_batch`). "
              "MaxText's checks are errors naming the key (exit 2): microbatches a multiple of the "
              "stages and dividing the batch, S k R = layers.", "",
+             "`pipeline_fsdp_ag_once` gathers the stage's weights once per held layer instead of "
+             "every iteration (and reduce-scatters their gradients once), and keeps all of them "
+             "gathered, with their gathered gradients, through the loops.", "",
              "Not modeled yet: `tpusim train` refuses stages (the functional engine does not run "
-             "the loop); `pipeline_fsdp_ag_once` is accepted with a warning (weights are gathered "
-             "every iteration); `pipeline_parallel_layers` other than all layers and models whose "
+             "the loop); `pipeline_parallel_layers` other than all layers and models whose "
              "decoder layers are of several kinds (gemma3, gpt-oss, deepseek's dense + MoE) are "
              "refused; the remat policy applies per layer, not to a whole iteration of k layers "
              "(`set_remat_policy_on_pipeline_iterations`), which matters for k > 1.", "",
@@ -848,6 +850,9 @@ def pipeline():
     rows.append(("circular, M=8, delayed forwarding",
                  ["dcn_pipeline_parallelism=4", "num_pipeline_microbatches=8",
                   "pipeline_delay_activation_forwarding=true", *small]))
+    rows.append(("circular, M=8, weights gathered once",
+                 ["dcn_pipeline_parallelism=4", "num_pipeline_microbatches=8",
+                  "pipeline_fsdp_ag_once=true", *small]))
     for microbatches in (8, 16):
         rows.append((f"one pass (20 layers per stage), M={microbatches}",
                      ["dcn_pipeline_parallelism=4", f"num_pipeline_microbatches={microbatches}",

@@ -122,10 +122,7 @@ class Partitioner {
     for (const Region& region : global_.regions()) {
       const int copy = out_.add_region(region.name, region.repeat, region.phase,
                                        region.forward_region, region.shared_parameters);
-      out_.mutable_region(copy).pipeline_layers_per_stage = region.pipeline_layers_per_stage;
-      out_.mutable_region(copy).pipeline_parameter_sets = region.pipeline_parameter_sets;
-      out_.mutable_region(copy).pipeline_delayed_forwarding = region.pipeline_delayed_forwarding;
-      out_.mutable_region(copy).pipeline_circular_storage = region.pipeline_circular_storage;
+      out_.mutable_region(copy).pipeline = region.pipeline;
     }
     layouts_.resize(global_.tensors().size());
     local_.assign(global_.tensors().size(), -1);
@@ -161,6 +158,7 @@ class Partitioner {
     for (const Graph::Carry& carry : global_.carries()) {
       out_.add_carry(pipeline_hand_over(carry), local(carry.to));
     }
+    gather_pipeline_weights_once();
     PartitionedProgram program;
     program.graph = std::move(out_);
     program.mesh = mesh_;
@@ -231,12 +229,12 @@ class Partitioner {
     OpAttrs attrs;
     attrs.mesh_axes = {"stage"};
     attrs.group_size = mesh_.shape.size("stage");
-    attrs.every = region.pipeline_layers_per_stage;
+    attrs.every = region.pipeline.layers_per_stage;
     current_phase_ = region.phase;
     add_op(OpKind::kCollectivePermute, local_from.name + "/stage_permute", {source}, {moved}, attrs,
            from.region);
     std::vector<std::string> side = {"/stream_permute"};
-    if (region.pipeline_circular_storage) {
+    if (region.pipeline.circular_storage) {
       side.emplace_back("/storage_permute");
     }
     for (const std::string& suffix : side) {
@@ -246,7 +244,36 @@ class Partitioner {
       add_op(OpKind::kCollectivePermute, local_from.name + suffix, {source}, {buffer}, attrs,
              from.region);
     }
-    return region.pipeline_delayed_forwarding ? source : moved;
+    return region.pipeline.delayed_forwarding ? source : moved;
+  }
+
+  // pipeline_fsdp_ag_once: a stage's weights are gathered before its loop, once per layer it
+  // holds, and their gradients reduce-scattered after it (summed gathered meanwhile); in the loop
+  // those collectives run in held layers / iterations of its iterations.
+  void gather_pipeline_weights_once() {
+    auto from_parameter = [&](TensorId id) {
+      if (out_.tensor(id).kind == TensorKind::kParameter) {
+        return true;
+      }
+      const int producer = out_.producer(id);
+      return producer >= 0 &&
+             out_.ops()[static_cast<size_t>(producer)].kind == OpKind::kElementwise &&
+             out_.tensor(out_.ops()[static_cast<size_t>(producer)].inputs[0]).kind ==
+                 TensorKind::kParameter;  // its cast to dtype
+    };
+    for (const Op& op : out_.ops()) {
+      const Region& region = out_.region(op.region);
+      if (!region.pipelined() || !region.pipeline.weights_gathered_once) {
+        continue;
+      }
+      const bool gather = op.kind == OpKind::kAllGather && from_parameter(op.inputs[0]);
+      const bool reduction = (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) &&
+                             out_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
+      if (gather || reduction) {
+        out_.mutable_op(op.id).attrs.iteration_share =
+            static_cast<double>(region.parameter_sets()) / static_cast<double>(region.repeat);
+      }
+    }
   }
 
   // Emits a collective over `axes`; writes `into` when given, else a new local tensor.

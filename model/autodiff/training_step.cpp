@@ -409,10 +409,7 @@ class BackwardBuilder {
     const Region info = graph_.region(region);  // a copy: add_region may move the storage
     const int backward = graph_.add_region(info.name + "/grad", info.repeat, Phase::kBackward,
                                            region, info.shared_parameters);
-    graph_.mutable_region(backward).pipeline_layers_per_stage = info.pipeline_layers_per_stage;
-    graph_.mutable_region(backward).pipeline_parameter_sets = info.pipeline_parameter_sets;
-    graph_.mutable_region(backward).pipeline_delayed_forwarding = info.pipeline_delayed_forwarding;
-    graph_.mutable_region(backward).pipeline_circular_storage = info.pipeline_circular_storage;
+    graph_.mutable_region(backward).pipeline = info.pipeline;
     step.backward_regions.push_back(backward);
     const auto [input, output] = region_io(region);
     materialized_.clear();

@@ -56,11 +56,12 @@ class ForwardBuilder {
           pipeline_.active() ? pipeline_.iterations() * pipeline_.layers_per_stage : group.count;
       const int region = graph().add_region(group.name(), repeat, Phase::kForward);
       if (pipeline_.active()) {
-        graph().mutable_region(region).pipeline_layers_per_stage = pipeline_.layers_per_stage;
-        graph().mutable_region(region).pipeline_parameter_sets = pipeline_.layers_held();
-        graph().mutable_region(region).pipeline_delayed_forwarding = pipeline_.forwarding_delay > 1;
-        graph().mutable_region(region).pipeline_circular_storage =
-            pipeline_.repeats > 1 && pipeline_.microbatches > pipeline_.stages;
+        PipelineLoop& loop = graph().mutable_region(region).pipeline;
+        loop.layers_per_stage = pipeline_.layers_per_stage;
+        loop.parameter_sets = pipeline_.layers_held();
+        loop.delayed_forwarding = pipeline_.forwarding_delay > 1;
+        loop.circular_storage = pipeline_.repeats > 1 && pipeline_.microbatches > pipeline_.stages;
+        loop.weights_gathered_once = config_.get_bool("pipeline_fsdp_ag_once");
       }
       const int64_t full_batch = batch_;
       const std::string full_logical = batch_logical_;

@@ -10,7 +10,7 @@ int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int 
   if (repeat < 1) {
     throw std::logic_error("region '" + name + "' must repeat at least once");
   }
-  regions_.push_back(Region{name, repeat, phase, forward_region, shared_parameters});
+  regions_.push_back(Region{name, repeat, phase, forward_region, shared_parameters, {}});
   return static_cast<int>(regions_.size()) - 1;
 }
 

@@ -25,6 +25,23 @@
 
 namespace tpusim {
 
+// How a region runs as a pipeline stage's loop (Region::pipeline; layers_per_stage 0: it does not).
+struct PipelineLoop {
+  // Every layers_per_stage-th iteration hands the residual stream to the next stage.
+  int64_t layers_per_stage = 0;
+  // Layers the device holds (its stage's share), not one per iteration.
+  int64_t parameter_sets = 0;
+  // pipeline_delay_activation_forwarding: a hand-over is read an iteration later, so it overlaps
+  // the next iteration instead of delaying it.
+  bool delayed_forwarding = false;
+  // Circular repeats with more microbatches than stages: the last stage's outputs wait in a
+  // storage buffer for their next pass, which one more permute per iteration feeds.
+  bool circular_storage = false;
+  // pipeline_fsdp_ag_once: the stage's FSDP-sharded weights are gathered once before the loop
+  // (and their gradients reduce-scattered once after it), not in every iteration.
+  bool weights_gathered_once = false;
+};
+
 struct Region {
   std::string name;
   int64_t repeat = 1;
@@ -36,27 +53,17 @@ struct Region {
   // false for scanned layers, where each iteration has its own layer's weights.
   bool shared_parameters = false;
   // The decoder layers' loop of MaxText's SPMD pipeline (model/pipeline_schedule.h), and its
-  // backward: `repeat` is iterations x layers per stage; one iteration of the region is one layer,
-  // and every `pipeline_layers_per_stage`-th hands the residual stream to the next stage. The
-  // device holds `pipeline_parameter_sets` layers (its stage's share), not one per iteration.
-  // 0: not a pipeline region.
-  int64_t pipeline_layers_per_stage = 0;
-  int64_t pipeline_parameter_sets = 0;
-  // pipeline_delay_activation_forwarding: a hand-over is read an iteration later, so it overlaps
-  // the next iteration instead of delaying it.
-  bool pipeline_delayed_forwarding = false;
-  // Circular repeats with more microbatches than stages: the last stage's outputs wait in a
-  // storage buffer for their next pass, which one more permute per iteration feeds.
-  bool pipeline_circular_storage = false;
+  // backward: `repeat` is iterations x layers per stage, one iteration of the region one layer.
+  PipelineLoop pipeline;
 
-  bool pipelined() const { return pipeline_layers_per_stage > 0; }
+  bool pipelined() const { return pipeline.layers_per_stage > 0; }
   // Distinct parameter sets the region's iterations read: 1 when shared, a pipeline stage's
   // layers, else one per iteration.
   int64_t parameter_sets() const {
     if (shared_parameters) {
       return 1;
     }
-    return pipelined() ? pipeline_parameter_sets : repeat;
+    return pipelined() ? pipeline.parameter_sets : repeat;
   }
 };
 

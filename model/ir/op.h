@@ -136,6 +136,9 @@ struct OpAttrs {
   // 2 every-1, ...): a pipeline stage's hand-over after its layers_per_stage layers. Counts and
   // costs take repeat / every runs.
   int64_t every = 1;
+  // The op runs in this share of its region's iterations, wherever they fall (a pipeline stage's
+  // weight gathers under pipeline_fsdp_ag_once: once per layer it holds, not per iteration).
+  double iteration_share = 1;
 };
 
 struct Op {
@@ -148,5 +151,11 @@ struct Op {
   Phase phase = Phase::kForward;
   int region = 0;
 };
+
+// The share of its region's iterations an op runs in (1 / every x iteration_share): counts and
+// costs of the region multiply by it.
+inline double share_of_iterations(const Op& op) {
+  return op.attrs.iteration_share / static_cast<double>(op.attrs.every);
+}
 
 }  // namespace tpusim

@@ -11,7 +11,7 @@ ProgramFlops program_flops(const StepProgram& program) {
     const Region& region = graph.region(op.region);
     // The optimizer runs once per step; everything else once per microbatch.
     const double times =
-        static_cast<double>(region.repeat) / static_cast<double>(op.attrs.every) *
+        static_cast<double>(region.repeat) * share_of_iterations(op) *
         (region.phase == Phase::kOptimizer ? 1.0 : static_cast<double>(program.accumulation_steps));
     const OpFlops cost = op_flops(graph, op);
     if (op.phase == Phase::kRecompute) {

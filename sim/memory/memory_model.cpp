@@ -113,6 +113,23 @@ class MemoryModel {
             bytes_[static_cast<size_t>(into.id)] * static_cast<double>(microbatches);
       }
     }
+    // pipeline_fsdp_ag_once: every layer the stage holds stays gathered through both loops, and
+    // the gathered-size gradients sum until the reduce-scatter after the backward loop (counted
+    // from the forward loop on: an upper bound in the forward part).
+    for (const Op& op : graph_.ops()) {
+      const Region& loop = graph_.region(op.region);
+      if (op.attrs.iteration_share == 1 || !loop.pipelined()) {
+        continue;
+      }
+      const int forward = loop.phase == Phase::kForward ? op.region : loop.forward_region;
+      const bool forward_gather = op.kind == OpKind::kAllGather && op.phase == Phase::kForward;
+      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
+      if (forward >= 0 && (forward_gather || reduction)) {
+        const TensorId full = forward_gather ? op.outputs[0] : op.inputs[0];
+        loop_buffers[static_cast<size_t>(forward)] +=
+            bytes_[static_cast<size_t>(full)] * static_cast<double>(loop.parameter_sets());
+      }
+    }
     // Forward: saved activations pile up region by region.
     double saved_so_far = 0;
     double host_so_far = 0;

@@ -453,14 +453,16 @@ class Simulator {
     }
   }
 
-  // An op that runs once every `every` iterations (a pipeline stage's hand-over) is charged
-  // 1/every of its cost in each: the region's total is right, the iterations average it.
+  // An op that runs in only some iterations (a pipeline stage's hand-over every k layers, its
+  // weight gathers once per held layer) is charged that share of its cost in each: the region's
+  // total is right, the iterations average it.
   OpPlan plan_op(const Op& op) {
     OpPlan plan = plan_op_once(op);
-    if (op.attrs.every > 1) {
-      plan.seconds /= static_cast<double>(op.attrs.every);
-      plan.matmul_flops /= static_cast<double>(op.attrs.every);
-      plan.trace_dcn_seconds /= static_cast<double>(op.attrs.every);
+    const double share = share_of_iterations(op);
+    if (share != 1) {
+      plan.seconds *= share;
+      plan.matmul_flops *= share;
+      plan.trace_dcn_seconds *= share;
     }
     return plan;
   }

@@ -122,3 +122,38 @@ TEST(PipelineEstimate, AStageHoldsItsShareOfTheLayers) {
 
 }  // namespace
 }  // namespace tpusim
+
+namespace tpusim {
+namespace {
+
+// pipeline_fsdp_ag_once: the stage's 20 layers stay gathered through the loop. By hand, a
+// llama3.1-70b layer gathers 8192 x (8192 + 1024 + 1024 + 8192) attention and 3 x 8192 x 28672
+// MLP weights (the norms are not sharded over fsdp), in bf16, and sums their bf16 gradients
+// gathered, and the two norm scales' fp32 gradients until their all-reduce: 20 x (855,638,016 x
+// (2 + 2) + 2 x 8192 x 4) bytes more at the peak; the gathers and reductions run once per held
+// layer (20 of the loop's 163 iterations).
+TEST(PipelineEstimate, WeightsGatheredOnceStayInHbm) {
+  const auto run = [](const std::string& once) {
+    return estimate_config(Config::load(
+        "", {"model_name=llama3.1-70b", "compile_topology=v5e-256", "compile_topology_num_slices=4",
+             "dcn_pipeline_parallelism=4", "ici_fsdp_parallelism=-1", "per_device_batch_size=2",
+             "max_target_length=2048", "num_pipeline_microbatches=8", once}));
+  };
+  const Estimate every = run("pipeline_fsdp_ag_once=false");
+  const Estimate once = run("pipeline_fsdp_ag_once=true");
+  const double per_layer = 8192.0 * (8192 + 1024 + 1024 + 8192) + 3.0 * 8192 * 28672;
+  EXPECT_DOUBLE_EQ(per_layer, 855638016.0);
+  EXPECT_NEAR(once.memory.peak_bytes - every.memory.peak_bytes, 20 * (per_layer * 4 + 2 * 8192 * 4),
+              1.0);
+  int shared = 0;
+  for (const Op& op : once.program.program.graph.ops()) {
+    if (op.attrs.iteration_share != 1) {
+      ++shared;
+      EXPECT_DOUBLE_EQ(op.attrs.iteration_share, 20.0 / 163.0) << op.name;
+    }
+  }
+  EXPECT_GT(shared, 0);
+}
+
+}  // namespace
+}  // namespace tpusim
