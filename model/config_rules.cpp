@@ -51,7 +51,7 @@ const std::vector<EnumRule>& enum_rules() {
       {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8", "fp4", "int4"}},
       {"decoder_block",
        {"llama2", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "gemma4", "gemma4_small",
-        "gpt3", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt_oss", "llama4", "simple"}},
+        "gpt3", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt_oss", "llama4", "olmo3", "simple"}},
       {"opt_type", {"adamw", "adam_pax", "sgd"}},
       {"dataset_type", {"synthetic", "text", "jsonl", "tfds", "hf", "grain"}},
       {"context_parallel_strategy", {"all_gather", "ring", "ulysses", "usp"}},

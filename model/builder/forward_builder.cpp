@@ -215,20 +215,23 @@ class ForwardBuilder {
   TensorId build_layer(const LayerGroup& group, int region, TensorId x) {
     const TensorId per_layer_input =
         dims_.has_per_layer_inputs() ? build_per_layer_input(region, x) : -1;
-    const TensorId attention_in = norm("pre_attention_norm", x, region);
+    // OLMo 2/3 normalize after the attention and the MLP instead of before them (HF
+    // Olmo3DecoderLayer: post_attention_layernorm, post_feedforward_layernorm; no input norm).
+    const bool post_norm_only = block_ == "olmo3";
+    const TensorId attention_in = post_norm_only ? x : norm("pre_attention_norm", x, region);
     TensorId attention_out = group.attention == AttentionKind::kMla
                                  ? build_mla(region, attention_in)
                                  : build_attention(group, region, attention_in);
-    if (config_.get_bool("use_post_attn_norm")) {
+    if (post_norm_only || config_.get_bool("use_post_attn_norm")) {
       attention_out = norm("post_attention_norm", attention_out, region);
     }
     const TensorId residual =
         elementwise("attention_residual", ElementwiseFn::kAdd, {x, attention_out}, region);
-    const TensorId mlp_in = norm("pre_mlp_norm", residual, region);
+    const TensorId mlp_in = post_norm_only ? residual : norm("pre_mlp_norm", residual, region);
     TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe
                            ? build_moe(region, mlp_in)
                            : build_mlp("mlp", region, mlp_in, group.mlp_dim);
-    if (config_.get_bool("use_post_ffw_norm")) {
+    if (post_norm_only || config_.get_bool("use_post_ffw_norm")) {
       mlp_out = norm("post_mlp_norm", mlp_out, region);
     }
     const TensorId output =

@@ -55,6 +55,12 @@ AttentionKind attention_for_layer(const AttentionKeys& keys, int64_t index) {
     return (index + 1) % kGemma4SmallGlobalEvery == 0 ? AttentionKind::kGlobal
                                                       : AttentionKind::kSlidingWindow;
   }
+  if (keys.block == "olmo3") {
+    // OLMo 3 (Hugging Face Olmo3Config.layer_types): sliding-window attention except in every
+    // inhomogeneous_layer_cycle_interval-th layer (MaxText's preset: 4), which is global.
+    const int64_t cycle = std::max<int64_t>(1, keys.cycle_interval);
+    return (index + 1) % cycle == 0 ? AttentionKind::kGlobal : AttentionKind::kSlidingWindow;
+  }
   if (keys.block == "gemma2" || keys.block == "gpt_oss") {
     const int64_t cycle = std::max<int64_t>(2, keys.cycle_interval);
     return index % cycle == 0 ? AttentionKind::kSlidingWindow : AttentionKind::kGlobal;

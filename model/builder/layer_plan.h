@@ -10,7 +10,8 @@
 //   llama4: every nope_layer_interval-th layer is global (no RoPE), the others chunked
 //     (chunk_attn_window_size); every interleave_moe_layer_step-th layer is MoE;
 //   gpt_oss: alternating local/global (inhomogeneous_layer_cycle_interval);
-//   deepseek: the first first_num_dense_layers are dense, the rest MoE, all MLA.
+//   deepseek: the first first_num_dense_layers are dense, the rest MoE, all MLA;
+//   olmo3: sliding-window layers, every inhomogeneous_layer_cycle_interval-th (4th) global.
 // Identical layers form one group, which becomes one repeated region of the graph (scan_layers).
 //
 // Example (deepseek2-16b): {{dense, mla, x1}, {moe, mla, x26}}

@@ -90,6 +90,38 @@ TEST(ForwardBuilder, LayerPlansFollowDecoderBlocks) {
   EXPECT_EQ(llama[0].count, 126);
 }
 
+// OLMo 3: three sliding-window layers then a global one, normalized after attention and MLP
+// only; past the 4096-token window the windowed layers' attention FLOPs are the window's pairs,
+// as the formula counts them (the builder's attention ops and the formula agree at 8192 tokens).
+TEST(ForwardBuilder, Olmo3LayersAndNorms) {
+  const auto groups = plan_layers(Config::load("", {"model_name=olmo3-7b"}));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].attention, AttentionKind::kSlidingWindow);
+  EXPECT_EQ(groups[0].count, 24);
+  EXPECT_EQ(groups[1].attention, AttentionKind::kGlobal);
+  EXPECT_EQ(groups[1].count, 8);
+  const Config config = Config::load(
+      "", {"model_name=olmo3-7b", "per_device_batch_size=1.0", "max_target_length=8192"});
+  const ForwardGraph forward = build_forward(config, 1);
+  std::set<std::string> norms;
+  for (const Op& op : forward.graph.ops()) {
+    if (op.kind == OpKind::kRmsNorm && forward.graph.region(op.region).name != "head") {
+      norms.insert(op.name);
+    }
+  }
+  EXPECT_FALSE(norms.contains("pre_attention_norm"));
+  EXPECT_FALSE(norms.contains("pre_mlp_norm"));
+  EXPECT_TRUE(norms.contains("post_attention_norm"));
+  EXPECT_TRUE(norms.contains("post_mlp_norm"));
+  const MaxTextFlops maxtext = maxtext_training_flops_per_device(config);
+  EXPECT_NEAR(3.0 * forward_matmul_flops(forward) / (maxtext.total_tflops() * 1e12), 1.0, 1e-9);
+  // The window matters here: with every layer global the count would be larger.
+  const MaxTextFlops global = maxtext_training_flops_per_device(Config::load(
+      "", {"model_name=olmo3-7b", "per_device_batch_size=1.0", "max_target_length=8192",
+           "override_model_config=true", "sliding_window_size=0"}));
+  EXPECT_GT(global.total_tflops(), maxtext.total_tflops() * 1.01);
+}
+
 TEST(ForwardBuilder, SizeDoesNotGrowWithLayerCount) {
   const auto ops_for = [](int layers) {
     const Config config = Config::load("", {"model_name=tiny-llama", "override_model_config=true",

@@ -183,6 +183,14 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
   expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5e-4",
                      "ici_pipeline_parallelism=2", "steps=1"},
                     "ici_pipeline_parallelism=2");
+  // OLMo 3 is estimated, not trained (its YaRN rope is not in the functional engine).
+  const auto olmo =
+      run_tpusim({"train", "model_name=olmo3-7b", "compile_topology=v5e-4",
+                  "override_model_config=true", "base_num_decoder_layers=1", "steps=1"});
+  EXPECT_EQ(olmo.exit_code, 2);
+  EXPECT_NE(olmo.err.find("decoder_block: olmo3 is not computed by tpusim train"),
+            std::string::npos)
+      << olmo.err;
 }
 
 TEST(EstimateCommand, JsonContract) {
