@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loads tpusim's HTML pages (estimate --html for three runs, explore --html for one search) in headless Chromium (Debian's `chromium`) and checks that each
+# Loads tpusim's HTML pages (estimate --html for four runs, explore --html for one search) in headless Chromium (Debian's `chromium`) and checks that each
 # renders (its script ran to the end: <body data-rendered="1">, no uncaught error on the console)
 # and shows every lane its run uses; saves a screenshot of each.
 # Usage: step_page.sh TPUSIM_BINARY OUTPUT_DIR
@@ -56,6 +56,11 @@ check multislice "TensorCore|ICI fsdp|ICI tensor|DCN" \
 check gpu_nodes "GPU SMs|NVLink fsdp|InfiniBand" \
   hardware=gpu compile_topology=a3 compile_topology_num_slices=2 model_name=llama2-7b \
   ici_fsdp_parallelism=8 dcn_fsdp_parallelism=2 attention=cudnn_flash_te
+# A pipeline over DCN: a lane per stage (which microbatch and repeat, and the bubble).
+check pipeline "TensorCore|Stage 0|Stage 3|DCN stage" \
+  model_name=llama3.1-70b compile_topology=v5e-256 compile_topology_num_slices=4 \
+  dcn_pipeline_parallelism=4 ici_fsdp_parallelism=-1 num_pipeline_microbatches=8 \
+  num_layers_per_pipeline_stage=20 per_device_batch_size=2 max_target_length=2048
 
 # The explore page: the top N and a scatter of the evaluated candidates.
 explore_page="$out/explore.html"
