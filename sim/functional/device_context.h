@@ -39,8 +39,8 @@ struct DeviceContext {
   std::array<int, kNumMeshAxes> coordinates{};  // position on each mesh axis (ici x dcn)
   std::array<int, kNumMeshAxes> sizes{};        // mesh axis sizes
   bool bf16_matmul_inputs = false;              // functional_dtype=bfloat16_matmul
-  // functional_precision=fast: fp32 GEMMs and attention (kernels.cpp); false = the reference
-  // numerics (double accumulation).
+  // functional_precision=fast: fp32 GEMMs and attention (sim/functional/kernels/); false = the
+  // reference numerics (double accumulation).
   bool fast_kernels = false;
   KernelThreads* threads = nullptr;  // helper threads of this device's kernels (none: serial)
   TokenLogProbs* token_log_probs = nullptr;  // when set, the loss records each token's log p

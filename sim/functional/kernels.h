@@ -2,9 +2,10 @@
 //
 // run_kernel() executes one non-collective op of a per-device program: it reads the local input
 // tensors and writes the local outputs (already allocated with the right shapes). Semantics of
-// each op kind are documented in kernels.cpp next to its implementation; they match what the
-// partitioner assumes (partial sums over split contracted dims, statistics inputs for norms and
-// cross-entropy over split dims, global positions for RoPE and causal masks).
+// each op kind are documented in its family's file under sim/functional/kernels/, next to its
+// implementation; they match what the partitioner assumes (partial sums over split contracted dims,
+// statistics inputs for norms and cross-entropy over split dims, global positions for RoPE and
+// causal masks).
 //
 // Example:
 //   run_kernel(graph, op, {&x, &w}, {&y}, device);

@@ -28,7 +28,7 @@ Config config_of(const std::vector<std::string>& base, const std::vector<std::st
   return Config::load("", overrides);
 }
 
-// 256 tokens per device step: the einsums' row dims span several blocks (kernels.cpp).
+// 256 tokens per device step: the einsums' row dims span several blocks (kernels/einsum.cpp).
 const std::vector<std::vector<std::string>>& cases() {
   static const std::vector<std::vector<std::string>> all = {
       {"model_name=tiny-llama", "compile_topology=v5e-1", "per_device_batch_size=4",

@@ -6,7 +6,8 @@
 //      (error = max |analytic - numeric| / max |numeric|, required < 1e-3);
 //  (3) split-dim semantics: a computation split over two simulated devices (statistics combined
 //      here as the engine would) equals the unsplit one;
-//  (4) AdamW against its formula.
+//  (4) AdamW against its formula;
+//  (5) every op kind run_kernel executes has a test case here (KernelCoverage).
 #include "sim/functional/kernels.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <numbers>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "sharding/mesh.h"
+#include "sim/functional/kernels/families.h"
 
 namespace tpusim {
 namespace {
@@ -1836,6 +1839,25 @@ TEST(KernelSlice, KeepsThisDevicesPartAndPadsPastTheEnd) {
   }
 }
 
+// kHostOffload and kHostLoad (remat policy "offload") move a tensor to host memory and back: in
+// the functional engine a copy, bit for bit, of every element.
+TEST(KernelHostTransfer, OffloadAndLoadCopyEveryValue) {
+  std::mt19937 rng(25);
+  Case c;
+  const std::vector<Dim> dims = {dim("batch", 2), dim("length", 3), dim("embed", 4)};
+  const TensorId x = c.tensor("x", dims);
+  const TensorId on_host = c.tensor("on_host", dims);
+  const TensorId back = c.tensor("back", dims);
+  const Op& offload = c.op(OpKind::kHostOffload, {x}, {on_host});
+  const Op& load = c.op(OpKind::kHostLoad, {on_host}, {back});
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData stored = run(c.graph, offload, {input})[0];
+  const TensorData loaded = run(c.graph, load, {stored})[0];
+  EXPECT_EQ(stored.shape, input.shape);
+  EXPECT_EQ(stored.values, input.values);
+  EXPECT_EQ(loaded.values, input.values);
+}
+
 // kReduceSum over the dims its output lacks, whatever their order: x[b, l, h] summed over b and
 // l gives y[h] = sum_{b,l} x[b, l, h]; values chosen so each sum is known by hand.
 TEST(ReduceSumKernel, SumsTheDimsTheOutputLacks) {
@@ -1883,6 +1905,63 @@ TEST(KernelErrors, CollectivesAndShapeMismatchesThrow) {
       std::logic_error);
   EXPECT_NO_THROW(
       run(c.graph, good, {TensorData::zeros(c.info(a)), TensorData::zeros(c.info(b_ok))}));
+}
+
+// Every op kind the tests above run through run_kernel, with the tests that run it. List a kind
+// only with a test case that really executes it (forward against a reference, a finite-difference
+// check of a VJP, or a split-vs-whole comparison).
+struct CoveredKind {
+  OpKind kind;
+  const char* tests;
+};
+constexpr CoveredKind kCoveredOpKinds[] = {
+    {OpKind::kEinsum, "KernelEinsum.*, KernelMoe.GroupedMatmul*"},
+    {OpKind::kElementwise, "KernelElementwise.*"},
+    {OpKind::kReduceSum, "ReduceSumKernel.SumsTheDimsTheOutputLacks"},
+    {OpKind::kRmsNorm, "KernelNorm.*"},
+    {OpKind::kLayerNorm, "KernelNorm.*"},
+    {OpKind::kNormGrad, "KernelNorm.GradientsMatchFiniteDifferences, KernelNorm.Split*"},
+    {OpKind::kNormStatistics, "KernelNorm.SplitReducedDimWithStatisticsMatchesWhole"},
+    {OpKind::kRope, "KernelRope.*"},
+    {OpKind::kAttention, "KernelAttention.*"},
+    {OpKind::kAttentionGrad,
+     "KernelAttention.SplitQueryLengthMatchesWhole, KernelAttention.Gradients*"},
+    {OpKind::kEmbeddingLookup, "KernelEmbedding.*"},
+    {OpKind::kEmbeddingGrad, "KernelEmbedding.GradientMatchesFiniteDifferencesAndShards"},
+    {OpKind::kCrossEntropy, "KernelCrossEntropy.*"},
+    {OpKind::kCrossEntropyStatistics, "KernelCrossEntropy.VocabShardsWithStatisticsMatchWhole"},
+    {OpKind::kCrossEntropyGrad, "KernelCrossEntropy.*"},
+    {OpKind::kMoeRouter, "KernelMoe.Router*"},
+    {OpKind::kRouterGrad, "KernelMoe.RouterGradient*, KernelMoe.VjpsMatchFiniteDifferences"},
+    {OpKind::kMoeDispatch, "KernelMoe.DispatchAndCombineFollowSlots, KernelMoe.Dropless*"},
+    {OpKind::kMoeCombine, "KernelMoe.DispatchAndCombineFollowSlots, KernelMoe.Dropless*"},
+    {OpKind::kAdamUpdate, "KernelAdam.OneStepMatchesFormula"},
+    {OpKind::kDynamicSlice, "KernelSlice.KeepsThisDevicesPartAndPadsPastTheEnd"},
+    {OpKind::kHostOffload, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
+    {OpKind::kHostLoad, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
+};
+
+// A kernel without a test case fails here: every kind of run_kernel's table must be listed in
+// kCoveredOpKinds (and so have a test above). Every op kind of the IR (op_kind_name names them
+// all, "?" past the last) is a kernel or a collective, so a new kind cannot skip the table either.
+TEST(KernelCoverage, EveryKernelOpKindHasATestCase) {
+  const std::vector<OpKind> kernel_kinds = kernels::kernel_op_kinds();
+  for (const OpKind kind : kernel_kinds) {
+    const bool covered = std::any_of(std::begin(kCoveredOpKinds), std::end(kCoveredOpKinds),
+                                     [&](const CoveredKind& entry) { return entry.kind == kind; });
+    EXPECT_TRUE(covered) << op_kind_name(kind)
+                         << " has a kernel but no test case in kernels_test.cpp (write one and "
+                            "list it in kCoveredOpKinds)";
+  }
+  int kinds = 0;
+  for (auto kind = OpKind{}; std::string(op_kind_name(kind)) != "?";
+       kind = static_cast<OpKind>(static_cast<int>(kind) + 1), ++kinds) {
+    const bool has_kernel =
+        std::find(kernel_kinds.begin(), kernel_kinds.end(), kind) != kernel_kinds.end();
+    EXPECT_NE(has_kernel, is_collective(kind))
+        << op_kind_name(kind) << ": every op kind is either a collective or has a kernel";
+  }
+  EXPECT_EQ(static_cast<size_t>(kinds), kernel_kinds.size() + 5);  // the 5 collectives
 }
 
 }  // namespace

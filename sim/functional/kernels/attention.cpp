@@ -1,0 +1,430 @@
+// sim/functional/kernels/attention.cpp: kAttention, fused masked softmax(q k^T) v with GQA, MLA,
+// logit soft cap and causal / sliding-window / chunked masks, and kAttentionGrad, its exact VJP
+// (P recomputed from q and k, as flash attention's backward does).
+//
+// Example: GQA with 8 query heads over 2 kv heads, causal
+//   kAttention(q[batch, length, heads=8, head_dim], k[batch, length, kv_heads=2, head_dim],
+//              v[...same as k]) -> out[batch, length, heads=8, head_dim]
+//   (query heads 0-3 read kv head 0, heads 4-7 kv head 1)
+//
+// kAttention(q, k, v[, k_rope]) -> out
+//   Dims by name: q (batch, length, heads, D_qk), k (batch, length, kv_heads or heads, D_k),
+//   v (batch, length, kv_heads or heads, D_v), out (batch, length, heads, D_v), k_rope (batch,
+//   length, R); the feature dim of each is its one dim that is none of those names.
+//   GQA: GLOBAL query head h uses global kv head h / (H / K) (H, K global head counts); it must be
+//   in this device's kv head slice (query heads at or past H, the padding of an uneven split, get
+//   zeros). Scores: scale * q.k with scale = attrs.attention_scale (1 for MaxText's default
+//   Attention, which folds 1/sqrt(D) into the query's initializer), then cap tanh(scores / cap)
+//   when cap = attrs.logit_soft_cap > 0; MLA form (4 inputs): q.k =
+//   q[..., :D_k].k + q[..., D_k:].k_rope (requires D_qk = D_k + R). Query positions are GLOBAL
+//   (device.offset of q's length dim), key positions likewise (offset of k's length dim; it is
+//   normally whole). Mask attrs.mask: kCausal allows key j iff j <= query position p;
+//   kSlidingWindow also needs p - j < attrs.window; kChunked needs j / attrs.window == p /
+//   attrs.window (llama4's chunks); kNone allows all. Softmax in fp32 over the allowed keys (a row
+//   with none gives zeros); out = P v. With bf16_matmul_inputs, q, k, v, k_rope and P are rounded
+//   to bf16 before their matmuls.
+// kAttentionGrad(dout, q, k, v, [k_rope], out) -> dq, dk, dv, [dk_rope]: exact VJP. P is
+//   recomputed from q and k; D_i = sum(dout_i * out_i); dS = P * (dout v^T - D) (times
+//   1 - tanh^2(scaled scores / cap) under a soft cap); dq = scale dS k
+//   (and scale dS k_rope for q's rope part); dk = scale dS^T q; dv = P^T dout; dk_rope = scale
+//   sum over heads of dS^T q_rope. dk, dv, dk_rope hold the contribution of THIS device's queries
+//   (partial sums the engine reduces). With bf16_matmul_inputs, dout, q, k, v, k_rope, P and dS
+//   are rounded to bf16 before their matmuls.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/functional/kernels/context.h"
+#include "sim/functional/kernels/families.h"
+
+namespace tpusim::kernels {
+namespace {
+
+struct AttentionView {
+  int64_t batch = 1, length = 1, heads = 1, features = 1;
+  int64_t batch_stride = 0, length_stride = 0, head_stride = 0, feature_stride = 0;
+  const Dim* length_dim = nullptr;
+  const Dim* heads_dim = nullptr;
+  const Dim* feature_dim = nullptr;
+};
+
+AttentionView attention_view(const Ctx& ctx, const Tensor& tensor, bool kv_side, bool has_heads) {
+  AttentionView view;
+  const std::vector<int64_t> strides = strides_of(tensor);
+  std::string heads_name = "heads";
+  if (kv_side && has_dim(tensor, "kv_heads")) {
+    heads_name = "kv_heads";
+  }
+  bool seen_batch = false;
+  bool seen_length = false;
+  for (size_t index = 0; index < tensor.dims.size(); ++index) {
+    const Dim& dim = tensor.dims[index];
+    if (dim.name == "batch") {
+      view.batch = dim.size;
+      view.batch_stride = strides[index];
+      seen_batch = true;
+    } else if (dim.name == "length") {
+      view.length = dim.size;
+      view.length_stride = strides[index];
+      view.length_dim = &dim;
+      seen_length = true;
+    } else if (has_heads && dim.name == heads_name) {
+      view.heads = dim.size;
+      view.head_stride = strides[index];
+      view.heads_dim = &dim;
+    } else if (view.feature_dim == nullptr) {
+      view.features = dim.size;
+      view.feature_stride = strides[index];
+      view.feature_dim = &dim;
+    } else {
+      ctx.fail("attention tensor '" + tensor.name + "' has an unexpected dim '" + dim.name + "'");
+    }
+  }
+  if (!seen_batch || !seen_length || view.feature_dim == nullptr ||
+      (has_heads && view.heads_dim == nullptr)) {
+    ctx.fail("attention tensor '" + tensor.name + "' must have batch, length," +
+             (has_heads ? " heads," : "") + " and one feature dim");
+  }
+  return view;
+}
+
+template <typename Scalar>
+Matrix<Scalar> gather(const Ctx& ctx, const float* base, const AttentionView& view, int64_t b,
+                      int64_t h, bool round) {
+  Matrix<Scalar> matrix(view.length, view.features);
+  const float* start = base + b * view.batch_stride + h * view.head_stride;
+  for (int64_t row = 0; row < view.length; ++row) {
+    for (int64_t col = 0; col < view.features; ++col) {
+      const float value = start[row * view.length_stride + col * view.feature_stride];
+      matrix(row, col) = static_cast<Scalar>(round ? ctx.load(value) : value);
+    }
+  }
+  return matrix;
+}
+
+template <typename Scalar>
+void scatter(float* base, const AttentionView& view, int64_t b, int64_t h,
+             const Matrix<Scalar>& matrix, bool accumulate) {
+  float* start = base + b * view.batch_stride + h * view.head_stride;
+  for (int64_t row = 0; row < view.length; ++row) {
+    for (int64_t col = 0; col < view.features; ++col) {
+      float& slot = start[row * view.length_stride + col * view.feature_stride];
+      slot = static_cast<float>(accumulate ? slot + matrix(row, col) : matrix(row, col));
+    }
+  }
+}
+
+template <typename Scalar>
+Matrix<Scalar> round_matrix(const Ctx& ctx, Matrix<Scalar> matrix) {
+  if (ctx.device().bf16_matmul_inputs) {
+    matrix = matrix.unaryExpr(
+        [](Scalar value) { return static_cast<Scalar>(round_bf16(static_cast<float>(value))); });
+  }
+  return matrix;
+}
+
+// Computes in `Scalar`: double for the fp32 reference, float with bf16_matmul_inputs (the MXU's
+// fp32 accumulation) or functional_precision=fast.
+template <typename Scalar>
+class AttentionKernel {
+ public:
+  using RowMatrix = Matrix<Scalar>;
+
+  AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
+    const size_t first = gradient ? 1 : 0;
+    if (gradient) {
+      ctx.expect_counts(5, 6, 3, 4);
+      mla_ = ctx.num_inputs() == 6;
+      if (ctx.num_outputs() != (mla_ ? 4u : 3u)) {
+        ctx.fail("attention gradient outputs are dq, dk, dv[, dk_rope]");
+      }
+    } else {
+      ctx.expect_counts(3, 4, 1, 1);
+      mla_ = ctx.num_inputs() == 4;
+    }
+    q_ = attention_view(ctx, ctx.in_tensor(first), false, true);
+    k_ = attention_view(ctx, ctx.in_tensor(first + 1), true, true);
+    v_ = attention_view(ctx, ctx.in_tensor(first + 2), true, true);
+    if (mla_) {
+      kr_ = attention_view(ctx, ctx.in_tensor(first + 3), true, false);
+    }
+    if (q_.heads_dim->name != "heads") {
+      ctx.fail("the query's heads dim must be named 'heads'");
+    }
+    if (k_.heads_dim->name != v_.heads_dim->name || k_.heads != v_.heads) {
+      ctx.fail("key and value heads differ");
+    }
+    for (const AttentionView* view : {&k_, &v_}) {
+      if (view->batch != q_.batch) {
+        ctx.fail("batch sizes differ between query and key/value");
+      }
+      if (view != &k_ && view->length != k_.length) {
+        ctx.fail("key and value lengths differ");
+      }
+    }
+    d_k_ = k_.features;
+    if (mla_) {
+      if (kr_.batch != q_.batch || kr_.length != k_.length) {
+        ctx.fail("k_rope must match the key's batch and length");
+      }
+      if (q_.features != d_k_ + kr_.features) {
+        ctx.fail("MLA query features must be key features + rope features");
+      }
+    } else if (q_.features != d_k_) {
+      ctx.fail("query and key feature sizes differ");
+    }
+    scale_ = static_cast<Scalar>(ctx.op().attrs.attention_scale);
+    soft_cap_ = static_cast<Scalar>(ctx.op().attrs.logit_soft_cap);
+    // GQA mapping on global head indices.
+    const int64_t query_heads = q_.heads_dim->whole_size();
+    const int64_t kv_heads = k_.heads_dim->whole_size();
+    if (kv_heads <= 0 || query_heads % kv_heads != 0) {
+      ctx.fail("query heads must be a multiple of kv heads");
+    }
+    const int64_t group = query_heads / kv_heads;
+    const int64_t q_offset = ctx.device().offset(*q_.heads_dim);
+    const int64_t kv_offset = ctx.device().offset(*k_.heads_dim);
+    for (int64_t h = 0; h < q_.heads; ++h) {
+      if (q_offset + h >= query_heads) {
+        kv_of_.push_back(-1);  // a padding head (uneven split): zero output and gradients
+        continue;
+      }
+      const int64_t kv = (q_offset + h) / group - kv_offset;
+      if (kv < 0 || kv >= k_.heads) {
+        ctx.fail("query head " + std::to_string(q_offset + h) +
+                 " needs a kv head outside this device's slice");
+      }
+      kv_of_.push_back(kv);
+    }
+    q_position_ = ctx.device().offset(*q_.length_dim);
+    k_position_ = ctx.device().offset(*k_.length_dim);
+    const OpAttrs& attrs = ctx.op().attrs;
+    if ((attrs.mask == AttentionMask::kSlidingWindow || attrs.mask == AttentionMask::kChunked) &&
+        attrs.window <= 0) {
+      ctx.fail("sliding-window and chunked attention need attrs.window > 0");
+    }
+    const Tensor& out_tensor = gradient ? ctx.in_tensor(ctx.num_inputs() - 1) : ctx.out_tensor(0);
+    o_ = attention_view(ctx, out_tensor, false, true);
+    check_same(o_, q_.batch, q_.length, q_.heads, v_.features, "output");
+    if (gradient) {
+      const AttentionView dout = attention_view(ctx, ctx.in_tensor(0), false, true);
+      check_same(dout, q_.batch, q_.length, q_.heads, v_.features, "dout");
+      dout_ = dout;
+      dq_ = attention_view(ctx, ctx.out_tensor(0), false, true);
+      check_same(dq_, q_.batch, q_.length, q_.heads, q_.features, "dq");
+      dk_ = attention_view(ctx, ctx.out_tensor(1), true, true);
+      check_same(dk_, k_.batch, k_.length, k_.heads, k_.features, "dk");
+      dv_ = attention_view(ctx, ctx.out_tensor(2), true, true);
+      check_same(dv_, v_.batch, v_.length, v_.heads, v_.features, "dv");
+      if (mla_) {
+        dkr_ = attention_view(ctx, ctx.out_tensor(3), true, false);
+        check_same(dkr_, kr_.batch, kr_.length, 1, kr_.features, "dk_rope");
+      }
+    }
+  }
+
+  void forward() const {
+    const float* q = ctx_.in(0);
+    const float* k = ctx_.in(1);
+    const float* v = ctx_.in(2);
+    const float* kr = mla_ ? ctx_.in(3) : nullptr;
+    float* out = ctx_.out(0);
+    // One item per (batch, query head): each writes its own block of the output.
+    parallel_for(ctx_.device().threads, q_.batch * q_.heads, [&](int64_t item) {
+      const int64_t b = item / q_.heads;
+      const int64_t h = item % q_.heads;
+      const int64_t kv = kv_of_[static_cast<size_t>(h)];
+      if (kv < 0) {
+        return;
+      }
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+      const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+      const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
+      const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
+      scatter(out, o_, b, h, result, false);
+    });
+  }
+
+  void backward() const {
+    const float* dout = ctx_.in(0);
+    const float* q = ctx_.in(1);
+    const float* k = ctx_.in(2);
+    const float* v = ctx_.in(3);
+    const float* kr = mla_ ? ctx_.in(4) : nullptr;
+    const float* out = ctx_.in(ctx_.num_inputs() - 1);
+    float* dq = ctx_.out(0);
+    float* dk = ctx_.out(1);
+    float* dv = ctx_.out(2);
+    float* dkr = mla_ ? ctx_.out(3) : nullptr;
+    // One item per (batch, kv head) (per batch index with MLA, whose dk_rope sums over every
+    // head): each sums its query heads in ascending order and writes its own blocks.
+    const int64_t groups = mla_ ? 1 : k_.heads;
+    parallel_for(ctx_.device().threads, q_.batch * groups, [&](int64_t item) {
+      const int64_t b = item / groups;
+      const int64_t group = item % groups;
+      const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
+      RowMatrix dk_rope = RowMatrix::Zero(k_.length, mla_ ? kr_.features : 0);
+      // dk, dv of each kv head: summed over the query heads that share it, then written once.
+      std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads));
+      std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads));
+      for (int64_t kv = 0; kv < k_.heads; ++kv) {
+        if (mla_ || kv == group) {
+          dk_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(k_.length, k_.features);
+          dv_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(v_.length, v_.features);
+        }
+      }
+      for (int64_t h = 0; h < q_.heads; ++h) {
+        const int64_t kv = kv_of_[static_cast<size_t>(h)];
+        if (kv < 0 || (!mla_ && kv != group)) {
+          continue;
+        }
+        const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
+        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
+        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+        const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
+        const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
+        RowMatrix cap_slope;
+        const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, &cap_slope);
+        const RowMatrix dv_matrix = round_matrix(ctx_, probabilities).transpose() * dout_matrix;
+        const RowMatrix dp = dout_matrix * v_matrix.transpose();
+        // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
+        const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
+            dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
+        RowMatrix ds = probabilities.cwiseProduct(dp.colwise() - delta) * scale_;
+        if (soft_cap_ > 0) {
+          ds = ds.cwiseProduct(cap_slope);
+        }
+        ds = round_matrix(ctx_, ds);
+        RowMatrix dq_matrix(q_.length, q_.features);
+        dq_matrix.leftCols(d_k_) = ds * k_matrix;
+        const RowMatrix dk_matrix = ds.transpose() * q_matrix.leftCols(d_k_);
+        if (mla_) {
+          dq_matrix.rightCols(kr_.features) = ds * k_rope;
+          dk_rope += ds.transpose() * q_matrix.rightCols(kr_.features);
+        }
+        scatter(dq, dq_, b, h, dq_matrix, false);
+        dk_sum[static_cast<size_t>(kv)] += dk_matrix;
+        dv_sum[static_cast<size_t>(kv)] += dv_matrix;
+      }
+      for (int64_t kv = 0; kv < k_.heads; ++kv) {
+        if (mla_ || kv == group) {
+          scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
+          scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
+        }
+      }
+      if (mla_) {
+        scatter(dkr, dkr_, b, 0, dk_rope, false);
+      }
+    });
+  }
+
+ private:
+  void check_same(const AttentionView& view, int64_t batch, int64_t length, int64_t heads,
+                  int64_t features, const char* what) const {
+    if (view.batch != batch || view.length != length || view.heads != heads ||
+        view.features != features) {
+      ctx_.fail(std::string("attention ") + what + " has the wrong shape");
+    }
+  }
+
+  // The global key positions [first, last) that query position `query` may attend to:
+  // kCausal key <= query; kSlidingWindow also query - key < window; kChunked also
+  // key / window == query / window; kNone every key.
+  std::pair<int64_t, int64_t> allowed_keys(int64_t query) const {
+    const OpAttrs& attrs = ctx_.op().attrs;
+    constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;  // no overflow below
+    switch (attrs.mask) {
+      case AttentionMask::kNone:
+        return {-kUnbounded, kUnbounded};
+      case AttentionMask::kCausal:
+        return {-kUnbounded, query + 1};
+      case AttentionMask::kSlidingWindow:
+        return {query - attrs.window + 1, query + 1};
+      case AttentionMask::kChunked:
+        return {query / attrs.window * attrs.window, query + 1};
+    }
+    return {0, 0};
+  }
+
+  // Masked softmax(scale q k^T) in Scalar, soft-capped first when soft_cap_ > 0; masked entries
+  // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap).
+  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope,
+                    RowMatrix* cap_slope = nullptr) const {
+    RowMatrix scores = q.leftCols(d_k_) * k.transpose();
+    if (mla_) {
+      scores.noalias() += q.rightCols(kr_.features) * k_rope.transpose();
+    }
+    scores *= scale_;
+    if (soft_cap_ > 0) {
+      // MaxText's attn_logits_soft_cap (attention_op.py, the dot-product path, and the splash
+      // kernel's soft cap): after the query scaling and before the mask, logits -> cap tanh(
+      // logits / cap), which bounds them to (-cap, cap).
+      const RowMatrix tanh = (scores / soft_cap_).array().tanh().matrix();
+      scores = tanh * soft_cap_;
+      if (cap_slope != nullptr) {
+        *cap_slope = (Scalar(1) - tanh.array().square()).matrix();
+      }
+    }
+    for (int64_t i = 0; i < scores.rows(); ++i) {
+      // Every mask allows one contiguous range of keys [first, last).
+      const auto [first_key, last_key] = allowed_keys(q_position_ + i);
+      const int64_t first = std::clamp<int64_t>(first_key - k_position_, 0, scores.cols());
+      const int64_t last = std::clamp<int64_t>(last_key - k_position_, first, scores.cols());
+      Scalar max = -std::numeric_limits<Scalar>::infinity();
+      for (int64_t j = first; j < last; ++j) {
+        max = std::max(max, scores(i, j));
+      }
+      Scalar sum = 0;
+      for (int64_t j = 0; j < first; ++j) {
+        scores(i, j) = 0;
+      }
+      for (int64_t j = first; j < last; ++j) {
+        scores(i, j) = std::exp(scores(i, j) - max);
+        sum += scores(i, j);
+      }
+      for (int64_t j = last; j < scores.cols(); ++j) {
+        scores(i, j) = 0;
+      }
+      if (sum > 0) {
+        scores.row(i) /= sum;
+      }
+    }
+    return scores;
+  }
+
+  const Ctx& ctx_;
+  bool mla_ = false;
+  AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
+  int64_t d_k_ = 0;
+  Scalar scale_ = 1;
+  Scalar soft_cap_ = 0;
+  std::vector<int64_t> kv_of_;
+  int64_t q_position_ = 0;
+  int64_t k_position_ = 0;
+};
+
+}  // namespace
+
+void run_attention(const Ctx& ctx) {
+  if (ctx.device().bf16_matmul_inputs || ctx.device().fast_kernels) {
+    AttentionKernel<float>(ctx, false).forward();
+  } else {
+    AttentionKernel<double>(ctx, false).forward();
+  }
+}
+
+void run_attention_grad(const Ctx& ctx) {
+  if (ctx.device().bf16_matmul_inputs || ctx.device().fast_kernels) {
+    AttentionKernel<float>(ctx, true).backward();
+  } else {
+    AttentionKernel<double>(ctx, true).backward();
+  }
+}
+
+}  // namespace tpusim::kernels

@@ -1,0 +1,397 @@
+// sim/functional/kernels/moe.cpp: the token routing of a mixture-of-experts layer: the top-k
+// router (kMoeRouter), the dispatch of token-choices into per-expert slots (kMoeDispatch, with
+// capacity or dropless), the weighted combine back (kMoeCombine), and the VJPs (the same ops in
+// the backward phase, and kRouterGrad). The experts' matmuls are einsums (einsum.cpp).
+//
+// Example: 4 tokens, 2 experts, top_k 1, capacity 2
+//   kMoeRouter(router_logits[tokens, experts]) -> routing[tokens, top_k, 2] = (expert, weight)
+//   kMoeDispatch(x[tokens, embed], routing) -> grouped[experts, expert_tokens=2, embed]
+//   kMoeCombine(expert_out[experts, expert_tokens, embed], routing) -> y[tokens, embed]
+//
+// MoE. routing[token dims, top_k, route=2] (dims "top_k" and "route" by name; the token dims are
+// its other dims): routing[t, c, 0] = expert index (as float), routing[t, c, 1] = weight.
+// kMoeRouter(router_logits[token dims, experts]) -> routing: softmax over "experts" (whole), the
+//   attrs.top_k largest probabilities in descending order (ties: lower index first).
+// kRouterGrad, by input count:
+//   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
+//     probabilities (the selection is piecewise constant; the index channel's gradient is
+//     ignored): dp_e = sum of d_routing[t, c, 1] over the choices c of expert e;
+//     dlogits = p * (dp - sum(p dp)).
+//   (d_combined[token dims, embed], expert_out[experts, expert_tokens, embed], routing) ->
+//     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
+//     choice (0 for dropped ones), channel 0 = 0.
+// Slot assignment (dispatch, combine and their gradients; deterministic): tokens in row-major
+//   order of routing's LOCAL token dims, choices c = 0..top_k-1. The grouped tensor's "experts"
+//   dim must be whole (size E = number of experts); C = its local expert_tokens.
+//   - Capacity (attrs.capacity_factor > 0): a token-choice of expert e takes the next free slot
+//     (e, s) of e, s in [0, C); when e is full it is dropped (contributes nothing).
+//   - Dropless (capacity_factor <= 0): the E x C slots read row-major are rows, in
+//     S = attrs.expert_shards blocks of E/S x C rows, block b for experts [b E/S, (b+1) E/S).
+//     Block b holds the choices of its experts sorted by expert (then token, then choice) from
+//     its first row; the rest of it is empty. Nothing is dropped: more choices than a block holds
+//     is an error (the partitioner sizes C for the worst case), unless
+//     attrs.ragged_buffer_factor > 0 bounded the block: then the choices past its end (the last
+//     in that order) are dropped.
+// kMoeDispatch(x[token dims, embed], routing) -> grouped[experts, expert_tokens, embed]
+//   [, row_experts[experts, expert_tokens]]: grouped[slot] = x[t]; unused slots 0; row_experts
+//   (dropless) = the expert of each slot, -1 when empty. op.phase == kBackward (VJP of combine):
+//   inputs are (d_combined, routing) and grouped[slot] = weight * d_combined[t].
+// kMoeCombine(expert_out, routing) -> y[token dims, embed] = sum over choices of
+//   weight * expert_out[e, slot]. op.phase == kBackward (VJP of dispatch): inputs (d_grouped,
+//   routing) and y = sum over choices of d_grouped[e, slot] (no weight).
+// The non-token dims of the token tensor (embed) and of the grouped tensor other than experts and
+// expert_tokens are matched by name.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/functional/kernels/context.h"
+#include "sim/functional/kernels/families.h"
+
+namespace tpusim::kernels {
+namespace {
+
+struct RoutingLayout {
+  Space tokens;
+  std::vector<int64_t> token_offsets;  // per token (row-major over `tokens`): routing offset
+  int64_t top_k = 0;
+  int64_t choice_stride = 0;
+  int64_t route_stride = 0;
+};
+
+RoutingLayout routing_layout(const Ctx& ctx, const Tensor& routing) {
+  RoutingLayout layout;
+  layout.tokens = space_without(routing, {"top_k", "route"});
+  const Dim& route = ctx.dim(routing, "route");
+  if (route.size != 2) {
+    ctx.fail("routing's route dim must have 2 channels");
+  }
+  layout.top_k = ctx.dim(routing, "top_k").size;
+  layout.choice_stride = ctx.stride(routing, "top_k");
+  layout.route_stride = ctx.stride(routing, "route");
+  const std::array<std::vector<int64_t>, 1> strides = {
+      ctx.strides_in(routing, layout.tokens, true, false)};
+  for_each_index(layout.tokens.sizes, strides,
+                 [&](const std::array<int64_t, 1>& at) { layout.token_offsets.push_back(at[0]); });
+  return layout;
+}
+
+struct Assignment {
+  int64_t expert = 0;
+  int64_t position = 0;  // index in the grouped tensor's experts dim (capacity: the expert)
+  int64_t slot = -1;     // index in its expert_tokens dim; -1: dropped
+  float weight = 0;
+};
+
+class MoeKernel {
+ public:
+  // `token_tensor` / `grouped_tensor`: the [token dims, embed] and [experts, expert_tokens, embed]
+  // tensors of the op; `routing_tensor` with its data.
+  MoeKernel(const Ctx& ctx, const Tensor& token_tensor, const Tensor& grouped_tensor,
+            const Tensor& routing_tensor, const float* routing)
+      : layout_(routing_layout(ctx, routing_tensor)) {
+    token_at_ = offsets_of(ctx, token_tensor, layout_.tokens);
+    const Dim& experts = ctx.dim(grouped_tensor, "experts");
+    if (experts.whole_size() != experts.size) {
+      ctx.fail("the grouped tensor's experts dim must be whole");
+    }
+    experts_ = experts.size;
+    capacity_ = ctx.dim(grouped_tensor, "expert_tokens").size;
+    expert_stride_ = ctx.stride(grouped_tensor, "experts");
+    slot_stride_ = ctx.stride(grouped_tensor, "expert_tokens");
+    const Space features = space_without(grouped_tensor, {"experts", "expert_tokens"});
+    if (token_tensor.dims.size() != layout_.tokens.names.size() + features.names.size()) {
+      ctx.fail("token tensor '" + token_tensor.name +
+               "' must have the routing's token dims and the grouped feature dims");
+    }
+    const std::array<std::vector<int64_t>, 2> strides = {
+        ctx.strides_in(token_tensor, features, true, false),
+        ctx.strides_in(grouped_tensor, features, true, false)};
+    for_each_index(features.sizes, strides,
+                   [&](const std::array<int64_t, 2>& at) { features_.emplace_back(at[0], at[1]); });
+    // Slots.
+    std::vector<int64_t> used(static_cast<size_t>(experts_), 0);
+    for (const int64_t at : layout_.token_offsets) {
+      for (int64_t c = 0; c < layout_.top_k; ++c) {
+        const int64_t base = at + c * layout_.choice_stride;
+        Assignment assignment;
+        assignment.expert = to_index(routing[base]);
+        assignment.position = assignment.expert;
+        assignment.weight = routing[base + layout_.route_stride];
+        if (assignment.expert < 0 || assignment.expert >= experts_) {
+          ctx.fail("routing names expert " + std::to_string(assignment.expert) + " of " +
+                   std::to_string(experts_));
+        }
+        int64_t& count = used[static_cast<size_t>(assignment.expert)];
+        if (count < capacity_) {
+          assignment.slot = count;
+        }
+        ++count;
+        assignments_.push_back(assignment);
+      }
+    }
+    if (ctx.op().attrs.capacity_factor <= 0) {
+      place_dropless(ctx, used);
+    }
+  }
+
+  // The dropless rows (see the slot assignment above); `counts` = choices per expert.
+  void place_dropless(const Ctx& ctx, const std::vector<int64_t>& counts) {
+    const int64_t shards = std::max<int64_t>(1, ctx.op().attrs.expert_shards);
+    if (experts_ % shards != 0) {
+      ctx.fail("the " + std::to_string(experts_) + " experts do not split into " +
+               std::to_string(shards) + " expert shards");
+    }
+    const int64_t shard_experts = experts_ / shards;
+    const int64_t block_rows = shard_experts * capacity_;
+    // First row of each expert within its block.
+    std::vector<int64_t> next(static_cast<size_t>(experts_), 0);
+    for (int64_t shard = 0; shard < shards; ++shard) {
+      int64_t rows = 0;
+      for (int64_t e = shard * shard_experts; e < (shard + 1) * shard_experts; ++e) {
+        next[static_cast<size_t>(e)] = rows;
+        rows += counts[static_cast<size_t>(e)];
+      }
+      if (rows > block_rows && ctx.op().attrs.ragged_buffer_factor <= 0) {
+        ctx.fail("dropless MoE: " + std::to_string(rows) + " token choices for expert shard " +
+                 std::to_string(shard) + " exceed its " + std::to_string(block_rows) + " rows");
+      }
+    }
+    for (Assignment& assignment : assignments_) {
+      const int64_t shard = assignment.expert / shard_experts;
+      const int64_t rank = next[static_cast<size_t>(assignment.expert)]++;
+      if (rank >= block_rows) {
+        assignment.slot = -1;  // beyond a bounded buffer (ragged_buffer_factor): dropped
+        continue;
+      }
+      const int64_t row = shard * block_rows + rank;
+      assignment.position = row / capacity_;
+      assignment.slot = row % capacity_;
+    }
+  }
+
+  // row_experts[position, slot] = the expert of each used row, -1 elsewhere.
+  void row_experts(const Ctx& ctx, const Tensor& rows_tensor, float* rows) const {
+    Space space;
+    space.add("experts", experts_);
+    space.add("expert_tokens", capacity_);
+    const std::vector<int64_t> strides = ctx.strides_in(rows_tensor, space, true, true);
+    for (int64_t position = 0; position < experts_; ++position) {
+      for (int64_t slot = 0; slot < capacity_; ++slot) {
+        rows[position * strides[0] + slot * strides[1]] = -1.0f;
+      }
+    }
+    for (const Assignment& assignment : assignments_) {
+      if (assignment.slot >= 0) {
+        rows[assignment.position * strides[0] + assignment.slot * strides[1]] =
+            static_cast<float>(assignment.expert);
+      }
+    }
+  }
+
+  // grouped[e, slot] = (weighted ? weight : 1) * tokens[t].
+  void dispatch(const float* tokens, float* grouped, bool weighted) const {
+    for_each_kept([&](int64_t token_at, int64_t grouped_at, const Assignment& assignment) {
+      const float factor = weighted ? assignment.weight : 1.0f;
+      for (const auto& [t, g] : features_) {
+        grouped[grouped_at + g] = factor * tokens[token_at + t];
+      }
+    });
+  }
+
+  // tokens[t] += (weighted ? weight : 1) * grouped[e, slot].
+  void combine(const float* grouped, float* tokens, bool weighted) const {
+    for_each_kept([&](int64_t token_at, int64_t grouped_at, const Assignment& assignment) {
+      const float factor = weighted ? assignment.weight : 1.0f;
+      for (const auto& [t, g] : features_) {
+        tokens[token_at + t] += factor * grouped[grouped_at + g];
+      }
+    });
+  }
+
+  // d_routing channel 1 = <d_combined[t], expert_out[e, slot]>.
+  void weight_grad(const float* d_combined, const float* expert_out, float* d_routing) const {
+    size_t index = 0;
+    for (size_t token = 0; token < token_at_.size(); ++token) {
+      for (int64_t c = 0; c < layout_.top_k; ++c, ++index) {
+        const Assignment& assignment = assignments_[index];
+        if (assignment.slot < 0) {
+          continue;
+        }
+        const int64_t grouped_at =
+            assignment.position * expert_stride_ + assignment.slot * slot_stride_;
+        double dot = 0;
+        for (const auto& [t, g] : features_) {
+          dot += static_cast<double>(d_combined[token_at_[token] + t]) * expert_out[grouped_at + g];
+        }
+        d_routing[layout_.token_offsets[token] + c * layout_.choice_stride + layout_.route_stride] =
+            static_cast<float>(dot);
+      }
+    }
+  }
+
+ private:
+  template <typename Body>
+  void for_each_kept(Body&& body) const {
+    size_t index = 0;
+    for (size_t token = 0; token < token_at_.size(); ++token) {
+      for (int64_t c = 0; c < layout_.top_k; ++c, ++index) {
+        const Assignment& assignment = assignments_[index];
+        if (assignment.slot >= 0) {
+          body(token_at_[token],
+               assignment.position * expert_stride_ + assignment.slot * slot_stride_, assignment);
+        }
+      }
+    }
+  }
+
+  RoutingLayout layout_;
+  std::vector<int64_t> token_at_;
+  int64_t experts_ = 0;
+  int64_t capacity_ = 0;
+  int64_t expert_stride_ = 0;
+  int64_t slot_stride_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> features_;  // (token tensor, grouped tensor) offsets
+  std::vector<Assignment> assignments_;
+};
+
+// Softmax probabilities of one token's router logits and its top-k experts.
+struct RouterRow {
+  std::vector<double> probabilities;
+  std::vector<int64_t> chosen;
+};
+
+RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int64_t top_k) {
+  RouterRow row;
+  row.probabilities.resize(static_cast<size_t>(experts));
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t e = 0; e < experts; ++e) {
+    max = std::max(max, static_cast<double>(logits[e * stride]));
+  }
+  double sum = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    row.probabilities[static_cast<size_t>(e)] = std::exp(logits[e * stride] - max);
+    sum += row.probabilities[static_cast<size_t>(e)];
+  }
+  for (double& p : row.probabilities) {
+    p /= sum;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    order[static_cast<size_t>(e)] = e;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t lhs, int64_t rhs) {
+    return row.probabilities[static_cast<size_t>(lhs)] >
+           row.probabilities[static_cast<size_t>(rhs)];
+  });
+  order.resize(static_cast<size_t>(top_k));
+  row.chosen = order;
+  return row;
+}
+
+void run_router(const Ctx& ctx, bool gradient) {
+  // Forward: (logits) -> routing; gradient: (d_routing, logits) -> d_logits.
+  const Tensor& logits = ctx.in_tensor(gradient ? 1 : 0);
+  const Tensor& routing = gradient ? ctx.in_tensor(0) : ctx.out_tensor(0);
+  const RoutingLayout layout = routing_layout(ctx, routing);
+  const Dim& experts = ctx.dim(logits, "experts");
+  if (experts.whole_size() != experts.size) {
+    ctx.fail("the router's experts dim must be whole");
+  }
+  if (layout.top_k > experts.size ||
+      (ctx.op().attrs.top_k > 0 && ctx.op().attrs.top_k != layout.top_k)) {
+    ctx.fail("routing top_k does not match attrs.top_k or the experts");
+  }
+  Space all = layout.tokens;
+  all.add("experts", experts.size);
+  ctx.strides_in(logits, all, true, true);
+  const std::vector<int64_t> logits_at = offsets_of(ctx, logits, layout.tokens);
+  const int64_t stride = ctx.stride(logits, "experts");
+  const float* logit_values = ctx.in(gradient ? 1 : 0);
+  if (!gradient) {
+    float* out = ctx.out(0);
+    for (size_t token = 0; token < logits_at.size(); ++token) {
+      const RouterRow row =
+          route_token(logit_values + logits_at[token], experts.size, stride, layout.top_k);
+      for (int64_t c = 0; c < layout.top_k; ++c) {
+        const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
+        const int64_t expert = row.chosen[static_cast<size_t>(c)];
+        out[base] = static_cast<float>(expert);
+        out[base + layout.route_stride] =
+            static_cast<float>(row.probabilities[static_cast<size_t>(expert)]);
+      }
+    }
+    return;
+  }
+  const Tensor& d_logits_tensor = ctx.out_tensor(0);
+  ctx.strides_in(d_logits_tensor, all, true, true);
+  const std::vector<int64_t> d_at = offsets_of(ctx, d_logits_tensor, layout.tokens);
+  const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
+  const float* d_routing = ctx.in(0);
+  float* d_logits = ctx.out(0);
+  for (size_t token = 0; token < logits_at.size(); ++token) {
+    const RouterRow row =
+        route_token(logit_values + logits_at[token], experts.size, stride, layout.top_k);
+    std::vector<double> dp(static_cast<size_t>(experts.size), 0.0);
+    for (int64_t c = 0; c < layout.top_k; ++c) {
+      const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
+      dp[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])] +=
+          d_routing[base + layout.route_stride];
+    }
+    double inner = 0;
+    for (int64_t e = 0; e < experts.size; ++e) {
+      inner += row.probabilities[static_cast<size_t>(e)] * dp[static_cast<size_t>(e)];
+    }
+    for (int64_t e = 0; e < experts.size; ++e) {
+      d_logits[d_at[token] + e * d_stride] = static_cast<float>(
+          row.probabilities[static_cast<size_t>(e)] * (dp[static_cast<size_t>(e)] - inner));
+    }
+  }
+}
+
+}  // namespace
+
+void run_moe_router(const Ctx& ctx) {
+  ctx.expect_counts(1, 1, 1, 1);
+  run_router(ctx, false);
+}
+
+void run_router_grad(const Ctx& ctx) {
+  ctx.expect_counts(2, 3, 1, 1);
+  if (ctx.num_inputs() == 2) {
+    run_router(ctx, true);
+    return;
+  }
+  // (d_combined, expert_out, routing) -> d_routing.
+  const Tensor& routing = ctx.in_tensor(2);
+  if (!same_dims(ctx.out_tensor(0), routing)) {
+    ctx.fail("d_routing must have the routing's dims");
+  }
+  const MoeKernel kernel(ctx, ctx.in_tensor(0), ctx.in_tensor(1), routing, ctx.in(2));
+  kernel.weight_grad(ctx.in(0), ctx.in(1), ctx.out(0));
+}
+
+void run_moe_dispatch(const Ctx& ctx) {
+  ctx.expect_counts(2, 2, 1, 2);
+  const MoeKernel kernel(ctx, ctx.in_tensor(0), ctx.out_tensor(0), ctx.in_tensor(1), ctx.in(1));
+  kernel.dispatch(ctx.in(0), ctx.out(0), ctx.op().phase == Phase::kBackward);
+  if (ctx.num_outputs() == 2) {
+    if (ctx.op().attrs.capacity_factor > 0) {
+      ctx.fail("row_experts belong to a dropless dispatch (capacity_factor <= 0)");
+    }
+    kernel.row_experts(ctx, ctx.out_tensor(1), ctx.out(1));
+  }
+}
+
+void run_moe_combine(const Ctx& ctx) {
+  ctx.expect_counts(2, 2, 1, 1);
+  const MoeKernel kernel(ctx, ctx.out_tensor(0), ctx.in_tensor(0), ctx.in_tensor(1), ctx.in(1));
+  kernel.combine(ctx.in(0), ctx.out(0), ctx.op().phase != Phase::kBackward);
+}
+
+}  // namespace tpusim::kernels
