@@ -777,6 +777,19 @@ Config candidate_config(const Config& config, const SearchSpace& space,
 
 namespace {
 
+// Thins `samples` to at most `most` (0: no limit) by a fixed stride, keeping their order.
+void thin_samples(std::vector<ExploreSample>& samples, size_t most) {
+  if (most == 0 || samples.size() <= most) {
+    return;
+  }
+  std::vector<ExploreSample> thinned;
+  thinned.reserve(most);
+  for (size_t index = 0; index < most; ++index) {
+    thinned.push_back(samples[index * samples.size() / most]);
+  }
+  samples = std::move(thinned);
+}
+
 ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   if (options.objective == ExploreObjective::kTokensPerDollar) {
@@ -887,14 +900,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
     merged.samples_seen = seen;
   }
   // Each worker kept up to max_samples; thin the union to max_samples by a fixed stride.
-  if (options.max_samples > 0 && merged.samples.size() > options.max_samples) {
-    std::vector<ExploreSample> thinned;
-    thinned.reserve(options.max_samples);
-    for (size_t index = 0; index < options.max_samples; ++index) {
-      thinned.push_back(merged.samples[index * merged.samples.size() / options.max_samples]);
-    }
-    merged.samples = std::move(thinned);
-  }
+  thin_samples(merged.samples, options.max_samples);
   result.samples = std::move(merged.samples);
   result.samples_seen = merged.samples_seen;
   result.candidates_evaluated = merged.evaluated;
@@ -1129,14 +1135,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     everything.resize(static_cast<size_t>(options.top));
   }
   merged.top = std::move(everything);
-  if (options.max_samples > 0 && merged.samples.size() > options.max_samples) {
-    std::vector<ExploreSample> thinned;
-    thinned.reserve(options.max_samples);
-    for (size_t index = 0; index < options.max_samples; ++index) {
-      thinned.push_back(merged.samples[index * merged.samples.size() / options.max_samples]);
-    }
-    merged.samples = std::move(thinned);
-  }
+  thin_samples(merged.samples, options.max_samples);
   merged.elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return merged;
