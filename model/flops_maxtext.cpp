@@ -87,15 +87,15 @@ struct AttentionLayerCounts {
 
 // Which layers use sliding-window attention, per MaxText's accounting: gemma2 alternates
 // (local, global); gemma3 has one global layer per 6; gpt_oss one per
-// inhomogeneous_layer_cycle_interval. olmo3 (one global per inhomogeneous_layer_cycle_interval)
-// is an assumption: that MaxText counts its windows as it does gpt_oss's; with
-// max_target_length <= sliding_window_size (4096) both ways give the same count. Other blocks count
-// every layer as global, whatever attention_type says (MaxText does the same).
+// inhomogeneous_layer_cycle_interval (MaxText PRs #2009/#2030 name only these blocks). olmo3's
+// sliding-window layers are counted as global too: beyond its 4096-token window MaxText's logged
+// TFLOP/s count more attention than the model does (the program computes the windows). Other blocks
+// count every layer as global, whatever attention_type says (MaxText does the same).
 AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
   const bool windowed_block = dims.decoder_block == "gemma2" || dims.decoder_block == "gemma3" ||
                               dims.decoder_block == "gemma4" ||
                               dims.decoder_block == "gemma4_small" ||
-                              dims.decoder_block == "gpt_oss" || dims.decoder_block == "olmo3";
+                              dims.decoder_block == "gpt_oss";
   if (windowed_block && dims.sliding_window_size <= 0) {
     return {num_layers, 0, 0};  // no window: every layer global, as the model builder lays it
   }
@@ -112,7 +112,7 @@ AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_l
     pattern_length = kGemma3AttentionPatternLength;
   } else if (dims.decoder_block == "gemma4_small") {
     pattern_length = kGemma4SmallAttentionPatternLength;
-  } else if (dims.decoder_block == "gpt_oss" || dims.decoder_block == "olmo3") {
+  } else if (dims.decoder_block == "gpt_oss") {
     pattern_length = dims.inhomogeneous_layer_cycle_interval;
     if (pattern_length < 1) {
       throw UserError("inhomogeneous_layer_cycle_interval: " + std::to_string(pattern_length) +
