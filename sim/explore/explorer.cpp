@@ -16,14 +16,12 @@
 
 #include "common/error.h"
 #include "hw/chip_spec.h"
-#include "model/builder/layer_plan.h"
 #include "model/config.h"
 #include "model/flops_maxtext.h"
-#include "model/model_dims.h"
-#include "model/pipeline_schedule.h"
 #include "sharding/logical_rules.h"
 #include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
+#include "sim/explore/pipeline_schedules.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/functional/transport.h"
 #include "sim/memory/memory_model.h"
@@ -34,8 +32,6 @@ namespace tpusim {
 namespace {
 
 constexpr const char* kExploreOrigin = "explore";
-// Keys the user gave (Config's origin for them), which the search keeps as they are.
-constexpr const char* kCommandLineOrigin = "command line";
 constexpr const char* kAxisDoesNotDivide = "axis_does_not_divide";
 constexpr const char* kSamePlacement = "same_placement";
 constexpr const char* kWeightsExceedHbm = "weights_exceed_hbm";
@@ -950,125 +946,12 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   return result;
 }
 
-// The pipeline schedules to search: (stages, microbatches, layers per stage), stages 1 first.
-struct ScheduleChoice {
-  int64_t stages = 1;
-  int64_t microbatches = -1;
-  int64_t layers_per_stage = 1;
-};
-
-std::vector<ScheduleChoice> schedule_choices(const Config& config, std::vector<std::string>& keys) {
-  const bool ici_pinned = config.has("ici_pipeline_parallelism") &&
-                          config.origin("ici_pipeline_parallelism") == kCommandLineOrigin;
-  const bool dcn_pinned = config.has("dcn_pipeline_parallelism") &&
-                          config.origin("dcn_pipeline_parallelism") == kCommandLineOrigin;
-  const int64_t ici = config.get_int("ici_pipeline_parallelism");
-  const int64_t dcn = config.get_int("dcn_pipeline_parallelism");
-  const int64_t slices = std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
-  std::vector<int64_t> stage_counts;
-  if (ici_pinned || dcn_pinned || slices == 1 || ici != 1) {
-    stage_counts = {std::max<int64_t>(1, ici) * std::max<int64_t>(1, dcn)};
-  } else {
-    for (int64_t stages = 1; stages <= slices; ++stages) {
-      if (slices % stages == 0) {
-        stage_counts.push_back(stages);
-      }
-    }
-    keys.emplace_back("dcn_pipeline_parallelism");
-  }
-  auto pinned = [&](const char* key) {
-    return config.has(key) && config.origin(key) == kCommandLineOrigin;
-  };
-  const bool microbatches_pinned = pinned("num_pipeline_microbatches");
-  const bool layers_pinned =
-      pinned("num_layers_per_pipeline_stage") || pinned("num_pipeline_repeats");
-  const int64_t layers = ModelDims::from_config(config).num_layers;
-  const bool alike = plan_layers(config).size() == 1;
-  std::vector<ScheduleChoice> choices;
-  bool searched_schedule = false;
-  for (const int64_t stages : stage_counts) {
-    if (stages == 1) {
-      choices.push_back({1, config.get_int("num_pipeline_microbatches"),
-                         config.get_int("num_layers_per_pipeline_stage")});
-      continue;
-    }
-    if (!alike && !(ici_pinned || dcn_pinned)) {
-      continue;  // pipelining is modeled for models whose layers are all alike
-    }
-    std::vector<int64_t> per_stage = {config.get_int("num_layers_per_pipeline_stage")};
-    if (!layers_pinned) {
-      per_stage = {1};
-      if (layers % stages == 0 && layers / stages > 1) {
-        per_stage.push_back(layers / stages);
-      }
-    }
-    std::vector<int64_t> microbatches = {config.get_int("num_pipeline_microbatches")};
-    if (!microbatches_pinned) {
-      microbatches = {stages, 2 * stages, 4 * stages};
-    }
-    for (const int64_t layers_per_stage : per_stage) {
-      if (layers % (stages * layers_per_stage) != 0 && !layers_pinned) {
-        continue;
-      }
-      for (const int64_t count : microbatches) {
-        choices.push_back({stages, count, layers_per_stage});
-        searched_schedule = true;
-      }
-    }
-  }
-  if (searched_schedule && !microbatches_pinned) {
-    keys.emplace_back("num_pipeline_microbatches");
-  }
-  if (searched_schedule && !layers_pinned) {
-    keys.emplace_back("num_layers_per_pipeline_stage");
-  }
-  return choices;
-}
-
-PipelineOption summarize(const ScheduleChoice& choice, const Config& config,
-                         const ExploreResult& result) {
-  PipelineOption option;
-  option.stages = choice.stages;
-  option.microbatches = choice.stages > 1 ? choice.microbatches : 0;
-  option.layers_per_stage = choice.stages > 1 ? choice.layers_per_stage : 0;
-  option.schedule = "no pipeline";
-  if (choice.stages > 1) {
-    PipelineSchedule schedule;
-    schedule.stages = choice.stages;
-    schedule.layers_per_stage = choice.layers_per_stage;
-    schedule.layers = ModelDims::from_config(config).num_layers;
-    schedule.repeats = schedule.layers / (choice.stages * choice.layers_per_stage);
-    schedule.microbatches = choice.microbatches;
-    schedule.forwarding_delay = config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1;
-    option.schedule = schedule.describe();
-  }
-  option.candidates = result.candidates_in_space;
-  if (result.top.empty()) {
-    return option;
-  }
-  const RankedCandidate& best = result.top.front();
-  option.found = true;
-  option.step_time_s = best.step_time_s;
-  option.objective = best.objective;
-  option.args = best.args;
-  for (const auto& [label, seconds] : best.estimate["breakdown"].items()) {
-    if (label == "pipeline_bubble") {
-      option.bubble_s += seconds.get<double>();
-    } else if (label.starts_with("exposed_") && label.ends_with("_stage")) {
-      option.stage_transfers_s += seconds.get<double>();
-    } else if (label == "exposed_dcn_gradient_reduction") {
-      option.gradient_reduction_s += seconds.get<double>();
-    }
-  }
-  return option;
-}
-
 }  // namespace
 
 ExploreResult explore(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::string> schedule_keys;
-  const std::vector<ScheduleChoice> choices = schedule_choices(config, schedule_keys);
+  const std::vector<ScheduleChoice> choices = pipeline_schedule_choices(config, schedule_keys);
   if (choices.size() == 1 && choices.front().stages == 1) {
     ExploreResult result = explore_one_schedule(config, options);
     return result;
@@ -1077,18 +960,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   std::vector<RankedCandidate> everything;
   std::optional<UserError> first_error;
   for (const ScheduleChoice& choice : choices) {
-    Config scheduled = config;
-    if (choice.stages > 1) {
-      const bool dcn = config.get_int("ici_pipeline_parallelism") == 1;
-      scheduled.set(
-          dcn ? "dcn_pipeline_parallelism" : "ici_pipeline_parallelism",
-          std::to_string(dcn ? choice.stages : config.get_int("ici_pipeline_parallelism")),
-          kCommandLineOrigin);
-      scheduled.set("num_pipeline_microbatches", std::to_string(choice.microbatches),
-                    kCommandLineOrigin);
-      scheduled.set("num_layers_per_pipeline_stage", std::to_string(choice.layers_per_stage),
-                    kCommandLineOrigin);
-    }
+    const Config scheduled = with_schedule(config, choice);
     ExploreResult part;
     try {
       part = explore_one_schedule(scheduled, options);
@@ -1100,7 +972,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
       }
       continue;
     }
-    merged.pipeline_options.push_back(summarize(choice, scheduled, part));
+    merged.pipeline_options.push_back(summarize_schedule(choice, scheduled, part));
     if (merged.pipeline_options.size() == 1) {
       merged.space = part.space;
       merged.objective = part.objective;
