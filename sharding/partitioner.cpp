@@ -231,16 +231,21 @@ class Partitioner {
     attrs.group_size = mesh_.shape.size("stage");
     attrs.every = region.pipeline.layers_per_stage;
     current_phase_ = region.phase;
+    // Forward: the stage output to the next stage, the input stream toward stage 0, the last
+    // stage's output to stage 0's storage; the backward loop sends their gradients back.
+    const int64_t forward = region.phase == Phase::kForward ? 1 : -1;
+    attrs.ring_shift = forward;
     add_op(OpKind::kCollectivePermute, local_from.name + "/stage_permute", {source}, {moved}, attrs,
            from.region);
-    std::vector<std::string> side = {"/stream_permute"};
+    std::vector<std::pair<std::string, int64_t>> side = {{"/stream_permute", -forward}};
     if (region.pipeline.circular_storage) {
-      side.emplace_back("/storage_permute");
+      side.emplace_back("/storage_permute", forward);
     }
-    for (const std::string& suffix : side) {
+    for (const auto& [suffix, shift] : side) {
       const TensorId buffer =
           out_.add_tensor(local_from.name + suffix, local_from.dims, local_from.dtype,
                           TensorKind::kActivation, from.region);
+      attrs.ring_shift = shift;
       add_op(OpKind::kCollectivePermute, local_from.name + suffix, {source}, {buffer}, attrs,
              from.region);
     }

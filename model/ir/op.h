@@ -139,6 +139,9 @@ struct OpAttrs {
   // The op runs in this share of its region's iterations, wherever they fall (a pipeline stage's
   // weight gathers under pipeline_fsdp_ag_once: once per layer it holds, not per iteration).
   double iteration_share = 1;
+  // A collective permute around its group's ring (a pipeline's hand-over over `stage`): member p
+  // receives the input of member p - ring_shift (mod the group). 0: a permute between layouts.
+  int64_t ring_shift = 0;
 };
 
 struct Op {

@@ -397,6 +397,22 @@ void combine_collective(const Graph& graph, const Op& op,
   if (output.shape != layouts.output_shape || output.size() != output_count) {
     output = TensorData::zeros(layouts.output_shape);
   }
+  if (op.kind == OpKind::kCollectivePermute && op.attrs.ring_shift != 0) {
+    // Around the ring: the member ring_shift positions before this one sends its whole input.
+    const auto size = static_cast<int64_t>(members.size());
+    int64_t position = -1;
+    for (int64_t member = 0; member < size; ++member) {
+      if (members[static_cast<size_t>(member)]->device == self.device) {
+        position = member;
+      }
+    }
+    if (position < 0 || layouts.input_shape != layouts.output_shape) {
+      fail(op, "a ring permute needs the device in its group and equal input and output shapes");
+    }
+    const int64_t source = ((position - op.attrs.ring_shift) % size + size) % size;
+    output.values = member_inputs[static_cast<size_t>(source)]->values;
+    return;
+  }
   switch (op.kind) {
     case OpKind::kAllGather:
     case OpKind::kAllToAll:

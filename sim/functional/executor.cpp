@@ -138,7 +138,12 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
     const Tensor& to = graph_.tensor(carry.to);
     const bool into = region_chunks_[static_cast<size_t>(to.region)] > 1;
     const bool out = region_chunks_[static_cast<size_t>(from.region)] > 1;
-    const bool chunked = from.num_elements() != to.num_elements() || (into != out);
+    // A pipeline loop's carries (into it, out of it, around it) are its own to move
+    // (sim/functional/pipeline_loop.cpp).
+    const bool pipeline =
+        graph_.region(to.region).pipelined() || graph_.region(from.region).pipelined();
+    pipeline_carry_.push_back(pipeline);
+    const bool chunked = !pipeline && (from.num_elements() != to.num_elements() || (into != out));
     chunked_carry_.push_back(chunked);
     if (!chunked) {
       continue;
@@ -198,7 +203,12 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
 }
 
 Executor::Key Executor::key(TensorId id) const {
-  return {id, per_layer_[static_cast<size_t>(id)] ? layer_ : 0};
+  const auto index = static_cast<size_t>(id);
+  if (!per_layer_[index]) {
+    return {id, 0};
+  }
+  // In a pipeline loop the stage's layers are its parameter slots, not the loop's iterations.
+  return {id, weight_slot_ >= 0 && persistent_[index] ? weight_slot_ : layer_};
 }
 
 TensorData& Executor::allocate(TensorId id) {
@@ -260,6 +270,12 @@ bool Executor::owns_global_element(const Tensor& tensor) const {
   for (const Dim& dim : tensor.dims) {
     split.insert(dim.sharded_over.begin(), dim.sharded_over.end());
   }
+  // A pipeline stage's layers are its own: the stage axis splits them by layer.
+  const Region& owner = graph_.region(tensor.region);
+  const int forward = owner.phase == Phase::kForward ? tensor.region : owner.forward_region;
+  if (forward >= 0 && graph_.region(forward).pipelined()) {
+    split.insert("stage");
+  }
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     if (device_.sizes[static_cast<size_t>(axis)] > 1 &&
         !split.contains(mesh_axis_names()[static_cast<size_t>(axis)]) &&
@@ -278,7 +294,7 @@ void Executor::initialize_parameters(uint64_t seed) {
     if (info.phase != Phase::kForward) {
       continue;
     }
-    const int64_t layers = info.shared_parameters ? 1 : info.repeat;
+    const int64_t layers = info.parameter_sets();
     for (const Tensor& tensor : graph_.tensors()) {
       const bool state =
           graph_.producer(tensor.id) < 0 &&
@@ -297,7 +313,9 @@ void Executor::initialize_parameters(uint64_t seed) {
           throw std::logic_error("functional engine: no initializer for parameter '" + key + "'");
         }
         const ParameterInit& init = found->second;
-        const uint64_t name = fnv1a(tensor.name) ^ splitmix64(static_cast<uint64_t>(layer_));
+        // By the model's layer: a pipeline stage's slot r k + j is layer r S k + s k + j.
+        const uint64_t name =
+            fnv1a(tensor.name) ^ splitmix64(static_cast<uint64_t>(model_layer(region, layer_)));
         // Each element from its GLOBAL index: every sharding draws the same model. Constants fill
         // the padding of an uneven split too (as before); random draws leave it zero.
         device_.for_each_global_element(tensor, [&](int64_t local_flat, int64_t global_flat) {
@@ -418,6 +436,10 @@ void Executor::run_op(const Op& op, int microbatch) {
 
 void Executor::run_region(int region, int microbatch) {
   const Region& info = graph_.region(region);
+  if (info.pipelined()) {
+    run_pipeline_loop(region, microbatch);
+    return;
+  }
   std::vector<const Op*> ops;
   for (const Op& op : graph_.ops()) {
     if (op.region == region) {
@@ -441,7 +463,8 @@ void Executor::run_region(int region, int microbatch) {
     // region's previous iteration afterwards. (Chunked ones are moved chunk by chunk.)
     for (size_t index = 0; index < carries.size(); ++index) {
       const Graph::Carry& carry = carries[index];
-      if (graph_.tensor(carry.to).region != region || chunked_carry_[index]) {
+      if (graph_.tensor(carry.to).region != region || chunked_carry_[index] ||
+          pipeline_carry_[index]) {
         continue;
       }
       const bool same_region = graph_.tensor(carry.from).region == region;
@@ -607,8 +630,8 @@ std::vector<Executor::NamedState> Executor::state() {
         graph_.producer(tensor.id) < 0 &&
         (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kOptimizerState);
     if (state) {
-      result.push_back(
-          {graph_.region(tensor.region).name + "/" + tensor.name, slot.second, &tensor, &data});
+      result.push_back({graph_.region(tensor.region).name + "/" + tensor.name,
+                        model_layer(tensor.region, slot.second), slot.second, &tensor, &data});
     }
   }
   return result;
@@ -620,7 +643,8 @@ std::vector<Executor::NamedState> Executor::gradients() {
     const Tensor& tensor = graph_.tensor(parameter);
     for (auto& [slot, data] : values_) {
       if (slot.first == grad) {
-        result.push_back({graph_.region(tensor.region).name + "/" + tensor.name, slot.second,
+        result.push_back({graph_.region(tensor.region).name + "/" + tensor.name,
+                          model_layer(tensor.region, slot.second), slot.second,
                           &graph_.tensor(grad), &data});
       }
     }

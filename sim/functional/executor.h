@@ -81,14 +81,19 @@ class Executor {
 
   // Parameter and moment state by (tensor name, layer), for checkpoints and comparisons.
   struct NamedState {
-    std::string name;  // "<region>/<tensor>"
-    int64_t layer = 0;
+    std::string name;   // "<region>/<tensor>"
+    int64_t layer = 0;  // the model's layer (a pipeline stage's slot r k + j: r S k + s k + j)
+    int64_t slot = 0;   // this device's slot of it
     const Tensor* tensor = nullptr;  // local tensor (dims with offsets)
     TensorData* data = nullptr;
   };
   std::vector<NamedState> state();
   // Gradients by parameter (after compute_gradients), same naming.
   std::vector<NamedState> gradients();
+
+  // The model's layer of parameter slot `slot` of `tensor` on `device` (the same program on
+  // every device; a pipeline stage's slots hold its own layers).
+  int64_t model_layer_on(const Tensor& tensor, int64_t slot, const DeviceContext& device) const;
 
   const ExecutionCounters& counters() const { return counters_; }
   const DeviceContext& device() const { return device_; }
@@ -107,6 +112,20 @@ class Executor {
   // Moves chunk chunk_ of a chunked carry: into its chunk-sized end, or (from_chunk) out of it.
   void copy_chunk(const Graph::Carry& carry, bool from_chunk);
   void run_op(const Op& op, int microbatch);
+  // A pipeline stage's loop, forward or backward (sim/functional/pipeline_loop.cpp).
+  void run_pipeline_loop(int region, int microbatch);
+  void run_forward_loop(int region, int microbatch);
+  void run_backward_loop(int region, int microbatch);
+  // Runs a hand-over permute of the loop on `input` (not the op's own input tensor, which only
+  // sizes it), counting its bytes as run_op does.
+  TensorData hand_over(const Op& op, const TensorData& input);
+  // The model's layer number of parameter slot `slot` of `region` (a pipeline stage holds layers
+  // r S k + s k + j in slots r k + j; elsewhere the slot is the layer).
+  int64_t model_layer(int region, int64_t slot) const {
+    return model_layer_on(graph_.tensor(0), slot, device_, region);
+  }
+  int64_t model_layer_on(const Tensor& tensor, int64_t slot, const DeviceContext& device,
+                         int region) const;
   bool owns_global_element(const Tensor& tensor) const;
 
   const StepProgram& program_;
@@ -115,6 +134,7 @@ class Executor {
   Communicator& communicator_;
   std::vector<int64_t> region_chunks_;  // T for the regions of a chunked head, else 1
   std::vector<bool> chunked_carry_;     // by carry index: its ends differ in size (a chunk)
+  std::vector<bool> pipeline_carry_;    // by carry index: into, out of or around a pipeline loop
   std::vector<std::vector<TensorId>> summed_over_chunks_;  // by region: gradients handed out
   std::map<TensorId, TensorData> chunk_sums_;
   int64_t chunk_ = 0;                              // chunk of the region iteration being run
@@ -132,8 +152,9 @@ class Executor {
   std::map<Key, TensorData> accumulated_;  // gradients summed over microbatches
   std::vector<std::vector<int32_t>> tokens_;
   std::vector<std::vector<int32_t>> targets_;
-  int64_t layer_ = 0;   // layer of the region iteration being run
-  TensorId loss_ = -1;  // local tensor holding the complete loss
+  int64_t layer_ = 0;         // layer of the region iteration being run
+  int64_t weight_slot_ = -1;  // in a pipeline loop: the parameter slot of this iteration
+  TensorId loss_ = -1;        // local tensor holding the complete loss
   double loss_sum_ = 0;
   DeviceContext::Optimizer optimizer_;
   ExecutionCounters counters_;

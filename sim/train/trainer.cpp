@@ -222,12 +222,28 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
       identity_({{"model_name", config.get_string("model_name")},
                  {"model_config", model_identity(config)}}) {
   if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
+    // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp) in one process,
+    // without delayed forwarding or a chunked head.
     const bool dcn = config.get_int("dcn_pipeline_parallelism") > 1;
-    throw UserError(std::string(dcn ? "dcn" : "ici") + "_pipeline_parallelism=" +
-                    std::to_string(dcn ? config.get_int("dcn_pipeline_parallelism")
-                                       : config.get_int("ici_pipeline_parallelism")) +
-                    ": tpusim train does not run pipeline stages yet (estimate and explore model "
-                    "them); use 1");
+    const std::string key = std::string(dcn ? "dcn" : "ici") + "_pipeline_parallelism";
+    const std::string stages = std::to_string(config.get_int(key));
+    if (transport_->num_ranks() > 1) {
+      throw UserError(key + "=" + stages +
+                          ": tpusim train runs pipeline stages in one process, "
+                          "not over MPI ranks yet",
+                      key);
+    }
+    if (pipeline.forwarding_delay > 1) {
+      throw UserError(
+          "pipeline_delay_activation_forwarding: true is not computed by tpusim train "
+          "(estimate and explore model it)",
+          "pipeline_delay_activation_forwarding");
+    }
+    if (config.get_int("num_vocab_tiling") > 1) {
+      throw UserError("num_vocab_tiling: " + std::to_string(config.get_int("num_vocab_tiling")) +
+                          " with pipeline stages is not computed by tpusim train",
+                      "num_vocab_tiling");
+    }
   }
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     sizes_[static_cast<size_t>(axis)] = program_.mesh.shape.size(axis);
@@ -414,8 +430,11 @@ std::map<std::string, std::vector<float>> ShardedModel::gather_global(bool gradi
       if (cursor[rank] + count > by_rank[rank].size()) {
         throw std::logic_error("gather: rank " + std::to_string(rank) + " sent too few values");
       }
+      // The layer by this device's place in the pipeline (the same slot is another layer on
+      // another stage).
+      const int64_t layer = executors_.front()->model_layer_on(*state.tensor, state.slot, context);
       place_block(*state.tensor, by_rank[rank].data() + cursor[rank], context,
-                  global[state.name + "#" + std::to_string(state.layer)]);
+                  global[state.name + "#" + std::to_string(layer)]);
       cursor[rank] += count;
     }
   }
@@ -451,15 +470,17 @@ Checkpoint ShardedModel::to_checkpoint(int64_t step) {
   Checkpoint checkpoint;
   checkpoint.step = step;
   checkpoint.metadata = identity_;
+  // Every layer's tensor has its layer's shape; a pipeline stage holds only its own layers, so
+  // the names come from the gathered state.
+  std::map<std::string, const Tensor*> tensor_of;
   for (const Executor::NamedState& state : executors_.front()->state()) {
-    const std::string name = state.name + "#" + std::to_string(state.layer);
-    const auto found = global.find(name);
-    if (found == global.end()) {
-      continue;  // not rank 0
-    }
+    tensor_of[state.name] = state.tensor;
+  }
+  for (auto& [name, values] : global) {  // empty unless rank 0
+    const Tensor* local = tensor_of.at(name.substr(0, name.rfind('#')));
     CheckpointTensor& tensor = (is_moment(name) ? checkpoint.optimizer : checkpoint.weights)[name];
-    tensor.shape = global_shape(*state.tensor);
-    tensor.values = std::move(found->second);
+    tensor.shape = global_shape(*local);
+    tensor.values = std::move(values);
   }
   return checkpoint;
 }
