@@ -200,6 +200,7 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
       dead_after_[static_cast<size_t>(graph_.producer(tensor.id))].push_back(tensor.id);
     }
   }
+  check_pipeline_loops();
 }
 
 Executor::Key Executor::key(TensorId id) const {

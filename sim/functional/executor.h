@@ -112,10 +112,14 @@ class Executor {
   // Moves chunk chunk_ of a chunked carry: into its chunk-sized end, or (from_chunk) out of it.
   void copy_chunk(const Graph::Carry& carry, bool from_chunk);
   void run_op(const Op& op, int microbatch);
+  // Refuses (UserError) a pipeline whose microbatch leaves a device part of a sequence.
+  void check_pipeline_loops() const;
   // A pipeline stage's loop, forward or backward (sim/functional/pipeline_loop.cpp).
   void run_pipeline_loop(int region, int microbatch);
   void run_forward_loop(int region, int microbatch);
   void run_backward_loop(int region, int microbatch);
+  // Runs an op of a pipeline loop (a weight gather under pipeline_fsdp_ag_once once per slot).
+  void run_loop_op(const Op& op, int microbatch);
   // Runs a hand-over permute of the loop on `input` (not the op's own input tensor, which only
   // sizes it), counting its bytes as run_op does.
   TensorData hand_over(const Op& op, const TensorData& input);
@@ -154,7 +158,9 @@ class Executor {
   std::vector<std::vector<int32_t>> targets_;
   int64_t layer_ = 0;         // layer of the region iteration being run
   int64_t weight_slot_ = -1;  // in a pipeline loop: the parameter slot of this iteration
-  TensorId loss_ = -1;        // local tensor holding the complete loss
+  // Under pipeline_fsdp_ag_once: gathered weights by (gather op, parameter slot), for one loop.
+  std::map<std::pair<int, int64_t>, TensorData> gathered_once_;
+  TensorId loss_ = -1;  // local tensor holding the complete loss
   double loss_sum_ = 0;
   DeviceContext::Optimizer optimizer_;
   ExecutionCounters counters_;

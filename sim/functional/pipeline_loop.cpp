@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "model/autodiff/training_step.h"
 #include "sharding/mesh.h"
 #include "sharding/partitioner.h"
@@ -110,6 +111,39 @@ void add_into(std::vector<float>& sum, const std::vector<float>& values) {
 
 }  // namespace
 
+void Executor::check_pipeline_loops() const {
+  const PipelineSchedule& p = program_.step->forward_info.pipeline;
+  for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
+    if (!graph_.region(region).pipelined() || graph_.region(region).phase != Phase::kForward) {
+      continue;
+    }
+    // Each device's microbatch slots are row blocks of its own sequences (no resharding before
+    // the loop), so a microbatch must leave every device of its batch split a whole sequence.
+    // The performance model pads such a microbatch (as XLA would); the engine cannot.
+    const LoopParts parts = loop_parts(graph_, region);
+    const Tensor& microbatch = graph_.tensor(parts.input);
+    const Tensor& own = graph_.tensor(parts.outside_in);
+    const int64_t slots = p.microbatches / p.stages;
+    const Dim& batch = microbatch.dims.front();
+    int64_t splits = 1;
+    for (const std::string& axis : batch.sharded_over) {
+      splits *= device_.sizes[static_cast<size_t>(mesh_axis_index(axis))];
+    }
+    const int64_t rows = own.dims.front().size;
+    if (batch.whole_size() % splits != 0 || batch.size * slots != rows) {
+      throw UserError(
+          "num_pipeline_microbatches=" + std::to_string(p.microbatches) + ": a microbatch of " +
+              std::to_string(batch.whole_size()) + " sequences does not give each of the " +
+              std::to_string(splits) +
+              " devices it is split over a whole sequence; tpusim train needs whole sequences "
+              "(each device holds " +
+              std::to_string(rows) + " for " + std::to_string(slots) +
+              " microbatch slots): use fewer microbatches or a larger per_device_batch_size",
+          "num_pipeline_microbatches");
+    }
+  }
+}
+
 int64_t Executor::model_layer_on(const Tensor& tensor, int64_t slot,
                                  const DeviceContext& device) const {
   return model_layer_on(tensor, slot, device, tensor.region);
@@ -142,6 +176,32 @@ void Executor::run_pipeline_loop(int region, int microbatch) {
   }
   layer_ = 0;
   weight_slot_ = -1;
+  for (const auto& [slot, gathered] : gathered_once_) {
+    live_bytes_ -= graph_.tensor(graph_.ops()[static_cast<size_t>(slot.first)].outputs[0]).bytes();
+  }
+  gathered_once_.clear();
+}
+
+void Executor::run_loop_op(const Op& op, int microbatch) {
+  // pipeline_fsdp_ag_once: a weight gather runs once per parameter slot the stage holds, and the
+  // gathered weights stay (counted live) until the loop ends; later iterations read them.
+  if (op.kind != OpKind::kAllGather || op.attrs.iteration_share >= 1) {
+    run_op(op, microbatch);
+    return;
+  }
+  const std::pair<int, int64_t> slot = {op.id, weight_slot_};
+  const auto found = gathered_once_.find(slot);
+  if (found != gathered_once_.end()) {
+    allocate(op.outputs[0]).values = found->second.values;
+    for (const TensorId dead : dead_after_[static_cast<size_t>(op.id)]) {
+      release(dead);
+    }
+    return;
+  }
+  run_op(op, microbatch);
+  gathered_once_[slot] = value(op.outputs[0]);
+  live_bytes_ += graph_.tensor(op.outputs[0]).bytes();
+  counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
 }
 
 void Executor::run_forward_loop(int region, int microbatch) {
@@ -163,6 +223,12 @@ void Executor::run_forward_loop(int region, int microbatch) {
   }
   std::vector<std::vector<float>> stored(storage ? static_cast<size_t>(p.microbatches) : 0, zeros);
   std::vector<float> received = zeros;  // the previous stage's output of the last iteration
+  // The loop's buffers, live through it as the memory model counts them: the stream's slots, the
+  // hand-over and the storage.
+  const int64_t buffer_bytes =
+      graph_.tensor(parts.input).bytes() * (slots_per_stage + 1 + (storage ? p.microbatches : 0));
+  live_bytes_ += buffer_bytes;
+  counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
   for (int64_t t = 0; t < p.iterations(); ++t) {
     const int64_t work = t - stage;
     const bool busy = work >= 0 && work < work_items;
@@ -180,7 +246,7 @@ void Executor::run_forward_loop(int region, int microbatch) {
       weight_slot_ = repeat * p.layers_per_stage + j;
       allocate(parts.input).values = j == 0 ? input : value(parts.output).values;
       for (const Op* op : parts.layer_ops) {
-        run_op(*op, microbatch);
+        run_loop_op(*op, microbatch);
       }
     }
     // The hand-overs after the iteration.
@@ -197,6 +263,7 @@ void Executor::run_forward_loop(int region, int microbatch) {
       }
     }
   }
+  live_bytes_ -= buffer_bytes;
   // This stage's microbatch q finished in slot (q + S - 1) mod M/S.
   TensorData& head_input = allocate(parts.outside_out);
   const size_t block = head_input.values.size() / static_cast<size_t>(slots_per_stage);
@@ -227,6 +294,12 @@ void Executor::run_backward_loop(int region, int microbatch) {
   }
   std::vector<std::vector<float>> stored(storage ? static_cast<size_t>(p.microbatches) : 0, zeros);
   TensorData next_input_grad = like;  // gradient of the input of iteration t + 1, to hand back
+  // The loop's buffers, live through it as the memory model counts them: the stream's slots, the
+  // hand-over and the storage.
+  const int64_t buffer_bytes =
+      graph_.tensor(parts.input).bytes() * (slots_per_stage + 1 + (storage ? p.microbatches : 0));
+  live_bytes_ += buffer_bytes;
+  counters_.peak_bytes = std::max(counters_.peak_bytes, live_bytes_);
   for (int64_t t = p.iterations() - 1; t >= 0; --t) {
     // The transposed hand-overs of the end of iteration t.
     const std::vector<float> from_next = hand_over(*parts.shift, next_input_grad).values;
@@ -265,7 +338,7 @@ void Executor::run_backward_loop(int region, int microbatch) {
       allocate(parts.input).values =
           j == p.layers_per_stage - 1 ? output_grad : value(parts.output).values;
       for (const Op* op : parts.layer_ops) {
-        run_op(*op, microbatch);
+        run_loop_op(*op, microbatch);
       }
       for (const TensorId grad : final_grads_) {
         if (graph_.tensor(grad).region != region) {
@@ -292,6 +365,7 @@ void Executor::run_backward_loop(int region, int microbatch) {
       next_input_grad.values = input_grad;  // around the ring to the last stage
     }
   }
+  live_bytes_ -= buffer_bytes;
   // The stream now holds the gradients of this device's microbatches: the embedding's.
   TensorData& embedding_grad = allocate(parts.outside_out);
   const size_t block = embedding_grad.values.size() / static_cast<size_t>(slots_per_stage);

@@ -163,6 +163,10 @@ void place_block(const Tensor& tensor, const float* local, const DeviceContext& 
 // docs/reference/numerics.md: fp32 vs a reference, rel-L2 per tensor).
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
                                const std::map<std::string, std::vector<float>>& b) {
+  if (a.size() != b.size()) {
+    throw std::logic_error("verify: " + std::to_string(a.size()) + " tensors against the "
+                           "reference's " + std::to_string(b.size()));
+  }
   double worst = 0;
   for (const auto& [name, values] : a) {
     const auto found = b.find(name);
@@ -222,17 +226,8 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
       identity_({{"model_name", config.get_string("model_name")},
                  {"model_config", model_identity(config)}}) {
   if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
-    // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp) in one process,
-    // without delayed forwarding or a chunked head.
-    const bool dcn = config.get_int("dcn_pipeline_parallelism") > 1;
-    const std::string key = std::string(dcn ? "dcn" : "ici") + "_pipeline_parallelism";
-    const std::string stages = std::to_string(config.get_int(key));
-    if (transport_->num_ranks() > 1) {
-      throw UserError(key + "=" + stages +
-                          ": tpusim train runs pipeline stages in one process, "
-                          "not over MPI ranks yet",
-                      key);
-    }
+    // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp), threads and
+    // MPI ranks alike, without delayed forwarding or a chunked head.
     if (pipeline.forwarding_delay > 1) {
       throw UserError(
           "pipeline_delay_activation_forwarding: true is not computed by tpusim train "

@@ -6,7 +6,8 @@ same config: per-step loss, gradient norm and eval loss in the metrics file must
 (JSON keeps every bit of a double) and the final checkpoints' files identical byte for byte
 (their SHA-256 as `sha256sum` computes it). Cases:
 
-  ranks_match_threaded R MODEL  R ranks against the threaded run (MODEL: llama or moe)
+  ranks_match_threaded R MODEL  R ranks against the threaded run (MODEL: llama, moe or
+                                pipeline)
   cross_resume                  a 2-rank run's checkpoint resumes in one process, a one-process
                                 run's in 4 ranks; both continue bitwise like an uninterrupted run
   killed_rank                   rank 1 stalls at step 3, then is SIGKILLed: mpirun's default
@@ -40,7 +41,20 @@ MODELS = {
     # Mixture of experts over expert=4 x fsdp=2: with 4 ranks its all-to-alls cross ranks.
     "moe": ["model_name=tiny-moe", "compile_topology=v5e-8", "ici_expert_parallelism=4",
             "ici_fsdp_parallelism=2", "sparse_matmul=false", "capacity_factor=4.0"],
+    # A circular pipeline: 4 layers on 2 stages (1 layer each, 2 repeats), 4 microbatches, with
+    # data=2 x fsdp=2; with 2 or 4 ranks the stage hand-overs and the input stream cross ranks.
+    "pipeline": ["model_name=tiny-llama", "override_model_config=true",
+                 "base_num_decoder_layers=4", "compile_topology=v5e-8",
+                 "ici_pipeline_parallelism=2", "ici_data_parallelism=2",
+                 "ici_fsdp_parallelism=2", "num_pipeline_microbatches=4",
+                 "num_layers_per_pipeline_stage=1", "per_device_batch_size=2"],
 }
+
+
+def model_overrides(model):
+    """COMMON with the model's own values in place of the ones it sets again."""
+    own = {item.split("=", 1)[0] for item in MODELS[model]}
+    return [item for item in COMMON if item.split("=", 1)[0] not in own] + MODELS[model]
 # Bounds a whole mpirun: well above a healthy run (a few seconds), below ctest's timeout; times
 # --time-scale (10 in sanitizer builds, whose code runs several times slower).
 RUN_LIMIT_S = 90
@@ -116,7 +130,7 @@ def compare_curves(actual, expected, what, steps=None):
 
 
 def ranks_match_threaded(args, work):
-    overrides = [*COMMON, *MODELS[args.model], "steps=4", "enable_checkpointing=true",
+    overrides = [*model_overrides(args.model), "steps=4", "enable_checkpointing=true",
                  "checkpoint_period=4"]
     train(args, work, "threaded", overrides)
     train(args, work, "mpi", overrides, ranks=args.ranks)

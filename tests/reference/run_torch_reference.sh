@@ -4,7 +4,7 @@
 # llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
 # query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
-# import of tiny-llama, tiny-gpt3 and tiny-qwen3.
+# import of tiny-llama, tiny-gpt3 and tiny-qwen3; and one step of a circular pipeline (2 stages).
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
@@ -33,8 +33,8 @@ trap 'rm -rf "$work"' EXIT
 
 # The reference numerics (double accumulation), which the 1e-5 tolerance against fp64 is for; the
 # default fast kernels are checked against them in tests/sim/functional/fast_kernels_test.cpp.
-common=(compile_topology=v5e-1 per_device_batch_size=2 max_target_length=16 steps=1
-        functional_precision=reference)
+placement=(compile_topology=v5e-1 per_device_batch_size=2)
+common=(max_target_length=16 steps=1 functional_precision=reference)
 failed=()
 
 # check <label> "<tpusim overrides>" "<reference options>"
@@ -43,7 +43,7 @@ check() {
   local dump="$work/$label"
   echo "=== $label: tpusim train ${common[*]} $overrides"
   # shellcheck disable=SC2086  # the overrides and options are word lists
-  if ! "$tpusim" train $overrides "${common[@]}" --dump "$dump" --quiet; then
+  if ! "$tpusim" train $overrides "${placement[@]}" "${common[@]}" --dump "$dump" --quiet; then
     echo "=== $label: tpusim train failed"
     failed+=("$label")
     return
@@ -59,6 +59,14 @@ check() {
 
 check tiny-llama "model_name=tiny-llama" ""
 check tiny-gpt3 "model_name=tiny-gpt3" ""
+# One pipelined step: 4 layers on 2 stages of 1 layer, 2 repeats (circular), with data=2 beside
+# them, 4 microbatches of 2 sequences (a global batch of 8; the reference reads the dumped batch).
+placement=(compile_topology=v5e-4 per_device_batch_size=2)
+check tiny-llama-pipeline "model_name=tiny-llama override_model_config=true \
+  base_num_decoder_layers=4 ici_pipeline_parallelism=2 ici_data_parallelism=2 \
+  ici_fsdp_parallelism=1 num_pipeline_microbatches=4 \
+  num_layers_per_pipeline_stage=1" ""
+placement=(compile_topology=v5e-1 per_device_batch_size=2)
 # qk-norm (the query and key RMSNorm of Qwen3), tied logits, rope 1e6, epsilon 1e-6.
 check tiny-qwen3 "model_name=tiny-qwen3" "--eps 1e-6 --rope-max-timescale 1e6"
 # gemma2's switches on tiny-llama: attention logits soft-capped at 0.5 (below the logits' size,
@@ -80,7 +88,7 @@ check tiny-moe-capacity "model_name=tiny-moe sparse_matmul=false capacity_factor
 # MoE dropless (the default, sparse_matmul): every choice counts, from the initial router ...
 check tiny-moe-dropless "model_name=tiny-moe" "--top-k 2"
 # ... and from a router that sends every token to experts 0 and 1 (2x their balanced share).
-if "$tpusim" train model_name=tiny-moe "${common[@]}" --dump "$work/moe-initial" --quiet &&
+if "$tpusim" train model_name=tiny-moe "${placement[@]}" "${common[@]}" --dump "$work/moe-initial" --quiet &&
   "$python" "$here/imbalance_router.py" "$work/moe-initial/initial" "$work/moe-unbalanced"; then
   check tiny-moe-dropless-unbalanced "model_name=tiny-moe load_parameters_path=$work/moe-unbalanced" \
     "--top-k 2 --expect-expert-load 2.0"
@@ -97,9 +105,9 @@ check_hf() {
   local label="$1" model="$2" options="${3:-}"
   local dump="$work/$label" hf="$work/$label-hf" imported="$work/$label-imported"
   echo "=== $label: export-hf, then load_parameters_path=<export>"
-  if "$tpusim" train "model_name=$model" "${common[@]}" --dump "$dump" --quiet &&
+  if "$tpusim" train "model_name=$model" "${placement[@]}" "${common[@]}" --dump "$dump" --quiet &&
     "$tpusim" export-hf "$dump/initial" "$hf" &&
-    "$tpusim" train "model_name=$model" "load_parameters_path=$hf" "${common[@]}" \
+    "$tpusim" train "model_name=$model" "load_parameters_path=$hf" "${placement[@]}" "${common[@]}" \
       --dump "$imported" --quiet &&
     # shellcheck disable=SC2086  # the options are a word list
     "$python" "$here/hf_reference.py" "$hf" "$dump" --import-dump "$imported" $options; then

@@ -200,6 +200,75 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
   }
 }
 
+// Pipeline stages (MaxText's SPMD loop, sim/functional/pipeline_loop.cpp) equal the unsharded
+// step: 2 layers on 2 stages (one pass), 4 layers in a circular pipeline (2 repeats) with its
+// storage (M > S) or around the ring (M = S), 2 layers per stage, 4 stages, each beside data,
+// fsdp, tensor or expert parallelism, full remat, gradient accumulation and weights gathered once.
+TEST(ShardedTraining, PipelineStagesMatchUnsharded) {
+  const std::vector<std::string> four_layers = {"override_model_config=true",
+                                                "base_num_decoder_layers=4"};
+  const auto with = [](std::vector<std::string> items, const std::vector<std::string>& more) {
+    items.insert(items.end(), more.begin(), more.end());
+    return items;
+  };
+  const std::vector<Case> cases = {
+      {"tiny-llama",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=1",
+        "ici_data_parallelism=2", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"}},
+      {"tiny-llama",
+       with(four_layers, {"compile_topology=v5e-4", "per_device_batch_size=2",
+                          "ici_fsdp_parallelism=2", "ici_pipeline_parallelism=2",
+                          "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=1"})},
+      {"tiny-llama", with(four_layers, {"compile_topology=v5e-4", "per_device_batch_size=2",
+                                        "ici_fsdp_parallelism=1", "ici_tensor_parallelism=2",
+                                        "ici_pipeline_parallelism=2", "num_pipeline_microbatches=2",
+                                        "num_layers_per_pipeline_stage=1", "remat_policy=full"})},
+      {"tiny-llama",
+       with(four_layers, {"compile_topology=v5e-4", "per_device_batch_size=2",
+                          "ici_fsdp_parallelism=2", "ici_pipeline_parallelism=2",
+                          "num_pipeline_microbatches=4", "num_layers_per_pipeline_stage=2"})},
+      {"tiny-llama",
+       with(four_layers, {"compile_topology=v5e-4", "per_device_batch_size=4",
+                          "ici_fsdp_parallelism=1", "ici_pipeline_parallelism=4",
+                          "num_pipeline_microbatches=8", "num_layers_per_pipeline_stage=1"})},
+      {"tiny-llama",
+       with(four_layers, {"compile_topology=v5e-4", "per_device_batch_size=2",
+                          "ici_fsdp_parallelism=2", "ici_pipeline_parallelism=2",
+                          "num_pipeline_microbatches=2", "num_layers_per_pipeline_stage=1",
+                          "gradient_accumulation_steps=2", "pipeline_fsdp_ag_once=true"})},
+      {"tiny-moe",
+       {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=1",
+        "ici_expert_parallelism=2", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"}},
+  };
+  for (const Case& test_case : cases) {
+    SCOPED_TRACE(describe(test_case));
+    const Differences worst = worst_difference(test_case);
+    std::cout << "  rel-L2 loss " << worst.loss << " gradients " << worst.gradients << " weights "
+              << worst.weights << "  " << describe(test_case) << "\n";
+    EXPECT_LE(worst.loss, kTolerance);
+    EXPECT_LE(worst.gradients, kTolerance);
+    EXPECT_LE(worst.weights, kTolerance);
+  }
+}
+
+// A microbatch that would leave a device part of a sequence is refused naming the key (the
+// performance model pads it; the engine computes whole sequences only).
+TEST(ShardedTraining, PipelineMicrobatchOfPartSequencesIsUserError) {
+  const Config config = Config::load(
+      "", {"model_name=tiny-llama", "compile_topology=v5e-4", "per_device_batch_size=1",
+           "ici_fsdp_parallelism=1", "ici_data_parallelism=2", "ici_pipeline_parallelism=2",
+           "num_pipeline_microbatches=4", "max_target_length=32", "dataset_type=synthetic"});
+  try {
+    Trainer trainer(config);
+    std::ostringstream quiet;
+    trainer.run({.verify = false, .progress = false, .dump_directory = ""}, quiet);
+    ADD_FAILURE() << "a microbatch of half a sequence per device was accepted";
+  } catch (const UserError& error) {
+    EXPECT_EQ(error.key(), "num_pipeline_microbatches");
+    EXPECT_NE(std::string(error.what()).find("whole sequence"), std::string::npos) << error.what();
+  }
+}
+
 TEST(ShardedTraining, TrainingIsDeterministic) {
   const std::vector<std::string> overrides = {"model_name=tiny-llama",
                                               "compile_topology=v5e-4",
@@ -333,6 +402,37 @@ TEST(Checkpointing, ResumesOnAnotherMesh) {
   const auto single = train_to(4, "mesh", {"compile_topology=v5e-1"}, "4");
   ASSERT_EQ(single.size(), 2u);
   EXPECT_NEAR(single[1].loss, sharded[3].loss, 1e-5 * sharded[3].loss);
+}
+
+// A pipelined run's checkpoint holds the model's layers by their number, whichever stage held
+// them: 4 layers trained on 2 stages (circular) resume on one device, and a run without stages
+// resumes on 2 stages; each continues within fp32 summation-order tolerance of the run it left.
+TEST(Checkpointing, ResumesAcrossStageCounts) {
+  const std::vector<std::string> staged = {
+      "override_model_config=true",     "base_num_decoder_layers=4",  "compile_topology=v5e-4",
+      "ici_fsdp_parallelism=2",         "ici_pipeline_parallelism=2", "num_pipeline_microbatches=4",
+      "num_layers_per_pipeline_stage=1"};
+  const std::vector<std::string> single = {"override_model_config=true",
+                                           "base_num_decoder_layers=4", "compile_topology=v5e-1"};
+  std::filesystem::remove_all(run_root() + "tpusim_resume_stages");
+  const auto pipelined = train_to(4, "stages", staged, "2");
+  ASSERT_EQ(pipelined.size(), 4u);
+  std::filesystem::remove_all(run_root() + "tpusim_resume_stages/stages/checkpoints/4");
+  const auto on_one_device = train_to(4, "stages", single, "8");
+  ASSERT_EQ(on_one_device.size(), 2u);
+  EXPECT_EQ(on_one_device[0].step, 3);
+  for (size_t index = 0; index < 2; ++index) {
+    EXPECT_NEAR(on_one_device[index].loss, pipelined[index + 2].loss,
+                1e-5 * pipelined[index + 2].loss);
+  }
+  std::filesystem::remove_all(run_root() + "tpusim_resume_unstaged");
+  const auto unstaged = train_to(4, "unstaged", single, "8");
+  std::filesystem::remove_all(run_root() + "tpusim_resume_unstaged/unstaged/checkpoints/4");
+  const auto on_stages = train_to(4, "unstaged", staged, "2");
+  ASSERT_EQ(on_stages.size(), 2u);
+  for (size_t index = 0; index < 2; ++index) {
+    EXPECT_NEAR(on_stages[index].loss, unstaged[index + 2].loss, 1e-5 * unstaged[index + 2].loss);
+  }
 }
 
 // A checkpoint carries the config keys that fix the model's math; one made with another
