@@ -143,7 +143,8 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
 }
 
 // Pipelines: estimate shows the schedule and its bubble; MaxText's constraints on stages,
-// layers, microbatches and repeats exit 2 naming the key; train refuses stages (not run yet).
+// layers, microbatches and repeats exit 2 naming the key; train runs stages, but refuses what its
+// loop does not compute (delayed forwarding) and microbatches that would split a sequence.
 TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
   const std::vector<std::string> pipelined = {"estimate",
                                               "model_name=llama3.1-70b",
@@ -180,9 +181,15 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
   EXPECT_NE(mixed.err.find("ici_pipeline_parallelism=2: gpt-oss-20b has 2 kinds of decoder layer"),
             std::string::npos)
       << mixed.err;
-  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5e-4",
-                     "ici_pipeline_parallelism=2", "steps=1"},
-                    "ici_pipeline_parallelism=2");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "compile_topology=v5e-4", "ici_pipeline_parallelism=2",
+       "pipeline_delay_activation_forwarding=true", "steps=1"},
+      "pipeline_delay_activation_forwarding");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "compile_topology=v5e-4", "ici_pipeline_parallelism=2",
+       "ici_fsdp_parallelism=2", "per_device_batch_size=1", "num_pipeline_microbatches=4",
+       "max_target_length=32", "steps=1"},
+      "num_pipeline_microbatches=4");
   // OLMo 3 is estimated, not trained (its YaRN rope is not in the functional engine).
   const auto olmo =
       run_tpusim({"train", "model_name=olmo3-7b", "compile_topology=v5e-4",
