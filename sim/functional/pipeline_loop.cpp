@@ -354,15 +354,15 @@ void Executor::run_backward_loop(int region, int microbatch) {
     }
     // Where this iteration's input came from gets its gradient.
     const std::vector<float>& input_grad = value(parts.output).values;
-    next_input_grad.values = zeros;
-    if (busy && stage > 0) {
-      next_input_grad.values = input_grad;
-    } else if (busy && repeat == 0) {
+    // From the previous stage, or on stage 0 around the ring from the last stage (circular, no
+    // storage): back the way it came. From the stream (first pass) or the storage: into them.
+    const bool into_stream = stage == 0 && repeat == 0;
+    const bool into_storage = stage == 0 && repeat > 0 && storage;
+    next_input_grad.values = busy && !into_stream && !into_storage ? input_grad : zeros;
+    if (busy && into_stream) {
       add_into(stream[slot].values, input_grad);
-    } else if (busy && storage) {
+    } else if (busy && into_storage) {
       stored[static_cast<size_t>(work % p.microbatches)] = input_grad;
-    } else if (busy) {
-      next_input_grad.values = input_grad;  // around the ring to the last stage
     }
   }
   live_bytes_ -= buffer_bytes;
