@@ -61,6 +61,19 @@ Differences worst_difference(const Case& test_case, int steps = 2) {
   return worst;
 }
 
+// Each case's loss, gradients and updated weights within kTolerance of the unsharded step.
+void expect_each_matches_unsharded(const std::vector<Case>& cases) {
+  for (const Case& test_case : cases) {
+    SCOPED_TRACE(describe(test_case));
+    const Differences worst = worst_difference(test_case);
+    std::cout << "  rel-L2 loss " << worst.loss << " gradients " << worst.gradients << " weights "
+              << worst.weights << "  " << describe(test_case) << "\n";
+    EXPECT_LE(worst.loss, kTolerance);
+    EXPECT_LE(worst.gradients, kTolerance);
+    EXPECT_LE(worst.weights, kTolerance);
+  }
+}
+
 TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
   const std::vector<Case> cases = {
       {"tiny-llama",
@@ -189,15 +202,7 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
         "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_context_parallelism=2"}},
   };
-  for (const Case& test_case : cases) {
-    SCOPED_TRACE(describe(test_case));
-    const Differences worst = worst_difference(test_case);
-    std::cout << "  rel-L2 loss " << worst.loss << " gradients " << worst.gradients << " weights "
-              << worst.weights << "  " << describe(test_case) << "\n";
-    EXPECT_LE(worst.loss, kTolerance);
-    EXPECT_LE(worst.gradients, kTolerance);
-    EXPECT_LE(worst.weights, kTolerance);
-  }
+  expect_each_matches_unsharded(cases);
 }
 
 // Pipeline stages (MaxText's SPMD loop, sim/functional/pipeline_loop.cpp) equal the unsharded
@@ -240,15 +245,7 @@ TEST(ShardedTraining, PipelineStagesMatchUnsharded) {
        {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=1",
         "ici_expert_parallelism=2", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=2"}},
   };
-  for (const Case& test_case : cases) {
-    SCOPED_TRACE(describe(test_case));
-    const Differences worst = worst_difference(test_case);
-    std::cout << "  rel-L2 loss " << worst.loss << " gradients " << worst.gradients << " weights "
-              << worst.weights << "  " << describe(test_case) << "\n";
-    EXPECT_LE(worst.loss, kTolerance);
-    EXPECT_LE(worst.gradients, kTolerance);
-    EXPECT_LE(worst.weights, kTolerance);
-  }
+  expect_each_matches_unsharded(cases);
 }
 
 // A microbatch that would leave a device part of a sequence is refused naming the key (the
