@@ -34,6 +34,7 @@
 #include "sim/functional/transport.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
+#include "sim/train/sharded_model.h"
 
 namespace tpusim {
 
@@ -60,65 +61,6 @@ struct TrainOptions {
   // (checkpoint format: the weights before the step, their gradients, the weights after it) and
   // <dump>/step.json (the batch and the loss), for comparisons with independent references.
   std::string dump_directory;
-};
-
-// One sharded model: the program, the devices this process executes and their communicator.
-// Under a distributed transport (mpirun) each rank builds the same program and executes its block
-// of the devices (assign_devices_to_ranks); the calls below are then collective over the ranks:
-// every rank makes them in the same order.
-class ShardedModel {
- public:
-  // `transport` nullptr: this process executes every device.
-  explicit ShardedModel(const Config& config, Transport* transport = nullptr);
-
-  const StepProgram& program() const { return program_; }
-  int num_devices() const { return static_cast<int>(owner_.size()); }
-  // The mesh devices this process executes, ascending.
-  const std::vector<int>& local_devices() const { return devices_; }
-
-  // Gradients of one optimizer step's batch (microbatches x sequences): the loss of device 0 and
-  // the global gradient norm (every device's sum of squares, added in device order), with the
-  // counters of this process's first device (device 0 on rank 0).
-  // With `log_probs` (sequences and length set, the microbatch to record): also the
-  // log-probability of every target token of that microbatch, [sequences, length], on every rank.
-  StepResult compute_gradients(const std::vector<Batch>& microbatches,
-                               TokenLogProbs* log_probs = nullptr);
-  void apply_update(const DeviceContext::Optimizer& optimizer);
-
-  // Global (unsharded) values by "<region>/<tensor>#<layer>": parameters, moments, gradients.
-  // Gathered on rank 0; empty on the other ranks.
-  std::map<std::string, std::vector<float>> global_state();
-  std::map<std::string, std::vector<float>> global_gradients();
-
-  // The model as a checkpoint (global arrays, whatever the sharding or the ranks; complete on
-  // rank 0, empty elsewhere; metadata: model_name and the model_config keys that fix its math),
-  // and back: a checkpoint written by one mesh or rank count restores
-  // into any other mesh or rank count of the same model.
-  Checkpoint to_checkpoint(int64_t step);
-  // Restores parameters (and moments, when `with_optimizer`) of this process's devices; UserError
-  // naming a missing tensor.
-  void restore(const Checkpoint& checkpoint, bool with_optimizer);
-
-  // Bytes moved between processes by the collectives so far (zero in one process).
-  CrossProcessTraffic traffic() const { return communicator_->traffic(); }
-
- private:
-  template <typename Work>
-  void on_every_device(const Work& work);
-  // Every device's blocks of the named tensors, placed into global arrays on rank 0.
-  std::map<std::string, std::vector<float>> gather_global(bool gradients);
-
-  std::unique_ptr<LocalTransport> own_transport_;
-  Transport* transport_;
-  StepProgram program_;
-  nlohmann::json identity_;  // {"model_name": ..., "model_config": {...}} for checkpoints
-  std::array<int, kNumMeshAxes> sizes_{};
-  std::vector<int> owner_;    // rank of each mesh device
-  std::vector<int> devices_;  // this rank's devices, ascending
-  std::unique_ptr<ExecutionSlots> slots_;
-  std::vector<std::unique_ptr<KernelThreads>> kernel_threads_;  // per device, when it has helpers
-  std::unique_ptr<Communicator> communicator_;
-  std::vector<std::unique_ptr<Executor>> executors_;  // one per entry of devices_
 };
 
 class Trainer {
