@@ -36,6 +36,7 @@ const std::vector<std::pair<std::string, SpecMember>>& spec_members() {
       {"mxu_achievable_fraction", &ChipSpec::mxu_achievable_fraction},
       {"mxu_fill_drain_cycles", &ChipSpec::mxu_fill_drain_cycles},
       {"op_overhead_us", &ChipSpec::op_overhead_us},
+      {"matmul_output_fusion", &ChipSpec::matmul_output_fusion},
       {"program_efficiency", &ChipSpec::program_efficiency},
       {"dispatch_overhead_us", &ChipSpec::dispatch_overhead_us},
       {"ici_links_per_chip", &ChipSpec::ici_links_per_chip},

@@ -77,6 +77,9 @@ struct ChipSpec {
   double mxu_achievable_fraction = 0;
   double mxu_fill_drain_cycles = 0;
   double op_overhead_us = 0;
+  // 1 where the compiler fuses an elementwise consumer into the matmul's kernel (XLA:TPU's
+  // output fusion), 0 where a matmul is a library call whose result goes to HBM first (cuBLAS).
+  double matmul_output_fusion = 1;
   double program_efficiency = 0;    // in-program fraction of the isolated-kernel roofline
   double dispatch_overhead_us = 0;  // launching one jitted op from the host (standalone ops only)
 

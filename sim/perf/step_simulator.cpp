@@ -166,7 +166,7 @@ bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overla
 // which ops only prepare weights, which elementwise ops fuse into their producer, and each
 // compute op's cost per cost context (worked out on first use).
 struct StepSimulator::Analysis {
-  explicit Analysis(const Graph& graph) {
+  Analysis(const Graph& graph, bool matmul_output_fusion) {
     const size_t tensors = graph.tensors().size();
     const size_t ops = graph.ops().size();
     carry_source.assign(tensors, -1);
@@ -188,11 +188,13 @@ struct StepSimulator::Analysis {
       weight_only[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
     }
     fused.assign(ops, false);
-    find_fusions(graph);
+    find_fusions(graph, matmul_output_fusion);
   }
 
-  // Elementwise ops that read a matmul's only output fuse into it (XLA output fusion).
-  void find_fusions(const Graph& graph) {
+  // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
+  // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
+  // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
+  void find_fusions(const Graph& graph, bool matmul_output_fusion) {
     std::vector<int> consumers(graph.tensors().size(), 0);
     for (const Op& op : graph.ops()) {
       for (const TensorId input : op.inputs) {
@@ -211,7 +213,7 @@ struct StepSimulator::Analysis {
         const Op& source = graph.ops()[static_cast<size_t>(producer)];
         // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
         // and their rotation are one XLA fusion between the projection and the attention.
-        const bool fusible_source = source.kind == OpKind::kEinsum ||
+        const bool fusible_source = (source.kind == OpKind::kEinsum && matmul_output_fusion) ||
                                     source.kind == OpKind::kElementwise ||
                                     source.kind == OpKind::kRope ||
                                     (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
@@ -865,7 +867,9 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
 }
 
 StepSimulator::StepSimulator(const StepProgram& program)
-    : program_(program), analysis_(std::make_unique<Analysis>(program.program.graph)) {}
+    : program_(program),
+      analysis_(std::make_unique<Analysis>(program.program.graph,
+                                           program.slice.chip->matmul_output_fusion > 0)) {}
 
 StepSimulator::~StepSimulator() = default;
 
