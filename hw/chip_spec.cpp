@@ -44,6 +44,7 @@ const std::vector<std::pair<std::string, SpecMember>>& spec_members() {
       {"ici_achievable_fraction", &ChipSpec::ici_achievable_fraction},
       {"ici_hop_latency_us", &ChipSpec::ici_hop_latency_us},
       {"collective_launch_us", &ChipSpec::collective_launch_us},
+      {"collective_compute_share", &ChipSpec::collective_compute_share},
       {"d2d_bandwidth_uni_gbps", &ChipSpec::d2d_bandwidth_uni_gbps},
       {"d2d_latency_us", &ChipSpec::d2d_latency_us},
       {"chips_per_host", &ChipSpec::chips_per_host},

@@ -95,6 +95,9 @@ struct ChipSpec {
   double ici_achievable_fraction = 0;
   double ici_hop_latency_us = 0;
   double collective_launch_us = 0;
+  // Share of the compute units a running collective holds (a GPU's NCCL kernels occupy SMs);
+  // compute that overlaps it runs on the rest. 0 where collectives use their own engines.
+  double collective_compute_share = 0;
   double d2d_bandwidth_uni_gbps = 0;  // chiplet-to-chiplet inside a chip (v7x only)
   double d2d_latency_us = 0;
   double chips_per_host = 0;
