@@ -77,6 +77,9 @@ struct ChipSpec {
   double mxu_achievable_fraction = 0;
   double mxu_fill_drain_cycles = 0;
   double op_overhead_us = 0;
+  // 1 where the compiler fuses an elementwise consumer into the matmul's kernel (XLA:TPU's
+  // output fusion), 0 where a matmul is a library call whose result goes to HBM first (cuBLAS).
+  double matmul_output_fusion = 1;
   double program_efficiency = 0;    // in-program fraction of the isolated-kernel roofline
   double dispatch_overhead_us = 0;  // launching one jitted op from the host (standalone ops only)
 
@@ -92,6 +95,9 @@ struct ChipSpec {
   double ici_achievable_fraction = 0;
   double ici_hop_latency_us = 0;
   double collective_launch_us = 0;
+  // Share of the compute units a running collective holds (a GPU's NCCL kernels occupy SMs);
+  // compute that overlaps it runs on the rest. 0 where collectives use their own engines.
+  double collective_compute_share = 0;
   double d2d_bandwidth_uni_gbps = 0;  // chiplet-to-chiplet inside a chip (v7x only)
   double d2d_latency_us = 0;
   double chips_per_host = 0;

@@ -108,8 +108,10 @@ std::string join_axes(const std::vector<std::string>& axes) {
 // Offloaded gathers and reductions run on different SparseCores of the chip (recipes pin
 // all-gathers to one: xla_tpu_use_single_sparse_core_for_all_gather_offload), so each kind has
 // its own queue, as XLA also keeps one collective of each kind in flight.
-enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost };
-constexpr size_t kResources = 5;
+// kCompute only records when the TensorCore (a GPU's SMs) is busy, for collectives that take
+// a share of it (collective_compute_share).
+enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost, kCompute };
+constexpr size_t kResources = 6;
 
 // What the scheduler needs about one op. Costs are pure functions of the op and the options, so
 // they are worked out once per simulate_step call instead of once per simulated iteration.
@@ -166,7 +168,7 @@ bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overla
 // which ops only prepare weights, which elementwise ops fuse into their producer, and each
 // compute op's cost per cost context (worked out on first use).
 struct StepSimulator::Analysis {
-  explicit Analysis(const Graph& graph) {
+  Analysis(const Graph& graph, bool matmul_output_fusion) {
     const size_t tensors = graph.tensors().size();
     const size_t ops = graph.ops().size();
     carry_source.assign(tensors, -1);
@@ -188,11 +190,13 @@ struct StepSimulator::Analysis {
       weight_only[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
     }
     fused.assign(ops, false);
-    find_fusions(graph);
+    find_fusions(graph, matmul_output_fusion);
   }
 
-  // Elementwise ops that read a matmul's only output fuse into it (XLA output fusion).
-  void find_fusions(const Graph& graph) {
+  // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
+  // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
+  // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
+  void find_fusions(const Graph& graph, bool matmul_output_fusion) {
     std::vector<int> consumers(graph.tensors().size(), 0);
     for (const Op& op : graph.ops()) {
       for (const TensorId input : op.inputs) {
@@ -211,7 +215,7 @@ struct StepSimulator::Analysis {
         const Op& source = graph.ops()[static_cast<size_t>(producer)];
         // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
         // and their rotation are one XLA fusion between the projection and the attention.
-        const bool fusible_source = source.kind == OpKind::kEinsum ||
+        const bool fusible_source = (source.kind == OpKind::kEinsum && matmul_output_fusion) ||
                                     source.kind == OpKind::kElementwise ||
                                     source.kind == OpKind::kRope ||
                                     (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
@@ -309,6 +313,15 @@ class Simulator {
     finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
     if (details_) {
       idle_label_ = labels_.intern("idle");
+    }
+    // A compute op that shares the SMs with collectives for t seconds runs at 1 - share of its
+    // rate then: it takes share / (1 - share) x t longer.
+    const double share = program.slice.chip->collective_compute_share;
+    if (share > 0) {
+      slowdown_per_shared_second_ = share / (1.0 - share);
+      if (details_) {
+        shared_compute_label_ = labels_.intern("compute_shared_with_collectives");
+      }
     }
     OpPlan unplanned;
     unplanned.wait_label = idle_label_;
@@ -566,6 +579,13 @@ class Simulator {
 
   Timeline& timeline(Resource resource) { return timelines_[static_cast<size_t>(resource)]; }
 
+  // A collective on the links of a chip whose collectives run on its compute units (a GPU's NCCL
+  // kernels on SMs), which slows the compute that overlaps it.
+  bool takes_compute_share(const OpPlan& plan) const {
+    return slowdown_per_shared_second_ > 0 && plan.kind == OpPlan::Kind::kCollective &&
+           (plan.resource == Resource::kIci || plan.resource == Resource::kDcn);
+  }
+
   // Gradient reductions across slices (DCN) are combined by XLA into a few large all-reduces
   // after the backward pass (all-reduce combiner), so they run then, and the update waits.
   void flush_deferred_gradient_reductions(Accounting& total, StepTiming& timing) {
@@ -692,6 +712,17 @@ class Simulator {
       case OpPlan::Kind::kHostTransfer:
         start = timeline(plan.resource).place(ready, plan.seconds);
         end = start + plan.seconds;
+        if (takes_compute_share(plan)) {
+          // Compute already scheduled beside this collective lost its share of the SMs: the
+          // work it could not do pushes the compute that follows.
+          const double shared =
+              timeline(Resource::kCompute).busy_within(start, std::min(end, tensorcore_free_));
+          const double lost = shared * slowdown_per_shared_second_;
+          tensorcore_free_ += lost;
+          if (details_) {
+            accounting.seconds.add(shared_compute_label_, lost);
+          }
+        }
         if (record) {
           const double dcn =
               plan.trace_dcn_lane >= 0 ? std::min(plan.seconds, plan.trace_dcn_seconds) : 0.0;
@@ -714,20 +745,33 @@ class Simulator {
           accounting.seconds.add(label, start - tensorcore_free_);
         }
         end = start + plan.seconds;
+        double lost = 0;
+        if (slowdown_per_shared_second_ > 0) {
+          // Collectives already running beside this op hold their share of the SMs.
+          lost = slowdown_per_shared_second_ * (timeline(Resource::kIci).busy_within(start, end) +
+                                                timeline(Resource::kDcn).busy_within(start, end));
+          end += lost;
+        }
         for (const TensorId input : op.inputs) {
           end = std::max(end, finish_not_before_[static_cast<size_t>(input)]);
+        }
+        if (slowdown_per_shared_second_ > 0) {
+          timeline(Resource::kCompute).place(start, end - start);
         }
         tensorcore_free_ = end;
         accounting.matmul_flops += plan.matmul_flops;
         if (details_) {
           accounting.seconds.add(plan.compute_label, plan.seconds);
+          if (lost > 0) {
+            accounting.seconds.add(shared_compute_label_, lost);
+          }
           profile_seconds_[id] += plan.seconds;
           profile_calls_[id] += 1;
           profiled_[id] = true;
         }
         if (record && plan.seconds > 0) {
           timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
-                                  plan.seconds, plan.trace_detail});
+                                  plan.seconds + lost, plan.trace_detail});
           // The collective or transfer this op waited for: an arrow from its end to here.
           const int waited_for = start > waiting_from ? blocking_producer : -1;
           if (waited_for >= 0) {
@@ -808,6 +852,8 @@ class Simulator {
   double prefetch_from_ = 0;
   double iteration_weight_ = 1;
   double deferred_dcn_seconds_ = 0;
+  double slowdown_per_shared_second_ = 0;  // collective_compute_share / (1 - share)
+  int shared_compute_label_ = -1;
 };
 
 }  // namespace
@@ -865,7 +911,9 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
 }
 
 StepSimulator::StepSimulator(const StepProgram& program)
-    : program_(program), analysis_(std::make_unique<Analysis>(program.program.graph)) {}
+    : program_(program),
+      analysis_(std::make_unique<Analysis>(program.program.graph,
+                                           program.slice.chip->matmul_output_fusion > 0)) {}
 
 StepSimulator::~StepSimulator() = default;
 

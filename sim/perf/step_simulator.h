@@ -11,7 +11,10 @@
 // path unless collective_matmul overlaps them with the matmul they feed. On v7x, SparseCores run
 // all-gather / reduce-scatter / all-reduce (sparse_core_collective_offload): gathers on one queue,
 // reductions on another at 1/sparsecore_reduce_scatter_time_factor of the ICI roofline; with the
-// offload off, v7x's collectives are driven by the TensorCore and block its compute.
+// offload off, v7x's collectives are driven by the TensorCore and block its compute. On a GPU,
+// NCCL collectives are kernels that hold some SMs (collective_compute_share): compute that
+// overlaps one runs on the other SMs, and the breakdown charges the difference to
+// compute_shared_with_collectives.
 //
 // A region repeated R times (scanned layers) is simulated for a few iterations until its period is
 // steady, then extrapolated, so the cost of a step does not grow with layers or chips (one device

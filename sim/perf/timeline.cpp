@@ -47,6 +47,17 @@ double Timeline::place(double ready, double duration) {
   return start;
 }
 
+double Timeline::busy_within(double from, double to) const {
+  auto interval = std::partition_point(
+      busy_.begin(), busy_.end(),
+      [from](const std::pair<double, double>& busy) { return busy.second <= from; });
+  double busy = 0;
+  for (; interval != busy_.end() && interval->first < to; ++interval) {
+    busy += std::max(0.0, std::min(to, interval->second) - std::max(from, interval->first));
+  }
+  return busy;
+}
+
 void Timeline::shift(double delta) {
   for (auto& [start, end] : busy_) {
     start += delta;

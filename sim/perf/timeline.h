@@ -13,6 +13,7 @@
 //   link.place(1.0, 1.0);   // -> 2: waits for the first op, busy [2, 3)
 //   link.place(5.0, 1.0);   // -> 5: busy [5, 6)
 //   link.place(3.0, 1.0);   // -> 3: fills the gap [3, 5)
+//   link.busy_within(1.0, 5.5);  // -> 3.5: busy over [1, 4) and [5, 5.5)
 //   link.shift(10.0);       // every interval moves 10 s later (extrapolated iterations)
 #pragma once
 
@@ -26,6 +27,9 @@ class Timeline {
   // Books `duration` seconds at the earliest start >= ready where the resource is free for that
   // long; returns the start.
   double place(double ready, double duration);
+
+  // Seconds of [from, to) during which the resource is busy.
+  double busy_within(double from, double to) const;
 
   // Moves every busy interval by `delta` seconds.
   void shift(double delta);

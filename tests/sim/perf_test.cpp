@@ -260,6 +260,22 @@ TEST(Scheduler, WeightGatherFullyHiddenBehindCompute) {
   EXPECT_NEAR(timing.step_seconds, tiny.compute_a + tiny.compute_b, 1e-12);
 }
 
+// On a chip whose collectives run on its compute units (a GPU's NCCL kernels on SMs), the compute
+// beside a gather runs on the rest: a gather of g seconds hidden behind a costs g x s / (1 - s).
+TEST(Scheduler, CollectiveTakesItsShareOfCompute) {
+  TinyProgram tiny = tiny_program(4096, false);
+  ASSERT_LT(tiny.gather, tiny.compute_a);
+  ChipSpec shared = *tiny.program.slice.chip;
+  shared.collective_compute_share = 0.25;
+  tiny.program.slice.chip = &shared;
+  PerfOptions options = plain_options(tiny.program);
+  options.cost.chip = tiny.program.slice.chip;
+  const StepTiming timing = simulate_step(tiny.program, options);
+  const double lost = tiny.gather * 0.25 / 0.75;
+  EXPECT_NEAR(timing.step_seconds, tiny.compute_a + lost + tiny.compute_b, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at("compute_shared_with_collectives"), lost, 1e-12);
+}
+
 TEST(Scheduler, WeightGatherPartlyExposed) {
   const TinyProgram tiny = tiny_program(4096 * 64, false);  // a huge weight: gather > compute_a
   ASSERT_GT(tiny.gather, tiny.compute_a);
@@ -299,6 +315,9 @@ TEST(Timeline, FillsGapsInOrder) {
   link.shift(10.0);
   EXPECT_EQ(link.place(0.0, 1.0), 0.0);    // everything moved later
   EXPECT_EQ(link.place(10.5, 1.0), 18.0);  // busy [10, 18) after the shift
+  EXPECT_EQ(link.busy_within(9.0, 12.0), 2.0);
+  EXPECT_EQ(link.busy_within(18.5, 30.0), 0.5);  // [18, 19)
+  EXPECT_EQ(link.busy_within(20.0, 30.0), 0.0);
 }
 
 // record_details = false computes the same times and FLOPs, without breakdown, trace or profile.
