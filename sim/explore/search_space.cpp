@@ -10,6 +10,7 @@
 #include "hw/chip_spec.h"
 #include "model/autodiff/remat_policy.h"
 #include "model/autodiff/training_step.h"
+#include "model/batch_plan.h"
 #include "model/config.h"
 #include "sharding/device_mesh.h"
 #include "sharding/step_program.h"
@@ -129,12 +130,11 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
   const int64_t pinned_accumulation = config.get_int("gradient_accumulation_steps");
   std::vector<BatchChoice> choices;
   auto add = [&](double per_device, int64_t accumulation) {
-    const double microbatch = per_device * devices;
-    const auto sequences = static_cast<int64_t>(std::llround(microbatch));
-    if (sequences < 1 || std::abs(microbatch - static_cast<double>(sequences)) > 1e-9) {
-      return;
+    const BatchPlan plan = plan_batch(per_device, devices, accumulation);
+    if (plan.microbatch < 1 || !plan.whole) {
+      return;  // explore proposes only batches of whole sequences
     }
-    choices.push_back({per_device, accumulation, sequences});
+    choices.push_back({per_device, accumulation, plan.microbatch});
   };
   if (limits.global_batch_size > 0) {
     const int64_t global = limits.global_batch_size;
