@@ -1,6 +1,6 @@
 // MpiCommunicator: the in-rank rendezvous, and the two cross-rank exchanges (parts read, and the
 // chunked all-reduce). See mpi_communicator.h.
-#include "sim/functional/mpi_communicator.h"
+#include "sim/transport/mpi_communicator.h"
 
 #include <algorithm>
 #include <exception>
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "sharding/partitioner.h"
-#include "sim/functional/in_process_communicator.h"
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/in_process_communicator.h"
+#include "sim/transport/mpi_transport.h"
 
 namespace tpusim {
 

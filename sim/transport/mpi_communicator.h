@@ -1,4 +1,4 @@
-// sim/functional/mpi_communicator.h: collectives between simulated devices on different MPI
+// sim/transport/mpi_communicator.h: collectives between simulated devices on different MPI
 // ranks. Built only with TPUSIM_WITH_MPI.
 //
 // Each rank executes a block of the mesh's devices on its own threads (transport.h). A collective
