@@ -362,6 +362,22 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
   apply(key, value, origin);
 }
 
+void Config::set_int(std::string_view key, int64_t value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_float(std::string_view key, double value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_bool(std::string_view key, bool value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_string(std::string_view key, const std::string& value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
 std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
   std::vector<PassthroughKey> keys;
   for (const auto& [name, kept] : passthrough_) {
