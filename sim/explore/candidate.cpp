@@ -4,6 +4,7 @@
 #include <charconv>
 #include <system_error>
 #include <utility>
+#include <variant>
 
 #include "model/config.h"
 
@@ -24,72 +25,32 @@ bool searched(const SearchSpace& space, const std::string& key) {
 
 // One key of a candidate, typed, with its command-line text.
 struct CandidateKey {
-  enum class Type { kInt, kFloat, kBool, kString };
   std::string key;
-  Type type = Type::kString;
-  int64_t int_value = 0;
-  double float_value = 0;
-  bool bool_value = false;
-  std::string string_value;
-
-  static CandidateKey of_int(std::string key, int64_t value) {
-    CandidateKey result;
-    result.key = std::move(key);
-    result.type = Type::kInt;
-    result.int_value = value;
-    return result;
-  }
-  static CandidateKey of_float(std::string key, double value) {
-    CandidateKey result;
-    result.key = std::move(key);
-    result.type = Type::kFloat;
-    result.float_value = value;
-    return result;
-  }
-  static CandidateKey of_bool(std::string key, bool value) {
-    CandidateKey result;
-    result.key = std::move(key);
-    result.type = Type::kBool;
-    result.bool_value = value;
-    return result;
-  }
-  static CandidateKey of_string(std::string key, std::string value) {
-    CandidateKey result;
-    result.key = std::move(key);
-    result.type = Type::kString;
-    result.string_value = std::move(value);
-    return result;
-  }
+  std::variant<int64_t, double, bool, std::string> value;
 
   void apply(Config& config) const {
-    switch (type) {
-      case Type::kInt:
-        config.set_int(key, int_value, kExploreOrigin);
-        return;
-      case Type::kFloat:
-        config.set_float(key, float_value, kExploreOrigin);
-        return;
-      case Type::kBool:
-        config.set_bool(key, bool_value, kExploreOrigin);
-        return;
-      case Type::kString:
-        config.set_string(key, string_value, kExploreOrigin);
-        return;
+    if (const auto* number = std::get_if<int64_t>(&value)) {
+      config.set_int(key, *number, kExploreOrigin);
+    } else if (const auto* real = std::get_if<double>(&value)) {
+      config.set_float(key, *real, kExploreOrigin);
+    } else if (const auto* flag = std::get_if<bool>(&value)) {
+      config.set_bool(key, *flag, kExploreOrigin);
+    } else {
+      config.set_string(key, std::get<std::string>(value), kExploreOrigin);
     }
   }
 
   std::string text() const {
-    switch (type) {
-      case Type::kInt:
-        return key + "=" + std::to_string(int_value);
-      case Type::kFloat:
-        return key + "=" + round_trip_text(float_value);
-      case Type::kBool:
-        return key + "=" + (bool_value ? "true" : "false");
-      case Type::kString:
-        break;
+    if (const auto* number = std::get_if<int64_t>(&value)) {
+      return key + "=" + std::to_string(*number);
     }
-    return key + "=" + string_value;
+    if (const auto* real = std::get_if<double>(&value)) {
+      return key + "=" + round_trip_text(*real);
+    }
+    if (const auto* flag = std::get_if<bool>(&value)) {
+      return key + "=" + (*flag ? "true" : "false");
+    }
+    return key + "=" + std::get<std::string>(value);
   }
 };
 
@@ -100,39 +61,36 @@ std::vector<CandidateKey> candidate_keys(const SearchSpace& space, const Candida
   if (which == CandidateKeys::kWithMesh) {
     for (const int axis : space.ici_axes) {
       const auto index = static_cast<size_t>(axis);
-      keys.push_back(CandidateKey::of_int(mesh_axis_key(false, mesh_axis_names()[index]),
-                                          candidate.mesh.ici[index]));
+      keys.push_back(
+          {mesh_axis_key(false, mesh_axis_names()[index]), int64_t{candidate.mesh.ici[index]}});
     }
     for (const int axis : space.dcn_axes) {
       const auto index = static_cast<size_t>(axis);
-      keys.push_back(CandidateKey::of_int(mesh_axis_key(true, mesh_axis_names()[index]),
-                                          candidate.mesh.dcn[index]));
+      keys.push_back(
+          {mesh_axis_key(true, mesh_axis_names()[index]), int64_t{candidate.mesh.dcn[index]}});
     }
   }
-  keys.push_back(
-      CandidateKey::of_float("per_device_batch_size", candidate.batch.per_device_batch_size));
-  keys.push_back(
-      CandidateKey::of_int("gradient_accumulation_steps", candidate.batch.accumulation_steps));
+  keys.push_back({"per_device_batch_size", candidate.batch.per_device_batch_size});
+  keys.push_back({"gradient_accumulation_steps", candidate.batch.accumulation_steps});
   const RematChoice& remat = space.remats[static_cast<size_t>(candidate.remat)];
-  keys.push_back(CandidateKey::of_string("remat_policy", remat.policy));
+  keys.push_back({"remat_policy", remat.policy});
   for (const auto& [key, value] : remat.tensors) {
-    keys.push_back(CandidateKey::of_string(key, value));
+    keys.push_back({key, value});
   }
-  keys.push_back(CandidateKey::of_string("attention", candidate.attention));
+  keys.push_back({"attention", candidate.attention});
   if (candidate.perf.block_q > 0) {
-    keys.push_back(CandidateKey::of_int("sa_block_q", candidate.perf.block_q));
-    keys.push_back(CandidateKey::of_int("sa_block_kv", candidate.perf.block_kv));
+    keys.push_back({"sa_block_q", candidate.perf.block_q});
+    keys.push_back({"sa_block_kv", candidate.perf.block_kv});
   }
   if (searched(space, "sparse_core_collective_offload")) {
-    keys.push_back(CandidateKey::of_string("sparse_core_collective_offload",
-                                           candidate.perf.sparse_core_offload));
+    keys.push_back({"sparse_core_collective_offload", candidate.perf.sparse_core_offload});
   }
   if (searched(space, "collective_matmul")) {
-    keys.push_back(CandidateKey::of_bool("collective_matmul", candidate.perf.collective_matmul));
+    keys.push_back({"collective_matmul", candidate.perf.collective_matmul});
   }
   if (searched(space, "mesh_placement_first")) {
-    keys.push_back(CandidateKey::of_string(
-        "mesh_placement_first", space.placement_text(static_cast<size_t>(candidate.placement))));
+    keys.push_back(
+        {"mesh_placement_first", space.placement_text(static_cast<size_t>(candidate.placement))});
   }
   return keys;
 }
