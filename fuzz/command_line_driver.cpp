@@ -144,28 +144,77 @@ std::string contract_violation(int code, const std::string& error_tail, bool jso
   return "";
 }
 
-}  // namespace
+// What the commands of one class (the input line's label) did.
+struct ClassStats {
+  int64_t count = 0;
+  std::map<int, int64_t> exit_codes;
+  double slowest_seconds = 0;
+  int64_t slowest_line = 0;
+};
 
-int main(int argc, char** argv) {
+// The run's summary: commands, peak memory, each class's exit codes and slowest command, and
+// what broke the command-line contract.
+nlohmann::json summarize(int64_t line_number, const std::map<std::string, ClassStats>& classes,
+                         const nlohmann::json& violations, const nlohmann::json& memory_jumps) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  nlohmann::json summary;
+  summary["commands"] = line_number;
+  summary["peak_rss_mib"] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  for (const auto& [label, stats] : classes) {
+    nlohmann::json codes;
+    for (const auto& [code, count] : stats.exit_codes) {
+      codes[std::to_string(code)] = count;
+    }
+    summary["classes"][label] = {{"count", stats.count},
+                                 {"exit_codes", codes},
+                                 {"slowest_seconds", stats.slowest_seconds},
+                                 {"slowest_line", stats.slowest_line}};
+  }
+  summary["violations"] = violations;
+  summary["memory_jumps"] = memory_jumps;
+  return summary;
+}
+
+// The driver's command line: --input FILE [--progress-file F] [--outcomes F] [--timeout S].
+struct DriverFlags {
   std::string input_path;
   std::string progress_path;
   std::string outcomes_path;
   int timeout_seconds = 60;
+};
+
+// False (after saying why) on an unknown flag.
+bool parse_flags(int argc, char** argv, DriverFlags& flags) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i];
     if (flag == "--input") {
-      input_path = argv[i + 1];
+      flags.input_path = argv[i + 1];
     } else if (flag == "--progress-file") {
-      progress_path = argv[i + 1];
+      flags.progress_path = argv[i + 1];
     } else if (flag == "--outcomes") {
-      outcomes_path = argv[i + 1];
+      flags.outcomes_path = argv[i + 1];
     } else if (flag == "--timeout") {
-      timeout_seconds = std::atoi(argv[i + 1]);
+      flags.timeout_seconds = std::atoi(argv[i + 1]);
     } else {
       std::cerr << "command_line_driver: unknown flag " << flag << "\n";
-      return 64;
+      return false;
     }
   }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DriverFlags flags;
+  if (!parse_flags(argc, argv, flags)) {
+    return 64;
+  }
+  const std::string& input_path = flags.input_path;
+  const std::string& progress_path = flags.progress_path;
+  const std::string& outcomes_path = flags.outcomes_path;
+  const int timeout_seconds = flags.timeout_seconds;
   std::ifstream input(input_path);
   if (input_path.empty() || !input) {
     std::cerr << "command_line_driver: --input FILE is required and must be readable\n";
@@ -192,12 +241,6 @@ int main(int argc, char** argv) {
   unlink(err_name);
   signal(SIGALRM, on_alarm);
 
-  struct ClassStats {
-    int64_t count = 0;
-    std::map<int, int64_t> exit_codes;
-    double slowest_seconds = 0;
-    int64_t slowest_line = 0;
-  };
   std::map<std::string, ClassStats> classes;
   nlohmann::json violations = nlohmann::json::array();
   // Commands after which the peak resident memory rose by more than 256 MiB.
@@ -277,23 +320,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  nlohmann::json summary;
-  summary["commands"] = line_number;
-  summary["peak_rss_mib"] = static_cast<double>(usage.ru_maxrss) / 1024.0;
-  for (const auto& [label, stats] : classes) {
-    nlohmann::json codes;
-    for (const auto& [code, count] : stats.exit_codes) {
-      codes[std::to_string(code)] = count;
-    }
-    summary["classes"][label] = {{"count", stats.count},
-                                 {"exit_codes", codes},
-                                 {"slowest_seconds", stats.slowest_seconds},
-                                 {"slowest_line", stats.slowest_line}};
-  }
-  summary["violations"] = violations;
-  summary["memory_jumps"] = memory_jumps;
+  const nlohmann::json summary = summarize(line_number, classes, violations, memory_jumps);
   const std::string text =
       summary.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   (void)!write(summary_fd, text.data(), text.size());

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "hw/network_model.h"
 
 namespace tpusim {
 namespace {
@@ -35,7 +36,7 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
   const ChipSpec& chip = *slice.chip;
   const int per_chip = slice.devices_per_chip;
   const int devices_per_slice = slice.devices();
-  const double link_bw = chip.ici_link_bandwidth_uni_gbps * kGiga / per_chip;
+  const double link_bw = ici_link_peak_bytes_per_s(slice) / per_chip;
 
   // Devices first (vertex index == device index), then hosts, then the DCN fabric.
   for (int slice_index = 0; slice_index < slice.num_slices; ++slice_index) {
@@ -70,7 +71,7 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
         TopologyEdge edge;
         edge.kind = LinkKind::kIci;
         edge.bandwidth_uni_bytes_per_s = link_bw * chip.ici_links_per_chip;
-        edge.latency_s = chip.ici_hop_latency_us * kMicro;
+        edge.latency_s = ici_hop_latency_s(slice);
         edge.axis = 0;
         boost::add_edge(base + chip_id, base + other, edge, graph_);
       }
@@ -80,8 +81,8 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
           continue;
         }
         const bool last = coords[axis] == size - 1;
-        // An axis of 2 has one link between its chips; a wrap would duplicate it.
-        if (last && !(slice.wraparound[axis] && size > 2)) {
+        // The last chip links back to the first only on a closed ring (hw/network_model.h).
+        if (last && !torus_ring(slice, static_cast<int>(axis), size, /*whole_axis=*/true).wraps) {
           continue;
         }
         std::vector<int> neighbour = coords;
@@ -91,7 +92,7 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
           TopologyEdge edge;
           edge.kind = LinkKind::kIci;
           edge.bandwidth_uni_bytes_per_s = link_bw;
-          edge.latency_s = chip.ici_hop_latency_us * kMicro;
+          edge.latency_s = ici_hop_latency_s(slice);
           edge.axis = static_cast<int>(axis);
           edge.wraparound = last;
           boost::add_edge(base + chip_id * per_chip + chiplet,
@@ -125,7 +126,7 @@ Topology::Topology(const Slice& slice) : slice_(slice) {
       edge.kind = LinkKind::kDcn;
       edge.bandwidth_uni_bytes_per_s =
           chip.dcn_bandwidth_per_chip_gbps * kGiga * slice.chips_per_host;
-      edge.latency_s = chip.dcn_latency_us * kMicro;
+      edge.latency_s = dcn_latency_s(slice);
       boost::add_edge(first_host + host, fabric_vertex, edge, graph_);
     }
   }
@@ -173,20 +174,13 @@ AxisBandwidth Topology::axis_bandwidth(int axis) const {
   result.axis = axis;
   result.size = slice_.shape[axis];
   result.wraps = slice_.wraparound[axis];
-  result.link_bandwidth_uni_bytes_per_s = slice_.chip->ici_link_bandwidth_uni_gbps * kGiga;
+  result.link_bandwidth_uni_bytes_per_s = ici_link_peak_bytes_per_s(slice_);
   if (result.size < 2) {
     return result;
   }
-  if (slice_.switched) {
-    // Through the switch every GPU sends and receives on all its links at once.
-    result.ring_bandwidth_bytes_per_s =
-        result.link_bandwidth_uni_bytes_per_s * slice_.chip->ici_links_per_chip;
-    result.max_hops = 1;
-    return result;
-  }
-  result.ring_bandwidth_bytes_per_s =
-      (result.wraps ? 2.0 : 1.0) * result.link_bandwidth_uni_bytes_per_s;
-  result.max_hops = result.wraps ? result.size / 2 : result.size - 1;
+  const RingPath ring = torus_ring(slice_, axis, result.size, /*whole_axis=*/true);
+  result.ring_bandwidth_bytes_per_s = ring.bandwidth(result.link_bandwidth_uni_bytes_per_s);
+  result.max_hops = ring.max_hops;
   return result;
 }
 

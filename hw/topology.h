@@ -14,6 +14,9 @@
 // between the chiplet-0 vertices and one between the chiplet-1 vertices of neighbouring chips,
 // each carrying half of the link's bandwidth, so per-chip bandwidth and bisection are unchanged.
 //
+// What a ring collective gets along an axis (axis_bandwidth) is hw/network_model.h's, the model
+// the collective costs use too.
+//
 // Example:
 //   Topology topology(parse_slice("v5e-256"));
 //   topology.bisection_bandwidth_bytes_per_s();   // 32 links x 50 GB/s = 1.6 TB/s

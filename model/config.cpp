@@ -17,199 +17,29 @@
 #include "common/suggest.h"
 #include "common/utf8.h"
 #include "common/yaml_text.h"
+#include "model/config_files.h"
 #include "model/config_rules.h"
+#include "model/config_values.h"
 
 namespace tpusim {
+
+using config_internal::coerce;
+using config_internal::ConfigFileLayer;
+using config_internal::describe;
+using config_internal::infer_type;
+using config_internal::merge_rules_by_name;
+using config_internal::parse_canonical_int;
+using config_internal::preset_path_beside;
+using config_internal::read_config_file;
+using config_internal::unbuilt_preset_reason;
+using config_internal::yaml_to_json;
+
 namespace {
 
 constexpr const char* kCommandLine = "command line";
 constexpr const char* kDefaultModelName = "default";
 
-// YAML 1.1 (PyYAML, which MaxText reads its configs with) allows digit-group underscores in
-// numbers: "1_000_000", "10_000.5". yaml-cpp (YAML 1.2) reads them as strings, so a number's text
-// loses its underscores before it is parsed. Only underscores between digits are removed.
-std::string without_digit_underscores(const std::string& text) {
-  if (text.find('_') == std::string::npos) {
-    return text;
-  }
-  std::string digits;
-  for (size_t index = 0; index < text.size(); ++index) {
-    if (text[index] == '_') {
-      const bool between_digits = index > 0 && index + 1 < text.size() &&
-                                  std::isdigit(static_cast<unsigned char>(text[index - 1])) &&
-                                  std::isdigit(static_cast<unsigned char>(text[index + 1]));
-      if (!between_digits) {
-        return text;
-      }
-      continue;
-    }
-    digits += text[index];
-  }
-  return digits;
-}
-
-bool looks_like_float(const std::string& text) {
-  return text.find_first_of(".eE") != std::string::npos &&
-         text.find_first_not_of("0123456789+-.eE") == std::string::npos;
-}
-
-// A decimal integer without sign prefix '+', leading zeros or spaces ("0", "-12", "4096"): the
-// form coerce() stores. Anything else (octal "012", hex "0x1f", ...) is left to yaml-cpp.
-std::optional<int64_t> parse_canonical_int(std::string_view text) {
-  const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
-  if (text.size() <= digits || (text[digits] == '0' && text.size() > digits + 1)) {
-    return std::nullopt;
-  }
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) {
-    return std::nullopt;
-  }
-  return value;
-}
-
-bool looks_like_int(const std::string& text) {
-  if (text.empty()) {
-    return false;
-  }
-  const size_t start = (text[0] == '-' || text[0] == '+') ? 1 : 0;
-  return start < text.size() && text.find_first_not_of("0123456789", start) == std::string::npos;
-}
-
-// The type base.yml's default declares. Quoted scalars are strings whatever they contain.
-ConfigType infer_type(const YAML::Node& node, const std::string& key, const std::string& origin) {
-  if (node.IsSequence()) {
-    return ConfigType::kList;
-  }
-  if (!node.IsScalar()) {
-    throw UserError(origin + ": '" + key + "' must be a scalar or a list, not " +
-                    (node.IsNull() ? "null" : "a mapping"));
-  }
-  if (node.Tag() == "!") {
-    return ConfigType::kString;
-  }
-  const std::string& text = node.Scalar();
-  if (text == "true" || text == "false") {
-    return ConfigType::kBool;
-  }
-  if (looks_like_int(text)) {
-    return ConfigType::kInt;
-  }
-  if (looks_like_float(text)) {
-    return ConfigType::kFloat;
-  }
-  return ConfigType::kString;
-}
-
-std::string describe(const YAML::Node& node) {
-  YAML::Emitter emitter;
-  emitter << YAML::Flow << node;
-  return emitter.c_str();
-}
-
-// Checks that `value` fits `type` and returns it in canonical form.
-YAML::Node coerce(const YAML::Node& value, ConfigType type, const std::string& key,
-                  const std::string& origin) {
-  const std::string where = "'" + key + "'" + (origin.empty() ? "" : " (" + origin + ")");
-  auto fail = [&](const std::string& expected) -> YAML::Node {
-    throw UserError(where + ": expected " + expected + ", got '" + describe(value) + "'", key);
-  };
-  switch (type) {
-    case ConfigType::kList:
-      if (!value.IsSequence()) {
-        return fail("a list like [a, b]");
-      }
-      return value;
-    case ConfigType::kString:
-      if (value.IsNull()) {
-        return YAML::Node(std::string());
-      }
-      if (!value.IsScalar()) {
-        return fail("a string");
-      }
-      if (!is_valid_utf8(value.Scalar())) {
-        throw UserError(where + ": the value is not valid UTF-8", key);
-      }
-      return YAML::Node(value.Scalar());
-    case ConfigType::kBool: {
-      if (!value.IsScalar()) {
-        return fail("true or false");
-      }
-      std::string text = value.Scalar();
-      for (char& character : text) {
-        character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
-      }
-      if (text == "true") {
-        return YAML::Node(true);
-      }
-      if (text == "false") {
-        return YAML::Node(false);
-      }
-      return fail("true or false");
-    }
-    case ConfigType::kInt: {
-      const std::string text = value.IsScalar() ? without_digit_underscores(value.Scalar()) : "";
-      // A whole number written with a zero fraction (qwen2.5's rope_max_timescale: 1000000.0) is
-      // that integer, as MaxText's pydantic schema takes it; 1.5 and 1e3 are not integers.
-      const size_t point = text.find('.');
-      const std::string whole =
-          point != std::string::npos && text.find_first_not_of('0', point + 1) == std::string::npos
-              ? text.substr(0, point)
-              : text;
-      if (!value.IsScalar() || !looks_like_int(whole)) {
-        return fail("an integer");
-      }
-      try {
-        return YAML::Node(std::stoll(whole));
-      } catch (const std::out_of_range&) {
-        return fail("an integer within 64 bits");
-      }
-    }
-    case ConfigType::kFloat: {
-      const std::string text = value.IsScalar() ? without_digit_underscores(value.Scalar()) : "";
-      if (!value.IsScalar() || !(looks_like_int(text) || looks_like_float(text))) {
-        return fail("a number");
-      }
-      double number = 0;
-      try {
-        number = std::stod(text);
-      } catch (const std::exception&) {
-        return fail("a number");
-      }
-      if (!std::isfinite(number)) {
-        return fail("a finite number");
-      }
-      return YAML::Node(number);
-    }
-  }
-  return value;
-}
-
-std::string preset_path_beside(const std::string& base_path, const std::string& model_name) {
-  if (base_path.empty()) {
-    return "";
-  }
-  const std::filesystem::path directory = std::filesystem::path(base_path).parent_path();
-  return (directory / "models" / (model_name + ".yml")).string();
-}
-
 }  // namespace
-
-const char* config_type_name(ConfigType type) {
-  switch (type) {
-    case ConfigType::kInt:
-      return "integer";
-    case ConfigType::kFloat:
-      return "number";
-    case ConfigType::kBool:
-      return "bool";
-    case ConfigType::kString:
-      return "string";
-    case ConfigType::kList:
-      return "list";
-  }
-  return "?";
-}
 
 std::pair<std::string, std::string> split_override(std::string_view text) {
   const size_t equals = text.find('=');
@@ -219,136 +49,7 @@ std::pair<std::string, std::string> split_override(std::string_view text) {
   return {std::string(text.substr(0, equals)), std::string(text.substr(equals + 1))};
 }
 
-std::vector<std::string> available_model_presets(const std::string& base_path) {
-  std::set<std::string> names;
-  for (const std::string& path : embedded_files_under("configs/models/")) {
-    const std::filesystem::path file(path);
-    if (file.extension() == ".yml") {
-      names.insert(file.stem().string());
-    }
-  }
-  if (!base_path.empty()) {
-    std::error_code error;
-    const auto directory = std::filesystem::path(base_path).parent_path() / "models";
-    for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-      if (entry.path().extension() == ".yml") {
-        names.insert(entry.path().stem().string());
-      }
-    }
-  }
-  return {names.begin(), names.end()};
-}
-
 namespace {
-
-// What tpusim lacks to build a MaxText preset ("decoder_block gemma4"), or "" when the name is not
-// such a preset.
-std::string unbuilt_preset_reason(const std::string& model_name) {
-  constexpr const char* kPath = "configs/maxtext/presets_not_built.tsv";
-  const auto text = embedded_file(kPath);
-  if (!text) {
-    return "";
-  }
-  const CsvTable table = parse_tsv(*text, kPath);  // preset, what is missing
-  for (const std::vector<std::string>& row : table.rows) {
-    if (row[0] == model_name) {
-      return row[1];
-    }
-  }
-  return "";
-}
-
-// One config file and what its `base_config:` chain put before it, in application order.
-struct ConfigFileLayer {
-  std::string origin;
-  YAML::Node root;  // a mapping, without its base_config key
-};
-
-constexpr int kMaxBaseConfigDepth = 16;
-
-void read_config_file(const std::string& path, int depth, std::vector<ConfigFileLayer>& layers) {
-  if (depth > kMaxBaseConfigDepth) {
-    throw UserError(path + ": base_config chain deeper than " +
-                    std::to_string(kMaxBaseConfigDepth) + " files (a cycle?)");
-  }
-  const YAML::Node root = parse_yaml(read_text_file(path), path);
-  if (root.IsNull()) {
-    return;
-  }
-  if (!root.IsMap()) {
-    throw UserError(path + ": a config file must be a YAML mapping of key: value");
-  }
-  YAML::Node own(YAML::NodeType::Map);
-  for (const auto& item : root) {
-    const std::string key = item.first.as<std::string>();
-    if (key != "base_config") {
-      own[key] = item.second;
-      continue;
-    }
-    if (!item.second.IsScalar() || item.second.Scalar().empty()) {
-      throw UserError(path + ": base_config must name a config file");
-    }
-    // MaxText resolves base_config beside the file that names it. A model YAML copied alone
-    // names MaxText's "base.yml": tpusim's embedded base.yml stands for it.
-    const std::filesystem::path named(item.second.Scalar());
-    const std::filesystem::path beside = std::filesystem::path(path).parent_path() / named;
-    if (std::filesystem::exists(beside)) {
-      read_config_file(beside.string(), depth + 1, layers);
-    } else if (named.filename() != "base.yml") {
-      throw UserError(path + ": base_config '" + named.string() + "' not found (looked for '" +
-                      beside.string() + "')");
-    }
-  }
-  layers.push_back({path, own});
-}
-
-// MaxText merges a model preset's logical_axis_rules into the base rules by logical axis name
-// (unless override_logical_axis_rules): a name the preset gives replaces every base rule of that
-// name, at the place of the first one; base rules of other names stay, fallbacks included; new
-// names come last. Config files merge the same way into the embedded base.yml, whose rules are
-// MaxText's plus the logical axes tpusim's model names (activation_batch_no_exp): a MaxText
-// base.yml given as a file then keeps them. A name mapped to [] replicates that axis.
-YAML::Node merge_rules_by_name(const YAML::Node& base, const YAML::Node& preset,
-                               const std::string& origin) {
-  auto rule_name = [&](const YAML::Node& rule) {
-    if (!rule.IsSequence() || rule.size() != 2 || !rule[0].IsScalar()) {
-      throw UserError("logical_axis_rules (" + origin +
-                      "): each rule must be [logical_axis, mesh_axes], got '" + describe(rule) +
-                      "'");
-    }
-    return rule[0].Scalar();
-  };
-  std::map<std::string, std::vector<YAML::Node>> replacements;
-  std::vector<std::string> preset_order;
-  for (const YAML::Node& rule : preset) {
-    const std::string name = rule_name(rule);
-    if (!replacements.contains(name)) {
-      preset_order.push_back(name);
-    }
-    replacements[name].push_back(rule);
-  }
-  YAML::Node merged(YAML::NodeType::Sequence);
-  std::set<std::string> placed;
-  for (const YAML::Node& rule : base) {
-    const std::string name = rule_name(rule);
-    const auto replacement = replacements.find(name);
-    if (replacement == replacements.end()) {
-      merged.push_back(rule);
-    } else if (placed.insert(name).second) {
-      for (const YAML::Node& new_rule : replacement->second) {
-        merged.push_back(new_rule);
-      }
-    }
-  }
-  for (const std::string& name : preset_order) {
-    if (placed.insert(name).second) {
-      for (const YAML::Node& new_rule : replacements[name]) {
-        merged.push_back(new_rule);
-      }
-    }
-  }
-  return merged;
-}
 
 // The value the command line gives a bool key, if it gives one.
 std::optional<bool> command_line_bool(const std::string& key,
@@ -661,6 +362,22 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
   apply(key, value, origin);
 }
 
+void Config::set_int(std::string_view key, int64_t value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_float(std::string_view key, double value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_bool(std::string_view key, bool value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
+void Config::set_string(std::string_view key, const std::string& value, const std::string& origin) {
+  apply(key, YAML::Node(value), origin);
+}
+
 std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
   std::vector<PassthroughKey> keys;
   for (const auto& [name, kept] : passthrough_) {
@@ -753,32 +470,6 @@ YAML::Node Config::get_node(std::string_view key) const {
 const std::string& Config::origin(std::string_view key) const {
   return entry(key).origin;
 }
-
-namespace {
-
-nlohmann::json yaml_to_json(const YAML::Node& node, ConfigType type) {
-  switch (type) {
-    case ConfigType::kInt:
-      return node.as<int64_t>();
-    case ConfigType::kFloat:
-      return node.as<double>();
-    case ConfigType::kBool:
-      return node.as<bool>();
-    case ConfigType::kString:
-      return node.as<std::string>();
-    case ConfigType::kList: {
-      nlohmann::json list = nlohmann::json::array();
-      for (const YAML::Node& item : node) {
-        list.push_back(item.IsSequence() ? yaml_to_json(item, ConfigType::kList)
-                                         : nlohmann::json(item.Scalar()));
-      }
-      return list;
-    }
-  }
-  return nullptr;
-}
-
-}  // namespace
 
 nlohmann::json Config::to_json() const {
   nlohmann::json json = nlohmann::json::object();

@@ -71,6 +71,12 @@ class Config {
 
   // Sets `key` from override text as the command line would (type-checked). UserError if bad.
   void set(std::string_view key, std::string_view value_text, const std::string& origin);
+  // Sets `key` to a typed value (no text in between), type-checked as `set` does: what a program
+  // that chose the value itself uses (explore's candidates), e.g. set_float("x", 1.0 / 3, "me").
+  void set_int(std::string_view key, int64_t value, const std::string& origin);
+  void set_float(std::string_view key, double value, const std::string& origin);
+  void set_bool(std::string_view key, bool value, const std::string& origin);
+  void set_string(std::string_view key, const std::string& value, const std::string& origin);
 
   // Keys in base.yml order.
   const std::vector<std::string>& keys() const { return order_; }

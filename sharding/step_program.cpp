@@ -1,8 +1,7 @@
 #include "sharding/step_program.h"
 
-#include <cmath>
-
 #include "common/error.h"
+#include "model/batch_plan.h"
 #include "model/config.h"
 
 namespace tpusim {
@@ -38,19 +37,18 @@ StepProgram build_step_program(const Config& config) {
   result.slice = slice_from_config(config);
   result.mesh =
       place_mesh(resolve_mesh(config, result.slice), result.slice, placement_from_config(config));
-  // MaxText: a microbatch is per_device_batch_size x devices sequences; an optimizer step runs
-  // gradient_accumulation_steps of them (pyconfig calculate_global_batch_sizes).
   const double per_device = config.get_float("per_device_batch_size");
-  const double microbatch = per_device * static_cast<double>(result.slice.total_devices());
-  result.microbatch = static_cast<int64_t>(std::floor(microbatch + 1e-9));
-  if (result.microbatch < 1) {
+  const BatchPlan batch = plan_batch(per_device, result.slice.total_devices(),
+                                     config.get_int("gradient_accumulation_steps"));
+  if (batch.microbatch < 1) {
     throw UserError("per_device_batch_size: " + std::to_string(per_device) + " x " +
                     std::to_string(result.slice.total_devices()) +
                     " devices is less than one sequence per step");
   }
-  result.accumulation_steps = config.get_int("gradient_accumulation_steps");
+  result.microbatch = batch.microbatch;
+  result.accumulation_steps = batch.accumulation_steps;
+  result.global_batch = batch.global_batch;
   result.attention_scores_in_hbm = config.get_string("attention") == "dot_product";
-  result.global_batch = result.microbatch * result.accumulation_steps;
   result.step =
       std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
   result.program = partition(*result.step, LogicalAxisRules::from_config(config), result.mesh);

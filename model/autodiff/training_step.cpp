@@ -254,6 +254,63 @@ class BackwardBuilder {
     return grad;
   }
 
+  // The VJP of an elementwise op: a sum's inputs get dy (summed over the dims an input was
+  // broadcast over), a product's each get dy times the other, a cast casts back, and an
+  // activation applies its derivative kernel to (dy, x).
+  void emit_elementwise_grad(const Op& op, TensorId dy, int region) {
+    auto grad_name = [&op] { return op.name + "/grad"; };
+    const ElementwiseFn fn = op.attrs.function;
+    if (fn == ElementwiseFn::kAdd) {
+      // An input broadcast over dims it lacks (a bias over the tokens) gets dy summed over
+      // them.
+      const Tensor& output = graph_.tensor(op.outputs[0]);
+      for (const TensorId input : op.inputs) {
+        OpAttrs attrs;
+        for (const Dim& dim : output.dims) {
+          if (graph_.tensor(input).dim_index(dim.name) < 0) {
+            attrs.contracted.push_back(dim.name);
+          }
+        }
+        accumulate(input,
+                   attrs.contracted.empty() ? dy
+                                            : simple_op(OpKind::kReduceSum, grad_name(), {dy},
+                                                        graph_.tensor(input), region, attrs),
+                   region);
+      }
+      return;
+    }
+    if (fn == ElementwiseFn::kCast) {
+      OpAttrs attrs;
+      attrs.function = ElementwiseFn::kCast;
+      const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
+                                      graph_.tensor(op.inputs[0]), region, attrs);
+      accumulate(op.inputs[0], grad, region);
+      return;
+    }
+    if (fn == ElementwiseFn::kMul) {
+      for (size_t index = 0; index < 2; ++index) {
+        OpAttrs attrs;
+        attrs.function = ElementwiseFn::kMul;
+        const TensorId grad = simple_op(OpKind::kElementwise, grad_name(),
+                                        {dy, available(op.inputs[1 - index], region)},
+                                        graph_.tensor(op.inputs[index]), region, attrs);
+        accumulate(op.inputs[index], grad, region);
+      }
+      return;
+    }
+    OpAttrs attrs;
+    attrs.function = fn == ElementwiseFn::kSilu      ? ElementwiseFn::kSiluGrad
+                     : fn == ElementwiseFn::kRelu    ? ElementwiseFn::kReluGrad
+                     : fn == ElementwiseFn::kSigmoid ? ElementwiseFn::kSigmoidGrad
+                     : fn == ElementwiseFn::kGelu    ? ElementwiseFn::kGeluGrad
+                                                     : fn;
+    const TensorId grad =
+        simple_op(OpKind::kElementwise, grad_name(), {dy, available(op.inputs[0], region)},
+                  graph_.tensor(op.inputs[0]), region, attrs);
+    accumulate(op.inputs[0], grad, region);
+    return;
+  }
+
   void emit_vjp(const Op& op, int region) {
     std::vector<TensorId> grad_outs;
     bool any = false;
@@ -271,58 +328,9 @@ class BackwardBuilder {
       case OpKind::kEinsum:
         emit_einsum_grad(op, dy, region);
         return;
-      case OpKind::kElementwise: {
-        const ElementwiseFn fn = op.attrs.function;
-        if (fn == ElementwiseFn::kAdd) {
-          // An input broadcast over dims it lacks (a bias over the tokens) gets dy summed over
-          // them.
-          const Tensor& output = graph_.tensor(op.outputs[0]);
-          for (const TensorId input : op.inputs) {
-            OpAttrs attrs;
-            for (const Dim& dim : output.dims) {
-              if (graph_.tensor(input).dim_index(dim.name) < 0) {
-                attrs.contracted.push_back(dim.name);
-              }
-            }
-            accumulate(input,
-                       attrs.contracted.empty() ? dy
-                                                : simple_op(OpKind::kReduceSum, grad_name(), {dy},
-                                                            graph_.tensor(input), region, attrs),
-                       region);
-          }
-          return;
-        }
-        if (fn == ElementwiseFn::kCast) {
-          OpAttrs attrs;
-          attrs.function = ElementwiseFn::kCast;
-          const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
-                                          graph_.tensor(op.inputs[0]), region, attrs);
-          accumulate(op.inputs[0], grad, region);
-          return;
-        }
-        if (fn == ElementwiseFn::kMul) {
-          for (size_t index = 0; index < 2; ++index) {
-            OpAttrs attrs;
-            attrs.function = ElementwiseFn::kMul;
-            const TensorId grad = simple_op(OpKind::kElementwise, grad_name(),
-                                            {dy, available(op.inputs[1 - index], region)},
-                                            graph_.tensor(op.inputs[index]), region, attrs);
-            accumulate(op.inputs[index], grad, region);
-          }
-          return;
-        }
-        OpAttrs attrs;
-        attrs.function = fn == ElementwiseFn::kSilu      ? ElementwiseFn::kSiluGrad
-                         : fn == ElementwiseFn::kRelu    ? ElementwiseFn::kReluGrad
-                         : fn == ElementwiseFn::kSigmoid ? ElementwiseFn::kSigmoidGrad
-                         : fn == ElementwiseFn::kGelu    ? ElementwiseFn::kGeluGrad
-                                                         : fn;
-        const TensorId grad =
-            simple_op(OpKind::kElementwise, grad_name(), {dy, available(op.inputs[0], region)},
-                      graph_.tensor(op.inputs[0]), region, attrs);
-        accumulate(op.inputs[0], grad, region);
+      case OpKind::kElementwise:
+        emit_elementwise_grad(op, dy, region);
         return;
-      }
       case OpKind::kRmsNorm:
       case OpKind::kLayerNorm: {
         std::vector<TensorId> inputs = {dy};

@@ -20,7 +20,7 @@
 #include "sim/explore/explore_html.h"
 #include "sim/explore/explorer.h"
 #ifdef TPUSIM_WITH_MPI
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/mpi_transport.h"
 #endif
 
 namespace tpusim {

@@ -18,7 +18,7 @@
 #include "sim/cli/commands.h"
 #include "sim/train/trainer.h"
 #ifdef TPUSIM_WITH_MPI
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/mpi_transport.h"
 #endif
 
 namespace tpusim {

@@ -28,6 +28,11 @@
 // kind changes the kernel's cost, not the program), and those are timed without trace or
 // breakdown. Meshes are spread over threads; the top N (ties broken by the order of the space, so
 // results do not depend on threads) get a full estimate.
+// The parts, one file each: the space (search_space.h), a candidate and its keys (candidate.h),
+// the objective (objective.h), the shared training steps (training_step_cache.h), the
+// divisibility rule (divisibility.h), one mesh's evaluation (mesh_evaluator.h), what the workers
+// and ranks found (worker_result.h), the bounds (step_bounds.h) and pipeline schedules
+// (pipeline_schedules.h); this file runs them and merges the schedules.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});
@@ -43,18 +48,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sim/explore/candidate.h"
+#include "sim/explore/objective.h"
 #include "sim/explore/search_space.h"
 
 namespace tpusim {
 
 class Config;
 class Transport;
-
-enum class ExploreObjective { kTokensPerSecondPerChip, kMfu, kStepTime, kTokensPerDollar };
-
-// "tokens_per_s_per_chip" (default), "mfu", "step_time", "tokens_per_dollar"; UserError else.
-ExploreObjective parse_objective(const std::string& name);
-const char* objective_name(ExploreObjective objective);
 
 struct ExploreOptions {
   ExploreLimits limits;
@@ -79,16 +80,6 @@ struct ExploreSample {
   double tokens_per_s_per_chip = 0;
   double peak_bytes = 0;
   bool fits = false;
-};
-
-struct Candidate {
-  MeshShape mesh;
-  BatchChoice batch;
-  int remat = 0;  // index into SearchSpace::remats
-  std::string attention;
-  PerfChoice perf;
-  int placement = 0;  // index into SearchSpace::placements
-  int64_t order = 0;  // position in the space's enumeration (tie-break)
 };
 
 struct RankedCandidate {
@@ -150,11 +141,5 @@ struct ExploreResult {
 // 20 s -> 25 s for llama3.1-405b on 2 x v6e-256, against a search that pruned later schedules
 // with the earlier ones' top list).
 ExploreResult explore(const Config& config, const ExploreOptions& options);
-
-// The config of one candidate: `config` with the candidate's keys set.
-Config candidate_config(const Config& config, const SearchSpace& space, const Candidate& candidate);
-// The candidate's keys as key=value overrides (every searched key, so that the line reproduces
-// it whatever the defaults).
-std::vector<std::string> candidate_overrides(const SearchSpace& space, const Candidate& candidate);
 
 }  // namespace tpusim

@@ -10,6 +10,7 @@
 #include "hw/chip_spec.h"
 #include "model/autodiff/remat_policy.h"
 #include "model/autodiff/training_step.h"
+#include "model/batch_plan.h"
 #include "model/config.h"
 #include "sharding/device_mesh.h"
 #include "sharding/step_program.h"
@@ -129,12 +130,11 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
   const int64_t pinned_accumulation = config.get_int("gradient_accumulation_steps");
   std::vector<BatchChoice> choices;
   auto add = [&](double per_device, int64_t accumulation) {
-    const double microbatch = per_device * devices;
-    const auto sequences = static_cast<int64_t>(std::llround(microbatch));
-    if (sequences < 1 || std::abs(microbatch - static_cast<double>(sequences)) > 1e-9) {
-      return;
+    const BatchPlan plan = plan_batch(per_device, devices, accumulation);
+    if (plan.microbatch < 1 || !plan.whole) {
+      return;  // explore proposes only batches of whole sequences
     }
-    choices.push_back({per_device, accumulation, sequences});
+    choices.push_back({per_device, accumulation, plan.microbatch});
   };
   if (limits.global_batch_size > 0) {
     const int64_t global = limits.global_batch_size;
@@ -323,7 +323,10 @@ int64_t SearchSpace::size() const {
          candidates_per_mesh_and_batch();
 }
 
-SearchSpace build_search_space(const Config& config, const ExploreLimits& limits) {
+namespace {
+
+// UserError for limits out of range.
+void check_limits(const ExploreLimits& limits) {
   // Written so NaN fails too. The largest batch bounds the search's loop (1e309 was an endless
   // loop); below the smallest candidate (1/64) nothing would be searched.
   constexpr double kSmallestBatch = 1.0 / 64;
@@ -341,8 +344,11 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
     throw UserError("--global-batch-size: " + std::to_string(limits.global_batch_size) +
                     " must be 0 (search the batch) or a number of sequences");
   }
-  SearchSpace space;
-  space.slice = slice_from_config(config);
+}
+
+// Every mesh: the pinned axes keep their size, the searched ones factorize what is left (ICI
+// within a slice, DCN across slices); data- and fsdp-parallel meshes first.
+void add_meshes(const Config& config, SearchSpace& space) {
   MeshShape base;
   std::vector<std::string>& keys = space.searched_keys;
   const int ici_left = pin_axes(config, false, kIciSearchAxes, space.slice.devices(), base.ici,
@@ -369,9 +375,11 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
                      };
                      return other(a) < other(b);
                    });
-  space.batches = batch_choices(config, limits, space.slice.total_devices(), keys);
-  // A pipeline (explore searches one schedule at a time, sim/explore/explorer.h) takes only the
-  // batches its microbatches divide, as MaxText requires.
+}
+
+// A pipeline (explore searches one schedule at a time, sim/explore/explorer.h) takes only the
+// batches its microbatches divide, as MaxText requires.
+void keep_pipeline_batches(const Config& config, SearchSpace& space) {
   const int64_t stages = std::max<int64_t>(1, config.get_int("ici_pipeline_parallelism")) *
                          std::max<int64_t>(1, config.get_int("dcn_pipeline_parallelism"));
   if (stages > 1) {
@@ -387,8 +395,11 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
                       ": divides none of the batches searched");
     }
   }
-  space.remats = remat_choices(config, keys);
+}
 
+// The attention kinds and, for the fused kernel on TPU, the splash block sizes.
+void add_attention_choices(const Config& config, SearchSpace& space) {
+  std::vector<std::string>& keys = space.searched_keys;
   // On a GPU node the fused attention is cuDNN's (Transformer Engine), with no splash blocks.
   const bool gpu = space.slice.chip->is_gpu();
   const std::string fused_attention = gpu ? "cudnn_flash_te" : "flash";
@@ -431,6 +442,12 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
       space.flash_blocks.emplace_back(block_q, block_kv);
     }
   }
+}
+
+// SparseCore collective offload (chips that have SparseCores) and collective matmul (TPU).
+void add_collective_switches(const Config& config, SearchSpace& space) {
+  std::vector<std::string>& keys = space.searched_keys;
+  const bool gpu = space.slice.chip->is_gpu();
   const bool has_sparse_cores = space.slice.chip->sparsecores_per_chip > 0;
   if (pinned(config, "sparse_core_collective_offload") || !has_sparse_cores) {
     space.sparse_core_values = {config.get_string("sparse_core_collective_offload")};
@@ -445,6 +462,12 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
     space.collective_matmul_values = {false, true};
     keys.emplace_back("collective_matmul");
   }
+}
+
+// The default placement (or the pinned one), then each ICI axis that is larger than 1 in some
+// mesh, placed first.
+void add_placements(const Config& config, SearchSpace& space) {
+  std::vector<std::string>& keys = space.searched_keys;
   space.placements = {placement_from_config(config)};
   if (!pinned(config, "mesh_placement_first")) {
     // Each ICI axis that is larger than 1 in some mesh, placed first.
@@ -459,6 +482,21 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
       keys.emplace_back("mesh_placement_first");
     }
   }
+}
+
+}  // namespace
+
+SearchSpace build_search_space(const Config& config, const ExploreLimits& limits) {
+  check_limits(limits);
+  SearchSpace space;
+  space.slice = slice_from_config(config);
+  add_meshes(config, space);
+  space.batches = batch_choices(config, limits, space.slice.total_devices(), space.searched_keys);
+  keep_pipeline_batches(config, space);
+  space.remats = remat_choices(config, space.searched_keys);
+  add_attention_choices(config, space);
+  add_collective_switches(config, space);
+  add_placements(config, space);
   return space;
 }
 

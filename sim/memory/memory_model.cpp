@@ -93,43 +93,7 @@ class MemoryModel {
         estimate.host_offloaded_bytes = host_bytes;
       }
     };
-    // A pipeline's loop buffers (MaxText pipeline.py), alive from its forward loop to the end of
-    // its backward loop, counted with the saved activations: the stage's share of the inputs
-    // (state_io: M / S microbatches), the hand-over buffer (one), and with circular repeats and
-    // more microbatches than stages the storage of the last stage's outputs until their next
-    // pass (circ_storage: M). One microbatch here is the loop input's bytes on this device.
-    std::vector<double> loop_buffers(regions, 0);
-    const PipelineSchedule& pipeline = program_.step->forward_info.pipeline;
-    for (const Graph::Carry& carry : graph_.carries()) {
-      const Tensor& into = graph_.tensor(carry.to);
-      const Region& loop = graph_.region(into.region);
-      if (pipeline.active() && loop.pipelined() && loop.phase == Phase::kForward &&
-          graph_.tensor(carry.from).region != into.region) {
-        const bool circular_storage =
-            pipeline.repeats > 1 && pipeline.microbatches > pipeline.stages;
-        const int64_t microbatches = pipeline.microbatches / pipeline.stages + 1 +
-                                     (circular_storage ? pipeline.microbatches : 0);
-        loop_buffers[static_cast<size_t>(into.region)] =
-            bytes_[static_cast<size_t>(into.id)] * static_cast<double>(microbatches);
-      }
-    }
-    // pipeline_fsdp_ag_once: every layer the stage holds stays gathered through both loops, and
-    // the gathered-size gradients sum until the reduce-scatter after the backward loop (counted
-    // from the forward loop on: an upper bound in the forward part).
-    for (const Op& op : graph_.ops()) {
-      const Region& loop = graph_.region(op.region);
-      if (op.attrs.iteration_share == 1 || !loop.pipelined()) {
-        continue;
-      }
-      const int forward = loop.phase == Phase::kForward ? op.region : loop.forward_region;
-      const bool forward_gather = op.kind == OpKind::kAllGather && op.phase == Phase::kForward;
-      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
-      if (forward >= 0 && (forward_gather || reduction)) {
-        const TensorId full = forward_gather ? op.outputs[0] : op.inputs[0];
-        loop_buffers[static_cast<size_t>(forward)] +=
-            bytes_[static_cast<size_t>(full)] * static_cast<double>(loop.parameter_sets());
-      }
-    }
+    const std::vector<double> loop_buffers = pipeline_loop_buffers();
     // Forward: saved activations pile up region by region.
     double saved_so_far = 0;
     double host_so_far = 0;
@@ -183,6 +147,48 @@ class MemoryModel {
   }
 
  private:
+  // A pipeline's loop buffers (MaxText pipeline.py), alive from its forward loop to the end of
+  // its backward loop, counted with the saved activations: the stage's share of the inputs
+  // (state_io: M / S microbatches), the hand-over buffer (one), and with circular repeats and
+  // more microbatches than stages the storage of the last stage's outputs until their next
+  // pass (circ_storage: M). One microbatch here is the loop input's bytes on this device.
+  std::vector<double> pipeline_loop_buffers() const {
+    const size_t regions = graph_.regions().size();
+    std::vector<double> loop_buffers(regions, 0);
+    const PipelineSchedule& pipeline = program_.step->forward_info.pipeline;
+    for (const Graph::Carry& carry : graph_.carries()) {
+      const Tensor& into = graph_.tensor(carry.to);
+      const Region& loop = graph_.region(into.region);
+      if (pipeline.active() && loop.pipelined() && loop.phase == Phase::kForward &&
+          graph_.tensor(carry.from).region != into.region) {
+        const bool circular_storage =
+            pipeline.repeats > 1 && pipeline.microbatches > pipeline.stages;
+        const int64_t microbatches = pipeline.microbatches / pipeline.stages + 1 +
+                                     (circular_storage ? pipeline.microbatches : 0);
+        loop_buffers[static_cast<size_t>(into.region)] =
+            bytes_[static_cast<size_t>(into.id)] * static_cast<double>(microbatches);
+      }
+    }
+    // pipeline_fsdp_ag_once: every layer the stage holds stays gathered through both loops, and
+    // the gathered-size gradients sum until the reduce-scatter after the backward loop (counted
+    // from the forward loop on: an upper bound in the forward part).
+    for (const Op& op : graph_.ops()) {
+      const Region& loop = graph_.region(op.region);
+      if (op.attrs.iteration_share == 1 || !loop.pipelined()) {
+        continue;
+      }
+      const int forward = loop.phase == Phase::kForward ? op.region : loop.forward_region;
+      const bool forward_gather = op.kind == OpKind::kAllGather && op.phase == Phase::kForward;
+      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
+      if (forward >= 0 && (forward_gather || reduction)) {
+        const TensorId full = forward_gather ? op.outputs[0] : op.inputs[0];
+        loop_buffers[static_cast<size_t>(forward)] +=
+            bytes_[static_cast<size_t>(full)] * static_cast<double>(loop.parameter_sets());
+      }
+    }
+    return loop_buffers;
+  }
+
   void classify() {
     const size_t count = graph_.tensors().size();
     category_.assign(count, Category::kTemporary);

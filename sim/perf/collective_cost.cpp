@@ -2,22 +2,13 @@
 
 #include <algorithm>
 
+#include "hw/network_model.h"
 #include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
 
-constexpr double kGiga = 1e9;
 constexpr double kMicro = 1e-6;
-
-// One ring's bandwidth per device (bytes/s, achievable) and its hop count.
-struct Ring {
-  double bandwidth = 0;
-  double hops = 0;
-  double latency_per_hop = 0;
-  int size = 1;
-  bool chiplet = false;
-};
 
 // Bandwidth term of an all-gather of V over N devices on bandwidth W.
 double gather_seconds(double bytes, double devices, double bandwidth) {
@@ -34,8 +25,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   const ChipSpec& chip = *slice.chip;
   // The devices of one chip (v7x chiplets) each run their ring on their share of the chip's links
   // (hw/topology.h draws every ICI link as one edge per chiplet with that share).
-  const double link = chip.ici_link_bandwidth_uni_gbps * kGiga * chip.ici_achievable_fraction /
-                      slice.devices_per_chip;
+  const double link = ici_link_achievable_bytes_per_s(slice);
   double ici_bandwidth = 0;
   double chip_link_bandwidth = 0;  // of the torus links only (no D2D)
   double chiplet_devices = 1;      // devices of one chip in the group (the D2D portion)
@@ -50,34 +40,23 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
     ici_devices *= axis.ici_size;
     for (const PhysicalPortion& portion : axis.portions) {
       if (portion.physical_axis == kChipletAxis) {
-        ici_bandwidth += chip.d2d_bandwidth_uni_gbps * kGiga;
+        const RingPath ring = chiplet_ring(slice);
+        ici_bandwidth += ring.bandwidth(link);
         chiplet_devices *= static_cast<double>(portion.size);
-        ici_hops += 1;
+        ici_hops += ring.latency_steps;
         continue;
       }
       d2d_only = false;
-      if (slice.switched) {
-        // Through the switch each GPU uses all its links whatever the group, and a ring of N
-        // takes N - 1 steps of one switch hop.
-        ici_bandwidth += chip.ici_links_per_chip * link;
-        chip_link_bandwidth += chip.ici_links_per_chip * link;
-        ici_hops += portion.size - 1.0;
-        all_wrap = false;
-        continue;
-      }
-      const bool wraps = portion.whole_axis &&
-                         slice.wraparound[static_cast<size_t>(portion.physical_axis)] &&
-                         portion.size > 2;
-      all_wrap = all_wrap && wraps;
-      // Both neighbours of a wrapped ring take a share; an open line is one direction's worth.
-      ici_bandwidth += (wraps ? 2.0 : 1.0) * link;
-      chip_link_bandwidth += (wraps ? 2.0 : 1.0) * link;
-      ici_hops += wraps ? portion.size / 2.0 : portion.size - 1.0;
+      const RingPath ring =
+          torus_ring(slice, portion.physical_axis, portion.size, portion.whole_axis);
+      all_wrap = all_wrap && ring.wraps;
+      ici_bandwidth += ring.bandwidth(link);
+      chip_link_bandwidth += ring.bandwidth(link);
+      ici_hops += ring.latency_steps;
     }
   }
-  const double hop_latency = chip.ici_hop_latency_us * kMicro;
-  const double dcn_bandwidth = chip.dcn_bandwidth_per_chip_gbps * kGiga *
-                               chip.dcn_achievable_fraction / slice.devices_per_chip;
+  const double hop_latency = ici_hop_latency_s(slice);
+  const double dcn_bandwidth = dcn_achievable_bytes_per_s(slice);
   auto gather = [&](double size, double devices, double bandwidth, double hops, double latency) {
     return std::max(hops * latency, gather_seconds(size, devices, bandwidth));
   };
@@ -96,7 +75,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   const double ici_bytes = bytes / std::max(1.0, dcn_devices);
   double ici = 0;
   double dcn = 0;
-  const double dcn_latency = chip.dcn_latency_us * kMicro;
+  const double dcn_latency = dcn_latency_s(slice);
   switch (kind) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:

@@ -9,6 +9,7 @@
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/mechanisms.h"
+#include "sim/perf/step_analysis.h"
 #include "sim/perf/timeline.h"
 
 namespace tpusim {
@@ -104,15 +105,6 @@ std::string join_axes(const std::vector<std::string>& axes) {
   return text;
 }
 
-// The resources ops run on besides the TensorCore.
-// Offloaded gathers and reductions run on different SparseCores of the chip (recipes pin
-// all-gathers to one: xla_tpu_use_single_sparse_core_for_all_gather_offload), so each kind has
-// its own queue, as XLA also keeps one collective of each kind in flight.
-// kCompute only records when the TensorCore (a GPU's SMs) is busy, for collectives that take
-// a share of it (collective_compute_share).
-enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost, kCompute };
-constexpr size_t kResources = 6;
-
 // What the scheduler needs about one op. Costs are pure functions of the op and the options, so
 // they are worked out once per simulate_step call instead of once per simulated iteration.
 struct OpPlan {
@@ -161,131 +153,6 @@ bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overla
          mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
          chip.sparsecore_collective_offload_default > 0;
 }
-
-}  // namespace
-
-// What the scheduler needs about a program whatever the options: each region's ops, the carries,
-// which ops only prepare weights, which elementwise ops fuse into their producer, and each
-// compute op's cost per cost context (worked out on first use).
-struct StepSimulator::Analysis {
-  Analysis(const Graph& graph, bool matmul_output_fusion) {
-    const size_t tensors = graph.tensors().size();
-    const size_t ops = graph.ops().size();
-    carry_source.assign(tensors, -1);
-    for (const Graph::Carry& carry : graph.carries()) {
-      carry_source[static_cast<size_t>(carry.to)] = carry.from;
-    }
-    weight_only.assign(ops, false);
-    region_ops.resize(graph.regions().size());
-    for (const Op& op : graph.ops()) {
-      region_ops[static_cast<size_t>(op.region)].push_back(&op);
-      bool only_weights = !op.inputs.empty();
-      for (const TensorId input : op.inputs) {
-        const Tensor& tensor = graph.tensor(input);
-        const int producer = graph.producer(input);
-        const bool weight = (tensor.kind == TensorKind::kParameter && producer < 0) ||
-                            (producer >= 0 && weight_only[static_cast<size_t>(producer)]);
-        only_weights = only_weights && weight;
-      }
-      weight_only[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
-    }
-    fused.assign(ops, false);
-    find_fusions(graph, matmul_output_fusion);
-  }
-
-  // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
-  // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
-  // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
-  void find_fusions(const Graph& graph, bool matmul_output_fusion) {
-    std::vector<int> consumers(graph.tensors().size(), 0);
-    for (const Op& op : graph.ops()) {
-      for (const TensorId input : op.inputs) {
-        ++consumers[static_cast<size_t>(input)];
-      }
-    }
-    for (const Op& op : graph.ops()) {
-      if (op.kind != OpKind::kElementwise && op.kind != OpKind::kRope) {
-        continue;
-      }
-      for (const TensorId input : op.inputs) {
-        const int producer = graph.producer(input);
-        if (producer < 0) {
-          continue;
-        }
-        const Op& source = graph.ops()[static_cast<size_t>(producer)];
-        // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
-        // and their rotation are one XLA fusion between the projection and the attention.
-        const bool fusible_source = (source.kind == OpKind::kEinsum && matmul_output_fusion) ||
-                                    source.kind == OpKind::kElementwise ||
-                                    source.kind == OpKind::kRope ||
-                                    (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
-        if (fusible_source && source.region == op.region &&
-            consumers[static_cast<size_t>(input)] == 1) {
-          fused[static_cast<size_t>(op.id)] = true;
-        }
-      }
-    }
-  }
-
-  // cost_compute_op of `op` under `context`, computed once per (op, context).
-  const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context) {
-    auto found = std::find_if(costs.begin(), costs.end(),
-                              [&](const ContextCosts& entry) { return entry.context == context; });
-    if (found == costs.end()) {
-      costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
-                       std::vector<bool>(graph.ops().size(), false)});
-      found = costs.end() - 1;
-    }
-    const auto id = static_cast<size_t>(op.id);
-    if (!found->known[id]) {
-      found->cost[id] = cost_compute_op(graph, op, context, fused[id]);
-      found->known[id] = true;
-    }
-    return found->cost[id];
-  }
-
-  // Before a run on `mesh`: the cached collective times stay valid only on the same placement.
-  void use_mesh(const Graph& graph, const DeviceMesh& mesh) {
-    if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh)) {
-      collective_mesh = mesh;
-      collective_times.assign(graph.ops().size(), CollectiveTime{});
-      collective_known.assign(graph.ops().size(), false);
-    }
-  }
-
-  // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
-  const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
-                                   const Slice& slice) {
-    const auto id = static_cast<size_t>(op.id);
-    if (!collective_known[id]) {
-      const double bytes = static_cast<double>(collective_bytes(graph, op));
-      collective_times[id] = collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice);
-      collective_known[id] = true;
-    }
-    return collective_times[id];
-  }
-
-  struct ContextCosts {
-    CostContext context;
-    std::vector<OpCost> cost;  // by op id
-    std::vector<bool> known;   // by op id
-  };
-  std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
-  std::vector<TensorId> carry_source;              // by tensor id
-  std::vector<bool> weight_only;                   // by op id
-  std::vector<bool> fused;                         // by op id
-  std::vector<ContextCosts> costs;
-  std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
-  std::vector<CollectiveTime> collective_times;
-  std::vector<bool> collective_known;
-  // A run's working state, kept between runs so that its storage is reused.
-  std::vector<double> ready;                       // by tensor id
-  std::vector<double> finish_not_before;           // by tensor id
-  std::vector<std::pair<double, double>> op_span;  // by op id
-  std::array<Timeline, kResources> timelines;
-};
-
-namespace {
 
 class Simulator {
  public:
@@ -857,58 +724,6 @@ class Simulator {
 };
 
 }  // namespace
-
-PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip) {
-  PerfOptions options;
-  options.cost.chip = &chip;
-  options.cost.program_efficiency = chip.program_efficiency;
-  const std::string attention = config.get_string("attention");
-  options.cost.flash_attention = attention != "dot_product";
-  options.cost.block_q = config.get_int("sa_block_q");
-  options.cost.block_kv = config.get_int("sa_block_kv");
-  options.cost.kv_compute_chunks_forward =
-      std::max<int64_t>(1, config.get_int("sa_block_kv") /
-                               std::max<int64_t>(1, config.get_int("sa_block_kv_compute")));
-  options.cost.kv_compute_chunks_backward =
-      std::max<int64_t>(1, config.get_int("sa_block_kv_dkv") /
-                               std::max<int64_t>(1, config.get_int("sa_block_kv_dkv_compute")));
-  const std::string quantization = config.get_string("quantization");
-  options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
-  options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
-  // AQT int8 quantizes the forward and dlhs matmuls (the weight gradient stays bf16); fp8 runs
-  // all three passes in fp8 (e4m3 forward, e5m2 gradients).
-  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
-      options.cost.int8_matmuls || options.cost.fp8_matmuls;
-  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] =
-      options.cost.int8_matmuls || options.cost.fp8_matmuls;
-  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] =
-      options.cost.fp8_matmuls;
-  auto dynamic = [&config](const char* key) {
-    return config.get_string(key).rfind("fixed", 0) != 0;
-  };
-  options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
-  options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
-  options.cost.dynamic_scale_gradients = dynamic("bwd_quantization_calibration_method");
-  // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
-  options.cost.megablox = config.get_bool("sparse_matmul") &&
-                          (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
-  const char* const weights[] = {"wi", "wo"};
-  const char* const passes[] = {"fwd", "dlhs", "drhs"};
-  for (size_t weight = 0; weight < 2; ++weight) {
-    for (size_t pass = 0; pass < 3; ++pass) {
-      const std::string prefix = std::string(weights[weight]) + "_tile_" + passes[pass] + "_";
-      GroupedMatmulTiles& tiles = options.cost.megablox_tiles[weight][pass];
-      tiles.batch_seq = config.get_int(prefix + "batch_seq");
-      tiles.embed = config.get_int(prefix + "embed_dim");
-      tiles.mlp = config.get_int(prefix + "mlp_dim");
-    }
-  }
-  const std::string offload = config.get_string("sparse_core_collective_offload");
-  options.sparse_core_offload =
-      offload == "on" || (offload == "auto" && chip.sparsecore_collective_offload_default > 0);
-  options.collective_matmul = config.get_bool("collective_matmul");
-  return options;
-}
 
 StepSimulator::StepSimulator(const StepProgram& program)
     : program_(program),

@@ -7,9 +7,9 @@
 
 #include "common/error.h"
 #include "model/builder/initializers.h"
-#include "sim/functional/in_process_communicator.h"
 #include "sim/functional/tensor_data.h"
 #include "sim/train/model_identity.h"
+#include "sim/transport/in_process_communicator.h"
 
 namespace tpusim {
 namespace {

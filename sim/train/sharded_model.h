@@ -27,9 +27,9 @@
 #include "sharding/step_program.h"
 #include "sim/functional/execution_slots.h"
 #include "sim/functional/executor.h"
-#include "sim/functional/transport.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
+#include "sim/transport/transport.h"
 
 namespace tpusim {
 

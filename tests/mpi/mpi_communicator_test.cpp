@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "sim/functional/in_process_communicator.h"
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/in_process_communicator.h"
+#include "sim/transport/mpi_transport.h"
 
 namespace tpusim {
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "sim/functional/execution_slots.h"
-#include "sim/functional/in_process_communicator.h"
+#include "sim/transport/in_process_communicator.h"
 
 namespace tpusim {
 namespace {

@@ -1,6 +1,6 @@
 // MpiTransport: MPI start-up and shut-down, the process-level exchanges, the bounded waits, and
 // the failure reports (see mpi_transport.h).
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/mpi_transport.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "sim/functional/mpi_communicator.h"
+#include "sim/transport/mpi_communicator.h"
 
 namespace tpusim {
 namespace {

@@ -1,4 +1,4 @@
-// sim/functional/mpi_transport.h: one training run spread over the processes of `mpirun`
+// sim/transport/mpi_transport.h: one training run spread over the processes of `mpirun`
 // (OpenMPI), possibly on several hosts. Built only with TPUSIM_WITH_MPI.
 //
 // Construct one per process, and only when the process was started by mpirun
@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/functional/transport.h"
+#include "sim/transport/transport.h"
 
 namespace tpusim {
 

@@ -1,4 +1,4 @@
-// sim/functional/in_process_communicator.h: collectives between simulated devices that are threads
+// sim/transport/in_process_communicator.h: collectives between simulated devices that are threads
 // of one process.
 //
 // Each device of the mesh runs its per-device program on its own thread; when a device reaches a

@@ -1,4 +1,4 @@
-// sim/functional/transport.h: how the simulated devices of one run are spread over processes,
+// sim/transport/transport.h: how the simulated devices of one run are spread over processes,
 // and the few exchanges the processes need besides the program's collectives.
 //
 // A run has num_ranks() processes ("ranks"); each executes a block of the mesh's devices (see

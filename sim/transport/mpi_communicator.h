@@ -1,4 +1,4 @@
-// sim/functional/mpi_communicator.h: collectives between simulated devices on different MPI
+// sim/transport/mpi_communicator.h: collectives between simulated devices on different MPI
 // ranks. Built only with TPUSIM_WITH_MPI.
 //
 // Each rank executes a block of the mesh's devices on its own threads (transport.h). A collective
@@ -77,6 +77,12 @@ class MpiCommunicator final : public Communicator {
 
   int device_of(const std::array<int, kNumMeshAxes>& coordinates) const;
   int tag(const Op& op, const Meeting& meeting, int phase) const;
+  // std::logic_error unless `device` is a device of this mesh that this rank runs.
+  void check_device(const Op& op, const DeviceContext& device) const;
+  // Sets up the rendezvous of `group` for `op`'s call `call`: which members this rank holds, and
+  // the contexts of the members other ranks hold.
+  void open_meeting(Meeting& meeting, const Op& op, const std::vector<int>& group,
+                    int64_t call) const;
   // The MPI part of a call, done by the last local member to arrive.
   void exchange(const Graph& graph, const Op& op, Meeting& meeting);
   void exchange_parts(const Graph& graph, const Op& op, Meeting& meeting);

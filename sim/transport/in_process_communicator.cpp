@@ -1,4 +1,4 @@
-#include "sim/functional/in_process_communicator.h"
+#include "sim/transport/in_process_communicator.h"
 
 #include <algorithm>
 #include <condition_variable>

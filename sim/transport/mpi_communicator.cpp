@@ -1,6 +1,6 @@
 // MpiCommunicator: the in-rank rendezvous, and the two cross-rank exchanges (parts read, and the
 // chunked all-reduce). See mpi_communicator.h.
-#include "sim/functional/mpi_communicator.h"
+#include "sim/transport/mpi_communicator.h"
 
 #include <algorithm>
 #include <exception>
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "sharding/partitioner.h"
-#include "sim/functional/in_process_communicator.h"
-#include "sim/functional/mpi_transport.h"
+#include "sim/transport/in_process_communicator.h"
+#include "sim/transport/mpi_transport.h"
 
 namespace tpusim {
 
@@ -221,9 +221,7 @@ int MpiCommunicator::tag(const Op& op, const Meeting& meeting, int phase) const 
   return static_cast<int>(value);
 }
 
-void MpiCommunicator::run(const Graph& graph, const Op& op, const DeviceContext& device,
-                          const TensorData& input, TensorData& output) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+void MpiCommunicator::check_device(const Op& op, const DeviceContext& device) const {
   if (device.sizes != sizes_ || device.device < 0 || device.device >= num_devices_ ||
       device_of(device.coordinates) != device.device) {
     throw std::logic_error(std::string(op_kind_name(op.kind)) + " '" + op.name + "': device " +
@@ -234,6 +232,37 @@ void MpiCommunicator::run(const Graph& graph, const Op& op, const DeviceContext&
                            std::to_string(device.device) + ", which rank " +
                            std::to_string(owner_[static_cast<size_t>(device.device)]) + " owns");
   }
+}
+
+void MpiCommunicator::open_meeting(Meeting& meeting, const Op& op, const std::vector<int>& group,
+                                   int64_t call) const {
+  meeting.group = group;
+  meeting.call = call;
+  meeting.what = "collective " + std::string(op_kind_name(op.kind)) + " '" + op.name + "' (op " +
+                 std::to_string(op.id) + ", call " + std::to_string(call) + ")";
+  meeting.remote.resize(group.size());
+  meeting.contexts.assign(group.size(), nullptr);
+  meeting.inputs.assign(group.size(), nullptr);
+  meeting.received.resize(group.size());
+  std::set<int> ranks;
+  for (size_t member = 0; member < group.size(); ++member) {
+    const int rank = owner_[static_cast<size_t>(group[member])];
+    meeting.rank_of.push_back(rank);
+    ranks.insert(rank);
+    if (rank == rank_) {
+      meeting.local.push_back(member);
+    } else {
+      meeting.remote[member] = InProcessCommunicator::context_for(group[member], sizes_);
+      meeting.contexts[member] = &meeting.remote[member];
+    }
+  }
+  meeting.ranks.assign(ranks.begin(), ranks.end());
+}
+
+void MpiCommunicator::run(const Graph& graph, const Op& op, const DeviceContext& device,
+                          const TensorData& input, TensorData& output) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  check_device(op, device);
   const std::vector<int> group = collective_group(
       device, op.attrs.mesh_axes,
       [this](const std::array<int, kNumMeshAxes>& coordinates) { return device_of(coordinates); });
@@ -250,28 +279,7 @@ void MpiCommunicator::run(const Graph& graph, const Op& op, const DeviceContext&
   std::shared_ptr<Meeting>& slot = meetings_[key];
   if (!slot) {
     slot = std::make_shared<Meeting>();
-    Meeting& meeting = *slot;
-    meeting.group = group;
-    meeting.call = call;
-    meeting.what = "collective " + std::string(op_kind_name(op.kind)) + " '" + op.name + "' (op " +
-                   std::to_string(op.id) + ", call " + std::to_string(call) + ")";
-    meeting.remote.resize(group.size());
-    meeting.contexts.assign(group.size(), nullptr);
-    meeting.inputs.assign(group.size(), nullptr);
-    meeting.received.resize(group.size());
-    std::set<int> ranks;
-    for (size_t member = 0; member < group.size(); ++member) {
-      const int rank = owner_[static_cast<size_t>(group[member])];
-      meeting.rank_of.push_back(rank);
-      ranks.insert(rank);
-      if (rank == rank_) {
-        meeting.local.push_back(member);
-      } else {
-        meeting.remote[member] = InProcessCommunicator::context_for(group[member], sizes_);
-        meeting.contexts[member] = &meeting.remote[member];
-      }
-    }
-    meeting.ranks.assign(ranks.begin(), ranks.end());
+    open_meeting(*slot, op, group, call);
   }
   const std::shared_ptr<Meeting> meeting = slot;
   if (meeting->failed) {

@@ -1,9 +1,9 @@
-#include "sim/functional/transport.h"
+#include "sim/transport/transport.h"
 
 #include <stdexcept>
 
 #include "common/error.h"
-#include "sim/functional/in_process_communicator.h"
+#include "sim/transport/in_process_communicator.h"
 
 namespace tpusim {
 

@@ -1,0 +1,142 @@
+#include "model/config_files.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "common/csv.h"
+#include "common/embedded_files.h"
+#include "common/error.h"
+#include "common/yaml_text.h"
+#include "model/config.h"
+#include "model/config_values.h"
+
+namespace tpusim {
+
+std::vector<std::string> available_model_presets(const std::string& base_path) {
+  std::set<std::string> names;
+  for (const std::string& path : embedded_files_under("configs/models/")) {
+    const std::filesystem::path file(path);
+    if (file.extension() == ".yml") {
+      names.insert(file.stem().string());
+    }
+  }
+  if (!base_path.empty()) {
+    std::error_code error;
+    const auto directory = std::filesystem::path(base_path).parent_path() / "models";
+    for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+      if (entry.path().extension() == ".yml") {
+        names.insert(entry.path().stem().string());
+      }
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+namespace config_internal {
+
+constexpr int kMaxBaseConfigDepth = 16;
+
+void read_config_file(const std::string& path, int depth, std::vector<ConfigFileLayer>& layers) {
+  if (depth > kMaxBaseConfigDepth) {
+    throw UserError(path + ": base_config chain deeper than " +
+                    std::to_string(kMaxBaseConfigDepth) + " files (a cycle?)");
+  }
+  const YAML::Node root = parse_yaml(read_text_file(path), path);
+  if (root.IsNull()) {
+    return;
+  }
+  if (!root.IsMap()) {
+    throw UserError(path + ": a config file must be a YAML mapping of key: value");
+  }
+  YAML::Node own(YAML::NodeType::Map);
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    if (key != "base_config") {
+      own[key] = item.second;
+      continue;
+    }
+    if (!item.second.IsScalar() || item.second.Scalar().empty()) {
+      throw UserError(path + ": base_config must name a config file");
+    }
+    // MaxText resolves base_config beside the file that names it. A model YAML copied alone
+    // names MaxText's "base.yml": tpusim's embedded base.yml stands for it.
+    const std::filesystem::path named(item.second.Scalar());
+    const std::filesystem::path beside = std::filesystem::path(path).parent_path() / named;
+    if (std::filesystem::exists(beside)) {
+      read_config_file(beside.string(), depth + 1, layers);
+    } else if (named.filename() != "base.yml") {
+      throw UserError(path + ": base_config '" + named.string() + "' not found (looked for '" +
+                      beside.string() + "')");
+    }
+  }
+  layers.push_back({path, own});
+}
+
+std::string preset_path_beside(const std::string& base_path, const std::string& model_name) {
+  if (base_path.empty()) {
+    return "";
+  }
+  const std::filesystem::path directory = std::filesystem::path(base_path).parent_path();
+  return (directory / "models" / (model_name + ".yml")).string();
+}
+
+std::string unbuilt_preset_reason(const std::string& model_name) {
+  constexpr const char* kPath = "configs/maxtext/presets_not_built.tsv";
+  const auto text = embedded_file(kPath);
+  if (!text) {
+    return "";
+  }
+  const CsvTable table = parse_tsv(*text, kPath);  // preset, what is missing
+  for (const std::vector<std::string>& row : table.rows) {
+    if (row[0] == model_name) {
+      return row[1];
+    }
+  }
+  return "";
+}
+
+YAML::Node merge_rules_by_name(const YAML::Node& base, const YAML::Node& preset,
+                               const std::string& origin) {
+  auto rule_name = [&](const YAML::Node& rule) {
+    if (!rule.IsSequence() || rule.size() != 2 || !rule[0].IsScalar()) {
+      throw UserError("logical_axis_rules (" + origin +
+                      "): each rule must be [logical_axis, mesh_axes], got '" + describe(rule) +
+                      "'");
+    }
+    return rule[0].Scalar();
+  };
+  std::map<std::string, std::vector<YAML::Node>> replacements;
+  std::vector<std::string> preset_order;
+  for (const YAML::Node& rule : preset) {
+    const std::string name = rule_name(rule);
+    if (!replacements.contains(name)) {
+      preset_order.push_back(name);
+    }
+    replacements[name].push_back(rule);
+  }
+  YAML::Node merged(YAML::NodeType::Sequence);
+  std::set<std::string> placed;
+  for (const YAML::Node& rule : base) {
+    const std::string name = rule_name(rule);
+    const auto replacement = replacements.find(name);
+    if (replacement == replacements.end()) {
+      merged.push_back(rule);
+    } else if (placed.insert(name).second) {
+      for (const YAML::Node& new_rule : replacement->second) {
+        merged.push_back(new_rule);
+      }
+    }
+  }
+  for (const std::string& name : preset_order) {
+    if (placed.insert(name).second) {
+      for (const YAML::Node& new_rule : replacements[name]) {
+        merged.push_back(new_rule);
+      }
+    }
+  }
+  return merged;
+}
+
+}  // namespace config_internal
+}  // namespace tpusim

@@ -1,0 +1,81 @@
+#include "sharding/partitioner_internal.h"
+
+namespace tpusim::partitioner_internal {
+
+void Partitioner::partition_attention(const Op& op, bool gradient) {
+  // Forward inputs: q, k, v, [k_rope]; gradient inputs: dout, q, k, v, [k_rope], out.
+  const size_t first_forward = gradient ? 1 : 0;
+  const TensorId query = op.inputs[first_forward];
+  const AxesByName reference = by_name(query, layout(query));
+  // Keys and values cover the whole sequence. Their kv heads stay split only when the split
+  // divides them evenly (each device's query heads then find their kv heads locally); with
+  // fewer kv heads than shards (GQA under wide tensor parallelism) they are gathered whole,
+  // as each device needs the kv head its query heads share.
+  std::set<std::string> whole_length = {"length"};
+  const TensorId key = op.inputs[first_forward + 1];
+  const int kv_dim = global_.tensor(key).dim_index("kv_heads");
+  bool kv_gathered = false;
+  if (kv_dim >= 0) {
+    const AxisList& kv_axes = layout(key)[static_cast<size_t>(kv_dim)];
+    const int64_t kv_heads = global_.tensor(key).dims[static_cast<size_t>(kv_dim)].size;
+    if (!kv_axes.empty() && kv_heads % shards(kv_axes) != 0) {
+      whole_length.insert("kv_heads");
+      kv_gathered = true;
+    }
+  }
+  const size_t key_begin = first_forward + 1;
+  const size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
+  std::vector<TensorId> inputs;
+  inputs.reserve(op.inputs.size());
+  for (size_t index = 0; index < op.inputs.size(); ++index) {
+    const TensorId input = op.inputs[index];
+    const bool key_side = index >= key_begin && index < key_end;
+    inputs.push_back(reshard(
+        input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
+  }
+  if (!gradient) {
+    emit(op, std::move(inputs), {follow(op.outputs[0], reference)}, {});
+    return;
+  }
+  // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length,
+  // and MLA's shared rotary key (no heads dim) also over the axes splitting the heads.
+  const Tensor& query_tensor = global_.tensor(query);
+  const int length_dim = query_tensor.dim_index("length");
+  const int heads_dim = query_tensor.dim_index("heads");
+  const AxisList context =
+      length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
+  const AxisList heads = heads_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(heads_dim)];
+  std::vector<TensorId> outputs;
+  std::vector<std::pair<size_t, AxisList>> pending;
+  std::vector<Layout> computed_layouts;
+  for (size_t index = 0; index < op.outputs.size(); ++index) {
+    const TensorId global = op.outputs[index];
+    const Tensor& output = global_.tensor(global);
+    AxisList partial;
+    if (index > 0) {
+      partial = context;
+      const bool shared_across_heads =
+          output.dim_index("heads") < 0 && (output.dim_index("kv_heads") < 0 || kv_gathered);
+      if (shared_across_heads) {
+        partial.append(heads);
+      }
+    }
+    const Layout computed =
+        index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+    computed_layouts.push_back(computed);
+    if (computed == layout(global) && partial.empty()) {
+      outputs.push_back(local(global));
+      continue;
+    }
+    outputs.push_back(
+        make_local(output, computed, op.region, partial.empty() ? "/computed" : "/partial"));
+    pending.emplace_back(index, partial);
+  }
+  add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
+  for (const auto& [index, partial] : pending) {
+    finish_output(op.outputs[index], outputs[index], computed_layouts[index], partial, op.region,
+                  ReduceOp::kSum);
+  }
+}
+
+}  // namespace tpusim::partitioner_internal

@@ -1,0 +1,103 @@
+#include "sharding/partitioner_internal.h"
+
+namespace tpusim::partitioner_internal {
+
+void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& operands,
+                                   const std::array<std::vector<PlanDim>, 2>& operand_dims,
+                                   const std::vector<std::string>& contracted) {
+  const TensorId output = op.outputs[0];
+  const Layout& out_layout = layout(output);
+  const Tensor& out_tensor = global_.tensor(output);
+  AxesByName iteration;
+  AxisList used;
+  for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+    iteration[out_tensor.dims[dim].name] = out_layout[dim];
+    used.append(out_layout[dim]);
+  }
+  AxisList partial;
+  for (const std::string& name : contracted) {
+    // The operand dims named `name`: both operands contract it when there are exactly two.
+    std::array<const AxisList*, 2> sharding{};
+    size_t found = 0;
+    for (const auto& dims : operand_dims) {
+      for (const PlanDim& dim : dims) {
+        if (dim.name == name) {
+          if (found < sharding.size()) {
+            sharding[found] = &dim.axes;
+          }
+          ++found;
+        }
+      }
+    }
+    AxisList chosen;
+    if (found == 2) {
+      for (const int axis : *sharding[0]) {
+        const bool both = contains(*sharding[1], axis);
+        if (both && !contains(partial, axis)) {
+          chosen.push_back(axis);
+        }
+      }
+      // An axis only one operand splits, free in the output: slice the other operand and
+      // reduce the output rather than gathering, when the output is the smaller of the two.
+      for (size_t which = 0; which < 2; ++which) {
+        for (const int axis : *sharding[which]) {
+          if (contains(chosen, axis) || contains(used, axis) || contains(partial, axis)) {
+            continue;
+          }
+          const TensorId operand = operands[which];
+          const double operand_bytes =
+              operand < 0 ? 0.0 : static_cast<double>(out_.tensor(local(operand)).bytes());
+          const double output_bytes = 2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
+          if (operand >= 0 && output_bytes < operand_bytes) {
+            chosen.push_back(axis);
+          }
+        }
+      }
+    }
+    iteration[name] = chosen;
+    partial.append(chosen);
+  }
+  // Output dims lose the partial axes (they come back through reduce-scatter).
+  Layout computed = out_layout;
+  for (AxisList& axes : computed) {
+    axes = without(axes, partial);
+  }
+  // An output dim an operand splits over an axis the output leaves free: keep the split and
+  // gather the (smaller) result instead of gathering the operand, as XLA would.
+  const double output_bytes = static_cast<double>(out_.tensor(local(output)).bytes());
+  for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+    for (size_t which = 0; which < operands.size(); ++which) {
+      if (operands[which] < 0) {
+        continue;
+      }
+      for (const PlanDim& plan : operand_dims[which]) {
+        if (plan.name != out_tensor.dims[dim].name) {
+          continue;
+        }
+        for (const int axis : plan.axes) {
+          if (contains(used, axis) || contains(partial, axis)) {
+            continue;
+          }
+          const double operand_bytes =
+              static_cast<double>(out_.tensor(local(operands[which])).bytes());
+          if (output_bytes < operand_bytes) {
+            computed[dim].push_back(axis);
+            used.push_back(axis);
+          }
+        }
+      }
+    }
+  }
+  computed = normalized(computed);
+  for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
+    iteration[out_tensor.dims[dim].name] = computed[dim];
+  }
+  std::vector<TensorId> inputs;
+  inputs.reserve(op.inputs.size());
+  for (const TensorId operand : op.inputs) {
+    inputs.push_back(reshard(operand, follow(operand, iteration), op.region));
+  }
+  emit(op, std::move(inputs), {computed}, partial);
+}
+
+}  // namespace tpusim::partitioner_internal

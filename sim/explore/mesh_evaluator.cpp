@@ -1,0 +1,348 @@
+#include "sim/explore/mesh_evaluator.h"
+
+#include <algorithm>
+#include <array>
+
+#include "hw/chip_spec.h"
+#include "model/config.h"
+#include "sharding/logical_rules.h"
+#include "sim/explore/objective.h"
+#include "sim/memory/memory_model.h"
+
+namespace tpusim {
+namespace {
+
+bool any_fits(const std::vector<bool>& by_kind) {
+  return std::any_of(by_kind.begin(), by_kind.end(), [](bool fits) { return fits; });
+}
+
+double lowest(const std::vector<double>& bounds) {
+  return *std::min_element(bounds.begin(), bounds.end());
+}
+
+}  // namespace
+
+void SharedThreshold::raise(double value) {
+  if (!enabled_) {
+    return;
+  }
+  double current = value_.load(std::memory_order_relaxed);
+  while (value > current && !value_.compare_exchange_weak(current, value)) {
+  }
+}
+
+// The work on one mesh: what divides, where it is placed, what still fits, the current program.
+struct MeshEvaluator::MeshPlan {
+  size_t mesh_index = 0;
+  const MeshShape* mesh = nullptr;
+  std::vector<size_t> dividing;           // batch indices whose inputs the mesh splits evenly
+  std::vector<DeviceMesh> placed;         // the distinct placements
+  std::vector<int> placement_ids;         // their indices into SearchSpace::placements
+  int64_t per_remat = 0;                  // candidates below one (batch, remat)
+  int64_t per_distinct_batch = 0;         // candidates below one batch
+  std::vector<int64_t> per_kind;          // a kind's candidates of one (batch, remat)
+  std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
+  StepProgram program;
+  bool first_program = true;
+};
+
+// One batch of a mesh: its tokens and FLOPs, for the objective.
+struct MeshEvaluator::BatchWork {
+  size_t index = 0;
+  const BatchChoice* choice = nullptr;
+  double tokens = 0;
+};
+
+MeshEvaluator::MeshEvaluator(const ExploreContext& context)
+    : context_(context),
+      numbering_(context.space),
+      top_size_(static_cast<size_t>(std::max(1, context.options.top))) {
+  // The timing variants of one program, in the space's order: attention kinds, then their
+  // perf choices. Consecutive variants with the same kind and block sizes share a cost context.
+  const SearchSpace& space = context.space;
+  for (size_t kind = 0; kind < space.attention_kinds.size(); ++kind) {
+    const std::string& name = space.attention_kinds[kind];
+    const std::vector<PerfChoice> choices = space.perf_choices(name);
+    for (size_t choice = 0; choice < choices.size(); ++choice) {
+      const PerfChoice& perf = choices[choice];
+      if (choice == 0 || perf.block_q != choices[choice - 1].block_q ||
+          perf.block_kv != choices[choice - 1].block_kv) {
+        contexts_.push_back(cost_context(name, perf));
+      }
+      variants_.push_back({kind, perf, contexts_.size() - 1});
+    }
+  }
+}
+
+CostContext MeshEvaluator::cost_context(const std::string& attention,
+                                        const PerfChoice& perf) const {
+  CostContext cost = context_.base_perf.cost;
+  cost.flash_attention = attention != "dot_product";
+  if (perf.block_q > 0) {
+    cost.block_q = perf.block_q;
+    cost.block_kv = perf.block_kv;
+  }
+  return cost;
+}
+
+void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
+  MeshPlan plan;
+  if (!plan_mesh(mesh_index, plan, out)) {
+    return;
+  }
+  for (size_t at = 0; at < plan.dividing.size(); ++at) {
+    if (!evaluate_batch(plan, at, out)) {
+      return;
+    }
+  }
+}
+
+bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const {
+  const SearchSpace& space = context_.space;
+  const MeshShape& mesh = space.meshes[mesh_index];
+  plan.mesh_index = mesh_index;
+  plan.mesh = &mesh;
+  const int64_t per_batch = space.candidates_per_mesh_and_batch();
+  const auto per_placement = static_cast<int64_t>(variants_.size());
+  const bool parameters_divide = context_.divisibility.parameters_divide(mesh);
+  for (size_t batch = 0; batch < space.batches.size(); ++batch) {
+    if (parameters_divide &&
+        context_.divisibility.batch_divides(mesh, space.batches[batch].microbatch)) {
+      plan.dividing.push_back(batch);
+    } else {
+      out.pruned[kPrunedAxisDoesNotDivide] += per_batch;
+    }
+  }
+  if (plan.dividing.empty()) {
+    return false;
+  }
+  // The distinct placements of this mesh: a choice whose first axis has size 1 here, or that
+  // lays every axis where an earlier choice does, is the same candidate again.
+  for (size_t choice = 0; choice < space.placements.size(); ++choice) {
+    const std::vector<int>& first = space.placements[choice];
+    DeviceMesh candidate_mesh;
+    const bool trivial = choice > 0 && std::all_of(first.begin(), first.end(), [&](int axis) {
+                           return mesh.ici[static_cast<size_t>(axis)] == 1;
+                         });
+    if (!trivial) {
+      candidate_mesh = place_mesh(mesh, space.slice, first);
+    }
+    if (trivial ||
+        std::any_of(plan.placed.begin(), plan.placed.end(),
+                    [&](const DeviceMesh& other) { return same_layout(other, candidate_mesh); })) {
+      out.pruned[kPrunedSamePlacement] += static_cast<int64_t>(plan.dividing.size()) *
+                                          static_cast<int64_t>(space.remats.size()) * per_placement;
+      continue;
+    }
+    plan.placed.push_back(std::move(candidate_mesh));
+    plan.placement_ids.push_back(static_cast<int>(choice));
+  }
+  plan.per_remat = per_placement * static_cast<int64_t>(plan.placed.size());
+  plan.per_distinct_batch = plan.per_remat * static_cast<int64_t>(space.remats.size());
+  plan.program.slice = space.slice;
+  plan.program.mesh = plan.placed.front();  // partitioning reads only the mesh's shape
+  // Memory depends on the attention kind too (dot_product materializes its scores), so fit is
+  // tracked per (remat, kind); a kind's candidates of one remat are that many per (batch).
+  const size_t kinds = space.attention_kinds.size();
+  plan.per_kind.assign(kinds, 0);
+  for (const Variant& variant : variants_) {
+    plan.per_kind[variant.kind] += static_cast<int64_t>(plan.placed.size());
+  }
+  plan.fitted.assign(space.remats.size(), std::vector<bool>(kinds, true));
+  return true;
+}
+
+void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out) {
+  std::shared_ptr<const TrainingStep> step = context_.steps.get(batch, remat);
+  if (step == plan.program.step) {
+    return;  // remat_policy=none serves both as the bound program and as a candidate
+  }
+  const BatchChoice& choice = context_.space.batches[batch];
+  plan.program.step = std::move(step);
+  plan.program.microbatch = choice.microbatch;
+  plan.program.accumulation_steps = choice.accumulation_steps;
+  plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
+  plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
+  ++out.programs;
+}
+
+void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
+        plan.per_kind[kind];
+  }
+}
+
+double MeshEvaluator::best_possible(const BatchWork& batch, double step_lower_bound) const {
+  const SearchSpace& space = context_.space;
+  return objective_upper_bound(
+      context_.options.objective, step_lower_bound, context_.model_tflops_per_batch[batch.index],
+      space.slice.chip->mfu_peak_bf16_tflops_per_device, batch.tokens, space.slice.total_chips());
+}
+
+bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out) {
+  const SearchSpace& space = context_.space;
+  const size_t remats = space.remats.size();
+  if (std::none_of(plan.fitted.begin(), plan.fitted.end(), any_fits)) {
+    // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
+    out.pruned[kPrunedDoesNotFitHbm] +=
+        static_cast<int64_t>(plan.dividing.size() - at) * plan.per_distinct_batch;
+    return false;
+  }
+  BatchWork batch;
+  batch.index = plan.dividing[at];
+  batch.choice = &space.batches[batch.index];
+  batch.tokens = static_cast<double>(batch.choice->microbatch * batch.choice->accumulation_steps) *
+                 static_cast<double>(context_.config.get_int("max_target_length"));
+  // Branch and bound over the remat policies, from the remat_policy=none program: its
+  // TensorCore bound bounds every policy (skip the batch if even that cannot beat the top N),
+  // and with each policy's recomputation added it bounds that policy without partitioning it.
+  std::optional<ComputeBounds> none;
+  if (remats > 1 && !plan.first_program &&
+      context_.threshold.get() > -std::numeric_limits<double>::infinity()) {
+    build(plan, batch.index, TrainingStepCache::kNoRemat, out);
+    none = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+    if (best_possible(batch, lowest(none->step)) < context_.threshold.get()) {
+      for (size_t remat = 0; remat < remats; ++remat) {
+        prune_remat(plan, remat, out);
+      }
+      return true;
+    }
+  }
+  for (size_t remat = 0; remat < remats; ++remat) {
+    if (!evaluate_remat(plan, batch, remat, none, out)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                   const std::optional<ComputeBounds>& none, WorkerResult& out) {
+  if (!any_fits(plan.fitted[remat])) {
+    out.pruned[kPrunedDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
+    return true;
+  }
+  if (none.has_value() &&
+      best_possible(batch, lowest(remat_bounds(*none, context_.steps.recomputed(batch.index, remat),
+                                               batch.choice->accumulation_steps))) <
+          context_.threshold.get()) {
+    prune_remat(plan, remat, out);
+    return true;
+  }
+  build(plan, batch.index, remat, out);
+  plan.program.attention_scores_in_hbm = false;
+  const MemoryEstimate memory = estimate_memory(plan.program);
+  const double usable = memory.capacity_bytes * (1 - context_.options.limits.min_hbm_headroom);
+  out.capacity = usable;
+  out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);  // the least of kinds
+  if (plan.first_program) {
+    plan.first_program = false;
+    const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
+    if (persistent > usable) {
+      // Weights and optimizer state do not depend on batch, remat or attention.
+      out.pruned[kPrunedWeightsExceedHbm] +=
+          static_cast<int64_t>(plan.dividing.size()) * plan.per_distinct_batch;
+      return false;
+    }
+  }
+  std::vector<double> kind_peaks(plan.per_kind.size(), memory.peak_bytes);
+  check_fit(plan, remat, memory, usable, kind_peaks, out);
+  if (any_fits(plan.fitted[remat])) {
+    time_variants(plan, batch, remat, kind_peaks, out);
+  }
+  return true;
+}
+
+void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate& memory,
+                              double usable, std::vector<double>& kind_peaks, WorkerResult& out) {
+  for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
+    if (!plan.fitted[remat][kind]) {
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];  // a smaller batch did not fit
+      continue;
+    }
+    double peak = memory.peak_bytes;
+    if (context_.space.attention_kinds[kind] == "dot_product") {
+      plan.program.attention_scores_in_hbm = true;
+      peak = estimate_memory(plan.program).peak_bytes;
+      plan.program.attention_scores_in_hbm = false;
+    }
+    kind_peaks[kind] = peak;
+    if (peak > usable) {
+      plan.fitted[remat][kind] = false;
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
+    }
+  }
+}
+
+void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                  const std::vector<double>& kind_peaks, WorkerResult& out) {
+  const ChipSpec& chip = *context_.space.slice.chip;
+  const double chips = context_.space.slice.total_chips();
+  SharedThreshold& threshold = context_.threshold;
+  const std::vector<double> context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
+  std::optional<StepSimulator> simulator;  // shared by the timing variants below
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    // The collectives' bounds depend on the placement and the perf switches, not on the
+    // attention kernel: worked out on first need, by [offload][collective_matmul].
+    std::array<std::array<std::optional<CollectiveBounds>, 2>, 2> collective_bounds;
+    for (size_t index = 0; index < variants_.size(); ++index) {
+      const Variant& variant = variants_[index];
+      if (!plan.fitted[remat][variant.kind]) {
+        continue;  // counted in check_fit
+      }
+      PerfOptions perf_options = context_.base_perf;
+      perf_options.record_details = false;  // ranking needs the times only
+      perf_options.cost = contexts_[variant.context];
+      perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
+                                         (variant.perf.sparse_core_offload == "auto" &&
+                                          chip.sparsecore_collective_offload_default > 0);
+      perf_options.collective_matmul = variant.perf.collective_matmul;
+      if (best_possible(batch, context_bounds[variant.context]) < threshold.get()) {
+        out.pruned[kPrunedCannotBeatTop] += 1;
+        continue;
+      }
+      if (!simulator.has_value()) {
+        simulator.emplace(plan.program);
+      }
+      std::optional<CollectiveBounds>& bounds =
+          collective_bounds[perf_options.sparse_core_offload][perf_options.collective_matmul];
+      if (!bounds.has_value()) {
+        bounds = simulator->collective_bounds(perf_options);
+      }
+      // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
+      const double step_bound =
+          std::max(context_bounds[variant.context] + bounds->tensorcore_driven_seconds,
+                   bounds->busiest_link_seconds);
+      if (best_possible(batch, step_bound) < threshold.get()) {
+        out.pruned[kPrunedCannotBeatTop] += 1;
+        continue;
+      }
+      const StepTiming timing = simulator->run(perf_options);
+      ++out.evaluated;
+      const double step = timing.step_seconds;
+      const double per_chip = batch.tokens / step / chips;
+      out.sample({step, per_chip, kind_peaks[variant.kind], true}, context_.options.max_samples);
+      const double mfu = context_.model_tflops_per_batch[batch.index] / step /
+                         chip.mfu_peak_bf16_tflops_per_device;
+      Scored scored;
+      scored.candidate = {*plan.mesh,
+                          *batch.choice,
+                          static_cast<int>(remat),
+                          context_.space.attention_kinds[variant.kind],
+                          variant.perf,
+                          plan.placement_ids[which],
+                          numbering_.order(plan.mesh_index, batch.index, remat,
+                                           static_cast<size_t>(plan.placement_ids[which]), index)};
+      scored.objective = objective_value(context_.options.objective, step, mfu, per_chip);
+      out.offer(std::move(scored), top_size_);
+      if (out.top.size() == top_size_) {
+        threshold.raise(out.top.back().objective);
+      }
+    }
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,113 @@
+// sim/explore/mesh_evaluator.h: evaluates every candidate of one mesh (explore's unit of work):
+// prunes what cannot be legal, fit or win, times the rest, and keeps the best in a WorkerResult.
+//
+// Per mesh: the batches whose inputs the mesh splits evenly (Divisibility), the placements that
+// lay the mesh out differently, then per batch (ascending, so once one does not fit the larger
+// ones are skipped) and remat policy one partitioned program, its memory per attention kind, and
+// its timing variants (placement x attention kind x perf switches), each skipped when its step's
+// lower bound cannot beat the top N found so far (SharedThreshold).
+//
+// Example:
+//   SharedThreshold threshold(/*enabled=*/true);
+//   MeshEvaluator evaluator({config, space, options, rules, steps, model_tflops, base_perf,
+//                            threshold, divisibility});
+//   WorkerResult found;
+//   evaluator.evaluate(/*mesh_index=*/3, found);
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sharding/step_program.h"
+#include "sim/explore/divisibility.h"
+#include "sim/explore/explorer.h"
+#include "sim/explore/step_bounds.h"
+#include "sim/explore/training_step_cache.h"
+#include "sim/explore/worker_result.h"
+#include "sim/perf/op_cost.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+
+class Config;
+class LogicalAxisRules;
+struct MemoryEstimate;
+
+// The objective a candidate must beat to enter the top N, shared by the worker threads (it only
+// rises). Branch and bound: a program whose upper bound is below it cannot change the result.
+class SharedThreshold {
+ public:
+  // Disabled: stays at -infinity, so nothing is ever bounded out.
+  explicit SharedThreshold(bool enabled) : enabled_(enabled) {}
+  double get() const { return value_.load(std::memory_order_relaxed); }
+  void raise(double value);
+
+ private:
+  bool enabled_ = true;
+  std::atomic<double> value_{-std::numeric_limits<double>::infinity()};
+};
+
+// What every mesh's evaluation reads (and the threshold and step cache the workers share).
+struct ExploreContext {
+  const Config& config;
+  const SearchSpace& space;
+  const ExploreOptions& options;
+  const LogicalAxisRules& rules;
+  TrainingStepCache& steps;
+  const std::vector<double>& model_tflops_per_batch;  // MaxText's FLOPs per device, by batch
+  const PerfOptions& base_perf;
+  SharedThreshold& threshold;
+  const Divisibility& divisibility;
+};
+
+class MeshEvaluator {
+ public:
+  explicit MeshEvaluator(const ExploreContext& context);
+
+  // Evaluates every candidate of space.meshes[mesh_index] into `out`.
+  void evaluate(size_t mesh_index, WorkerResult& out);
+
+ private:
+  // One timing variant of a program: attention kind, perf switches and their cost context.
+  struct Variant {
+    size_t kind = 0;  // index into SearchSpace::attention_kinds
+    PerfChoice perf;
+    size_t context = 0;  // index into contexts_
+  };
+  struct MeshPlan;
+  struct BatchWork;
+
+  CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
+  // The batches that divide and the distinct placements of the mesh; false if no batch divides.
+  bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
+  // Makes plan.program the program of (batch, remat), partitioning only when its training step
+  // is not the one it already holds.
+  void build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out);
+  // False once the mesh needs no more work (nothing fits, or its weights alone do not).
+  bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
+  bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                      const std::optional<ComputeBounds>& none, WorkerResult& out);
+  // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
+  void check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate& memory, double usable,
+                 std::vector<double>& kind_peaks, WorkerResult& out);
+  // Times the program's variants (placements x attention kinds x perf switches) that fit.
+  void time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                     const std::vector<double>& kind_peaks, WorkerResult& out);
+  // Prunes one remat's candidates at a batch as cannot_beat_top (the kinds that did not fit a
+  // smaller batch as does_not_fit_hbm).
+  static void prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out);
+  double best_possible(const BatchWork& batch, double step_lower_bound) const;
+
+  ExploreContext context_;
+  CandidateNumbering numbering_;
+  std::vector<CostContext> contexts_;  // the distinct attention cost contexts
+  std::vector<Variant> variants_;      // per program, in the space's order
+  size_t top_size_ = 1;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,59 @@
+// sim/explore/training_step_cache.h: the training steps explore's meshes share, one per
+// (batch, remat), built on first use by whichever worker thread needs it first.
+//
+// The attention kind is not part of the key: it selects the attention kernel's cost
+// (CostContext::flash_attention), not the ops, tensors or memory of the step (explore_test checks
+// that both kinds build the same step), so one program serves both kinds as timing variants.
+//
+// Example:
+//   TrainingStepCache steps(config, space);
+//   std::shared_ptr<const TrainingStep> step = steps.get(/*batch=*/0, /*remat=*/1);
+//   steps.get(0, TrainingStepCache::kNoRemat);  // remat_policy=none, for the bounds
+//   steps.recomputed(0, 1);  // what remat 1 recomputes beyond none
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "model/autodiff/training_step.h"
+#include "sim/explore/search_space.h"
+#include "sim/explore/step_bounds.h"
+
+namespace tpusim {
+
+class Config;
+
+class TrainingStepCache {
+ public:
+  TrainingStepCache(const Config& config, const SearchSpace& space);
+
+  // As a remat index: remat_policy=none, whether or not the space has it (bounds).
+  static constexpr size_t kNoRemat = std::numeric_limits<size_t>::max();
+
+  std::shared_ptr<const TrainingStep> get(size_t batch, size_t remat);
+
+  // What `remat` recomputes beyond remat_policy=none (see remat_bounds).
+  const std::vector<RecomputedOp>& recomputed(size_t batch, size_t remat);
+
+ private:
+  struct Entry {
+    std::shared_ptr<const TrainingStep> step;
+    std::once_flag recomputed_once;
+    std::vector<RecomputedOp> recomputed;
+  };
+
+  Entry& entry(size_t batch, size_t remat);
+
+  const Config& config_;
+  const SearchSpace& space_;
+  size_t none_ = kNoRemat;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<Entry>> steps_;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,71 @@
+// sim/explore/worker_result.h: what part of an explore search found (one worker thread's meshes,
+// or one rank's), and how the parts merge into the search's result.
+//
+// A part keeps its best N candidates (ties broken by the space's order, so the merged top N does
+// not depend on how the meshes were split), counts of what it evaluated and pruned by reason
+// (the kPruned* names of sim/explore/explorer.h), and a uniform sample of what it evaluated for
+// plots.
+//
+// Example:
+//   WorkerResult part;
+//   part.offer({candidate, /*objective=*/0.41}, /*limit=*/10);
+//   part.pruned[kPrunedDoesNotFitHbm] += 8;
+//   WorkerResult all;
+//   all.merge(std::move(part), 10);
+//   all = merge_ranks(all, transport, CandidateNumbering(space), 10);  // under mpirun
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sim/explore/candidate.h"
+#include "sim/explore/explorer.h"
+
+namespace tpusim {
+
+class Transport;
+
+// Why a candidate was not timed (see sim/explore/explorer.h).
+inline constexpr const char* kPrunedAxisDoesNotDivide = "axis_does_not_divide";
+inline constexpr const char* kPrunedSamePlacement = "same_placement";
+inline constexpr const char* kPrunedWeightsExceedHbm = "weights_exceed_hbm";
+inline constexpr const char* kPrunedDoesNotFitHbm = "does_not_fit_hbm";
+inline constexpr const char* kPrunedCannotBeatTop = "cannot_beat_top";
+
+// A timed candidate and its objective (larger is better).
+struct Scored {
+  Candidate candidate;
+  double objective = 0;
+};
+
+struct WorkerResult {
+  std::vector<Scored> top;  // kept sorted best first, at most N
+  int64_t evaluated = 0;
+  int64_t programs = 0;
+  std::map<std::string, int64_t> pruned;
+  double smallest_peak = std::numeric_limits<double>::infinity();
+  double capacity = 0;
+  // A uniform sample of what was evaluated (reservoir sampling, a fixed seed per worker).
+  std::vector<ExploreSample> samples;
+  int64_t samples_seen = 0;
+  uint64_t random_state = 0x9E3779B97F4A7C15ULL;
+
+  // Keeps `value` in the sample with the probability that keeps the sample uniform.
+  void sample(const ExploreSample& value, size_t limit);
+  // Keeps `scored` if it is among the best `limit` so far.
+  void offer(Scored scored, size_t limit);
+  // Adds another part's counts, samples and top (keeping the best `limit`).
+  void merge(WorkerResult other, size_t limit);
+};
+
+// Merges every rank's counts and top N (exchanged as numbers: counts, then (order, objective)
+// pairs, from which each candidate is rebuilt); every rank gets the same merged result, without
+// samples.
+WorkerResult merge_ranks(const WorkerResult& mine, Transport& transport,
+                         const CandidateNumbering& numbering, size_t top);
+
+}  // namespace tpusim

@@ -1,0 +1,62 @@
+#include <algorithm>
+#include <string>
+
+#include "hw/chip_spec.h"
+#include "model/config.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+
+PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip) {
+  PerfOptions options;
+  options.cost.chip = &chip;
+  options.cost.program_efficiency = chip.program_efficiency;
+  const std::string attention = config.get_string("attention");
+  options.cost.flash_attention = attention != "dot_product";
+  options.cost.block_q = config.get_int("sa_block_q");
+  options.cost.block_kv = config.get_int("sa_block_kv");
+  options.cost.kv_compute_chunks_forward =
+      std::max<int64_t>(1, config.get_int("sa_block_kv") /
+                               std::max<int64_t>(1, config.get_int("sa_block_kv_compute")));
+  options.cost.kv_compute_chunks_backward =
+      std::max<int64_t>(1, config.get_int("sa_block_kv_dkv") /
+                               std::max<int64_t>(1, config.get_int("sa_block_kv_dkv_compute")));
+  const std::string quantization = config.get_string("quantization");
+  options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
+  options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
+  // AQT int8 quantizes the forward and dlhs matmuls (the weight gradient stays bf16); fp8 runs
+  // all three passes in fp8 (e4m3 forward, e5m2 gradients).
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
+      options.cost.int8_matmuls || options.cost.fp8_matmuls;
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] =
+      options.cost.int8_matmuls || options.cost.fp8_matmuls;
+  options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] =
+      options.cost.fp8_matmuls;
+  auto dynamic = [&config](const char* key) {
+    return config.get_string(key).rfind("fixed", 0) != 0;
+  };
+  options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
+  options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
+  options.cost.dynamic_scale_gradients = dynamic("bwd_quantization_calibration_method");
+  // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
+  options.cost.megablox = config.get_bool("sparse_matmul") &&
+                          (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
+  const char* const weights[] = {"wi", "wo"};
+  const char* const passes[] = {"fwd", "dlhs", "drhs"};
+  for (size_t weight = 0; weight < 2; ++weight) {
+    for (size_t pass = 0; pass < 3; ++pass) {
+      const std::string prefix = std::string(weights[weight]) + "_tile_" + passes[pass] + "_";
+      GroupedMatmulTiles& tiles = options.cost.megablox_tiles[weight][pass];
+      tiles.batch_seq = config.get_int(prefix + "batch_seq");
+      tiles.embed = config.get_int(prefix + "embed_dim");
+      tiles.mlp = config.get_int(prefix + "mlp_dim");
+    }
+  }
+  const std::string offload = config.get_string("sparse_core_collective_offload");
+  options.sparse_core_offload =
+      offload == "on" || (offload == "auto" && chip.sparsecore_collective_offload_default > 0);
+  options.collective_matmul = config.get_bool("collective_matmul");
+  return options;
+}
+
+}  // namespace tpusim

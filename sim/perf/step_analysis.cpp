@@ -1,0 +1,77 @@
+#include "sim/perf/step_analysis.h"
+
+#include <algorithm>
+
+#include "sharding/partitioner.h"
+
+namespace tpusim {
+
+void StepSimulator::Analysis::find_fusions(const Graph& graph, bool matmul_output_fusion) {
+  std::vector<int> consumers(graph.tensors().size(), 0);
+  for (const Op& op : graph.ops()) {
+    for (const TensorId input : op.inputs) {
+      ++consumers[static_cast<size_t>(input)];
+    }
+  }
+  for (const Op& op : graph.ops()) {
+    if (op.kind != OpKind::kElementwise && op.kind != OpKind::kRope) {
+      continue;
+    }
+    for (const TensorId input : op.inputs) {
+      const int producer = graph.producer(input);
+      if (producer < 0) {
+        continue;
+      }
+      const Op& source = graph.ops()[static_cast<size_t>(producer)];
+      // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
+      // and their rotation are one XLA fusion between the projection and the attention.
+      const bool fusible_source = (source.kind == OpKind::kEinsum && matmul_output_fusion) ||
+                                  source.kind == OpKind::kElementwise ||
+                                  source.kind == OpKind::kRope ||
+                                  (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
+      if (fusible_source && source.region == op.region &&
+          consumers[static_cast<size_t>(input)] == 1) {
+        fused[static_cast<size_t>(op.id)] = true;
+      }
+    }
+  }
+}
+
+const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,
+                                                    const CostContext& context) {
+  auto found = std::find_if(costs.begin(), costs.end(),
+                            [&](const ContextCosts& entry) { return entry.context == context; });
+  if (found == costs.end()) {
+    costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
+                     std::vector<bool>(graph.ops().size(), false)});
+    found = costs.end() - 1;
+  }
+  const auto id = static_cast<size_t>(op.id);
+  if (!found->known[id]) {
+    found->cost[id] = cost_compute_op(graph, op, context, fused[id]);
+    found->known[id] = true;
+  }
+  return found->cost[id];
+}
+
+void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mesh) {
+  if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh)) {
+    collective_mesh = mesh;
+    collective_times.assign(graph.ops().size(), CollectiveTime{});
+    collective_known.assign(graph.ops().size(), false);
+  }
+}
+
+const CollectiveTime& StepSimulator::Analysis::collective(const Graph& graph, const Op& op,
+                                                          const DeviceMesh& mesh,
+                                                          const Slice& slice) {
+  const auto id = static_cast<size_t>(op.id);
+  if (!collective_known[id]) {
+    const double bytes = static_cast<double>(collective_bytes(graph, op));
+    collective_times[id] = collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice);
+    collective_known[id] = true;
+  }
+  return collective_times[id];
+}
+
+}  // namespace tpusim

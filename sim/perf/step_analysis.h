@@ -1,0 +1,98 @@
+// sim/perf/step_analysis.h: what the step scheduler needs about a program whatever the options
+// (StepSimulator::Analysis), kept between runs of one StepSimulator: each region's ops, the
+// carries, which ops only prepare weights, which elementwise ops fuse into their producer (XLA
+// output fusion), each compute op's cost per cost context and each collective's time per
+// placement (worked out on first use), and the storage a run reuses.
+// Internal to sim/perf (step_simulator.cpp); include sim/perf/step_simulator.h to time a step.
+//
+// Example:
+//   StepSimulator::Analysis analysis(program.program.graph);
+//   analysis.compute_cost(graph, op, context).seconds;  // costed once per (op, context)
+//   analysis.use_mesh(graph, mesh);                     // before timing collectives on `mesh`
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "sharding/device_mesh.h"
+#include "sim/perf/collective_cost.h"
+#include "sim/perf/op_cost.h"
+#include "sim/perf/step_simulator.h"
+#include "sim/perf/timeline.h"
+
+namespace tpusim {
+
+// The resources ops run on besides the TensorCore.
+// Offloaded gathers and reductions run on different SparseCores of the chip (recipes pin
+// all-gathers to one: xla_tpu_use_single_sparse_core_for_all_gather_offload), so each kind has
+// its own queue, as XLA also keeps one collective of each kind in flight.
+// kCompute only records when the TensorCore (a GPU's SMs) is busy, for collectives that take
+// a share of it (collective_compute_share).
+enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost, kCompute };
+constexpr size_t kResources = 6;
+
+struct StepSimulator::Analysis {
+  Analysis(const Graph& graph, bool matmul_output_fusion) {
+    const size_t tensors = graph.tensors().size();
+    const size_t ops = graph.ops().size();
+    carry_source.assign(tensors, -1);
+    for (const Graph::Carry& carry : graph.carries()) {
+      carry_source[static_cast<size_t>(carry.to)] = carry.from;
+    }
+    weight_only.assign(ops, false);
+    region_ops.resize(graph.regions().size());
+    for (const Op& op : graph.ops()) {
+      region_ops[static_cast<size_t>(op.region)].push_back(&op);
+      bool only_weights = !op.inputs.empty();
+      for (const TensorId input : op.inputs) {
+        const Tensor& tensor = graph.tensor(input);
+        const int producer = graph.producer(input);
+        const bool weight = (tensor.kind == TensorKind::kParameter && producer < 0) ||
+                            (producer >= 0 && weight_only[static_cast<size_t>(producer)]);
+        only_weights = only_weights && weight;
+      }
+      weight_only[static_cast<size_t>(op.id)] = only_weights && op.phase != Phase::kOptimizer;
+    }
+    fused.assign(ops, false);
+    find_fusions(graph, matmul_output_fusion);
+  }
+
+  // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
+  // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
+  // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
+  void find_fusions(const Graph& graph, bool matmul_output_fusion);
+
+  // cost_compute_op of `op` under `context`, computed once per (op, context).
+  const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context);
+
+  // Before a run on `mesh`: the cached collective times stay valid only on the same placement.
+  void use_mesh(const Graph& graph, const DeviceMesh& mesh);
+
+  // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
+  const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
+                                   const Slice& slice);
+
+  struct ContextCosts {
+    CostContext context;
+    std::vector<OpCost> cost;  // by op id
+    std::vector<bool> known;   // by op id
+  };
+  std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
+  std::vector<TensorId> carry_source;              // by tensor id
+  std::vector<bool> weight_only;                   // by op id
+  std::vector<bool> fused;                         // by op id
+  std::vector<ContextCosts> costs;
+  std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
+  std::vector<CollectiveTime> collective_times;
+  std::vector<bool> collective_known;
+  // A run's working state, kept between runs so that its storage is reused.
+  std::vector<double> ready;                       // by tensor id
+  std::vector<double> finish_not_before;           // by tensor id
+  std::vector<std::pair<double, double>> op_span;  // by op id
+  std::array<Timeline, kResources> timelines;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,64 @@
+// tests/sim/cli/config_command_test.cpp: `tpusim config`: the loading order, files on disk, and bad
+// inputs (sim/cli/config_command.cpp), end to end through the built tpusim.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/csv.h"
+#include "common/yaml_text.h"
+#include "support/run_command.h"
+#include "tests/sim/cli/cli_test_support.h"
+
+namespace tpusim {
+namespace {
+
+using testing::run_tpusim;
+
+TEST(ConfigCommand, LoadingOrderAndMesh) {
+  const auto result = run_tpusim({"config", "model_name=llama3.1-70b", "compile_topology=v6e-256",
+                                  "per_device_batch_size=4", "ici_tensor_parallelism=4", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["config"]["base_emb_dim"], 8192);
+  EXPECT_EQ(json["config"]["per_device_batch_size"], 4.0);
+  EXPECT_EQ(json["mesh"]["fsdp"]["ici"], 64);
+  EXPECT_EQ(json["mesh"]["tensor"]["ici"], 4);
+  EXPECT_EQ(json["devices"], 256);
+}
+
+TEST(ConfigCommand, ReadsBaseFileFromDiskWithPresetsBesideIt) {
+  const std::string base = testing::source_dir() + "/configs/base.yml";
+  const auto result = run_tpusim({"config", base, "model_name=mistral-7b", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["config"]["base_mlp_dim"], 14336);
+}
+
+TEST(ConfigCommand, EveryBadInputClassExits2) {
+  expect_user_error({"config", "ici_fsdp_paralelism=4"}, "ici_fsdp_parallelism");
+  expect_user_error({"config", "base_emb_dim=abc"}, "base_emb_dim");
+  expect_user_error({"config", "base_emb_dim=99999999999"}, "base_emb_dim");
+  expect_user_error({"config", "per_device_batch_size=0"}, "per_device_batch_size");
+  expect_user_error({"config", "model_name=llama9-1b"}, "llama9-1b");
+  expect_user_error({"config", "compile_topology=v5p-100"}, "v5p-100");
+  expect_user_error({"config", "compile_topology=v5p-128", "ici_tensor_parallelism=3"},
+                    "ici_fsdp_parallelism");
+  expect_user_error({"config", "ici_data_parallelism=-1"}, "-1");
+  expect_user_error({"config", "compile_topology=v5p-128", "ici_fsdp_parallelism=8"}, "64");
+  expect_user_error({"config", "mlp_activations=[silu"}, "mlp_activations");
+  expect_user_error({"config", "notakeyvalue"}, "notakeyvalue");
+  expect_user_error({"config", "/nonexistent/base.yml"}, "/nonexistent/base.yml");
+  expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
+}
+
+}  // namespace
+}  // namespace tpusim

@@ -1,0 +1,351 @@
+// tests/sim/cli/estimate_command_test.cpp: `tpusim estimate`: JSON and trace contracts, recipes as
+// pasted, XLA flags and bad inputs (sim/cli/estimate_command.cpp), end to end through the built
+// tpusim.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/csv.h"
+#include "common/yaml_text.h"
+#include "support/run_command.h"
+#include "tests/sim/cli/cli_test_support.h"
+
+namespace tpusim {
+namespace {
+
+using testing::run_tpusim;
+
+// Pipelines: estimate shows the schedule and its bubble; MaxText's constraints on stages,
+// layers, microbatches and repeats exit 2 naming the key; train runs stages, but refuses what its
+// loop does not compute (delayed forwarding) and microbatches that would split a sequence.
+TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
+  const std::vector<std::string> pipelined = {"estimate",
+                                              "model_name=llama3.1-70b",
+                                              "compile_topology=v5e-256",
+                                              "compile_topology_num_slices=4",
+                                              "dcn_pipeline_parallelism=4",
+                                              "ici_fsdp_parallelism=-1",
+                                              "num_pipeline_microbatches=8"};
+  const auto result = run_tpusim(pipelined);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("pipeline   4 stages x 1 layer, 20 repeats, 8 microbatches: 163 "
+                            "iterations, bubble 1.8%"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("pipeline_bubble"), std::string::npos);
+  EXPECT_NE(result.out.find("exposed_dcn_stage"), std::string::npos);
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> args = pipelined;
+    if (extra.starts_with("num_pipeline_microbatches")) {
+      args.pop_back();
+    }
+    args.push_back(extra);
+    return args;
+  };
+  expect_user_error(with("num_pipeline_microbatches=6"), "num_pipeline_microbatches=6");
+  expect_user_error(with("num_layers_per_pipeline_stage=3"), "num_layers_per_pipeline_stage=3");
+  expect_user_error(with("num_pipeline_repeats=7"), "num_pipeline_repeats=7");
+  expect_user_error(with("pipeline_parallel_layers=40"), "pipeline_parallel_layers=40");
+  // Layers of two kinds (gpt-oss alternates sliding-window and global attention): refused. (Its
+  // preset's keys with no effect on the estimate are listed on stderr first.)
+  const auto mixed = run_tpusim({"estimate", "model_name=gpt-oss-20b", "compile_topology=v5p-16",
+                                 "ici_pipeline_parallelism=2"});
+  EXPECT_EQ(mixed.exit_code, 2);
+  EXPECT_NE(mixed.err.find("ici_pipeline_parallelism=2: gpt-oss-20b has 2 kinds of decoder layer"),
+            std::string::npos)
+      << mixed.err;
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "compile_topology=v5e-4", "ici_pipeline_parallelism=2",
+       "pipeline_delay_activation_forwarding=true", "steps=1"},
+      "pipeline_delay_activation_forwarding");
+  expect_user_error(
+      {"train", "model_name=tiny-llama", "compile_topology=v5e-4", "ici_pipeline_parallelism=2",
+       "ici_fsdp_parallelism=2", "per_device_batch_size=1", "num_pipeline_microbatches=4",
+       "max_target_length=32", "steps=1"},
+      "num_pipeline_microbatches=4");
+  // OLMo 3 is estimated, not trained (its YaRN rope is not in the functional engine).
+  const auto olmo =
+      run_tpusim({"train", "model_name=olmo3-7b", "compile_topology=v5e-4",
+                  "override_model_config=true", "base_num_decoder_layers=1", "steps=1"});
+  EXPECT_EQ(olmo.exit_code, 2);
+  EXPECT_NE(olmo.err.find("decoder_block: olmo3 is not computed by tpusim train"),
+            std::string::npos)
+      << olmo.err;
+}
+
+TEST(EstimateCommand, JsonContract) {
+  const auto result = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=v5p-128",
+                                  "per_device_batch_size=2", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["devices"], 64);
+  EXPECT_EQ(json["chips"], 64);
+  for (const char* key : {"model_tflop_per_device_step", "hardware_tflop_per_device_step",
+                          "hbm_peak_bytes_per_device", "hbm_capacity_bytes"}) {
+    EXPECT_TRUE(json[key].is_number()) << key;
+    EXPECT_GT(json[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(json["fits"].is_boolean());
+  EXPECT_TRUE(json["memory"].is_object());
+  EXPECT_GE(json["hardware_tflop_per_device_step"].get<double>(),
+            json["model_tflop_per_device_step"].get<double>());
+}
+
+TEST(EstimateCommand, PerformanceKeys) {
+  const auto result = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=v6e-8",
+                                  "per_device_batch_size=2", "max_target_length=4096", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  for (const char* key : {"step_time_s", "mfu", "tflops_per_chip", "tokens_per_s_per_chip"}) {
+    EXPECT_TRUE(json[key].is_number()) << key;
+    EXPECT_GT(json[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(json["breakdown"].is_object());
+  EXPECT_FALSE(json["breakdown"].empty());
+}
+
+TEST(EstimateCommand, TraceIsChromeTraceJson) {
+  const std::string path = ::testing::TempDir() + "/tpusim_trace.json";
+  const auto result =
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-8", "--trace", path});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(path);
+  const nlohmann::json trace = nlohmann::json::parse(stream);
+  ASSERT_TRUE(trace["traceEvents"].is_array());
+  EXPECT_GT(trace["traceEvents"].size(), 10u);
+}
+
+TEST(EstimateCommand, TraceHasALanePerLinkAndAxesAndTheHtmlPageTheSame) {
+  // Multislice with tensor parallelism: compute, the fsdp and tensor rings, the DCN stages of the
+  // hierarchical gathers and the combined gradient all-reduce each get a named lane.
+  const std::string trace_path = ::testing::TempDir() + "/tpusim_multislice_trace.json";
+  const std::string html_path = ::testing::TempDir() + "/tpusim_multislice.html";
+  const auto result = run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5e-256",
+                                  "compile_topology_num_slices=2", "ici_fsdp_parallelism=64",
+                                  "ici_tensor_parallelism=4", "dcn_fsdp_parallelism=2", "--trace",
+                                  trace_path, "--html", html_path});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(trace_path);
+  const nlohmann::json trace = nlohmann::json::parse(stream);
+  std::vector<std::string> lanes;
+  std::string process;
+  int flow_starts = 0;
+  int flow_ends = 0;
+  int hbm_counters = 0;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["name"] == "thread_name") {
+      lanes.push_back(event["args"]["name"]);
+    } else if (event["name"] == "process_name") {
+      process = event["args"]["name"];
+    }
+    flow_starts += event["ph"] == "s" ? 1 : 0;
+    flow_ends += event["ph"] == "f" ? 1 : 0;
+    hbm_counters += event["ph"] == "C" && event["name"] == "HBM GiB" ? 1 : 0;
+  }
+  EXPECT_GT(hbm_counters, 3);  // forward, backward and optimizer checkpoints
+  // Tensor-parallel gathers are waited for: arrows from them to the ops that waited.
+  EXPECT_GT(flow_starts, 0);
+  EXPECT_EQ(flow_starts, flow_ends);
+  EXPECT_NE(process.find("TPU v5e"), std::string::npos) << process;
+  for (const char* lane : {"TensorCore", "ICI fsdp", "ICI tensor", "DCN fsdp"}) {
+    EXPECT_NE(std::find(lanes.begin(), lanes.end(), lane), lanes.end()) << lane;
+  }
+  EXPECT_EQ(lanes.front(), "TensorCore");  // compute first, then links, DCN, host
+  std::ifstream page_stream(html_path);
+  const std::string page((std::istreambuf_iterator<char>(page_stream)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(page.rfind("<!doctype html>", 0), 0u);
+  EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg"));  // no other URL
+  EXPECT_EQ(page.find("https://"), std::string::npos);
+  for (const char* lane : {"\"ICI fsdp\"", "\"DCN fsdp\""}) {
+    EXPECT_NE(page.find(lane), std::string::npos) << lane;
+  }
+}
+
+// Every public MaxText recipe (validation/recipes_public.json: args exactly as published) runs as
+// pasted with its topology as xpk writes it, or, for a model tpusim does not build yet, exits 2
+// naming the preset and what is missing. Nothing else: no unknown key, no exit 1.
+TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
+  std::ifstream file(testing::source_dir() + "/validation/recipes_public.json");
+  ASSERT_TRUE(file.good());
+  const nlohmann::json recipes = nlohmann::json::parse(file);
+  ASSERT_EQ(recipes.size(), 22u);
+  int ran = 0;
+  for (const auto& recipe : recipes) {
+    SCOPED_TRACE(recipe["id"].get<std::string>());
+    std::vector<std::string> args = {
+        "estimate", "compile_topology=" + recipe["topology"].get<std::string>(),
+        "compile_topology_num_slices=" + std::to_string(recipe["num_slices"].get<int>())};
+    for (const auto& arg : recipe["args"]) {
+      args.push_back(arg.get<std::string>());
+    }
+    args.emplace_back("--json");
+    const auto result = run_tpusim(args);
+    if (result.exit_code == 0) {
+      const nlohmann::json json = nlohmann::json::parse(result.out);
+      EXPECT_GT(json["step_time_s"].get<double>(), 0.0);
+      EXPECT_TRUE(json["ignored_keys"].is_array());
+      EXPECT_TRUE(json["not_modeled_keys"].is_object());
+      ++ran;
+    } else {
+      EXPECT_EQ(result.exit_code, 2) << result.err;
+      const nlohmann::json error = nlohmann::json::parse(result.out);
+      EXPECT_EQ(error["key"], "model_name");
+      EXPECT_NE(error["error"].get<std::string>().find("does not build yet"), std::string::npos)
+          << result.err;
+    }
+  }
+  // All 22 at this revision (gemma4-e2b since the gemma4_small block).
+  EXPECT_EQ(ran, 22);
+}
+
+// MaxText's own base.yml (rebuilt from the key/value fixture) as the config file gives the
+// estimate of tpusim's embedded base.yml: the same defaults, rules merged by name.
+TEST(EstimateCommand, MaxTextBaseYmlGivesTheEmbeddedBasesEstimate) {
+  const std::string fixture = testing::source_dir() + "/tests/data/maxtext/maxtext_keys.tsv";
+  const CsvTable keys = parse_tsv(read_text_file(fixture), fixture);  // key, default, type
+  const std::string path = ::testing::TempDir() + "/maxtext_base.yml";
+  {
+    std::ofstream yaml(path);
+    for (const std::vector<std::string>& row : keys.rows) {
+      yaml << row[0] << ": " << row[1] << "\n";
+    }
+  }
+  for (const char* model : {"model_name=llama2-7b", "model_name=mixtral-8x7b"}) {
+    const auto with_file =
+        run_tpusim({"estimate", path, model, "compile_topology=v5p-64", "--json"});
+    const auto embedded = run_tpusim({"estimate", model, "compile_topology=v5p-64", "--json"});
+    ASSERT_EQ(with_file.exit_code, 0) << with_file.err;
+    ASSERT_EQ(embedded.exit_code, 0) << embedded.err;
+    const auto a = nlohmann::json::parse(with_file.out);
+    const auto b = nlohmann::json::parse(embedded.out);
+    EXPECT_EQ(a["step_time_s"], b["step_time_s"]) << model;
+    EXPECT_EQ(a["hbm_peak_bytes_per_device"], b["hbm_peak_bytes_per_device"]) << model;
+    EXPECT_GT(a["ignored_keys"].size(), 400u);
+  }
+  std::remove(path.c_str());
+}
+
+TEST(EstimateCommand, MaxTextKeysAreListedOnceByEffect) {
+  const auto result = run_tpusim({"estimate", "compile_topology=v5p-8", "profiler=xplane",
+                                  "use_random_routing=True", "skip_first_n_steps_for_profiler=5"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("2 MaxText keys with no effect on the estimate: profiler, "
+                            "skip_first_n_steps_for_profiler"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("warning: MaxText keys not modeled (the estimate ignores them): "
+                            "use_random_routing=True"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {
+  const auto result = run_tpusim({"estimate", "profilr=xplane", "--json"});
+  EXPECT_EQ(result.exit_code, 2);
+  const nlohmann::json error = nlohmann::json::parse(result.out);
+  EXPECT_EQ(error["key"], "profilr");
+  EXPECT_EQ(error["exit"], 2);
+  EXPECT_NE(error["error"].get<std::string>().find("did you mean 'profiler'"), std::string::npos);
+  const auto no_key = run_tpusim({"estimate", "compile_topology=v5p-100", "--json"});
+  EXPECT_EQ(no_key.exit_code, 2);
+  EXPECT_TRUE(nlohmann::json::parse(no_key.out).contains("error"));
+}
+
+// Recipes' XLA flags: the SparseCore offloads and async collective fusion set tpusim's switches
+// (a key on the command line wins), tracing flags change nothing, the rest is listed as not
+// modeled; LIBTPU_INIT_ARGS is read like --xla-flags.
+TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
+  // The host's own flags (a TPU VM exports them) must not leak into what this test expects.
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
+  const std::string flags =
+      "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true "
+      "--xla_tpu_enable_async_collective_fusion=false --xla_tpu_scoped_vmem_limit_kib=65536 "
+      "--xla_tpu_enable_all_gather_offload_tracing=true";
+  const auto result = run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=tpu7x-16",
+                                  "--xla-flags", flags, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out)["xla_flags"];
+  EXPECT_EQ(json["overrides"],
+            (nlohmann::json{"sparse_core_collective_offload=on", "collective_matmul=false"}));
+  EXPECT_EQ(json["not_modeled"], (nlohmann::json{"xla_tpu_scoped_vmem_limit_kib"}));
+  EXPECT_EQ(json["no_effect"], (nlohmann::json{"xla_tpu_enable_all_gather_offload_tracing"}));
+
+  const auto pinned =
+      run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=tpu7x-16",
+                  "sparse_core_collective_offload=off", "--xla-flags", flags, "--json"});
+  ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
+  EXPECT_EQ(nlohmann::json::parse(pinned.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=false"}));
+
+  ::setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_async_collective_fusion=false", 1);
+  const auto from_environment =
+      run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5p-8", "--json"});
+  const auto bad = run_tpusim({"estimate", "--xla-flags", "xla_oops"});
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ASSERT_EQ(from_environment.exit_code, 0) << from_environment.err;
+  EXPECT_EQ(nlohmann::json::parse(from_environment.out)["xla_flags"]["sources"],
+            (nlohmann::json{"LIBTPU_INIT_ARGS"}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("xla_oops"), std::string::npos) << bad.err;
+}
+
+// An XLA flag name that is not UTF-8 could not be printed in --json (nlohmann's dump threw, exit
+// 1): it is exit 2 naming where the flags came from. Found by fuzz/cli_fuzz.cpp.
+TEST(EstimateCommand, XlaFlagsThatAreNotUtf8Exit2) {
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
+  expect_user_error({"estimate", "model_name=tiny-llama", "--xla-flags",
+                     "--x\xff"
+                     "a_tpu_scoped_vmem_limit_kib=98304",
+                     "--json"},
+                    "--xla-flags: the flags are not valid UTF-8");
+}
+
+TEST(EstimateCommand, GpuNodesRunAsMaxTextWritesThem) {
+  // The JAX-Toolbox guide's command with compile_topology=a3 added (validation/gpu_published.csv).
+  const auto guide = run_tpusim(
+      {"estimate", "model_name=llama2-7b", "per_device_batch_size=2", "max_target_length=4096",
+       "ici_fsdp_parallelism=8", "attention=cudnn_flash_te", "remat_policy=minimal_flash",
+       "scan_layers=false", "hardware=gpu", "compile_topology=a3", "--json"});
+  ASSERT_EQ(guide.exit_code, 0) << guide.err;
+  const nlohmann::json json = nlohmann::json::parse(guide.out);
+  EXPECT_EQ(json["chip"], "h100-sxm");
+  EXPECT_EQ(json["devices"], 8);
+  EXPECT_TRUE(json["fits"].get<bool>());
+  EXPECT_DOUBLE_EQ(json["mfu_peak_tflops_per_device"].get<double>(), 989.0);
+  // `hardware` must agree with the slice, as MaxText would not run a GPU config on a TPU.
+  expect_user_error({"estimate", "model_name=llama2-7b", "compile_topology=a3"}, "hardware");
+  expect_user_error({"estimate", "model_name=llama2-7b", "hardware=gpu", "compile_topology=v5p-8"},
+                    "hardware");
+  expect_user_error({"estimate", "hardware=gpu", "compile_topology=a3-8"},
+                    "compile_topology_num_slices");
+}
+
+TEST(EstimateCommand, EmbeddedDefaultConfigRuns) {
+  const auto result = run_tpusim({"estimate"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("fits"), std::string::npos);
+}
+
+TEST(EstimateCommand, BadInputExits2) {
+  expect_user_error({"estimate", "model_name=llama3.1-8b", "compile_topology=v5p-100"}, "v5p-100");
+  expect_user_error({"estimate", "ici_tensor_parallelism=3"}, "ici_fsdp_parallelism");
+  expect_user_error({"estimate", "logical_axis_rules=[[embed, [fsdpp]]]"}, "fsdpp");
+  expect_user_error({"estimate", "gradient_accumulation_steps=0"}, "gradient_accumulation_steps");
+  expect_user_error({"program", "--layer", "9"}, "--layer");
+}
+
+}  // namespace
+}  // namespace tpusim

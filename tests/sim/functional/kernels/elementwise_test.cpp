@@ -1,0 +1,150 @@
+// tests/sim/functional/kernels/elementwise_test.cpp: the elementwise kernels
+// (sim/functional/kernels/elementwise.cpp). Elementwise ops (activations, arithmetic): against
+// their formulas and finite differences. The method and the helpers: kernel_test_support.h.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/sim/functional/kernels/kernel_test_support.h"
+
+namespace tpusim::kernel_test {
+namespace {
+
+double reference_sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+double reference_gelu(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+struct UnaryCase {
+  ElementwiseFn fn;
+  ElementwiseFn grad;
+  std::function<double(double)> reference;
+};
+
+std::vector<UnaryCase> unary_cases() {
+  return {
+      {ElementwiseFn::kSilu, ElementwiseFn::kSiluGrad,
+       [](double x) { return x * reference_sigmoid(x); }},
+      {ElementwiseFn::kGelu, ElementwiseFn::kGeluGrad, reference_gelu},
+      {ElementwiseFn::kRelu, ElementwiseFn::kReluGrad, [](double x) { return std::max(x, 0.0); }},
+      {ElementwiseFn::kSigmoid, ElementwiseFn::kSigmoidGrad, reference_sigmoid},
+  };
+}
+
+// Random values in [-3, 3] kept at least 0.05 away from 0 (ReLU's kink).
+TensorData away_from_zero(const Tensor& tensor, std::mt19937& rng) {
+  TensorData data = random_data(tensor, rng, -3, 3);
+  for (float& value : data.values) {
+    if (std::abs(value) < 0.05f) {
+      value += value < 0 ? -0.05f : 0.05f;
+    }
+  }
+  return data;
+}
+
+TEST(KernelElementwise, MatchesFormulas) {
+  std::mt19937 rng(3);
+  std::vector<UnaryCase> cases = unary_cases();
+  cases.push_back({ElementwiseFn::kScale, ElementwiseFn::kScale, [](double x) { return x; }});
+  cases.push_back({ElementwiseFn::kCast, ElementwiseFn::kCast, [](double x) { return x; }});
+  for (const UnaryCase& test : cases) {
+    Case c;
+    const TensorId x = c.tensor("x", activation_dims());
+    const TensorId y = c.tensor("y", activation_dims());
+    OpAttrs attrs;
+    attrs.function = test.fn;
+    const Op& op = c.op(OpKind::kElementwise, {x}, {y}, attrs);
+    const TensorData input = away_from_zero(c.info(x), rng);
+    std::vector<double> expected;
+    for (const float value : input.values) {
+      expected.push_back(test.reference(value));
+    }
+    SCOPED_TRACE(elementwise_name(test.fn));
+    expect_close(run(c.graph, op, {input})[0], expected);
+  }
+  // Binary ops, and an input broadcast by dim name ([embed] against [batch, length, embed]).
+  Case c;
+  const TensorId a = c.tensor("a", activation_dims());
+  const TensorId b = c.tensor("b", activation_dims());
+  const TensorId row = c.tensor("row", {dim("embed", 4)});
+  const TensorId y_sum = c.tensor("y_sum", activation_dims());
+  const TensorId y_product = c.tensor("y_product", activation_dims());
+  const TensorId y_broadcast = c.tensor("y_broadcast", activation_dims());
+  const TensorData a_values = random_data(c.info(a), rng);
+  const TensorData b_values = random_data(c.info(b), rng);
+  const TensorData row_values = random_data(c.info(row), rng);
+  OpAttrs add;
+  add.function = ElementwiseFn::kAdd;
+  OpAttrs mul;
+  mul.function = ElementwiseFn::kMul;
+  std::vector<double> sum;
+  std::vector<double> product;
+  std::vector<double> broadcast;
+  for (size_t index = 0; index < a_values.values.size(); ++index) {
+    sum.push_back(double{a_values.values[index]} + b_values.values[index]);
+    product.push_back(double{a_values.values[index]} * b_values.values[index]);
+    broadcast.push_back(double{a_values.values[index]} + row_values.values[index % 4]);
+  }
+  expect_close(
+      run(c.graph, c.op(OpKind::kElementwise, {a, b}, {y_sum}, add), {a_values, b_values})[0], sum);
+  expect_close(
+      run(c.graph, c.op(OpKind::kElementwise, {a, b}, {y_product}, mul), {a_values, b_values})[0],
+      product);
+  expect_close(run(c.graph, c.op(OpKind::kElementwise, {row, a}, {y_broadcast}, add),
+                   {row_values, a_values})[0],
+               broadcast);
+}
+
+TEST(KernelElementwise, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(4);
+  for (const UnaryCase& test : unary_cases()) {
+    Case c;
+    const TensorId x = c.tensor("x", activation_dims());
+    const TensorId y = c.tensor("y", activation_dims());
+    const TensorId dy = c.tensor("dy", activation_dims());
+    const TensorId dx = c.tensor("dx", activation_dims());
+    OpAttrs attrs;
+    attrs.function = test.fn;
+    const Op& forward = c.op(OpKind::kElementwise, {x}, {y}, attrs);
+    OpAttrs grad_attrs;
+    grad_attrs.function = test.grad;
+    const Op& grad = c.op(OpKind::kElementwise, {dy, x}, {dx}, grad_attrs, true);
+    const std::vector<TensorData> inputs = {away_from_zero(c.info(x), rng)};
+    const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+    // A step below the 0.05 margin keeps ReLU's finite differences off its kink.
+    expect_fd(std::string(elementwise_name(test.grad)), c.graph, forward, inputs, weights, 0,
+              run(c.graph, grad, {weights[0], inputs[0]})[0], {}, 1e-2);
+  }
+  // Mul: the VJP of each operand is mul(dy, other).
+  Case c;
+  const TensorId a = c.tensor("a", activation_dims());
+  const TensorId b = c.tensor("b", activation_dims());
+  const TensorId y = c.tensor("y", activation_dims());
+  const TensorId dy = c.tensor("dy", activation_dims());
+  const TensorId grad = c.tensor("grad", activation_dims());
+  OpAttrs mul;
+  mul.function = ElementwiseFn::kMul;
+  const Op& forward = c.op(OpKind::kElementwise, {a, b}, {y}, mul);
+  const Op& vjp = c.op(OpKind::kElementwise, {dy, b}, {grad}, mul, true);
+  const std::vector<TensorData> inputs = {random_data(c.info(a), rng), random_data(c.info(b), rng)};
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  expect_fd("mul da", c.graph, forward, inputs, weights, 0,
+            run(c.graph, vjp, {weights[0], inputs[1]})[0]);
+  expect_fd("mul db", c.graph, forward, inputs, weights, 1,
+            run(c.graph, vjp, {weights[0], inputs[0]})[0]);
+}
+
+}  // namespace
+}  // namespace tpusim::kernel_test

@@ -1,0 +1,102 @@
+// tests/sim/functional/kernels/rope_test.cpp: the rope kernels
+// (sim/functional/kernels/rope.cpp). Rotary position embedding: forward, its inverse as backward,
+// and global positions when the length is split. The method and the helpers: kernel_test_support.h.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/sim/functional/kernels/kernel_test_support.h"
+
+namespace tpusim::kernel_test {
+namespace {
+
+constexpr double kRopeTimescale = 10000;
+
+std::vector<Dim> rope_dims(int64_t length) {
+  return {dim("batch", 2), dim("length", length), dim("heads", 2), dim("head_dim", 8)};
+}
+
+TEST(KernelRope, ForwardMatchesFormulaAndBackwardInverts) {
+  std::mt19937 rng(8);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(6));
+  const TensorId y = c.tensor("y", rope_dims(6));
+  const TensorId back = c.tensor("back", rope_dims(6));
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  const Op& forward = c.op(OpKind::kRope, {x}, {y}, attrs);
+  const Op& backward = c.op(OpKind::kRope, {y}, {back}, attrs, true);
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData result = run(c.graph, forward, {input})[0];
+  std::vector<double> expected(input.values.size());
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t l = 0; l < 6; ++l) {
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < 4; ++i) {
+          const double timescale = std::pow(kRopeTimescale, 2.0 * static_cast<double>(i) / 8.0);
+          const double angle = static_cast<double>(l) / timescale;
+          const double first = input.at({b, l, h, i});
+          const double second = input.at({b, l, h, i + 4});
+          expected[static_cast<size_t>(input.offset({b, l, h, i}))] =
+              first * std::cos(angle) - second * std::sin(angle);
+          expected[static_cast<size_t>(input.offset({b, l, h, i + 4}))] =
+              second * std::cos(angle) + first * std::sin(angle);
+        }
+      }
+    }
+  }
+  expect_close(result, expected);
+  expect_close(run(c.graph, backward, {result})[0], input);  // rotating back recovers x
+}
+
+TEST(KernelRope, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(9);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(5));
+  const TensorId y = c.tensor("y", rope_dims(5));
+  const TensorId dy = c.tensor("dy", rope_dims(5));
+  const TensorId dx = c.tensor("dx", rope_dims(5));
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  const Op& forward = c.op(OpKind::kRope, {x}, {y}, attrs);
+  const Op& backward = c.op(OpKind::kRope, {dy}, {dx}, attrs, true);
+  const std::vector<TensorData> inputs = {random_data(c.info(x), rng)};
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  expect_fd("rope backward", c.graph, forward, inputs, weights, 0,
+            run(c.graph, backward, {weights[0]})[0]);
+}
+
+TEST(KernelRope, SplitLengthUsesGlobalPositions) {
+  std::mt19937 rng(10);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(6));
+  const TensorId y = c.tensor("y", rope_dims(6));
+  std::vector<Dim> local_dims = rope_dims(6);
+  local_dims[1] = split("length", 3, 6, "context");
+  const TensorId local_x = c.tensor("local_x", local_dims);
+  const TensorId local_y = c.tensor("local_y", local_dims);
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  const Op& whole = c.op(OpKind::kRope, {x}, {y}, attrs);
+  const Op& local = c.op(OpKind::kRope, {local_x}, {local_y}, attrs);
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData expected = run(c.graph, whole, {input})[0];
+  for (int device = 0; device < 2; ++device) {
+    expect_close(
+        run(c.graph, local, {slice(input, 1, device * 3, 3)}, device_on("context", device, 2))[0],
+        slice(expected, 1, device * 3, 3));
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::kernel_test
