@@ -96,6 +96,29 @@ LoopParts loop_parts(const Graph& graph, int region) {
   return parts;
 }
 
+// A loop as one device runs it: its parts, this device's stage, the stream's slots per stage
+// (M / S) and the work items (M R), and whether the circular storage is there.
+struct DeviceLoop {
+  LoopParts parts;
+  int64_t stage = 0;
+  int64_t stages = 1;
+  int64_t slots_per_stage = 1;
+  int64_t work_items = 0;
+  bool storage = false;
+};
+
+DeviceLoop loop_on_device(const Graph& graph, const PipelineSchedule& p, int region,
+                          const DeviceContext& device) {
+  DeviceLoop loop;
+  loop.parts = loop_parts(graph, region);
+  loop.stage = device.coordinates[static_cast<size_t>(mesh_axis_index("stage"))];
+  loop.stages = p.stages;
+  loop.slots_per_stage = p.microbatches / p.stages;
+  loop.work_items = p.microbatches * p.repeats;
+  loop.storage = loop.parts.storage != nullptr;
+  return loop;
+}
+
 // Block `block` of `blocks` equal row blocks of `whole` (a [rows, ...] tensor, rows first).
 std::vector<float> rows_block(const TensorData& whole, int64_t block, int64_t blocks) {
   const size_t size = whole.values.size() / static_cast<size_t>(blocks);
@@ -206,12 +229,8 @@ void Executor::run_loop_op(const Op& op, int microbatch) {
 
 void Executor::run_forward_loop(int region, int microbatch) {
   const PipelineSchedule& p = program_.step->forward_info.pipeline;
-  const LoopParts parts = loop_parts(graph_, region);
-  const int64_t stage = device_.coordinates[static_cast<size_t>(mesh_axis_index("stage"))];
-  const int64_t stages = p.stages;
-  const int64_t slots_per_stage = p.microbatches / stages;
-  const int64_t work_items = p.microbatches * p.repeats;
-  const bool storage = parts.storage != nullptr;
+  const auto [parts, stage, stages, slots_per_stage, work_items, storage] =
+      loop_on_device(graph_, p, region, device_);
   const std::vector<float> zeros(static_cast<size_t>(graph_.tensor(parts.input).num_elements()),
                                  0.0f);
   // The input stream: this device's microbatches (rows of its embedding output), slot by slot.
@@ -277,12 +296,8 @@ void Executor::run_forward_loop(int region, int microbatch) {
 
 void Executor::run_backward_loop(int region, int microbatch) {
   const PipelineSchedule& p = program_.step->forward_info.pipeline;
-  const LoopParts parts = loop_parts(graph_, region);
-  const int64_t stage = device_.coordinates[static_cast<size_t>(mesh_axis_index("stage"))];
-  const int64_t stages = p.stages;
-  const int64_t slots_per_stage = p.microbatches / stages;
-  const int64_t work_items = p.microbatches * p.repeats;
-  const bool storage = parts.storage != nullptr;
+  const auto [parts, stage, stages, slots_per_stage, work_items, storage] =
+      loop_on_device(graph_, p, region, device_);
   const TensorData like = TensorData::zeros(graph_.tensor(parts.input));
   const std::vector<float> zeros = like.values;
   // The stream's gradients start as the head's input gradient, laid out as the outputs were.
