@@ -93,6 +93,19 @@ class Communicator {
       slots_->acquire();
     }
   }
+  // Runs `wait` (which takes no lock other devices need) out of this device's slot, back in it
+  // afterwards whether it returns or throws.
+  template <typename Wait>
+  void outside_slot(const Wait& wait) const {
+    leave_slot();
+    try {
+      wait();
+    } catch (...) {
+      reenter_slot();
+      throw;
+    }
+    reenter_slot();
+  }
 
  private:
   ExecutionSlots* slots_ = nullptr;

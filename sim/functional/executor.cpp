@@ -435,6 +435,23 @@ void Executor::run_op(const Op& op, int microbatch) {
   }
 }
 
+void Executor::accumulate_final_gradients(int region) {
+  for (const TensorId grad : final_grads_) {
+    if (graph_.tensor(grad).region != region) {
+      continue;
+    }
+    TensorData& sum = accumulated_[key(grad)];
+    const TensorData& now = value(grad);
+    if (sum.values.empty()) {
+      sum = now;
+    } else {
+      for (size_t index = 0; index < sum.values.size(); ++index) {
+        sum.values[index] += now.values[index];
+      }
+    }
+  }
+}
+
 void Executor::run_region(int region, int microbatch) {
   const Region& info = graph_.region(region);
   if (info.pipelined()) {
@@ -508,20 +525,7 @@ void Executor::run_region(int region, int microbatch) {
       loss_sum_ += static_cast<double>(value(loss_).values.at(0));  // a chunked head: per chunk
     }
     if (info.phase == Phase::kBackward) {
-      for (const TensorId grad : final_grads_) {
-        if (graph_.tensor(grad).region != region) {
-          continue;
-        }
-        TensorData& sum = accumulated_[key(grad)];
-        const TensorData& now = value(grad);
-        if (sum.values.empty()) {
-          sum = now;
-        } else {
-          for (size_t index = 0; index < sum.values.size(); ++index) {
-            sum.values[index] += now.values[index];
-          }
-        }
-      }
+      accumulate_final_gradients(region);
     }
   }
   for (const TensorId id : summed_over_chunks_[static_cast<size_t>(region)]) {

@@ -123,13 +123,14 @@ class Executor {
   // Runs a hand-over permute of the loop on `input` (not the op's own input tensor, which only
   // sizes it), counting its bytes as run_op does.
   TensorData hand_over(const Op& op, const TensorData& input);
-  // The model's layer number of parameter slot `slot` of `region` (a pipeline stage holds layers
-  // r S k + s k + j in slots r k + j; elsewhere the slot is the layer).
+  // The model's layer number of parameter slot `slot` of `region` on `device` (a pipeline stage
+  // holds layers r S k + s k + j in slots r k + j; elsewhere the slot is the layer).
+  int64_t model_layer_in(int region, int64_t slot, const DeviceContext& device) const;
   int64_t model_layer(int region, int64_t slot) const {
-    return model_layer_on(graph_.tensor(0), slot, device_, region);
+    return model_layer_in(region, slot, device_);
   }
-  int64_t model_layer_on(const Tensor& tensor, int64_t slot, const DeviceContext& device,
-                         int region) const;
+  // Adds the iteration's final gradients of `region` into the step's sums, by layer slot.
+  void accumulate_final_gradients(int region);
   bool owns_global_element(const Tensor& tensor) const;
 
   const StepProgram& program_;

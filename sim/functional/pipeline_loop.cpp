@@ -41,11 +41,6 @@
 namespace tpusim {
 namespace {
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The loop's tensors and hand-over ops, found from its carries and op names.
 struct LoopParts {
   TensorId input = -1;       // the iteration's input (forward: stage input; backward: output grad)
@@ -64,12 +59,12 @@ LoopParts loop_parts(const Graph& graph, int region) {
     if (op.region != region) {
       continue;
     }
-    if (op.kind == OpKind::kCollectivePermute && ends_with(op.name, "/stage_permute")) {
+    if (op.kind == OpKind::kCollectivePermute && op.name.ends_with("/stage_permute")) {
       parts.shift = &op;
       parts.output = op.inputs[0];
-    } else if (op.kind == OpKind::kCollectivePermute && ends_with(op.name, "/stream_permute")) {
+    } else if (op.kind == OpKind::kCollectivePermute && op.name.ends_with("/stream_permute")) {
       parts.stream = &op;
-    } else if (op.kind == OpKind::kCollectivePermute && ends_with(op.name, "/storage_permute")) {
+    } else if (op.kind == OpKind::kCollectivePermute && op.name.ends_with("/storage_permute")) {
       parts.storage = &op;
     } else {
       parts.layer_ops.push_back(&op);
@@ -169,11 +164,10 @@ void Executor::check_pipeline_loops() const {
 
 int64_t Executor::model_layer_on(const Tensor& tensor, int64_t slot,
                                  const DeviceContext& device) const {
-  return model_layer_on(tensor, slot, device, tensor.region);
+  return model_layer_in(tensor.region, slot, device);
 }
 
-int64_t Executor::model_layer_on(const Tensor& /*tensor*/, int64_t slot,
-                                 const DeviceContext& device, int region) const {
+int64_t Executor::model_layer_in(int region, int64_t slot, const DeviceContext& device) const {
   if (!graph_.region(region).pipelined()) {
     return slot;
   }
@@ -355,17 +349,7 @@ void Executor::run_backward_loop(int region, int microbatch) {
       for (const Op* op : parts.layer_ops) {
         run_loop_op(*op, microbatch);
       }
-      for (const TensorId grad : final_grads_) {
-        if (graph_.tensor(grad).region != region) {
-          continue;
-        }
-        TensorData& sum = accumulated_[key(grad)];
-        if (sum.values.empty()) {
-          sum = value(grad);
-        } else {
-          add_into(sum.values, value(grad).values);
-        }
-      }
+      accumulate_final_gradients(region);
     }
     // Where this iteration's input came from gets its gradient.
     const std::vector<float>& input_grad = value(parts.output).values;

@@ -472,14 +472,9 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
   }
   Posted posted = post_exchange(transport_, meeting.ranks, rank_, *messages, tag(op, meeting, 0),
                                 meeting.what, bytes, sent);
-  leave_slot();
-  try {
+  outside_slot([&] {
     transport_.wait_all(posted.requests, posted.peers, timeout_, meeting.what, messages);
-  } catch (...) {
-    reenter_slot();
-    throw;
-  }
-  reenter_slot();
+  });
   // Place the parts received into full-size inputs (elements no member here reads stay zero).
   for (size_t index = 0; index < meeting.ranks.size(); ++index) {
     const int peer = meeting.ranks[index];
@@ -542,14 +537,9 @@ void MpiCommunicator::all_reduce_by_chunks(const Graph& graph, const Op& op, Mee
                          meeting.what, bytes, sent);
   };
   const auto wait = [&](Posted& posted) {
-    leave_slot();
-    try {
+    outside_slot([&] {
       transport_.wait_all(posted.requests, posted.peers, timeout_, meeting.what, messages);
-    } catch (...) {
-      reenter_slot();
-      throw;
-    }
-    reenter_slot();
+    });
   };
   for (size_t index = 0; index < meeting.ranks.size(); ++index) {
     if (index == mine) {
