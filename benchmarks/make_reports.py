@@ -396,12 +396,25 @@ def train_speed_lines():
         return statistics.median(run[key] for run in runs if run["run_name"] == name)
 
     cores = os.cpu_count()
-    gemm = max(median_of("eigen_gemm/512/512/512/real_time", "flops_per_s"),
-               median_of("eigen_gemm/2048/256/1024/real_time", "flops_per_s"))
+
+    def best_rate(kind):
+        rates = [median_of(f"{kind}/{shape}/real_time", "flops_per_s")
+                 for shape in ("512/512/512", "2048/256/1024")
+                 if any(run["run_name"] == f"{kind}/{shape}/real_time" for run in runs)]
+        return max(rates) if rates else 0.0
+
+    def label_of(kind):
+        return next((run.get("label", "") for run in runs if run["run_name"].startswith(kind)), "")
+
+    eigen, onednn, onednn_bf16 = (best_rate(kind) for kind in
+                                  ("eigen_gemm", "onednn_fp32_gemm", "onednn_bf16_gemm"))
+    gemm = max(eigen, onednn)
     one = "one_device_1_thread/real_time"
+    one_bf16 = "one_device_1_thread_bf16/real_time"
     one_all = "one_device_all_threads/real_time"
     eight = "eight_devices_all_threads/real_time"
     einsum = median_of(one, "einsum_flops_per_s")
+    einsum_bf16 = median_of(one_bf16, "einsum_flops_per_s")
     with tempfile.TemporaryDirectory() as directory:
         result = pathlib.Path(directory) / "vs_torch.json"
         subprocess.run(["/usr/bin/python3", str(ROOT / "benchmarks/train_vs_torch.py"),
@@ -415,22 +428,30 @@ def train_speed_lines():
              "`tpusim train` (1 simulated device, synthetic data) and an independent fp32 PyTorch "
              f"{versus.get('torch_version', '')} loop of the same Llama (RMSNorm, RoPE, causal GQA "
              "attention, SwiGLU, untied head, AdamW with clipping), written in the script from the "
-             "model's definition, the two alternating run after run with the same thread count "
-             "(torch.set_num_threads, OMP/OpenBLAS threads; tpusim num_threads). Each run's rate "
-             "is the median over its steps after the first; the table gives the median over the "
-             "runs and the ratio of the medians. tpusim runs `remat_policy=none` here (PyTorch "
-             "keeps the activations too; MaxText's default, full, recomputes the forward pass, "
-             "a third more FLOPs). On a machine shared with other tenants the all-core rows "
+             "model's definition, all alternating run after run with the same thread count "
+             "(torch.set_num_threads, OMP/OpenBLAS threads; tpusim num_threads). tpusim runs "
+             "twice: `functional_dtype=float32` (fp32 GEMMs) and `bfloat16_matmul` (bf16 operands, "
+             "fp32 accumulation: MaxText's default numerics on a TPU). PyTorch runs fp32, its "
+             "fastest mode on this CPU (its bf16 CPU matmuls are slower than its fp32 ones). Each "
+             "run's rate is the median over its steps after the first; the table gives the median "
+             "over the runs and the ratio of the medians. tpusim runs `remat_policy=none` here "
+             "(PyTorch keeps the activations too; MaxText's default, full, recomputes the forward "
+             "pass, a third more FLOPs). On a machine shared with other tenants the all-core rows "
              "measure how each copes with contended cores (PyTorch's OpenMP threads collapse "
              "when a core is taken away) more than its parallel speed-up.", "",
-             "| model | threads | tpusim tokens/s | torch tokens/s | tpusim / torch |",
-             "|---|---|---|---|---|"]
+             "| model | threads | torch fp32 tokens/s | tpusim fp32 tokens/s | tpusim / torch | "
+             "tpusim bf16 matmuls tokens/s | tpusim / torch |",
+             "|---|---|---|---|---|---|---|"]
     for name, entry in versus["models"].items():
         for threads, row in entry.items():
             if threads == "config":
                 continue
-            lines.append(f"| {name} | {threads} | {row['tpusim_tokens_per_s']:.0f} | "
-                         f"{row['torch_tokens_per_s']:.0f} | {row['ratio']:.2f} |")
+            fp32 = row["tpusim"].get("float32", {})
+            bf16 = row["tpusim"].get("bfloat16_matmul", {})
+            cells = [f"{fp32.get('tokens_per_s', 0):.0f}", f"{fp32.get('ratio', 0):.2f}",
+                     f"{bf16.get('tokens_per_s', 0):.0f}", f"{bf16.get('ratio', 0):.2f}"]
+            lines.append(f"| {name} | {threads} | {row['torch_tokens_per_s']:.0f} | "
+                         + " | ".join(cells) + " |")
     for name, entry in versus["models"].items():
         c = entry["config"]
         lines.append(f"\n{name}: emb {c['emb']}, {c['heads']} query / {c['kv_heads']} kv heads "
@@ -438,20 +459,30 @@ def train_speed_lines():
                      f"{c['vocab']}, batch {c['batch']} x {c['length']} tokens, {c['steps']} "
                      "steps per run.")
     devices = versus.get("devices")
-    lines += ["", "**Einsum rate and simulated devices**, `build/benchmarks/train_benchmark "
-              "--benchmark_repetitions=5` (medians): one step of the small model (MaxText's "
-              "default remat_policy=full).", "",
+    lines += ["", "**GEMM library, einsum rate and simulated devices**, "
+              "`build/benchmarks/train_benchmark --benchmark_repetitions=5` (medians).", "",
+              "| single-threaded GEMM (better of 512^3 and the step's 2048 x 256 x 1024) | GFLOP/s |",
+              "|---|---|",
+              f"| Eigen 3.4, fp32 | {eigen / 1e9:.1f} |",
+              f"| {label_of('onednn_fp32_gemm') or 'oneDNN'}, fp32 | {onednn / 1e9:.1f} |",
+              f"| {label_of('onednn_bf16_gemm') or 'oneDNN'}, bf16 inputs, fp32 accumulation | "
+              f"{onednn_bf16 / 1e9:.1f} |", "",
+              "The fast einsum takes the faster library by this measurement: oneDNN's JIT kernels "
+              "(sim/functional/kernels/library_gemm.h) where the machine has them, else Eigen.", "",
+              "One step of the small model (MaxText's default remat_policy=full):", "",
               "| run | ms per step | tokens/s | einsum kernels GFLOP/s |", "|---|---|---|---|"]
-    for label, name in (("1 device, 1 thread", one), (f"1 device, {cores} threads", one_all),
+    for label, name in (("1 device, 1 thread", one), ("1 device, 1 thread, bf16 matmuls", one_bf16),
+                        (f"1 device, {cores} threads", one_all),
                         (f"8 devices (fsdp=4 x tensor=2), {cores} threads", eight)):
         ms = median_of(name, "real_time")
         lines.append(f"| {label} | {ms:.1f} | {median_of(name, 'tokens_per_s'):.0f} | "
                      f"{median_of(name, 'einsum_flops_per_s') / 1e9:.1f} |")
-    lines += ["", f"Single-threaded Eigen fp32 GEMM on this machine: {gemm / 1e9:.1f} GFLOP/s (the "
-              "better of 512^3 and the step's largest shape, 2048 x 256 x 1024). The einsum kernels "
-              f"of a 1-thread step (their FLOPs over the time inside them, packing and layout "
-              f"included) run at {einsum / 1e9:.1f} GFLOP/s, {100 * einsum / gemm:.0f}% of it. "
-              "8 simulated devices take "
+    lines += ["", f"The einsum kernels of a 1-thread fp32 step (their FLOPs over the time inside "
+              f"them, packing and layout included) run at {einsum / 1e9:.1f} GFLOP/s, "
+              f"{100 * einsum / gemm:.0f}% of the faster fp32 GEMM; with bf16 matmuls at "
+              f"{einsum_bf16 / 1e9:.1f} GFLOP/s"
+              + (f", {100 * einsum_bf16 / onednn_bf16:.0f}% of the bf16 GEMM" if onednn_bf16 else "")
+              + ". 8 simulated devices take "
               f"{median_of(eight, 'real_time') / median_of(one_all, 'real_time'):.2f}x the wall "
               "time of 1 device at the same global batch and threads"
               + (f" (train_vs_torch.py, whole runs: {devices['wall_time_ratio']:.2f}x)"

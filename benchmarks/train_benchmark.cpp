@@ -1,13 +1,17 @@
 // Speed of `tpusim train` (functional_precision=fast, the default): one training step of the
 // issue-15 Llama (emb 256, 8 query / 4 kv heads of 32, mlp 1024, 4 layers, vocab 256; 8 sequences
 // of 256 tokens) on 1 simulated device with 1 thread, and on 1 and on 8 devices (fsdp=4 x
-// tensor=2) with every core, at the same global batch; and this machine's single-threaded Eigen
-// fp32 GEMM rate, to report tokens/s, the einsum kernels' own FLOP rate (einsum FLOPs over the
-// time spent inside them) against the GEMM rate, and the cost of simulating 8 devices over 1.
+// tensor=2) with every core, at the same global batch, in fp32 and with
+// functional_dtype=bfloat16_matmul; and this machine's single-threaded GEMM rates (Eigen fp32,
+// oneDNN fp32 and bf16: how the fast einsum's library was chosen), to report tokens/s, the einsum
+// kernels' own FLOP rate (einsum FLOPs over the time spent inside them) against the GEMM rate,
+// and the cost of simulating 8 devices over 1.
 // The side-by-side comparison with PyTorch is benchmarks/train_vs_torch.py.
 //
 // Run: build/benchmarks/train_benchmark --benchmark_repetitions=5 (results: reports/performance.md)
+#include <cstdint>
 #include <sstream>
+#include <vector>
 
 // GCC 12's AVX-512 intrinsics (-march=native on an AVX-512 host) initialize a dummy register
 // with itself, which -Wmaybe-uninitialized reports inside Eigen's GEMM packing: a false positive.
@@ -18,12 +22,14 @@
 #include <benchmark/benchmark.h>
 
 #include "model/config.h"
+#include "sim/functional/kernels/library_gemm.h"
 #include "sim/train/trainer.h"
 
 namespace tpusim {
 namespace {
 
-Config issue_llama(const std::string& threads, const std::vector<std::string>& mesh) {
+Config issue_llama(const std::string& threads, const std::vector<std::string>& mesh,
+                   const std::string& dtype = "float32") {
   std::vector<std::string> overrides = {"model_name=tiny-llama",
                                         "override_model_config=true",
                                         "base_emb_dim=256",
@@ -35,7 +41,8 @@ Config issue_llama(const std::string& threads, const std::vector<std::string>& m
                                         "vocab_size=256",
                                         "max_target_length=256",
                                         "steps=1",
-                                        "num_threads=" + threads};
+                                        "num_threads=" + threads,
+                                        "functional_dtype=" + dtype};
   overrides.insert(overrides.end(), mesh.begin(), mesh.end());
   return Config::load("", overrides);
 }
@@ -78,7 +85,12 @@ void eight_devices_all_threads(benchmark::State& state) {
   train_step(state, issue_llama("0", {"compile_topology=v5e-8", "per_device_batch_size=1",
                                       "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"}));
 }
+void one_device_1_thread_bf16(benchmark::State& state) {
+  train_step(state, issue_llama("1", {"compile_topology=v5e-1", "per_device_batch_size=8"},
+                                "bfloat16_matmul"));
+}
 BENCHMARK(one_device_1_thread)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(one_device_1_thread_bf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(one_device_all_threads)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(eight_devices_all_threads)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -100,6 +112,51 @@ void eigen_gemm(benchmark::State& state) {
                                                      benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(eigen_gemm)
+    ->Args({512, 512, 512})
+    ->Args({2048, 256, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The same products through kernels/library_gemm.h (oneDNN), fp32 and bf16 inputs (converted
+// once, outside the timed loop, as the fast einsum converts each operand once per op).
+void library_gemm_rate(benchmark::State& state, kernels::GemmPrecision precision) {
+  if (!kernels::library_gemm_available(precision)) {
+    state.SkipWithError("no oneDNN JIT kernel for this type here");
+    return;
+  }
+  const int64_t m = state.range(0);
+  const int64_t k = state.range(1);
+  const int64_t n = state.range(2);
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(m, k);  // column-major: (i, j) at i + j m
+  const Eigen::MatrixXf b = Eigen::MatrixXf::Random(k, n);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  std::vector<uint16_t> a16(static_cast<size_t>(m * k));
+  std::vector<uint16_t> b16(static_cast<size_t>(k * n));
+  kernels::to_bf16(a.data(), a16.data(), m * k);
+  kernels::to_bf16(b.data(), b16.data(), k * n);
+  const bool bf16 = precision == kernels::GemmPrecision::kBfloat16Inputs;
+  const kernels::GemmOperand lhs{bf16 ? static_cast<const void*>(a16.data()) : a.data(), 1, m};
+  const kernels::GemmOperand rhs{bf16 ? static_cast<const void*>(b16.data()) : b.data(), 1, k};
+  for (auto _ : state) {
+    kernels::library_gemm(precision, m, n, k, lhs, rhs, {c.data(), n, 1});
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["flops_per_s"] = benchmark::Counter(2.0 * static_cast<double>(m * k * n),
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(kernels::library_gemm_name(precision));
+}
+void onednn_fp32_gemm(benchmark::State& state) {
+  library_gemm_rate(state, kernels::GemmPrecision::kFloat32);
+}
+void onednn_bf16_gemm(benchmark::State& state) {
+  library_gemm_rate(state, kernels::GemmPrecision::kBfloat16Inputs);
+}
+BENCHMARK(onednn_fp32_gemm)
+    ->Args({512, 512, 512})
+    ->Args({2048, 256, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(onednn_bf16_gemm)
     ->Args({512, 512, 512})
     ->Args({2048, 256, 1024})
     ->Unit(benchmark::kMillisecond)

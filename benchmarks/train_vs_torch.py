@@ -6,7 +6,9 @@ independent fp32 PyTorch training loop of the same model (written here from the 
 definition: token embedding, RMSNorm, RoPE on split halves, causal GQA attention with no run-time
 1/sqrt(head_dim) as in MaxText, SwiGLU MLP, untied unembedding, cross-entropy, AdamW with
 clipping; tpusim with remat_policy=none, as PyTorch keeps the activations too), the two
-alternating run after run, and reports the median tokens/s of each and their ratio. Each run's
+alternating run after run, and reports the median tokens/s of each and their ratio. tpusim runs
+once per --dtypes value: float32 (fp32 GEMMs) and bfloat16_matmul (bf16 operands, fp32
+accumulation, as MaxText's default dtype on a TPU); PyTorch runs fp32, its fastest on this CPU. Each run's
 rate is the median over its steps after the first (warm-up). Also: the cost of simulating 8
 devices (fsdp=4 x tensor=2) over 1 at the same global batch and thread count.
 
@@ -14,7 +16,8 @@ The machine is shared: compare the ratios, measured side by side, rather than ab
 
 Run (Debian's python3 has torch):
   /usr/bin/python3 benchmarks/train_vs_torch.py [--tpusim build/sim/tpusim] [--runs 3]
-      [--models small,large] [--threads 1,all] [--json out.json] [--skip-devices]
+      [--models small,large] [--threads 1,all] [--dtypes float32,bfloat16_matmul]
+      [--json out.json] [--skip-devices]
 """
 
 import argparse
@@ -37,8 +40,9 @@ MODELS = {
 }
 
 
-def tpusim_args(model, threads, devices=1):
+def tpusim_args(model, threads, devices=1, dtype="float32"):
     args = [
+        f"functional_dtype={dtype}",
         "model_name=tiny-llama",
         "override_model_config=true",
         f"base_emb_dim={model['emb']}",
@@ -65,10 +69,11 @@ def tpusim_args(model, threads, devices=1):
     return args
 
 
-def run_tpusim(binary, model, threads, devices=1):
+def run_tpusim(binary, model, threads, devices=1, dtype="float32"):
     with tempfile.TemporaryDirectory() as work:
         metrics = os.path.join(work, "metrics.jsonl")
-        cmd = [binary, "train", *tpusim_args(model, threads, devices), f"metrics_file={metrics}",
+        cmd = [binary, "train", *tpusim_args(model, threads, devices, dtype),
+               f"metrics_file={metrics}",
                "--quiet"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(metrics) as f:
@@ -184,6 +189,9 @@ def main():
     parser.add_argument("--threads", default="1,all")
     parser.add_argument("--skip-devices", action="store_true",
                         help="skip the 8-devices-over-1 measurement")
+    parser.add_argument("--dtypes", default="float32,bfloat16_matmul",
+                        help="tpusim's functional_dtype values to run (PyTorch runs fp32, its "
+                             "fastest on a CPU)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -195,29 +203,30 @@ def main():
     for name in args.models.split(","):
         model = MODELS[name]
         for threads in thread_counts:
-            tpusim_rates, torch_rates = [], []
+            dtypes = args.dtypes.split(",")
+            rates = {label: [] for label in ["torch", *dtypes]}
             for run in range(args.runs):
-                # Alternate which goes first, so a drift in the machine's load hits both.
-                order = [("tpusim", run_tpusim), ("torch", run_torch)]
+                # Alternate the order, so a drift in the machine's load hits every contender.
+                order = ["torch", *dtypes]
                 if run % 2:
                     order.reverse()
-                for label, runner in order:
-                    target = args.tpusim if label == "tpusim" else args.python
-                    rate = runner(target, model, threads)
-                    (tpusim_rates if label == "tpusim" else torch_rates).append(rate)
+                for label in order:
+                    if label == "torch":
+                        rate = run_torch(args.python, model, threads)
+                    else:
+                        rate = run_tpusim(args.tpusim, model, threads, dtype=label)
+                    rates[label].append(rate)
                     print(f"  {name} threads={threads} run {run + 1}: {label} {rate:.0f} tokens/s",
                           file=sys.stderr, flush=True)
-            entry = {
-                "tpusim_tokens_per_s": statistics.median(tpusim_rates),
-                "torch_tokens_per_s": statistics.median(torch_rates),
-                "tpusim_runs": tpusim_rates,
-                "torch_runs": torch_rates,
-            }
-            entry["ratio"] = entry["tpusim_tokens_per_s"] / entry["torch_tokens_per_s"]
+            torch_rate = statistics.median(rates["torch"])
+            entry = {"torch_tokens_per_s": torch_rate, "torch_runs": rates["torch"], "tpusim": {}}
+            for dtype in dtypes:
+                rate = statistics.median(rates[dtype])
+                entry["tpusim"][dtype] = {"tokens_per_s": rate, "runs": rates[dtype],
+                                          "ratio": rate / torch_rate}
+                print(f"{name} threads={threads} {dtype}: tpusim {rate:.0f} torch "
+                      f"{torch_rate:.0f} tokens/s, ratio {rate / torch_rate:.2f}", flush=True)
             results["models"].setdefault(name, {"config": model})[str(threads)] = entry
-            print(f"{name} threads={threads}: tpusim {entry['tpusim_tokens_per_s']:.0f} "
-                  f"torch {entry['torch_tokens_per_s']:.0f} tokens/s, ratio "
-                  f"{entry['ratio']:.2f}", flush=True)
     if not args.skip_devices:
         model = MODELS["small"]
         one, eight = [], []

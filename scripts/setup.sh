@@ -12,7 +12,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libboost-graph-dev libeigen3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
-          libsentencepiece-dev sentencepiece libgoogle-perftools-dev)
+          libsentencepiece-dev sentencepiece libgoogle-perftools-dev libdnnl-dev)
 for option in "$@"; do
   case "$option" in
     --with-reference) packages+=(python3-torch python3-numpy libopenblas0) ;;

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,19 @@ Matrix<Scalar> gather(const Ctx& ctx, const float* base, const AttentionView& vi
                       int64_t h, bool round) {
   Matrix<Scalar> matrix(view.length, view.features);
   const float* start = base + b * view.batch_stride + h * view.head_stride;
+  if constexpr (std::is_same_v<Scalar, float>) {
+    if (view.feature_stride == 1) {
+      // Rows of contiguous features (the usual [batch, length, heads, features] layout): copied
+      // as a strided matrix, rounded in one vectorizable pass.
+      using Stride = Eigen::OuterStride<Eigen::Dynamic>;
+      matrix = Eigen::Map<const Matrix<float>, 0, Stride>(start, view.length, view.features,
+                                                          Stride(view.length_stride));
+      if (round && ctx.device().bf16_matmul_inputs) {
+        matrix = matrix.unaryExpr([](float value) { return round_bf16(value); });
+      }
+      return matrix;
+    }
+  }
   for (int64_t row = 0; row < view.length; ++row) {
     for (int64_t col = 0; col < view.features; ++col) {
       const float value = start[row * view.length_stride + col * view.feature_stride];
@@ -384,9 +398,16 @@ class AttentionKernel {
       for (int64_t j = 0; j < first; ++j) {
         scores(i, j) = 0;
       }
-      for (int64_t j = first; j < last; ++j) {
-        scores(i, j) = std::exp(scores(i, j) - max);
-        sum += scores(i, j);
+      if constexpr (std::is_same_v<Scalar, float>) {
+        // fp32 (fast path and the MXU's numerics): Eigen's vectorized exp, a sum in its order.
+        auto allowed = scores.row(i).segment(first, last - first);
+        allowed = (allowed.array() - max).exp().matrix();
+        sum = allowed.sum();
+      } else {
+        for (int64_t j = first; j < last; ++j) {
+          scores(i, j) = std::exp(scores(i, j) - max);
+          sum += scores(i, j);
+        }
       }
       for (int64_t j = last; j < scores.cols(); ++j) {
         scores(i, j) = 0;

@@ -1,6 +1,7 @@
 // sim/functional/kernels/einsum.cpp: kEinsum, the contraction of two tensors by dim name (every
 // matmul of the model and of its gradients), its grouped form over the rows of a dropless MoE
-// buffer, and the fp32 GEMMs of functional_precision=fast.
+// buffer, and the GEMMs of functional_precision=fast (fp32, or bf16 inputs with
+// functional_dtype=bfloat16_matmul).
 //
 // Example: an MLP up-projection and the gradient of its weight
 //   kEinsum(x[batch, length, embed], w[embed, mlp]) -> h[batch, length, mlp], contracted {embed}
@@ -27,9 +28,12 @@
 //   A row of an expert this device does not hold is an error. Per expert one GEMM of its rows,
 //   accumulated in double (float with bf16_matmul_inputs), like the dense einsum.
 //
-// The fast einsum (functional_precision=fast): fp32 GEMMs on operands used in place where their
-// layout allows, the work cut into items by the shapes alone (never by the thread count), so the
-// result is bitwise the same on any number of kernel threads.
+// The fast einsum (functional_precision=fast): GEMMs with fp32 accumulation on operands used in
+// place where their layout allows, the work cut into items by the shapes alone (never by the
+// thread count), so the result is bitwise the same on any number of kernel threads. The GEMMs run
+// on oneDNN's JIT kernels where this machine has them (kernels/library_gemm.h), else on Eigen's;
+// with bf16_matmul_inputs they take bf16 operands (rounded to nearest even) where oneDNN has a
+// bf16 kernel here, and otherwise the einsum keeps the reference path.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -39,6 +43,7 @@
 
 #include "sim/functional/kernels/context.h"
 #include "sim/functional/kernels/families.h"
+#include "sim/functional/kernels/library_gemm.h"
 
 namespace tpusim::kernels {
 namespace {
@@ -265,7 +270,13 @@ struct EinsumOperand {
 
 using ColMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
 
-// C[i] = A[i] B[i] for every batch index i; A is m x k, B k x n, C m x n.
+// The strides of an operand's matrix of `rows` x `cols` (transposed: stored cols x rows).
+GemmOperand strided(const void* data, bool transposed, int64_t rows, int64_t cols) {
+  return transposed ? GemmOperand{data, 1, rows} : GemmOperand{data, cols, 1};
+}
+
+// C[i] = A[i] B[i] for every batch index i; A is m x k, B k x n, C m x n. On oneDNN's kernels
+// where this machine has them for these layouts (kernels/library_gemm.h), else on Eigen's.
 void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
                 const EinsumOperand& c, int64_t nb, int64_t m, int64_t n, int64_t k) {
   // Items: each batch index's product, cut into blocks of rows (or of columns when they are
@@ -278,6 +289,82 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
   block = (block + 15) / 16 * 16;
   const int64_t blocks = std::max<int64_t>(1, (extent + block - 1) / block);
   float* c_data = const_cast<float*>(c.data);
+  if (m == 0 || n == 0) {
+    return;
+  }
+  const GemmPrecision precision =
+      ctx.device().bf16_matmul_inputs ? GemmPrecision::kBfloat16Inputs : GemmPrecision::kFloat32;
+  // The items' products: blocks of `block` rows (or columns) and the last, shorter one.
+  const auto supported = [&](int64_t size) {
+    const GemmOperand lhs = strided(a.data, a.transposed, m, k);
+    const GemmOperand rhs = strided(b.data, b.transposed, k, n);
+    const GemmOperand out = strided(c.data, c.transposed, m, n);
+    const GemmResult result{c_data, out.row_stride, out.col_stride};
+    return by_rows ? library_gemm_supports(precision, size, n, k, lhs, rhs, result)
+                   : library_gemm_supports(precision, m, size, k, lhs, rhs, result);
+  };
+  if (library_gemm_available(precision) && supported(std::min(block, extent)) &&
+      supported(extent - (blocks - 1) * block)) {
+    // bf16 inputs: every operand rounded once (the layout kept), then multiplied in blocks.
+    std::vector<uint16_t> a16;
+    std::vector<uint16_t> b16;
+    const void* a_base = a.data;
+    const void* b_base = b.data;
+    size_t element = sizeof(float);
+    if (precision == GemmPrecision::kBfloat16Inputs) {
+      a16.resize(static_cast<size_t>(nb * m * k));
+      b16.resize(static_cast<size_t>(nb * k * n));
+      to_bf16(a.data, a16.data(), nb * m * k);
+      to_bf16(b.data, b16.data(), nb * k * n);
+      a_base = a16.data();
+      b_base = b16.data();
+      element = sizeof(uint16_t);
+    }
+    const auto at = [element](const void* base, int64_t offset) {
+      return static_cast<const unsigned char*>(base) + offset * static_cast<int64_t>(element);
+    };
+    parallel_for(ctx.device().threads, nb * blocks, [&](int64_t index) {
+      const int64_t batch = index / blocks;
+      const int64_t start = (index % blocks) * block;
+      const int64_t size = std::min(block, extent - start);
+      if (size <= 0) {
+        return;
+      }
+      GemmOperand lhs = strided(at(a_base, batch * m * k), a.transposed, m, k);
+      GemmOperand rhs = strided(at(b_base, batch * k * n), b.transposed, k, n);
+      const GemmOperand out = strided(c_data + batch * m * n, c.transposed, m, n);
+      GemmResult result{static_cast<float*>(const_cast<void*>(out.data)), out.row_stride,
+                        out.col_stride};
+      if (by_rows) {
+        lhs.data = at(lhs.data, start * lhs.row_stride);
+        result.data += start * result.row_stride;
+        library_gemm(precision, size, n, k, lhs, rhs, result);
+      } else {
+        rhs.data = at(rhs.data, start * rhs.col_stride);
+        result.data += start * result.col_stride;
+        library_gemm(precision, m, size, k, lhs, rhs, result);
+      }
+    });
+    return;
+  }
+  // Eigen's fp32 GEMMs; bf16 inputs rounded first (then the products are exact in fp32, as in
+  // the reference path).
+  std::vector<float> a_rounded;
+  std::vector<float> b_rounded;
+  const float* a_values = a.data;
+  const float* b_values = b.data;
+  if (precision == GemmPrecision::kBfloat16Inputs) {
+    a_rounded.assign(a.data, a.data + nb * m * k);
+    b_rounded.assign(b.data, b.data + nb * k * n);
+    for (float& value : a_rounded) {
+      value = round_bf16(value);
+    }
+    for (float& value : b_rounded) {
+      value = round_bf16(value);
+    }
+    a_values = a_rounded.data();
+    b_values = b_rounded.data();
+  }
   const auto item = [&](int64_t index) {
     const int64_t batch = index / blocks;
     const int64_t start = (index % blocks) * block;
@@ -285,8 +372,8 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
     if (size <= 0) {
       return;
     }
-    const float* a_data = a.data + batch * m * k;
-    const float* b_data = b.data + batch * k * n;
+    const float* a_data = a_values + batch * m * k;
+    const float* b_data = b_values + batch * k * n;
     float* out = c_data + batch * m * n;
     const auto multiply = [&](const auto& lhs, const auto& rhs) {
       const auto assign = [&](auto& product) {
@@ -317,9 +404,6 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
       with_rhs(Eigen::Map<const RowMatrix>(a_data, m, k));
     }
   };
-  if (m == 0 || n == 0) {
-    return;
-  }
   parallel_for(ctx.device().threads, nb * blocks, item);
 }
 
@@ -541,7 +625,8 @@ void run_einsum(const Ctx& ctx) {
     return;
   }
   const EinsumDims dims = einsum_dims(ctx);
-  if (ctx.device().fast_kernels && !ctx.device().bf16_matmul_inputs) {
+  if (ctx.device().fast_kernels && (!ctx.device().bf16_matmul_inputs ||
+                                    library_gemm_available(GemmPrecision::kBfloat16Inputs))) {
     run_fast_einsum(ctx, dims);
     return;
   }

@@ -1,0 +1,77 @@
+// sim/functional/kernels/library_gemm.h: one GEMM block of the fast einsum through oneDNN's JIT
+// matmul kernels (brgemm), fp32 or bf16 inputs with fp32 output, when tpusim was built with
+// oneDNN (Debian's libdnnl-dev; TPUSIM_WITH_DNNL) and this CPU has a JIT kernel for the type.
+//
+// Why a library: measured side by side on the development machine (reports/performance.md,
+// benchmarks/train_benchmark.cpp's GEMM rows), oneDNN's fp32 kernels beat Eigen's by about 1.3x on
+// the step's shapes, and its bf16 kernels (AVX512-BF16 dot products, fp32 accumulation, as the
+// MXU does) double that again; Eigen has no bf16 GEMM of that kind.
+//
+// Each call runs on the calling thread alone (oneDNN's OpenMP team is held at one thread), so the
+// fast einsum's own cut of the work into items decides the parallelism, and the result of an item
+// depends only on its shapes and strides: bitwise the same for any num_threads and run to run.
+//
+// When the library is missing, or its best kernel for a type on this CPU would be its slow
+// reference loop, library_gemm_available() is false and the caller keeps its own path (Eigen for
+// fp32, the reference kernels for bf16 inputs); library_gemm_supports() says the same of one
+// product's layout.
+//
+// Example:
+//   // C[2 x 3] = A[2 x 4] B[4 x 3], all row-major fp32:
+//   if (library_gemm_supports(GemmPrecision::kFloat32, 2, 3, 4, {a, 4, 1}, {b, 3, 1}, {c, 3, 1})) {
+//     library_gemm(GemmPrecision::kFloat32, 2, 3, 4, {a, 4, 1}, {b, 3, 1}, {c, 3, 1});
+//   }
+//   // bf16 inputs: convert once (round to nearest even), then multiply the converted copies.
+//   std::vector<uint16_t> a16(8), b16(12);
+//   to_bf16(a, a16.data(), 8);
+//   to_bf16(b, b16.data(), 12);
+//   library_gemm(GemmPrecision::kBfloat16Inputs, 2, 3, 4, {a16.data(), 4, 1}, {b16.data(), 3, 1},
+//                {c, 3, 1});
+#pragma once
+
+#include <cstdint>
+
+namespace tpusim::kernels {
+
+enum class GemmPrecision {
+  kFloat32,         // fp32 operands, fp32 accumulation
+  kBfloat16Inputs,  // bf16 operands (uint16_t bit patterns), fp32 accumulation
+};
+
+// A strided matrix operand: element (i, j) at data[i * row_stride + j * col_stride], of float
+// (kFloat32) or of bf16 bit patterns (uint16_t, kBfloat16Inputs).
+struct GemmOperand {
+  const void* data;
+  int64_t row_stride;
+  int64_t col_stride;
+};
+
+// The fp32 result, strided the same way.
+struct GemmResult {
+  float* data;
+  int64_t row_stride;
+  int64_t col_stride;
+};
+
+// Whether library_gemm runs `precision` on this machine with a JIT kernel (decided once).
+bool library_gemm_available(GemmPrecision precision);
+
+// Whether library_gemm has a JIT kernel for this product's shapes and strides (oneDNN may have
+// only its reference loop for some layouts). The data pointers are not read.
+bool library_gemm_supports(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
+                           GemmOperand b, GemmResult c);
+
+// c (m x n) = a (m x k) b (k x n). Requires library_gemm_supports(...) for the same shapes and
+// strides; throws std::runtime_error otherwise.
+void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
+                  GemmOperand b, GemmResult c);
+
+// Rounds `count` floats to bf16 bit patterns, round-to-nearest-even (the MXU's rounding and
+// round_bf16's in kernels/context.h); inf and NaN keep their class.
+void to_bf16(const float* values, uint16_t* out, int64_t count);
+
+// What runs the fast einsum's GEMMs here, for reports: e.g. "oneDNN brg:avx512_core_bf16" or
+// "Eigen".
+const char* library_gemm_name(GemmPrecision precision);
+
+}  // namespace tpusim::kernels
