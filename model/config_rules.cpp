@@ -51,7 +51,8 @@ const std::vector<EnumRule>& enum_rules() {
       {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8", "fp4", "int4"}},
       {"decoder_block",
        {"llama2", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "gemma4", "gemma4_small",
-        "gpt3", "qwen2", "qwen3", "qwen3_moe", "deepseek", "gpt_oss", "llama4", "olmo3", "simple"}},
+        "gpt3", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "deepseek", "gpt_oss",
+        "llama4", "olmo3", "simple"}},
       {"opt_type", {"adamw", "adam_pax", "sgd"}},
       {"dataset_type", {"synthetic", "text", "jsonl", "tfds", "hf", "grain"}},
       {"context_parallel_strategy", {"all_gather", "ring", "ulysses", "usp"}},
@@ -110,6 +111,12 @@ const std::vector<RangeRule>& range_rules() {
       {"chunk_attn_window_size", 0, kMaxSequence, false},
       {"nope_layer_interval", -1, kMaxLayers, false},
       {"interleave_moe_layer_step", 1, kMaxLayers, false},
+      {"gdn_num_key_heads", 1, kMaxDim, false},
+      {"gdn_num_value_heads", 1, kMaxDim, false},
+      {"gdn_key_head_dim", 1, kMaxDim, false},
+      {"gdn_value_head_dim", 1, kMaxDim, false},
+      {"gdn_conv_kernel_dim", 1, kMaxSequence, false},
+      {"gdn_chunk_size", 1, kMaxSequence, false},
       {"q_lora_rank", 0, kMaxDim, false},
       {"kv_lora_rank", 0, kMaxDim, false},
       {"qk_nope_head_dim", 0, kMaxDim, false},
@@ -237,6 +244,26 @@ void check_cross_key_rules(const Config& config) {
     if (std::find(kActivations.begin(), kActivations.end(), activation) == kActivations.end()) {
       throw UserError("mlp_activations: '" + activation + "' is not one of " + join(kActivations) +
                       did_you_mean(activation, kActivations));
+    }
+  }
+  const std::string block = config.get_string("decoder_block");
+  if (block == "qwen3_next" || block == "qwen3_5") {
+    // The Gated DeltaNet layers (model/builder/forward_builder.cpp): value heads share key heads
+    // in equal groups, and the chunked delta rule cuts the sequence into whole chunks.
+    const int64_t key_heads = config.get_int("gdn_num_key_heads");
+    const int64_t value_heads = config.get_int("gdn_num_value_heads");
+    if (value_heads % key_heads != 0) {
+      throw UserError("gdn_num_key_heads: " + std::to_string(key_heads) +
+                          " must divide gdn_num_value_heads (" + std::to_string(value_heads) + ")",
+                      "gdn_num_key_heads");
+    }
+    const int64_t chunk = config.get_int("gdn_chunk_size");
+    const int64_t length = config.get_int("max_target_length");
+    if (length % chunk != 0) {
+      throw UserError("gdn_chunk_size: " + std::to_string(chunk) +
+                          " must divide max_target_length (" + std::to_string(length) +
+                          "): the Gated DeltaNet layers cut the sequence into whole chunks",
+                      "gdn_chunk_size");
     }
   }
   const double sequence = static_cast<double>(config.get_int("max_target_length"));

@@ -92,6 +92,14 @@ struct AttentionLayerCounts {
 // TFLOP/s count more attention than the model does (the program computes the windows). Other blocks
 // count every layer as global, whatever attention_type says (MaxText does the same).
 AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
+  if (dims.is_gated_delta_net_block()) {
+    // Only the full-attention layers (the others are Gated DeltaNet layers, counted apart).
+    int64_t full = 0;
+    for (int64_t index = 0; index < num_layers; ++index) {
+      full += dims.is_gated_delta_net_layer(index) ? 0 : 1;
+    }
+    return {full, 0, 0};
+  }
   const bool windowed_block = dims.decoder_block == "gemma2" || dims.decoder_block == "gemma3" ||
                               dims.decoder_block == "gemma4" ||
                               dims.decoder_block == "gemma4_small" ||
@@ -172,6 +180,43 @@ void add_gemma4_small_terms(const ModelDims& dims, double tokens, MaxTextForward
   }
 }
 
+// qwen3_next / qwen3_5 (derived from the architecture, docs/reference/maxtext.md §2a; not
+// MaxText's formula): the Gated DeltaNet layer's projections, its chunked delta rule, and the
+// shared expert's per-token gate, for `tokens` tokens.
+void add_gated_delta_net_terms(const ModelDims& dims, double tokens, MaxTextForwardFlops& forward) {
+  if (!dims.is_gated_delta_net_block()) {
+    return;
+  }
+  for (int64_t index = 0; index < forward.num_layers; ++index) {
+    forward.num_gated_delta_net_layers += dims.is_gated_delta_net_layer(index) ? 1 : 0;
+  }
+  const double emb = as_double(dims.emb_dim);
+  const double key_heads = as_double(dims.gdn_num_key_heads);
+  const double value_heads = as_double(dims.gdn_num_value_heads);
+  const double key_dim = as_double(dims.gdn_key_head_dim);
+  const double value_dim = as_double(dims.gdn_value_head_dim);
+  const double chunk = as_double(dims.gdn_chunk_size);
+  // q and k (key heads), v and the output gate z (value heads), beta and the decay (one each per
+  // value head); then out_proj from the value heads.
+  const double projected =
+      2.0 * key_heads * key_dim + 2.0 * value_heads * value_dim + 2.0 * value_heads;
+  forward.gated_delta_net_projections =
+      kFlopsPerMultiplyAdd * tokens * emb * (projected + value_heads * value_dim);
+  // Per token and value head: the chunk matrices (k.beta) k^T and (q.exp g) k^T (C.dk each), the
+  // UT-form products with the values and keys (C.dv + C.dk), the chunk output P V (C.dv); the
+  // state S = k^T U, W S and (q.exp g) S (dk.dv each). Multiply-adds, x2.
+  constexpr double kChunkKeyMatmuls = 3.0;    // A, W, P
+  constexpr double kChunkValueMatmuls = 2.0;  // U, P V
+  constexpr double kStateMatmuls = 3.0;       // S, W S, (q.exp g) S
+  const double per_token_head =
+      chunk * (kChunkKeyMatmuls * key_dim + kChunkValueMatmuls * value_dim) +
+      kStateMatmuls * key_dim * value_dim;
+  forward.gated_delta_net_core = kFlopsPerMultiplyAdd * tokens * value_heads * per_token_head;
+  if (dims.has_shared_experts()) {
+    forward.shared_expert_gate = kFlopsPerMultiplyAdd * tokens * emb;
+  }
+}
+
 struct BatchShape {
   double batch = 0;     // B, sequences per device per microbatch
   double sequence = 0;  // S
@@ -190,8 +235,11 @@ BatchShape batch_shape(const Config& config) {
 }  // namespace
 
 double MaxTextForwardFlops::learnable_weight_flops() const {
-  return dense_ffn * as_double(num_dense_layers) + (moe_ffn + router) * as_double(num_moe_layers) +
-         (qkv + out_proj) * as_double(num_layers - num_global_attention_layers) +
+  return dense_ffn * as_double(num_dense_layers) +
+         (moe_ffn + router + shared_expert_gate) * as_double(num_moe_layers) +
+         (qkv + out_proj) *
+             as_double(num_layers - num_global_attention_layers - num_gated_delta_net_layers) +
+         gated_delta_net_projections * as_double(num_gated_delta_net_layers) +
          (global_qkv + global_out_proj) * as_double(num_global_attention_layers) + unembed -
          kv_projection * as_double(num_kv_shared_layers - num_kv_shared_global_layers) -
          global_kv_projection * as_double(num_kv_shared_global_layers) +
@@ -201,7 +249,8 @@ double MaxTextForwardFlops::learnable_weight_flops() const {
 double MaxTextForwardFlops::attention_flops() const {
   return global_attention * as_double(num_global_attention_layers) +
          local_attention * as_double(num_local_attention_layers) +
-         chunked_attention * as_double(num_chunked_attention_layers);
+         chunked_attention * as_double(num_chunked_attention_layers) +
+         gated_delta_net_core * as_double(num_gated_delta_net_layers);
 }
 
 double MaxTextFlops::kv_shared_projection_tflops() const {
@@ -259,10 +308,12 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
     // gemma4's global layers (ModelDims::global_layer_*); for other blocks the same as local.
     const double global_head_dim = as_double(dims.global_layer_head_dim());
     const int64_t kv_projections = dims.global_layer_shares_kv() ? 1 : 2;
-    forward.global_qkv =
-        kFlopsPerMultiplyAdd * tokens * emb *
-        as_double(dims.num_query_heads + kv_projections * dims.global_layer_kv_heads()) *
-        global_head_dim;
+    // Qwen3-Next's gated attention: the query projection yields the query and an output gate.
+    const int64_t query_projections = dims.is_gated_delta_net_block() ? 2 : 1;
+    forward.global_qkv = kFlopsPerMultiplyAdd * tokens * emb *
+                         as_double(query_projections * dims.num_query_heads +
+                                   kv_projections * dims.global_layer_kv_heads()) *
+                         global_head_dim;
     forward.global_out_proj = kFlopsPerMultiplyAdd * tokens * emb * heads * global_head_dim;
     forward.global_attention = kCausalFraction * kAttentionMatmuls * kFlopsPerMultiplyAdd *
                                score_pairs * heads * global_head_dim;
@@ -291,6 +342,7 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
   }
   forward.unembed = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.vocab_size);
   add_gemma4_small_terms(dims, tokens, forward);
+  add_gated_delta_net_terms(dims, tokens, forward);
 
   MaxTextFlops flops;
   flops.forward = forward;

@@ -11,7 +11,10 @@
 // count 4.B.(S.W - W^2/2).H.h. MoE layers count the router and the top-k (plus shared) experts
 // only: a dropless assumption that ignores capacity_factor. Remat recompute, the optimizer and
 // elementwise ops are not counted: these are model FLOPs, not the FLOPs the hardware executes.
-// Term by term: docs/reference/maxtext.md §2.
+// Term by term: docs/reference/maxtext.md §2. The Gated DeltaNet layers of qwen3_next/qwen3_5
+// are counted by a formula DERIVED here from the architecture (docs/reference/maxtext.md §2a), not
+// taken from MaxText: their projections as learnable weights, the chunked delta rule's matmuls as
+// attention.
 //
 // maxtext_2023_flops_per_device() is the convention behind MaxText's 2023 README tables (v4, v5e,
 // v5p): 6.N.B.S with N = every parameter (2023a, until 2023-06), plus non-causal attention
@@ -61,6 +64,18 @@ struct MaxTextForwardFlops {
   double global_kv_projection = 0;
   double kv_shared_dense_ffn = 0;
   double per_layer_inputs = 0;
+  // qwen3_next / qwen3_5 (derived, docs/reference/maxtext.md §2a), with Hk/Hv = gdn key/value
+  // heads, dk/dv their widths, C = gdn_chunk_size, T = B.S:
+  //   one Gated DeltaNet layer's projections: 2.T.D.(2.Hk.dk + 2.Hv.dv + 2.Hv) + 2.T.Hv.dv.D
+  //   (q, k, v, the output gate z, beta and the decay; out_proj);
+  //   its chunked delta rule: T.Hv.(2.C.(3.dk + 2.dv) + 6.dk.dv);
+  //   one MoE layer's shared-expert gate: 2.T.D.
+  // Their full-attention layers' query projection also yields the output gate: global_qkv is
+  // 2.T.D.(2.H + 2.K).h there.
+  double gated_delta_net_projections = 0;
+  double gated_delta_net_core = 0;
+  double shared_expert_gate = 0;
+  int64_t num_gated_delta_net_layers = 0;
   int64_t num_kv_shared_layers = 0;
   int64_t num_kv_shared_global_layers = 0;
   int64_t num_layers = 0;  // the real depth (gemma2: 2 x base_num_decoder_layers)

@@ -63,6 +63,12 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.vocab_size_per_layer_input = config.get_int("vocab_size_per_layer_input");
   dims.num_kv_shared_layers = config.get_int("num_kv_shared_layers");
   dims.use_double_wide_mlp = config.get_bool("use_double_wide_mlp");
+  dims.gdn_num_key_heads = config.get_int("gdn_num_key_heads");
+  dims.gdn_num_value_heads = config.get_int("gdn_num_value_heads");
+  dims.gdn_key_head_dim = config.get_int("gdn_key_head_dim");
+  dims.gdn_value_head_dim = config.get_int("gdn_value_head_dim");
+  dims.gdn_conv_kernel_dim = config.get_int("gdn_conv_kernel_dim");
+  dims.gdn_chunk_size = config.get_int("gdn_chunk_size");
   return dims;
 }
 

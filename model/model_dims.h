@@ -65,6 +65,17 @@ struct ModelDims {
   int64_t vocab_size_per_layer_input = 0;
   int64_t num_kv_shared_layers = 0;
   bool use_double_wide_mlp = false;
+  // qwen3_next / qwen3_5: Gated DeltaNet (linear attention) layers, except every
+  // inhomogeneous_layer_cycle_interval-th layer, which is gated full attention. Key heads and
+  // their width, value heads (sharing key heads in groups of gdn_num_value_heads /
+  // gdn_num_key_heads) and their width, the depthwise convolution's width and the delta rule's
+  // chunk (build_gated_delta_net in model/builder/forward_builder.cpp).
+  int64_t gdn_num_key_heads = 0;
+  int64_t gdn_num_value_heads = 0;
+  int64_t gdn_key_head_dim = 0;
+  int64_t gdn_value_head_dim = 0;
+  int64_t gdn_conv_kernel_dim = 0;
+  int64_t gdn_chunk_size = 0;
 
   static ModelDims from_config(const Config& config);
 
@@ -81,12 +92,13 @@ struct ModelDims {
     return global_layers_differ() && global_num_kv_heads > 0 ? global_num_kv_heads : num_kv_heads;
   }
   bool global_layer_shares_kv() const { return global_layers_differ() && share_kv_projections; }
-  // Blocks whose MoE layers add shared_experts (MaxText: DeepSeek, Llama4, Gemma4; the generic
+  // Blocks whose MoE layers add shared_experts (MaxText: DeepSeek, Llama4, Gemma4, Qwen3-Next and
+  // Qwen3.5; the generic
   // path of mixtral/qwen3_moe/gpt_oss has none), and the width of a shared expert (Gemma4:
   // base_mlp_dim; the others: base_moe_mlp_dim).
   bool has_shared_experts() const {
-    return shared_experts > 0 &&
-           (decoder_block == "deepseek" || decoder_block == "llama4" || decoder_block == "gemma4");
+    return shared_experts > 0 && (decoder_block == "deepseek" || decoder_block == "llama4" ||
+                                  decoder_block == "gemma4" || is_gated_delta_net_block());
   }
   int64_t shared_expert_mlp_dim() const {
     return decoder_block == "gemma4" ? mlp_dim : moe_mlp_dim;
@@ -96,6 +108,18 @@ struct ModelDims {
   bool is_moe_layer(int64_t index) const {
     return is_moe() && index >= first_num_dense_layers &&
            (index + 1) % std::max<int64_t>(1, interleave_moe_layer_step) == 0;
+  }
+  // qwen3_next and qwen3_5 (the same text decoder: Qwen3-Next's hybrid layout): Gated DeltaNet
+  // layers, gated attention, a sigmoid-gated shared expert.
+  bool is_gated_delta_net_block() const {
+    return decoder_block == "qwen3_next" || decoder_block == "qwen3_5";
+  }
+  // Layer `index` (0-based) is a Gated DeltaNet layer: all but every
+  // inhomogeneous_layer_cycle_interval-th (Hugging Face Qwen3NextConfig.layer_types:
+  // "full_attention" when (index + 1) % full_attention_interval == 0).
+  bool is_gated_delta_net_layer(int64_t index) const {
+    return is_gated_delta_net_block() &&
+           (index + 1) % std::max<int64_t>(1, inhomogeneous_layer_cycle_interval) != 0;
   }
   // gemma4_small: every layer adds a per-layer input (hidden_size_per_layer_input > 0).
   bool has_per_layer_inputs() const {

@@ -279,9 +279,10 @@ class BackwardBuilder {
       }
       return;
     }
-    if (fn == ElementwiseFn::kCast) {
+    if (fn == ElementwiseFn::kCast || fn == ElementwiseFn::kReshape) {
+      // A cast casts back; a reshape reshapes back to its input's dims.
       OpAttrs attrs;
-      attrs.function = ElementwiseFn::kCast;
+      attrs.function = fn;
       const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
                                       graph_.tensor(op.inputs[0]), region, attrs);
       accumulate(op.inputs[0], grad, region);

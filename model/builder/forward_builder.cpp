@@ -161,6 +161,19 @@ class ForwardBuilder {
     graph().add_op(OpKind::kElementwise, name, std::move(inputs), {out}, attrs, region);
     return out;
   }
+  // An elementwise op whose output has `dims` (inputs broadcast along the dims they lack).
+  TensorId elementwise_to(const std::string& name, ElementwiseFn fn, std::vector<TensorId> inputs,
+                          std::vector<Dim> dims, int region) {
+    const TensorId out = activation(name, std::move(dims), region);
+    OpAttrs attrs;
+    attrs.function = fn;
+    graph().add_op(OpKind::kElementwise, name, std::move(inputs), {out}, attrs, region);
+    return out;
+  }
+  // The elements of `x` under other dims (ElementwiseFn::kReshape).
+  TensorId reshape(const std::string& name, TensorId x, std::vector<Dim> dims, int region) {
+    return elementwise_to(name, ElementwiseFn::kReshape, {x}, std::move(dims), region);
+  }
   TensorId norm(const std::string& name, TensorId x, int region) {
     // Copies: adding tensors below may move the graph's storage.
     const std::vector<Dim> input_dims = graph().tensor(x).dims;
@@ -221,6 +234,8 @@ class ForwardBuilder {
     const TensorId attention_in = post_norm_only ? x : norm("pre_attention_norm", x, region);
     TensorId attention_out = group.attention == AttentionKind::kMla
                                  ? build_mla(region, attention_in)
+                             : group.attention == AttentionKind::kGatedDeltaNet
+                                 ? build_gated_delta_net(region, attention_in)
                                  : build_attention(group, region, attention_in);
     if (post_norm_only || config_.get_bool("use_post_attn_norm")) {
       attention_out = norm("post_attention_norm", attention_out, region);
@@ -393,8 +408,18 @@ class ForwardBuilder {
       query = rope("attention/query_rope", query, region);
       key = rope("attention/key_rope", key, region);
     }
-    const TensorId context = attention_op(group, region, {query, key, value}, dims_.num_query_heads,
-                                          "head_dim", head_dim, scaling.runtime_scale);
+    TensorId context = attention_op(group, region, {query, key, value}, dims_.num_query_heads,
+                                    "head_dim", head_dim, scaling.runtime_scale);
+    if (dims_.is_gated_delta_net_block()) {
+      // Qwen3-Next's gated attention (Hugging Face Qwen3NextAttention): the query projection also
+      // yields a gate as wide as the query (q_proj: D -> 2.H.h), and the context is multiplied by
+      // sigmoid(gate) before the out projection. A separate einsum here, the same FLOPs.
+      TensorId gate =
+          projection("gate", "heads", dims_.num_query_heads, "q_heads", "activation_heads", "");
+      gate = elementwise("attention/gate_sigmoid", ElementwiseFn::kSigmoid, {gate}, region);
+      context =
+          elementwise("attention/gated_context", ElementwiseFn::kMul, {context, gate}, region);
+    }
     return out_projection(region, context, "head_dim", head_dim);
   }
 
@@ -473,6 +498,145 @@ class ForwardBuilder {
         attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim,
                      query_scaling(config_, nope + rope_dim).runtime_scale);
     return out_projection(region, context, "v_head_dim", value_dim);
+  }
+
+  // A Gated DeltaNet layer (qwen3_next, qwen3_5: Yang, Kautz, Hatamizadeh, "Gated Delta
+  // Networks", arXiv:2412.06464; Hugging Face Qwen3NextGatedDeltaNet and its
+  // torch_chunk_gated_delta_rule). Per token: q, k (Hk key heads of dk), v, z (Hv = G.Hk value
+  // heads of dv), beta and the decay a (one per value head) are projected from x; q, k, v pass a
+  // causal depthwise conv of width gdn_conv_kernel_dim and SiLU, q and k an L2 norm; the chunked
+  // delta rule mixes the tokens; the result passes a gated RMSNorm, norm(o) * silu(z), and
+  // out_proj. The layer works on the sequence cut into n = S / C chunks of C = gdn_chunk_size
+  // tokens ([batch, gdn_chunks, gdn_chunk, ...], reshapes at its ends), so that every matmul of
+  // the chunked rule is an einsum. Per chunk and value head (value heads share their key head's
+  // q and k; gdn_chunk indexes a chunk's rows, gdn_chunk_key its columns):
+  //   A = (k.beta) k^T, decay- and strictly-lower-masked   [C x C]   2.C^2.dk
+  //   U = A (v.beta),  W = A (k.beta.exp g)               (the WY/UT form; tpusim charges each as
+  //                                                         the dense [C x C] product HF computes
+  //                                                         after forming the inverse T)
+  //                                                        2.C^2.dv + 2.C^2.dk
+  //   S = k^T U                     the chunk's state      [dk x dv]  2.C.dk.dv
+  //   V = U - W S                   the new values                    2.C.dk.dv
+  //   P = (q.exp g) k^T, causal and decay-masked                      2.C^2.dk
+  //   O = (q.exp g) S + P V                                           2.C.dk.dv + 2.C^2.dv
+  // i.e. 2.C.(3.dk + 2.dv) + 6.dk.dv FLOPs per token and value head, the count
+  // model/flops_maxtext.cpp charges (derived, not MaxText's formula). Written as one op per
+  // matmul over all chunks at once, the per-chunk states are computed from U instead of from
+  // the previous chunk's V: the same shapes, FLOPs and memory, without the scan's sequential
+  // dependency (the executed math is not the recurrence; tpusim train refuses this block).
+  // Stand-ins, each the same kind of work as what it replaces: the conv and SiLU as one SiLU
+  // (the conv's K.(2.Hk.dk + Hv.dv) weights are left out: 0.002% of qwen3-next-80b-a3b's
+  // parameters), the L2 norms as RMSNorms (with a [dk] scale), the decay
+  // -exp(A_log).softplus(a + dt_bias) and its cumulative sum within the chunk as
+  // sigmoid(a + dt_bias) (A_log left out), exp(g) and the masks as products with it.
+  TensorId build_gated_delta_net(int region, TensorId x) {
+    const int64_t key_heads = dims_.gdn_num_key_heads;
+    const int64_t group = dims_.gdn_num_value_heads / key_heads;
+    const int64_t chunk = dims_.gdn_chunk_size;
+    const Dim batch = act("batch", batch_, batch_logical_);
+    const Dim chunks = act("gdn_chunks", length_ / chunk, "activation_length");
+    const Dim row = act("gdn_chunk", chunk, "");
+    const Dim column = act("gdn_chunk_key", chunk, "");
+    const Dim heads = act("gdn_heads", key_heads, "activation_heads");
+    const Dim groups = act("gdn_group", group, "");
+    const Dim key_dim = act("gdn_key_dim", dims_.gdn_key_head_dim, "");
+    const Dim value_dim = act("gdn_value_dim", dims_.gdn_value_head_dim, "");
+    const Dim embed = act("embed", dims_.emb_dim, "activation_embed");
+    // [batch, gdn_chunks, position, rest...]
+    auto chunked = [&](const Dim& position, std::vector<Dim> rest) {
+      std::vector<Dim> out = {batch, chunks, position};
+      out.insert(out.end(), rest.begin(), rest.end());
+      return out;
+    };
+    const TensorId xc = reshape("gdn/chunked_input", x, chunked(row, {embed}), region);
+    // The projections (MaxText in_proj_qkvz and in_proj_ba, kernel axes (embed, gdn_head)).
+    auto project = [&](const std::string& name, std::vector<Dim> features) {
+      std::vector<Dim> w_dims = {Dim{"embed", dims_.emb_dim, "embed"}};
+      for (const Dim& feature : features) {
+        w_dims.emplace_back(feature.name, feature.size,
+                            feature.name == "gdn_heads" ? "gdn_head" : "");
+      }
+      const TensorId w = weight("gdn/" + name, w_dims, region, dense(dims_.emb_dim));
+      return einsum("gdn/" + name, xc, w, {"embed"}, chunked(row, std::move(features)), region);
+    };
+    TensorId query = project("query", {heads, key_dim});
+    TensorId key = project("key", {heads, key_dim});
+    TensorId value = project("value", {heads, groups, value_dim});
+    const TensorId z = project("output_gate", {heads, groups, value_dim});
+    const TensorId beta_logit = project("beta", {heads, groups});
+    const TensorId decay_logit = project("decay", {heads, groups});
+    query = elementwise("gdn/query_conv_silu", ElementwiseFn::kSilu, {query}, region);
+    key = elementwise("gdn/key_conv_silu", ElementwiseFn::kSilu, {key}, region);
+    value = elementwise("gdn/value_conv_silu", ElementwiseFn::kSilu, {value}, region);
+    if (config_.get_bool("use_qk_norm_in_gdn")) {
+      query = norm("gdn/query_l2norm", query, region);
+      key = norm("gdn/key_l2norm", key, region);
+    }
+    const TensorId beta = elementwise("gdn/beta", ElementwiseFn::kSigmoid, {beta_logit}, region);
+    // Hugging Face initializes dt_bias to ones.
+    const TensorId dt_bias = parameter_tensor(
+        "gdn/dt_bias", {Dim{"gdn_heads", key_heads, "gdn_head"}, Dim{"gdn_group", group, ""}},
+        region, constant_init(1));
+    const TensorId decay = elementwise(
+        "gdn/decay", ElementwiseFn::kSigmoid,
+        {elementwise("gdn/decay_bias", ElementwiseFn::kAdd, {decay_logit, dt_bias}, region)},
+        region);
+    const std::vector<Dim> key_per_value_head = chunked(row, {heads, groups, key_dim});
+    const TensorId key_beta = elementwise_to("gdn/key_beta", ElementwiseFn::kMul, {key, beta},
+                                             key_per_value_head, region);
+    const TensorId value_beta =
+        elementwise("gdn/value_beta", ElementwiseFn::kMul, {value, beta}, region);
+    const TensorId key_beta_decayed =
+        elementwise("gdn/key_beta_decayed", ElementwiseFn::kMul, {key_beta, decay}, region);
+    const TensorId query_decayed = elementwise_to("gdn/query_decayed", ElementwiseFn::kMul,
+                                                  {query, decay}, key_per_value_head, region);
+    // The same tokens as the columns of a chunk's [C x C] matrices.
+    const TensorId key_columns =
+        reshape("gdn/key_columns", key, chunked(column, {heads, key_dim}), region);
+    const TensorId value_beta_columns = reshape(
+        "gdn/value_beta_columns", value_beta, chunked(column, {heads, groups, value_dim}), region);
+    const TensorId key_beta_decayed_columns =
+        reshape("gdn/key_beta_decayed_columns", key_beta_decayed,
+                chunked(column, {heads, groups, key_dim}), region);
+    const std::vector<Dim> square = chunked(row, {heads, groups, column});
+    const std::vector<Dim> values = chunked(row, {heads, groups, value_dim});
+    TensorId key_key =
+        einsum("gdn/key_key", key_beta, key_columns, {"gdn_key_dim"}, square, region);
+    key_key = elementwise("gdn/key_key_masked", ElementwiseFn::kMul, {key_key, decay}, region);
+    const TensorId solved_values =
+        einsum("gdn/solve_values", key_key, value_beta_columns, {"gdn_chunk_key"}, values, region);
+    const TensorId solved_keys = einsum("gdn/solve_keys", key_key, key_beta_decayed_columns,
+                                        {"gdn_chunk_key"}, key_per_value_head, region);
+    const TensorId state = einsum("gdn/state", key, solved_values, {"gdn_chunk"},
+                                  {batch, chunks, heads, groups, key_dim, value_dim}, region);
+    const TensorId state_values =
+        einsum("gdn/state_values", solved_keys, state, {"gdn_key_dim"}, values, region);
+    const TensorId new_values =
+        elementwise("gdn/new_values", ElementwiseFn::kAdd, {solved_values, state_values}, region);
+    const TensorId new_value_columns = reshape("gdn/new_value_columns", new_values,
+                                               chunked(column, {heads, groups, value_dim}), region);
+    TensorId scores =
+        einsum("gdn/query_key", query_decayed, key_columns, {"gdn_key_dim"}, square, region);
+    scores = elementwise("gdn/query_key_masked", ElementwiseFn::kMul, {scores, decay}, region);
+    const TensorId from_state =
+        einsum("gdn/state_output", query_decayed, state, {"gdn_key_dim"}, values, region);
+    const TensorId from_chunk =
+        einsum("gdn/chunk_output", scores, new_value_columns, {"gdn_chunk_key"}, values, region);
+    TensorId out = elementwise("gdn/output", ElementwiseFn::kAdd, {from_state, from_chunk}, region);
+    // The gated RMSNorm (Qwen3NextRMSNormGated): norm over dv, times silu(z).
+    out = norm("gdn/output_norm", out, region);
+    out = elementwise("gdn/output_gated", ElementwiseFn::kMul,
+                      {out, elementwise("gdn/output_gate_silu", ElementwiseFn::kSilu, {z}, region)},
+                      region);
+    const TensorId w_out = weight(
+        "gdn/out",
+        {Dim{"gdn_heads", key_heads, "gdn_head"}, Dim{"gdn_group", group, ""},
+         Dim{"gdn_value_dim", dims_.gdn_value_head_dim, ""}, Dim{"embed", dims_.emb_dim, "embed"}},
+        region, dense(dims_.gdn_num_value_heads * dims_.gdn_value_head_dim));
+    const TensorId projected =
+        einsum("gdn/out", out, w_out, {"gdn_heads", "gdn_group", "gdn_value_dim"},
+               chunked(row, {embed}), region);
+    return reshape("gdn/layer_output", projected, activation_dims(), region);
   }
 
   // Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation =
@@ -577,8 +741,19 @@ class ForwardBuilder {
     graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
                    dispatch_attrs, region);
     if (dims_.has_shared_experts()) {
-      const TensorId shared =
+      TensorId shared =
           build_mlp("moe/shared", region, x, dims_.shared_expert_mlp_dim() * dims_.shared_experts);
+      if (dims_.is_gated_delta_net_block()) {
+        // Qwen3-Next's shared expert is gated per token (Hugging Face Qwen3NextSparseMoeBlock:
+        // sigmoid(shared_expert_gate(x)) * shared_expert(x), shared_expert_gate: D -> 1).
+        const TensorId w_shared_gate =
+            weight("moe/shared_gate", {Dim{"embed", dims_.emb_dim, "embed"}}, region,
+                   dense(dims_.emb_dim));
+        TensorId gate =
+            einsum("moe/shared_gate", x, w_shared_gate, {"embed"}, token_dims(), region);
+        gate = elementwise("moe/shared_gate_sigmoid", ElementwiseFn::kSigmoid, {gate}, region);
+        shared = elementwise("moe/shared_gated", ElementwiseFn::kMul, {shared, gate}, region);
+      }
       combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
     }
     return combined;

@@ -2,7 +2,8 @@
 //
 // Builds [embed x1] [one region per layer group x count] [head x1] from the config: token
 // embedding (plus learned positions for gpt3), each decoder layer (RMSNorm or LayerNorm, RoPE,
-// GQA or MLA attention, SwiGLU/GeGLU/GELU MLP or a routed mixture of experts with shared experts),
+// GQA or MLA attention or Gated DeltaNet linear attention, SwiGLU/GeGLU/GELU MLP or a routed
+// mixture of experts with shared experts),
 // the final norm, the unembedding (tied when logits_via_embedding) and the cross-entropy loss.
 // Tensors carry MaxText's logical axis names and checkpoint names so the partitioner and the remat
 // policies can read them.

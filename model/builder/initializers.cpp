@@ -46,7 +46,10 @@ ParameterInit kernel_init(double fan_in, double divisor, InitDistribution distri
 }
 
 bool uses_qk_norm(const Config& config) {
-  return config.get_bool("use_qk_norm");
+  // Qwen3-Next's full-attention layers always normalize q and k (Hugging Face
+  // Qwen3NextAttention: q_norm, k_norm); its preset does not set use_qk_norm.
+  const std::string block = config.get_string("decoder_block");
+  return config.get_bool("use_qk_norm") || block == "qwen3_next" || block == "qwen3_5";
 }
 
 QueryScaling query_scaling(const Config& config, int64_t head_dim) {

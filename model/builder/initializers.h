@@ -59,7 +59,8 @@ struct QueryScaling {
   std::string reason;        // "default Attention: folded into the query init", ...
 };
 
-// MaxText's use_qk_norm: a per-head RMSNorm of the query and the key (qwen3).
+// MaxText's use_qk_norm: a per-head RMSNorm of the query and the key (qwen3; always on in the
+// full-attention layers of qwen3_next and qwen3_5).
 bool uses_qk_norm(const Config& config);
 
 // For the attention of `config`'s decoder block whose query heads are `head_dim` wide (MLA reads

@@ -35,7 +35,11 @@ struct AttentionKeys {
   int64_t nope_interval;
 };
 
-AttentionKind attention_for_layer(const AttentionKeys& keys, int64_t index) {
+AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& dims, int64_t index) {
+  if (dims.is_gated_delta_net_block()) {
+    return dims.is_gated_delta_net_layer(index) ? AttentionKind::kGatedDeltaNet
+                                                : AttentionKind::kGlobal;
+  }
   if (keys.block == "deepseek" || keys.attention_type == "mla") {
     return AttentionKind::kMla;
   }
@@ -75,9 +79,10 @@ AttentionKind attention_for_layer(const AttentionKeys& keys, int64_t index) {
 
 std::string LayerGroup::name() const {
   std::string text = kv_shared ? "kv_shared_" : "";
-  text += attention == AttentionKind::kSlidingWindow ? "local_"
-          : attention == AttentionKind::kChunked     ? "chunked_"
-                                                     : "";
+  text += attention == AttentionKind::kSlidingWindow   ? "local_"
+          : attention == AttentionKind::kChunked       ? "chunked_"
+          : attention == AttentionKind::kGatedDeltaNet ? "gdn_"
+                                                       : "";
   text += feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer";
   return text;
 }
@@ -91,7 +96,7 @@ std::vector<LayerGroup> plan_layers(const Config& config) {
   std::vector<LayerGroup> groups;
   for (int64_t index = 0; index < sublayers; ++index) {
     LayerGroup layer;
-    layer.attention = attention_for_layer(keys, index);
+    layer.attention = attention_for_layer(keys, dims, index);
     layer.feed_forward = dims.is_moe_layer(index) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
     layer.kv_shared = dims.is_kv_shared_layer(index);
     layer.mlp_dim = dims.layer_mlp_dim(index);

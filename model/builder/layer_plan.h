@@ -11,10 +11,13 @@
 //     (chunk_attn_window_size); every interleave_moe_layer_step-th layer is MoE;
 //   gpt_oss: alternating local/global (inhomogeneous_layer_cycle_interval);
 //   deepseek: the first first_num_dense_layers are dense, the rest MoE, all MLA;
-//   olmo3: sliding-window layers, every inhomogeneous_layer_cycle_interval-th (4th) global.
+//   olmo3: sliding-window layers, every inhomogeneous_layer_cycle_interval-th (4th) global;
+//   qwen3_next, qwen3_5: Gated DeltaNet (linear attention) layers, every
+//     inhomogeneous_layer_cycle_interval-th (4th) gated full attention; every layer MoE.
 // Identical layers form one group, which becomes one repeated region of the graph (scan_layers).
 //
 // Example (deepseek2-16b): {{dense, mla, x1}, {moe, mla, x26}}
+// Example (qwen3-next-80b-a3b): {{moe, gated_delta_net, x36}, {moe, global, x12}}
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,9 @@ namespace tpusim {
 
 class Config;
 
-enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla };
+// kGatedDeltaNet: linear attention by the gated delta rule (build_gated_delta_net in
+// model/builder/forward_builder.cpp).
+enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla, kGatedDeltaNet };
 enum class FeedForwardKind { kDense, kMoe };
 
 struct LayerGroup {
@@ -35,7 +40,8 @@ struct LayerGroup {
   bool kv_shared = false;
   int64_t mlp_dim = 0;  // the dense MLP's width (ModelDims::layer_mlp_dim)
   int64_t count = 0;
-  // "layer", "moe_layer", "local_layer", "chunked_moe_layer", "kv_shared_local_layer", ...
+  // "layer", "moe_layer", "local_layer", "chunked_moe_layer", "kv_shared_local_layer",
+  // "gdn_moe_layer", ...
   std::string name() const;
 };
 

@@ -88,6 +88,8 @@ const char* elementwise_name(ElementwiseFn fn) {
       return "scale";
     case ElementwiseFn::kCast:
       return "cast";
+    case ElementwiseFn::kReshape:
+      return "reshape";
     case ElementwiseFn::kSiluGrad:
       return "silu_grad";
     case ElementwiseFn::kGeluGrad:

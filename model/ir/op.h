@@ -28,7 +28,8 @@ namespace tpusim {
 
 enum class OpKind {
   kEinsum,           // contracts attrs.contracted dims; every other dim passes through
-  kElementwise,      // attrs.function over inputs of the output's shape (broadcast by dim name)
+  kElementwise,      // attrs.function over inputs of the output's shape (broadcast by dim name);
+                     // kReshape: one input, the same elements under other dims
   kRmsNorm,          // x, scale -> y (over attrs.reduced dims)
   kLayerNorm,        // x, scale, bias -> y
   kRope,             // rotary position embedding on head_dim
@@ -75,6 +76,10 @@ enum class ElementwiseFn {
   kSigmoid,
   kScale,
   kCast,
+  // The same elements under other dims (row-major, one input): splits or merges dims, e.g.
+  // x[batch, length, embed] -> x[batch, gdn_chunks, gdn_chunk, embed] with length = chunks x
+  // chunk. Its VJP is the reshape back.
+  kReshape,
   kSiluGrad,
   kGeluGrad,
   kReluGrad,

@@ -108,6 +108,9 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
       return {kAttentionGradMatmulFactor * flops.matmul, 2.0 * flops.vector};
     }
     case OpKind::kElementwise: {
+      if (op.attrs.function == ElementwiseFn::kReshape) {
+        return {};  // moves (or relabels) elements, computes nothing
+      }
       const bool simple =
           op.attrs.function == ElementwiseFn::kAdd || op.attrs.function == ElementwiseFn::kMul ||
           op.attrs.function == ElementwiseFn::kScale || op.attrs.function == ElementwiseFn::kCast;

@@ -69,6 +69,14 @@ void check_functional_support(const Config& config) {
   }
   // OLMo 3's rotary embedding is YaRN-scaled and its qk-norm spans all heads (Hugging Face's
   // Olmo3Attention); the functional engine builds plain RoPE and per-head qk-norm.
+  // The Gated DeltaNet layers of qwen3_next / qwen3_5 are built for estimate and explore only:
+  // their chunked delta rule is written as independent per-chunk matmuls with the FLOPs, bytes
+  // and memory of the real one, not as the recurrence (model/builder/forward_builder.cpp).
+  if (const std::string block = config.get_string("decoder_block");
+      block == "qwen3_next" || block == "qwen3_5") {
+    refuse("decoder_block", block,
+           "its Gated DeltaNet layers are modeled for estimate and explore only, not computed");
+  }
   if (config.get_string("decoder_block") == "olmo3") {
     refuse("decoder_block", "olmo3",
            "its YaRN rotary embedding and all-heads qk-norm are not built; estimate and explore "

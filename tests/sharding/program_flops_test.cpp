@@ -135,5 +135,29 @@ TEST(ProgramFlops, ExpertParallelMoe) {
   }
 }
 
+// qwen3-next-80b-a3b: the Gated DeltaNet layers' chunked einsums, gated attention and 512 experts,
+// split over tensor, context, expert and fsdp axes, execute the derived count of
+// docs/reference/maxtext.md §2a on every device (the every-preset test above may skip a padded
+// mesh; these must not pad).
+TEST(ProgramFlops, Qwen3NextOnSeveralMeshes) {
+  const std::vector<std::vector<std::string>> meshes = {
+      {"compile_topology=tpu7x-16", "ici_tensor_parallelism=2", "ici_expert_parallelism=2"},
+      {"compile_topology=v5p-16", "ici_context_parallelism=2", "ici_expert_parallelism=2"},
+      {"compile_topology=v5p-16", "ici_expert_parallelism=8", "ici_fsdp_parallelism=1"},
+  };
+  for (const auto& mesh : meshes) {
+    std::vector<std::string> overrides = {"model_name=qwen3-next-80b-a3b",
+                                          "per_device_batch_size=2", "max_target_length=1024"};
+    overrides.insert(overrides.end(), mesh.begin(), mesh.end());
+    SCOPED_TRACE(mesh[1] + " " + mesh[2]);
+    const Config config = Config::load("", overrides);
+    const StepProgram built = build_step_program(config);
+    ASSERT_TRUE(built.program.padding.empty());
+    const double expected = maxtext_training_flops_per_device(config).total_tflops() * 1e12 +
+                            matmul_flops_replicated_over_tensor(built);
+    EXPECT_NEAR(program_model_matmul_flops(built) / expected, 1.0, 1e-9);
+  }
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -12,7 +12,9 @@
 //   kSilu(x) = x * sigmoid(x); kGelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   (the tanh approximation, flax nn.gelu's default); kRelu(x) = max(x, 0);
 //   kSigmoid(x) = 1 / (1 + exp(-x)); kScale and kCast copy their FIRST input (kScale is the
-//   identity; its VJP op is kScale(dy, x) = dy, and kCast's VJP is kCast(dy)).
+//   identity; its VJP op is kScale(dy, x) = dy, and kCast's VJP is kCast(dy)). kReshape copies
+//   its one input's elements in row-major order into the output's dims (same count; its VJP is
+//   kReshape(dy)).
 //   Gradients take (dy, x) and give dy * f'(x): kSiluGrad f' = s (1 + x (1 - s)) with
 //   s = sigmoid(x); kGeluGrad f' = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
 //   with t = tanh(...) as above; kReluGrad f' = [x > 0]; kSigmoidGrad f' = s (1 - s).
@@ -20,6 +22,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "sim/functional/kernels/context.h"
@@ -60,6 +64,7 @@ double apply_elementwise(ElementwiseFn fn, double a, double b) {
       return sigmoid(a);
     case ElementwiseFn::kScale:
     case ElementwiseFn::kCast:
+    case ElementwiseFn::kReshape:
       return a;
     case ElementwiseFn::kSiluGrad: {
       const double s = sigmoid(b);
@@ -81,6 +86,18 @@ double apply_elementwise(ElementwiseFn fn, double a, double b) {
 
 void run_elementwise(const Ctx& ctx) {
   const ElementwiseFn fn = ctx.op().attrs.function;
+  if (fn == ElementwiseFn::kReshape) {
+    ctx.expect_counts(1, 1, 1, 1);
+    const int64_t count = ctx.out_tensor(0).num_elements();
+    if (ctx.in_tensor(0).num_elements() != count) {
+      throw std::logic_error("reshape '" + ctx.op().name +
+                             "': " + std::to_string(ctx.in_tensor(0).num_elements()) +
+                             " elements into " + std::to_string(count));
+    }
+    const float* a = ctx.in(0);
+    std::copy(a, a + count, ctx.out_unfilled(0));
+    return;
+  }
   size_t arity = 1;
   switch (fn) {
     case ElementwiseFn::kAdd:

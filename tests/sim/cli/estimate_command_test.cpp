@@ -81,6 +81,14 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
   EXPECT_NE(olmo.err.find("decoder_block: olmo3 is not computed by tpusim train"),
             std::string::npos)
       << olmo.err;
+  // So are the Gated DeltaNet layers of qwen3-next and qwen3.5.
+  for (const char* preset : {"qwen3-next-80b-a3b", "qwen3.5-35b-a3b"}) {
+    const auto gdn = run_tpusim(
+        {"train", std::string("model_name=") + preset, "compile_topology=v5e-4", "steps=1"});
+    EXPECT_EQ(gdn.exit_code, 2) << preset;
+    EXPECT_NE(gdn.err.find("decoder_block: qwen3_"), std::string::npos) << gdn.err;
+    EXPECT_NE(gdn.err.find("is not computed by tpusim train"), std::string::npos) << gdn.err;
+  }
 }
 
 TEST(EstimateCommand, JsonContract) {

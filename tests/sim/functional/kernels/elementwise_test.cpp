@@ -146,5 +146,25 @@ TEST(KernelElementwise, GradientsMatchFiniteDifferences) {
             run(c.graph, vjp, {weights[0], inputs[0]})[0]);
 }
 
+// kReshape (the Gated DeltaNet layer's split of length into chunks): the same values in the same
+// row-major order under the new dims, and its VJP, the reshape back, returns dy unchanged.
+TEST(KernelElementwise, ReshapeKeepsRowMajorOrder) {
+  std::mt19937 rng(5);
+  Case c;
+  const TensorId x = c.tensor("x", {dim("batch", 2), dim("length", 6), dim("embed", 3)});
+  const TensorId y =
+      c.tensor("y", {dim("batch", 2), dim("chunks", 3), dim("chunk", 2), dim("embed", 3)});
+  const TensorId dx = c.tensor("dx", {dim("batch", 2), dim("length", 6), dim("embed", 3)});
+  OpAttrs attrs;
+  attrs.function = ElementwiseFn::kReshape;
+  const Op& forward = c.op(OpKind::kElementwise, {x}, {y}, attrs);
+  const TensorData input = random_data(c.info(x), rng);
+  const std::vector<double> same(input.values.begin(), input.values.end());
+  expect_close(run(c.graph, forward, {input})[0], same);
+  const Op& vjp = c.op(OpKind::kElementwise, {y}, {dx}, attrs, true);
+  const TensorData dy = random_data(c.info(y), rng);
+  expect_close(run(c.graph, vjp, {dy})[0], std::vector<double>(dy.values.begin(), dy.values.end()));
+}
+
 }  // namespace
 }  // namespace tpusim::kernel_test
