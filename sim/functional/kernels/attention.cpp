@@ -41,6 +41,7 @@
 
 #include "sim/functional/kernels/context.h"
 #include "sim/functional/kernels/families.h"
+#include "sim/functional/kernels/library_gemm.h"
 
 namespace tpusim::kernels {
 namespace {
@@ -260,7 +261,7 @@ class AttentionKernel {
       const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
       const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
       const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
-      const RowMatrix result = round_matrix(ctx_, probabilities) * v_matrix;
+      const RowMatrix result = product(round_matrix(ctx_, probabilities), false, v_matrix, false);
       scatter(out, o_, b, h, result, false);
     });
   }
@@ -305,8 +306,9 @@ class AttentionKernel {
         const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
         RowMatrix cap_slope;
         const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, &cap_slope);
-        const RowMatrix dv_matrix = round_matrix(ctx_, probabilities).transpose() * dout_matrix;
-        const RowMatrix dp = dout_matrix * v_matrix.transpose();
+        const RowMatrix dv_matrix =
+            product(round_matrix(ctx_, probabilities), true, dout_matrix, false);
+        const RowMatrix dp = product(dout_matrix, false, v_matrix, true);
         // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
         const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
             dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
@@ -316,8 +318,13 @@ class AttentionKernel {
         }
         ds = round_matrix(ctx_, ds);
         RowMatrix dq_matrix(q_.length, q_.features);
-        dq_matrix.leftCols(d_k_) = ds * k_matrix;
-        const RowMatrix dk_matrix = ds.transpose() * q_matrix.leftCols(d_k_);
+        const RowMatrix dk_matrix = mla_ ? RowMatrix(ds.transpose() * q_matrix.leftCols(d_k_))
+                                         : product(ds, true, q_matrix, false);
+        if (mla_) {
+          dq_matrix.leftCols(d_k_) = ds * k_matrix;
+        } else {
+          dq_matrix = product(ds, false, k_matrix, false);
+        }
         if (mla_) {
           dq_matrix.rightCols(kr_.features) = ds * k_rope;
           dk_rope += ds.transpose() * q_matrix.rightCols(kr_.features);
@@ -366,11 +373,54 @@ class AttentionKernel {
     return {0, 0};
   }
 
+  // a (or a^T) times b (or b^T): on oneDNN's kernels in the fast fp32 path (bf16 operands with
+  // bf16_matmul_inputs, already rounded, so converting them is exact), else Eigen's.
+  RowMatrix product(const RowMatrix& a, bool a_transposed, const RowMatrix& b,
+                    bool b_transposed) const {
+    const int64_t m = a_transposed ? a.cols() : a.rows();
+    const int64_t k = a_transposed ? a.rows() : a.cols();
+    const int64_t n = b_transposed ? b.rows() : b.cols();
+    if constexpr (std::is_same_v<Scalar, float>) {
+      const GemmPrecision precision = ctx_.device().bf16_matmul_inputs
+                                          ? GemmPrecision::kBfloat16Inputs
+                                          : GemmPrecision::kFloat32;
+      RowMatrix c(m, n);
+      // A row-major r x c matrix read as itself (stride c, 1) or as its transpose (1, c).
+      const auto view = [](const void* data, const RowMatrix& x, bool transposed) {
+        return transposed ? GemmOperand{data, 1, x.cols()} : GemmOperand{data, x.cols(), 1};
+      };
+      const GemmResult result{c.data(), n, 1};
+      if (ctx_.device().fast_kernels &&
+          library_gemm_supports(precision, m, n, k, view(a.data(), a, a_transposed),
+                                view(b.data(), b, b_transposed), result)) {
+        if (precision == GemmPrecision::kFloat32) {
+          library_gemm(precision, m, n, k, view(a.data(), a, a_transposed),
+                       view(b.data(), b, b_transposed), result);
+          return c;
+        }
+        thread_local std::vector<uint16_t> a16;
+        thread_local std::vector<uint16_t> b16;
+        a16.resize(static_cast<size_t>(a.size()));
+        b16.resize(static_cast<size_t>(b.size()));
+        to_bf16(a.data(), a16.data(), a.size());
+        to_bf16(b.data(), b16.data(), b.size());
+        library_gemm(precision, m, n, k, view(a16.data(), a, a_transposed),
+                     view(b16.data(), b, b_transposed), result);
+        return c;
+      }
+    }
+    if (a_transposed) {
+      return b_transposed ? RowMatrix(a.transpose() * b.transpose()) : RowMatrix(a.transpose() * b);
+    }
+    return b_transposed ? RowMatrix(a * b.transpose()) : RowMatrix(a * b);
+  }
+
   // Masked softmax(scale q k^T) in Scalar, soft-capped first when soft_cap_ > 0; masked entries
   // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap).
   RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope,
                     RowMatrix* cap_slope = nullptr) const {
-    RowMatrix scores = q.leftCols(d_k_) * k.transpose();
+    RowMatrix scores =
+        mla_ ? RowMatrix(q.leftCols(d_k_) * k.transpose()) : product(q, false, k, true);
     if (mla_) {
       scores.noalias() += q.rightCols(kr_.features) * k_rope.transpose();
     }
