@@ -83,27 +83,13 @@ size_t chunk_dim(const Tensor& whole, const Tensor& part, int64_t chunks) {
 Executor::Executor(const StepProgram& program, DeviceContext device, Communicator& communicator)
     : program_(program),
       graph_(program.program.graph),
+      liveness_(program_liveness(program)),
       device_(device),
       communicator_(communicator) {
-  const size_t count = graph_.tensors().size();
-  per_layer_.assign(count, false);
-  persistent_.assign(count, false);
-  dead_after_.assign(graph_.ops().size(), {});
-  std::set<TensorId> carry_ends;
-  std::set<TensorId> carry_sources;  // read by carries as the region's single current value
-  for (const Graph::Carry& carry : graph_.carries()) {
-    carry_ends.insert(carry.from);
-    carry_ends.insert(carry.to);
-    carry_sources.insert(carry.from);
+  for (const auto& [parameter, grad] : local_parameter_grads(program)) {
+    final_grads_.push_back(grad);
+    grad_of_parameter_[parameter] = grad;
   }
-  for (const auto& [parameter, grad] : program.step->parameter_grads) {
-    const TensorId local_parameter =
-        program.program.local_of_global[static_cast<size_t>(parameter)];
-    const TensorId local_grad = program.program.local_of_global[static_cast<size_t>(grad)];
-    final_grads_.push_back(local_grad);
-    grad_of_parameter_[local_parameter] = local_grad;
-  }
-  const std::set<TensorId> final_grads(final_grads_.begin(), final_grads_.end());
   // The loss: the cross-entropy's output, or its all-reduce over the devices sharing the batch.
   loss_ = program.program.local_of_global[static_cast<size_t>(program.step->forward_info.loss)];
   for (const Op& op : graph_.ops()) {
@@ -111,21 +97,13 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
       loss_ = op.outputs[0];
     }
   }
-  // Which regions read each tensor, and where it is read last.
-  std::vector<std::set<int>> reader_regions(count);
-  std::vector<int> last_reader(count, -1);
-  for (const Op& op : graph_.ops()) {
-    for (const TensorId input : op.inputs) {
-      reader_regions[static_cast<size_t>(input)].insert(op.region);
-      last_reader[static_cast<size_t>(input)] = op.id;
-    }
-  }
-  // Ops run region by region in region order: the last reader in that order.
-  std::vector<int> region_rank(graph_.regions().size());
-  for (size_t index = 0; index < region_rank.size(); ++index) {
-    region_rank[index] = static_cast<int>(index);
-  }
-  // Chunked heads (num_vocab_tiling): their regions, carries and the gradients they hand out.
+  plan_chunked_heads();
+  plan_storage();
+  check_pipeline_loops();
+}
+
+void Executor::plan_chunked_heads() {
+  // The regions of a chunked head (num_vocab_tiling): its forward and backward repeat T times.
   region_chunks_.assign(graph_.regions().size(), 1);
   for (size_t region = 0; region < graph_.regions().size(); ++region) {
     const Region& info = graph_.region(static_cast<int>(region));
@@ -155,19 +133,13 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
     const Tensor& part = into ? to : from;
     chunk_dim(into ? from : to, part, region_chunks_[static_cast<size_t>(part.region)]);
   }
+  // The gradients a chunked head hands to other regions (the tied embedding's), summed over
+  // chunks.
   summed_over_chunks_.assign(graph_.regions().size(), {});
   for (const Tensor& tensor : graph_.tensors()) {
-    const auto id = static_cast<size_t>(tensor.id);
     if (graph_.producer(tensor.id) < 0 || region_chunks_[static_cast<size_t>(tensor.region)] == 1 ||
-        carry_sources.contains(tensor.id) || final_grads.contains(tensor.id) ||
-        tensor.id == loss_) {
-      continue;
-    }
-    bool read_elsewhere = false;
-    for (const int reader : reader_regions[id]) {
-      read_elsewhere = read_elsewhere || reader != tensor.region;
-    }
-    if (!read_elsewhere) {
+        liveness_.is_carry_source(tensor.id) || liveness_.is_final_gradient(tensor.id) ||
+        tensor.id == loss_ || !liveness_.read_outside_own_region(tensor.id)) {
       continue;
     }
     if (tensor.kind != TensorKind::kParameterGrad) {
@@ -176,31 +148,29 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
     }
     summed_over_chunks_[static_cast<size_t>(tensor.region)].push_back(tensor.id);
   }
+}
+
+void Executor::plan_storage() {
+  per_layer_.assign(graph_.tensors().size(), false);
+  dead_after_.assign(graph_.ops().size(), {});
   for (const Tensor& tensor : graph_.tensors()) {
-    const auto id = static_cast<size_t>(tensor.id);
-    const bool produced = graph_.producer(tensor.id) >= 0;
-    const bool state = !produced && (tensor.kind == TensorKind::kParameter ||
-                                     tensor.kind == TensorKind::kOptimizerState);
-    persistent_[id] = state || final_grads.contains(tensor.id);
     const Region& region = graph_.region(tensor.region);
     const int owner = region.phase == Phase::kForward ? tensor.region : region.forward_region;
     const bool scanned =
         owner >= 0 && graph_.region(owner).repeat > 1 && !graph_.region(owner).shared_parameters;
-    bool read_elsewhere = false;
-    for (const int reader : reader_regions[id]) {
-      read_elsewhere = read_elsewhere || reader != tensor.region;
-    }
-    per_layer_[id] =
-        scanned && !carry_sources.contains(tensor.id) && (persistent_[id] || read_elsewhere);
-    const bool kept = persistent_[id] || carry_ends.contains(tensor.id) ||
+    const bool persistent = liveness_.persistent(tensor.id);
+    per_layer_[static_cast<size_t>(tensor.id)] =
+        scanned && !liveness_.is_carry_source(tensor.id) &&
+        (persistent || liveness_.read_outside_own_region(tensor.id));
+    // Freed after the op that needs it last, unless it lives on (state, final gradients, carry
+    // ends, the batch, the loss).
+    const bool kept = persistent || liveness_.is_carry_end(tensor.id) ||
                       tensor.kind == TensorKind::kInput || tensor.id == loss_;
-    if (!kept && last_reader[id] >= 0) {
-      dead_after_[static_cast<size_t>(last_reader[id])].push_back(tensor.id);
-    } else if (!kept && produced) {
-      dead_after_[static_cast<size_t>(graph_.producer(tensor.id))].push_back(tensor.id);
+    const int dies_after = liveness_.dies_after(tensor.id);
+    if (!kept && dies_after != Liveness::kNone) {
+      dead_after_[static_cast<size_t>(dies_after)].push_back(tensor.id);
     }
   }
-  check_pipeline_loops();
 }
 
 Executor::Key Executor::key(TensorId id) const {
@@ -209,7 +179,7 @@ Executor::Key Executor::key(TensorId id) const {
     return {id, 0};
   }
   // In a pipeline loop the stage's layers are its parameter slots, not the loop's iterations.
-  return {id, weight_slot_ >= 0 && persistent_[index] ? weight_slot_ : layer_};
+  return {id, weight_slot_ >= 0 && liveness_.persistent(id) ? weight_slot_ : layer_};
 }
 
 TensorData& Executor::allocate(TensorId id) {
@@ -590,7 +560,7 @@ StepResult Executor::compute_gradients() {
     // Inputs and carries of this microbatch are not needed any more.
     for (auto it = values_.begin(); it != values_.end();) {
       const Tensor& tensor = graph_.tensor(it->first.first);
-      if (!persistent_[static_cast<size_t>(tensor.id)]) {
+      if (!liveness_.persistent(tensor.id)) {
         live_bytes_ -= tensor.bytes();
         recycle(std::move(it->second.values));
         it = values_.erase(it);

@@ -8,7 +8,9 @@
 // between a layer's forward and backward, gradients until the update. It counts what it really
 // does: matmul FLOPs executed by einsums and attention (a dropless MoE's grouped matmuls: the
 // rows routing really filled, which balance only on average), bytes handed to collectives, and
-// the peak of bytes allocated (in the IR's dtypes, so it compares with the memory model).
+// the peak of bytes allocated (in the IR's dtypes, so it compares with the memory model). A value
+// is freed after the op that reads it last, as sim/memory/liveness.h (shared with the memory
+// model) says, unless it lives on: state, final gradients, carry ends, the batch and the loss.
 //
 // A chunked head (num_vocab_tiling = T: the head region and its backward repeat T times over the
 // same parameters, each iteration on 1/T of the tokens) runs chunk c on iteration c (backward:
@@ -36,6 +38,7 @@
 #include "sim/functional/communicator.h"
 #include "sim/functional/device_context.h"
 #include "sim/functional/tensor_data.h"
+#include "sim/memory/liveness.h"
 
 namespace tpusim {
 
@@ -132,9 +135,14 @@ class Executor {
   // Adds the iteration's final gradients of `region` into the step's sums, by layer slot.
   void accumulate_final_gradients(int region);
   bool owns_global_element(const Tensor& tensor) const;
+  // Constructor parts: the chunked head's regions, carries and the gradients it sums over chunks;
+  // then which values are stored per layer and after which op each one is freed.
+  void plan_chunked_heads();
+  void plan_storage();
 
   const StepProgram& program_;
   const Graph& graph_;
+  const Liveness liveness_;  // when each value dies, which ones live on
   DeviceContext device_;
   Communicator& communicator_;
   std::vector<int64_t> region_chunks_;  // T for the regions of a chunked head, else 1
@@ -145,7 +153,6 @@ class Executor {
   int64_t chunk_ = 0;                              // chunk of the region iteration being run
   int64_t chunks_ = 1;                             // chunks of the region being run
   std::vector<bool> per_layer_;                    // stored once per layer of a scanned region
-  std::vector<bool> persistent_;                   // parameters, moments, final gradients
   std::vector<std::vector<TensorId>> dead_after_;  // by op id: values never read again
   std::vector<TensorId> final_grads_;              // local gradients of the parameters
   std::map<TensorId, TensorId> grad_of_parameter_;

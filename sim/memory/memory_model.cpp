@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "sim/memory/liveness.h"
 #include "sim/perf/mechanisms.h"
 
 namespace tpusim {
@@ -22,25 +23,15 @@ struct RegionTemporaries {
 class MemoryModel {
  public:
   explicit MemoryModel(const StepProgram& program)
-      : program_(program), graph_(program.program.graph) {
+      : program_(program), graph_(program.program.graph), liveness_(program_liveness(program)) {
     const size_t tensors = graph_.tensors().size();
     bytes_.reserve(tensors);
     for (const Tensor& tensor : graph_.tensors()) {
       bytes_.push_back(static_cast<double>(tensor.bytes()));
     }
-    carry_out_.assign(tensors, false);
-    for (const Graph::Carry& carry : graph_.carries()) {
-      // read when the next region (or iteration) starts
-      carry_out_[static_cast<size_t>(carry.from)] = true;
-    }
-    region_ops_.resize(graph_.regions().size());
-    for (const Op& op : graph_.ops()) {
-      region_ops_[static_cast<size_t>(op.region)].push_back(&op);
-    }
     cache_.resize(graph_.regions().size());
-    last_use_.assign(tensors, kNoOp);
-    live_.assign(tensors, Liveness::kDead);
-    dies_after_.assign(tensors, kNoOp);
+    live_.assign(tensors, LiveAs::kDead);
+    dies_after_.assign(tensors, Liveness::kNone);
     counted_.assign(tensors, 0);
   }
 
@@ -192,11 +183,6 @@ class MemoryModel {
   void classify() {
     const size_t count = graph_.tensors().size();
     category_.assign(count, Category::kTemporary);
-    std::vector<bool> final_grads(count, false);
-    for (const auto& [parameter, grad] : program_.step->parameter_grads) {
-      final_grads[static_cast<size_t>(
-          program_.program.local_of_global[static_cast<size_t>(grad)])] = true;
-    }
     std::vector<std::optional<RematDecision>> saved(count);
     for (const auto& [global, decision] : program_.step->saved) {
       saved[static_cast<size_t>(program_.program.local_of_global[static_cast<size_t>(global)])] =
@@ -204,15 +190,13 @@ class MemoryModel {
     }
     for (const Tensor& tensor : graph_.tensors()) {
       const auto id = static_cast<size_t>(tensor.id);
-      const bool produced = graph_.producer(tensor.id) >= 0;
       const Phase phase = graph_.region(tensor.region).phase;
-      if (tensor.kind == TensorKind::kParameter && !produced) {
-        category_[id] = Category::kWeight;
-      } else if (tensor.kind == TensorKind::kOptimizerState && !produced) {
-        category_[id] = Category::kOptimizer;
+      if (liveness_.is_state(tensor.id)) {
+        category_[id] =
+            tensor.kind == TensorKind::kParameter ? Category::kWeight : Category::kOptimizer;
       } else if (phase == Phase::kOptimizer) {
         category_[id] = Category::kIgnored;  // updates are written in place (donated buffers)
-      } else if (final_grads[id]) {
+      } else if (liveness_.is_final_gradient(tensor.id)) {
         category_[id] = Category::kGradient;
       } else if (saved[id].has_value()) {
         category_[id] =
@@ -245,78 +229,16 @@ class MemoryModel {
 
   // Peak temporaries of one iteration of `region`, by a linear scan of its ops: a temporary is
   // live from the op that first touches it to the last op that reads it (an output nobody reads
-  // dies at once, unless it is carried to the next region or iteration).
+  // dies at once, unless it is carried to the next region or iteration; Liveness decides).
   RegionTemporaries temporaries_of(int region) {
     std::optional<RegionTemporaries>& cached = cache_[static_cast<size_t>(region)];
     if (cached.has_value()) {
       return *cached;
     }
-    const std::vector<const Op*>& ops = region_ops_[static_cast<size_t>(region)];
-    for (size_t index = 0; index < ops.size(); ++index) {
-      for (const TensorId input : ops[index]->inputs) {
-        last_use_[static_cast<size_t>(input)] = static_cast<int>(index);
-      }
-    }
-    std::vector<TensorId> live;  // live temporaries, in the order they became live
-    std::vector<TensorId> dead;
-    RegionTemporaries current;
-    RegionTemporaries peak;
-    auto add = [&](TensorId id, bool gathered, int index) {
-      const auto slot = static_cast<size_t>(id);
-      if (category_[slot] != Category::kTemporary || live_[slot] != Liveness::kDead) {
-        return;
-      }
-      live_[slot] = gathered ? Liveness::kGathered : Liveness::kOther;
-      live.push_back(id);
-      const int last_use = last_use_[slot];
-      dies_after_[slot] = last_use != kNoOp  ? std::max(index, last_use)
-                          : carry_out_[slot] ? kNoOp
-                                             : index;
-      counted_[slot] = bytes_[slot];
-      (gathered ? current.gathered : current.other) += bytes_[slot];
-    };
-    const bool backward = graph_.region(region).phase == Phase::kBackward;
-    // XLA's buffer assignment lets an elementwise-shaped op write its result over an operand it
-    // reads for the last time (the logits' gradient over the saved logits, a residual over its
-    // input): the output then takes no new memory. A saved activation (freed with its backward
-    // region) can be taken over once, by an op of that backward region that reads it last.
-    std::vector<bool> taken_over;
-    auto reuse_operand_buffer = [&](const Op& op, int index) {
-      if (!writes_in_place(op) || !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
-        return;
-      }
-      for (const TensorId output : op.outputs) {
-        const auto out_slot = static_cast<size_t>(output);
-        if (category_[out_slot] != Category::kTemporary || counted_[out_slot] <= 0) {
-          continue;
-        }
-        for (const TensorId input : op.inputs) {
-          const auto in_slot = static_cast<size_t>(input);
-          if (bytes_[in_slot] < bytes_[out_slot] || last_use_[in_slot] != index ||
-              graph_.tensor(input).kind == TensorKind::kInput) {
-            continue;
-          }
-          const bool temporary = category_[in_slot] == Category::kTemporary &&
-                                 live_[in_slot] == Liveness::kOther && counted_[in_slot] > 0 &&
-                                 dies_after_[in_slot] == index;
-          const bool saved =
-              backward && category_[in_slot] == Category::kSaved && !taken_over[in_slot];
-          if (!temporary && !saved) {
-            continue;
-          }
-          if (temporary) {
-            current.other -= counted_[in_slot];
-            counted_[in_slot] = 0;
-          } else {
-            taken_over[in_slot] = true;
-            (live_[out_slot] == Liveness::kGathered ? current.gathered : current.other) -=
-                counted_[out_slot];
-            counted_[out_slot] = 0;
-          }
-          break;
-        }
-      }
-    };
+    scan_ = Scan{};
+    scan_.region = region;
+    scan_.backward = graph_.region(region).phase == Phase::kBackward;
+    const std::vector<const Op*>& ops = liveness_.region_ops(region);
     for (size_t position = 0; position < ops.size(); ++position) {
       const Op& op = *ops[position];
       const auto index = static_cast<int>(position);
@@ -327,43 +249,100 @@ class MemoryModel {
       for (const TensorId output : op.outputs) {
         add(output, gathers_weight, index);
       }
-      if (taken_over.empty()) {
-        taken_over.assign(graph_.tensors().size(), false);
+      if (scan_.taken_over.empty()) {
+        scan_.taken_over.assign(graph_.tensors().size(), false);
       }
       reuse_operand_buffer(op, index);
       // While the op runs: its live tensors plus its own scratch (dot_product scores).
       const double scratch = attention_scores_bytes(op);
-      if (current.total() + scratch > peak.total()) {
-        peak = current;
-        peak.other += scratch;
+      if (scan_.current.total() + scratch > scan_.peak.total()) {
+        scan_.peak = scan_.current;
+        scan_.peak.other += scratch;
       }
-      // Free what this op read for the last time (and outputs nobody reads), by tensor id.
-      dead.clear();
-      for (const TensorId id : live) {
-        if (dies_after_[static_cast<size_t>(id)] == index) {
-          dead.push_back(id);
-        }
-      }
-      std::sort(dead.begin(), dead.end());
-      for (const TensorId id : dead) {
-        const auto slot = static_cast<size_t>(id);
-        (live_[slot] == Liveness::kGathered ? current.gathered : current.other) -= counted_[slot];
-        live_[slot] = Liveness::kDead;
-      }
-      std::erase_if(
-          live, [this](TensorId id) { return live_[static_cast<size_t>(id)] == Liveness::kDead; });
+      free_dead(index);
     }
     // Leave the per-tensor scratch clean for the next region.
-    for (const Op* op : ops) {
-      for (const TensorId input : op->inputs) {
-        last_use_[static_cast<size_t>(input)] = kNoOp;
+    for (const TensorId id : scan_.live) {
+      live_[static_cast<size_t>(id)] = LiveAs::kDead;
+    }
+    cached = scan_.peak;
+    return scan_.peak;
+  }
+
+  // A temporary first touched at position `index` of the scanned region becomes live (as a
+  // gathered weight or as another temporary) until Liveness says it dies.
+  void add(TensorId id, bool gathered, int index) {
+    const auto slot = static_cast<size_t>(id);
+    if (category_[slot] != Category::kTemporary || live_[slot] != LiveAs::kDead) {
+      return;
+    }
+    live_[slot] = gathered ? LiveAs::kGathered : LiveAs::kOther;
+    scan_.live.push_back(id);
+    dies_after_[slot] = liveness_.dies_after_in_region(id, scan_.region, index);
+    counted_[slot] = bytes_[slot];
+    (gathered ? scan_.current.gathered : scan_.current.other) += bytes_[slot];
+  }
+
+  // XLA's buffer assignment lets an elementwise-shaped op write its result over an operand it
+  // reads for the last time (the logits' gradient over the saved logits, a residual over its
+  // input): the output then takes no new memory. A saved activation (freed with its backward
+  // region) can be taken over once, by an op of that backward region that reads it last.
+  void reuse_operand_buffer(const Op& op, int index) {
+    if (!writes_in_place(op) || !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
+      return;
+    }
+    for (const TensorId output : op.outputs) {
+      const auto out_slot = static_cast<size_t>(output);
+      if (category_[out_slot] != Category::kTemporary || counted_[out_slot] <= 0) {
+        continue;
+      }
+      for (const TensorId input : op.inputs) {
+        const auto in_slot = static_cast<size_t>(input);
+        if (bytes_[in_slot] < bytes_[out_slot] ||
+            liveness_.last_use_in_region(input, scan_.region) != index ||
+            graph_.tensor(input).kind == TensorKind::kInput) {
+          continue;
+        }
+        const bool temporary = category_[in_slot] == Category::kTemporary &&
+                               live_[in_slot] == LiveAs::kOther && counted_[in_slot] > 0 &&
+                               dies_after_[in_slot] == index;
+        const bool saved =
+            scan_.backward && category_[in_slot] == Category::kSaved && !scan_.taken_over[in_slot];
+        if (!temporary && !saved) {
+          continue;
+        }
+        if (temporary) {
+          scan_.current.other -= counted_[in_slot];
+          counted_[in_slot] = 0;
+        } else {
+          scan_.taken_over[in_slot] = true;
+          (live_[out_slot] == LiveAs::kGathered ? scan_.current.gathered : scan_.current.other) -=
+              counted_[out_slot];
+          counted_[out_slot] = 0;
+        }
+        break;
       }
     }
-    for (const TensorId id : live) {
-      live_[static_cast<size_t>(id)] = Liveness::kDead;
+  }
+
+  // Frees what the op at `index` read for the last time (and outputs nobody reads), by tensor id.
+  void free_dead(int index) {
+    std::vector<TensorId>& dead = scan_.dead;
+    dead.clear();
+    for (const TensorId id : scan_.live) {
+      if (dies_after_[static_cast<size_t>(id)] == index) {
+        dead.push_back(id);
+      }
     }
-    cached = peak;
-    return peak;
+    std::sort(dead.begin(), dead.end());
+    for (const TensorId id : dead) {
+      const auto slot = static_cast<size_t>(id);
+      (live_[slot] == LiveAs::kGathered ? scan_.current.gathered : scan_.current.other) -=
+          counted_[slot];
+      live_[slot] = LiveAs::kDead;
+    }
+    std::erase_if(scan_.live,
+                  [this](TensorId id) { return live_[static_cast<size_t>(id)] == LiveAs::kDead; });
   }
 
   // Ops whose output has an operand's shape, element by element: XLA can write it in place.
@@ -398,20 +377,29 @@ class MemoryModel {
     return elements * (gradient ? 2.0 : 1.0) * dtype_bytes(query.dtype);
   }
 
-  static constexpr int kNoOp = -1;
-  enum class Liveness : uint8_t { kDead, kOther, kGathered };
+  enum class LiveAs : uint8_t { kDead, kOther, kGathered };
+
+  // The scan of one region's iteration by temporaries_of.
+  struct Scan {
+    int region = 0;
+    bool backward = false;
+    std::vector<TensorId> live;  // live temporaries, in the order they became live
+    std::vector<TensorId> dead;  // scratch of free_dead
+    RegionTemporaries current;
+    RegionTemporaries peak;
+    std::vector<bool> taken_over;  // by tensor id: saved activations an output took over
+  };
 
   const StepProgram& program_;
   const Graph& graph_;
+  const Liveness liveness_;
   std::vector<double> bytes_;                            // by tensor id
   std::vector<Category> category_;                       // by tensor id
-  std::vector<bool> carry_out_;                          // by tensor id
-  std::vector<std::vector<const Op*>> region_ops_;       // by region, in program order
   std::vector<std::optional<RegionTemporaries>> cache_;  // by region
-  // Scratch of temporaries_of, by tensor id: the last op of the region reading it, whether it
-  // is live (and as what), and the op after which it dies.
-  std::vector<int> last_use_;
-  std::vector<Liveness> live_;
+  Scan scan_;
+  // Scratch of temporaries_of, by tensor id: whether it is live (and as what), and the position
+  // after which it dies.
+  std::vector<LiveAs> live_;
   std::vector<int> dies_after_;
   std::vector<double> counted_;  // bytes a live temporary holds (0 once another took them over)
 };

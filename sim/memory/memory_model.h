@@ -22,6 +22,8 @@
 // accumulate per iteration, temporaries do not. The peak is the largest total over the step's
 // checkpoints: the end of each forward region, the first and last iteration of each backward
 // region, and the optimizer update.
+// Which tensors are state or final gradients, and where each one is read last, come from
+// sim/memory/liveness.h, the analysis the functional executor frees its values by.
 //
 // Example:
 //   MemoryEstimate memory = estimate_memory(build_step_program(config));

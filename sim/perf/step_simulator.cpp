@@ -4,6 +4,8 @@
 #include <array>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "model/config.h"
 #include "sharding/partitioner.h"
@@ -542,19 +544,8 @@ class Simulator {
   double schedule(const Op& op, Accounting& accounting, StepTiming& timing, const Region& info) {
     const auto id = static_cast<size_t>(op.id);
     const OpPlan& plan = plans_[id];
-    double ready = 0;
     int blocking_producer = -1;
-    for (const TensorId input : op.inputs) {
-      const double input_time = input_ready(input);
-      if (input_time > ready) {
-        ready = input_time;
-        blocking_producer = graph_.producer(input);
-        const int source = carry_source_[static_cast<size_t>(input)];
-        if (source >= 0 && ready_[static_cast<size_t>(source)] >= input_time) {
-          blocking_producer = graph_.producer(source);
-        }
-      }
-    }
+    double ready = inputs_ready(op, blocking_producer);
     if (weight_only_[id]) {
       // Weight preparation is issued ahead: from the previous iteration's start.
       ready = std::min(ready, prefetch_from_);
@@ -577,83 +568,13 @@ class Simulator {
         return ready;
       case OpPlan::Kind::kCollective:
       case OpPlan::Kind::kHostTransfer:
-        start = timeline(plan.resource).place(ready, plan.seconds);
+        start = schedule_transfer(op, plan, ready, accounting, record ? &timing : nullptr, info);
         end = start + plan.seconds;
-        if (takes_compute_share(plan)) {
-          // Compute already scheduled beside this collective lost its share of the SMs: the
-          // work it could not do pushes the compute that follows.
-          const double shared =
-              timeline(Resource::kCompute).busy_within(start, std::min(end, tensorcore_free_));
-          const double lost = shared * slowdown_per_shared_second_;
-          tensorcore_free_ += lost;
-          if (details_) {
-            accounting.seconds.add(shared_compute_label_, lost);
-          }
-        }
-        if (record) {
-          const double dcn =
-              plan.trace_dcn_lane >= 0 ? std::min(plan.seconds, plan.trace_dcn_seconds) : 0.0;
-          timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
-                                  plan.seconds - dcn, plan.trace_detail});
-          if (dcn > 0) {
-            timing.trace.push_back({op.name, lanes_.name(plan.trace_dcn_lane), info.name,
-                                    start + plan.seconds - dcn, dcn, plan.trace_detail});
-          }
-        }
         break;
-      case OpPlan::Kind::kCompute: {
-        const double waiting_from = tensorcore_free_;
-        start = std::max(ready, tensorcore_free_);
-        if (details_ && start > tensorcore_free_) {
-          // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
-          const int label = blocking_producer >= 0
-                                ? plans_[static_cast<size_t>(blocking_producer)].wait_label
-                                : idle_label_;
-          accounting.seconds.add(label, start - tensorcore_free_);
-        }
-        end = start + plan.seconds;
-        double lost = 0;
-        if (slowdown_per_shared_second_ > 0) {
-          // Collectives already running beside this op hold their share of the SMs.
-          lost = slowdown_per_shared_second_ * (timeline(Resource::kIci).busy_within(start, end) +
-                                                timeline(Resource::kDcn).busy_within(start, end));
-          end += lost;
-        }
-        for (const TensorId input : op.inputs) {
-          end = std::max(end, finish_not_before_[static_cast<size_t>(input)]);
-        }
-        if (slowdown_per_shared_second_ > 0) {
-          timeline(Resource::kCompute).place(start, end - start);
-        }
-        tensorcore_free_ = end;
-        accounting.matmul_flops += plan.matmul_flops;
-        if (details_) {
-          accounting.seconds.add(plan.compute_label, plan.seconds);
-          if (lost > 0) {
-            accounting.seconds.add(shared_compute_label_, lost);
-          }
-          profile_seconds_[id] += plan.seconds;
-          profile_calls_[id] += 1;
-          profiled_[id] = true;
-        }
-        if (record && plan.seconds > 0) {
-          timing.trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
-                                  plan.seconds + lost, plan.trace_detail});
-          // The collective or transfer this op waited for: an arrow from its end to here.
-          const int waited_for = start > waiting_from ? blocking_producer : -1;
-          if (waited_for >= 0) {
-            const OpPlan& producer = plans_[static_cast<size_t>(waited_for)];
-            if (producer.kind != OpPlan::Kind::kCompute && producer.trace_lane >= 0) {
-              const int lane =
-                  producer.trace_dcn_lane >= 0 ? producer.trace_dcn_lane : producer.trace_lane;
-              timing.flows.push_back({lanes_.name(lane),
-                                      op_span_[static_cast<size_t>(waited_for)].second,
-                                      lanes_.name(plan.trace_lane), start});
-            }
-          }
-        }
+      case OpPlan::Kind::kCompute:
+        std::tie(start, end) = schedule_compute(op, plan, ready, blocking_producer, accounting,
+                                                record ? &timing : nullptr, info);
         break;
-      }
     }
     op_span_[id] = {start, end};
     double output_ready = end;
@@ -670,6 +591,114 @@ class Simulator {
     }
     last_event_end_ = std::max(last_event_end_, end);
     return end;
+  }
+
+  // When the last of the op's inputs is ready, and the op producing it (for a carried input the
+  // op producing the carry's source when that is what arrives last; -1 when none).
+  double inputs_ready(const Op& op, int& blocking_producer) const {
+    double ready = 0;
+    for (const TensorId input : op.inputs) {
+      const double input_time = input_ready(input);
+      if (input_time > ready) {
+        ready = input_time;
+        blocking_producer = graph_.producer(input);
+        const int source = carry_source_[static_cast<size_t>(input)];
+        if (source >= 0 && ready_[static_cast<size_t>(source)] >= input_time) {
+          blocking_producer = graph_.producer(source);
+        }
+      }
+    }
+    return ready;
+  }
+
+  // A collective or host transfer on its own resource from `ready`; returns its start. Records
+  // its trace events when `trace` is set.
+  double schedule_transfer(const Op& op, const OpPlan& plan, double ready, Accounting& accounting,
+                           StepTiming* trace, const Region& info) {
+    const double start = timeline(plan.resource).place(ready, plan.seconds);
+    const double end = start + plan.seconds;
+    if (takes_compute_share(plan)) {
+      // Compute already scheduled beside this collective lost its share of the SMs: the
+      // work it could not do pushes the compute that follows.
+      const double shared =
+          timeline(Resource::kCompute).busy_within(start, std::min(end, tensorcore_free_));
+      const double lost = shared * slowdown_per_shared_second_;
+      tensorcore_free_ += lost;
+      if (details_) {
+        accounting.seconds.add(shared_compute_label_, lost);
+      }
+    }
+    if (trace != nullptr) {
+      const double dcn =
+          plan.trace_dcn_lane >= 0 ? std::min(plan.seconds, plan.trace_dcn_seconds) : 0.0;
+      trace->trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
+                              plan.seconds - dcn, plan.trace_detail});
+      if (dcn > 0) {
+        trace->trace.push_back({op.name, lanes_.name(plan.trace_dcn_lane), info.name,
+                                start + plan.seconds - dcn, dcn, plan.trace_detail});
+      }
+    }
+    return start;
+  }
+
+  // A compute op on the TensorCore, from `ready` or when the TensorCore is free; returns its
+  // start and end. The wait is blamed on `blocking_producer`; records its trace event (and the
+  // arrow from the transfer it waited for) when `trace` is set.
+  std::pair<double, double> schedule_compute(const Op& op, const OpPlan& plan, double ready,
+                                             int blocking_producer, Accounting& accounting,
+                                             StepTiming* trace, const Region& info) {
+    const auto id = static_cast<size_t>(op.id);
+    const double waiting_from = tensorcore_free_;
+    const double start = std::max(ready, tensorcore_free_);
+    if (details_ && start > tensorcore_free_) {
+      // The TensorCore waits: blame the op it waits for (a collective or transfer), else idle.
+      const int label = blocking_producer >= 0
+                            ? plans_[static_cast<size_t>(blocking_producer)].wait_label
+                            : idle_label_;
+      accounting.seconds.add(label, start - tensorcore_free_);
+    }
+    double end = start + plan.seconds;
+    double lost = 0;
+    if (slowdown_per_shared_second_ > 0) {
+      // Collectives already running beside this op hold their share of the SMs.
+      lost = slowdown_per_shared_second_ * (timeline(Resource::kIci).busy_within(start, end) +
+                                            timeline(Resource::kDcn).busy_within(start, end));
+      end += lost;
+    }
+    for (const TensorId input : op.inputs) {
+      end = std::max(end, finish_not_before_[static_cast<size_t>(input)]);
+    }
+    if (slowdown_per_shared_second_ > 0) {
+      timeline(Resource::kCompute).place(start, end - start);
+    }
+    tensorcore_free_ = end;
+    accounting.matmul_flops += plan.matmul_flops;
+    if (details_) {
+      accounting.seconds.add(plan.compute_label, plan.seconds);
+      if (lost > 0) {
+        accounting.seconds.add(shared_compute_label_, lost);
+      }
+      profile_seconds_[id] += plan.seconds;
+      profile_calls_[id] += 1;
+      profiled_[id] = true;
+    }
+    if (trace != nullptr && plan.seconds > 0) {
+      trace->trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
+                              plan.seconds + lost, plan.trace_detail});
+      // The collective or transfer this op waited for: an arrow from its end to here.
+      const int waited_for = start > waiting_from ? blocking_producer : -1;
+      if (waited_for >= 0) {
+        const OpPlan& producer = plans_[static_cast<size_t>(waited_for)];
+        if (producer.kind != OpPlan::Kind::kCompute && producer.trace_lane >= 0) {
+          const int lane =
+              producer.trace_dcn_lane >= 0 ? producer.trace_dcn_lane : producer.trace_lane;
+          trace->flows.push_back({lanes_.name(lane),
+                                  op_span_[static_cast<size_t>(waited_for)].second,
+                                  lanes_.name(plan.trace_lane), start});
+        }
+      }
+    }
+    return {start, end};
   }
 
   // The compute ops' TensorCore time over the step, most expensive first.

@@ -505,6 +505,30 @@ void print_progress(std::ostream& progress, const StepMetrics& metrics) {
   progress << "\n";
 }
 
+// MaxText stops on a NaN or infinite loss (abort_on_nan_loss, abort_on_inf_loss); so does
+// tpusim, before the step's weights could be saved.
+void stop_on_non_finite_loss(const Config& config, int64_t step, double loss) {
+  if ((std::isnan(loss) && config.get_bool("abort_on_nan_loss")) ||
+      (std::isinf(loss) && config.get_bool("abort_on_inf_loss"))) {
+    throw UserError("step " + std::to_string(step) + ": the loss is " +
+                    (std::isnan(loss) ? "NaN" : "infinite") +
+                    "; training stopped (abort_on_nan_loss / abort_on_inf_loss), nothing saved "
+                    "for this step");
+  }
+}
+
+// The checkpoint of `step` under the run's directory, with the data position and the metrics so
+// far (every rank takes part in gathering it; rank 0, which holds it whole, writes it).
+void save_step_checkpoint(ShardedModel& model, bool root, const std::string& run_directory,
+                          int64_t step, const std::string& metrics_text) {
+  Checkpoint checkpoint = model.to_checkpoint(step);
+  if (root) {
+    checkpoint.metadata["data_position"] = step;
+    checkpoint.metadata["metrics"] = metrics_text;
+    save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
+  }
+}
+
 }  // namespace
 
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
@@ -604,22 +628,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       print_progress(progress, metrics);
     }
     curve.push_back(metrics);
-    // MaxText stops on a NaN or infinite loss (abort_on_nan_loss, abort_on_inf_loss); so does
-    // tpusim, before the step's weights could be saved.
-    if ((std::isnan(metrics.loss) && config_.get_bool("abort_on_nan_loss")) ||
-        (std::isinf(metrics.loss) && config_.get_bool("abort_on_inf_loss"))) {
-      throw UserError("step " + std::to_string(step) + ": the loss is " +
-                      (std::isnan(metrics.loss) ? "NaN" : "infinite") +
-                      "; training stopped (abort_on_nan_loss / abort_on_inf_loss), nothing saved "
-                      "for this step");
-    }
+    stop_on_non_finite_loss(config_, step, metrics.loss);
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
-      Checkpoint checkpoint = model.to_checkpoint(step);
-      if (root) {
-        checkpoint.metadata["data_position"] = step;
-        checkpoint.metadata["metrics"] = metrics_text;
-        save_checkpoint(checkpoint_directory(run_directory, step), checkpoint);
-      }
+      save_step_checkpoint(model, root, run_directory, step, metrics_text);
     }
   }
   // The tokenizer finishes (and writes the cache for the next run) even when training needed only

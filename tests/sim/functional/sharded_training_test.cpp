@@ -74,8 +74,9 @@ void expect_each_matches_unsharded(const std::vector<Case>& cases) {
   }
 }
 
-TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
-  const std::vector<Case> cases = {
+// tiny-llama and tiny-gpt3 over each ICI mesh axis alone and combined, and over two slices.
+std::vector<Case> mesh_cases() {
+  return {
       {"tiny-llama",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=1",
         "ici_data_parallelism=4"}},
@@ -106,6 +107,13 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-gpt3",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_tensor_parallelism=2"}},
+  };
+}
+
+// Model switches on the dense models (gemma2's soft-capped, tied logits; qwen3's qk-norm), then
+// gradient accumulation.
+std::vector<Case> model_switch_cases() {
+  return {
       // gemma2's switches: attention logits soft-capped, tied logits (split over vocab by tensor
       // parallelism) divided by sqrt(emb_dim) and soft-capped.
       {"tiny-llama",
@@ -133,6 +141,12 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-llama",
        {"compile_topology=v5e-4", "per_device_batch_size=2", "ici_fsdp_parallelism=4",
         "gradient_accumulation_steps=2"}},
+  };
+}
+
+// MoE (dropless and with a capacity) and MLA over expert, tensor and context parallelism.
+std::vector<Case> moe_and_mla_cases() {
+  return {
       // Dropless MoE (the default, sparse_matmul): every token choice kept, however the routing
       // falls; expert parallelism exchanges worst-case buffers with all-to-all.
       {"tiny-moe",
@@ -165,6 +179,12 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
       {"tiny-mla",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_context_parallelism=2", "sparse_matmul=false", "capacity_factor=4.0"}},
+  };
+}
+
+// Whole decoder blocks at tiny size: gemma4, qwen2's attention biases, gemma4_small, llama4.
+std::vector<Case> decoder_block_cases() {
+  return {
       // gemma4's pieces at tiny size: 5 sliding-window layers then a global one with its own head
       // width, one kv head and a shared K/V projection (the key projection feeds both), MoE with
       // a shared expert as wide as the dense MLP.
@@ -202,6 +222,14 @@ TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
         "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_context_parallelism=2"}},
   };
+}
+
+TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
+  std::vector<Case> cases = mesh_cases();
+  for (const std::vector<Case>& more :
+       {model_switch_cases(), moe_and_mla_cases(), decoder_block_cases()}) {
+    cases.insert(cases.end(), more.begin(), more.end());
+  }
   expect_each_matches_unsharded(cases);
 }
 
