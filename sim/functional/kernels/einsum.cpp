@@ -275,85 +275,100 @@ GemmOperand strided(const void* data, bool transposed, int64_t rows, int64_t col
   return transposed ? GemmOperand{data, 1, rows} : GemmOperand{data, cols, 1};
 }
 
-// C[i] = A[i] B[i] for every batch index i; A is m x k, B k x n, C m x n. On oneDNN's kernels
-// where this machine has them for these layouts (kernels/library_gemm.h), else on Eigen's.
-void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
-                const EinsumOperand& c, int64_t nb, int64_t m, int64_t n, int64_t k) {
-  // Items: each batch index's product, cut into blocks of rows (or of columns when they are
-  // fewer) of at least kMinBlock, at most kMaxBlocks per product.
-  constexpr int64_t kMinBlock = 128;
-  constexpr int64_t kMaxBlocks = 8;
-  const bool by_rows = m >= n;
-  const int64_t extent = by_rows ? m : n;
-  int64_t block = std::max(kMinBlock, (extent + kMaxBlocks - 1) / kMaxBlocks);
-  block = (block + 15) / 16 * 16;
-  const int64_t blocks = std::max<int64_t>(1, (extent + block - 1) / block);
-  float* c_data = const_cast<float*>(c.data);
-  if (m == 0 || n == 0) {
-    return;
+// The items of a batch of products C[i] = A[i] B[i] (A m x k, B k x n, C m x n): each batch
+// index's product cut into blocks of rows (or of columns when they are fewer) of at least
+// kMinBlock, at most kMaxBlocks per product. The cut depends on the shapes alone.
+struct GemmItems {
+  GemmItems(int64_t m, int64_t n) : by_rows(m >= n), extent(by_rows ? m : n) {
+    constexpr int64_t kMinBlock = 128;
+    constexpr int64_t kMaxBlocks = 8;
+    block = std::max(kMinBlock, (extent + kMaxBlocks - 1) / kMaxBlocks);
+    block = (block + 15) / 16 * 16;
+    blocks = std::max<int64_t>(1, (extent + block - 1) / block);
   }
-  const GemmPrecision precision =
-      ctx.device().bf16_matmul_inputs ? GemmPrecision::kBfloat16Inputs : GemmPrecision::kFloat32;
-  // The items' products: blocks of `block` rows (or columns) and the last, shorter one.
+  int64_t batch_of(int64_t item) const { return item / blocks; }
+  int64_t start_of(int64_t item) const { return (item % blocks) * block; }
+  int64_t size_of(int64_t item) const { return std::min(block, extent - start_of(item)); }
+
+  bool by_rows;
+  int64_t extent;
+  int64_t block = 0;
+  int64_t blocks = 0;
+};
+
+// The items on oneDNN's kernels, if it has them for this precision and these layouts (both
+// block sizes); false (nothing written) otherwise.
+bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand& a,
+                   const EinsumOperand& b, const EinsumOperand& c, int64_t nb, int64_t m, int64_t n,
+                   int64_t k) {
+  const GemmItems items(m, n);
+  float* c_data = const_cast<float*>(c.data);
   const auto supported = [&](int64_t size) {
     const GemmOperand lhs = strided(a.data, a.transposed, m, k);
     const GemmOperand rhs = strided(b.data, b.transposed, k, n);
     const GemmOperand out = strided(c.data, c.transposed, m, n);
     const GemmResult result{c_data, out.row_stride, out.col_stride};
-    return by_rows ? library_gemm_supports(precision, size, n, k, lhs, rhs, result)
-                   : library_gemm_supports(precision, m, size, k, lhs, rhs, result);
+    return items.by_rows ? library_gemm_supports(precision, size, n, k, lhs, rhs, result)
+                         : library_gemm_supports(precision, m, size, k, lhs, rhs, result);
   };
-  if (library_gemm_available(precision) && supported(std::min(block, extent)) &&
-      supported(extent - (blocks - 1) * block)) {
-    // bf16 inputs: every operand rounded once (the layout kept), then multiplied in blocks.
-    std::vector<uint16_t> a16;
-    std::vector<uint16_t> b16;
-    const void* a_base = a.data;
-    const void* b_base = b.data;
-    size_t element = sizeof(float);
-    if (precision == GemmPrecision::kBfloat16Inputs) {
-      a16.resize(static_cast<size_t>(nb * m * k));
-      b16.resize(static_cast<size_t>(nb * k * n));
-      to_bf16(a.data, a16.data(), nb * m * k);
-      to_bf16(b.data, b16.data(), nb * k * n);
-      a_base = a16.data();
-      b_base = b16.data();
-      element = sizeof(uint16_t);
-    }
-    const auto at = [element](const void* base, int64_t offset) {
-      return static_cast<const unsigned char*>(base) + offset * static_cast<int64_t>(element);
-    };
-    parallel_for(ctx.device().threads, nb * blocks, [&](int64_t index) {
-      const int64_t batch = index / blocks;
-      const int64_t start = (index % blocks) * block;
-      const int64_t size = std::min(block, extent - start);
-      if (size <= 0) {
-        return;
-      }
-      GemmOperand lhs = strided(at(a_base, batch * m * k), a.transposed, m, k);
-      GemmOperand rhs = strided(at(b_base, batch * k * n), b.transposed, k, n);
-      const GemmOperand out = strided(c_data + batch * m * n, c.transposed, m, n);
-      GemmResult result{static_cast<float*>(const_cast<void*>(out.data)), out.row_stride,
-                        out.col_stride};
-      if (by_rows) {
-        lhs.data = at(lhs.data, start * lhs.row_stride);
-        result.data += start * result.row_stride;
-        library_gemm(precision, size, n, k, lhs, rhs, result);
-      } else {
-        rhs.data = at(rhs.data, start * rhs.col_stride);
-        result.data += start * result.col_stride;
-        library_gemm(precision, m, size, k, lhs, rhs, result);
-      }
-    });
-    return;
+  if (!library_gemm_available(precision) || !supported(std::min(items.block, items.extent)) ||
+      !supported(items.extent - (items.blocks - 1) * items.block)) {
+    return false;
   }
-  // Eigen's fp32 GEMMs; bf16 inputs rounded first (then the products are exact in fp32, as in
-  // the reference path).
+  // bf16 inputs: every operand rounded once (the layout kept), then multiplied in blocks.
+  std::vector<uint16_t> a16;
+  std::vector<uint16_t> b16;
+  const void* a_base = a.data;
+  const void* b_base = b.data;
+  size_t element = sizeof(float);
+  if (precision == GemmPrecision::kBfloat16Inputs) {
+    a16.resize(static_cast<size_t>(nb * m * k));
+    b16.resize(static_cast<size_t>(nb * k * n));
+    to_bf16(a.data, a16.data(), nb * m * k);
+    to_bf16(b.data, b16.data(), nb * k * n);
+    a_base = a16.data();
+    b_base = b16.data();
+    element = sizeof(uint16_t);
+  }
+  const auto at = [element](const void* base, int64_t offset) {
+    return static_cast<const unsigned char*>(base) + offset * static_cast<int64_t>(element);
+  };
+  parallel_for(ctx.device().threads, nb * items.blocks, [&](int64_t index) {
+    const int64_t batch = items.batch_of(index);
+    const int64_t start = items.start_of(index);
+    const int64_t size = items.size_of(index);
+    if (size <= 0) {
+      return;
+    }
+    GemmOperand lhs = strided(at(a_base, batch * m * k), a.transposed, m, k);
+    GemmOperand rhs = strided(at(b_base, batch * k * n), b.transposed, k, n);
+    const GemmOperand out = strided(c_data + batch * m * n, c.transposed, m, n);
+    GemmResult result{static_cast<float*>(const_cast<void*>(out.data)), out.row_stride,
+                      out.col_stride};
+    if (items.by_rows) {
+      lhs.data = at(lhs.data, start * lhs.row_stride);
+      result.data += start * result.row_stride;
+      library_gemm(precision, size, n, k, lhs, rhs, result);
+    } else {
+      rhs.data = at(rhs.data, start * rhs.col_stride);
+      result.data += start * result.col_stride;
+      library_gemm(precision, m, size, k, lhs, rhs, result);
+    }
+  });
+  return true;
+}
+
+// The items on Eigen's fp32 GEMMs; bf16 inputs rounded first (then the products are exact in
+// fp32, as in the reference path).
+void eigen_gemms(const Ctx& ctx, bool bf16_inputs, const EinsumOperand& a, const EinsumOperand& b,
+                 const EinsumOperand& c, int64_t nb, int64_t m, int64_t n, int64_t k) {
+  const GemmItems items(m, n);
+  float* c_data = const_cast<float*>(c.data);
   std::vector<float> a_rounded;
   std::vector<float> b_rounded;
   const float* a_values = a.data;
   const float* b_values = b.data;
-  if (precision == GemmPrecision::kBfloat16Inputs) {
+  if (bf16_inputs) {
     a_rounded.assign(a.data, a.data + nb * m * k);
     b_rounded.assign(b.data, b.data + nb * k * n);
     for (float& value : a_rounded) {
@@ -365,19 +380,19 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
     a_values = a_rounded.data();
     b_values = b_rounded.data();
   }
-  const auto item = [&](int64_t index) {
-    const int64_t batch = index / blocks;
-    const int64_t start = (index % blocks) * block;
-    const int64_t size = std::min(block, extent - start);
+  parallel_for(ctx.device().threads, nb * items.blocks, [&](int64_t index) {
+    const int64_t start = items.start_of(index);
+    const int64_t size = items.size_of(index);
     if (size <= 0) {
       return;
     }
+    const int64_t batch = items.batch_of(index);
     const float* a_data = a_values + batch * m * k;
     const float* b_data = b_values + batch * k * n;
     float* out = c_data + batch * m * n;
     const auto multiply = [&](const auto& lhs, const auto& rhs) {
       const auto assign = [&](auto& product) {
-        if (by_rows) {
+        if (items.by_rows) {
           product.middleRows(start, size).noalias() = lhs.middleRows(start, size) * rhs;
         } else {
           product.middleCols(start, size).noalias() = lhs * rhs.middleCols(start, size);
@@ -403,8 +418,21 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
     } else {
       with_rhs(Eigen::Map<const RowMatrix>(a_data, m, k));
     }
-  };
-  parallel_for(ctx.device().threads, nb * blocks, item);
+  });
+}
+
+// C[i] = A[i] B[i] for every batch index i; A is m x k, B k x n, C m x n. On oneDNN's kernels
+// where this machine has them for these layouts (kernels/library_gemm.h), else on Eigen's.
+void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
+                const EinsumOperand& c, int64_t nb, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) {
+    return;
+  }
+  const bool bf16 = ctx.device().bf16_matmul_inputs;
+  const GemmPrecision precision = bf16 ? GemmPrecision::kBfloat16Inputs : GemmPrecision::kFloat32;
+  if (!library_gemms(ctx, precision, a, b, c, nb, m, n, k)) {
+    eigen_gemms(ctx, bf16, a, b, c, nb, m, n, k);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
