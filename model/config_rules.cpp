@@ -248,7 +248,7 @@ void check_cross_key_rules(const Config& config) {
   }
   const std::string block = config.get_string("decoder_block");
   if (block == "qwen3_next" || block == "qwen3_5") {
-    // The Gated DeltaNet layers (model/builder/forward_builder.cpp): value heads share key heads
+    // The Gated DeltaNet layers (model/builder/gated_delta_net.cpp): value heads share key heads
     // in equal groups, and the chunked delta rule cuts the sequence into whole chunks.
     const int64_t key_heads = config.get_int("gdn_num_key_heads");
     const int64_t value_heads = config.get_int("gdn_num_value_heads");

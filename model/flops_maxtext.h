@@ -101,7 +101,7 @@ struct MaxTextFlops {
   double total_tflops() const { return learnable_weight_tflops + attention_tflops; }
   // The K/V projections of gemma4_small's kv-shared layers over the step (3 x G x forward):
   // MaxText skips them and does not count them; tpusim's program computes them
-  // (model/builder/forward_builder.cpp), so its matmul FLOPs are total_tflops() plus these.
+  // (model/builder/attention_block.cpp), so its matmul FLOPs are total_tflops() plus these.
   double kv_shared_projection_tflops() const;
 };
 

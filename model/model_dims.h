@@ -69,7 +69,7 @@ struct ModelDims {
   // inhomogeneous_layer_cycle_interval-th layer, which is gated full attention. Key heads and
   // their width, value heads (sharing key heads in groups of gdn_num_value_heads /
   // gdn_num_key_heads) and their width, the depthwise convolution's width and the delta rule's
-  // chunk (build_gated_delta_net in model/builder/forward_builder.cpp).
+  // chunk (model/builder/gated_delta_net.cpp).
   int64_t gdn_num_key_heads = 0;
   int64_t gdn_num_value_heads = 0;
   int64_t gdn_key_head_dim = 0;

@@ -29,7 +29,7 @@ namespace tpusim {
 class Config;
 
 // kGatedDeltaNet: linear attention by the gated delta rule (build_gated_delta_net in
-// model/builder/forward_builder.cpp).
+// model/builder/gated_delta_net.cpp).
 enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla, kGatedDeltaNet };
 enum class FeedForwardKind { kDense, kMoe };
 

@@ -55,7 +55,7 @@ void check_functional_support(const Config& config) {
     throw UserError(key + ": " + value + " is not computed by tpusim train (" + why + ")", key);
   };
   // qk-norm is built as MaxText's default Attention does it (a per-head RMSNorm of query and key
-  // before RoPE, model/builder/forward_builder.cpp). llama4's variant (a scale-free L2 norm after
+  // before RoPE, model/builder/attention_block.cpp). llama4's variant (a scale-free L2 norm after
   // RoPE) and MLA (whose attention has no such norm in tpusim) are not.
   if (uses_qk_norm(config)) {
     const std::string block = config.get_string("decoder_block");
@@ -71,7 +71,7 @@ void check_functional_support(const Config& config) {
   // Olmo3Attention); the functional engine builds plain RoPE and per-head qk-norm.
   // The Gated DeltaNet layers of qwen3_next / qwen3_5 are built for estimate and explore only:
   // their chunked delta rule is written as independent per-chunk matmuls with the FLOPs, bytes
-  // and memory of the real one, not as the recurrence (model/builder/forward_builder.cpp).
+  // and memory of the real one, not as the recurrence (model/builder/gated_delta_net.cpp).
   if (const std::string block = config.get_string("decoder_block");
       block == "qwen3_next" || block == "qwen3_5") {
     refuse("decoder_block", block,

@@ -1,4 +1,4 @@
-// The qwen3_next / qwen3_5 decoder (model/builder/forward_builder.cpp, build_gated_delta_net):
+// The qwen3_next / qwen3_5 decoder (model/builder/gated_delta_net.cpp):
 // its layer cycle, its size against the model card, and its FLOPs, the graph's matmuls against the
 // derived count of model/flops_maxtext.cpp, both against numbers worked out by hand here.
 #include <gtest/gtest.h>

@@ -1,0 +1,134 @@
+// model/builder/feed_forward_block.cpp: a decoder layer's feed-forward block: the (gated) MLP, and
+// the mixture of experts that routes each token to top-k of num_experts expert MLPs (dropless or
+// with a capacity), plus shared experts.
+//
+// Example (llama3.1-8b, SwiGLU, per token):
+//   mlp/wi_0, mlp/wi_1 [embed=4096] -> [mlp=14336]; silu(wi_0) * wi_1; mlp/wo -> [embed=4096]
+// mixtral-8x7b: moe/router picks 2 of 8 experts, moe/dispatch groups the tokens as
+//   [experts=8, expert_tokens, embed], moe/experts is that MLP per expert, moe/combine sums back.
+#include <cmath>
+
+#include "model/builder/forward_builder_impl.h"
+#include "model/config.h"
+
+namespace tpusim::builder_detail {
+
+// Gated MLP: activations[0](x W_0) * activations[1](x W_1) ... then W_out; one activation =
+// plain.
+TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, TensorId x,
+                                   int64_t mlp_dim, const std::string& experts_prefix,
+                                   const Ragged& ragged) {
+  const bool moe = !experts_prefix.empty();
+  const std::vector<Dim> in_dims = graph().tensor(x).dims;
+  std::vector<Dim> weight_lead;
+  if (moe) {
+    weight_lead.emplace_back("experts", dims_.num_experts, "exp");
+  }
+  const std::string embed_logical = moe ? "embed_moe" : "embed";
+  const std::string mlp_logical = moe ? "mlp_moe" : "mlp";
+  const std::string remat_prefix = moe ? "moe_mlpwi" : "mlpwi";
+  std::vector<Dim> hidden_dims = with_last(in_dims, {act("mlp", mlp_dim, "activation_mlp")});
+  // Fan-in: the contracted axis (embed for wi, mlp for wo). MaxText's routed experts pass
+  // in_axis=0 (experts), out_axis=1 to the initializer of their [experts, a, b] kernels, so jax
+  // takes fan-in = experts x b: experts x mlp for wi, experts x embed for wo.
+  const int64_t wi_fan_in = moe ? dims_.num_experts * mlp_dim : dims_.emb_dim;
+  const int64_t wo_fan_in = moe ? dims_.num_experts * dims_.emb_dim : mlp_dim;
+  TensorId gated = -1;
+  const auto& activations = dims_.mlp_activations;
+  for (size_t index = 0; index < activations.size(); ++index) {
+    std::vector<Dim> w_dims = weight_lead;
+    w_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
+    w_dims.emplace_back("mlp", mlp_dim, mlp_logical);
+    const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
+    const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region, dense(wi_fan_in));
+    TensorId hidden = einsum(prefix + "/wi" + suffix, x, w, {"embed"}, hidden_dims, region,
+                             remat_prefix + (activations.size() > 1 ? suffix : ""), ragged);
+    const std::string& function = activations[index];
+    if (function != "linear") {
+      const ElementwiseFn fn = function == "silu" || function == "swish" ? ElementwiseFn::kSilu
+                               : function == "relu"                      ? ElementwiseFn::kRelu
+                               : function == "sigmoid"                   ? ElementwiseFn::kSigmoid
+                                                                         : ElementwiseFn::kGelu;
+      hidden = elementwise(prefix + "/" + function + suffix, fn, {hidden}, region);
+    }
+    gated = gated < 0 ? hidden
+                      : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
+  }
+  std::vector<Dim> wo_dims = weight_lead;
+  wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
+  wo_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
+  const TensorId wo = weight(prefix + "/wo", wo_dims, region, dense(wo_fan_in));
+  return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo",
+                ragged);
+}
+
+// Routed experts (top-k of num_experts) plus shared experts. With sparse_matmul=false and
+// capacity_factor > 0 each expert gets capacity_factor x B*S*k/E slots and drops the choices
+// beyond them. Otherwise routing is dropless: the E x ceil(B*S*k/E) rows hold all B*S*k token
+// choices sorted by expert, however unbalanced (row_experts says whose each row is; the
+// partitioner enlarges the rows under expert parallelism, see sharding/partitioner.h).
+TensorId ForwardBuilder::build_moe(int region, TensorId x) {
+  const int64_t experts = dims_.num_experts;
+  const int64_t top_k = dims_.num_experts_per_tok;
+  const TensorId w_gate =
+      weight("moe/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"experts", experts, "exp"}},
+             region, dense(dims_.emb_dim));
+  const TensorId router_logits =
+      einsum("moe/router", x, w_gate, {"embed"},
+             with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
+  const TensorId routing = activation(
+      "moe/routing", with_last(activation_dims(), {act("top_k", top_k, ""), act("route", 2, "")}),
+      region);
+  OpAttrs router_attrs;
+  router_attrs.top_k = top_k;
+  graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
+                 region);
+  const double tokens = static_cast<double>(batch_ * length_);
+  const double capacity_factor = config_.get_float("capacity_factor");
+  const bool padded = !config_.get_bool("sparse_matmul") && capacity_factor > 0;
+  const double per_expert = tokens * static_cast<double>(top_k) / static_cast<double>(experts) *
+                            (padded ? capacity_factor : 1.0);
+  const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
+  const std::vector<Dim> grouped_dims = {
+      act("experts", experts, "activation_exp"),
+      act("expert_tokens", expert_tokens, "activation_batch_no_exp+activation_length"),
+      act("embed", dims_.emb_dim, "activation_embed")};
+  const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
+  OpAttrs dispatch_attrs;
+  dispatch_attrs.top_k = top_k;
+  dispatch_attrs.capacity_factor = padded ? capacity_factor : 0.0;
+  dispatch_attrs.ragged_buffer_factor = config_.get_float("ragged_buffer_factor");
+  std::vector<TensorId> dispatched = {grouped};
+  Ragged ragged;
+  if (!padded) {
+    ragged.row_experts = graph().add_tensor("moe/row_experts", {grouped_dims[0], grouped_dims[1]},
+                                            DType::kI32, TensorKind::kActivation, region);
+    ragged.routed_fraction =
+        tokens * static_cast<double>(top_k) / static_cast<double>(experts * expert_tokens);
+    dispatched.push_back(ragged.row_experts);
+  }
+  graph().add_op(OpKind::kMoeDispatch, "moe/dispatch", {x, routing}, dispatched, dispatch_attrs,
+                 region);
+  const TensorId expert_out =
+      build_mlp("moe/experts", region, grouped, dims_.moe_mlp_dim, "moe", ragged);
+  TensorId combined = activation("moe/combined", activation_dims(), region);
+  graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
+                 dispatch_attrs, region);
+  if (dims_.has_shared_experts()) {
+    TensorId shared =
+        build_mlp("moe/shared", region, x, dims_.shared_expert_mlp_dim() * dims_.shared_experts);
+    if (dims_.is_gated_delta_net_block()) {
+      // Qwen3-Next's shared expert is gated per token (Hugging Face Qwen3NextSparseMoeBlock:
+      // sigmoid(shared_expert_gate(x)) * shared_expert(x), shared_expert_gate: D -> 1).
+      const TensorId w_shared_gate = weight(
+          "moe/shared_gate", {Dim{"embed", dims_.emb_dim, "embed"}}, region, dense(dims_.emb_dim));
+      TensorId gate = einsum("moe/shared_gate", x, w_shared_gate, {"embed"}, token_dims(), region);
+      gate = elementwise("moe/shared_gate_sigmoid", ElementwiseFn::kSigmoid, {gate}, region);
+      shared = elementwise("moe/shared_gated", ElementwiseFn::kMul, {shared, gate}, region);
+    }
+    combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
+  }
+  return combined;
+}
+
+}  // namespace tpusim::builder_detail
