@@ -422,8 +422,9 @@ bool MpiCommunicator::reduces_element_for_element(const Graph& graph, const Op& 
   return true;
 }
 
-void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& meeting) {
-  const std::vector<int64_t> shape = local_shape(graph.tensor(op.inputs[0]));
+// Every member on this rank holds an input of the op's local shape.
+void MpiCommunicator::check_local_inputs(const Graph& graph, const Op& op, const Meeting& meeting,
+                                         const std::vector<int64_t>& shape) {
   const int64_t count = element_count(shape);
   for (const size_t member : meeting.local) {
     if (meeting.inputs[member]->shape != shape || meeting.inputs[member]->size() != count) {
@@ -432,6 +433,11 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
                              graph.tensor(op.inputs[0]).name + "'");
     }
   }
+}
+
+void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& meeting) {
+  const std::vector<int64_t> shape = local_shape(graph.tensor(op.inputs[0]));
+  check_local_inputs(graph, op, meeting, shape);
   const size_t members = meeting.group.size();
   // What each other rank's member sends here: the parts that members here read.
   std::vector<std::vector<LocalBox>> incoming(members);
@@ -505,13 +511,7 @@ void MpiCommunicator::exchange_parts(const Graph& graph, const Op& op, Meeting& 
 void MpiCommunicator::all_reduce_by_chunks(const Graph& graph, const Op& op, Meeting& meeting) {
   const std::vector<int64_t> shape = local_shape(graph.tensor(op.inputs[0]));
   const int64_t count = element_count(shape);
-  for (const size_t member : meeting.local) {
-    if (meeting.inputs[member]->shape != shape || meeting.inputs[member]->size() != count) {
-      throw std::logic_error(meeting.what + ": device " + std::to_string(meeting.group[member]) +
-                             "'s input does not have the local shape of '" +
-                             graph.tensor(op.inputs[0]).name + "'");
-    }
-  }
+  check_local_inputs(graph, op, meeting, shape);
   // One chunk per rank of the group, whole (max, sum, target) triples for log-sum-exp.
   const int64_t unit = op.attrs.reduce == ReduceOp::kLogSumExp ? 3 : 1;
   const int64_t units = count / unit;

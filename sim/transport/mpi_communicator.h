@@ -85,6 +85,9 @@ class MpiCommunicator final : public Communicator {
                     int64_t call) const;
   // The MPI part of a call, done by the last local member to arrive.
   void exchange(const Graph& graph, const Op& op, Meeting& meeting);
+  // Throws unless every member on this rank holds an input of `shape` (the op's local shape).
+  static void check_local_inputs(const Graph& graph, const Op& op, const Meeting& meeting,
+                                 const std::vector<int64_t>& shape);
   void exchange_parts(const Graph& graph, const Op& op, Meeting& meeting);
   void all_reduce_by_chunks(const Graph& graph, const Op& op, Meeting& meeting);
   bool reduces_element_for_element(const Graph& graph, const Op& op, const Meeting& meeting) const;

@@ -390,23 +390,23 @@ class AttentionKernel {
         return transposed ? GemmOperand{data, 1, x.cols()} : GemmOperand{data, x.cols(), 1};
       };
       const GemmResult result{c.data(), n, 1};
-      if (ctx_.device().fast_kernels &&
-          library_gemm_supports(precision, m, n, k, view(a.data(), a, a_transposed),
-                                view(b.data(), b, b_transposed), result)) {
-        if (precision == GemmPrecision::kFloat32) {
-          library_gemm(precision, m, n, k, view(a.data(), a, a_transposed),
-                       view(b.data(), b, b_transposed), result);
+      if (ctx_.device().fast_kernels && library_gemm_available(precision)) {
+        const void* a_data = a.data();
+        const void* b_data = b.data();
+        if (precision == GemmPrecision::kBfloat16Inputs) {
+          thread_local std::vector<uint16_t> a16;
+          thread_local std::vector<uint16_t> b16;
+          a16.resize(static_cast<size_t>(a.size()));
+          b16.resize(static_cast<size_t>(b.size()));
+          to_bf16(a.data(), a16.data(), a.size());
+          to_bf16(b.data(), b16.data(), b.size());
+          a_data = a16.data();
+          b_data = b16.data();
+        }
+        if (library_gemm(precision, m, n, k, view(a_data, a, a_transposed),
+                         view(b_data, b, b_transposed), result)) {
           return c;
         }
-        thread_local std::vector<uint16_t> a16;
-        thread_local std::vector<uint16_t> b16;
-        a16.resize(static_cast<size_t>(a.size()));
-        b16.resize(static_cast<size_t>(b.size()));
-        to_bf16(a.data(), a16.data(), a.size());
-        to_bf16(b.data(), b16.data(), b.size());
-        library_gemm(precision, m, n, k, view(a16.data(), a, a_transposed),
-                     view(b16.data(), b, b_transposed), result);
-        return c;
       }
     }
     if (a_transposed) {

@@ -38,6 +38,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -345,14 +346,18 @@ bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand&
     const GemmOperand out = strided(c_data + batch * m * n, c.transposed, m, n);
     GemmResult result{static_cast<float*>(const_cast<void*>(out.data)), out.row_stride,
                       out.col_stride};
+    bool done = false;
     if (items.by_rows) {
       lhs.data = at(lhs.data, start * lhs.row_stride);
       result.data += start * result.row_stride;
-      library_gemm(precision, size, n, k, lhs, rhs, result);
+      done = library_gemm(precision, size, n, k, lhs, rhs, result);
     } else {
       rhs.data = at(rhs.data, start * rhs.col_stride);
       result.data += start * result.col_stride;
-      library_gemm(precision, m, size, k, lhs, rhs, result);
+      done = library_gemm(precision, m, size, k, lhs, rhs, result);
+    }
+    if (!done) {
+      throw std::logic_error("einsum: oneDNN refused a block library_gemm_supports accepted");
     }
   });
   return true;

@@ -2,7 +2,6 @@
 
 #include <bit>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 
 #ifdef TPUSIM_WITH_DNNL
@@ -11,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <tuple>
 #include <vector>
 
@@ -84,22 +84,9 @@ class Library {
 
   const dnnl::engine& engine() const { return engine_; }
 
-  // Whether the best kernel oneDNN has for `precision` here is a JIT one (not its reference loop).
-  const std::string& implementation(GemmPrecision precision) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    std::string& name = names_[static_cast<int>(precision)];
-    if (name.empty()) {
-      try {
-        const dnnl::memory::desc a({256, 256}, input_type(precision), dnnl::memory::format_tag::ab);
-        const dnnl::memory::desc c({256, 256}, dnnl::memory::data_type::f32,
-                                   dnnl::memory::format_tag::ab);
-        const dnnl::matmul::primitive_desc probe(dnnl::matmul::desc(a, a, c), engine_);
-        name = probe.impl_info_str();
-      } catch (const dnnl::error&) {
-        name = "none";
-      }
-    }
-    return name;
+  // oneDNN's best kernel for `precision` on this CPU ("none" if it has none), probed once.
+  const std::string& implementation(GemmPrecision precision) const {
+    return names_[static_cast<int>(precision)];
   }
 
   const Kernel& kernel(GemmPrecision precision, int64_t m, int64_t n, int64_t k,
@@ -114,7 +101,15 @@ class Library {
                   b.col_stride,
                   c.row_stride,
                   c.col_stride};
-    const std::lock_guard<std::mutex> lock(mutex_);
+    {
+      // Every call looks its kernel up; only the first of a shape builds it.
+      const std::shared_lock<std::shared_mutex> lock(mutex_);
+      const auto found = kernels_.find(key);
+      if (found != kernels_.end()) {
+        return *found->second;
+      }
+    }
+    const std::unique_lock<std::shared_mutex> lock(mutex_);
     auto found = kernels_.find(key);
     if (found == kernels_.end()) {
       const dnnl::memory::data_type type = input_type(precision);
@@ -137,10 +132,23 @@ class Library {
   }
 
  private:
-  Library() : engine_(dnnl::engine::kind::cpu, 0) {}
+  Library() : engine_(dnnl::engine::kind::cpu, 0) {
+    for (const GemmPrecision precision :
+         {GemmPrecision::kFloat32, GemmPrecision::kBfloat16Inputs}) {
+      std::string& name = names_[static_cast<int>(precision)];
+      try {
+        const dnnl::memory::desc a({256, 256}, input_type(precision), dnnl::memory::format_tag::ab);
+        const dnnl::memory::desc c({256, 256}, dnnl::memory::data_type::f32,
+                                   dnnl::memory::format_tag::ab);
+        name = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, c), engine_).impl_info_str();
+      } catch (const dnnl::error&) {
+        name = "none";
+      }
+    }
+  }
 
   dnnl::engine engine_;
-  std::mutex mutex_;
+  std::shared_mutex mutex_;
   std::string names_[2];
   std::map<Key, std::unique_ptr<Kernel>> kernels_;
 };
@@ -175,10 +183,13 @@ bool library_gemm_supports(GemmPrecision precision, int64_t m, int64_t n, int64_
       .jit;
 }
 
-void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
+bool library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
                   GemmOperand b, GemmResult c) {
+  if (!library_gemm_available(precision)) {
+    return false;
+  }
   if (m <= 0 || n <= 0) {
-    return;
+    return true;
   }
   if (k <= 0) {
     for (int64_t row = 0; row < m; ++row) {
@@ -186,7 +197,7 @@ void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, Gemm
         c.data[row * c.row_stride + col * c.col_stride] = 0.0f;
       }
     }
-    return;
+    return true;
   }
   // One OpenMP thread per call, whichever thread calls (the ICV is per thread).
   thread_local const bool one_thread = [] {
@@ -199,9 +210,7 @@ void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, Gemm
   const Kernel& kernel =
       library.kernel(precision, problem.m, problem.n, problem.k, problem.a, problem.b, problem.c);
   if (!kernel.jit) {
-    throw std::runtime_error(
-        "library_gemm: no JIT kernel for this layout (check "
-        "library_gemm_supports first)");
+    return false;
   }
   thread_local dnnl::stream stream(library.engine());
   thread_local std::vector<unsigned char> scratchpad;
@@ -220,6 +229,7 @@ void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, Gemm
                                     {DNNL_ARG_DST, c_memory},
                                     {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
+  return true;
 }
 
 #else  // built without oneDNN
@@ -237,8 +247,8 @@ bool library_gemm_supports(GemmPrecision, int64_t, int64_t, int64_t, GemmOperand
   return false;
 }
 
-void library_gemm(GemmPrecision, int64_t, int64_t, int64_t, GemmOperand, GemmOperand, GemmResult) {
-  throw std::runtime_error("library_gemm: tpusim was built without oneDNN");
+bool library_gemm(GemmPrecision, int64_t, int64_t, int64_t, GemmOperand, GemmOperand, GemmResult) {
+  return false;
 }
 
 #endif

@@ -19,14 +19,14 @@
 // Example:
 //   // C[2 x 3] = A[2 x 4] B[4 x 3], all row-major fp32:
 //   if (library_gemm_supports(GemmPrecision::kFloat32, 2, 3, 4, {a, 4, 1}, {b, 3, 1}, {c, 3, 1})) {
-//     library_gemm(GemmPrecision::kFloat32, 2, 3, 4, {a, 4, 1}, {b, 3, 1}, {c, 3, 1});
+//     (void)library_gemm(GemmPrecision::kFloat32, 2, 3, 4, {a, 4, 1}, {b, 3, 1}, {c, 3, 1});
 //   }
 //   // bf16 inputs: convert once (round to nearest even), then multiply the converted copies.
 //   std::vector<uint16_t> a16(8), b16(12);
 //   to_bf16(a, a16.data(), 8);
 //   to_bf16(b, b16.data(), 12);
-//   library_gemm(GemmPrecision::kBfloat16Inputs, 2, 3, 4, {a16.data(), 4, 1}, {b16.data(), 3, 1},
-//                {c, 3, 1});
+//   const bool done = library_gemm(GemmPrecision::kBfloat16Inputs, 2, 3, 4, {a16.data(), 4, 1},
+//                                  {b16.data(), 3, 1}, {c, 3, 1});  // false: use another path
 #pragma once
 
 #include <cstdint>
@@ -61,10 +61,10 @@ bool library_gemm_available(GemmPrecision precision);
 bool library_gemm_supports(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
                            GemmOperand b, GemmResult c);
 
-// c (m x n) = a (m x k) b (k x n). Requires library_gemm_supports(...) for the same shapes and
-// strides; throws std::runtime_error otherwise.
-void library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
-                  GemmOperand b, GemmResult c);
+// c (m x n) = a (m x k) b (k x n) on a JIT kernel. Returns false, writing nothing, when there is
+// none for this precision, shapes and strides (library_gemm_supports() says so beforehand).
+[[nodiscard]] bool library_gemm(GemmPrecision precision, int64_t m, int64_t n, int64_t k,
+                                GemmOperand a, GemmOperand b, GemmResult c);
 
 // Rounds `count` floats to bf16 bit patterns, round-to-nearest-even (the MXU's rounding and
 // round_bf16's in kernels/context.h); inf and NaN keep their class.
