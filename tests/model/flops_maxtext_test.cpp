@@ -449,6 +449,33 @@ TEST(MaxTextFlops, Llama4InterleavedMoeAndChunkedAttentionByHand) {
                    4.0 * (3 * 4096.0 * 4096 / 2 + 1024.0 * 1024 / 2) * 40 * 128);
 }
 
+// envy-switch-base by hand (MaxText's preset): 12 layers, every 2nd (1, 3, ...) a top-1 MoE of
+// 128 SwiGLU experts of width 6144, the others a dense SwiGLU MLP of 6144. D 1536, 12 query and
+// 12 kv heads of 128 (MaxText's default head_dim), V 32768, causal global attention everywhere.
+TEST(MaxTextFlops, EnvySwitchInterleavedTopOneMoeByHand) {
+  const MaxTextFlops flops = flops_of(
+      {"model_name=envy-switch-base", "per_device_batch_size=1", "max_target_length=4096"});
+  const double tokens = 4096.0;
+  const double dim = 1536;
+  const double ffn = 2 * tokens * dim * 6144 * 2 + 2 * tokens * dim * 6144;
+  const double router = 2 * tokens * dim * 128;
+  const double qkv = 2 * tokens * dim * (12 + 2 * 12) * 128;
+  const double out_proj = 2 * tokens * dim * 12 * 128;
+  const double attention = 2 * 1.0 * 4096 * 4096 * 12 * 128;
+  const double unembed = 2 * tokens * dim * 32768;
+  EXPECT_EQ(flops.forward.num_layers, 12);
+  EXPECT_EQ(flops.forward.num_dense_layers, 6);
+  EXPECT_EQ(flops.forward.num_moe_layers, 6);
+  EXPECT_DOUBLE_EQ(flops.forward.dense_ffn, ffn);
+  EXPECT_DOUBLE_EQ(flops.forward.moe_ffn, ffn);
+  EXPECT_DOUBLE_EQ(flops.forward.router, router);
+  expect_relative(flops.learnable_weight_tflops,
+                  3 * (6 * ffn + 6 * (router + ffn) + 12 * (qkv + out_proj) + unembed) / kTera,
+                  kExactRelativeTolerance, "learnable");
+  expect_relative(flops.attention_tflops, 3 * 12 * attention / kTera, kExactRelativeTolerance,
+                  "attention");
+}
+
 // gps16 by hand (maxtext.md §0): D=5120, 32 heads x 256 (MHA), F=32768 (relu), L=32, V=32768,
 // tied embeddings. N = 32 x (4.D.H.h + 2.D.F + 2.D) + V.D + D.
 TEST(MaxText2023Flops, Gps16ByHand) {

@@ -221,6 +221,12 @@ std::vector<Case> decoder_block_cases() {
         "num_experts=4", "num_experts_per_tok=1", "shared_experts=1", "base_moe_mlp_dim=32",
         "compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_context_parallelism=2"}},
+      // envy's (the envy-test preset as MaxText ships it: 4 layers, every 2nd a top-1 MoE of 8
+      // experts, qk-norm, a norm after every feed-forward block, tied logits), with the expert
+      // dim sharded too.
+      {"envy-test",
+       {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
+        "ici_expert_parallelism=2"}},
   };
 }
 
