@@ -1,6 +1,7 @@
 #include "model/config_rules.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -285,6 +286,18 @@ std::vector<std::string> allowed_values(const std::string& key) {
   return {};
 }
 
+namespace {
+
+// Keys MaxText leaves None until a recipe sets them to a block size.
+const std::vector<std::string>& optional_block_keys() {
+  static const std::vector<std::string> keys = {
+      "local_sa_block_q",     "local_sa_block_kv",     "local_sa_block_kv_compute",
+      "local_sa_block_q_dkv", "local_sa_block_kv_dkv", "local_sa_block_kv_dkv_compute"};
+  return keys;
+}
+
+}  // namespace
+
 std::vector<std::string> config_rule_keys() {
   std::vector<std::string> keys;
   for (const EnumRule& rule : enum_rules()) {
@@ -293,10 +306,40 @@ std::vector<std::string> config_rule_keys() {
   for (const RangeRule& rule : range_rules()) {
     keys.push_back(rule.key);
   }
+  keys.insert(keys.end(), optional_block_keys().begin(), optional_block_keys().end());
   return keys;
 }
 
+int64_t optional_positive_int(const Config& config, const std::string& key) {
+  const std::string text = config.get_string(key);
+  if (text.empty() || text == "None" || text == "null" || text == "~") {
+    return 0;
+  }
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 1 ||
+      static_cast<double>(value) > kMaxSequence) {
+    throw UserError(key + ": '" + text + "' is not None or a whole number from 1 to " +
+                        std::to_string(static_cast<int64_t>(kMaxSequence)),
+                    key);
+  }
+  return value;
+}
+
+namespace {
+
+void check_optional_blocks(const Config& config) {
+  for (const std::string& key : optional_block_keys()) {
+    if (config.has(key)) {
+      optional_positive_int(config, key);
+    }
+  }
+}
+
+}  // namespace
+
 void validate_config(const Config& config) {
+  check_optional_blocks(config);
   // Rules apply to the keys the base config defines; ConfigRules.EveryRuleKeyIsInBase keeps the
   // shipped base.yml and this table in step.
   for (const EnumRule& rule : enum_rules()) {

@@ -9,6 +9,7 @@
 //   validate_config(config);  // throws "remat_policy: 'ful' is not one of full, minimal, ..."
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ void validate_config(const Config& config);
 
 // The keys the rules mention (a test checks they all exist in base.yml).
 std::vector<std::string> config_rule_keys();
+
+// A key MaxText leaves None until it is set to a positive whole number (local_sa_block_q, ...):
+// 0 for None (or null), else the number. UserError naming the key for anything else.
+int64_t optional_positive_int(const Config& config, const std::string& key);
 
 // Allowed values of an enumerated string key, or empty when the key is not enumerated.
 std::vector<std::string> allowed_values(const std::string& key);

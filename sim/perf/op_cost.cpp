@@ -333,10 +333,17 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
   const double q_bytes = static_cast<double>(query.bytes());
   const double kv_bytes = static_cast<double>(key.bytes() + value.bytes());
   const double out_bytes = batch * heads * query_length * v_dim * dtype_bytes(query.dtype);
+  // A sliding-window layer runs with its own splash blocks when local_sa_block_* set them.
+  const bool local = op.attrs.mask == AttentionMask::kSlidingWindow;
+  auto local_or = [local](int64_t local_value, int64_t global_value) {
+    return local && local_value > 0 ? local_value : global_value;
+  };
   if (context.flash_attention) {
     // Blocks of block_q x block_kv scores; a causal mask skips blocks wholly above the diagonal.
-    const double block_q = std::min<double>(static_cast<double>(context.block_q), query_length);
-    const double block_kv = std::min<double>(static_cast<double>(context.block_kv), key_length);
+    const double block_q = std::min<double>(
+        static_cast<double>(local_or(context.local_block_q, context.block_q)), query_length);
+    const double block_kv = std::min<double>(
+        static_cast<double>(local_or(context.local_block_kv, context.block_kv)), key_length);
     const double q_blocks = std::ceil(query_length / block_q);
     const double kv_blocks = std::ceil(key_length / block_kv);
     if (op.attrs.mask == AttentionMask::kNone) {
@@ -399,10 +406,12 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     // issues the next sub-block's matmuls beside this one's softmax: a software pipeline whose
     // time is the longer stage plus one sub-block of the shorter.
     OpCost result = finish(cost, context);
+    const int64_t kv_compute_chunks =
+        backward
+            ? local_or(context.local_kv_compute_chunks_backward, context.kv_compute_chunks_backward)
+            : local_or(context.local_kv_compute_chunks_forward, context.kv_compute_chunks_forward);
     const double chunks = mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
-                              ? static_cast<double>(std::max<int64_t>(
-                                    1, backward ? context.kv_compute_chunks_backward
-                                                : context.kv_compute_chunks_forward))
+                              ? static_cast<double>(std::max<int64_t>(1, kv_compute_chunks))
                               : 1.0;
     const double serial = std::max(result.mxu_seconds, result.vpu_seconds) +
                           std::min(result.mxu_seconds, result.vpu_seconds) / chunks;

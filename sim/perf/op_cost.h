@@ -58,6 +58,12 @@ struct CostContext {
   // one sub-block overlaps the softmax of the previous one.
   int64_t kv_compute_chunks_forward = 1;
   int64_t kv_compute_chunks_backward = 1;
+  // The same for the sliding-window layers (local_sa_block_*); 0 (MaxText's None) takes the value
+  // above.
+  int64_t local_block_q = 0;
+  int64_t local_block_kv = 0;
+  int64_t local_kv_compute_chunks_forward = 0;
+  int64_t local_kv_compute_chunks_backward = 0;
   bool int8_matmuls = false;  // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;   // quantization=fp8* on chips with fp8 MXUs
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by

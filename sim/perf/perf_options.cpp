@@ -3,6 +3,7 @@
 
 #include "hw/chip_spec.h"
 #include "model/config.h"
+#include "model/config_rules.h"
 #include "sim/perf/step_simulator.h"
 
 namespace tpusim {
@@ -21,6 +22,24 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.kv_compute_chunks_backward =
       std::max<int64_t>(1, config.get_int("sa_block_kv_dkv") /
                                std::max<int64_t>(1, config.get_int("sa_block_kv_dkv_compute")));
+  // local_sa_block_*: MaxText's None (unset) falls back to the sa_block_* value.
+  const auto local_block = [&config](const std::string& key) {
+    const int64_t local = optional_positive_int(config, "local_" + key);
+    return local > 0 ? local : config.get_int(key);
+  };
+  if (optional_positive_int(config, "local_sa_block_q") > 0 ||
+      optional_positive_int(config, "local_sa_block_kv") > 0 ||
+      optional_positive_int(config, "local_sa_block_kv_compute") > 0 ||
+      optional_positive_int(config, "local_sa_block_kv_dkv") > 0 ||
+      optional_positive_int(config, "local_sa_block_kv_dkv_compute") > 0) {
+    options.cost.local_block_q = local_block("sa_block_q");
+    options.cost.local_block_kv = local_block("sa_block_kv");
+    options.cost.local_kv_compute_chunks_forward = std::max<int64_t>(
+        1, local_block("sa_block_kv") / std::max<int64_t>(1, local_block("sa_block_kv_compute")));
+    options.cost.local_kv_compute_chunks_backward =
+        std::max<int64_t>(1, local_block("sa_block_kv_dkv") /
+                                 std::max<int64_t>(1, local_block("sa_block_kv_dkv_compute")));
+  }
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";

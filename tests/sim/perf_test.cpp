@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/error.h"
 #include "hw/slice.h"
 #include "model/config.h"
 #include "sharding/step_program.h"
@@ -447,6 +448,41 @@ TEST(StepSimulator, EveryRunEqualsAFreshSimulation) {
     }
   }
   EXPECT_EQ(runs, 24);
+}
+
+// local_sa_block_* give the sliding-window layers their own splash blocks. gemma3-4b at 8192
+// tokens, window 1024: with 2048 blocks a local layer computes 7 blocks of 2048^2 (q block 0 one,
+// the others two) = 28 units of 1024^2; with 1024 blocks 15 units (8 q blocks, 2 each but the
+// first). Global layers keep sa_block_*. A value other than None or a whole number exits 2.
+TEST(SplashBlocks, LocalLayersTakeTheirOwnBlocks) {
+  const std::vector<std::string> base = {"model_name=gemma3-4b",    "compile_topology=v6e-8",
+                                         "max_target_length=8192",  "per_device_batch_size=1",
+                                         "sa_block_q=2048",         "sa_block_kv=2048",
+                                         "sa_block_kv_compute=2048"};
+  auto attention_seconds = [](const Estimate& estimate, bool local) {
+    double seconds = 0;
+    for (const OpProfile& op : estimate.timing.profile) {
+      if (op.op == "attention attention" && op.region == (local ? "local_layer" : "layer")) {
+        seconds += op.seconds;
+      }
+    }
+    return seconds;
+  };
+  std::vector<std::string> small = base;
+  small.insert(small.end(), {"local_sa_block_q=1024", "local_sa_block_kv=1024",
+                             "local_sa_block_kv_compute=1024"});
+  const Estimate same = estimate_config(Config::load("", base));
+  const Estimate local = estimate_config(Config::load("", small));
+  EXPECT_NEAR(attention_seconds(local, true) / attention_seconds(same, true), 15.0 / 28.0, 0.02);
+  EXPECT_DOUBLE_EQ(attention_seconds(local, false), attention_seconds(same, false));
+  std::vector<std::string> bad = base;
+  bad.emplace_back("local_sa_block_kv=big");
+  try {
+    Config::load("", bad);
+    ADD_FAILURE() << "local_sa_block_kv=big was accepted";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("local_sa_block_kv"), std::string::npos);
+  }
 }
 
 }  // namespace
