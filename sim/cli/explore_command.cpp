@@ -79,14 +79,18 @@ void show_progress(int64_t done, int64_t total, std::chrono::steady_clock::time_
 
 void print_csv(const ExploreResult& result) {
   std::cout << "rank,step_time_s,mfu,tokens_per_s_per_chip,hbm_peak_bytes_per_device,"
-               "hbm_headroom_bytes,fits,mesh,args\n";
+               "hbm_headroom_bytes,fits,mesh,args,libtpu_init_args\n";
   int rank = 1;
   for (const RankedCandidate& ranked : result.top) {
     std::cout << rank++ << "," << ranked.step_time_s << "," << ranked.mfu << ","
               << ranked.tokens_per_s_per_chip << "," << ranked.hbm_peak_bytes_per_device << ","
               << ranked.hbm_capacity_bytes - ranked.hbm_peak_bytes_per_device << ","
               << (ranked.fits ? "true" : "false") << ","
-              << ranked.estimate["mesh"].get<std::string>() << ",\"" << ranked.args << "\"\n";
+              << ranked.estimate["mesh"].get<std::string>() << ",\"" << ranked.args << "\",\"";
+    for (size_t index = 0; index < ranked.libtpu_flags.size(); ++index) {
+      std::cout << (index == 0 ? "" : " ") << ranked.libtpu_flags[index];
+    }
+    std::cout << "\"\n";
   }
 }
 
@@ -149,7 +153,16 @@ void print_human(const ExploreResult& result) {
       }
     }
     std::cout << "\n    tpusim estimate " << ranked.args << "\n";
-    std::cout << "    MaxText: python3 -m MaxText.train MaxText/configs/base.yml";
+    // tpusim's compiler switches reach a real run through libtpu flags, not MaxText keys.
+    std::cout << "    MaxText: ";
+    if (!ranked.libtpu_flags.empty()) {
+      std::cout << "LIBTPU_INIT_ARGS=\"";
+      for (size_t index = 0; index < ranked.libtpu_flags.size(); ++index) {
+        std::cout << (index == 0 ? "" : " ") << ranked.libtpu_flags[index];
+      }
+      std::cout << "\" ";
+    }
+    std::cout << "python3 -m MaxText.train MaxText/configs/base.yml";
     for (const std::string& item : ranked.maxtext_overrides) {
       std::cout << " " << item;
     }

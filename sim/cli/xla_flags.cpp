@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/utf8.h"
+#include "sim/perf/xla_switch_flags.h"
 
 namespace tpusim {
 namespace {
@@ -121,7 +122,7 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
       // Any offloaded collective kind turns tpusim's (all-kinds) offload on.
       sparse_core_offload = sparse_core_offload.value_or(false) || is_true(flag.value);
       modeled_text[flag.name] = flag.text;
-    } else if (flag.name == "xla_tpu_enable_async_collective_fusion") {
+    } else if (flag.name == kAsyncCollectiveFusionFlag) {
       async_collective_fusion = is_true(flag.value);
       modeled_text[flag.name] = flag.text;
     } else if (flag.name.find("_tracing") != std::string::npos ||

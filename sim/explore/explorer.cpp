@@ -22,6 +22,7 @@
 #include "sim/explore/training_step_cache.h"
 #include "sim/explore/worker_result.h"
 #include "sim/perf/step_simulator.h"
+#include "sim/perf/xla_switch_flags.h"
 #include "sim/transport/transport.h"
 
 namespace tpusim {
@@ -164,6 +165,9 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
   ranked.candidate = scored.candidate;
   ranked.args = join(args);
   ranked.maxtext_overrides = maxtext_keys(args);
+  const PerfOptions perf = perf_options_from_config(full, *space.slice.chip);
+  ranked.libtpu_flags =
+      libtpu_flags_for(perf.sparse_core_offload, perf.collective_matmul, *space.slice.chip);
   ranked.step_time_s = estimate.step_seconds;
   ranked.mfu = estimate.mfu;
   ranked.tokens_per_s_per_chip = estimate.tokens_per_s_per_chip;
@@ -278,6 +282,7 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
   nlohmann::json item;
   item["args"] = ranked.args;
   item["maxtext_overrides"] = join(ranked.maxtext_overrides);
+  item["libtpu_init_args"] = join(ranked.libtpu_flags);
   item["step_time_s"] = ranked.step_time_s;
   item["mfu"] = ranked.mfu;
   item["tokens_per_s_per_chip"] = ranked.tokens_per_s_per_chip;

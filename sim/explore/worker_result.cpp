@@ -1,11 +1,14 @@
 #include "sim/explore/worker_result.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sim/transport/transport.h"
 
 namespace tpusim {
 namespace {
+
+constexpr double kTieRelativeTolerance = 1e-9;
 
 bool better(const Scored& a, const Scored& b) {
   if (a.objective != b.objective) {
@@ -42,6 +45,19 @@ void WorkerResult::sample(const ExploreSample& value, size_t limit) {
 }
 
 void WorkerResult::offer(Scored scored, size_t limit) {
+  // Candidates that score the same (to 1e-9) are one answer for the user, e.g. the same devices
+  // split as fsdp=128 or fsdp=64 x fsdp_transpose=2: the list keeps the first in the space's
+  // order and gives its other places to different answers.
+  const auto tie = std::find_if(top.begin(), top.end(), [&scored](const Scored& kept) {
+    return std::abs(kept.objective - scored.objective) <=
+           kTieRelativeTolerance * std::abs(kept.objective);
+  });
+  if (tie != top.end()) {
+    if (scored.candidate.order < tie->candidate.order) {
+      tie->candidate = scored.candidate;
+    }
+    return;
+  }
   if (top.size() == limit && !better(scored, top.back())) {
     return;
   }

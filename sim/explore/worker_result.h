@@ -1,8 +1,9 @@
 // sim/explore/worker_result.h: what part of an explore search found (one worker thread's meshes,
 // or one rank's), and how the parts merge into the search's result.
 //
-// A part keeps its best N candidates (ties broken by the space's order, so the merged top N does
-// not depend on how the meshes were split), counts of what it evaluated and pruned by reason
+// A part keeps its best N candidates of different scores (candidates that score the same are one
+// entry, the first in the space's order, so the merged top N does not depend on how the meshes
+// were split), counts of what it evaluated and pruned by reason
 // (the kPruned* names of sim/explore/explorer.h), and a uniform sample of what it evaluated for
 // plots.
 //

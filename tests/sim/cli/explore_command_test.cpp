@@ -65,6 +65,44 @@ TEST(ExploreCommand, JsonContractAndTheArgsReproduceTheEstimate) {
   EXPECT_EQ(reproduced["hbm_peak_bytes_per_device"], json["top"][0]["hbm_peak_bytes_per_device"]);
 }
 
+// tpusim's compiler switches (SparseCore offload, collective matmul) are libtpu flags in a real
+// run: a winner's args without those keys, with its libtpu_init_args as the recipe's flags,
+// estimate the same step.
+TEST(ExploreCommand, LibtpuFlagsReproduceTheSwitches) {
+  const auto result =
+      run_tpusim({"explore", "model_name=tiny-llama", "compile_topology=tpu7x-8",
+                  "max_target_length=256", "remat_policy=full", "--top", "2", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_FALSE(json["top"].empty());
+  for (const auto& item : json["top"]) {
+    const std::string flags = item["libtpu_init_args"].get<std::string>();
+    EXPECT_NE(flags.find("--xla_tpu_enable_sparse_core_collective_offload_all_gather="),
+              std::string::npos)
+        << flags;
+    EXPECT_NE(flags.find("--xla_tpu_enable_async_collective_fusion="), std::string::npos) << flags;
+    std::vector<std::string> args = {"estimate"};
+    std::istringstream words(item["args"].get<std::string>());
+    for (std::string word; words >> word;) {
+      if (!word.starts_with("sparse_core_collective_offload=") &&
+          !word.starts_with("collective_matmul=")) {
+        args.push_back(word);
+      }
+    }
+    args.insert(args.end(), {"--xla-flags", flags, "--json"});
+    const auto estimate = run_tpusim(args);
+    ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
+    EXPECT_DOUBLE_EQ(nlohmann::json::parse(estimate.out)["step_time_s"].get<double>(),
+                     item["step_time_s"].get<double>());
+  }
+  // A GPU run has no libtpu flags.
+  const auto gpu =
+      run_tpusim({"explore", "model_name=tiny-llama", "hardware=gpu", "compile_topology=a3",
+                  "max_target_length=256", "--top", "1", "--json"});
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_EQ(nlohmann::json::parse(gpu.out)["top"][0]["libtpu_init_args"], "");
+}
+
 TEST(ExploreCommand, CsvAndHumanOutput) {
   const std::vector<std::string> base = {"explore",
                                          "model_name=tiny-llama",
@@ -83,6 +121,9 @@ TEST(ExploreCommand, CsvAndHumanOutput) {
   ASSERT_EQ(human.exit_code, 0) << human.err;
   EXPECT_NE(human.out.find("tpusim estimate "), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("MaxText: "), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("MaxText: LIBTPU_INIT_ARGS=\"--xla_tpu_enable_async_collective_fusion="),
+            std::string::npos)
+      << human.out;
 }
 
 TEST(ExploreCommand, BadConstraintsExitTwo) {
