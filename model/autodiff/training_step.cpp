@@ -368,7 +368,7 @@ class BackwardBuilder {
       }
       case OpKind::kEmbeddingLookup: {
         const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name(), {dy, op.inputs[0]},
-                                        graph_.tensor(op.inputs[1]), region);
+                                        graph_.tensor(op.inputs[1]), region, op.attrs);
         accumulate(op.inputs[1], grad, region);
         return;
       }

@@ -97,7 +97,13 @@ TensorId ForwardBuilder::build_embedding() {
       {Dim{"vocab", dims_.vocab_size, "vocab"}, Dim{"embed", dims_.emb_dim, "embed"}}, region,
       normal_init(1.0));
   TensorId x = activation("embedded", activation_dims(), region);
-  graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, {}, region);
+  // MaxText's Embed with use_iota_embed: one_hot(tokens, vocab) . table, a matmul (the position
+  // table of gpt3 and the per-layer tables of gemma4_small are charged as gathers: tpusim does not
+  // know whether MaxText looks those up the same way).
+  OpAttrs lookup;
+  lookup.one_hot_embedding = config_.get_bool("use_iota_embed");
+  graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, lookup,
+                 region);
   const int64_t positions = config_.get_int("trainable_position_size");
   if (block_ == "gpt3" && positions > 0) {
     if (positions < length_) {

@@ -123,6 +123,10 @@ struct OpAttrs {
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
   double epsilon = 1e-6;               // norms: added to the variance
   double rope_max_timescale = 10000;   // rope: the longest wavelength (MaxText rope_max_timescale)
+  // Embedding lookup and its gradient: MaxText's use_iota_embed, the lookup as a one-hot matmul
+  // on the MXU (one_hot(tokens, vocab) . table; the gradient one_hot^T . dy), 2.T.V.D FLOPs each,
+  // the same values as the gather.
+  bool one_hot_embedding = false;
   // Attention: multiplies the logits q.k. MaxText's default Attention uses 1 (its query kernel's
   // initializer carries 1/sqrt(head_dim)); see model/builder/initializers.h for each family.
   double attention_scale = 1;

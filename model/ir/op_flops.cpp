@@ -132,15 +132,25 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     }
     case OpKind::kAdamUpdate:
       return {0, kAdamFlopsPerParameter * elements(graph, op.inputs.at(0))};
+    case OpKind::kEmbeddingGrad:
+      if (op.attrs.one_hot_embedding) {
+        // one_hot(tokens)^T . dy: [V, T] x [T, D] -> the table's [V, D].
+        return {2.0 * elements(graph, op.inputs.at(1)) * elements(graph, op.outputs.at(0)), 0};
+      }
+      return {0, elements(graph, op.inputs.at(0))};
+    case OpKind::kEmbeddingLookup:
+      if (op.attrs.one_hot_embedding) {
+        // one_hot(tokens) . table: [T, V] x [V, D].
+        return {2.0 * elements(graph, op.inputs.at(0)) * elements(graph, op.inputs.at(1)), 0};
+      }
+      return {0, 0};
     case OpKind::kReduceSum:
     case OpKind::kNormStatistics:
     case OpKind::kCrossEntropyStatistics:
-    case OpKind::kEmbeddingGrad:
     case OpKind::kMoeRouter:
     case OpKind::kRouterGrad:
     case OpKind::kMoeCombine:
       return {0, elements(graph, op.inputs.at(0))};
-    case OpKind::kEmbeddingLookup:
     case OpKind::kDynamicSlice:
     case OpKind::kMoeDispatch:
     case OpKind::kAllGather:

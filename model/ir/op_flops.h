@@ -6,6 +6,8 @@
 // the B*S*k routed token-choices, not the rows of its buffer); causal attention counts half of
 // the score matrix (PR #1988);
 // a sliding window counts S*W - W^2/2 of S^2; an attention gradient costs 2 x its forward.
+// use_iota_embed's one-hot embedding matmuls are MXU work MaxText's count leaves out:
+// counted_by_maxtext() is false for them.
 // Vector FLOPs (VPU work) are per-element estimates named below.
 //
 // Example:
@@ -25,6 +27,12 @@ struct OpFlops {
 };
 
 OpFlops op_flops(const Graph& graph, const Op& op);
+
+// False for the ops whose matmul FLOPs calculate_tflops_training_per_device does not count (the
+// one-hot embedding lookup of use_iota_embed and its gradient).
+inline bool counted_by_maxtext(const Op& op) {
+  return !op.attrs.one_hot_embedding;
+}
 
 // Fraction of the Sq x Skv score matrix an attention op counts (MaxText convention).
 double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t window);

@@ -16,12 +16,14 @@ ProgramFlops program_flops(const StepProgram& program) {
     const OpFlops cost = op_flops(graph, op);
     if (op.phase == Phase::kRecompute) {
       flops.recompute_matmul += times * cost.matmul;
+    } else if (!counted_by_maxtext(op)) {
+      flops.uncounted_matmul += times * cost.matmul;
     } else {
       flops.model_matmul += times * cost.matmul;
     }
     flops.vector += times * cost.vector;
   }
-  flops.hardware_matmul = flops.model_matmul + flops.recompute_matmul;
+  flops.hardware_matmul = flops.model_matmul + flops.recompute_matmul + flops.uncounted_matmul;
   return flops;
 }
 

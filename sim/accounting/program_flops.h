@@ -3,7 +3,8 @@
 //
 // model_matmul counts forward and backward matmuls only: it equals MaxText's
 // calculate_tflops_training_per_device (tests/sharding/program_flops_test.cpp). hardware_matmul
-// adds remat recompute: what the MXUs really run. vector is VPU work (elementwise, norms, softmax,
+// adds remat recompute and the matmuls MaxText does not count (use_iota_embed's one-hot
+// embedding): what the MXUs really run. vector is VPU work (elementwise, norms, softmax,
 // optimizer), counted per element (model/ir/op_flops.h).
 //
 // Example:
@@ -18,7 +19,8 @@ namespace tpusim {
 struct ProgramFlops {
   double model_matmul = 0;
   double recompute_matmul = 0;
-  double hardware_matmul = 0;  // model + recompute
+  double uncounted_matmul = 0;  // forward/backward matmuls outside MaxText's count
+  double hardware_matmul = 0;   // model + recompute + uncounted
   double vector = 0;
 };
 

@@ -525,11 +525,17 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
   for (const TensorId output : op.outputs) {
     bytes += static_cast<double>(graph.tensor(output).bytes());
   }
-  if (op.kind == OpKind::kEmbeddingLookup) {
-    // A gather reads the rows it needs, not the table.
+  if (op.kind == OpKind::kEmbeddingLookup && !op.attrs.one_hot_embedding) {
+    // A gather reads the rows it needs, not the table (the one-hot matmul streams all of it).
     bytes = 2.0 * static_cast<double>(graph.tensor(op.outputs[0]).bytes());
   }
   cost.hbm_seconds = bytes / hbm_bytes_per_second(chip);
+  if (flops.matmul > 0) {
+    // use_iota_embed's one-hot matmuls, in the activation dtype (bf16) on the MXU.
+    cost.matmul_flops = flops.matmul;
+    cost.mxu_seconds =
+        flops.matmul / (peak_flops_per_device(context, false) * chip.mxu_achievable_fraction);
+  }
   return finish(cost, context);
 }
 

@@ -15,6 +15,9 @@ namespace {
 double forward_matmul_flops(const ForwardGraph& forward) {
   double total = 0;
   for (const Op& op : forward.graph.ops()) {
+    if (!counted_by_maxtext(op)) {
+      continue;  // use_iota_embed's one-hot lookup (the gpt3 presets set it)
+    }
     total += static_cast<double>(forward.graph.region(op.region).repeat) *
              op_flops(forward.graph, op).matmul;
   }

@@ -23,6 +23,9 @@ PhaseFlops matmul_flops_by_phase(const TrainingStep& step) {
   PhaseFlops flops;
   for (const Op& op : step.graph.ops()) {
     const double repeat = static_cast<double>(step.graph.region(op.region).repeat);
+    if (!counted_by_maxtext(op)) {
+      continue;  // use_iota_embed's one-hot lookup and its gradient (the gpt3 presets set it)
+    }
     const OpFlops op_cost = op_flops(step.graph, op);
     switch (op.phase) {
       case Phase::kForward:

@@ -19,7 +19,7 @@ double program_model_matmul_flops(const StepProgram& built) {
   const Graph& graph = built.program.graph;
   double total = 0;
   for (const Op& op : graph.ops()) {
-    if (op.phase == Phase::kForward || op.phase == Phase::kBackward) {
+    if ((op.phase == Phase::kForward || op.phase == Phase::kBackward) && counted_by_maxtext(op)) {
       total += static_cast<double>(graph.region(op.region).repeat) * op_flops(graph, op).matmul;
     }
   }
