@@ -379,11 +379,31 @@ void Config::set_string(std::string_view key, const std::string& value, const st
 }
 
 std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
-  std::vector<PassthroughKey> keys;
-  for (const auto& [name, kept] : passthrough_) {
-    keys.push_back(kept);
+  std::map<std::string, PassthroughKey, std::less<>> keys = passthrough_;
+  // tpusim's own schema holds a few MaxText keys the estimate does not read (their effect in
+  // configs/maxtext/base_keys.tsv is not "modeled"): listed like the others when a config sets
+  // them.
+  for (const auto& [name, entry] : entries_) {
+    const MaxTextKey* maxtext = find_maxtext_key(name);
+    if (entry.origin == kEmbeddedBasePath || maxtext == nullptr ||
+        maxtext->effect == MaxTextKeyEffect::kModeled) {
+      continue;
+    }
+    PassthroughKey kept;
+    kept.key = name;
+    kept.value = entry.value.IsNull()
+                     ? ""
+                     : (entry.value.IsScalar() ? entry.value.Scalar() : describe(entry.value));
+    kept.origin = entry.origin;
+    kept.effect = maxtext->effect;
+    kept.is_maxtext_default = equals_maxtext_default(*maxtext, kept.value);
+    keys[name] = kept;
   }
-  return keys;
+  std::vector<PassthroughKey> list;
+  for (const auto& [name, kept] : keys) {
+    list.push_back(kept);
+  }
+  return list;
 }
 
 bool Config::has(std::string_view key) const {

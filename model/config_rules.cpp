@@ -132,7 +132,6 @@ const std::vector<RangeRule>& range_rules() {
       {"warmup_steps_fraction", 0, 1, false},
       {"steps", -1, 1e12, false},
       {"hbm_headroom_fraction", 0, 1, false},
-      {"collectives_in_flight_per_type", 1, 1024, false},
       {"num_threads", 0, 4096, false},
       {"collective_timeout_seconds", 0, 1e6, true},
       {"sa_block_q", 1, kMaxSequence, false},

@@ -52,6 +52,33 @@ for proj in ('wi','wo'):
     for phase,default in (('fwd','2'),('dlhs','2'),('drhs','3')):
         EXTRA.append((f'{proj}_tile_{phase}_buffer_count', default if False else 'None', 'int', 'not_modeled',
                       'megablox tile buffering of a newer MaxText revision (published recipes of 2026); the default is not in the key table'))
+# Keys of tpusim's configs/base.yml that the estimate does not read (a check in
+# tests/model/maxtext_compat_test.cpp keeps this list honest): each is listed when a config sets it,
+# as "none" (cannot change the estimate; `tpusim train` refuses the ones whose numerics it does not
+# build) or "not_modeled" (changes the step; a warning when it differs from MaxText's default).
+SCHEMA_NOT_READ = {
+ # Numerics only: the router's scoring, bias, scale, renormalization and group limit, the
+ # activation clamp, the dropout rate and YaRN's ramp. `train` refuses what it does not build
+ # (enable_dropout stays "modeled": without a dropout_rate it changes nothing, and train reads it).
+ 'routed_score_func': 'none', 'routed_bias': 'none', 'routed_scaling_factor': 'none',
+ 'norm_topk_prob': 'none', 'n_routing_groups': 'none', 'topk_routing_group': 'none',
+ 'mlp_activations_limit': 'none', 'dropout_rate': 'none',
+ 'beta_fast': 'none', 'beta_slow': 'none',
+ # Data pipeline, logging and layout of the scanned weights.
+ 'packing': 'none', 'reuse_example_batch': 'none', 'log_period': 'none', 'train_split': 'none',
+ 'eval_split': 'none', 'sharding_tolerance': 'none', 'param_scan_axis': 'none',
+ # Change time or memory; not modeled yet.
+ 'load_balance_loss_weight': 'not_modeled', 'fused_qkv': 'not_modeled', 'fused_mlp': 'not_modeled',
+ 'matmul_precision': 'not_modeled', 'logits_dot_in_fp32': 'not_modeled',
+ 'cast_logits_to_fp32': 'not_modeled', 'optimizer_memory_host_offload': 'not_modeled',
+ 'parameter_memory_host_offload': 'not_modeled', 'shard_optimizer_over_data': 'not_modeled',
+ 'context_parallel_strategy': 'not_modeled', 'context_parallel_load_balance': 'not_modeled',
+ 'allow_split_physical_axes': 'not_modeled', 'data_sharding': 'not_modeled',
+ 'sa_use_fused_bwd_kernel': 'not_modeled', 'sa_block_q_dkv': 'not_modeled',
+ 'sa_block_q_dq': 'not_modeled', 'sa_block_kv_dq': 'not_modeled',
+ 'local_sa_block_q_dkv': 'not_modeled', 'scan_layers': 'not_modeled',
+ 'ici_diloco_parallelism': 'not_modeled', 'dcn_diloco_parallelism': 'not_modeled',
+}
 out=open('configs/maxtext/base_keys.tsv','w')
 out.write('# Every key of MaxText\'s base.yml (src/maxtext/configs/base.yml at the revision docs/reference/maxtext.md\n')
 out.write('# names), with its default and type as MaxText parses them, and what tpusim does with it when it is not\n')
@@ -63,7 +90,9 @@ out.write('# that published recipes use; their `note` says so.\n')
 out.write('key\tdefault\ttype\teffect\tnote\n')
 counts={}
 for k,d,t in rows:
-    if k in known:
+    if k in SCHEMA_NOT_READ:
+        eff=SCHEMA_NOT_READ[k]
+    elif k in known:
         eff='modeled'
     elif any(re.search(p,k) for p in NONE_PATTERNS):
         eff='none'

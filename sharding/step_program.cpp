@@ -49,6 +49,7 @@ StepProgram build_step_program(const Config& config) {
   result.accumulation_steps = batch.accumulation_steps;
   result.global_batch = batch.global_batch;
   result.attention_scores_in_hbm = config.get_string("attention") == "dot_product";
+  result.hbm_headroom_fraction = config.get_float("hbm_headroom_fraction");
   result.step =
       std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
   result.program = partition(*result.step, LogicalAxisRules::from_config(config), result.mesh);

@@ -34,6 +34,9 @@ struct StepProgram {
   // attention=dot_product: each attention op materializes its [batch, heads, q, kv] scores in HBM
   // (MaxText apply_attention_dot), which the memory model counts; flash tiles them in VMEM.
   bool attention_scores_in_hbm = false;
+  // hbm_headroom_fraction: the share of usable HBM held back (a compiler/runtime reserve) before
+  // the memory model decides the program fits.
+  double hbm_headroom_fraction = 0;
 };
 
 // The slice a config names (compile_topology, compile_topology_num_slices; -1 = 1 slice).

@@ -24,7 +24,8 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
 }
 
 Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
-                           XlaFlagReport* xla_report) {
+                           XlaFlagReport* xla_report,
+                           const std::function<void(const Config&)>& check) {
   const CommandArgs split = split_command_args(args);
   XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
   Config config = Config::load_files(split.config_paths, split.overrides);
@@ -38,6 +39,9 @@ Config load_command_config(const std::vector<std::string>& args, const std::stri
     }
   }
   flags.overrides = applied;
+  if (check) {
+    check(config);
+  }
   report_passthrough_keys(config, std::cerr);
   report_xla_flags(flags, std::cerr);
   if (xla_report != nullptr) {

@@ -10,6 +10,7 @@
 //     -> {config_paths = {"configs/base.yml", "my_run.yml"}, overrides = {"model_name=llama2-7b"}}
 #pragma once
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -32,9 +33,11 @@ CommandArgs split_command_args(const std::vector<std::string>& args);
 // The config the arguments name: embedded base.yml, the files, the preset, the overrides, plus the
 // switches XLA flags set (`xla_flags`, then LIBTPU_INIT_ARGS and XLA_FLAGS: sim/cli/xla_flags.h;
 // a key on the command line wins). Lists the MaxText keys tpusim does not model and the XLA flags
-// on stderr; `xla_report`, when given, receives what the flags did.
+// on stderr; `xla_report`, when given, receives what the flags did. `check`, when given, runs on
+// the config first, so that a command's own refusal is the only line printed.
 Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags = "",
-                           XlaFlagReport* xla_report = nullptr);
+                           XlaFlagReport* xla_report = nullptr,
+                           const std::function<void(const Config&)>& check = nullptr);
 
 // One line for the keys that cannot change the estimate ("no effect on the estimate: profiler,
 // gcs_metrics"), and a warning for those that could but are not modeled, set to a value other

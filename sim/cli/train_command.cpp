@@ -26,7 +26,7 @@ namespace {
 
 void train(const std::vector<std::string>& args, const TrainOptions& options,
            Transport* transport) {
-  const Config config = load_command_config(args);
+  const Config config = load_command_config(args, "", nullptr, check_functional_support);
   Trainer trainer(config, transport);
   trainer.run(options, std::cerr);
 }

@@ -48,8 +48,51 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
   return worst;
 }
 
-// The functional engine computes MaxText's math for the switches it builds; a switch it does not
-// build would silently train another model, so `tpusim train` refuses it, naming the key.
+// Keys that change only the numbers a step computes (the estimate does not read them,
+// configs/maxtext/base_keys.tsv lists them as "none"): set away from the math the functional
+// engine builds, they are refused rather than ignored. Its router is a softmax over all experts
+// and the top-k of those probabilities as weights; its RoPE is the plain one.
+template <typename Refuse>
+void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
+  if (const std::string rope = config.get_string("rope_type"); !rope.empty() && rope != "default") {
+    refuse("rope_type", rope, "the functional engine builds plain RoPE, without frequency scaling");
+  }
+  if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
+    refuse("dropout_rate", std::to_string(config.get_float("dropout_rate")),
+           "dropout is not built");
+  }
+  if (config.get_float("mlp_activations_limit") > 0) {
+    refuse("mlp_activations_limit", std::to_string(config.get_float("mlp_activations_limit")),
+           "gpt-oss's clamped activations are not built");
+  }
+  if (config.get_int("num_experts") <= 1) {
+    return;
+  }
+  if (const std::string score = config.get_string("routed_score_func"); !score.empty()) {
+    refuse("routed_score_func", score, "the router scores experts with a softmax only");
+  }
+  if (config.get_bool("routed_bias")) {
+    refuse("routed_bias", "true", "the router's selection bias is not built");
+  }
+  if (config.get_float("routed_scaling_factor") != 1.0) {
+    refuse("routed_scaling_factor", std::to_string(config.get_float("routed_scaling_factor")),
+           "the routing weights are not scaled");
+  }
+  if (config.get_bool("norm_topk_prob")) {
+    refuse("norm_topk_prob", "true", "the top-k routing weights are not renormalized");
+  }
+  if (config.get_int("n_routing_groups") > 0) {
+    refuse("n_routing_groups", std::to_string(config.get_int("n_routing_groups")),
+           "group-limited routing is not built");
+  }
+  if (config.get_float("load_balance_loss_weight") > 0) {
+    refuse("load_balance_loss_weight", std::to_string(config.get_float("load_balance_loss_weight")),
+           "the load-balance loss is not added");
+  }
+}
+
+}  // namespace
+
 void check_functional_support(const Config& config) {
   const auto refuse = [](const std::string& key, const std::string& value, const std::string& why) {
     throw UserError(key + ": " + value + " is not computed by tpusim train (" + why + ")", key);
@@ -82,6 +125,7 @@ void check_functional_support(const Config& config) {
            "its YaRN rotary embedding and all-heads qk-norm are not built; estimate and explore "
            "model it");
   }
+  refuse_unbuilt_numerics(config, refuse);
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
   // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
   // untied logits would be silently ignored there, so it is refused here rather than guessed.
@@ -91,7 +135,7 @@ void check_functional_support(const Config& config) {
   }
 }
 
-}  // namespace
+namespace {}  // namespace
 
 namespace {
 

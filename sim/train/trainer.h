@@ -63,6 +63,10 @@ struct TrainOptions {
   std::string dump_directory;
 };
 
+// The functional engine computes MaxText's math for the switches it builds; a switch it does not
+// build would silently train another model, so `tpusim train` refuses it: UserError naming the key.
+void check_functional_support(const Config& config);
+
 class Trainer {
  public:
   // `transport` nullptr: one process executes every device. Under MpiTransport, rank 0 writes the

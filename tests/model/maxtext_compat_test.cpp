@@ -99,12 +99,16 @@ TEST(MaxTextBaseYml, LoadsUnchangedWithEveryKeyKnown) {
   const Config config = Config::load_files({path}, {});
   const std::vector<Config::PassthroughKey> passthrough = config.passthrough_keys();
   size_t maxtext_only = 0;
+  size_t schema_not_read = 0;  // tpusim's own keys the estimate does not read, listed alike
   for (const auto& row : read_tsv("tests/data/maxtext/maxtext_keys.tsv")) {
     if (!config.has(row[0])) {
       ++maxtext_only;
+    } else if (find_maxtext_key(row[0])->effect != MaxTextKeyEffect::kModeled) {
+      ++schema_not_read;
     }
   }
-  EXPECT_EQ(passthrough.size(), maxtext_only);
+  EXPECT_EQ(passthrough.size(), maxtext_only + schema_not_read);
+  EXPECT_GT(schema_not_read, 30U);
   EXPECT_GT(maxtext_only, 400U);  // MaxText's base.yml has ~700 keys; tpusim models ~190
   // At their defaults, the keys tpusim does not model change nothing.
   for (const Config::PassthroughKey& key : passthrough) {
@@ -117,7 +121,6 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
   // tpusim's own switches: no MaxText key says the same.
   const std::set<std::string> tpusim_only = {"collective_matmul",
                                              "collective_timeout_seconds",
-                                             "collectives_in_flight_per_type",
                                              "cosine_learning_rate_final_fraction",
                                              "dataset_cache_dir",
                                              "functional_dtype",
@@ -134,8 +137,9 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
     if (tpusim_only.contains(key)) {
       EXPECT_EQ(maxtext, nullptr) << key;
     } else {
-      ASSERT_NE(maxtext, nullptr) << key << " is neither a MaxText key nor listed as tpusim's own";
-      EXPECT_EQ(maxtext->effect, MaxTextKeyEffect::kModeled) << key;
+      // (Its effect is "modeled" unless the estimate does not read it: SCHEMA_NOT_READ of
+      // scripts/make_maxtext_key_table.py, listed when a config sets it, as the test above checks.)
+      EXPECT_NE(maxtext, nullptr) << key << " is neither a MaxText key nor listed as tpusim's own";
     }
   }
 }

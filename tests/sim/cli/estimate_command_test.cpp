@@ -258,6 +258,33 @@ TEST(EstimateCommand, MaxTextKeysAreListedOnceByEffect) {
       << result.err;
 }
 
+// Keys of tpusim's own schema that the estimate does not read are listed like MaxText's others:
+// numerics as "no effect", what changes time or memory as "not modeled" (configs/maxtext/
+// base_keys.tsv). hbm_headroom_fraction holds that share of HBM back from the fit verdict.
+TEST(EstimateCommand, SchemaKeysTheEstimateDoesNotReadAreListed) {
+  const auto listed = run_tpusim({"estimate", "model_name=tiny-moe", "compile_topology=v5p-8",
+                                  "norm_topk_prob=true", "shard_optimizer_over_data=true"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.err.find("1 MaxText key with no effect on the estimate: norm_topk_prob"),
+            std::string::npos)
+      << listed.err;
+  EXPECT_NE(listed.err.find("not modeled (the estimate ignores them): "
+                            "shard_optimizer_over_data=true"),
+            std::string::npos)
+      << listed.err;
+  auto capacity = [](const std::string& headroom) {
+    const auto result = run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-8",
+                                    "hbm_headroom_fraction=" + headroom, "--json"});
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    return nlohmann::json::parse(result.out)["hbm_capacity_bytes"].get<double>();
+  };
+  EXPECT_DOUBLE_EQ(capacity("0.25"), 0.75 * capacity("0"));
+  const auto nearly_all = run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-8",
+                                      "hbm_headroom_fraction=0.9999999", "--json"});
+  ASSERT_EQ(nearly_all.exit_code, 0) << nearly_all.err;
+  EXPECT_FALSE(nlohmann::json::parse(nearly_all.out)["fits"].get<bool>());
+}
+
 TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {
   const auto result = run_tpusim({"estimate", "profilr=xplane", "--json"});
   EXPECT_EQ(result.exit_code, 2);
