@@ -81,6 +81,8 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x) {
       region);
   OpAttrs router_attrs;
   router_attrs.top_k = top_k;
+  router_attrs.normalize_top_k = config_.get_bool("norm_topk_prob");
+  router_attrs.route_scale = config_.get_float("routed_scaling_factor");
   graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
                  region);
   const double tokens = static_cast<double>(batch_ * length_);

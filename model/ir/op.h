@@ -127,6 +127,10 @@ struct OpAttrs {
   // on the MXU (one_hot(tokens, vocab) . table; the gradient one_hot^T . dy), 2.T.V.D FLOPs each,
   // the same values as the gather.
   bool one_hot_embedding = false;
+  // MoE router: the top-k weights renormalized to sum to 1 (MaxText's norm_topk_prob), then
+  // multiplied by route_scale (routed_scaling_factor).
+  bool normalize_top_k = false;
+  double route_scale = 1;
   // Attention: multiplies the logits q.k. MaxText's default Attention uses 1 (its query kernel's
   // initializer carries 1/sqrt(head_dim)); see model/builder/initializers.h for each family.
   double attention_scale = 1;

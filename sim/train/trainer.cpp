@@ -51,7 +51,8 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
 // Keys that change only the numbers a step computes (the estimate does not read them,
 // configs/maxtext/base_keys.tsv lists them as "none"): set away from the math the functional
 // engine builds, they are refused rather than ignored. Its router is a softmax over all experts
-// and the top-k of those probabilities as weights; its RoPE is the plain one.
+// whose top-k probabilities are the weights (renormalized with norm_topk_prob, scaled by
+// routed_scaling_factor); its RoPE is the plain one.
 template <typename Refuse>
 void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
   if (const std::string rope = config.get_string("rope_type"); !rope.empty() && rope != "default") {
@@ -73,13 +74,6 @@ void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
   }
   if (config.get_bool("routed_bias")) {
     refuse("routed_bias", "true", "the router's selection bias is not built");
-  }
-  if (config.get_float("routed_scaling_factor") != 1.0) {
-    refuse("routed_scaling_factor", std::to_string(config.get_float("routed_scaling_factor")),
-           "the routing weights are not scaled");
-  }
-  if (config.get_bool("norm_topk_prob")) {
-    refuse("norm_topk_prob", "true", "the top-k routing weights are not renormalized");
   }
   if (config.get_int("n_routing_groups") > 0) {
     refuse("n_routing_groups", std::to_string(config.get_int("n_routing_groups")),

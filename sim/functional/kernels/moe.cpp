@@ -11,12 +11,15 @@
 // MoE. routing[token dims, top_k, route=2] (dims "top_k" and "route" by name; the token dims are
 // its other dims): routing[t, c, 0] = expert index (as float), routing[t, c, 1] = weight.
 // kMoeRouter(router_logits[token dims, experts]) -> routing: softmax over "experts" (whole), the
-//   attrs.top_k largest probabilities in descending order (ties: lower index first).
+//   attrs.top_k largest probabilities in descending order (ties: lower index first); their
+//   weights are those probabilities, divided by their sum when attrs.normalize_top_k (MaxText's
+//   norm_topk_prob), times attrs.route_scale (routed_scaling_factor).
 // kRouterGrad, by input count:
 //   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
-//     ignored): dp_e = sum of d_routing[t, c, 1] over the choices c of expert e;
-//     dlogits = p * (dp - sum(p dp)).
+//     ignored): with dw_c = d_routing[t, c, 1] and the chosen probabilities q_c, dq_c = s dw_c,
+//     or (s / Z)(dw_c - sum_j dw_j q_j / Z) when normalized (Z = sum q); dp_e = dq of e's choice
+//     (0 for the others); dlogits = p * (dp - sum(p dp)).
 //   (d_combined[token dims, embed], expert_out[experts, expert_tokens, embed], routing) ->
 //     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
 //     choice (0 for dropped ones), channel 0 = 0.
@@ -260,13 +263,17 @@ class MoeKernel {
   std::vector<Assignment> assignments_;
 };
 
-// Softmax probabilities of one token's router logits and its top-k experts.
+// Softmax probabilities of one token's router logits, its top-k experts, and what turns a chosen
+// probability into its weight: route_scale, over the chosen probabilities' sum when normalized.
 struct RouterRow {
   std::vector<double> probabilities;
   std::vector<int64_t> chosen;
+  double chosen_sum = 0;
+  double weight_scale = 1;
 };
 
-RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int64_t top_k) {
+RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int64_t top_k,
+                      const OpAttrs& attrs) {
   RouterRow row;
   row.probabilities.resize(static_cast<size_t>(experts));
   double max = -std::numeric_limits<double>::infinity();
@@ -291,6 +298,10 @@ RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int6
   });
   order.resize(static_cast<size_t>(top_k));
   row.chosen = order;
+  for (const int64_t e : row.chosen) {
+    row.chosen_sum += row.probabilities[static_cast<size_t>(e)];
+  }
+  row.weight_scale = attrs.route_scale / (attrs.normalize_top_k ? row.chosen_sum : 1.0);
   return row;
 }
 
@@ -316,14 +327,14 @@ void run_router(const Ctx& ctx, bool gradient) {
   if (!gradient) {
     float* out = ctx.out(0);
     for (size_t token = 0; token < logits_at.size(); ++token) {
-      const RouterRow row =
-          route_token(logit_values + logits_at[token], experts.size, stride, layout.top_k);
+      const RouterRow row = route_token(logit_values + logits_at[token], experts.size, stride,
+                                        layout.top_k, ctx.op().attrs);
       for (int64_t c = 0; c < layout.top_k; ++c) {
         const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
         const int64_t expert = row.chosen[static_cast<size_t>(c)];
         out[base] = static_cast<float>(expert);
         out[base + layout.route_stride] =
-            static_cast<float>(row.probabilities[static_cast<size_t>(expert)]);
+            static_cast<float>(row.probabilities[static_cast<size_t>(expert)] * row.weight_scale);
       }
     }
     return;
@@ -335,13 +346,22 @@ void run_router(const Ctx& ctx, bool gradient) {
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
   for (size_t token = 0; token < logits_at.size(); ++token) {
-    const RouterRow row =
-        route_token(logit_values + logits_at[token], experts.size, stride, layout.top_k);
+    const RouterRow row = route_token(logit_values + logits_at[token], experts.size, stride,
+                                      layout.top_k, ctx.op().attrs);
+    // Through the weights to the chosen probabilities: w_c = weight_scale q_c, where a normalized
+    // weight_scale = s / Z also depends on every q_j.
+    double weighted = 0;  // sum_j dw_j q_j
+    for (int64_t c = 0; c < layout.top_k; ++c) {
+      const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
+      weighted += d_routing[base + layout.route_stride] *
+                  row.probabilities[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])];
+    }
+    const double normalized = ctx.op().attrs.normalize_top_k ? weighted / row.chosen_sum : 0.0;
     std::vector<double> dp(static_cast<size_t>(experts.size), 0.0);
     for (int64_t c = 0; c < layout.top_k; ++c) {
       const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
       dp[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])] +=
-          d_routing[base + layout.route_stride];
+          row.weight_scale * (d_routing[base + layout.route_stride] - normalized);
     }
     double inner = 0;
     for (int64_t e = 0; e < experts.size; ++e) {

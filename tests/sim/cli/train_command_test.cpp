@@ -117,10 +117,9 @@ TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
   expect_user_error({"train", "model_name=tiny-llama", "final_logits_soft_cap=30"},
                     "final_logits_soft_cap");
   // Numerics the estimate does not read and the engine does not build: the router's scoring,
-  // bias, scale, renormalization, groups and aux loss, clamped activations, dropout, scaled RoPE.
-  for (const std::string key :
-       {"routed_score_func=sigmoid", "routed_bias=true", "routed_scaling_factor=2.5",
-        "norm_topk_prob=true", "n_routing_groups=2", "load_balance_loss_weight=0.01"}) {
+  // bias, groups and aux loss, clamped activations, dropout, scaled RoPE.
+  for (const std::string key : {"routed_score_func=sigmoid", "routed_bias=true",
+                                "n_routing_groups=2", "load_balance_loss_weight=0.01"}) {
     expect_user_error({"train", "model_name=tiny-moe", key}, key.substr(0, key.find('=')));
   }
   expect_user_error({"train", "model_name=tiny-llama", "mlp_activations_limit=7"},

@@ -224,6 +224,10 @@ std::vector<Case> decoder_block_cases() {
       // envy's (the envy-test preset as MaxText ships it: 4 layers, every 2nd a top-1 MoE of 8
       // experts, qk-norm, a norm after every feed-forward block, tied logits), with the expert
       // dim sharded too.
+      // qwen3's and deepseek's router options: the top-k weights renormalized, then scaled.
+      {"tiny-moe",
+       {"norm_topk_prob=true", "routed_scaling_factor=2.5", "compile_topology=v5e-4",
+        "per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}},
       {"envy-test",
        {"compile_topology=v5e-4", "per_device_batch_size=1", "ici_fsdp_parallelism=2",
         "ici_expert_parallelism=2"}},

@@ -130,6 +130,53 @@ TEST(KernelMoe, RouterGradientMatchesFiniteDifferences) {
             run(c.graph, grad, {weights[0], inputs[0]})[0]);
 }
 
+// norm_topk_prob and routed_scaling_factor: the chosen probabilities over their sum, times the
+// scale; the gradient through both matches finite differences.
+TEST(KernelMoe, RouterRenormalizesAndScalesTheTopK) {
+  std::mt19937 rng(21);
+  Case c;
+  const std::vector<Dim> logit_dims = {dim("batch", 2), dim("length", 3), dim("experts", 4)};
+  const TensorId logits = c.tensor("logits", logit_dims);
+  const TensorId routing = c.tensor("routing", routing_dims());
+  const TensorId d_routing = c.tensor("d_routing", routing_dims());
+  const TensorId d_logits = c.tensor("d_logits", logit_dims);
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  attrs.route_scale = 2.5;
+  const Op& forward = c.op(OpKind::kMoeRouter, {logits}, {routing}, attrs);
+  const Op& grad = c.op(OpKind::kRouterGrad, {d_routing, logits}, {d_logits}, attrs, true);
+  const std::vector<TensorData> inputs = {separated_logits(c.info(logits), rng)};
+  const TensorData result = run(c.graph, forward, inputs)[0];
+  for (int64_t t = 0; t < 6; ++t) {
+    double top_sum = 0;
+    std::vector<double> p(4);
+    double sum = 0;
+    for (int64_t e = 0; e < 4; ++e) {
+      p[static_cast<size_t>(e)] =
+          std::exp(double{inputs[0].values[static_cast<size_t>(t * 4 + e)]});
+      sum += p[static_cast<size_t>(e)];
+    }
+    for (int64_t choice = 0; choice < kTopK; ++choice) {
+      const auto expert =
+          static_cast<size_t>(result.values[static_cast<size_t>((t * kTopK + choice) * 2)]);
+      top_sum += p[expert] / sum;
+    }
+    double weights = 0;
+    for (int64_t choice = 0; choice < kTopK; ++choice) {
+      const auto expert =
+          static_cast<size_t>(result.values[static_cast<size_t>((t * kTopK + choice) * 2)]);
+      const double weight = result.values[static_cast<size_t>((t * kTopK + choice) * 2 + 1)];
+      EXPECT_NEAR(weight, 2.5 * (p[expert] / sum) / top_sum, 1e-6);
+      weights += weight;
+    }
+    EXPECT_NEAR(weights, 2.5, 1e-5);
+  }
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  expect_fd("normalized router d_logits", c.graph, forward, inputs, weights, 0,
+            run(c.graph, grad, {weights[0], inputs[0]})[0]);
+}
+
 struct MoeGraph {
   Case c;
   TensorId x = c.tensor("x", activation_dims());
