@@ -397,7 +397,9 @@ std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
     kept.origin = entry.origin;
     kept.effect = maxtext->effect;
     kept.is_maxtext_default = equals_maxtext_default(*maxtext, kept.value);
-    keys[name] = kept;
+    if (!kept.is_maxtext_default) {  // a preset restating MaxText's default says nothing new
+      keys[name] = kept;
+    }
   }
   std::vector<PassthroughKey> list;
   for (const auto& [name, kept] : keys) {

@@ -131,7 +131,7 @@ const std::vector<RangeRule>& range_rules() {
       {"learning_rate", 0, 1e3, false},
       {"warmup_steps_fraction", 0, 1, false},
       {"steps", -1, 1e12, false},
-      {"hbm_headroom_fraction", 0, 1, false},
+      {"hbm_headroom_fraction", 0, 0.99, false},  // 1 would leave no HBM at all
       {"num_threads", 0, 4096, false},
       {"collective_timeout_seconds", 0, 1e6, true},
       {"sa_block_q", 1, kMaxSequence, false},

@@ -52,14 +52,16 @@ for proj in ('wi','wo'):
     for phase,default in (('fwd','2'),('dlhs','2'),('drhs','3')):
         EXTRA.append((f'{proj}_tile_{phase}_buffer_count', default if False else 'None', 'int', 'not_modeled',
                       'megablox tile buffering of a newer MaxText revision (published recipes of 2026); the default is not in the key table'))
-# Keys of tpusim's configs/base.yml that the estimate does not read (a check in
-# tests/model/maxtext_compat_test.cpp keeps this list honest): each is listed when a config sets it,
+# Keys of tpusim's configs/base.yml that the estimate does not read (tests/model/
+# maxtext_compat_test.cpp sets each on a small model and checks that the step time, memory and mesh
+# stay bitwise the same): each is listed when a config sets it,
 # as "none" (cannot change the estimate; `tpusim train` refuses the ones whose numerics it does not
 # build) or "not_modeled" (changes the step; a warning when it differs from MaxText's default).
 SCHEMA_NOT_READ = {
  # Numerics only: the router's scoring, bias, scale, renormalization and group limit, the
- # activation clamp, the dropout rate and YaRN's ramp. `train` refuses what it does not build
- # (enable_dropout stays "modeled": without a dropout_rate it changes nothing, and train reads it).
+ # activation clamp, the dropout rate, the RoPE variant and YaRN's ramp. `train` refuses what it
+ # does not build (enable_dropout stays "modeled": without a dropout_rate it changes nothing, most
+ # presets set it, and train reads it).
  'routed_score_func': 'none', 'routed_bias': 'none', 'routed_scaling_factor': 'none',
  'norm_topk_prob': 'none', 'n_routing_groups': 'none', 'topk_routing_group': 'none',
  'mlp_activations_limit': 'none', 'dropout_rate': 'none',
@@ -77,7 +79,7 @@ SCHEMA_NOT_READ = {
  'sa_use_fused_bwd_kernel': 'not_modeled', 'sa_block_q_dkv': 'not_modeled',
  'sa_block_q_dq': 'not_modeled', 'sa_block_kv_dq': 'not_modeled',
  'local_sa_block_q_dkv': 'not_modeled', 'scan_layers': 'not_modeled',
- 'ici_diloco_parallelism': 'not_modeled', 'dcn_diloco_parallelism': 'not_modeled',
+ 'mesh_axes': 'not_modeled', 'rope_type': 'none',
 }
 out=open('configs/maxtext/base_keys.tsv','w')
 out.write('# Every key of MaxText\'s base.yml (src/maxtext/configs/base.yml at the revision docs/reference/maxtext.md\n')

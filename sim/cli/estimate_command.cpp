@@ -53,8 +53,10 @@ void print_human(const nlohmann::json& json) {
             << json["tokens_per_s"].get<double>() << " total\n";
   std::cout << std::setprecision(2);
   std::cout << "TFLOP/device/step  model " << json["model_tflop_per_device_step"].get<double>()
-            << ", hardware (with remat) " << json["hardware_tflop_per_device_step"].get<double>()
-            << "\n";
+            << ", hardware (with remat"
+            << (json["uncounted_tflop_per_device_step"].get<double>() > 0 ? " and one-hot embedding"
+                                                                          : "")
+            << ") " << json["hardware_tflop_per_device_step"].get<double>() << "\n";
   std::cout << "breakdown (s per step)\n";
   for (const auto& [key, value] : json["breakdown"].items()) {
     std::cout << "  " << std::left << std::setw(36) << key << std::right << std::setprecision(4)

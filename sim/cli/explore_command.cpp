@@ -86,11 +86,8 @@ void print_csv(const ExploreResult& result) {
               << ranked.tokens_per_s_per_chip << "," << ranked.hbm_peak_bytes_per_device << ","
               << ranked.hbm_capacity_bytes - ranked.hbm_peak_bytes_per_device << ","
               << (ranked.fits ? "true" : "false") << ","
-              << ranked.estimate["mesh"].get<std::string>() << ",\"" << ranked.args << "\",\"";
-    for (size_t index = 0; index < ranked.libtpu_flags.size(); ++index) {
-      std::cout << (index == 0 ? "" : " ") << ranked.libtpu_flags[index];
-    }
-    std::cout << "\"\n";
+              << ranked.estimate["mesh"].get<std::string>() << ",\"" << ranked.args << "\",\""
+              << ranked.libtpu_init_args << "\"\n";
   }
 }
 
@@ -155,12 +152,8 @@ void print_human(const ExploreResult& result) {
     std::cout << "\n    tpusim estimate " << ranked.args << "\n";
     // tpusim's compiler switches reach a real run through libtpu flags, not MaxText keys.
     std::cout << "    MaxText: ";
-    if (!ranked.libtpu_flags.empty()) {
-      std::cout << "LIBTPU_INIT_ARGS=\"";
-      for (size_t index = 0; index < ranked.libtpu_flags.size(); ++index) {
-        std::cout << (index == 0 ? "" : " ") << ranked.libtpu_flags[index];
-      }
-      std::cout << "\" ";
+    if (!ranked.libtpu_init_args.empty()) {
+      std::cout << "LIBTPU_INIT_ARGS=\"" << ranked.libtpu_init_args << "\" ";
     }
     std::cout << "python3 -m MaxText.train MaxText/configs/base.yml";
     for (const std::string& item : ranked.maxtext_overrides) {

@@ -80,6 +80,14 @@ std::vector<Flag> parse_flags(const std::string& text, const std::string& source
   return flags;
 }
 
+// One of the flags the recipes (and explore's LIBTPU_INIT_ARGS) set beside the fusion flag.
+bool is_fusion_companion(const std::string& name) {
+  const std::vector<std::string>& companions = async_collective_fusion_companion_flags();
+  return std::any_of(companions.begin(), companions.end(), [&name](const std::string& flag) {
+    return flag.starts_with("--" + name + "=");
+  });
+}
+
 bool user_sets(const std::vector<std::string>& user_overrides, const std::string& key) {
   return std::any_of(user_overrides.begin(), user_overrides.end(),
                      [&](const std::string& item) { return item.starts_with(key + "="); });
@@ -119,12 +127,16 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
   std::map<std::string, std::string> modeled_text;
   for (const Flag& flag : all) {
     if (flag.name.find("sparse_core_collective_offload") != std::string::npos) {
-      // Any offloaded collective kind turns tpusim's (all-kinds) offload on.
+      // Any offloaded collective kind turns tpusim's (all-kinds) offload on: the three kinds
+      // explore writes (sparse_core_offload_flag_names) and the 2d/3d all-gather variants the
+      // Ironwood recipes add.
       sparse_core_offload = sparse_core_offload.value_or(false) || is_true(flag.value);
       modeled_text[flag.name] = flag.text;
     } else if (flag.name == kAsyncCollectiveFusionFlag) {
       async_collective_fusion = is_true(flag.value);
       modeled_text[flag.name] = flag.text;
+    } else if (is_fusion_companion(flag.name)) {
+      modeled_text[flag.name] = flag.text;  // part of the fusion switch; sets nothing alone
     } else if (flag.name.find("_tracing") != std::string::npos ||
                flag.name.starts_with("xla_dump")) {
       report.no_effect.push_back(flag.name);

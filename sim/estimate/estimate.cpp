@@ -83,6 +83,7 @@ Estimate estimate_config(const Config& config) {
   json["program_model_tflop_per_device_step"] = estimate.flops.model_matmul / kTera;
   json["hardware_tflop_per_device_step"] = estimate.flops.hardware_matmul / kTera;
   json["recompute_tflop_per_device_step"] = estimate.flops.recompute_matmul / kTera;
+  json["uncounted_tflop_per_device_step"] = estimate.flops.uncounted_matmul / kTera;
   json["vector_tflop_per_device_step"] = estimate.flops.vector / kTera;
   json["breakdown"] = estimate.timing.breakdown;
   json["microbatch_time_s"] = estimate.timing.microbatch_seconds;

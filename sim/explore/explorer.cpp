@@ -166,8 +166,8 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
   ranked.args = join(args);
   ranked.maxtext_overrides = maxtext_keys(args);
   const PerfOptions perf = perf_options_from_config(full, *space.slice.chip);
-  ranked.libtpu_flags =
-      libtpu_flags_for(perf.sparse_core_offload, perf.collective_matmul, *space.slice.chip);
+  ranked.libtpu_init_args =
+      join(libtpu_flags_for(perf.sparse_core_offload, perf.collective_matmul, *space.slice.chip));
   ranked.step_time_s = estimate.step_seconds;
   ranked.mfu = estimate.mfu;
   ranked.tokens_per_s_per_chip = estimate.tokens_per_s_per_chip;
@@ -282,7 +282,7 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
   nlohmann::json item;
   item["args"] = ranked.args;
   item["maxtext_overrides"] = join(ranked.maxtext_overrides);
-  item["libtpu_init_args"] = join(ranked.libtpu_flags);
+  item["libtpu_init_args"] = ranked.libtpu_init_args;
   item["step_time_s"] = ranked.step_time_s;
   item["mfu"] = ranked.mfu;
   item["tokens_per_s_per_chip"] = ranked.tokens_per_s_per_chip;

@@ -86,7 +86,7 @@ struct RankedCandidate {
   Candidate candidate;
   std::string args;                            // tpusim overrides that reproduce it
   std::vector<std::string> maxtext_overrides;  // the keys MaxText itself understands
-  std::vector<std::string> libtpu_flags;       // LIBTPU_INIT_ARGS for tpusim's switches
+  std::string libtpu_init_args;                // the flags that give a real run tpusim's switches
   double step_time_s = 0;
   double mfu = 0;
   double tokens_per_s_per_chip = 0;

@@ -141,6 +141,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   plan.per_distinct_batch = plan.per_remat * static_cast<int64_t>(space.remats.size());
   plan.program.slice = space.slice;
   plan.program.mesh = plan.placed.front();  // partitioning reads only the mesh's shape
+  plan.program.hbm_headroom_fraction = context_.config.get_float("hbm_headroom_fraction");
   // Memory depends on the attention kind too (dot_product materializes its scores), so fit is
   // tracked per (remat, kind); a kind's candidates of one remat are that many per (batch).
   const size_t kinds = space.attention_kinds.size();
@@ -202,7 +203,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       context_.threshold.get() > -std::numeric_limits<double>::infinity()) {
     build(plan, batch.index, TrainingStepCache::kNoRemat, out);
     none = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
-    if (best_possible(batch, lowest(none->step)) < context_.threshold.get()) {
+    if (cannot_reach(best_possible(batch, lowest(none->step)), context_.threshold.get())) {
       for (size_t remat = 0; remat < remats; ++remat) {
         prune_remat(plan, remat, out);
       }
@@ -224,9 +225,10 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
     return true;
   }
   if (none.has_value() &&
-      best_possible(batch, lowest(remat_bounds(*none, context_.steps.recomputed(batch.index, remat),
-                                               batch.choice->accumulation_steps))) <
-          context_.threshold.get()) {
+      cannot_reach(best_possible(batch, lowest(remat_bounds(
+                                            *none, context_.steps.recomputed(batch.index, remat),
+                                            batch.choice->accumulation_steps))),
+                   context_.threshold.get())) {
     prune_remat(plan, remat, out);
     return true;
   }
@@ -300,7 +302,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
                                          (variant.perf.sparse_core_offload == "auto" &&
                                           chip.sparsecore_collective_offload_default > 0);
       perf_options.collective_matmul = variant.perf.collective_matmul;
-      if (best_possible(batch, context_bounds[variant.context]) < threshold.get()) {
+      if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold.get())) {
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }
@@ -316,7 +318,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
       const double step_bound =
           std::max(context_bounds[variant.context] + bounds->tensorcore_driven_seconds,
                    bounds->busiest_link_seconds);
-      if (best_possible(batch, step_bound) < threshold.get()) {
+      if (cannot_reach(best_possible(batch, step_bound), threshold.get())) {
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }

@@ -8,8 +8,6 @@
 namespace tpusim {
 namespace {
 
-constexpr double kTieRelativeTolerance = 1e-9;
-
 bool better(const Scored& a, const Scored& b) {
   if (a.objective != b.objective) {
     return a.objective > b.objective;
@@ -25,6 +23,18 @@ const std::vector<std::string>& prune_reasons() {
 }
 
 }  // namespace
+
+double tie_key(double objective) {
+  if (objective == 0 || !std::isfinite(objective)) {
+    return objective;
+  }
+  const double scale = std::pow(10.0, 11 - std::floor(std::log10(std::abs(objective))));
+  return std::round(objective * scale) / scale;
+}
+
+bool cannot_reach(double bound, double threshold) {
+  return bound < threshold && tie_key(bound) != tie_key(threshold);
+}
 
 void WorkerResult::sample(const ExploreSample& value, size_t limit) {
   if (limit == 0) {
@@ -45,18 +55,17 @@ void WorkerResult::sample(const ExploreSample& value, size_t limit) {
 }
 
 void WorkerResult::offer(Scored scored, size_t limit) {
-  // Candidates that score the same (to 1e-9) are one answer for the user, e.g. the same devices
-  // split as fsdp=128 or fsdp=64 x fsdp_transpose=2: the list keeps the first in the space's
-  // order and gives its other places to different answers.
-  const auto tie = std::find_if(top.begin(), top.end(), [&scored](const Scored& kept) {
-    return std::abs(kept.objective - scored.objective) <=
-           kTieRelativeTolerance * std::abs(kept.objective);
-  });
+  // Candidates that score the same (tie_key) are one answer for the user: the list keeps the
+  // first in the space's order, whatever order they arrive in, and gives its other places to
+  // different answers.
+  const double key = tie_key(scored.objective);
+  const auto tie = std::find_if(
+      top.begin(), top.end(), [key](const Scored& kept) { return tie_key(kept.objective) == key; });
   if (tie != top.end()) {
-    if (scored.candidate.order < tie->candidate.order) {
-      tie->candidate = scored.candidate;
+    if (scored.candidate.order >= tie->candidate.order) {
+      return;
     }
-    return;
+    top.erase(tie);
   }
   if (top.size() == limit && !better(scored, top.back())) {
     return;

@@ -37,6 +37,14 @@ inline constexpr const char* kPrunedWeightsExceedHbm = "weights_exceed_hbm";
 inline constexpr const char* kPrunedDoesNotFitHbm = "does_not_fit_hbm";
 inline constexpr const char* kPrunedCannotBeatTop = "cannot_beat_top";
 
+// The objective to 12 significant digits: candidates that share it score the same for the user
+// (e.g. the same devices split as fsdp=128 or fsdp=64 x fsdp_transpose=2) and are one entry.
+double tie_key(double objective);
+
+// True when a candidate whose objective is at most `bound` cannot enter a top N whose last entry
+// scores `threshold`: below it, and not tied with it (a tie may still replace that entry).
+bool cannot_reach(double bound, double threshold);
+
 // A timed candidate and its objective (larger is better).
 struct Scored {
   Candidate candidate;

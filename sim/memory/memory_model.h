@@ -65,8 +65,8 @@ struct MemoryEstimate {
   double peak_bytes = 0;
   std::string peak_region;          // where the peak occurs, e.g. "layer/grad (first iteration)"
   double host_offloaded_bytes = 0;  // saved activations kept in host memory at the peak
-  double capacity_bytes =
-      0;  // usable HBM per device (catalog hbm_usable_gib) less hbm_headroom_fraction
+  // Usable HBM per device (catalog hbm_usable_gib) less hbm_headroom_fraction.
+  double capacity_bytes = 0;
   bool fits = false;
 };
 

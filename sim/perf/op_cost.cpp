@@ -406,10 +406,12 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
     // issues the next sub-block's matmuls beside this one's softmax: a software pipeline whose
     // time is the longer stage plus one sub-block of the shorter.
     OpCost result = finish(cost, context);
-    const int64_t kv_compute_chunks =
-        backward
-            ? local_or(context.local_kv_compute_chunks_backward, context.kv_compute_chunks_backward)
-            : local_or(context.local_kv_compute_chunks_forward, context.kv_compute_chunks_forward);
+    const int64_t kv_block = backward ? local_or(context.local_block_kv_dkv, context.block_kv_dkv)
+                                      : local_or(context.local_block_kv, context.block_kv);
+    const int64_t kv_compute_block =
+        backward ? local_or(context.local_block_kv_dkv_compute, context.block_kv_dkv_compute)
+                 : local_or(context.local_block_kv_compute, context.block_kv_compute);
+    const int64_t kv_compute_chunks = kv_block / std::max<int64_t>(1, kv_compute_block);
     const double chunks = mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
                               ? static_cast<double>(std::max<int64_t>(1, kv_compute_chunks))
                               : 1.0;

@@ -51,19 +51,23 @@ enum class MatmulPass { kForward = 0, kInputGrad = 1, kWeightGrad = 2 };
 struct CostContext {
   const ChipSpec* chip = nullptr;
   bool flash_attention = true;  // attention=flash/autoselected vs dot_product
-  int64_t block_q = 512;        // sa_block_q
-  int64_t block_kv = 512;       // sa_block_kv
-  // Compute sub-blocks per key/value block (sa_block_kv / sa_block_kv_compute forward,
-  // sa_block_kv_dkv / sa_block_kv_dkv_compute backward): with more than one, the kernel's Q.K^T of
-  // one sub-block overlaps the softmax of the previous one.
-  int64_t kv_compute_chunks_forward = 1;
-  int64_t kv_compute_chunks_backward = 1;
+  // Splash blocks as MaxText's keys set them: forward query and key/value blocks and the
+  // key/value compute sub-block (sa_block_q, sa_block_kv, sa_block_kv_compute), the backward dK/dV
+  // kernel's key/value block and sub-block (sa_block_kv_dkv, sa_block_kv_dkv_compute). With more
+  // than one compute sub-block per key/value block, the kernel's Q.K^T of one sub-block overlaps
+  // the softmax of the previous one.
+  int64_t block_q = 512;
+  int64_t block_kv = 512;
+  int64_t block_kv_compute = 512;
+  int64_t block_kv_dkv = 512;
+  int64_t block_kv_dkv_compute = 512;
   // The same for the sliding-window layers (local_sa_block_*); 0 (MaxText's None) takes the value
   // above.
   int64_t local_block_q = 0;
   int64_t local_block_kv = 0;
-  int64_t local_kv_compute_chunks_forward = 0;
-  int64_t local_kv_compute_chunks_backward = 0;
+  int64_t local_block_kv_compute = 0;
+  int64_t local_block_kv_dkv = 0;
+  int64_t local_block_kv_dkv_compute = 0;
   bool int8_matmuls = false;  // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;   // quantization=fp8* on chips with fp8 MXUs
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by

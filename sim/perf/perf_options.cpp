@@ -16,30 +16,16 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.flash_attention = attention != "dot_product";
   options.cost.block_q = config.get_int("sa_block_q");
   options.cost.block_kv = config.get_int("sa_block_kv");
-  options.cost.kv_compute_chunks_forward =
-      std::max<int64_t>(1, config.get_int("sa_block_kv") /
-                               std::max<int64_t>(1, config.get_int("sa_block_kv_compute")));
-  options.cost.kv_compute_chunks_backward =
-      std::max<int64_t>(1, config.get_int("sa_block_kv_dkv") /
-                               std::max<int64_t>(1, config.get_int("sa_block_kv_dkv_compute")));
-  // local_sa_block_*: MaxText's None (unset) falls back to the sa_block_* value.
-  const auto local_block = [&config](const std::string& key) {
-    const int64_t local = optional_positive_int(config, "local_" + key);
-    return local > 0 ? local : config.get_int(key);
-  };
-  if (optional_positive_int(config, "local_sa_block_q") > 0 ||
-      optional_positive_int(config, "local_sa_block_kv") > 0 ||
-      optional_positive_int(config, "local_sa_block_kv_compute") > 0 ||
-      optional_positive_int(config, "local_sa_block_kv_dkv") > 0 ||
-      optional_positive_int(config, "local_sa_block_kv_dkv_compute") > 0) {
-    options.cost.local_block_q = local_block("sa_block_q");
-    options.cost.local_block_kv = local_block("sa_block_kv");
-    options.cost.local_kv_compute_chunks_forward = std::max<int64_t>(
-        1, local_block("sa_block_kv") / std::max<int64_t>(1, local_block("sa_block_kv_compute")));
-    options.cost.local_kv_compute_chunks_backward =
-        std::max<int64_t>(1, local_block("sa_block_kv_dkv") /
-                                 std::max<int64_t>(1, local_block("sa_block_kv_dkv_compute")));
-  }
+  options.cost.block_kv_compute = config.get_int("sa_block_kv_compute");
+  options.cost.block_kv_dkv = config.get_int("sa_block_kv_dkv");
+  options.cost.block_kv_dkv_compute = config.get_int("sa_block_kv_dkv_compute");
+  // local_sa_block_*: MaxText's None (0 here) falls back to the sa_block_* value where it is used.
+  options.cost.local_block_q = optional_positive_int(config, "local_sa_block_q");
+  options.cost.local_block_kv = optional_positive_int(config, "local_sa_block_kv");
+  options.cost.local_block_kv_compute = optional_positive_int(config, "local_sa_block_kv_compute");
+  options.cost.local_block_kv_dkv = optional_positive_int(config, "local_sa_block_kv_dkv");
+  options.cost.local_block_kv_dkv_compute =
+      optional_positive_int(config, "local_sa_block_kv_dkv_compute");
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";

@@ -48,6 +48,13 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
   return worst;
 }
 
+// A key's number as a config writes it (0.01, not 0.010000).
+std::string number_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
 // Keys that change only the numbers a step computes (the estimate does not read them,
 // configs/maxtext/base_keys.tsv lists them as "none"): set away from the math the functional
 // engine builds, they are refused rather than ignored. Its router is a softmax over all experts
@@ -59,17 +66,17 @@ void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
     refuse("rope_type", rope, "the functional engine builds plain RoPE, without frequency scaling");
   }
   if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
-    refuse("dropout_rate", std::to_string(config.get_float("dropout_rate")),
-           "dropout is not built");
+    refuse("dropout_rate", number_text(config.get_float("dropout_rate")), "dropout is not built");
   }
   if (config.get_float("mlp_activations_limit") > 0) {
-    refuse("mlp_activations_limit", std::to_string(config.get_float("mlp_activations_limit")),
+    refuse("mlp_activations_limit", number_text(config.get_float("mlp_activations_limit")),
            "gpt-oss's clamped activations are not built");
   }
   if (config.get_int("num_experts") <= 1) {
     return;
   }
-  if (const std::string score = config.get_string("routed_score_func"); !score.empty()) {
+  if (const std::string score = config.get_string("routed_score_func");
+      !score.empty() && score != "softmax") {
     refuse("routed_score_func", score, "the router scores experts with a softmax only");
   }
   if (config.get_bool("routed_bias")) {
@@ -80,7 +87,7 @@ void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
            "group-limited routing is not built");
   }
   if (config.get_float("load_balance_loss_weight") > 0) {
-    refuse("load_balance_loss_weight", std::to_string(config.get_float("load_balance_loss_weight")),
+    refuse("load_balance_loss_weight", number_text(config.get_float("load_balance_loss_weight")),
            "the load-balance loss is not added");
   }
 }
@@ -128,8 +135,6 @@ void check_functional_support(const Config& config) {
            "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
 }
-
-namespace {}  // namespace
 
 namespace {
 

@@ -279,10 +279,19 @@ TEST(EstimateCommand, SchemaKeysTheEstimateDoesNotReadAreListed) {
     return nlohmann::json::parse(result.out)["hbm_capacity_bytes"].get<double>();
   };
   EXPECT_DOUBLE_EQ(capacity("0.25"), 0.75 * capacity("0"));
-  const auto nearly_all = run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-8",
-                                      "hbm_headroom_fraction=0.9999999", "--json"});
-  ASSERT_EQ(nearly_all.exit_code, 0) << nearly_all.err;
-  EXPECT_FALSE(nlohmann::json::parse(nearly_all.out)["fits"].get<bool>());
+  // llama3-8b fits a v5p-8 (fsdp 4), not 1% of its HBM; explore prunes it by the same verdict.
+  const auto estimate =
+      run_tpusim({"estimate", "model_name=llama3-8b", "compile_topology=v5p-8",
+                  "per_device_batch_size=1", "hbm_headroom_fraction=0.99", "--json"});
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
+  EXPECT_FALSE(nlohmann::json::parse(estimate.out)["fits"].get<bool>());
+  const auto explore =
+      run_tpusim({"explore", "model_name=llama3-8b", "compile_topology=v5p-8",
+                  "per_device_batch_size=1", "hbm_headroom_fraction=0.99", "--json"});
+  ASSERT_EQ(explore.exit_code, 0) << explore.err;
+  EXPECT_TRUE(nlohmann::json::parse(explore.out)["top"].empty()) << explore.out;
+  expect_user_error({"estimate", "model_name=tiny-llama", "hbm_headroom_fraction=1"},
+                    "hbm_headroom_fraction");
 }
 
 TEST(EstimateCommand, JsonErrorsAreJsonOnStdout) {

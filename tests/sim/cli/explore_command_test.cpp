@@ -92,6 +92,7 @@ TEST(ExploreCommand, LibtpuFlagsReproduceTheSwitches) {
     args.insert(args.end(), {"--xla-flags", flags, "--json"});
     const auto estimate = run_tpusim(args);
     ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
+    EXPECT_NE(estimate.err.find("; 0 not modeled"), std::string::npos) << estimate.err;
     EXPECT_DOUBLE_EQ(nlohmann::json::parse(estimate.out)["step_time_s"].get<double>(),
                      item["step_time_s"].get<double>());
   }
