@@ -112,44 +112,51 @@ TEST(KernelMoe, RouterPicksTopKOfSoftmax) {
   EXPECT_EQ(result.values[2], 1.0f);
 }
 
-TEST(KernelMoe, RouterGradientMatchesFiniteDifferences) {
-  std::mt19937 rng(20);
+// The router's logits, routing and their gradients: [batch 2, length 3, experts 4] -> top-k.
+struct RouterGraph {
   Case c;
-  const std::vector<Dim> logit_dims = {dim("batch", 2), dim("length", 3), dim("experts", 4)};
-  const TensorId logits = c.tensor("logits", logit_dims);
-  const TensorId routing = c.tensor("routing", routing_dims());
-  const TensorId d_routing = c.tensor("d_routing", routing_dims());
-  const TensorId d_logits = c.tensor("d_logits", logit_dims);
-  OpAttrs attrs;
-  attrs.top_k = kTopK;
-  const Op& forward = c.op(OpKind::kMoeRouter, {logits}, {routing}, attrs);
-  const Op& grad = c.op(OpKind::kRouterGrad, {d_routing, logits}, {d_logits}, attrs, true);
-  const std::vector<TensorData> inputs = {separated_logits(c.info(logits), rng)};
-  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
-  expect_fd("router d_logits", c.graph, forward, inputs, weights, 0,
-            run(c.graph, grad, {weights[0], inputs[0]})[0]);
+  std::vector<Dim> logit_dims = {dim("batch", 2), dim("length", 3), dim("experts", 4)};
+  TensorId logits = c.tensor("logits", logit_dims);
+  TensorId routing = c.tensor("routing", routing_dims());
+  TensorId d_routing = c.tensor("d_routing", routing_dims());
+  TensorId d_logits = c.tensor("d_logits", logit_dims);
+};
+
+// The plain router, and with norm_topk_prob and routed_scaling_factor (the chosen probabilities
+// over their sum, times the scale): the gradient matches finite differences.
+TEST(KernelMoe, RouterGradientMatchesFiniteDifferences) {
+  for (const bool normalized : {false, true}) {
+    SCOPED_TRACE(normalized ? "normalized, scaled" : "plain");
+    std::mt19937 rng(20);
+    RouterGraph g;
+    OpAttrs attrs;
+    attrs.top_k = kTopK;
+    attrs.normalize_top_k = normalized;
+    attrs.route_scale = normalized ? 2.5 : 1.0;
+    g.c.op(OpKind::kMoeRouter, {g.logits}, {g.routing}, attrs);
+    g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits}, {g.d_logits}, attrs, true);
+    const Op& forward = g.c.graph.ops()[0];
+    const Op& grad = g.c.graph.ops()[1];
+    const std::vector<TensorData> inputs = {separated_logits(g.c.info(g.logits), rng)};
+    const std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
+    expect_fd("router d_logits", g.c.graph, forward, inputs, weights, 0,
+              run(g.c.graph, grad, {weights[0], inputs[0]})[0]);
+  }
 }
 
-// norm_topk_prob and routed_scaling_factor: the chosen probabilities over their sum, times the
-// scale; the gradient through both matches finite differences.
+// norm_topk_prob and routed_scaling_factor: each token's weights are 2.5 x its chosen
+// probabilities over their sum, so they add up to 2.5.
 TEST(KernelMoe, RouterRenormalizesAndScalesTheTopK) {
   std::mt19937 rng(21);
-  Case c;
-  const std::vector<Dim> logit_dims = {dim("batch", 2), dim("length", 3), dim("experts", 4)};
-  const TensorId logits = c.tensor("logits", logit_dims);
-  const TensorId routing = c.tensor("routing", routing_dims());
-  const TensorId d_routing = c.tensor("d_routing", routing_dims());
-  const TensorId d_logits = c.tensor("d_logits", logit_dims);
+  RouterGraph g;
   OpAttrs attrs;
   attrs.top_k = kTopK;
   attrs.normalize_top_k = true;
   attrs.route_scale = 2.5;
-  const Op& forward = c.op(OpKind::kMoeRouter, {logits}, {routing}, attrs);
-  const Op& grad = c.op(OpKind::kRouterGrad, {d_routing, logits}, {d_logits}, attrs, true);
-  const std::vector<TensorData> inputs = {separated_logits(c.info(logits), rng)};
-  const TensorData result = run(c.graph, forward, inputs)[0];
+  const Op& forward = g.c.op(OpKind::kMoeRouter, {g.logits}, {g.routing}, attrs);
+  const std::vector<TensorData> inputs = {separated_logits(g.c.info(g.logits), rng)};
+  const TensorData result = run(g.c.graph, forward, inputs)[0];
   for (int64_t t = 0; t < 6; ++t) {
-    double top_sum = 0;
     std::vector<double> p(4);
     double sum = 0;
     for (int64_t e = 0; e < 4; ++e) {
@@ -157,24 +164,21 @@ TEST(KernelMoe, RouterRenormalizesAndScalesTheTopK) {
           std::exp(double{inputs[0].values[static_cast<size_t>(t * 4 + e)]});
       sum += p[static_cast<size_t>(e)];
     }
+    auto chosen = [&](int64_t choice) {
+      return static_cast<size_t>(result.values[static_cast<size_t>((t * kTopK + choice) * 2)]);
+    };
+    double top_sum = 0;
     for (int64_t choice = 0; choice < kTopK; ++choice) {
-      const auto expert =
-          static_cast<size_t>(result.values[static_cast<size_t>((t * kTopK + choice) * 2)]);
-      top_sum += p[expert] / sum;
+      top_sum += p[chosen(choice)] / sum;
     }
     double weights = 0;
     for (int64_t choice = 0; choice < kTopK; ++choice) {
-      const auto expert =
-          static_cast<size_t>(result.values[static_cast<size_t>((t * kTopK + choice) * 2)]);
       const double weight = result.values[static_cast<size_t>((t * kTopK + choice) * 2 + 1)];
-      EXPECT_NEAR(weight, 2.5 * (p[expert] / sum) / top_sum, 1e-6);
+      EXPECT_NEAR(weight, 2.5 * (p[chosen(choice)] / sum) / top_sum, 1e-6);
       weights += weight;
     }
     EXPECT_NEAR(weights, 2.5, 1e-5);
   }
-  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
-  expect_fd("normalized router d_logits", c.graph, forward, inputs, weights, 0,
-            run(c.graph, grad, {weights[0], inputs[0]})[0]);
 }
 
 struct MoeGraph {
