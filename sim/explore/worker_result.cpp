@@ -28,7 +28,7 @@ double tie_key(double objective) {
   if (objective == 0 || !std::isfinite(objective)) {
     return objective;
   }
-  const double scale = std::pow(10.0, 11 - std::floor(std::log10(std::abs(objective))));
+  const double scale = std::pow(10.0, 8 - std::floor(std::log10(std::abs(objective))));
   return std::round(objective * scale) / scale;
 }
 

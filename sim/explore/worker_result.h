@@ -37,7 +37,7 @@ inline constexpr const char* kPrunedWeightsExceedHbm = "weights_exceed_hbm";
 inline constexpr const char* kPrunedDoesNotFitHbm = "does_not_fit_hbm";
 inline constexpr const char* kPrunedCannotBeatTop = "cannot_beat_top";
 
-// The objective to 12 significant digits: candidates that share it score the same for the user
+// The objective to 9 significant digits: candidates that share it score the same for the user
 // (e.g. the same devices split as fsdp=128 or fsdp=64 x fsdp_transpose=2) and are one entry.
 double tie_key(double objective);
 

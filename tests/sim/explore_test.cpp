@@ -247,7 +247,7 @@ TEST(Explorer, PlacementChoicesLayTheMeshDifferently) {
       result.top[0].tokens_per_s_per_chip);
 }
 
-// Candidates that score the same to 12 digits are one entry, the first in the space's order,
+// Candidates that score the same to 9 digits are one entry, the first in the space's order,
 // whatever order they are offered or merged in; the other places go to different scores.
 TEST(WorkerResult, TiesCollapseToTheFirstCandidateInAnyOrder) {
   auto scored = [](int64_t order, double objective) {
