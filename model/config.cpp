@@ -295,16 +295,21 @@ std::vector<std::string> Config::known_key_names() const {
   return names;
 }
 
-void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
-                              const std::string& origin) {
-  check_passthrough_value(key, value, origin);
+Config::PassthroughKey Config::passthrough_key(const MaxTextKey& key, const YAML::Node& value,
+                                               const std::string& origin) {
   PassthroughKey kept;
   kept.key = key.name;
   kept.value = value.IsNull() ? "" : (value.IsScalar() ? value.Scalar() : describe(value));
   kept.origin = origin;
   kept.effect = key.effect;
   kept.is_maxtext_default = equals_maxtext_default(key, kept.value);
-  passthrough_[key.name] = kept;
+  return kept;
+}
+
+void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
+                              const std::string& origin) {
+  check_passthrough_value(key, value, origin);
+  passthrough_[key.name] = passthrough_key(key, value, origin);
 }
 
 void Config::apply(std::string_view key, const YAML::Node& value, const std::string& origin) {
@@ -389,16 +394,9 @@ std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
         maxtext->effect == MaxTextKeyEffect::kModeled) {
       continue;
     }
-    PassthroughKey kept;
-    kept.key = name;
-    kept.value = entry.value.IsNull()
-                     ? ""
-                     : (entry.value.IsScalar() ? entry.value.Scalar() : describe(entry.value));
-    kept.origin = entry.origin;
-    kept.effect = maxtext->effect;
-    kept.is_maxtext_default = equals_maxtext_default(*maxtext, kept.value);
+    PassthroughKey kept = passthrough_key(*maxtext, entry.value, entry.origin);
     if (!kept.is_maxtext_default) {  // a preset restating MaxText's default says nothing new
-      keys[name] = kept;
+      keys[name] = std::move(kept);
     }
   }
   std::vector<PassthroughKey> list;

@@ -116,6 +116,9 @@ class Config {
   void apply_layer_value(const std::string& key, const YAML::Node& value, const std::string& origin,
                          bool override_logical_axis_rules);
   void apply(std::string_view key, const YAML::Node& value, const std::string& origin);
+  // A MaxText key's value as the passthrough list shows it.
+  static PassthroughKey passthrough_key(const MaxTextKey& key, const YAML::Node& value,
+                                        const std::string& origin);
   void keep_passthrough(const MaxTextKey& key, const YAML::Node& value, const std::string& origin);
   std::vector<std::string> known_key_names() const;
 
