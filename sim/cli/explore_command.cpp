@@ -1,10 +1,11 @@
 // `tpusim explore [config.yml ...] [key=value ...] [--top N] [--json|--csv] [--objective O]
 //                 [--global-batch-size N] [--max-per-device-batch B] [--min-hbm-headroom F]
-//                 [--threads T]`: searches meshes, batch, remat, attention and perf switches for
+//                 [--threads T] [--exact-schedules]`: searches meshes, batch, remat, attention and perf switches for
 // a model on a slice and ranks what fits (sim/explore/explorer.h). Keys given on the command line
 // are pinned (not searched).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iomanip>
@@ -40,6 +41,7 @@ struct ExploreFlags {
   double min_hbm_headroom = 0;
   int threads = 0;
   bool no_branch_and_bound = false;
+  bool exact_schedules = false;
   bool progress = false;
   std::string html;
 };
@@ -116,6 +118,10 @@ void print_human(const ExploreResult& result) {
     std::cout << "pipeline schedules (best of each):\n";
     for (const PipelineOption& option : result.pipeline_options) {
       std::cout << "  " << std::left << std::setw(72) << option.schedule << std::right;
+      if (option.bounded_out) {
+        std::cout << " cannot reach the top " << result.top.size() << "\n";
+        continue;
+      }
       if (!option.found) {
         std::cout << " nothing fits\n";
         continue;
@@ -128,6 +134,11 @@ void print_human(const ExploreResult& result) {
         std::cout << " (cross-slice gradient reduction " << option.gradient_reduction_s << " s)";
       }
       std::cout << "\n";
+    }
+    if (std::any_of(result.pipeline_options.begin(), result.pipeline_options.end(),
+                    [](const PipelineOption& option) { return option.bounded_out; })) {
+      std::cout << "  (--exact-schedules finds the best of the schedules that cannot reach the "
+                   "top as well)\n";
     }
   }
   int rank = 1;
@@ -201,6 +212,10 @@ void register_explore_command(CLI::App& app) {
   command->add_flag("--no-branch-and-bound", flags->no_branch_and_bound,
                     "Time every candidate that fits instead of skipping those that provably "
                     "cannot enter the top N (same top N, slower; for benchmarks)");
+  command->add_flag("--exact-schedules", flags->exact_schedules,
+                    "Multislice: find each pipeline schedule's own best (each searched from "
+                    "nothing), instead of searching later schedules only for what can enter the "
+                    "top N; same top N, slower");
   command->add_option("--html", flags->html,
                       "Write a self-contained HTML page: top N, and a scatter of step time "
                       "against HBM of the evaluated candidates with the Pareto front");
@@ -219,6 +234,7 @@ void register_explore_command(CLI::App& app) {
     options.top = flags->top;
     options.threads = flags->threads;
     options.branch_and_bound = !flags->no_branch_and_bound;
+    options.exact_schedules = flags->exact_schedules;
     options.max_samples = flags->html.empty() ? 0 : kHtmlSamples;
     if (flags->threads < 0) {
       throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");

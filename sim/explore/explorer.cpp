@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -179,7 +180,54 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
   return ranked;
 }
 
-ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options) {
+// True when no candidate of a pipelined schedule can reach `bar`, decided before any program is
+// built: a candidate computes at least MaxText's matmul FLOPs of its batch, spread evenly over the
+// devices, at the chip's fastest MXU rate (tensorcore_lower_bounds charges no matmul less), and
+// the decoder layers' share of them runs `stretch` times (the loop's iterations over those that
+// carry a microbatch: the bubble's iterations compute like the others). Models with experts are
+// left to the per-program bounds, as a capacity factor below 1 computes fewer FLOPs than MaxText
+// counts.
+bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
+                           const ExploreOptions& options, const PerfOptions& perf, double stretch,
+                           double bar) {
+  if (!std::isfinite(bar) || stretch <= 1 || config.get_int("num_experts") > 1) {
+    return false;
+  }
+  const ChipSpec& chip = *space.slice.chip;
+  const double peak_tflops =
+      std::max({chip.peak_bf16_tflops, chip.peak_fp8_tflops, chip.peak_int8_tops});
+  const double flops_per_second = peak_tflops * 1e12 / chip.devices_per_chip *
+                                  chip.mxu_achievable_fraction * perf.cost.program_efficiency;
+  const double tokens_per_sequence = static_cast<double>(config.get_int("max_target_length"));
+  for (const BatchChoice& batch : space.batches) {
+    Candidate candidate;
+    candidate.batch = batch;
+    candidate.attention = space.attention_kinds[0];
+    const MaxTextFlops flops =
+        maxtext_training_flops_per_device(candidate_config(config, space, candidate));
+    const double outside_layers_tflops =
+        3.0 * static_cast<double>(flops.gradient_accumulation_steps) * flops.forward.unembed / 1e12;
+    const double layers_tflops = flops.total_tflops() - outside_layers_tflops;
+    const double step_lower_bound =
+        (outside_layers_tflops + stretch * layers_tflops) * 1e12 / flops_per_second;
+    const double tokens =
+        static_cast<double>(batch.microbatch * batch.accumulation_steps) * tokens_per_sequence;
+    if (!cannot_reach(objective_upper_bound(
+                          options.objective, step_lower_bound, flops.total_tflops(),
+                          chip.mfu_peak_bf16_tflops_per_device, tokens, space.slice.total_chips()),
+                      bar)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One schedule's search; `bar` (the objective of the N-th best found before it, -infinity for
+// none) starts its branch and bound, and `stretch` is the schedule's iterations over the
+// iterations that carry a microbatch (1 without a pipeline).
+ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options,
+                                   double bar = -std::numeric_limits<double>::infinity(),
+                                   double stretch = 1) {
   const auto started = std::chrono::steady_clock::now();
   check_options(options);
   ExploreResult result;
@@ -203,6 +251,15 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
                                 static_cast<int>(std::max<size_t>(1, my_meshes))));
   result.threads = threads;
   SharedThreshold threshold(options.branch_and_bound);
+  threshold.raise(bar);
+  if (options.branch_and_bound &&
+      schedule_cannot_reach(config, space, options, base_perf, stretch, bar)) {
+    result.pruned[kPrunedCannotBeatTop] = space.size();
+    result.elapsed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.candidates_in_space = space.size();
+    return result;
+  }
   const Divisibility divisibility(*steps.get(0, 0), rules);
   const ExploreContext context{config,       space,     options,   rules,       steps,
                                model_tflops, base_perf, threshold, divisibility};
@@ -258,11 +315,47 @@ void add_schedule(ExploreResult& merged, const ExploreResult& part,
   everything.insert(everything.end(), part.top.begin(), part.top.end());
 }
 
+void sort_best_first(std::vector<RankedCandidate>& ranked) {
+  std::stable_sort(
+      ranked.begin(), ranked.end(),
+      [](const RankedCandidate& a, const RankedCandidate& b) { return a.objective > b.objective; });
+}
+
+// The objective a later schedule must reach to enter the top N found so far (-infinity while
+// fewer than N are found, or for exact schedules).
+double top_bar(std::vector<RankedCandidate>& everything, const ExploreOptions& options) {
+  sort_best_first(everything);
+  if (options.exact_schedules || everything.size() < static_cast<size_t>(options.top)) {
+    return -std::numeric_limits<double>::infinity();
+  }
+  return everything[static_cast<size_t>(options.top) - 1].objective;
+}
+
+// A schedule searched from `bar` whose best could not reach it: its own best is unknown (below
+// the bar), so it is reported as bounded out rather than with a candidate that merely got timed.
+void mark_bounded_out(PipelineOption& option, const ExploreResult& part, double bar) {
+  if (!std::isfinite(bar)) {
+    return;
+  }
+  const auto pruned = part.pruned.find(kPrunedCannotBeatTop);
+  const bool bounded = pruned != part.pruned.end() && pruned->second > 0;
+  if ((option.found && cannot_reach(option.objective, bar)) || (!option.found && bounded)) {
+    option.found = false;
+    option.bounded_out = true;
+    option.bar = bar;
+  }
+}
+
 nlohmann::json pipeline_option_json(const PipelineOption& option) {
   nlohmann::json item = {{"stages", option.stages},
                          {"schedule", option.schedule},
                          {"candidates", option.candidates},
+                         {"candidates_evaluated", option.evaluated},
                          {"fits", option.found}};
+  if (option.bounded_out) {
+    item["bounded_out"] = true;
+    item["objective_below"] = option.bar;
+  }
   if (option.stages > 1) {
     item["num_pipeline_microbatches"] = option.microbatches;
     item["num_layers_per_pipeline_stage"] = option.layers_per_stage;
@@ -312,9 +405,10 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   std::optional<UserError> first_error;
   for (const ScheduleChoice& choice : choices) {
     const Config scheduled = with_schedule(config, choice);
+    const double bar = top_bar(everything, options);
     ExploreResult part;
     try {
-      part = explore_one_schedule(scheduled, options);
+      part = explore_one_schedule(scheduled, options, bar, schedule_stretch(scheduled, choice));
     } catch (const UserError& error) {
       // A schedule the batch or the layers cannot take (MaxText refuses it too) is skipped; the
       // error stands only when no schedule could be searched.
@@ -323,7 +417,9 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
       }
       continue;
     }
-    merged.pipeline_options.push_back(summarize_schedule(choice, scheduled, part));
+    PipelineOption option = summarize_schedule(choice, scheduled, part);
+    mark_bounded_out(option, part, bar);
+    merged.pipeline_options.push_back(option);
     add_schedule(merged, part, everything);
   }
   if (merged.pipeline_options.empty()) {
@@ -332,9 +428,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   for (const std::string& key : schedule_keys) {
     merged.space.searched_keys.push_back(key);
   }
-  std::stable_sort(
-      everything.begin(), everything.end(),
-      [](const RankedCandidate& a, const RankedCandidate& b) { return a.objective > b.objective; });
+  sort_best_first(everything);
   if (everything.size() > static_cast<size_t>(options.top)) {
     everything.resize(static_cast<size_t>(options.top));
   }

@@ -64,6 +64,11 @@ struct ExploreOptions {
   int threads = 0;  // 0 = all cores
   // false: time every candidate that fits (cannot_beat_top stays 0); the top N is the same.
   bool branch_and_bound = true;
+  // Multislice only: search every pipeline schedule without a bar from the others, so that each
+  // schedule's own best is exact (PipelineOption). false: each later schedule starts from the top
+  // N found so far and skips what cannot enter it; the top N is the same, and a schedule none of
+  // whose candidates reaches it is reported as bounded out.
+  bool exact_schedules = false;
   // Under mpirun: the process-level exchanges; each rank searches every num_ranks()-th mesh and
   // the ranks' results are merged (every rank gets the merged result). nullptr = one process.
   Transport* transport = nullptr;
@@ -105,7 +110,12 @@ struct PipelineOption {
   int64_t layers_per_stage = 0;  // num_layers_per_pipeline_stage (stages > 1)
   std::string schedule;          // PipelineSchedule::describe() of the best, or "no pipeline"
   int64_t candidates = 0;        // in this schedule's space
-  bool found = false;            // something fits
+  int64_t evaluated = 0;         // of them, timed (0 when the schedule was bounded out whole)
+  bool found = false;            // something fits (and, unless bounded_out, its best is exact)
+  // Searched from the top N of the schedules before it (ExploreOptions::exact_schedules false),
+  // no candidate of this schedule could reach it: its best objective is below `bar`.
+  bool bounded_out = false;
+  double bar = 0;
   double step_time_s = 0;
   double objective = 0;
   double bubble_s = 0;              // the best candidate's pipeline_bubble
@@ -137,10 +147,11 @@ struct ExploreResult {
 // (or with a stage axis pinned) the stage counts over DCN that divide the slices, each with
 // MaxText's circular layout (num_layers_per_pipeline_stage=1) and one pass (layers / stages),
 // and num_pipeline_microbatches of 1, 2 and 4 x stages, unless the user pinned them; the rankings
-// merge by the objective. Each schedule is searched on its own (no bar from the others), so its
-// best is exact: pipeline_options compares them (e.g. 12 s -> 45 s for llama2-7b on 4 x v5e-16,
-// 20 s -> 25 s for llama3.1-405b on 2 x v6e-256, against a search that pruned later schedules
-// with the earlier ones' top list).
+// merge by the objective. No pipeline is searched first; each later schedule starts its branch
+// and bound from the top N found so far (19 schedules of a 512-chip v4 run over 8 slices: 5 min
+// when each starts from nothing), so a schedule that cannot reach the top N is reported as
+// bounded out, not with its own best. ExploreOptions::exact_schedules searches each on its own,
+// for a table that compares every schedule's exact best.
 ExploreResult explore(const Config& config, const ExploreOptions& options);
 
 }  // namespace tpusim

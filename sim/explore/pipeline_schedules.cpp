@@ -12,7 +12,28 @@ namespace {
 // Keys the user gave (Config's origin for them), which the search keeps as they are.
 constexpr const char* kCommandLineOrigin = "command line";
 
+PipelineSchedule schedule_of(const Config& config, const ScheduleChoice& choice) {
+  PipelineSchedule schedule;
+  schedule.stages = choice.stages;
+  schedule.layers_per_stage = choice.layers_per_stage;
+  schedule.layers = ModelDims::from_config(config).num_layers;
+  schedule.repeats = schedule.layers / (choice.stages * choice.layers_per_stage);
+  schedule.microbatches = choice.microbatches;
+  schedule.forwarding_delay = config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1;
+  return schedule;
+}
+
 }  // namespace
+
+double schedule_stretch(const Config& config, const ScheduleChoice& choice) {
+  if (choice.stages <= 1) {
+    return 1;
+  }
+  const PipelineSchedule schedule = schedule_of(config, choice);
+  const int64_t working = schedule.microbatches * schedule.repeats;
+  return working > 0 ? static_cast<double>(schedule.iterations()) / static_cast<double>(working)
+                     : 1;
+}
 
 std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
                                                       std::vector<std::string>& keys) {
@@ -91,16 +112,10 @@ PipelineOption summarize_schedule(const ScheduleChoice& choice, const Config& co
   option.layers_per_stage = choice.stages > 1 ? choice.layers_per_stage : 0;
   option.schedule = "no pipeline";
   if (choice.stages > 1) {
-    PipelineSchedule schedule;
-    schedule.stages = choice.stages;
-    schedule.layers_per_stage = choice.layers_per_stage;
-    schedule.layers = ModelDims::from_config(config).num_layers;
-    schedule.repeats = schedule.layers / (choice.stages * choice.layers_per_stage);
-    schedule.microbatches = choice.microbatches;
-    schedule.forwarding_delay = config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1;
-    option.schedule = schedule.describe();
+    option.schedule = schedule_of(config, choice).describe();
   }
   option.candidates = result.candidates_in_space;
+  option.evaluated = result.candidates_evaluated;
   if (result.top.empty()) {
     return option;
   }

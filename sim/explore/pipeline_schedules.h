@@ -35,6 +35,11 @@ std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
 // `config` with the schedule's keys set as if given on the command line (pinned for the search).
 Config with_schedule(const Config& config, const ScheduleChoice& choice);
 
+// The schedule's loop iterations over those that carry a microbatch, M R + (S - 1) d over M R:
+// how much longer its decoder layers compute than without the bubble (1 for no pipeline). A
+// schedule whose layers do not split into its stages (MaxText refuses it) gives 1.
+double schedule_stretch(const Config& config, const ScheduleChoice& choice);
+
 // The best candidate of one schedule's search and what it loses time to.
 PipelineOption summarize_schedule(const ScheduleChoice& choice, const Config& config,
                                   const ExploreResult& result);
