@@ -44,7 +44,7 @@ def run_json(args):
 
 MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "chip_ingress_bound",
               "sparsecore_reduction", "tensorcore_driven_collectives", "dcn_shards_first",
-              "in_place_buffers", "attention_subblock_pipelining"]
+              "in_place_buffers", "attention_subblock_pipelining", "reduction_reassociation"]
 
 
 def recipe_predictions(without=()):

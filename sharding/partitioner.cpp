@@ -1,6 +1,8 @@
 #include "sharding/partitioner.h"
 
+#include "common/mechanisms.h"
 #include "sharding/partitioner_internal.h"
+#include "sharding/reassociate_reductions.h"
 
 namespace tpusim {
 namespace partitioner_internal {
@@ -46,6 +48,9 @@ PartitionedProgram Partitioner::run() {
     out_.add_carry(pipeline_hand_over(carry), local(carry.to));
   }
   gather_pipeline_weights_once();
+  if (mechanism_enabled(Mechanism::kReductionReassociation)) {
+    reassociate_reductions(out_);
+  }
   PartitionedProgram program;
   program.graph = std::move(out_);
   program.mesh = mesh_;

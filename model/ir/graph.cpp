@@ -1,5 +1,6 @@
 #include "model/ir/graph.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -48,6 +49,17 @@ int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
   }
   ops_.push_back(std::move(op));
   return ops_.back().id;
+}
+
+void Graph::replace_ops(std::vector<Op> ops) {
+  ops_.clear();
+  std::fill(producer_.begin(), producer_.end(), -1);
+  for (Op& op : ops) {
+    const Phase phase = op.phase;
+    const int id = add_op(op.kind, std::move(op.name), std::move(op.inputs), std::move(op.outputs),
+                          std::move(op.attrs), op.region);
+    ops_[static_cast<size_t>(id)].phase = phase;
+  }
 }
 
 int Graph::producer(TensorId id) const {

@@ -91,6 +91,10 @@ class Graph {
   // The op that writes `id`, or -1 (parameters and inputs have none).
   int producer(TensorId id) const;
 
+  // Replaces every op by `ops`, in that order (a rewrite of the program); each keeps its phase and
+  // gets its index as id.
+  void replace_ops(std::vector<Op> ops);
+
   // A carry: the value of `from` when its region ends becomes `to` (the residual stream between
   // regions, and from one iteration of a repeated region to the next when from and to share it).
   // Into or out of a region whose iterations share parameters (a chunked head, num_vocab_tiling

@@ -8,12 +8,12 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/mechanisms.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
 #include "sim/estimate/step_html.h"
-#include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
@@ -112,7 +112,8 @@ void register_estimate_command(CLI::App& app) {
                    "Switch off named cost mechanisms (comma-separated), to see what each "
                    "contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, "
                    "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
-                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining, "
+                   "reduction_reassociation")
       ->delimiter(',');
   command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without] {
     disable_mechanisms(*without);

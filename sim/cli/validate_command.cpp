@@ -13,11 +13,11 @@
 
 #include "common/csv.h"
 #include "common/error.h"
+#include "common/mechanisms.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
-#include "sim/perf/mechanisms.h"
 
 namespace tpusim {
 namespace {
@@ -134,7 +134,8 @@ void register_validate_command(CLI::App& app) {
                    "Switch off named cost mechanisms (comma-separated), to see what each "
                    "contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, "
                    "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
-                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining")
+                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining, "
+                   "reduction_reassociation")
       ->delimiter(',');
   command->callback([path, json_output, without] {
     disable_mechanisms(*without);

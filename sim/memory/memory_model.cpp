@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "sim/memory/liveness.h"
-#include "sim/perf/mechanisms.h"
+#include "common/mechanisms.h"
 
 namespace tpusim {
 namespace {

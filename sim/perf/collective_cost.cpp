@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "hw/network_model.h"
-#include "sim/perf/mechanisms.h"
+#include "common/mechanisms.h"
 
 namespace tpusim {
 namespace {

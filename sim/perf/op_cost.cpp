@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model/ir/op_flops.h"
-#include "sim/perf/mechanisms.h"
+#include "common/mechanisms.h"
 
 namespace tpusim {
 namespace {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/mechanisms.h"
 #include "model/config.h"
 #include "sharding/step_program.h"
 
@@ -85,6 +86,25 @@ TEST(Partitioner, TensorParallelReduceScattersActivations) {
   EXPECT_EQ(gathers.bytes, 2 * activation);
   // No weight moves in forward: each device holds its own heads and mlp columns.
   EXPECT_EQ(collectives(built, "layer", OpKind::kAllGather, {"fsdp"}).count, 0);
+}
+
+// Backward under tensor=4: the gradients of q, k and v (and of wi_0 and wi_1) with respect to
+// the layer's normed input are partial sums over tensor. XLA reduce-scatters their sum once
+// (ReduceScatterReassociate) where the program has one reduce-scatter per projection; the
+// recomputed out projection adds its own. 1 + 1 + 1 against 1 + 2 + 3 without the rewrite.
+TEST(Partitioner, TensorParallelInputGradientsReduceScatteredOnce) {
+  const std::vector<std::string> tensor_parallel = {"ici_fsdp_parallelism=1",
+                                                    "ici_tensor_parallelism=4"};
+  const int64_t activation = 4 * kLength * kEmbed * kBf16;
+  const CollectiveSummary reassociated =
+      collectives(program_for(tensor_parallel), "layer/grad", OpKind::kReduceScatter, {"tensor"});
+  EXPECT_EQ(reassociated.count, 3);
+  EXPECT_EQ(reassociated.bytes, 3 * activation);
+  const MechanismsOff off({"reduction_reassociation"});
+  const CollectiveSummary separate =
+      collectives(program_for(tensor_parallel), "layer/grad", OpKind::kReduceScatter, {"tensor"});
+  EXPECT_EQ(separate.count, 6);
+  EXPECT_EQ(separate.bytes, 6 * activation);
 }
 
 // Context parallelism (context=2, fsdp=2): attention gathers K and V over context; backward

@@ -1,7 +1,7 @@
-// The named cost mechanisms of sim/perf/mechanisms.h: each against a hand-computed case, each
+// The named cost mechanisms of common/mechanisms.h: each against a hand-computed case, each
 // switched off to show it is what moves the number, and the v7x optimization guide's ablations
 // (docs/reference/hardware.md §4) in the direction the guide reports.
-#include "sim/perf/mechanisms.h"
+#include "common/mechanisms.h"
 
 #include <gtest/gtest.h>
 

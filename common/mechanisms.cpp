@@ -1,4 +1,4 @@
-#include "sim/perf/mechanisms.h"
+#include "common/mechanisms.h"
 
 #include <array>
 #include <atomic>
@@ -37,6 +37,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"attention_subblock_pipelining",
      "splash attention with several kv compute sub-blocks per block overlaps the softmax of one "
      "with the matmuls of the next"},
+    {"reduction_reassociation",
+     "a sum of reduce-scattered (or all-reduced) partial sums runs as one reduction of their sum "
+     "(XLA's ReduceScatterReassociate): one tensor-parallel reduce-scatter of an input gradient "
+     "where q, k and v (or wi_0 and wi_1) each had one"},
 }};
 
 // Relaxed atomics: set once before estimating, read by every cost function.

@@ -1,11 +1,13 @@
-// sim/perf/mechanisms.h: the named cost mechanisms of the performance and memory models, each of
-// which can be switched off to measure what it contributes (an ablation).
+// common/mechanisms.h: the named cost mechanisms of the performance and memory models (and the
+// program rewrites of the partitioner), each of which can be switched off to measure what it
+// contributes (an ablation).
 //
 // Every mechanism is on in normal use. `tpusim validate --without NAME,...` and `tpusim estimate
 // --without NAME,...` switch some off for the whole process, so reports/validation.md can show
 // each class of published run with and without the mechanism that explains it. The switches are
 // process-wide because the mechanisms sit in independent leaves of the model (op costs,
-// collective costs, the scheduler, the memory model); set them once, before estimating.
+// collective costs, the scheduler, the memory model, the partitioner); set them once, before
+// estimating.
 //
 // Example:
 //   disable_mechanisms({"grouped_matmul_tiles"});          // UserError on an unknown name
@@ -29,6 +31,7 @@ enum class Mechanism {
   kDcnShardsFirst,               // hierarchical gathers cross DCN with shards, then ICI
   kInPlaceBuffers,               // elementwise results written over a last-read operand (memory)
   kAttentionSubblockPipelining,  // splash overlaps one sub-block's softmax with the next's matmul
+  kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
   kCount,
 };
 

@@ -1,0 +1,148 @@
+#include "sharding/reassociate_reductions.h"
+
+#include <deque>
+#include <vector>
+
+namespace tpusim {
+namespace {
+
+bool is_sum(const Op& op) {
+  return op.kind == OpKind::kElementwise && op.attrs.function == ElementwiseFn::kAdd &&
+         op.inputs.size() == 2 && op.outputs.size() == 1 && op.inputs[0] != op.inputs[1];
+}
+
+bool is_summing_reduction(const Op& op) {
+  return (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) &&
+         op.attrs.reduce == ReduceOp::kSum && op.inputs.size() == 1 && op.outputs.size() == 1;
+}
+
+bool same_shape(const Tensor& a, const Tensor& b) {
+  if (a.dtype != b.dtype || a.dims.size() != b.dims.size()) {
+    return false;
+  }
+  for (size_t dim = 0; dim < a.dims.size(); ++dim) {
+    if (a.dims[dim].name != b.dims[dim].name || a.dims[dim].size != b.dims[dim].size) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool same_reduction(const Op& a, const Op& b) {
+  return a.kind == b.kind && a.attrs.mesh_axes == b.attrs.mesh_axes &&
+         a.attrs.group_size == b.attrs.group_size && a.attrs.every == b.attrs.every &&
+         a.attrs.iteration_share == b.attrs.iteration_share;
+}
+
+}  // namespace
+
+int reassociate_reductions(Graph& graph) {
+  const std::deque<Op>& ops = graph.ops();
+  const size_t tensors = graph.tensors().size();
+  // Who reads each tensor; a carry's source is read after its region (never a sole reader).
+  std::vector<int> readers(tensors, 0);
+  std::vector<int> reader(tensors, -1);
+  for (const Op& op : ops) {
+    for (const TensorId input : op.inputs) {
+      ++readers[static_cast<size_t>(input)];
+      reader[static_cast<size_t>(input)] = op.id;
+    }
+  }
+  for (const Graph::Carry& carry : graph.carries()) {
+    readers[static_cast<size_t>(carry.from)] += 2;
+  }
+  // The sum of the same region that alone reads `tensor`, an activation gradient, or -1.
+  auto sole_sum = [&](TensorId tensor, int region) {
+    const auto index = static_cast<size_t>(tensor);
+    if (readers[index] != 1 || graph.tensor(tensor).kind != TensorKind::kGradient) {
+      return -1;
+    }
+    const Op& op = ops[static_cast<size_t>(reader[index])];
+    return is_sum(op) && op.region == region ? op.id : -1;
+  };
+  // Analysis, in program order: a value is "reduced" when it is a summing reduction's result (or a
+  // rewritten sum's) that only a sum reads; reduction_of gives the reduction it stands for. A sum
+  // of two reduced values of the same reduction and shapes is rewritten.
+  std::vector<int> reduction_of(tensors, -1);
+  std::vector<bool> rewritten_sum(ops.size(), false);
+  for (const Op& op : ops) {
+    if (is_summing_reduction(op)) {
+      if (readers[static_cast<size_t>(op.inputs[0])] == 1 &&
+          sole_sum(op.outputs[0], op.region) >= 0) {
+        reduction_of[static_cast<size_t>(op.outputs[0])] = op.id;
+      }
+      continue;
+    }
+    if (!is_sum(op)) {
+      continue;
+    }
+    const int left = reduction_of[static_cast<size_t>(op.inputs[0])];
+    const int right = reduction_of[static_cast<size_t>(op.inputs[1])];
+    if (left < 0 || right < 0) {
+      continue;
+    }
+    const Op& left_reduction = ops[static_cast<size_t>(left)];
+    const Op& right_reduction = ops[static_cast<size_t>(right)];
+    const Tensor& sum = graph.tensor(op.outputs[0]);
+    if (!same_reduction(left_reduction, right_reduction) ||
+        !same_shape(graph.tensor(left_reduction.inputs[0]),
+                    graph.tensor(right_reduction.inputs[0])) ||
+        !same_shape(graph.tensor(op.inputs[0]), sum) ||
+        !same_shape(graph.tensor(op.inputs[1]), sum)) {
+      continue;
+    }
+    rewritten_sum[static_cast<size_t>(op.id)] = true;
+    if (sole_sum(op.outputs[0], op.region) >= 0) {
+      reduction_of[static_cast<size_t>(op.outputs[0])] = left;
+    }
+  }
+  // The value each reduced tensor sums before its reduction; held reductions are dropped.
+  auto held = [&](TensorId tensor) {
+    const auto index = static_cast<size_t>(tensor);
+    return reduction_of[index] >= 0 && rewritten_sum[static_cast<size_t>(reader[index])];
+  };
+  std::vector<TensorId> partial_of(tensors, -1);
+  std::vector<Op> program;
+  program.reserve(ops.size());
+  int removed = 0;
+  for (const Op& op : ops) {
+    if (is_summing_reduction(op) && held(op.outputs[0])) {
+      partial_of[static_cast<size_t>(op.outputs[0])] = op.inputs[0];
+      ++removed;
+      continue;
+    }
+    if (!rewritten_sum[static_cast<size_t>(op.id)]) {
+      program.push_back(op);
+      continue;
+    }
+    const TensorId left = partial_of[static_cast<size_t>(op.inputs[0])];
+    const TensorId right = partial_of[static_cast<size_t>(op.inputs[1])];
+    const Tensor& like = graph.tensor(left);
+    const Tensor& result = graph.tensor(op.outputs[0]);
+    const TensorId partial_sum =
+        graph.add_tensor(result.name + "/partial", like.dims, like.dtype, result.kind, op.region);
+    Op sum = op;
+    sum.inputs = {left, right};
+    sum.outputs = {partial_sum};
+    program.push_back(sum);
+    if (held(op.outputs[0])) {
+      partial_of[static_cast<size_t>(op.outputs[0])] = partial_sum;
+      continue;
+    }
+    Op reduction = ops[static_cast<size_t>(reduction_of[static_cast<size_t>(op.inputs[0])])];
+    reduction.name = result.name +
+                     (reduction.kind == OpKind::kReduceScatter ? "/reduce_scatter" : "/all_reduce");
+    reduction.inputs = {partial_sum};
+    reduction.outputs = {op.outputs[0]};
+    reduction.region = op.region;
+    reduction.phase = op.phase;
+    program.push_back(reduction);
+    --removed;
+  }
+  if (removed > 0) {
+    graph.replace_ops(std::move(program));
+  }
+  return removed;
+}
+
+}  // namespace tpusim
