@@ -304,6 +304,8 @@ MECHANISM_SUMMARIES = {
     "dcn_shards_first": "gathers across slices move shards over DCN, then the full array over ICI",
     "in_place_buffers": "elementwise results written over an operand read for the last time (memory)",
     "attention_subblock_pipelining": "splash overlaps a kv compute sub-block's softmax with the next one's matmuls",
+    "reduction_reassociation": "partial sums summed before one reduce-scatter / all-reduce, not reduced each "
+                               "(XLA's ReduceScatterReassociate: q, k, v input gradients under tensor parallelism)",
 }
 
 
