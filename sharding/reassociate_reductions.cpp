@@ -51,14 +51,14 @@ int reassociate_reductions(Graph& graph) {
   for (const Graph::Carry& carry : graph.carries()) {
     readers[static_cast<size_t>(carry.from)] += 2;
   }
-  // The sum of the same region that alone reads `tensor`, an activation gradient, or -1.
-  auto sole_sum = [&](TensorId tensor, int region) {
+  // True when `tensor`, an activation gradient, is read by one sum of the same region alone.
+  auto read_by_one_sum = [&](TensorId tensor, int region) {
     const auto index = static_cast<size_t>(tensor);
     if (readers[index] != 1 || graph.tensor(tensor).kind != TensorKind::kGradient) {
-      return -1;
+      return false;
     }
     const Op& op = ops[static_cast<size_t>(reader[index])];
-    return is_sum(op) && op.region == region ? op.id : -1;
+    return is_sum(op) && op.region == region;
   };
   // Analysis, in program order: a value is "reduced" when it is a summing reduction's result (or a
   // rewritten sum's) that only a sum reads; reduction_of gives the reduction it stands for. A sum
@@ -68,7 +68,7 @@ int reassociate_reductions(Graph& graph) {
   for (const Op& op : ops) {
     if (is_summing_reduction(op)) {
       if (readers[static_cast<size_t>(op.inputs[0])] == 1 &&
-          sole_sum(op.outputs[0], op.region) >= 0) {
+          read_by_one_sum(op.outputs[0], op.region)) {
         reduction_of[static_cast<size_t>(op.outputs[0])] = op.id;
       }
       continue;
@@ -92,7 +92,7 @@ int reassociate_reductions(Graph& graph) {
       continue;
     }
     rewritten_sum[static_cast<size_t>(op.id)] = true;
-    if (sole_sum(op.outputs[0], op.region) >= 0) {
+    if (read_by_one_sum(op.outputs[0], op.region)) {
       reduction_of[static_cast<size_t>(op.outputs[0])] = left;
     }
   }

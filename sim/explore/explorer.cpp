@@ -77,18 +77,17 @@ void check_options(const ExploreOptions& options) {
   }
 }
 
-// MaxText's model TFLOPs per device of each batch of the space (for MFU).
-std::vector<double> model_tflops_per_batch(const Config& config, const SearchSpace& space) {
-  std::vector<double> model_tflops;
+// MaxText's FLOPs per device of each batch of the space (MFU, and the pipeline schedules' bound).
+std::vector<MaxTextFlops> maxtext_flops_per_batch(const Config& config, const SearchSpace& space) {
+  std::vector<MaxTextFlops> flops;
+  flops.reserve(space.batches.size());
   for (const BatchChoice& batch : space.batches) {
     Candidate candidate;
     candidate.batch = batch;
     candidate.attention = space.attention_kinds[0];
-    model_tflops.push_back(
-        maxtext_training_flops_per_device(candidate_config(config, space, candidate))
-            .total_tflops());
+    flops.push_back(maxtext_training_flops_per_device(candidate_config(config, space, candidate)));
   }
-  return model_tflops;
+  return flops;
 }
 
 // Evaluates this rank's meshes (every ranks-th) on `threads` worker threads; the workers'
@@ -188,7 +187,8 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
 // left to the per-program bounds, as a capacity factor below 1 computes fewer FLOPs than MaxText
 // counts.
 bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
-                           const ExploreOptions& options, const PerfOptions& perf, double stretch,
+                           const ExploreOptions& options, const PerfOptions& perf,
+                           const std::vector<MaxTextFlops>& flops_per_batch, double stretch,
                            double bar) {
   if (!std::isfinite(bar) || stretch <= 1 || config.get_int("num_experts") > 1) {
     return false;
@@ -199,12 +199,9 @@ bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
   const double flops_per_second = peak_tflops * 1e12 / chip.devices_per_chip *
                                   chip.mxu_achievable_fraction * perf.cost.program_efficiency;
   const double tokens_per_sequence = static_cast<double>(config.get_int("max_target_length"));
-  for (const BatchChoice& batch : space.batches) {
-    Candidate candidate;
-    candidate.batch = batch;
-    candidate.attention = space.attention_kinds[0];
-    const MaxTextFlops flops =
-        maxtext_training_flops_per_device(candidate_config(config, space, candidate));
+  for (size_t index = 0; index < space.batches.size(); ++index) {
+    const BatchChoice& batch = space.batches[index];
+    const MaxTextFlops& flops = flops_per_batch[index];
     const double outside_layers_tflops =
         3.0 * static_cast<double>(flops.gradient_accumulation_steps) * flops.forward.unembed / 1e12;
     const double layers_tflops = flops.total_tflops() - outside_layers_tflops;
@@ -236,7 +233,12 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const SearchSpace& space = result.space;
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   TrainingStepCache steps(config, space);
-  const std::vector<double> model_tflops = model_tflops_per_batch(config, space);
+  const std::vector<MaxTextFlops> flops_per_batch = maxtext_flops_per_batch(config, space);
+  std::vector<double> model_tflops;
+  model_tflops.reserve(flops_per_batch.size());
+  for (const MaxTextFlops& flops : flops_per_batch) {
+    model_tflops.push_back(flops.total_tflops());
+  }
   const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
 
   const int rank = options.transport != nullptr ? options.transport->rank() : 0;
@@ -253,7 +255,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   SharedThreshold threshold(options.branch_and_bound);
   threshold.raise(bar);
   if (options.branch_and_bound &&
-      schedule_cannot_reach(config, space, options, base_perf, stretch, bar)) {
+      schedule_cannot_reach(config, space, options, base_perf, flops_per_batch, stretch, bar)) {
     result.pruned[kPrunedCannotBeatTop] = space.size();
     result.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -5,8 +5,8 @@
 #include <optional>
 #include <vector>
 
-#include "sim/memory/liveness.h"
 #include "common/mechanisms.h"
+#include "sim/memory/liveness.h"
 
 namespace tpusim {
 namespace {
@@ -132,8 +132,8 @@ class MemoryModel {
         consider(info.name, 0, grads_so_far, 0, temporaries_of(region));
       }
     }
-    estimate.capacity_bytes = program_.slice.chip->hbm_usable_bytes_per_device() *
-                              (1.0 - program_.hbm_headroom_fraction);
+    estimate.capacity_bytes =
+        program_.slice.chip->hbm_usable_bytes_per_device() * (1.0 - program_.hbm_headroom_fraction);
     estimate.fits = estimate.peak_bytes <= estimate.capacity_bytes;
     return estimate;
   }

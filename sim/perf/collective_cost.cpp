@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "hw/network_model.h"
 #include "common/mechanisms.h"
+#include "hw/network_model.h"
 
 namespace tpusim {
 namespace {

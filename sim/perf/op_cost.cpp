@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model/ir/op_flops.h"
 #include "common/mechanisms.h"
+#include "model/ir/op_flops.h"
 
 namespace tpusim {
 namespace {

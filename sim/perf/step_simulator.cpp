@@ -7,10 +7,10 @@
 #include <tuple>
 #include <utility>
 
+#include "common/mechanisms.h"
 #include "model/config.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
-#include "common/mechanisms.h"
 #include "sim/perf/step_analysis.h"
 #include "sim/perf/timeline.h"
 
