@@ -181,8 +181,8 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
 
 // True when no candidate of a pipelined schedule can reach `bar`, decided before any program is
 // built: a candidate computes at least MaxText's matmul FLOPs of its batch, spread evenly over the
-// devices, at the chip's fastest MXU rate (tensorcore_lower_bounds charges no matmul less), and
-// the decoder layers' share of them runs `stretch` times (the loop's iterations over those that
+// devices, at the fastest MXU rate its matmuls run at (tensorcore_lower_bounds charges none less),
+// and the decoder layers' share of them runs `stretch` times (the loop's iterations over those that
 // carry a microbatch: the bubble's iterations compute like the others). Models with experts are
 // left to the per-program bounds, as a capacity factor below 1 computes fewer FLOPs than MaxText
 // counts.
@@ -194,9 +194,9 @@ bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
     return false;
   }
   const ChipSpec& chip = *space.slice.chip;
-  const double peak_tflops =
-      std::max({chip.peak_bf16_tflops, chip.peak_fp8_tflops, chip.peak_int8_tops});
-  const double flops_per_second = peak_tflops * 1e12 / chip.devices_per_chip *
+  // The fastest rate a matmul of this config runs at: its quantization's narrow type if it has
+  // one (the search does not change quantization), else bf16.
+  const double flops_per_second = peak_flops_per_device(perf.cost, true) *
                                   chip.mxu_achievable_fraction * perf.cost.program_efficiency;
   const double tokens_per_sequence = static_cast<double>(config.get_int("max_target_length"));
   for (size_t index = 0; index < space.batches.size(); ++index) {
@@ -353,6 +353,8 @@ nlohmann::json pipeline_option_json(const PipelineOption& option) {
                          {"schedule", option.schedule},
                          {"candidates", option.candidates},
                          {"candidates_evaluated", option.evaluated},
+                         {"programs_built", option.programs_built},
+                         {"elapsed_s", option.elapsed_s},
                          {"fits", option.found}};
   if (option.bounded_out) {
     item["bounded_out"] = true;

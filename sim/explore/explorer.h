@@ -111,6 +111,8 @@ struct PipelineOption {
   std::string schedule;          // PipelineSchedule::describe() of the best, or "no pipeline"
   int64_t candidates = 0;        // in this schedule's space
   int64_t evaluated = 0;         // of them, timed (0 when the schedule was bounded out whole)
+  int64_t programs_built = 0;    // partitioned for this schedule's search
+  double elapsed_s = 0;          // this schedule's search
   bool found = false;            // something fits (and, unless bounded_out, its best is exact)
   // Searched from the top N of the schedules before it (ExploreOptions::exact_schedules false),
   // no candidate of this schedule could reach it: its best objective is below `bar`.

@@ -116,6 +116,8 @@ PipelineOption summarize_schedule(const ScheduleChoice& choice, const Config& co
   }
   option.candidates = result.candidates_in_space;
   option.evaluated = result.candidates_evaluated;
+  option.programs_built = result.programs_built;
+  option.elapsed_s = result.elapsed_s;
   if (result.top.empty()) {
     return option;
   }

@@ -36,19 +36,6 @@ double roundup(double value, double tile) {
   return std::ceil(value / tile) * tile;
 }
 
-// The MXU rate of a matmul: the quantization's narrow type when `narrow` (chips without that MXU
-// mode run it at the bf16 rate), else bf16.
-double peak_flops_per_device(const CostContext& context, bool narrow) {
-  const ChipSpec& chip = *context.chip;
-  double tflops = chip.peak_bf16_tflops;
-  if (narrow && context.int8_matmuls && chip.peak_int8_tops > 0) {
-    tflops = chip.peak_int8_tops;
-  } else if (narrow && context.fp8_matmuls && chip.peak_fp8_tflops > 0) {
-    tflops = chip.peak_fp8_tflops;
-  }
-  return tflops * kTera / chip.devices_per_chip;
-}
-
 // Tokens index activations by batch and length, grouped MoE rows by expert_tokens; a weight (or
 // a weight's gradient) has none of them.
 bool has_token_dims(const Tensor& tensor) {
@@ -445,6 +432,17 @@ OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostConte
 }
 
 }  // namespace
+
+double peak_flops_per_device(const CostContext& context, bool narrow) {
+  const ChipSpec& chip = *context.chip;
+  double tflops = chip.peak_bf16_tflops;
+  if (narrow && context.int8_matmuls && chip.peak_int8_tops > 0) {
+    tflops = chip.peak_int8_tops;
+  } else if (narrow && context.fp8_matmuls && chip.peak_fp8_tflops > 0) {
+    tflops = chip.peak_fp8_tflops;
+  }
+  return tflops * kTera / chip.devices_per_chip;
+}
 
 const char* cost_category_name(CostCategory category) {
   switch (category) {

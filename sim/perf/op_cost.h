@@ -100,6 +100,10 @@ struct OpCost {
 // Cost of a non-collective op. `fused` marks an elementwise op fused into its producer.
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused);
 
+// The MXU rate of a matmul per device, FLOP/s: the quantization's narrow type when `narrow` (chips
+// without that MXU mode run it at the bf16 rate), else bf16.
+double peak_flops_per_device(const CostContext& context, bool narrow);
+
 // MXU padding efficiency of a matmul with m rows, k contracted and n output columns.
 double mxu_padding_efficiency(const ChipSpec& chip, double m, double k, double n);
 
