@@ -1,8 +1,8 @@
 // `tpusim explore [config.yml ...] [key=value ...] [--top N] [--json|--csv] [--objective O]
 //                 [--global-batch-size N] [--max-per-device-batch B] [--min-hbm-headroom F]
-//                 [--threads T] [--exact-schedules]`: searches meshes, batch, remat, attention and perf switches for
-// a model on a slice and ranks what fits (sim/explore/explorer.h). Keys given on the command line
-// are pinned (not searched).
+//                 [--threads T] [--exact-schedules]`: searches meshes, batch, remat, attention and
+// perf switches for a model on a slice and ranks what fits (sim/explore/explorer.h). Keys given on
+// the command line are pinned (not searched).
 #include <unistd.h>
 
 #include <algorithm>

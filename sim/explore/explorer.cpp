@@ -234,11 +234,6 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   TrainingStepCache steps(config, space);
   const std::vector<MaxTextFlops> flops_per_batch = maxtext_flops_per_batch(config, space);
-  std::vector<double> model_tflops;
-  model_tflops.reserve(flops_per_batch.size());
-  for (const MaxTextFlops& flops : flops_per_batch) {
-    model_tflops.push_back(flops.total_tflops());
-  }
   const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
 
   const int rank = options.transport != nullptr ? options.transport->rank() : 0;
@@ -263,8 +258,8 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
     return result;
   }
   const Divisibility divisibility(*steps.get(0, 0), rules);
-  const ExploreContext context{config,       space,     options,   rules,       steps,
-                               model_tflops, base_perf, threshold, divisibility};
+  const ExploreContext context{config,          space,     options,   rules,       steps,
+                               flops_per_batch, base_perf, threshold, divisibility};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);

@@ -176,9 +176,10 @@ void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult
 
 double MeshEvaluator::best_possible(const BatchWork& batch, double step_lower_bound) const {
   const SearchSpace& space = context_.space;
-  return objective_upper_bound(
-      context_.options.objective, step_lower_bound, context_.model_tflops_per_batch[batch.index],
-      space.slice.chip->mfu_peak_bf16_tflops_per_device, batch.tokens, space.slice.total_chips());
+  return objective_upper_bound(context_.options.objective, step_lower_bound,
+                               context_.maxtext_flops_per_batch[batch.index].total_tflops(),
+                               space.slice.chip->mfu_peak_bf16_tflops_per_device, batch.tokens,
+                               space.slice.total_chips());
 }
 
 bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out) {
@@ -327,7 +328,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
       const double step = timing.step_seconds;
       const double per_chip = batch.tokens / step / chips;
       out.sample({step, per_chip, kind_peaks[variant.kind], true}, context_.options.max_samples);
-      const double mfu = context_.model_tflops_per_batch[batch.index] / step /
+      const double mfu = context_.maxtext_flops_per_batch[batch.index].total_tflops() / step /
                          chip.mfu_peak_bf16_tflops_per_device;
       Scored scored;
       scored.candidate = {*plan.mesh,

@@ -9,7 +9,7 @@
 //
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
-//   MeshEvaluator evaluator({config, space, options, rules, steps, model_tflops, base_perf,
+//   MeshEvaluator evaluator({config, space, options, rules, steps, maxtext_flops, base_perf,
 //                            threshold, divisibility});
 //   WorkerResult found;
 //   evaluator.evaluate(/*mesh_index=*/3, found);
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "model/flops_maxtext.h"
 #include "sharding/step_program.h"
 #include "sim/explore/divisibility.h"
 #include "sim/explore/explorer.h"
@@ -59,7 +60,7 @@ struct ExploreContext {
   const ExploreOptions& options;
   const LogicalAxisRules& rules;
   TrainingStepCache& steps;
-  const std::vector<double>& model_tflops_per_batch;  // MaxText's FLOPs per device, by batch
+  const std::vector<MaxTextFlops>& maxtext_flops_per_batch;  // per device, by batch (MFU)
   const PerfOptions& base_perf;
   SharedThreshold& threshold;
   const Divisibility& divisibility;
