@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
 # Installs what tpusim needs from Debian's packages, only what is missing (quick when all present).
 # Usage (as root): bash scripts/setup.sh [--with-reference] [--with-reports] [--with-browser]
+#                                        [--list-packages]
 #   --with-reference  also installs python3-torch (with OpenBLAS), the independent numerical
 #                     reference of the tests.
 #   --with-reports    also installs python3-matplotlib, for the plots of
 #                     benchmarks/make_reports.py.
 #   --with-browser    also installs Debian's chromium, which loads the HTML step pages in the
 #                     test suite (tests/browser).
+#   --list-packages   prints the packages these options name, one a line, and installs nothing
+#                     (read by scripts/dependency_audit.py).
+#
+# Packages are installed without their Recommends, so every package the build or the tests use
+# must be named here or be in the Depends closure of one named here; the dependency audit
+# (scripts/dependency_audit.py, run by the test suite) checks that against what the build really
+# read and linked.
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config
+# Required: the compiler, build tools and the libraries every build links or includes.
+packages=(build-essential cmake ninja-build pkg-config python3
           libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libboost-graph-dev libeigen3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
-          libsentencepiece-dev sentencepiece libgoogle-perftools-dev libdnnl-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev sentencepiece)
+# Optional to CMake (the build goes on without them), installed because they make tpusim whole:
+# OpenMPI (train under mpirun), tcmalloc (explore's allocator), oneDNN (train's GEMMs; found by
+# its header and library, so its OpenCL GPU runtime, which it only recommends, is not needed).
+packages+=(libopenmpi-dev openmpi-bin libgoogle-perftools-dev libdnnl-dev)
+list_only=0
 for option in "$@"; do
   case "$option" in
     --with-reference) packages+=(python3-torch python3-numpy libopenblas0) ;;
     --with-reports) packages+=(python3-matplotlib) ;;
     --with-browser) packages+=(chromium) ;;
-    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports, --with-browser)" >&2; exit 2 ;;
+    --list-packages) list_only=1 ;;
+    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports, --with-browser, --list-packages)" >&2; exit 2 ;;
   esac
 done
+if ((list_only)); then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for package in "${packages[@]}"; do

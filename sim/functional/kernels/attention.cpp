@@ -381,9 +381,8 @@ class AttentionKernel {
     const int64_t k = a_transposed ? a.rows() : a.cols();
     const int64_t n = b_transposed ? b.rows() : b.cols();
     if constexpr (std::is_same_v<Scalar, float>) {
-      const GemmPrecision precision = ctx_.device().bf16_matmul_inputs
-                                          ? GemmPrecision::kBfloat16Inputs
-                                          : GemmPrecision::kFloat32;
+      // Without native bf16 kernels the fp32 ones take the (already rounded) operands.
+      const GemmPrecision precision = fast_gemm_precision(ctx_.device().bf16_matmul_inputs);
       RowMatrix c(m, n);
       // A row-major r x c matrix read as itself (stride c, 1) or as its transpose (1, c).
       const auto view = [](const void* data, const RowMatrix& x, bool transposed) {

@@ -32,8 +32,9 @@
 // place where their layout allows, the work cut into items by the shapes alone (never by the
 // thread count), so the result is bitwise the same on any number of kernel threads. The GEMMs run
 // on oneDNN's JIT kernels where this machine has them (kernels/library_gemm.h), else on Eigen's;
-// with bf16_matmul_inputs they take bf16 operands (rounded to nearest even) where oneDNN has a
-// bf16 kernel here, and otherwise the einsum keeps the reference path.
+// with bf16_matmul_inputs they take bf16 operands (rounded to nearest even) where this CPU has
+// native bf16 kernels, and otherwise the operands rounded to bf16 and kept in fp32 on the fp32
+// kernels (the same exact products, summed in fp32).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -434,7 +435,26 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
     return;
   }
   const bool bf16 = ctx.device().bf16_matmul_inputs;
-  const GemmPrecision precision = bf16 ? GemmPrecision::kBfloat16Inputs : GemmPrecision::kFloat32;
+  const GemmPrecision precision = fast_gemm_precision(bf16);
+  if (bf16 && precision == GemmPrecision::kFloat32) {
+    // No native bf16 kernels here: the operands rounded to bf16, then the fp32 kernels (each
+    // product of two bf16 values is exact in fp32, so only the summation order can differ from
+    // a bf16 kernel's).
+    std::vector<float> a_rounded(a.data, a.data + nb * m * k);
+    std::vector<float> b_rounded(b.data, b.data + nb * k * n);
+    for (float& value : a_rounded) {
+      value = round_bf16(value);
+    }
+    for (float& value : b_rounded) {
+      value = round_bf16(value);
+    }
+    const EinsumOperand a_bf16{a_rounded.data(), a.transposed};
+    const EinsumOperand b_bf16{b_rounded.data(), b.transposed};
+    if (!library_gemms(ctx, precision, a_bf16, b_bf16, c, nb, m, n, k)) {
+      eigen_gemms(ctx, false, a_bf16, b_bf16, c, nb, m, n, k);
+    }
+    return;
+  }
   if (!library_gemms(ctx, precision, a, b, c, nb, m, n, k)) {
     eigen_gemms(ctx, bf16, a, b, c, nb, m, n, k);
   }
@@ -658,8 +678,7 @@ void run_einsum(const Ctx& ctx) {
     return;
   }
   const EinsumDims dims = einsum_dims(ctx);
-  if (ctx.device().fast_kernels && (!ctx.device().bf16_matmul_inputs ||
-                                    library_gemm_available(GemmPrecision::kBfloat16Inputs))) {
+  if (ctx.device().fast_kernels) {
     run_fast_einsum(ctx, dims);
     return;
   }

@@ -31,6 +31,12 @@ void to_bf16(const float* values, uint16_t* out, int64_t count) {
   }
 }
 
+GemmPrecision fast_gemm_precision(bool bf16_inputs) {
+  return bf16_inputs && library_gemm_available(GemmPrecision::kBfloat16Inputs)
+             ? GemmPrecision::kBfloat16Inputs
+             : GemmPrecision::kFloat32;
+}
+
 #ifdef TPUSIM_WITH_DNNL
 namespace {
 
@@ -84,10 +90,15 @@ class Library {
 
   const dnnl::engine& engine() const { return engine_; }
 
-  // oneDNN's best kernel for `precision` on this CPU ("none" if it has none), probed once.
+  // oneDNN's best kernel for `precision` on this CPU ("none" if it has none, or for bf16 inputs
+  // if this CPU has no native bf16 dot products), probed once.
   const std::string& implementation(GemmPrecision precision) const {
     return names_[static_cast<int>(precision)];
   }
+
+  // The instruction set oneDNN generates code for here, e.g. "avx512_core".
+  const std::string& isa() const { return isa_; }
+  bool native_bf16() const { return native_bf16_; }
 
   const Kernel& kernel(GemmPrecision precision, int64_t m, int64_t n, int64_t k,
                        const GemmOperand& a, const GemmOperand& b, const GemmResult& c) {
@@ -133,9 +144,16 @@ class Library {
 
  private:
   Library() : engine_(dnnl::engine::kind::cpu, 0) {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    isa_ = isa_name(isa);
+    native_bf16_ = isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
     for (const GemmPrecision precision :
          {GemmPrecision::kFloat32, GemmPrecision::kBfloat16Inputs}) {
       std::string& name = names_[static_cast<int>(precision)];
+      if (precision == GemmPrecision::kBfloat16Inputs && !native_bf16_) {
+        name = "none";  // emulated bf16 is slower than rounding and the fp32 kernels
+        continue;
+      }
       try {
         const dnnl::memory::desc a({256, 256}, input_type(precision), dnnl::memory::format_tag::ab);
         const dnnl::memory::desc c({256, 256}, dnnl::memory::data_type::f32,
@@ -147,8 +165,33 @@ class Library {
     }
   }
 
+  static std::string isa_name(dnnl::cpu_isa isa) {
+    switch (isa) {
+      case dnnl::cpu_isa::sse41:
+        return "sse41";
+      case dnnl::cpu_isa::avx:
+        return "avx";
+      case dnnl::cpu_isa::avx2:
+        return "avx2";
+      case dnnl::cpu_isa::avx2_vnni:
+        return "avx2_vnni";
+      case dnnl::cpu_isa::avx512_core:
+        return "avx512_core";
+      case dnnl::cpu_isa::avx512_core_vnni:
+        return "avx512_core_vnni";
+      case dnnl::cpu_isa::avx512_core_bf16:
+        return "avx512_core_bf16";
+      case dnnl::cpu_isa::avx512_core_amx:
+        return "avx512_core_amx";
+      default:
+        return "isa " + std::to_string(static_cast<int>(isa));
+    }
+  }
+
   dnnl::engine engine_;
   std::shared_mutex mutex_;
+  std::string isa_;
+  bool native_bf16_ = false;
   std::string names_[2];
   std::map<Key, std::unique_ptr<Kernel>> kernels_;
 };
@@ -167,6 +210,25 @@ const char* library_gemm_name(GemmPrecision precision) {
     return precision == GemmPrecision::kFloat32 ? "Eigen" : "Eigen (reference kernels)";
   }
   return names[static_cast<int>(precision)].c_str();
+}
+
+std::string gemm_path_line(bool bf16_inputs, bool fast_kernels) {
+  if (!fast_kernels) {
+    return "reference kernels (functional_precision=reference)";
+  }
+  const Library& library = Library::instance();
+  const GemmPrecision precision = fast_gemm_precision(bf16_inputs);
+  if (!library_gemm_available(GemmPrecision::kFloat32)) {
+    return bf16_inputs ? "Eigen fp32 on bf16-rounded operands" : "Eigen fp32";
+  }
+  if (precision == GemmPrecision::kBfloat16Inputs) {
+    return "oneDNN " + library.isa() + " bf16 inputs, fp32 accumulation (" +
+           library.implementation(precision) + ")";
+  }
+  return "oneDNN " + library.isa() + " fp32" +
+         (bf16_inputs ? " on bf16-rounded operands (no native bf16 dot products on this CPU)"
+                      : "") +
+         " (" + library.implementation(GemmPrecision::kFloat32) + ")";
 }
 
 bool library_gemm_supports(GemmPrecision precision, int64_t m, int64_t n, int64_t k, GemmOperand a,
@@ -240,6 +302,14 @@ bool library_gemm_available(GemmPrecision) {
 
 const char* library_gemm_name(GemmPrecision precision) {
   return precision == GemmPrecision::kFloat32 ? "Eigen" : "Eigen (reference kernels)";
+}
+
+std::string gemm_path_line(bool bf16_inputs, bool fast_kernels) {
+  if (!fast_kernels) {
+    return "reference kernels (functional_precision=reference)";
+  }
+  return bf16_inputs ? "Eigen fp32 on bf16-rounded operands (built without oneDNN)"
+                     : "Eigen fp32 (built without oneDNN)";
 }
 
 bool library_gemm_supports(GemmPrecision, int64_t, int64_t, int64_t, GemmOperand, GemmOperand,

@@ -11,10 +11,16 @@
 // fast einsum's own cut of the work into items decides the parallelism, and the result of an item
 // depends only on its shapes and strides: bitwise the same for any num_threads and run to run.
 //
+// bf16 inputs run on oneDNN's bf16 kernels only where the CPU has native bf16 dot products
+// (AVX512-BF16 or AMX, as oneDNN sees it: ONEDNN_MAX_CPU_ISA caps it). Elsewhere oneDNN would
+// emulate them, 2.4x slower than its fp32 kernels on an AVX-512 Xeon without AVX512-BF16 (issue
+// 34), so library_gemm_available(kBfloat16Inputs) is false and callers round the operands to bf16
+// and multiply them with the fp32 kernels instead: the same products (a bf16 x bf16 product is
+// exact in fp32) summed in fp32, as the MXU sums them.
+//
 // When the library is missing, or its best kernel for a type on this CPU would be its slow
 // reference loop, library_gemm_available() is false and the caller keeps its own path (Eigen for
-// fp32, the reference kernels for bf16 inputs); library_gemm_supports() says the same of one
-// product's layout.
+// fp32); library_gemm_supports() says the same of one product's layout.
 //
 // Example:
 //   // C[2 x 3] = A[2 x 4] B[4 x 3], all row-major fp32:
@@ -30,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tpusim::kernels {
 
@@ -73,5 +80,16 @@ void to_bf16(const float* values, uint16_t* out, int64_t count);
 // What runs the fast einsum's GEMMs here, for reports: e.g. "oneDNN brg:avx512_core_bf16" or
 // "Eigen".
 const char* library_gemm_name(GemmPrecision precision);
+
+// The precision the fast kernels multiply with: kBfloat16Inputs for bf16 operands on a CPU with
+// native bf16 kernels, else kFloat32 (bf16 operands then rounded to bf16 first by the caller).
+GemmPrecision fast_gemm_precision(bool bf16_inputs);
+
+// One line for train's start, saying which GEMM path runs, e.g.
+//   "oneDNN avx512_core fp32 (brg:avx512_core)"
+//   "oneDNN avx512_core fp32 on bf16-rounded operands (no native bf16 dot products on this CPU)"
+//   "oneDNN avx512_core_bf16 bf16 inputs, fp32 accumulation (brg:avx512_core_bf16)"
+//   "reference kernels (functional_precision=reference)"
+std::string gemm_path_line(bool bf16_inputs, bool fast_kernels);
 
 }  // namespace tpusim::kernels
