@@ -1,13 +1,21 @@
 #include "common/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <mutex>
+#include <random>
+#include <vector>
 
 #include "common/error.h"
+#include "common/input_files.h"
 
 namespace tpusim {
 
@@ -24,7 +32,7 @@ bool sync_path(const std::string& path, int flags) {
   return synced;
 }
 
-void write_file(const std::string& path, std::string_view content, bool durable) {
+void refuse_non_regular(const std::string& path) {
   std::error_code error;
   const std::filesystem::file_status status = std::filesystem::symlink_status(path, error);
   if (!error && std::filesystem::exists(status) &&
@@ -34,23 +42,66 @@ void write_file(const std::string& path, std::string_view content, bool durable)
                     "tpusim replaces output files whole, so it writes only regular files and new "
                     "paths");
   }
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream stream(temporary, std::ios::binary | std::ios::trunc);
-    if (!stream) {
-      throw UserError("cannot write file '" + path + "'");
+}
+
+// A new file beside `path`, "<path>.tmp.<pid>.<random>", created with O_CREAT | O_EXCL |
+// O_NOFOLLOW: a file or a symbolic link someone planted at that name makes the open fail
+// instead of being written through, and the name cannot be guessed ahead. Returns its descriptor.
+int create_temporary(const std::string& path, std::string& temporary) {
+  static std::mutex mutex;
+  static std::mt19937_64 generator{std::random_device{}()};
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    uint64_t nonce = 0;
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      nonce = generator();
     }
-    stream.write(content.data(), static_cast<std::streamsize>(content.size()));
-    stream.flush();
-    if (!stream) {
-      std::remove(temporary.c_str());
-      throw UserError("failed while writing file '" + path + "'");
+    char suffix[17];
+    std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(nonce));
+    temporary = path + ".tmp." + std::to_string(::getpid()) + "." + suffix;
+    const int descriptor =
+        ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (descriptor >= 0) {
+      return descriptor;
+    }
+    if (errno != EEXIST) {
+      throw UserError("cannot write file '" + path + "': " + std::strerror(errno));
     }
   }
-  if (durable && !sync_path(temporary, O_RDONLY)) {
+  throw UserError("cannot create a temporary file beside '" + path + "'");
+}
+
+bool write_all(int descriptor, std::string_view content) {
+  while (!content.empty()) {
+    const ssize_t written = ::write(descriptor, content.data(), content.size());
+    if (written < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return false;
+    }
+    content.remove_prefix(static_cast<size_t>(written));
+  }
+  return true;
+}
+
+// Writes `content` to a new temporary beside `path` (flushed to disk when `durable`) and returns
+// its name; nothing at `path` changes yet.
+std::string write_temporary(const std::string& path, std::string_view content, bool durable) {
+  check_not_an_input(path);
+  refuse_non_regular(path);
+  std::string temporary;
+  const int descriptor = create_temporary(path, temporary);
+  const bool written = write_all(descriptor, content) && (!durable || ::fsync(descriptor) == 0);
+  const bool closed = ::close(descriptor) == 0;
+  if (!written || !closed) {
     std::remove(temporary.c_str());
-    throw UserError("cannot flush file '" + path + "' to disk");
+    throw UserError("failed while writing file '" + path + "'");
   }
+  return temporary;
+}
+
+void move_into_place(const std::string& temporary, const std::string& path, bool durable) {
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     std::remove(temporary.c_str());
     throw UserError("cannot move finished file into place at '" + path + "'");
@@ -62,6 +113,10 @@ void write_file(const std::string& path, std::string_view content, bool durable)
   }
 }
 
+void write_file(const std::string& path, std::string_view content, bool durable) {
+  move_into_place(write_temporary(path, content, durable), path, durable);
+}
+
 }  // namespace
 
 void write_file_atomically(const std::string& path, std::string_view content) {
@@ -70,6 +125,57 @@ void write_file_atomically(const std::string& path, std::string_view content) {
 
 void write_file_durably(const std::string& path, std::string_view content) {
   write_file(path, content, /*durable=*/true);
+}
+
+int remove_stale_temporaries(const std::string& directory) {
+  std::error_code error;
+  std::filesystem::directory_iterator entry(directory, error);
+  std::vector<std::filesystem::path> stale;
+  for (; !error && entry != std::filesystem::directory_iterator(); entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || !entry->is_regular_file(error)) {
+      continue;
+    }
+    // "<pid>.<16 hex>" after ".tmp."
+    const std::string tail = name.substr(at + 5);
+    const size_t dot = tail.find('.');
+    if (dot == std::string::npos || dot == 0 || tail.size() - dot - 1 != 16 ||
+        tail.find_first_not_of("0123456789") != dot ||
+        tail.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) {
+      continue;
+    }
+    const long pid = std::strtol(tail.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) {
+      continue;
+    }
+    const bool alive = ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+    if (!alive) {
+      stale.push_back(entry->path());
+    }
+  }
+  int removed = 0;
+  for (const std::filesystem::path& path : stale) {
+    removed += std::filesystem::remove(path, error) ? 1 : 0;
+  }
+  return removed;
+}
+
+void write_files_atomically(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<std::string> temporaries;
+  try {
+    for (const auto& [path, content] : files) {
+      temporaries.push_back(write_temporary(path, content, /*durable=*/false));
+    }
+  } catch (...) {
+    for (const std::string& temporary : temporaries) {
+      std::remove(temporary.c_str());
+    }
+    throw;
+  }
+  for (size_t index = 0; index < files.size(); ++index) {
+    move_into_place(temporaries[index], files[index].first, /*durable=*/false);
+  }
 }
 
 }  // namespace tpusim

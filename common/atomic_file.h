@@ -1,10 +1,12 @@
 // common/atomic_file.h: write a file so readers never see it half-written.
 //
-// The content goes to "<path>.tmp.<pid>" in the same directory, is flushed, then renamed over
-// `path` (rename is atomic on POSIX file systems). Used for every file tpusim writes: reports,
-// traces, Graphviz, checkpoints. write_file_durably also fsyncs the file before the rename and
-// the directory after it, for files another run reads back and trusts (the token cache): after a
-// crash the file is either the old one or the whole new one.
+// The content goes to a new "<path>.tmp.<pid>.<random>" in the same directory (created with
+// O_CREAT | O_EXCL | O_NOFOLLOW, so a planted file or link there is never written through), is
+// flushed, then renamed over `path` (rename is atomic on POSIX file systems). An output that is
+// one of the run's inputs, or inside an input directory, is refused (common/input_files.h). Used
+// for every file tpusim writes: reports, traces, Graphviz, checkpoints. write_file_durably also
+// fsyncs the file before the rename and the directory after it, for files another run reads back
+// and trusts (the token cache): after a crash the file is either the old one or the whole new one.
 //
 // Example:
 //   write_file_atomically("topology.dot", dot_text);
@@ -13,6 +15,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tpusim {
 
@@ -24,5 +28,15 @@ void write_file_atomically(const std::string& path, std::string_view content);
 // As write_file_atomically, with fsync of the temporary before the rename and of the directory
 // after it.
 void write_file_durably(const std::string& path, std::string_view content);
+
+// Removes the temporaries "<name>.tmp.<pid>.<16 hex digits>" in `directory` left by a writer
+// that was killed before its rename (its process no longer runs); a live writer's are kept.
+// Best effort: returns how many it removed.
+int remove_stale_temporaries(const std::string& directory);
+
+// Several files that belong together (a Hugging Face export's weights and config): every
+// content is written to its temporary first, and only when all are complete are they renamed
+// into place, so a failure leaves every previous file as it was.
+void write_files_atomically(const std::vector<std::pair<std::string, std::string>>& files);
 
 }  // namespace tpusim

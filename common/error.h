@@ -20,6 +20,9 @@ namespace tpusim {
 inline constexpr int kUserErrorExitCode = 2;
 // Exit status of the CLI for a programming error (anything but a UserError escaped a command).
 inline constexpr int kInternalErrorExitCode = 1;
+// Exit status of `tpusim train --verify` when a sharded step differs from the unsharded
+// reference by more than the tolerance of its numerics (VerifyFailure).
+inline constexpr int kVerifyFailedExitCode = 3;
 
 class UserError : public std::runtime_error {
  public:
@@ -32,6 +35,12 @@ class UserError : public std::runtime_error {
 
  private:
   std::string key_;
+};
+
+// A sharded training step that --verify found different from the unsharded reference.
+class VerifyFailure : public std::runtime_error {
+ public:
+  explicit VerifyFailure(const std::string& message) : std::runtime_error(message) {}
 };
 
 }  // namespace tpusim

@@ -7,6 +7,7 @@
 #include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
+#include "common/input_files.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
 #include "model/config_values.h"
@@ -42,6 +43,7 @@ void read_config_file(const std::string& path, int depth, std::vector<ConfigFile
     throw UserError(path + ": base_config chain deeper than " +
                     std::to_string(kMaxBaseConfigDepth) + " files (a cycle?)");
   }
+  note_input(path);
   const YAML::Node root = parse_yaml(read_text_file(path), path);
   if (root.IsNull()) {
     return;
@@ -63,7 +65,13 @@ void read_config_file(const std::string& path, int depth, std::vector<ConfigFile
     // names MaxText's "base.yml": tpusim's embedded base.yml stands for it.
     const std::filesystem::path named(item.second.Scalar());
     const std::filesystem::path beside = std::filesystem::path(path).parent_path() / named;
-    if (std::filesystem::exists(beside)) {
+    std::error_code error;
+    const bool found = std::filesystem::exists(beside, error);
+    if (error) {  // a symbolic-link loop (ELOOP), a path too long, a directory not searchable
+      throw UserError(path + ": base_config '" + named.string() + "' cannot be opened (" +
+                      error.message() + ")");
+    }
+    if (found) {
       read_config_file(beside.string(), depth + 1, layers);
     } else if (named.filename() != "base.yml") {
       throw UserError(path + ": base_config '" + named.string() + "' not found (looked for '" +

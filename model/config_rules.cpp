@@ -134,6 +134,7 @@ const std::vector<RangeRule>& range_rules() {
       {"hbm_headroom_fraction", 0, 0.99, false},  // 1 would leave no HBM at all
       {"num_threads", 0, 4096, false},
       {"collective_timeout_seconds", 0, 1e6, true},
+      {"verify_tolerance", 0, 1, false},
       {"sa_block_q", 1, kMaxSequence, false},
       {"sa_block_kv", 1, kMaxSequence, false},
       {"sa_block_kv_compute", 1, kMaxSequence, false},

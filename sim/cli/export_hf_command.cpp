@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <utility>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/input_files.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
@@ -36,8 +38,8 @@ Config recorded_config(const Checkpoint& checkpoint, const std::string& director
   }
   std::vector<std::string> overrides = {"override_model_config=true"};
   for (const auto& [key, value] : metadata["model_config"].items()) {
-    if (key == "query_scaling") {
-      continue;  // a marker of the numerics, not a config key
+    if (key == "query_scaling" || key == "tokenizer") {
+      continue;  // markers of the numerics and of the token ids, not config keys
     }
     overrides.push_back(key + "=" + (value.is_string() ? value.get<std::string>() : value.dump()));
   }
@@ -48,17 +50,23 @@ Config recorded_config(const Checkpoint& checkpoint, const std::string& director
 
 void export_hf(const std::string& checkpoint_path, const std::string& out_directory,
                const std::vector<std::string>& args) {
+  note_input(checkpoint_path);
   const Checkpoint checkpoint = load_checkpoint(checkpoint_path);
   const Config config = recorded_config(checkpoint, checkpoint_path, args);
   const std::map<std::string, CheckpointTensor> tensors = to_hf(config, checkpoint.weights);
+  // Both files' contents are made before anything is written, and renamed into place only when
+  // both are complete: a failed export leaves the previous one whole.
+  std::string weights = encode_safetensors(tensors);
+  std::string config_text = hf_config_json(config).dump(2) + "\n";
+  const std::filesystem::path out(out_directory);
+  check_not_an_input((out / "model.safetensors").string());
   std::error_code error;
   std::filesystem::create_directories(out_directory, error);
   if (error) {
     throw UserError("export-hf: cannot create '" + out_directory + "': " + error.message());
   }
-  const std::filesystem::path out(out_directory);
-  write_file_atomically((out / "model.safetensors").string(), encode_safetensors(tensors));
-  write_file_atomically((out / "config.json").string(), hf_config_json(config).dump(2) + "\n");
+  write_files_atomically({{(out / "model.safetensors").string(), std::move(weights)},
+                          {(out / "config.json").string(), std::move(config_text)}});
   std::cerr << "export-hf: " << tensors.size() << " tensors (" << hf_family(config) << ") -> "
             << (out / "model.safetensors").string() << ", " << (out / "config.json").string()
             << "\n";

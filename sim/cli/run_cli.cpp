@@ -77,6 +77,9 @@ int run_cli_or_throw(int argc, char** argv) {
     return user_error(error.what(), "");
   } catch (const UserError& error) {
     return user_error(error.what(), error.key());
+  } catch (const VerifyFailure& failure) {
+    std::cerr << "tpusim: " << one_line(failure.what()) << "\n";
+    return kVerifyFailedExitCode;
   } catch (const YAML::Exception& error) {
     return user_error(std::string("malformed value: ") + error.what(), "");
   }

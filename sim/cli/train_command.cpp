@@ -1,7 +1,8 @@
 // `tpusim train [config.yml ...] [key=value ...] [--verify] [--quiet]`: trains the model for real
 // on the simulated devices of compile_topology (each holding only its shards), with MaxText's keys
 // (steps, dataset_type/dataset_path, learning_rate schedule, gradient_accumulation_steps,
-// metrics_file, eval_interval). Exit 0 on success, 2 on bad input.
+// metrics_file, eval_interval). Exit 0 on success, 2 on bad input, 3 when --verify finds a step
+// off the unsharded reference by more than its tolerance.
 //
 // Under `mpirun -np R` (built with TPUSIM_WITH_MPI) the devices are spread over the R ranks
 // (mpi_transport.h); any failure on a rank ends the whole job: exit 2 for bad input, 1 otherwise,
@@ -38,6 +39,8 @@ void train_under_mpirun(const std::vector<std::string>& args, const TrainOptions
     train(args, options, &transport);
   } catch (const UserError& error) {
     transport.abort_run(error.what(), kUserErrorExitCode);
+  } catch (const VerifyFailure& failure) {
+    transport.abort_run(failure.what(), kVerifyFailedExitCode);
   } catch (const YAML::Exception& error) {
     transport.abort_run(std::string("malformed value: ") + error.what(), kUserErrorExitCode);
   } catch (const std::exception& error) {

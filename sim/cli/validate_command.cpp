@@ -13,6 +13,7 @@
 
 #include "common/csv.h"
 #include "common/error.h"
+#include "common/input_files.h"
 #include "common/mechanisms.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
@@ -57,6 +58,7 @@ double median(std::vector<double> values) {
 }  // namespace
 
 nlohmann::json validate_csv(const std::string& path) {
+  note_input(path);
   const CsvTable table = parse_csv(read_text_file(path), path);
   const size_t id_column = table.column("id");
   const size_t args_column = table.column("args");

@@ -259,6 +259,21 @@ std::string dump_json(const Json& json, int indent, const std::string& what) {
   }
 }
 
+// state.json's own fields (step, metadata, files), hashed: an edited state.json (a step, a
+// metrics line) is refused by name instead of failing later wherever the field is read. A
+// state.json without it was written before tpusim recorded one and is read as it is.
+constexpr const char* kFieldsChecksum = "fields_sha256";
+
+std::string fields_checksum(const nlohmann::json& state) {
+  nlohmann::json fields = nlohmann::json::object();
+  for (const char* key : {"step", "metadata", "files"}) {
+    if (state.contains(key)) {
+      fields[key] = state[key];
+    }
+  }
+  return sha256_hex(dump_json(fields, -1, "the metadata"));
+}
+
 nlohmann::json file_record(std::string_view content) {
   return {{"bytes", content.size()}, {"sha256", sha256_hex(content)}};
 }
@@ -306,17 +321,30 @@ std::map<std::string, CheckpointTensor> load_tensor_file(const fs::path& directo
   return tensors;
 }
 
-bool is_complete_checkpoint(const fs::path& directory) {
+// What keeps `directory` from being a complete checkpoint ("" when nothing does): a file that is
+// missing, that is not a regular file, or that this process cannot read.
+std::string checkpoint_problem(const fs::path& directory) {
   std::error_code error;
   if (!fs::is_directory(directory, error)) {
-    return false;
+    return error ? "cannot be opened (" + error.message() + ")" : "is not a directory";
   }
   for (const char* file : {kModelFile, kOptimizerFile, kStateFile}) {
-    if (!fs::is_regular_file(directory / file, error)) {
-      return false;
+    const fs::path path = directory / file;
+    const fs::file_status status = fs::status(path, error);
+    if (error && error != std::errc::no_such_file_or_directory) {
+      return std::string("cannot read ") + file + " (" + error.message() + ")";
+    }
+    if (!fs::exists(status)) {
+      return std::string("is incomplete (") + file + " is missing)";
+    }
+    if (!fs::is_regular_file(status)) {
+      return std::string("is damaged (") + file + " is not a regular file)";
+    }
+    if (::access(path.c_str(), R_OK) != 0) {
+      return std::string("cannot read ") + file + " (" + std::strerror(errno) + ")";
     }
   }
-  return true;
+  return "";
 }
 
 // Removes "<step>.tmp.<pid>" and "<step>.old.<pid>" directories beside `target` left by a save
@@ -368,10 +396,11 @@ void save_checkpoint(const std::string& directory, const Checkpoint& checkpoint)
 
   const std::string model = encode_safetensors(checkpoint.weights);
   const std::string optimizer = encode_safetensors(checkpoint.optimizer);
-  const nlohmann::json state = {
+  nlohmann::json state = {
       {"step", checkpoint.step},
       {"metadata", checkpoint.metadata},
       {"files", {{kModelFile, file_record(model)}, {kOptimizerFile, file_record(optimizer)}}}};
+  state[kFieldsChecksum] = fields_checksum(state);
   const std::string state_text = dump_json(state, 2, "the metadata") + "\n";
 
   std::error_code error;
@@ -440,6 +469,13 @@ Checkpoint load_checkpoint(const std::string& directory) {
   if (!state.contains("files") || !state["files"].is_object()) {
     throw file_error(state_path, "no \"files\" object");
   }
+  if (state.contains(kFieldsChecksum) &&
+      (!state[kFieldsChecksum].is_string() ||
+       state[kFieldsChecksum].get<std::string>() != fields_checksum(state))) {
+    throw file_error(state_path,
+                     "was edited after tpusim wrote it (its step, metadata or files no longer "
+                     "match its fields_sha256)");
+  }
 
   Checkpoint checkpoint;
   checkpoint.step = static_cast<int64_t>(state["step"].get<uint64_t>());
@@ -464,6 +500,7 @@ std::string latest_checkpoint(const std::string& run_directory) {
   }
   int64_t latest = -1;
   int64_t latest_incomplete = -1;
+  std::string latest_problem;
   fs::directory_iterator entry(checkpoints, error);
   for (; !error && entry != fs::directory_iterator(); entry.increment(error)) {
     // Only canonical step numbers: "<step>.tmp.<pid>", "007" or "notes" are not checkpoints.
@@ -474,10 +511,11 @@ std::string latest_checkpoint(const std::string& run_directory) {
         std::to_string(step) != name) {
       continue;
     }
-    if (is_complete_checkpoint(entry->path())) {
+    if (const std::string problem = checkpoint_problem(entry->path()); problem.empty()) {
       latest = std::max(latest, step);
-    } else {
-      latest_incomplete = std::max(latest_incomplete, step);
+    } else if (step > latest_incomplete) {
+      latest_incomplete = step;
+      latest_problem = problem;
     }
   }
   if (error) {
@@ -487,8 +525,7 @@ std::string latest_checkpoint(const std::string& run_directory) {
   if (latest_incomplete > latest) {
     // Said, not skipped in silence: the user may have expected to resume from there.
     std::cerr << "tpusim: checkpoint '" << checkpoint_directory(run_directory, latest_incomplete)
-              << "' is incomplete (" << kModelFile << ", " << kOptimizerFile << " and "
-              << kStateFile << " are not all regular files); "
+              << "' " << latest_problem << "; "
               << (latest < 0 ? std::string("starting from step 1")
                              : "resuming from step " + std::to_string(latest))
               << "\n";

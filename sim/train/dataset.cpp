@@ -6,6 +6,7 @@
 
 #include "common/counter_hash.h"
 #include "common/error.h"
+#include "common/input_files.h"
 #include "model/config.h"
 #include "sim/train/token_cache.h"
 
@@ -30,6 +31,8 @@ Dataset Dataset::from_config(const Config& config) {
   const std::string type = config.get_string("dataset_type");
   const std::string path = config.get_string("dataset_path");
   const std::string tokenizer = config.get_string("tokenizer_path");
+  note_input(path);
+  note_input(tokenizer);
   if (type == "synthetic") {
     return data;
   }

@@ -1,7 +1,11 @@
 #include "sim/train/hf_names.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "model/builder/initializers.h"
@@ -331,6 +335,48 @@ nlohmann::json hf_config_json(const Config& config) {
     json["mlp_bias"] = false;
   }
   return json;
+}
+
+void check_hf_config(const Config& config, const nlohmann::json& hf_config,
+                     const std::string& path) {
+  if (!hf_config.is_object()) {
+    throw UserError("load_parameters_path: '" + path + "' is not a JSON object",
+                    "load_parameters_path");
+  }
+  // Fields that do not change the math of a sequence tpusim trains (names, dtypes, the longest
+  // position, windows longer than any sequence here) are not compared.
+  static const std::set<std::string> kNotMath = {
+      "architectures",  "torch_dtype",       "max_position_embeddings",
+      "n_positions",    "attention_dropout", "use_sliding_window",
+      "sliding_window", "max_window_layers", "scale_attn_weights"};
+  const nlohmann::json expected = hf_config_json(config);
+  // The family first (its message is the clearest), then every other field.
+  std::vector<std::string> fields = {"model_type"};
+  for (const auto& [field, want] : expected.items()) {
+    if (field != "model_type") {
+      fields.push_back(field);
+    }
+  }
+  for (const std::string& field : fields) {
+    const nlohmann::json& want = expected[field];
+    if (kNotMath.contains(field) || !hf_config.contains(field)) {
+      continue;
+    }
+    const nlohmann::json& got = hf_config[field];
+    bool same = got == want;
+    if (!same && got.is_number() && want.is_number()) {
+      const double a = got.get<double>();
+      const double b = want.get<double>();
+      same = std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+    }
+    if (!same) {
+      throw UserError("load_parameters_path: '" + path + "' says " + field + "=" + got.dump() +
+                          " but this run's model has " + want.dump() +
+                          " (the weights would compute another model; set the run's keys to "
+                          "match, e.g. rope_max_timescale for rope_theta)",
+                      "load_parameters_path");
+    }
+  }
 }
 
 }  // namespace tpusim

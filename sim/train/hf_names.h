@@ -78,4 +78,10 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
 // Qwen3Config / GPT2Config.
 nlohmann::json hf_config_json(const Config& config);
 
+// UserError naming the field when a Hugging Face config.json (read from `path`) describes another
+// model than `config`'s: every field hf_config_json writes that fixes the math (sizes, epsilon,
+// rope_theta, activation, tied embeddings, biases) must agree; absent fields are not checked.
+void check_hf_config(const Config& config, const nlohmann::json& hf_config,
+                     const std::string& path);
+
 }  // namespace tpusim

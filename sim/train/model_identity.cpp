@@ -1,8 +1,12 @@
 #include "sim/train/model_identity.h"
 
+#include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "common/error.h"
+#include "common/yaml_text.h"
+#include "sim/train/token_cache.h"
 
 namespace tpusim {
 namespace {
@@ -55,6 +59,25 @@ const std::vector<std::string>& identity_keys() {
 
 constexpr const char* kQueryScalingKey = "query_scaling";
 constexpr const char* kQueryScalingMaxText = "maxtext";
+// Not a config key either: which tokenizer the embedding rows belong to, by the tokenizer file's
+// content ("byte-level" without tokenizer_path). Another tokenizer gives the same ids other
+// meanings, so its run resumes into nonsense with shapes that fit (issue 35, item 5).
+constexpr const char* kTokenizerKey = "tokenizer";
+
+std::string tokenizer_identity(const Config& config) {
+  const std::string path = config.get_string("tokenizer_path");
+  if (path.empty()) {
+    return "byte-level";
+  }
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return "unreadable " + path;  // the tokenizer's own loading names the problem
+  }
+  char digest[17];
+  std::snprintf(digest, sizeof(digest), "%016llx",
+                static_cast<unsigned long long>(content_hash(read_text_file(path))));
+  return std::string("content ") + digest;
+}
 
 }  // namespace
 
@@ -70,6 +93,7 @@ nlohmann::json model_identity(const Config& config) {
   // initializers.h). Checkpoints from before that (logits scaled by 1/sqrt(head_dim) at run time
   // in every family) lack it and are refused: their weights would compute other logits now.
   identity[kQueryScalingKey] = kQueryScalingMaxText;
+  identity[kTokenizerKey] = tokenizer_identity(config);
   return identity;
 }
 
@@ -98,6 +122,12 @@ void check_made_from(const Checkpoint& checkpoint, const std::string& directory,
   for (const auto& [key, value] : recorded.items()) {
     if ((key == "opt_type" && !with_optimizer) || !current.contains(key)) {
       continue;
+    }
+    if (key == kTokenizerKey && current[key] != value) {
+      throw UserError("checkpoint '" + directory + "' was trained with tokenizer " + value.dump() +
+                          " but this run's tokenizer_path gives " + current[key].dump() +
+                          ": its token ids would mean other text (use the checkpoint's tokenizer)",
+                      "tokenizer_path");
     }
     if (current[key] != value) {
       throw UserError("checkpoint '" + directory + "' was made with " + key + "=" + value.dump() +

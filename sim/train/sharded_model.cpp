@@ -277,6 +277,22 @@ std::map<std::string, std::vector<float>> ShardedModel::global_gradients() {
   return gather_global(true);
 }
 
+int64_t ShardedModel::non_finite_state_values() {
+  double mine = 0;
+  for (auto& executor : executors_) {
+    for (const Executor::NamedState& state : executor->state()) {
+      for (const float value : state.data->values) {
+        mine += std::isfinite(value) ? 0.0 : 1.0;
+      }
+    }
+  }
+  double total = 0;
+  for (const std::vector<double>& rank : transport_->all_gather({mine})) {
+    total += rank.at(0);
+  }
+  return static_cast<int64_t>(total);
+}
+
 namespace {
 
 std::vector<int64_t> global_shape(const Tensor& tensor) {

@@ -64,6 +64,9 @@ class ShardedModel {
   // Gathered on rank 0; empty on the other ranks.
   std::map<std::string, std::vector<float>> global_state();
   std::map<std::string, std::vector<float>> global_gradients();
+  // How many parameter and moment values are NaN or infinite, over every device of every rank
+  // (collective; the same count on every rank).
+  int64_t non_finite_state_values();
 
   // The model as a checkpoint (global arrays, whatever the sharding or the ranks; complete on
   // rank 0, empty elsewhere; metadata: model_name and the model_config keys that fix its math),

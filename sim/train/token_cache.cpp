@@ -127,16 +127,15 @@ std::optional<int64_t> integer_field(const nlohmann::json& object, const char* k
   return found->get<int64_t>();
 }
 
-// Whether the file still is what `recorded` describes: size and mtime equal, or the same size and
-// content hash (reads the file only in that case).
+// Whether the file still is what `recorded` describes: the same size and the same content hash.
+// The content is hashed every time, whatever the mtime says: `cp -p`, `rsync -a` and `touch -r`
+// keep an edited file's mtime (issue 35, item 6), and hashing reads the file once at several GB/s,
+// little next to tokenizing it.
 bool still_matches(const std::string& path, const Fingerprint& now,
                    const nlohmann::json& recorded) {
   const std::optional<int64_t> bytes = integer_field(recorded, "bytes");
   if (!bytes || *bytes < 0 || static_cast<uint64_t>(*bytes) != now.bytes) {
     return false;
-  }
-  if (integer_field(recorded, "mtime_ns") == now.mtime_ns) {
-    return true;
   }
   return recorded.value("hash", std::string()) == hex(content_hash(read_text_file(path)));
 }
@@ -653,6 +652,7 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
   const std::string directory = cached ? cache_directory_for(spec) : "";
   std::string stale;
   if (cached) {
+    remove_stale_temporaries(directory);  // chunks of a tokenizer killed before their rename
     if (auto hit = read_cache(spec, directory, source, stale)) {
       return std::move(*hit);
     }
@@ -710,7 +710,7 @@ TokenizedSource load_tokens(const TokenSourceSpec& spec) {
   note << std::fixed << "dataset: tokenizing '" << spec.path << "' ("
        << static_cast<double>(text->size()) / (1 << 20) << " MiB in " << pieces->size()
        << (pieces->size() == 1 ? " piece" : " pieces")
-       << ") in the background; training starts with the first";
+       << ") in the background; training starts once the first piece is tokenized";
   if (!stale.empty()) {
     note << " (cache rebuilt: " << stale << ")";
   }

@@ -56,6 +56,9 @@ function colour(p) {
 
 const curve = document.getElementById("curve");
 const W = 640, H = 200, pad = 36;
+// A non-finite loss (null in the data) is left out of the curves.
+data.loss = data.loss.filter(p => p[1] !== null);
+data.eval_loss = data.eval_loss.filter(p => p[1] !== null);
 const points = data.loss.concat(data.eval_loss);
 const steps = points.map(p => p[0]), losses = points.map(p => p[1]);
 const x0 = Math.min(...steps), x1 = Math.max(...steps);

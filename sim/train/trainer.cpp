@@ -8,12 +8,16 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/input_files.h"
+#include "common/yaml_text.h"
+#include "sim/functional/kernels/library_gemm.h"
 #include "sim/train/hf_names.h"
 #include "sim/train/model_identity.h"
 #include "sim/train/safetensors.h"
@@ -67,6 +71,13 @@ void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
   }
   if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
     refuse("dropout_rate", number_text(config.get_float("dropout_rate")), "dropout is not built");
+  }
+  // Quantized training rounds every matmul operand to int8 or fp8 with its own scaling recipe
+  // (AQT / Qwix): estimate and explore model its speed, train does not compute it, and training
+  // on in plain numbers would pass bf16's losses off as the quantized run's (issue 35, item 3).
+  if (const std::string quantization = config.get_string("quantization"); !quantization.empty()) {
+    refuse("quantization", quantization,
+           "quantized matmuls are modeled by estimate and explore, not computed");
   }
   if (config.get_float("mlp_activations_limit") > 0) {
     refuse("mlp_activations_limit", number_text(config.get_float("mlp_activations_limit")),
@@ -216,8 +227,21 @@ Checkpoint load_shared_hf_weights(Transport& transport, const std::string& path,
   const auto read = [&] {
     namespace fs = std::filesystem;
     std::error_code error;
-    const std::string file =
-        fs::is_directory(path, error) ? (fs::path(path) / "model.safetensors").string() : path;
+    const bool directory = fs::is_directory(path, error);
+    const std::string file = directory ? (fs::path(path) / "model.safetensors").string() : path;
+    // The directory's config.json, when it has one, must describe this run's model.
+    if (const fs::path config_json = fs::path(path) / "config.json";
+        directory && fs::is_regular_file(config_json, error)) {
+      nlohmann::json hf_config;
+      try {
+        hf_config = nlohmann::json::parse(read_text_file(config_json.string()));
+      } catch (const nlohmann::json::exception& parse_error) {
+        throw UserError("load_parameters_path: '" + config_json.string() +
+                            "' is not valid JSON: " + parse_error.what(),
+                        "load_parameters_path");
+      }
+      check_hf_config(config, hf_config, config_json.string());
+    }
     Checkpoint checkpoint;
     checkpoint.weights = from_hf(config, read_safetensors(file));
     return checkpoint;
@@ -298,11 +322,19 @@ void write_token_viz(const std::string& path, TokenViz& viz, const std::string& 
   viz.eval_loss.clear();
   std::istringstream lines(metrics_text);
   std::string line;
+  // A NaN or infinite loss is written to the metrics as null (JSON has no NaN): drawn as a gap.
+  const auto number = [](const nlohmann::json& value) {
+    return value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
+  };
   while (std::getline(lines, line)) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    viz.loss.emplace_back(record["step"].get<int64_t>(), record["loss"].get<double>());
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
+      continue;  // not a metrics record (resume_metrics checked a resumed run's lines)
+    }
+    const auto step = record["step"].get<int64_t>();
+    viz.loss.emplace_back(step, number(record.value("loss", nlohmann::json())));
     if (record.contains("eval_loss")) {
-      viz.eval_loss.emplace_back(record["step"].get<int64_t>(), record["eval_loss"].get<double>());
+      viz.eval_loss.emplace_back(step, number(record["eval_loss"]));
     }
   }
   write_file_atomically(path, render_token_viz(viz));
@@ -377,8 +409,16 @@ int64_t restore_start(const Config& config, Transport& transport, const std::str
   const std::string latest = transport.broadcast_from_root(
       config.get_bool("enable_checkpointing") && root ? latest_checkpoint(run_directory) : "");
   if (!latest.empty()) {
+    note_input(latest);
     const Checkpoint checkpoint = load_shared_checkpoint(transport, latest);
     check_made_from(checkpoint, latest, config, /*with_optimizer=*/true);
+    if (const int64_t steps = config.get_int("steps"); checkpoint.step >= steps) {
+      throw UserError("steps: " + std::to_string(steps) + " but the run's latest checkpoint '" +
+                          latest + "' is at step " + std::to_string(checkpoint.step) +
+                          ": nothing left to train (raise steps to go on, or name another "
+                          "run_name)",
+                      "steps");
+    }
     model.restore(checkpoint, /*with_optimizer=*/true);
     if (reference != nullptr) {
       reference->restore(checkpoint, true);
@@ -396,6 +436,7 @@ int64_t restore_start(const Config& config, Transport& transport, const std::str
     return checkpoint.step + 1;
   }
   if (const std::string path = config.get_string("load_parameters_path"); !path.empty()) {
+    note_input(path);
     const bool hf = is_hf_weights(path);
     const Checkpoint checkpoint = hf ? load_shared_hf_weights(transport, path, config)
                                      : load_shared_checkpoint(transport, path);
@@ -548,16 +589,62 @@ void print_progress(std::ostream& progress, const StepMetrics& metrics) {
   progress << "\n";
 }
 
-// MaxText stops on a NaN or infinite loss (abort_on_nan_loss, abort_on_inf_loss); so does
-// tpusim, before the step's weights could be saved.
-void stop_on_non_finite_loss(const Config& config, int64_t step, double loss) {
-  if ((std::isnan(loss) && config.get_bool("abort_on_nan_loss")) ||
-      (std::isinf(loss) && config.get_bool("abort_on_inf_loss"))) {
-    throw UserError("step " + std::to_string(step) + ": the loss is " +
-                    (std::isnan(loss) ? "NaN" : "infinite") +
+// MaxText stops on a NaN or infinite loss (abort_on_nan_loss, abort_on_inf_loss). tpusim stops,
+// under the same two switches, on any value of the step that is not finite: the loss and the
+// gradient norm before the update, the updated weights and moments after it, the eval loss. It
+// stops before the step's metrics line, token page or checkpoint are written, so nothing saved
+// holds a NaN (a NaN gradient norm would make every weight NaN one step before the loss shows it).
+void stop_on_non_finite(const Config& config, int64_t step, const std::string& what, double value) {
+  if ((std::isnan(value) && config.get_bool("abort_on_nan_loss")) ||
+      (std::isinf(value) && config.get_bool("abort_on_inf_loss"))) {
+    throw UserError("step " + std::to_string(step) + ": " + what + " is " +
+                    (std::isnan(value) ? "NaN" : "infinite") +
                     "; training stopped (abort_on_nan_loss / abort_on_inf_loss), nothing saved "
                     "for this step");
   }
+}
+
+void stop_on_non_finite_weights(const Config& config, int64_t step, ShardedModel& model) {
+  if (!config.get_bool("abort_on_nan_loss") && !config.get_bool("abort_on_inf_loss")) {
+    return;
+  }
+  if (const int64_t bad = model.non_finite_state_values(); bad > 0) {
+    throw UserError("step " + std::to_string(step) + ": the update left " + std::to_string(bad) +
+                    " parameter or moment values NaN or infinite; training stopped "
+                    "(abort_on_nan_loss / abort_on_inf_loss), nothing saved for this step");
+  }
+}
+
+// The largest relative L2 difference --verify accepts between a sharded step and the unsharded
+// reference started from the same weights (verify_tolerance, or by the numerics of the run), set
+// against the differences measured on ten sharded meshes of the tiny models
+// (benchmarks/verify_differences.sh, reports/training.md):
+//  - fp32: at most 1.6e-5 with functional_precision=reference and 7.3e-5 with fast (fp32 GEMMs
+//    against the reference's double, tiny-mla): 1e-3.
+//  - bf16 matmul inputs: a sum that lands on the other side of a bf16 rounding boundary moves a
+//    value by 2^-8 relative: at most 6.9e-3 (tiny-mla): 2e-2.
+// Wrong math is far above both: a batch split wrongly (issue 35, item 1) was off by 5.9, a
+// sequence split wrongly (item 2) by 0.07 to 0.15.
+double verify_tolerance(const Config& config) {
+  if (const double set = config.get_float("verify_tolerance"); set > 0) {
+    return set;
+  }
+  const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
+  return bf16 ? 2e-2 : 1e-3;
+}
+
+std::string verify_failure_message(int64_t step, const StepMetrics& metrics, double tolerance,
+                                   const Config& config) {
+  std::ostringstream text;
+  text << std::scientific << std::setprecision(2) << "step " << step
+       << ": --verify: the sharded step differs from the unsharded reference by "
+       << *metrics.verify_max_rel_diff << " (relative L2; loss " << *metrics.verify_loss_rel_diff
+       << ", gradients " << *metrics.verify_gradient_rel_diff << ", updated state "
+       << *metrics.verify_weight_rel_diff << "), above the tolerance " << tolerance
+       << " of functional_precision=" << config.get_string("functional_precision")
+       << " functional_dtype=" << config.get_string("functional_dtype")
+       << "; the sharded math is wrong for this configuration";
+  return text.str();
 }
 
 // The checkpoint of `step` under the run's directory, with the data position and the metrics so
@@ -575,20 +662,20 @@ void save_step_checkpoint(ShardedModel& model, bool root, const std::string& run
 }  // namespace
 
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
-  // --verify compares the reference numerics (double accumulation) of the sharded run and of the
-  // unsharded one, whatever functional_precision says.
-  Config run_config = config_;
-  if (options.verify) {
-    run_config.set("functional_precision", "reference", "--verify");
-  }
+  // --verify does not change the run: the sharded model computes with the run's own numerics,
+  // and the unsharded reference beside it with the reference numerics (double accumulation).
+  const Config& run_config = config_;
   ShardedModel model(run_config, transport_);
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
   std::unique_ptr<ShardedModel> reference;
   if (options.verify && root) {
-    reference = std::make_unique<ShardedModel>(unsharded_reference_config(run_config));
+    Config reference_config = unsharded_reference_config(run_config);
+    reference_config.set("functional_precision", "reference", "--verify");
+    reference = std::make_unique<ShardedModel>(reference_config);
   }
+  const double tolerance = verify_tolerance(run_config);
   const StepProgram& program = model.program();
   const int64_t sequences = program.microbatch;
   const int64_t length = config_.get_int("max_target_length");
@@ -614,6 +701,13 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   const int64_t first_step = restore_start(config_, *transport_, run_directory, model,
                                            reference.get(), metrics_text, report, progress);
   CrossProcessTraffic traffic_before = model.traffic();
+  if (report) {
+    progress << "gemm: "
+             << kernels::gemm_path_line(
+                    run_config.get_string("functional_dtype") == "bfloat16_matmul",
+                    run_config.get_string("functional_precision") == "fast")
+             << "\n";
+  }
   if (report && !data_.note().empty()) {
     progress << data_.note() << "\n";
   }
@@ -627,7 +721,17 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
     const bool dump = !options.dump_directory.empty() && step == first_step;
     const Checkpoint initial = dump ? model.to_checkpoint(step - 1) : Checkpoint{};
+    if (options.verify) {
+      // Each step is checked from the same weights and moments: the reference starts it where the
+      // sharded run is, so the comparison measures this step's math, not two drifting runs.
+      const Checkpoint now = model.to_checkpoint(step - 1);
+      if (reference != nullptr) {
+        reference->restore(now, /*with_optimizer=*/true);
+      }
+    }
     const StepResult result = model.compute_gradients(batches);
+    stop_on_non_finite(config_, step, "the loss", result.loss);
+    stop_on_non_finite(config_, step, "the gradient norm", result.grad_norm);
     optimizer.step = step;
     optimizer.learning_rate = learning_rate(step);
     optimizer.gradient_scale = clip > 0 ? clip / std::max(result.grad_norm, clip) : 1.0;
@@ -637,6 +741,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     } else {
       model.apply_update(optimizer);
     }
+    stop_on_non_finite_weights(config_, step, model);
     if (transport_->distributed()) {
       metrics.traffic = step_traffic(*transport_, model, traffic_before);
     }
@@ -659,6 +764,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     metrics.counters = result.counters;
     if (eval_interval > 0 && (step % eval_interval == 0 || step == steps)) {
       metrics.eval_loss = evaluate(config_, data_, model, step, viz_path.empty() ? nullptr : &viz);
+      stop_on_non_finite(config_, step, "the eval loss", *metrics.eval_loss);
     }
     metrics_text += metrics_line(metrics).dump() + "\n";
     if (!metrics_path.empty()) {
@@ -671,7 +777,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       print_progress(progress, metrics);
     }
     curve.push_back(metrics);
-    stop_on_non_finite_loss(config_, step, metrics.loss);
+    if (metrics.verify_max_rel_diff && !(*metrics.verify_max_rel_diff <= tolerance)) {
+      throw VerifyFailure(verify_failure_message(step, metrics, tolerance, run_config));
+    }
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       save_step_checkpoint(model, root, run_directory, step, metrics_text);
     }

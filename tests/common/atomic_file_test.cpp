@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/input_files.h"
 #include "common/yaml_text.h"
 
 namespace tpusim {
@@ -40,6 +43,65 @@ TEST(AtomicFile, RefusesToReplaceWhatIsNotARegularFile) {
   EXPECT_THROW(write_file_atomically((directory / "sub").string(), "new"), UserError);
   EXPECT_TRUE(std::filesystem::is_symlink(directory / "link.txt"));
   EXPECT_EQ(read_text_file(target.string()), "kept");
+  std::filesystem::remove_all(directory);
+}
+
+// Issue 35, item 14: the temporary was "<out>.tmp.<pid>", opened without O_EXCL | O_NOFOLLOW, so a
+// link planted at that name had its target overwritten and the output became the link. Now the
+// name is unpredictable and a planted name is never written through.
+TEST(RedTeam, Item14_PlantedLinkAtTheTemporaryIsNotWrittenThrough) {
+  const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_plant_test";
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory);
+  const auto victim = directory / "victim.txt";
+  write_file_atomically(victim.string(), "precious");
+  const auto out = directory / "out.html";
+  std::filesystem::create_symlink(victim, out.string() + ".tmp." + std::to_string(::getpid()));
+  write_file_atomically(out.string(), "page");
+  EXPECT_EQ(read_text_file(victim.string()), "precious");
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::symlink_status(out)));
+  EXPECT_EQ(read_text_file(out.string()), "page");
+  std::filesystem::remove_all(directory);
+}
+
+TEST(AtomicFile, OutputThatIsAnInputIsRefused) {
+  const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_input_test";
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory / "inputs");
+  const auto config = directory / "my.yml";
+  write_file_atomically(config.string(), "model_name: x\n");
+  note_input(config.string());
+  note_input((directory / "inputs").string());
+  EXPECT_THROW(write_file_atomically(config.string(), "clobbered"), UserError);
+  // Another spelling of the same file, and a file inside an input directory.
+  EXPECT_THROW(write_file_atomically((directory / "inputs" / ".." / "my.yml").string(), "x"),
+               UserError);
+  EXPECT_THROW(write_file_atomically((directory / "inputs" / "new.txt").string(), "x"), UserError);
+  EXPECT_EQ(read_text_file(config.string()), "model_name: x\n");
+  write_file_atomically((directory / "other.txt").string(), "fine");
+  clear_inputs();
+  write_file_atomically(config.string(), "now an output");
+  std::filesystem::remove_all(directory);
+}
+
+TEST(AtomicFile, SeveralFilesMoveInOnlyWhenAllAreWritten) {
+  const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_several_test";
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory / "b.txt");  // b cannot be replaced
+  write_file_atomically((directory / "a.txt").string(), "old a");
+  EXPECT_THROW(write_files_atomically({{(directory / "a.txt").string(), "new a"},
+                                       {(directory / "b.txt").string(), "new b"}}),
+               UserError);
+  EXPECT_EQ(read_text_file((directory / "a.txt").string()), "old a");
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(directory)) {
+    ++files;
+  }
+  EXPECT_EQ(files, 2);  // a.txt and b.txt: no temporary left
+  std::filesystem::remove(directory / "b.txt");
+  write_files_atomically(
+      {{(directory / "a.txt").string(), "new a"}, {(directory / "b.txt").string(), "new b"}});
+  EXPECT_EQ(read_text_file((directory / "b.txt").string()), "new b");
   std::filesystem::remove_all(directory);
 }
 

@@ -128,7 +128,8 @@ TEST(MaxTextBaseYml, EveryTpusimKeyIsAMaxTextKeyOrDocumentedAsTpusimOnly) {
                                              "moe_mlpwi",
                                              "num_threads",
                                              "sparse_core_collective_offload",
-                                             "token_viz_file"};
+                                             "token_viz_file",
+                                             "verify_tolerance"};
   const Config config = Config::load("", {});
   for (const std::string& key : config.keys()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);

@@ -8,7 +8,7 @@ embedding gets +3 (a component shared by every token's residual stream), and the
 columns for experts 0 and 1 become 2.0 and 1.0 times the unit vector along it. Every token of
 every MoE layer then picks experts 0 and 1 (twice the share balanced top-2 routing of 4 experts
 gives them), so a capacity-bound dispatch would drop half of those choices. The checksums in
-state.json are recomputed (tpusim verifies them). Same edit as tests/support/imbalanced_moe.cpp.
+state.json (and its fields_sha256) are recomputed (tpusim verifies them). Same edit as tests/support/imbalanced_moe.cpp.
 """
 
 import hashlib
@@ -70,6 +70,12 @@ def main():
             content = stream.read()
         state["files"][file_name] = {"bytes": len(content),
                                      "sha256": hashlib.sha256(content).hexdigest()}
+    # state.json's checksum of its own fields, as sim/train/checkpoint.cpp computes it: the SHA-256
+    # of the compact JSON of step, metadata and files, keys sorted.
+    fields = {key: state[key] for key in ("step", "metadata", "files") if key in state}
+    state["fields_sha256"] = hashlib.sha256(
+        json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        .encode()).hexdigest()
     with open(state_path, "w") as stream:
         json.dump(state, stream, indent=2)
     print(f"imbalance_router: {destination}: embedding +{SHARED}, experts 0 and 1 preferred in "

@@ -74,12 +74,12 @@ TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
   const auto qwen3_loaded = run_tpusim(load_qwen3);
   EXPECT_EQ(qwen3_loaded.exit_code, 0) << qwen3_loaded.err;
   // Bad input: a missing checkpoint, a family with no Transformers names, weights of another
-  // model (tiny-gpt3's needs wte/wpe, not Llama's names).
+  // model (a Llama config.json for tiny-gpt3, a GPT-2).
   expect_user_error({"export-hf", base + "/nowhere", out}, base + "/nowhere");
   expect_user_error({"export-hf", base + "/tiny-moe/checkpoints/1", base + "/moe-hf"},
                     "decoder_block 'mixtral'");
   load[1] = "model_name=tiny-gpt3";
-  expect_user_error(load, "transformer.wte.weight");
+  expect_user_error(load, "model_type");
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ constexpr const char* kText = "/usr/share/common-licenses/GPL-3";
 
 // A fresh directory of this test's own.
 fs::path scratch(const std::string& name) {
-  const fs::path path =
-      fs::path(::testing::TempDir()) / ("tpusim_red_team_" + name + "_" + std::to_string(::getpid()));
+  const fs::path path = fs::path(::testing::TempDir()) /
+                        ("tpusim_red_team_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(path);
   fs::create_directories(path);
   return path;
@@ -42,13 +42,24 @@ std::string read_bytes(const fs::path& path) {
   return {std::istreambuf_iterator<char>(stream), std::istreambuf_iterator<char>()};
 }
 
-// The reproducer: tiny-llama on 4 devices of a v5e, byte tokens of a text file.
-std::vector<std::string> tiny_run(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train",           "model_name=tiny-llama",
-                                   "compile_topology=v5e-4", "max_target_length=64",
-                                   "dataset_type=text",      std::string("dataset_path=") + kText,
-                                   "num_threads=1",          "--quiet"};
-  args.insert(args.end(), extra.begin(), extra.end());
+// The reproducer: tiny-llama on 4 devices of a v5e, byte tokens of a text file; a key
+// of `extra` replaces the reproducer's own.
+std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"model_name=tiny-llama",
+                                   "compile_topology=v5e-4",
+                                   "max_target_length=64",
+                                   "dataset_type=text",
+                                   std::string("dataset_path=") + kText,
+                                   "num_threads=1"};
+  for (const std::string& item : extra) {
+    if (const size_t equals = item.find('='); equals != std::string::npos) {
+      const std::string key = item.substr(0, equals + 1);
+      std::erase_if(args, [&](const std::string& arg) { return arg.starts_with(key); });
+    }
+    args.push_back(item);
+  }
+  args.insert(args.begin(), "train");
+  args.emplace_back("--quiet");
   return args;
 }
 
@@ -84,10 +95,10 @@ TEST(RedTeam, Item3_QuantizationInTrainIsRefusedNotIgnored) {
 // saved before is finite.
 TEST(RedTeam, Item4_NonFiniteValuesStopTrainingBeforeAnythingIsSaved) {
   const fs::path root = scratch("item4");
-  const auto run = run_tpusim(
-      tiny_run({"ici_fsdp_parallelism=4", "steps=12", "learning_rate=1e3", "eval_interval=1",
-                "enable_checkpointing=true", "checkpoint_period=1",
-                "base_output_directory=" + root.string(), "run_name=nan"}));
+  const auto run =
+      run_tpusim(tiny_run({"ici_fsdp_parallelism=4", "steps=12", "learning_rate=1e3",
+                           "eval_interval=1", "enable_checkpointing=true", "checkpoint_period=1",
+                           "base_output_directory=" + root.string(), "run_name=nan"}));
   EXPECT_EQ(run.exit_code, 2) << run.err;
   EXPECT_NE(run.err.find("NaN"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("step "), std::string::npos) << run.err;
@@ -104,8 +115,8 @@ TEST(RedTeam, Item4_NonFiniteValuesStopTrainingBeforeAnythingIsSaved) {
 
 TEST(RedTeam, Item5_ResumeWithAnotherTokenizerIsRefused) {
   const fs::path root = scratch("item5a");
-  const std::string spm = "spm_train --input=" + std::string(kText) + " --model_prefix=" +
-                          (root / "text").string() +
+  const std::string spm = "spm_train --input=" + std::string(kText) +
+                          " --model_prefix=" + (root / "text").string() +
                           " --vocab_size=200 --model_type=bpe --character_coverage=1.0 "
                           "> /dev/null 2>&1";
   ASSERT_EQ(std::system(spm.c_str()), 0) << "spm_train (Debian package sentencepiece)";
@@ -124,17 +135,17 @@ TEST(RedTeam, Item5_ResumeWithAnotherTokenizerIsRefused) {
 
 TEST(RedTeam, Item5_HuggingFaceConfigMustDescribeTheModel) {
   const fs::path root = scratch("item5b");
-  ASSERT_EQ(run_tpusim(tiny_run({"enable_checkpointing=true", "steps=1", "run_name=a",
-                                 "base_output_directory=" + root.string(),
-                                 "per_device_batch_size=1"}))
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      run_tpusim(tiny_run({"enable_checkpointing=true", "steps=1", "run_name=a",
+                           "base_output_directory=" + root.string(), "per_device_batch_size=1"}))
+          .exit_code,
+      0);
   const fs::path hf = root / "hf";
   ASSERT_EQ(run_tpusim({"export-hf", (root / "a/checkpoints/1").string(), hf.string()}).exit_code,
             0);
   // As exported, it loads back; with another rope_theta in config.json it is refused.
-  const std::vector<std::string> load = tiny_run(
-      {"steps=1", "per_device_batch_size=1", "load_parameters_path=" + hf.string()});
+  const std::vector<std::string> load =
+      tiny_run({"steps=1", "per_device_batch_size=1", "load_parameters_path=" + hf.string()});
   EXPECT_EQ(run_tpusim(load).exit_code, 0);
   nlohmann::json config = nlohmann::json::parse(read_bytes(hf / "config.json"));
   config["rope_theta"] = 500000.0;
@@ -150,9 +161,9 @@ TEST(RedTeam, Item6_TokenCacheChecksContentNotMtime) {
   const fs::path text = root / "corpus.txt";
   std::string content = read_bytes(kText);
   std::ofstream(text, std::ios::binary) << content;
-  const std::vector<std::string> run = tiny_run({"steps=1", "per_device_batch_size=1",
-                                                 "dataset_path=" + text.string(),
-                                                 "base_output_directory=" + root.string()});
+  const std::vector<std::string> run =
+      tiny_run({"steps=1", "per_device_batch_size=1", "dataset_path=" + text.string(),
+                "base_output_directory=" + root.string()});
   const auto first = run_tpusim(run);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const auto mtime = fs::last_write_time(text);
@@ -195,11 +206,11 @@ TEST(RedTeam, Item10_VerifyIsAGuardAndDoesNotPerturbTheRun) {
 // reads, the metrics over the corpus, the page over the config.
 TEST(RedTeam, Item15_AnOutputThatIsAnInputIsRefused) {
   const fs::path root = scratch("item15");
-  ASSERT_EQ(run_tpusim(tiny_run({"enable_checkpointing=true", "steps=1", "run_name=a",
-                                 "base_output_directory=" + root.string(),
-                                 "per_device_batch_size=1"}))
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      run_tpusim(tiny_run({"enable_checkpointing=true", "steps=1", "run_name=a",
+                           "base_output_directory=" + root.string(), "per_device_batch_size=1"}))
+          .exit_code,
+      0);
   const fs::path checkpoint = root / "a/checkpoints/1";
   const std::string weights = read_bytes(checkpoint / "model.safetensors");
   const auto same = run_tpusim({"export-hf", checkpoint.string(), checkpoint.string()});
@@ -208,9 +219,9 @@ TEST(RedTeam, Item15_AnOutputThatIsAnInputIsRefused) {
 
   const fs::path corpus = root / "corpus.txt";
   fs::copy_file(kText, corpus);
-  const auto metrics = run_tpusim(tiny_run({"steps=1", "per_device_batch_size=1",
-                                            "dataset_path=" + corpus.string(),
-                                            "metrics_file=" + corpus.string()}));
+  const auto metrics =
+      run_tpusim(tiny_run({"steps=1", "per_device_batch_size=1", "dataset_path=" + corpus.string(),
+                           "metrics_file=" + corpus.string()}));
   EXPECT_EQ(metrics.exit_code, 2) << metrics.err;
   EXPECT_EQ(read_bytes(corpus), read_bytes(kText));
 
@@ -226,8 +237,8 @@ TEST(RedTeam, Item15_AnOutputThatIsAnInputIsRefused) {
 // directory stands there), so the new model.safetensors must not be moved in either.
 TEST(RedTeam, Item16_FailedExportKeepsThePreviousExport) {
   const fs::path root = scratch("item16");
-  ASSERT_EQ(run_tpusim(tiny_run({"enable_checkpointing=true", "steps=2", "run_name=a",
-                                 "base_output_directory=" + root.string(),
+  ASSERT_EQ(run_tpusim(tiny_run({"enable_checkpointing=true", "steps=2", "checkpoint_period=1",
+                                 "run_name=a", "base_output_directory=" + root.string(),
                                  "per_device_batch_size=1"}))
                 .exit_code,
             0);
@@ -267,9 +278,11 @@ TEST(RedTeam, Item18_BaseConfigSymlinkLoopIsExit2) {
 
 TEST(RedTeam, Item18_EditedStateJsonIsExit2NamingIt) {
   const fs::path root = scratch("item18c");
-  const std::vector<std::string> keys = {"enable_checkpointing=true", "run_name=a",
+  const std::vector<std::string> keys = {"enable_checkpointing=true",
+                                         "run_name=a",
                                          "base_output_directory=" + root.string(),
-                                         "per_device_batch_size=1", "eval_interval=1",
+                                         "per_device_batch_size=1",
+                                         "eval_interval=1",
                                          "token_viz_file=" + (root / "tokens.html").string()};
   std::vector<std::string> first = keys;
   first.emplace_back("steps=1");
