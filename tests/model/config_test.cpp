@@ -153,6 +153,27 @@ TEST(Config, OutOfRangeAndAbsurdValuesAreRejected) {
   }
 }
 
+// Red-team item 7: compile_topology_num_slices=4294967298 was narrowed to an int (2 slices). Every
+// int key is range-checked before any use narrows it: the slice count against parse_slice's bound,
+// the rest against 32 bits unless they are step counts or seeds, read as 64-bit.
+TEST(RedTeam, Item7_ParsedIntsAreRangeCheckedBeforeNarrowing) {
+  for (const std::string text :
+       {"compile_topology_num_slices=4294967298", "compile_topology_num_slices=10001",
+        "num_slices=4294967298", "num_pipeline_microbatches=4294967297",
+        "num_layers_per_pipeline_stage=-4294967295", "rope_max_timescale=4294967296",
+        "pipeline_parallel_layers=2147483648"}) {
+    const std::string key = text.substr(0, text.find('='));
+    const std::string value = text.substr(text.find('=') + 1);
+    const std::string message = error_of({text});
+    EXPECT_NE(message.find(key), std::string::npos) << text << " -> " << message;
+    EXPECT_NE(message.find(value), std::string::npos) << text << " -> " << message;
+  }
+  // The largest 32-bit value and a 64-bit seed still load.
+  EXPECT_EQ(error_of({"rope_max_timescale=2147483647"}), "");
+  EXPECT_EQ(Config::load("", {"data_shuffle_seed=4294967298"}).get_int("data_shuffle_seed"),
+            4294967298);
+}
+
 TEST(Config, EnumErrorsSuggest) {
   const std::string message = error_of({"remat_policy=minmal"});
   EXPECT_NE(message.find("did you mean 'minimal'"), std::string::npos) << message;

@@ -60,5 +60,16 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
 }
 
+// Red-team item 7: 4294967298 slices were narrowed to 2 (exit 0); the slice count is checked
+// before it becomes an int, in every command that reads it.
+TEST(RedTeam, Item7_SliceCountIsRangeCheckedBeforeNarrowing) {
+  for (const char* command : {"config", "estimate", "explore"}) {
+    expect_user_error({command, "model_name=tiny-llama", "compile_topology=v5e-4",
+                       "compile_topology_num_slices=4294967298"},
+                      "compile_topology_num_slices: 4294967298");
+  }
+  expect_user_error({"topology", "v5e-4", "--num-slices", "4294967298"}, "4294967298");
+}
+
 }  // namespace
 }  // namespace tpusim
