@@ -29,6 +29,13 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
       auto_axis = axis;
       continue;
     }
+    if (dcn && value > target) {
+      // One slice per step of a DCN axis: more than there are slices can never be placed.
+      throw UserError(key + "=" + std::to_string(value) + ": a DCN axis of " +
+                          std::to_string(value) + " needs that many slices, but " + target_what +
+                          " is " + std::to_string(target) + " (compile_topology_num_slices)",
+                      key);
+    }
     sizes[axis] = static_cast<int>(value);
     // Each size is at most 2^20 (checked_mesh_axis_value), so capping the product at 2^40 keeps
     // it from overflowing over 12 axes; a capped product matches no device count.
