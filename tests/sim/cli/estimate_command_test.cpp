@@ -391,5 +391,31 @@ TEST(EstimateCommand, BadInputExits2) {
   expect_user_error({"program", "--layer", "9"}, "--layer");
 }
 
+// Red-team item 8: a modeled boolean XLA flag with a value that is not a boolean counted as false
+// (collective_matmul=false); libtpu refuses it, so tpusim does too, naming the flag and the value.
+TEST(RedTeam, Item8_BadXlaBooleanFlagValueIsExit2) {
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
+  for (const std::string flag : {"--xla_tpu_enable_async_collective_fusion=maybe",
+                                 "--xla_tpu_enable_async_collective_fusion=ture",
+                                 "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true "
+                                 "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter="
+                                 "sometimes"}) {
+    const std::string value = flag.substr(flag.rfind('=') + 1);
+    const std::string name =
+        flag.substr(flag.rfind("--") + 2, flag.rfind('=') - flag.rfind("--") - 2);
+    expect_user_error(
+        {"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "--xla-flags", flag},
+        name + ": '" + value + "'");
+  }
+  // absl's spellings of a boolean are still read: "no" is false, a bare flag is true.
+  const auto spelled =
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "--xla-flags",
+                  "--xla_tpu_enable_async_collective_fusion=No", "--json"});
+  ASSERT_EQ(spelled.exit_code, 0) << spelled.err;
+  EXPECT_EQ(nlohmann::json::parse(spelled.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=false"}));
+}
+
 }  // namespace
 }  // namespace tpusim
