@@ -417,5 +417,35 @@ TEST(RedTeam, Item8_BadXlaBooleanFlagValueIsExit2) {
             (nlohmann::json{"collective_matmul=false"}));
 }
 
+// Red-team item 17: a value echoed into a page's JSON ("<!--<script>" as run_name) opened a comment
+// inside the data block that swallowed the page's own script. The embedded JSON has no '<' (nor
+// '>' or '&') and parses back to the same values, for the estimate and the explore pages.
+TEST(RedTeam, Item17_PageJsonEscapesAngleBrackets) {
+  const std::string hostile = "<!--<script></script>&";
+  for (const char* command : {"estimate", "explore"}) {
+    SCOPED_TRACE(command);
+    const std::string page_path = ::testing::TempDir() + "/item17_" + command + ".html";
+    const auto result = run_tpusim({command, "model_name=tiny-llama", "compile_topology=v5e-4",
+                                    "run_name=" + hostile, "--html", page_path});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    std::ifstream stream(page_path);
+    const std::string page((std::istreambuf_iterator<char>(stream)),
+                           std::istreambuf_iterator<char>());
+    const std::string open = "<script type=\"application/json\" id=\"data\">";
+    const size_t begin = page.find(open);
+    ASSERT_NE(begin, std::string::npos);
+    const size_t start = begin + open.size();
+    const size_t end = page.find("</script>", start);
+    ASSERT_NE(end, std::string::npos);
+    const std::string json_text = page.substr(start, end - start);
+    EXPECT_EQ(json_text.find_first_of("<>&"), std::string::npos);
+    const nlohmann::json data = nlohmann::json::parse(json_text);
+    // The value comes back whole wherever the page echoes it.
+    EXPECT_NE(data.dump().find(hostile), std::string::npos) << command;
+    // The page's own script follows the data block intact.
+    EXPECT_NE(page.find("document.body.dataset.rendered", end), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tpusim
