@@ -23,6 +23,7 @@
 
 namespace tpusim {
 
+using config_internal::check_value_length;
 using config_internal::coerce;
 using config_internal::ConfigFileLayer;
 using config_internal::describe;
@@ -31,6 +32,8 @@ using config_internal::merge_rules_by_name;
 using config_internal::parse_canonical_int;
 using config_internal::preset_path_beside;
 using config_internal::read_config_file;
+using config_internal::read_config_text;
+using config_internal::shown_key;
 using config_internal::unbuilt_preset_reason;
 using config_internal::yaml_to_json;
 
@@ -97,7 +100,7 @@ Config Config::load_files(const std::vector<std::string>& paths,
     const std::string beside = preset_path_beside(last_path, model_name);
     const std::string embedded_path = "configs/models/" + model_name + ".yml";
     if (!beside.empty() && std::filesystem::exists(beside)) {
-      presets[beside] = read_text_file(beside);
+      presets[beside] = read_config_text(beside);
     } else if (const auto text = embedded_file(embedded_path)) {
       presets[embedded_path] = std::string(*text);
     } else if (const std::string missing = unbuilt_preset_reason(model_name); !missing.empty()) {
@@ -313,11 +316,14 @@ void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
 }
 
 void Config::apply(std::string_view key, const YAML::Node& value, const std::string& origin) {
+  if (value.IsScalar()) {
+    check_value_length(std::string(key), value.Scalar().size(), origin);
+  }
   const auto found = entries_.find(key);
   if (found == entries_.end()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);
     if (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled) {
-      throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
+      throw UserError("unknown config key '" + shown_key(std::string(key)) + "' in " + origin +
                           " (neither tpusim nor MaxText has it)" +
                           did_you_mean(key, known_key_names()),
                       std::string(key));
@@ -342,11 +348,12 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
 }
 
 void Config::set(std::string_view key, std::string_view value_text, const std::string& origin) {
+  check_value_length(std::string(key), value_text.size(), origin);  // before it is parsed
   const auto found = entries_.find(key);
   const MaxTextKey* maxtext = found == entries_.end() ? find_maxtext_key(key) : nullptr;
   if (found == entries_.end() &&
       (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled)) {
-    throw UserError("unknown config key '" + std::string(key) + "'" +
+    throw UserError("unknown config key '" + shown_key(std::string(key)) + "'" +
                         " (neither tpusim nor MaxText has it)" +
                         did_you_mean(key, known_key_names()),
                     std::string(key));

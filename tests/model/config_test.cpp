@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "common/embedded_files.h"
@@ -10,6 +13,16 @@
 
 namespace tpusim {
 namespace {
+
+std::string load_error(const std::vector<std::string>& files,
+                       const std::vector<std::string>& overrides) {
+  try {
+    Config::load_files(files, overrides);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
 
 std::string error_of(const std::vector<std::string>& overrides) {
   try {
@@ -172,6 +185,39 @@ TEST(RedTeam, Item7_ParsedIntsAreRangeCheckedBeforeNarrowing) {
   EXPECT_EQ(error_of({"rope_max_timescale=2147483647"}), "");
   EXPECT_EQ(Config::load("", {"data_shuffle_seed=4294967298"}).get_int("data_shuffle_seed"),
             4294967298);
+}
+
+// Red-team item 19: a 200 MB value took 47 s and 1.6 GB; values, config files and the keys shown
+// in messages are bounded, and the error names the limit.
+TEST(RedTeam, Item19_ValueAndConfigFileSizesAreBounded) {
+  const std::string long_value(size_t{64} << 10, 'r');
+  EXPECT_EQ(error_of({"run_name=" + long_value}), "");  // at the limit
+  const std::string message = error_of({"run_name=" + long_value + "r"});
+  EXPECT_NE(message.find("'run_name' (command line): the value is 65537 bytes"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_NE(message.find("65536 bytes"), std::string::npos);
+  EXPECT_LT(message.size(), 300u);
+  const std::string numeric = error_of({"base_emb_dim=" + std::string(size_t{1} << 20, '1')});
+  EXPECT_NE(numeric.find("65536 bytes"), std::string::npos) << numeric.substr(0, 300);
+
+  const std::string directory = ::testing::TempDir();
+  const std::string big = directory + "/item19_big.yml";
+  {
+    std::ofstream file(big);
+    file << "run_name: \"" << std::string((size_t{4} << 20) + 1, 'x') << "\"\n";
+  }
+  const std::string file_message = load_error({big}, {});
+  EXPECT_NE(file_message.find(big), std::string::npos) << file_message.substr(0, 300);
+  EXPECT_NE(file_message.find("4 MiB"), std::string::npos) << file_message.substr(0, 300);
+
+  // A 2 MB unknown key: no suggestion computed (common/suggest.h), shown cut short.
+  const std::string long_key = directory + "/item19_key.yml";
+  // An explicit key ("? key"): yaml-cpp refuses a plain one over 1024 characters itself.
+  std::ofstream(long_key) << "? " << std::string(size_t{2} << 20, 'k') << "\n: 1\n";
+  const std::string key_message = load_error({long_key}, {});
+  EXPECT_NE(key_message.find("a key of 2097152 bytes"), std::string::npos)
+      << key_message.substr(0, 300);
+  EXPECT_LT(key_message.size(), 500u);
 }
 
 TEST(Config, EnumErrorsSuggest) {
