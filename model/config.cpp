@@ -23,6 +23,7 @@
 
 namespace tpusim {
 
+using config_internal::check_unique_keys;
 using config_internal::check_value_length;
 using config_internal::coerce;
 using config_internal::ConfigFileLayer;
@@ -64,6 +65,71 @@ std::optional<bool> command_line_bool(const std::string& key,
     }
   }
   return std::nullopt;
+}
+
+// A key and where it is set, for the check of unknown keys before any is applied.
+struct KeySource {
+  std::string key;
+  std::string origin;
+};
+
+// Every key of `sources` that neither the schema (`schema_keys`, base.yml's) nor MaxText has, in
+// one UserError, each with where it is set and its closest known key: a config with several typos
+// is mended in one round, not one per run.
+void throw_if_unknown_keys(const std::vector<std::string>& schema_keys,
+                           const std::vector<KeySource>& sources) {
+  const std::set<std::string, std::less<>> schema(schema_keys.begin(), schema_keys.end());
+  std::vector<std::string> known = schema_keys;
+  for (const MaxTextKey& key : maxtext_keys()) {
+    known.push_back(key.name);
+  }
+  std::vector<const KeySource*> unknown;
+  std::set<std::string> listed;
+  for (const KeySource& source : sources) {
+    const MaxTextKey* maxtext = find_maxtext_key(source.key);
+    const bool is_known = schema.contains(source.key) ||
+                          (maxtext != nullptr && maxtext->effect != MaxTextKeyEffect::kModeled);
+    if (!is_known && listed.insert(source.key + "\n" + source.origin).second) {
+      unknown.push_back(&source);
+    }
+  }
+  if (unknown.empty()) {
+    return;
+  }
+  if (unknown.size() == 1) {
+    throw UserError("unknown config key '" + shown_key(unknown[0]->key) + "' in " +
+                        unknown[0]->origin + " (neither tpusim nor MaxText has it)" +
+                        did_you_mean(unknown[0]->key, known),
+                    unknown[0]->key);
+  }
+  std::string message = std::to_string(unknown.size()) +
+                        " unknown config keys (neither tpusim nor MaxText has them): ";
+  for (size_t index = 0; index < unknown.size(); ++index) {
+    message += (index == 0 ? "'" : "; '") + shown_key(unknown[index]->key) + "' in " +
+               unknown[index]->origin + did_you_mean(unknown[index]->key, known);
+  }
+  throw UserError(message, unknown[0]->key);
+}
+
+// The keys the presets set, with their files (a preset that is not a mapping is left to
+// finish_loading's message).
+void add_preset_keys(const std::map<std::string, std::string>& presets,
+                     std::vector<KeySource>& sources) {
+  for (const auto& [origin, text] : presets) {
+    const YAML::Node preset = parse_yaml(text, origin);
+    if (preset.IsMap()) {
+      check_unique_keys(preset, origin);
+      for (const auto& item : preset) {
+        sources.push_back({item.first.as<std::string>(), origin});
+      }
+    }
+  }
+}
+
+void add_override_keys(const std::vector<std::string>& overrides, std::vector<KeySource>& sources) {
+  for (const std::string& text : overrides) {
+    sources.push_back({split_override(text).first, kCommandLine});
+  }
 }
 
 }  // namespace
@@ -128,6 +194,15 @@ Config Config::load_files(const std::vector<std::string>& paths,
     copy.origin = entry.origin;
     config.entries_.emplace(key, std::move(copy));
   }
+  std::vector<KeySource> sources;
+  for (const ConfigFileLayer& layer : files) {
+    for (const auto& item : layer.root) {
+      sources.push_back({item.first.as<std::string>(), layer.origin});
+    }
+  }
+  add_preset_keys(presets, sources);
+  add_override_keys(overrides, sources);
+  throw_if_unknown_keys(config.order_, sources);
   for (const ConfigFileLayer& layer : files) {
     for (const auto& item : layer.root) {
       // A file's rules always merge by name: the embedded base's rules are MaxText's plus the
@@ -143,6 +218,10 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
                                const std::map<std::string, std::string>& presets,
                                const std::vector<std::string>& overrides) {
   Config config = load_base(base_text, base_origin);
+  std::vector<KeySource> sources;
+  add_preset_keys(presets, sources);
+  add_override_keys(overrides, sources);
+  throw_if_unknown_keys(config.order_, sources);
   config.finish_loading(presets, overrides);
   return config;
 }

@@ -67,6 +67,21 @@ std::string shown_key(const std::string& key) {
   return key.substr(0, kShownStart) + "... (a key of " + std::to_string(key.size()) + " bytes)";
 }
 
+void check_unique_keys(const YAML::Node& root, const std::string& origin) {
+  if (!root.IsMap()) {
+    return;
+  }
+  std::set<std::string> seen;
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    if (!seen.insert(key).second) {
+      throw UserError(origin + ": key '" + shown_key(key) + "' appears twice (" +
+                          yaml_location(item.first, origin) + "); give each key once",
+                      key);
+    }
+  }
+}
+
 void read_config_file(const std::string& path, int depth, std::vector<ConfigFileLayer>& layers) {
   if (depth > kMaxBaseConfigDepth) {
     throw UserError(path + ": base_config chain deeper than " +
@@ -79,6 +94,7 @@ void read_config_file(const std::string& path, int depth, std::vector<ConfigFile
   if (!root.IsMap()) {
     throw UserError(path + ": a config file must be a YAML mapping of key: value");
   }
+  check_unique_keys(root, path);
   YAML::Node own(YAML::NodeType::Map);
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();

@@ -34,6 +34,10 @@ void check_value_length(const std::string& key, size_t bytes, const std::string&
 // `key` as messages show it: whole up to kMaxShownKeyBytes, else its start and its length.
 std::string shown_key(const std::string& key);
 
+// UserError naming the key and `origin` when the mapping `root` gives a key twice: yaml-cpp keeps
+// both and the last would silently win (PyYAML's loader, which MaxText uses, does the same).
+void check_unique_keys(const YAML::Node& root, const std::string& origin);
+
 // One config file and what its `base_config:` chain put before it, in application order.
 struct ConfigFileLayer {
   std::string origin;

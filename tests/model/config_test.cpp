@@ -220,6 +220,27 @@ TEST(RedTeam, Item19_ValueAndConfigFileSizesAreBounded) {
   EXPECT_LT(key_message.size(), 500u);
 }
 
+// Red-team item 20: a config file giving a key twice was read with the last value winning, and of
+// several unknown keys only the first was reported.
+TEST(RedTeam, Item20_DuplicateYamlKeysAndAllUnknownKeysAreReported) {
+  const std::string directory = ::testing::TempDir();
+  const std::string duplicated = directory + "/item20_dup.yml";
+  std::ofstream(duplicated) << "steps: 5\nrun_name: a\nsteps: 7\n";
+  const std::string message = load_error({duplicated}, {});
+  EXPECT_NE(message.find(duplicated + ": key 'steps' appears twice"), std::string::npos) << message;
+  EXPECT_NE(message.find(duplicated + ":3"), std::string::npos) << message;  // the second one
+
+  const std::string typos = directory + "/item20_typos.yml";
+  std::ofstream(typos) << "remat_polcy: full\nici_fsdp_paralelism: 4\n";
+  const std::string all = load_error({typos}, {"model_name=tiny-llama", "stpes=3"});
+  for (const char* part :
+       {"3 unknown config keys", "'remat_polcy' in ", "did you mean 'remat_policy'",
+        "'ici_fsdp_paralelism' in ", "did you mean 'ici_fsdp_parallelism'",
+        "'stpes' in command line", "did you mean 'steps'"}) {
+    EXPECT_NE(all.find(part), std::string::npos) << part << "\n" << all;
+  }
+}
+
 TEST(Config, EnumErrorsSuggest) {
   const std::string message = error_of({"remat_policy=minmal"});
   EXPECT_NE(message.find("did you mean 'minimal'"), std::string::npos) << message;
