@@ -21,6 +21,7 @@ constexpr double kMaxVocab = 1 << 24;
 constexpr double kMaxSequence = 1 << 24;  // 16M tokens
 constexpr double kMaxPerDeviceBatch = 1 << 20;
 constexpr double kMaxExperts = 1 << 16;
+constexpr size_t kMaxMlpActivations = 8;  // gated MLP branches (mlp_activations entries)
 
 struct EnumRule {
   std::string key;
@@ -243,6 +244,15 @@ void check_cross_key_rules(const Config& config) {
   const std::vector<std::string> activations = config.get_string_list("mlp_activations");
   if (activations.empty()) {
     throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]");
+  }
+  // One activation per gated branch of the MLP (MaxText's MlpBlock makes a wi_<i> matmul for
+  // each): real models use one or two. Past kMaxMlpActivations the list is a mistake, and 10,000
+  // entries took 4.6 s and 500 MB to build.
+  if (activations.size() > kMaxMlpActivations) {
+    throw UserError("mlp_activations: " + std::to_string(activations.size()) +
+                        " activations, more than " + std::to_string(kMaxMlpActivations) +
+                        " (one per gated MLP branch; models use one or two, e.g. [silu, linear])",
+                    "mlp_activations");
   }
   for (const std::string& activation : activations) {
     if (std::find(kActivations.begin(), kActivations.end(), activation) == kActivations.end()) {

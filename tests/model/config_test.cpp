@@ -187,6 +187,27 @@ TEST(RedTeam, Item7_ParsedIntsAreRangeCheckedBeforeNarrowing) {
             4294967298);
 }
 
+// Red-team item 13: mlp_activations is one activation per gated MLP branch; 20,000 of them
+// overflowed the stack and 10,000 took 4.6 s and 500 MB. More than 8 is refused.
+TEST(RedTeam, Item13_MlpActivationsLengthIsBounded) {
+  // From a file: on the command line the list is one value, past the 64 KiB value bound.
+  const std::string path = ::testing::TempDir() + "/item13_activations.yml";
+  {
+    std::ofstream file(path);
+    file << "mlp_activations:\n";
+    for (int index = 0; index < 20000; ++index) {
+      file << "  - silu\n";
+    }
+  }
+  const std::string message = load_error({path}, {});
+  EXPECT_NE(message.find("mlp_activations: 20000 activations, more than 8"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_NE(error_of({"mlp_activations=[silu,linear,silu,linear,silu,linear,silu,linear,silu]"})
+                .find("9 activations"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"mlp_activations=[silu,linear,silu,linear,silu,linear,silu,linear]"}), "");
+}
+
 // Red-team item 19: a 200 MB value took 47 s and 1.6 GB; values, config files and the keys shown
 // in messages are bounded, and the error names the limit.
 TEST(RedTeam, Item19_ValueAndConfigFileSizesAreBounded) {
