@@ -9,10 +9,11 @@ function(tpusim_library name)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE tpusim_warnings)
 endfunction()
 
-# tpusim_test(NAME SOURCES ... DEPS ... [LABELS ...]): one GoogleTest executable, each test case
-# registered with ctest. LABELS "slow" keeps it out of the default tier.
+# tpusim_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT S]): one GoogleTest executable, each
+# test case registered with ctest. LABELS "slow" keeps it out of the default tier; TIMEOUT bounds
+# each case's seconds.
 function(tpusim_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main tpusim_allocator tpusim_warnings)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
@@ -22,7 +23,13 @@ function(tpusim_test name)
   endif()
   target_compile_definitions(${name} PRIVATE TPUSIM_DEFAULT_BINARY="$<TARGET_FILE:tpusim>"
                                              TPUSIM_DEFAULT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60)
+  set(properties LABELS "${labels}")
+  if(ARG_TIMEOUT)
+    # Per test (case), in seconds; a sanitizer build runs TPUSIM_TEST_TIME_SCALE times longer.
+    math(EXPR timeout "${ARG_TIMEOUT} * ${TPUSIM_TEST_TIME_SCALE}")
+    list(APPEND properties TIMEOUT ${timeout})
+  endif()
+  gtest_discover_tests(${name} PROPERTIES ${properties} DISCOVERY_TIMEOUT 60)
 endfunction()
 
 # tpusim_embed_files(OUT_CPP ROOT FILES ...): generates a .cpp that holds the text of FILES (paths

@@ -24,10 +24,20 @@ int edit_distance(std::string_view a, std::string_view b) {
 
 std::optional<std::string> closest_match(std::string_view word,
                                          const std::vector<std::string>& candidates) {
+  if (word.size() > kMaxSuggestedWordBytes) {
+    return std::nullopt;
+  }
   const int limit = std::max(2, static_cast<int>(word.size()) / 3);
   int best_distance = std::numeric_limits<int>::max();
   std::optional<std::string> best;
   for (const std::string& candidate : candidates) {
+    // The length difference is a lower bound of the distance: a candidate that far off cannot be
+    // the suggestion, so its quadratic distance is not computed.
+    const size_t length_gap = candidate.size() > word.size() ? candidate.size() - word.size()
+                                                             : word.size() - candidate.size();
+    if (length_gap > static_cast<size_t>(limit)) {
+      continue;
+    }
     const int distance = edit_distance(word, candidate);
     if (distance < best_distance) {
       best_distance = distance;

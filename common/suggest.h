@@ -5,6 +5,7 @@
 //   did_you_mean("v5q-128", {"v5p", "v5e"})          -> " (did you mean 'v5p'?)" or ""
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,8 +16,13 @@ namespace tpusim {
 // Levenshtein edit distance between two strings.
 int edit_distance(std::string_view a, std::string_view b);
 
+// No suggestion is computed for a word longer than this many bytes: the distance costs
+// |word| x |candidate| per candidate, and a 2 MB unknown key took 171 s against the config's keys.
+// No key, slice or model name is near this long, so no real typo loses its suggestion.
+inline constexpr size_t kMaxSuggestedWordBytes = 256;
+
 // The candidate closest to `word`, if it is close enough to be a plausible typo
-// (distance <= max(2, |word|/3)).
+// (distance <= max(2, |word|/3)); none for a word over kMaxSuggestedWordBytes.
 std::optional<std::string> closest_match(std::string_view word,
                                          const std::vector<std::string>& candidates);
 

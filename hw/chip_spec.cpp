@@ -1,7 +1,12 @@
 #include "hw/chip_spec.h"
 
 #include <charconv>
+#include <cmath>
+#include <iomanip>
+#include <map>
 #include <set>
+#include <sstream>
+#include <stdexcept>
 #include <utility>
 
 #include "common/error.h"
@@ -61,6 +66,97 @@ const std::vector<std::pair<std::string, SpecMember>>& spec_members() {
       {"power_watts", &ChipSpec::power_watts},
   };
   return members;
+}
+
+// The range a catalog number must lie in. Bounds are far past any real chip (the largest shipped
+// value is a few times below each) and keep later arithmetic sound: rates and sizes that the
+// engines divide by are positive, fractions are in (0, 1], switches are 0 or 1, counts are whole
+// numbers, and max_slice_chips x 10,000 slices x devices_per_chip fits an int.
+struct SpecBound {
+  double min;
+  bool min_exclusive;  // min itself is refused (a rate of 0 divides by zero)
+  double max;
+  bool whole = false;  // a count
+};
+
+constexpr SpecBound kRate{0, true, 1e7};           // TFLOP/s, GB/s, GHz, GiB, ...: > 0
+constexpr SpecBound kOptional{0, false, 1e7};      // 0 where the feature is absent
+constexpr SpecBound kFraction{0, true, 1};         // an achievable fraction
+constexpr SpecBound kLatency{0, false, 1e6};       // microseconds, up to a second
+constexpr SpecBound kSwitch{0, false, 1, true};    // 0 or 1
+constexpr SpecBound kCount{1, false, 4096, true};  // links, MXUs, cores, ...
+
+const std::map<std::string, SpecBound, std::less<>>& spec_bounds() {
+  static const std::map<std::string, SpecBound, std::less<>> bounds = {
+      {"peak_bf16_tflops", kRate},
+      {"peak_int8_tops", kOptional},
+      {"peak_fp8_tflops", kOptional},
+      {"mfu_peak_bf16_tflops_per_device", kRate},
+      {"tensorcores_per_chip", {1, false, 8, true}},
+      {"devices_per_chip", {1, false, 2, true}},  // one device, or two chiplets (v3, v7x)
+      {"mxus_per_tensorcore", kCount},
+      {"mxu_dim", kCount},
+      {"clock_ghz", {0, true, 100}},
+      {"vmem_mib_per_tensorcore", kRate},
+      {"cmem_mib_per_chip", kOptional},
+      {"hbm_capacity_gib", kRate},
+      {"hbm_usable_gib", kRate},
+      {"hbm_bandwidth_gbps", kRate},
+      {"hbm_achievable_fraction", kFraction},
+      {"vmem_bandwidth_tbps_per_tensorcore", kRate},
+      {"vpu_tflops_per_chip", kRate},
+      {"mxu_achievable_fraction", kFraction},
+      {"mxu_fill_drain_cycles", {0, false, 1e6, true}},
+      {"op_overhead_us", kLatency},
+      {"matmul_output_fusion", kSwitch},
+      {"program_efficiency", kFraction},
+      {"dispatch_overhead_us", kLatency},
+      {"ici_links_per_chip", {1, false, 64, true}},
+      {"ici_link_bandwidth_uni_gbps", kRate},
+      {"ici_achievable_fraction", kFraction},
+      {"ici_hop_latency_us", kLatency},
+      {"collective_launch_us", kLatency},
+      {"collective_compute_share", {0, false, 0.9}},  // compute keeps at least a tenth
+      {"d2d_bandwidth_uni_gbps", kOptional},
+      {"d2d_latency_us", kLatency},
+      {"chips_per_host", {1, false, 1024, true}},
+      {"pcie_bandwidth_gbps", kRate},
+      {"host_memory_gib", kRate},
+      {"dcn_bandwidth_per_chip_gbps", kRate},
+      {"dcn_achievable_fraction", kFraction},
+      {"dcn_latency_us", kLatency},
+      {"sparsecores_per_chip", {0, false, 64, true}},
+      {"sparsecore_collective_offload_default", kSwitch},
+      {"sparsecore_reduce_scatter_time_factor", {1, false, 100}},
+      {"max_slice_chips", {1, false, 65536, true}},
+      {"pod_bisection_tbps", kOptional},
+      {"power_watts", {0, true, 1e5}},
+  };
+  return bounds;
+}
+
+std::string format_spec_number(double value) {
+  std::ostringstream out;
+  out << std::setprecision(15) << value;
+  return out.str();
+}
+
+// UserError naming the file and key when `value` is not finite or outside the key's bound.
+void check_spec_value(const std::string& where, const std::string& key, double value) {
+  const auto found = spec_bounds().find(key);
+  if (found == spec_bounds().end()) {
+    throw std::logic_error("no bound for catalog key '" + key + "'");
+  }
+  const SpecBound& bound = found->second;
+  const bool too_small = bound.min_exclusive ? !(value > bound.min) : !(value >= bound.min);
+  if (!std::isfinite(value) || too_small || value > bound.max ||
+      (bound.whole && value != std::floor(value))) {
+    throw UserError(where + ".value: " + format_spec_number(value) + " is out of range (" +
+                        (bound.whole ? "a whole number " : "a finite number ") +
+                        (bound.min_exclusive ? "> " : ">= ") + format_spec_number(bound.min) +
+                        " and <= " + format_spec_number(bound.max) + ")",
+                    key);
+  }
 }
 
 std::string required_string(const YAML::Node& node, const std::string& key,
@@ -242,9 +338,7 @@ ChipSpec parse_chip_spec(const YAML::Node& root, std::string_view origin) {
     } catch (const YAML::Exception&) {
       throw UserError(where + ".value is not a number");
     }
-    if (value < 0) {
-      throw UserError(where + ".value must not be negative");
-    }
+    check_spec_value(where, key, value);
     chip.*member = value;
     Provenance provenance;
     provenance.is_assumption = has_assumption;
@@ -262,9 +356,23 @@ ChipSpec parse_chip_spec(const YAML::Node& root, std::string_view origin) {
                       did_you_mean(key, chip_spec_keys()));
     }
   }
-  if (chip.devices_per_chip < 1 || chip.tensorcores_per_chip < 1 || chip.chips_per_host < 1) {
-    throw UserError(std::string(origin) +
-                    ": devices_per_chip, tensorcores_per_chip and chips_per_host must be >= 1");
+  // Across keys: what one device can use of its chip, and the peak MFU divides by (a peak far
+  // below the chip's gave an MFU of 1644%).
+  const std::string specs_at = std::string(origin) + ": specs.";
+  if (chip.hbm_usable_gib > chip.hbm_capacity_gib / chip.devices_per_chip) {
+    throw UserError(specs_at + "hbm_usable_gib: " + format_spec_number(chip.hbm_usable_gib) +
+                        " GiB per device is more than hbm_capacity_gib / devices_per_chip (" +
+                        format_spec_number(chip.hbm_capacity_gib / chip.devices_per_chip) + ")",
+                    "hbm_usable_gib");
+  }
+  const double peak_per_device = chip.peak_bf16_tflops / chip.devices_per_chip;
+  if (chip.mfu_peak_bf16_tflops_per_device < 0.5 * peak_per_device ||
+      chip.mfu_peak_bf16_tflops_per_device > 1.01 * peak_per_device) {
+    throw UserError(specs_at + "mfu_peak_bf16_tflops_per_device: " +
+                        format_spec_number(chip.mfu_peak_bf16_tflops_per_device) +
+                        " must be from half to all of peak_bf16_tflops / devices_per_chip (" +
+                        format_spec_number(peak_per_device) + ")",
+                    "mfu_peak_bf16_tflops_per_device");
   }
   return chip;
 }

@@ -19,6 +19,23 @@ int product(const std::vector<int>& dims) {
   return std::accumulate(dims.begin(), dims.end(), 1, std::multiplies<>());
 }
 
+// The product of a shape the user wrote, in 64 bits and saturated: "1024x2048x2048" has 2^32
+// chips, which an int product wraps to 0 (and 100000x100000x100000 to a negative count).
+long long checked_product(const std::vector<int>& dims) {
+  constexpr long long kSaturated = std::numeric_limits<long long>::max();
+  long long result = 1;
+  for (const int dim : dims) {
+    if (dim <= 0) {
+      return 0;
+    }
+    if (result > kSaturated / dim) {
+      return kSaturated;
+    }
+    result *= dim;
+  }
+  return result;
+}
+
 bool is_full_cube_shape(const std::vector<int>& shape) {
   return shape.size() == 3 &&
          std::all_of(shape.begin(), shape.end(), [](int dim) { return dim % kCubeEdge == 0; });
@@ -168,7 +185,17 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
                       " shape (" + std::to_string(rank) +
                       "D; legal sizes: " + legal_sizes_hint(*chip) + ")");
     }
-    slice.chips = product(slice.shape);
+    // Checked before it is narrowed to the int chip count: an overflowing product wrapped to 0
+    // chips (a division by zero below) or to a negative count.
+    const long long chips = checked_product(slice.shape);
+    if (chips > static_cast<long long>(chip->max_slice_chips)) {
+      throw UserError("compile_topology: '" + std::string(name) + "' has " +
+                      (chips == std::numeric_limits<long long>::max() ? std::string("too many")
+                                                                      : std::to_string(chips)) +
+                      " chips, more than the largest " + chip->name + " slice (" +
+                      std::to_string(static_cast<long long>(chip->max_slice_chips)) + " chips)");
+    }
+    slice.chips = static_cast<int>(chips);
   } else {
     long long count = 0;
     const auto [ptr, error] = std::from_chars(rest.data(), rest.data() + rest.size(), count);

@@ -23,6 +23,8 @@
 
 namespace tpusim {
 
+using config_internal::check_unique_keys;
+using config_internal::check_value_length;
 using config_internal::coerce;
 using config_internal::ConfigFileLayer;
 using config_internal::describe;
@@ -31,6 +33,8 @@ using config_internal::merge_rules_by_name;
 using config_internal::parse_canonical_int;
 using config_internal::preset_path_beside;
 using config_internal::read_config_file;
+using config_internal::read_config_text;
+using config_internal::shown_key;
 using config_internal::unbuilt_preset_reason;
 using config_internal::yaml_to_json;
 
@@ -61,6 +65,71 @@ std::optional<bool> command_line_bool(const std::string& key,
     }
   }
   return std::nullopt;
+}
+
+// A key and where it is set, for the check of unknown keys before any is applied.
+struct KeySource {
+  std::string key;
+  std::string origin;
+};
+
+// Every key of `sources` that neither the schema (`schema_keys`, base.yml's) nor MaxText has, in
+// one UserError, each with where it is set and its closest known key: a config with several typos
+// is mended in one round, not one per run.
+void throw_if_unknown_keys(const std::vector<std::string>& schema_keys,
+                           const std::vector<KeySource>& sources) {
+  const std::set<std::string, std::less<>> schema(schema_keys.begin(), schema_keys.end());
+  std::vector<std::string> known = schema_keys;
+  for (const MaxTextKey& key : maxtext_keys()) {
+    known.push_back(key.name);
+  }
+  std::vector<const KeySource*> unknown;
+  std::set<std::string> listed;
+  for (const KeySource& source : sources) {
+    const MaxTextKey* maxtext = find_maxtext_key(source.key);
+    const bool is_known = schema.contains(source.key) ||
+                          (maxtext != nullptr && maxtext->effect != MaxTextKeyEffect::kModeled);
+    if (!is_known && listed.insert(source.key + "\n" + source.origin).second) {
+      unknown.push_back(&source);
+    }
+  }
+  if (unknown.empty()) {
+    return;
+  }
+  if (unknown.size() == 1) {
+    throw UserError("unknown config key '" + shown_key(unknown[0]->key) + "' in " +
+                        unknown[0]->origin + " (neither tpusim nor MaxText has it)" +
+                        did_you_mean(unknown[0]->key, known),
+                    unknown[0]->key);
+  }
+  std::string message = std::to_string(unknown.size()) +
+                        " unknown config keys (neither tpusim nor MaxText has them): ";
+  for (size_t index = 0; index < unknown.size(); ++index) {
+    message += (index == 0 ? "'" : "; '") + shown_key(unknown[index]->key) + "' in " +
+               unknown[index]->origin + did_you_mean(unknown[index]->key, known);
+  }
+  throw UserError(message, unknown[0]->key);
+}
+
+// The keys the presets set, with their files (a preset that is not a mapping is left to
+// finish_loading's message).
+void add_preset_keys(const std::map<std::string, std::string>& presets,
+                     std::vector<KeySource>& sources) {
+  for (const auto& [origin, text] : presets) {
+    const YAML::Node preset = parse_yaml(text, origin);
+    if (preset.IsMap()) {
+      check_unique_keys(preset, origin);
+      for (const auto& item : preset) {
+        sources.push_back({item.first.as<std::string>(), origin});
+      }
+    }
+  }
+}
+
+void add_override_keys(const std::vector<std::string>& overrides, std::vector<KeySource>& sources) {
+  for (const std::string& text : overrides) {
+    sources.push_back({split_override(text).first, kCommandLine});
+  }
 }
 
 }  // namespace
@@ -97,7 +166,7 @@ Config Config::load_files(const std::vector<std::string>& paths,
     const std::string beside = preset_path_beside(last_path, model_name);
     const std::string embedded_path = "configs/models/" + model_name + ".yml";
     if (!beside.empty() && std::filesystem::exists(beside)) {
-      presets[beside] = read_text_file(beside);
+      presets[beside] = read_config_text(beside);
     } else if (const auto text = embedded_file(embedded_path)) {
       presets[embedded_path] = std::string(*text);
     } else if (const std::string missing = unbuilt_preset_reason(model_name); !missing.empty()) {
@@ -125,6 +194,15 @@ Config Config::load_files(const std::vector<std::string>& paths,
     copy.origin = entry.origin;
     config.entries_.emplace(key, std::move(copy));
   }
+  std::vector<KeySource> sources;
+  for (const ConfigFileLayer& layer : files) {
+    for (const auto& item : layer.root) {
+      sources.push_back({item.first.as<std::string>(), layer.origin});
+    }
+  }
+  add_preset_keys(presets, sources);
+  add_override_keys(overrides, sources);
+  throw_if_unknown_keys(config.order_, sources);
   for (const ConfigFileLayer& layer : files) {
     for (const auto& item : layer.root) {
       // A file's rules always merge by name: the embedded base's rules are MaxText's plus the
@@ -140,6 +218,10 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
                                const std::map<std::string, std::string>& presets,
                                const std::vector<std::string>& overrides) {
   Config config = load_base(base_text, base_origin);
+  std::vector<KeySource> sources;
+  add_preset_keys(presets, sources);
+  add_override_keys(overrides, sources);
+  throw_if_unknown_keys(config.order_, sources);
   config.finish_loading(presets, overrides);
   return config;
 }
@@ -313,11 +395,14 @@ void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
 }
 
 void Config::apply(std::string_view key, const YAML::Node& value, const std::string& origin) {
+  if (value.IsScalar()) {
+    check_value_length(std::string(key), value.Scalar().size(), origin);
+  }
   const auto found = entries_.find(key);
   if (found == entries_.end()) {
     const MaxTextKey* maxtext = find_maxtext_key(key);
     if (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled) {
-      throw UserError("unknown config key '" + std::string(key) + "' in " + origin +
+      throw UserError("unknown config key '" + shown_key(std::string(key)) + "' in " + origin +
                           " (neither tpusim nor MaxText has it)" +
                           did_you_mean(key, known_key_names()),
                       std::string(key));
@@ -342,11 +427,12 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
 }
 
 void Config::set(std::string_view key, std::string_view value_text, const std::string& origin) {
+  check_value_length(std::string(key), value_text.size(), origin);  // before it is parsed
   const auto found = entries_.find(key);
   const MaxTextKey* maxtext = found == entries_.end() ? find_maxtext_key(key) : nullptr;
   if (found == entries_.end() &&
       (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled)) {
-    throw UserError("unknown config key '" + std::string(key) + "'" +
+    throw UserError("unknown config key '" + shown_key(std::string(key)) + "'" +
                         " (neither tpusim nor MaxText has it)" +
                         did_you_mean(key, known_key_names()),
                     std::string(key));

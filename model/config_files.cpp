@@ -1,5 +1,6 @@
 #include "model/config_files.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -38,19 +39,64 @@ namespace config_internal {
 
 constexpr int kMaxBaseConfigDepth = 16;
 
+std::string read_config_text(const std::string& path) {
+  std::error_code error;
+  const std::uintmax_t bytes = std::filesystem::file_size(path, error);
+  if (!error && bytes > kMaxConfigFileBytes) {
+    throw UserError("'" + path + "' is " + std::to_string(bytes) +
+                    " bytes, more than the largest config file tpusim reads (" +
+                    std::to_string(kMaxConfigFileBytes) + " bytes, 4 MiB)");
+  }
+  return read_text_file(path);
+}
+
+void check_value_length(const std::string& key, size_t bytes, const std::string& origin) {
+  if (bytes > kMaxConfigValueBytes) {
+    throw UserError("'" + shown_key(key) + "' (" + origin + "): the value is " +
+                        std::to_string(bytes) +
+                        " bytes, more than the longest value tpusim reads (" +
+                        std::to_string(kMaxConfigValueBytes) + " bytes, 64 KiB)",
+                    key.size() > kMaxShownKeyBytes ? std::string() : key);
+  }
+}
+
+std::string shown_key(const std::string& key) {
+  if (key.size() <= kMaxShownKeyBytes) {
+    return key;
+  }
+  constexpr size_t kShownStart = 64;
+  return key.substr(0, kShownStart) + "... (a key of " + std::to_string(key.size()) + " bytes)";
+}
+
+void check_unique_keys(const YAML::Node& root, const std::string& origin) {
+  if (!root.IsMap()) {
+    return;
+  }
+  std::set<std::string> seen;
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    if (!seen.insert(key).second) {
+      throw UserError(origin + ": key '" + shown_key(key) + "' appears twice (" +
+                          yaml_location(item.first, origin) + "); give each key once",
+                      key);
+    }
+  }
+}
+
 void read_config_file(const std::string& path, int depth, std::vector<ConfigFileLayer>& layers) {
   if (depth > kMaxBaseConfigDepth) {
     throw UserError(path + ": base_config chain deeper than " +
                     std::to_string(kMaxBaseConfigDepth) + " files (a cycle?)");
   }
   note_input(path);
-  const YAML::Node root = parse_yaml(read_text_file(path), path);
+  const YAML::Node root = parse_yaml(read_config_text(path), path);
   if (root.IsNull()) {
     return;
   }
   if (!root.IsMap()) {
     throw UserError(path + ": a config file must be a YAML mapping of key: value");
   }
+  check_unique_keys(root, path);
   YAML::Node own(YAML::NodeType::Map);
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();

@@ -8,12 +8,35 @@
 //   preset_path_beside("my/base.yml", "llama2-7b");  // "my/models/llama2-7b.yml"
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
 
 namespace tpusim::config_internal {
+
+// Bounds on what a config is read from (bad input past them is a UserError naming the limit): a
+// config file of more than 4 MiB (MaxText's base.yml is about 50 KB), a scalar value of more than
+// 64 KiB (the longest real ones, paths and rule lists, are a few KB; a 200 MB value took 47 s and
+// 1.6 GB), and a key of more than 256 bytes is shown cut short in messages (kMaxSuggestedWordBytes
+// in common/suggest.h: no suggestion is computed for it).
+inline constexpr size_t kMaxConfigFileBytes = size_t{4} << 20;
+inline constexpr size_t kMaxConfigValueBytes = size_t{64} << 10;
+inline constexpr size_t kMaxShownKeyBytes = 256;
+
+// A config file's text; UserError naming the path and the limit past kMaxConfigFileBytes.
+std::string read_config_text(const std::string& path);
+
+// UserError when the value of `key` is longer than kMaxConfigValueBytes, naming the key and limit.
+void check_value_length(const std::string& key, size_t bytes, const std::string& origin);
+
+// `key` as messages show it: whole up to kMaxShownKeyBytes, else its start and its length.
+std::string shown_key(const std::string& key);
+
+// UserError naming the key and `origin` when the mapping `root` gives a key twice: yaml-cpp keeps
+// both and the last would silently win (PyYAML's loader, which MaxText uses, does the same).
+void check_unique_keys(const YAML::Node& root, const std::string& origin);
 
 // One config file and what its `base_config:` chain put before it, in application order.
 struct ConfigFileLayer {

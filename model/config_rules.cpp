@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "common/error.h"
@@ -20,6 +21,7 @@ constexpr double kMaxVocab = 1 << 24;
 constexpr double kMaxSequence = 1 << 24;  // 16M tokens
 constexpr double kMaxPerDeviceBatch = 1 << 20;
 constexpr double kMaxExperts = 1 << 16;
+constexpr size_t kMaxMlpActivations = 8;  // gated MLP branches (mlp_activations entries)
 
 struct EnumRule {
   std::string key;
@@ -131,6 +133,9 @@ const std::vector<RangeRule>& range_rules() {
       {"learning_rate", 0, 1e3, false},
       {"warmup_steps_fraction", 0, 1, false},
       {"steps", -1, 1e12, false},
+      // parse_slice's bound (hw/slice.cpp); 4294967298 was narrowed to 2 slices.
+      {"compile_topology_num_slices", -1, 10000, false},
+      {"num_slices", -1, 10000, false},
       {"hbm_headroom_fraction", 0, 0.99, false},  // 1 would leave no HBM at all
       {"num_threads", 0, 4096, false},
       {"collective_timeout_seconds", 0, 1e6, true},
@@ -241,6 +246,15 @@ void check_cross_key_rules(const Config& config) {
   if (activations.empty()) {
     throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]");
   }
+  // One activation per gated branch of the MLP (MaxText's MlpBlock makes a wi_<i> matmul for
+  // each): real models use one or two. Past kMaxMlpActivations the list is a mistake, and 10,000
+  // entries took 4.6 s and 500 MB to build.
+  if (activations.size() > kMaxMlpActivations) {
+    throw UserError("mlp_activations: " + std::to_string(activations.size()) +
+                        " activations, more than " + std::to_string(kMaxMlpActivations) +
+                        " (one per gated MLP branch; models use one or two, e.g. [silu, linear])",
+                    "mlp_activations");
+  }
   for (const std::string& activation : activations) {
     if (std::find(kActivations.begin(), kActivations.end(), activation) == kActivations.end()) {
       throw UserError("mlp_activations: '" + activation + "' is not one of " + join(kActivations) +
@@ -272,6 +286,39 @@ void check_cross_key_rules(const Config& config) {
     throw UserError(
         "per_device_batch_size: " + format_number(config.get_float("per_device_batch_size")) +
         " x max_target_length is less than one token per device");
+  }
+}
+
+// Integer keys without a range rule that are read as 64-bit numbers (step counts, seeds); every
+// other one is narrowed to an int where it is used (a mesh axis, a block size, a slice count).
+const std::vector<std::string>& wide_int_keys() {
+  static const std::vector<std::string> keys = {"learning_rate_schedule_steps",
+                                                "eval_interval",
+                                                "eval_steps",
+                                                "checkpoint_period",
+                                                "log_period",
+                                                "init_weights_seed",
+                                                "data_shuffle_seed"};
+  return keys;
+}
+
+// The class check behind every narrowing of a parsed integer: an int key without its own range
+// rule must fit 32 bits, so no later static_cast<int> can wrap it (4294967298 slices became 2).
+void check_int_keys_fit(const Config& config) {
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  for (const std::string& key : config.keys()) {
+    if (config.type(key) != ConfigType::kInt ||
+        std::find(wide_int_keys().begin(), wide_int_keys().end(), key) != wide_int_keys().end() ||
+        std::any_of(range_rules().begin(), range_rules().end(),
+                    [&](const RangeRule& rule) { return rule.key == key; })) {
+      continue;
+    }
+    const int64_t value = config.get_int(key);
+    if (value < -kIntMax || value > kIntMax) {
+      throw UserError(key + ": " + std::to_string(value) + " is out of range (a 32-bit integer, " +
+                          std::to_string(-kIntMax) + " to " + std::to_string(kIntMax) + ")",
+                      key);
+    }
   }
 }
 
@@ -307,6 +354,7 @@ std::vector<std::string> config_rule_keys() {
     keys.push_back(rule.key);
   }
   keys.insert(keys.end(), optional_block_keys().begin(), optional_block_keys().end());
+  keys.insert(keys.end(), wide_int_keys().begin(), wide_int_keys().end());
   return keys;
 }
 
@@ -352,6 +400,7 @@ void validate_config(const Config& config) {
       check_range(config, rule);
     }
   }
+  check_int_keys_fit(config);
   if (config.has("base_emb_dim")) {
     check_cross_key_rules(config);
   }

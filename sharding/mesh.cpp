@@ -1,5 +1,7 @@
 #include "sharding/mesh.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/suggest.h"
 #include "hw/slice.h"
@@ -13,6 +15,7 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
                                          const std::string& target_what) {
   std::array<int, kNumMeshAxes> sizes{};
   int auto_axis = -1;
+  constexpr long long kProductCap = 1LL << 40;
   long long known_product = 1;
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     const std::string key = mesh_axis_key(dcn, mesh_axis_names()[axis]);
@@ -26,21 +29,33 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
       auto_axis = axis;
       continue;
     }
+    if (dcn && value > target) {
+      // One slice per step of a DCN axis: more than there are slices can never be placed.
+      throw UserError(key + "=" + std::to_string(value) + ": a DCN axis of " +
+                          std::to_string(value) + " needs that many slices, but " + target_what +
+                          " is " + std::to_string(target) + " (compile_topology_num_slices)",
+                      key);
+    }
     sizes[axis] = static_cast<int>(value);
-    known_product *= value;
+    // Each size is at most 2^20 (checked_mesh_axis_value), so capping the product at 2^40 keeps
+    // it from overflowing over 12 axes; a capped product matches no device count.
+    known_product = std::min(known_product * value, kProductCap);
   }
   const std::string group = dcn ? "dcn_*_parallelism" : "ici_*_parallelism";
+  const std::string product_text = known_product == kProductCap
+                                       ? "at least " + std::to_string(kProductCap)
+                                       : std::to_string(known_product);
   if (auto_axis >= 0) {
     const std::string key = mesh_axis_key(dcn, mesh_axis_names()[auto_axis]);
     if (target % known_product != 0) {
       throw UserError(key + "=-1 cannot be filled: the other " + group + " multiply to " +
-                      std::to_string(known_product) + ", which does not divide " + target_what +
-                      " (" + std::to_string(target) + ")");
+                      product_text + ", which does not divide " + target_what + " (" +
+                      std::to_string(target) + ")");
     }
     sizes[auto_axis] = static_cast<int>(target / known_product);
   } else if (known_product != target) {
-    throw UserError(group + " multiply to " + std::to_string(known_product) + " but " +
-                    target_what + " is " + std::to_string(target));
+    throw UserError(group + " multiply to " + product_text + " but " + target_what + " is " +
+                    std::to_string(target));
   }
   return sizes;
 }

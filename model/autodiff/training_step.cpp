@@ -156,57 +156,93 @@ class BackwardBuilder {
     grads.set(of, sum);
   }
 
-  // The forward tensor `id` as the backward region `region` can read it.
-  TensorId available(TensorId id, int region) {
-    // The graph keeps tensors in a deque: adding tensors below leaves this reference valid.
-    const Tensor& tensor = graph_.tensor(id);
-    if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
+  // The forward tensor `id` as `region` reads it without recomputing anything: a parameter or
+  // input itself, or its saved, reloaded or recomputed copy; -1 when none exists yet.
+  TensorId ready(TensorId id) const {
+    const TensorKind kind = graph_.tensor(id).kind;
+    if (kind == TensorKind::kParameter || kind == TensorKind::kInput) {
       return id;
     }
-    if (const TensorId found = materialized_.find(id); found >= 0) {
-      return found;
-    }
-    const int forward_region = tensor.region;
-    RematDecision decision = RematDecision::kDevice;
-    const bool carry = id == region_io(forward_region).first;
-    if (is_layer_region(forward_region)) {
-      decision = policy_.decision(carry ? "decoder_layer_input" : tensor.remat_name);
-    } else if (forward_region == forward_.head_region && forward_.head_chunks > 1) {
-      // Chunked cross-entropy recomputes each chunk's logits in backward (MaxText's custom VJP).
-      decision = carry ? RematDecision::kDevice : RematDecision::kRemat;
-    }
-    TensorId result = id;
-    if (decision == RematDecision::kRemat) {
-      result = recompute(id, region);
-    } else {
-      saved_[id] = decision;
-      if (decision == RematDecision::kOffload) {
-        const TensorId on_host = graph_.add_tensor(tensor.name + "/host", tensor.dims, tensor.dtype,
-                                                   TensorKind::kActivation, forward_region);
-        graph_.add_op(OpKind::kHostOffload, tensor.name + "/offload", {id}, {on_host}, {},
-                      forward_region);
-        result = graph_.add_tensor(tensor.name + "/reloaded", tensor.dims, tensor.dtype,
-                                   TensorKind::kActivation, region);
-        graph_.add_op(OpKind::kHostLoad, tensor.name + "/reload", {on_host}, {result}, {}, region);
-      }
-    }
-    materialized_.set(id, result);
-    return result;
+    return materialized_.find(id);
   }
 
-  // Clones the producer of `id` (and, recursively, what it needs) into the backward region.
-  TensorId recompute(TensorId id, int region) {
-    const int producer = graph_.producer(id);
-    if (producer < 0) {
-      throw std::logic_error("cannot recompute '" + graph_.tensor(id).name + "': no producer");
+  // Whether the backward pass keeps `id` on the device, offloads it or recomputes it.
+  RematDecision decision_for(TensorId id) const {
+    const int forward_region = graph_.tensor(id).region;
+    const bool carry = id == region_io(forward_region).first;
+    if (is_layer_region(forward_region)) {
+      return policy_.decision(carry ? "decoder_layer_input" : graph_.tensor(id).remat_name);
     }
-    const Op& op = graph_.ops()[static_cast<size_t>(producer)];  // stays valid (a deque)
+    if (forward_region == forward_.head_region && forward_.head_chunks > 1) {
+      // Chunked cross-entropy recomputes each chunk's logits in backward (MaxText's custom VJP).
+      return carry ? RematDecision::kDevice : RematDecision::kRemat;
+    }
+    return RematDecision::kDevice;
+  }
+
+  // The forward tensor `id` as the backward region `region` can read it. A rematerialized tensor
+  // is recomputed from its producer's inputs, which may need recomputing in turn: the walk keeps
+  // its own stack (a chain of 20,000 gated MLP branches overflowed the call stack as recursion)
+  // and visits the inputs in order, depth first, as the recursion did, so ops come out the same.
+  TensorId available(TensorId id, int region) {
+    std::vector<TensorId> pending = {id};
+    while (!pending.empty()) {
+      const TensorId top = pending.back();
+      if (ready(top) >= 0) {
+        pending.pop_back();
+        continue;
+      }
+      const RematDecision decision = decision_for(top);
+      if (decision != RematDecision::kRemat) {
+        materialized_.set(top, keep(top, decision, region));
+        pending.pop_back();
+        continue;
+      }
+      const int producer = graph_.producer(top);
+      if (producer < 0) {
+        throw std::logic_error("cannot recompute '" + graph_.tensor(top).name + "': no producer");
+      }
+      const Op& op = graph_.ops()[static_cast<size_t>(producer)];  // stays valid (a deque)
+      const auto missing = std::find_if(op.inputs.begin(), op.inputs.end(),
+                                        [&](TensorId input) { return ready(input) < 0; });
+      if (missing != op.inputs.end()) {
+        pending.push_back(*missing);  // this op is looked at again once that input is ready
+        continue;
+      }
+      recompute(op, region);
+      pending.pop_back();
+    }
+    return ready(id);
+  }
+
+  // A tensor the backward pass keeps (on the device, or offloaded to the host and reloaded in
+  // `region`), as `region` reads it.
+  TensorId keep(TensorId id, RematDecision decision, int region) {
+    saved_[id] = decision;
+    if (decision != RematDecision::kOffload) {
+      return id;
+    }
+    // The graph keeps tensors in a deque: adding tensors below leaves this reference valid.
+    const Tensor& tensor = graph_.tensor(id);
+    const int forward_region = tensor.region;
+    const TensorId on_host = graph_.add_tensor(tensor.name + "/host", tensor.dims, tensor.dtype,
+                                               TensorKind::kActivation, forward_region);
+    graph_.add_op(OpKind::kHostOffload, tensor.name + "/offload", {id}, {on_host}, {},
+                  forward_region);
+    const TensorId reloaded = graph_.add_tensor(tensor.name + "/reloaded", tensor.dims,
+                                                tensor.dtype, TensorKind::kActivation, region);
+    graph_.add_op(OpKind::kHostLoad, tensor.name + "/reload", {on_host}, {reloaded}, {}, region);
+    return reloaded;
+  }
+
+  // Clones forward op `op`, whose inputs are all ready, into the backward region; its outputs'
+  // copies become what the region reads for them.
+  void recompute(const Op& op, int region) {
     std::vector<TensorId> inputs;
     for (const TensorId input : op.inputs) {
-      inputs.push_back(available(input, region));
+      inputs.push_back(ready(input));
     }
     std::vector<TensorId> outputs;
-    TensorId result = -1;
     for (const TensorId output : op.outputs) {
       const Tensor& original = graph_.tensor(output);
       const TensorId copy =
@@ -214,13 +250,9 @@ class BackwardBuilder {
                             region, original.remat_name);
       outputs.push_back(copy);
       materialized_.set(output, copy);
-      if (output == id) {
-        result = copy;
-      }
     }
     const int clone = graph_.add_op(op.kind, op.name, inputs, outputs, op.attrs, region);
     graph_.mutable_op(clone).phase = Phase::kRecompute;
-    return result;
   }
 
   void emit_einsum_grad(const Op& op, TensorId grad_out, int region) {

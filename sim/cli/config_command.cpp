@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/model_dims.h"
 #include "sharding/mesh.h"
+#include "sharding/step_program.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 
@@ -40,9 +41,8 @@ void register_config_command(CLI::App& app) {
     const std::string topology = config.get_string("compile_topology");
     std::string mesh_description;  // set when compile_topology names a slice
     if (!topology.empty()) {
-      const int64_t num_slices =
-          std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
-      const Slice slice = parse_slice(topology, static_cast<int>(num_slices));
+      // The slice every other command builds, with its checks of the slice count and hardware.
+      const Slice slice = slice_from_config(config);
       const MeshShape mesh = resolve_mesh(config, slice);
       nlohmann::json axes;
       for (int axis = 0; axis < kNumMeshAxes; ++axis) {

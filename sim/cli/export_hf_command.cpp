@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "common/atomic_file.h"
@@ -36,10 +37,19 @@ Config recorded_config(const Checkpoint& checkpoint, const std::string& director
                     "' records no model_config (written by an older tpusim): export-hf cannot "
                     "tell which model it holds");
   }
-  std::vector<std::string> overrides = {"override_model_config=true"};
+  // A key the user's arguments set is theirs (they are applied over the checkpoint's model):
+  // passing both made "'model_name' is given twice on the command line" when it was given once.
+  std::set<std::string> user_keys;
+  for (const std::string& item : split_command_args(args).overrides) {
+    user_keys.insert(split_override(item).first);
+  }
+  std::vector<std::string> overrides;
+  if (!user_keys.contains("override_model_config")) {
+    overrides.push_back("override_model_config=true");
+  }
   for (const auto& [key, value] : metadata["model_config"].items()) {
-    if (key == "query_scaling" || key == "tokenizer") {
-      continue;  // markers of the numerics and of the token ids, not config keys
+    if (key == "query_scaling" || key == "tokenizer" || user_keys.contains(key)) {
+      continue;  // markers of the numerics and of the token ids (not config keys); a user's key
     }
     overrides.push_back(key + "=" + (value.is_string() ? value.get<std::string>() : value.dump()));
   }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string_view>
 
 #include <yaml-cpp/yaml.h>
 
@@ -77,8 +78,10 @@ void register_train_command(CLI::App& app) {
       return;
     }
 #else
-    const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (ranks != nullptr && std::atoi(ranks) > 1) {
+    // Any size but 0 or 1 (atoi wrapped 4294967298 to 2 and read "x" as 0): under mpirun.
+    const std::string_view ranks =
+        std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? std::getenv("OMPI_COMM_WORLD_SIZE") : "";
+    if (!ranks.empty() && ranks != "0" && ranks != "1") {
       throw UserError(
           "this tpusim was built without MPI (TPUSIM_WITH_MPI=OFF or OpenMPI not found): under "
           "mpirun every rank would run the whole job; run tpusim train without mpirun");

@@ -17,14 +17,27 @@ namespace {
 struct Flag {
   std::string name;  // without the leading dashes
   std::string value;
-  std::string text;  // as given
+  std::string text;    // as given
+  std::string source;  // "--xla-flags", "LIBTPU_INIT_ARGS" or "XLA_FLAGS"
 };
 
-bool is_true(std::string value) {
+// A modeled boolean flag's value as XLA reads it (absl's SimpleAtob, case-insensitive): bare
+// --flag is true; true/t/yes/y/1 and false/f/no/n/0. Anything else ("maybe", "ture") is a
+// UserError naming the flag and the value, not silently false: libtpu itself refuses it.
+bool flag_bool(const Flag& flag) {
+  std::string value = flag.value;
   for (char& character : value) {
     character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
   }
-  return value.empty() || value == "true" || value == "1";
+  if (value.empty() || value == "true" || value == "t" || value == "yes" || value == "y" ||
+      value == "1") {
+    return true;
+  }
+  if (value == "false" || value == "f" || value == "no" || value == "n" || value == "0") {
+    return false;
+  }
+  throw UserError("XLA flags (" + flag.source + "): --" + flag.name + ": '" + flag.value +
+                  "' is not a boolean (true or false)");
 }
 
 // Whitespace-separated tokens, a "..." or '...' part kept whole (--xla_foo="a b") and unquoted.
@@ -75,6 +88,7 @@ std::vector<Flag> parse_flags(const std::string& text, const std::string& source
     flag.name = token.substr(2, equals == std::string::npos ? std::string::npos : equals - 2);
     flag.value = equals == std::string::npos ? "" : token.substr(equals + 1);
     flag.text = token;
+    flag.source = source;
     flags.push_back(flag);
   }
   return flags;
@@ -130,10 +144,11 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
       // Any offloaded collective kind turns tpusim's (all-kinds) offload on: the three kinds
       // explore writes (sparse_core_offload_flag_names) and the 2d/3d all-gather variants the
       // Ironwood recipes add.
-      sparse_core_offload = sparse_core_offload.value_or(false) || is_true(flag.value);
+      const bool offloaded = flag_bool(flag);  // checked even when an earlier kind is on
+      sparse_core_offload = sparse_core_offload.value_or(false) || offloaded;
       modeled_text[flag.name] = flag.text;
     } else if (flag.name == kAsyncCollectiveFusionFlag) {
-      async_collective_fusion = is_true(flag.value);
+      async_collective_fusion = flag_bool(flag);
       modeled_text[flag.name] = flag.text;
     } else if (is_fusion_companion(flag.name)) {
       modeled_text[flag.name] = flag.text;  // part of the fusion switch; sets nothing alone

@@ -67,15 +67,31 @@ std::string html_escape(const std::string& text) {
   return out;
 }
 
-// JSON inside <script>: a "</" would end the element early.
-std::string script_safe(std::string json) {
-  for (size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) {
-    json.replace(at, 2, "<\\/");
-  }
-  return json;
-}
-
 }  // namespace
+
+std::string json_for_script(const nlohmann::json& data) {
+  // In JSON text '<', '>' and '&' occur only inside strings, where \u003c, \u003e and \u0026
+  // read back as the same characters.
+  const std::string json = data.dump();
+  std::string out;
+  out.reserve(json.size());
+  for (const char character : json) {
+    switch (character) {
+      case '<':
+        out += "\\u003c";
+        break;
+      case '>':
+        out += "\\u003e";
+        break;
+      case '&':
+        out += "\\u0026";
+        break;
+      default:
+        out += character;
+    }
+  }
+  return out;
+}
 
 std::string render_html_page(const HtmlPage& page, const nlohmann::json& data) {
   std::string html =
@@ -87,7 +103,7 @@ std::string render_html_page(const HtmlPage& page, const nlohmann::json& data) {
   html += "</style>\n</head>\n<body>\n";
   html += page.body;
   html += "\n<div id=\"tip\"></div>\n<script type=\"application/json\" id=\"data\">";
-  html += script_safe(data.dump());
+  html += json_for_script(data);
   html += "</script>\n<script>\n\"use strict\";\n(() => {";
   html += kSharedScript;
   html += page.script;

@@ -29,4 +29,10 @@ struct HtmlPage {
 
 std::string render_html_page(const HtmlPage& page, const nlohmann::json& data);
 
+// `data` as JSON text safe inside a <script> element: every '<', '>' and '&' written as \u003c,
+// \u003e, \u0026, so no value (a run_name of "<!--<script>" or "</script>") can end the element or
+// start a comment that swallows the page's script; JSON.parse reads back the same values. Every
+// page writer embeds its data through this (render_html_page does).
+std::string json_for_script(const nlohmann::json& data);
+
 }  // namespace tpusim

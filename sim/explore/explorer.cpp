@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "common/error.h"
@@ -422,6 +423,11 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     add_schedule(merged, part, everything);
   }
   if (merged.pipeline_options.empty()) {
+    if (!first_error) {
+      // pipeline_schedule_choices gives every pinned stage count a schedule; an empty list is a
+      // broken invariant, not bad input (it used to dereference the empty error: SIGSEGV).
+      throw std::logic_error("explore: no pipeline schedule was searched");
+    }
     throw *first_error;
   }
   for (const std::string& key : schedule_keys) {

@@ -85,8 +85,15 @@ std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
     if (!microbatches_pinned) {
       microbatches = {stages, 2 * stages, 4 * stages};
     }
+    // A stage count the user pinned is searched even when no layers per stage divide the layers:
+    // its schedule is then refused with estimate's own message (model/pipeline_schedule.h). Left
+    // out, a pinned count that fits nothing left no schedule at all, and explore crashed.
+    const bool stages_pinned = ici_pinned || dcn_pinned;
+    const bool any_fits = std::any_of(per_stage.begin(), per_stage.end(),
+                                      [&](int64_t per) { return layers % (stages * per) == 0; });
     for (const int64_t layers_per_stage : per_stage) {
-      if (layers % (stages * layers_per_stage) != 0 && !layers_pinned) {
+      if (layers % (stages * layers_per_stage) != 0 && !layers_pinned &&
+          !(stages_pinned && !any_fits)) {
         continue;
       }
       for (const int64_t count : microbatches) {

@@ -62,6 +62,11 @@ check pipeline "TensorCore|Stage 0|Stage 3|DCN stage" \
   dcn_pipeline_parallelism=4 ici_fsdp_parallelism=-1 num_pipeline_microbatches=8 \
   num_layers_per_pipeline_stage=20 per_device_batch_size=2 max_target_length=2048
 
+# Red-team item 17: a value echoed into the page's JSON that opens a comment and a script
+# ("<!--<script>") swallowed the page's own script; the JSON escapes every '<'.
+check hostile_run_name "TensorCore" \
+  model_name=tiny-llama compile_topology=v5e-4 'run_name=<!--<script>'
+
 # The explore page: the top N and a scatter of the evaluated candidates.
 explore_page="$out/explore.html"
 "$tpusim" explore model_name=llama2-7b compile_topology=v5p-32 --top 5 --html "$explore_page" \

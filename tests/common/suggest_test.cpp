@@ -22,5 +22,16 @@ TEST(ClosestMatch, FindsPlausibleTypoOnly) {
   EXPECT_EQ(did_you_mean("zzzzzzzzzzzz", keys), "");
 }
 
+// Red-team item 19: the distance is |word| x |candidate| per candidate, and a 2 MB unknown key took
+// 171 s before its error. A word over kMaxSuggestedWordBytes gets no suggestion, even a close one.
+TEST(RedTeam, Item19_NoSuggestionForAnOverLongWord) {
+  const std::string longest(kMaxSuggestedWordBytes, 'k');
+  const std::vector<std::string> near = {longest.substr(1), std::string(400, 'k')};
+  EXPECT_EQ(closest_match(longest, near), longest.substr(1));  // at the bound: still suggested
+  const std::string over(kMaxSuggestedWordBytes + 1, 'k');
+  EXPECT_FALSE(closest_match(over, {over.substr(1)}).has_value());
+  EXPECT_EQ(did_you_mean(std::string(size_t{2} << 20, 'k'), near), "");
+}
+
 }  // namespace
 }  // namespace tpusim

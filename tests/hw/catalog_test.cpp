@@ -74,7 +74,10 @@ specs:
 std::string chip_text_with(const std::string& override_key, const std::string& override_entry) {
   std::string text = kMinimalChip;
   for (const std::string& key : chip_spec_keys()) {
-    const std::string entry = key == override_key ? override_entry : "{value: 1, source: \"s\"}";
+    // 1 everywhere, but a share of the compute that collectives hold (which must leave some).
+    const std::string plain = key == "collective_compute_share" ? "{value: 0, source: \"s\"}"
+                                                                : "{value: 1, source: \"s\"}";
+    const std::string entry = key == override_key ? override_entry : plain;
     if (!entry.empty()) {
       text += "  " + key + ": " + entry + "\n";
     }
@@ -98,6 +101,52 @@ TEST(Catalog, RejectsNumberWithoutProvenance) {
   EXPECT_THROW(HardwareCatalog::from_texts(
                    {{"e.yml", chip_text_with("", "") + "  clok_ghz: {value: 1, source: s}\n"}}),
                UserError);
+}
+
+// Red-team item 9: a catalog (TPUSIM_HW_DIR) with a zero, negative, non-finite or absurd number
+// gave NaN or infinite step times and a 1644% MFU. Every number is checked when the file loads,
+// naming the file and the key.
+TEST(RedTeam, Item9_CatalogNumbersAreValidatedOnLoad) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"hbm_bandwidth_gbps", "0"},
+      {"hbm_bandwidth_gbps", "-819"},
+      {"peak_bf16_tflops", ".nan"},
+      {"peak_bf16_tflops", ".inf"},
+      {"clock_ghz", "1e300"},
+      {"ici_achievable_fraction", "1.5"},
+      {"ici_link_bandwidth_uni_gbps", "0"},
+      {"dcn_bandwidth_per_chip_gbps", "0"},
+      {"devices_per_chip", "1.5"},
+      {"max_slice_chips", "1e12"},
+      {"collective_compute_share", "1"},
+      {"matmul_output_fusion", "0.5"},
+      {"power_watts", "0"},
+      {"chips_per_host", "0"}};
+  for (const auto& [key, value] : bad) {
+    SCOPED_TRACE(key + "=" + value);
+    try {
+      HardwareCatalog::from_texts(
+          {{"dir/test.yml", chip_text_with(key, "{value: " + value + ", source: s}")}});
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find("dir/test.yml: specs." + key + ".value"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  // Across keys: an MFU peak far below the chip's peak, more usable HBM than the chip has.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"peak_bf16_tflops", "16.44"}, {"hbm_usable_gib", "2"}}) {
+    SCOPED_TRACE(key);
+    try {
+      HardwareCatalog::from_texts(
+          {{"dir/test.yml", chip_text_with(key, "{value: " + value + ", source: s}")}});
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find("dir/test.yml: specs."), std::string::npos)
+          << error.what();
+    }
+  }
 }
 
 }  // namespace

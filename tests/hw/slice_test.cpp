@@ -96,6 +96,22 @@ TEST(ParseSlice, InvalidNamesAreUserErrors) {
   }
 }
 
+// Red-team item 12: a shape's chip product was an int product: 1024x2048x2048 (2^32 chips)
+// wrapped to 0 and divided by zero (SIGFPE); 100000x100000x100000 wrapped to a negative count.
+TEST(RedTeam, Item12_SliceChipProductOverflowIsAUserError) {
+  for (const char* name : {"v5p:1024x2048x2048", "v5p:100000x100000x100000", "v4:4x4x1073741824",
+                           "tpu7x-65536x65536x4"}) {
+    SCOPED_TRACE(name);
+    try {
+      parse_slice(name);
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& error) {
+      EXPECT_NE(std::string(error.what()).find("more than the largest"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 TEST(ParseSlice, ErrorNamesValueAndSuggestsGeneration) {
   try {
     parse_slice("v5q-128");

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "common/embedded_files.h"
@@ -10,6 +13,16 @@
 
 namespace tpusim {
 namespace {
+
+std::string load_error(const std::vector<std::string>& files,
+                       const std::vector<std::string>& overrides) {
+  try {
+    Config::load_files(files, overrides);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
 
 std::string error_of(const std::vector<std::string>& overrides) {
   try {
@@ -150,6 +163,102 @@ TEST(Config, OutOfRangeAndAbsurdValuesAreRejected) {
     const std::string key = text.substr(0, text.find('='));
     const std::string message = error_of({text});
     EXPECT_NE(message.find(key), std::string::npos) << text << " -> " << message;
+  }
+}
+
+// Red-team item 7: compile_topology_num_slices=4294967298 was narrowed to an int (2 slices). Every
+// int key is range-checked before any use narrows it: the slice count against parse_slice's bound,
+// the rest against 32 bits unless they are step counts or seeds, read as 64-bit.
+TEST(RedTeam, Item7_ParsedIntsAreRangeCheckedBeforeNarrowing) {
+  for (const std::string text :
+       {"compile_topology_num_slices=4294967298", "compile_topology_num_slices=10001",
+        "num_slices=4294967298", "num_pipeline_microbatches=4294967297",
+        "num_layers_per_pipeline_stage=-4294967295", "rope_max_timescale=4294967296",
+        "pipeline_parallel_layers=2147483648"}) {
+    const std::string key = text.substr(0, text.find('='));
+    const std::string value = text.substr(text.find('=') + 1);
+    const std::string message = error_of({text});
+    EXPECT_NE(message.find(key), std::string::npos) << text << " -> " << message;
+    EXPECT_NE(message.find(value), std::string::npos) << text << " -> " << message;
+  }
+  // The largest 32-bit value and a 64-bit seed still load.
+  EXPECT_EQ(error_of({"rope_max_timescale=2147483647"}), "");
+  EXPECT_EQ(Config::load("", {"data_shuffle_seed=4294967298"}).get_int("data_shuffle_seed"),
+            4294967298);
+}
+
+// Red-team item 13: mlp_activations is one activation per gated MLP branch; 20,000 of them
+// overflowed the stack and 10,000 took 4.6 s and 500 MB. More than 8 is refused.
+TEST(RedTeam, Item13_MlpActivationsLengthIsBounded) {
+  // From a file: on the command line the list is one value, past the 64 KiB value bound.
+  const std::string path = ::testing::TempDir() + "/item13_activations.yml";
+  {
+    std::ofstream file(path);
+    file << "mlp_activations:\n";
+    for (int index = 0; index < 20000; ++index) {
+      file << "  - silu\n";
+    }
+  }
+  const std::string message = load_error({path}, {});
+  EXPECT_NE(message.find("mlp_activations: 20000 activations, more than 8"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_NE(error_of({"mlp_activations=[silu,linear,silu,linear,silu,linear,silu,linear,silu]"})
+                .find("9 activations"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"mlp_activations=[silu,linear,silu,linear,silu,linear,silu,linear]"}), "");
+}
+
+// Red-team item 19: a 200 MB value took 47 s and 1.6 GB; values, config files and the keys shown
+// in messages are bounded, and the error names the limit.
+TEST(RedTeam, Item19_ValueAndConfigFileSizesAreBounded) {
+  const std::string long_value(size_t{64} << 10, 'r');
+  EXPECT_EQ(error_of({"run_name=" + long_value}), "");  // at the limit
+  const std::string message = error_of({"run_name=" + long_value + "r"});
+  EXPECT_NE(message.find("'run_name' (command line): the value is 65537 bytes"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_NE(message.find("65536 bytes"), std::string::npos);
+  EXPECT_LT(message.size(), 300u);
+  const std::string numeric = error_of({"base_emb_dim=" + std::string(size_t{1} << 20, '1')});
+  EXPECT_NE(numeric.find("65536 bytes"), std::string::npos) << numeric.substr(0, 300);
+
+  const std::string directory = ::testing::TempDir();
+  const std::string big = directory + "/item19_big.yml";
+  {
+    std::ofstream file(big);
+    file << "run_name: \"" << std::string((size_t{4} << 20) + 1, 'x') << "\"\n";
+  }
+  const std::string file_message = load_error({big}, {});
+  EXPECT_NE(file_message.find(big), std::string::npos) << file_message.substr(0, 300);
+  EXPECT_NE(file_message.find("4 MiB"), std::string::npos) << file_message.substr(0, 300);
+
+  // A 2 MB unknown key: no suggestion computed (common/suggest.h), shown cut short.
+  const std::string long_key = directory + "/item19_key.yml";
+  // An explicit key ("? key"): yaml-cpp refuses a plain one over 1024 characters itself.
+  std::ofstream(long_key) << "? " << std::string(size_t{2} << 20, 'k') << "\n: 1\n";
+  const std::string key_message = load_error({long_key}, {});
+  EXPECT_NE(key_message.find("a key of 2097152 bytes"), std::string::npos)
+      << key_message.substr(0, 300);
+  EXPECT_LT(key_message.size(), 500u);
+}
+
+// Red-team item 20: a config file giving a key twice was read with the last value winning, and of
+// several unknown keys only the first was reported.
+TEST(RedTeam, Item20_DuplicateYamlKeysAndAllUnknownKeysAreReported) {
+  const std::string directory = ::testing::TempDir();
+  const std::string duplicated = directory + "/item20_dup.yml";
+  std::ofstream(duplicated) << "steps: 5\nrun_name: a\nsteps: 7\n";
+  const std::string message = load_error({duplicated}, {});
+  EXPECT_NE(message.find(duplicated + ": key 'steps' appears twice"), std::string::npos) << message;
+  EXPECT_NE(message.find(duplicated + ":3"), std::string::npos) << message;  // the second one
+
+  const std::string typos = directory + "/item20_typos.yml";
+  std::ofstream(typos) << "remat_polcy: full\nici_fsdp_paralelism: 4\n";
+  const std::string all = load_error({typos}, {"model_name=tiny-llama", "stpes=3"});
+  for (const char* part :
+       {"3 unknown config keys", "'remat_polcy' in ", "did you mean 'remat_policy'",
+        "'ici_fsdp_paralelism' in ", "did you mean 'ici_fsdp_parallelism'",
+        "'stpes' in command line", "did you mean 'steps'"}) {
+    EXPECT_NE(all.find(part), std::string::npos) << part << "\n" << all;
   }
 }
 

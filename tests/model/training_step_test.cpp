@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <set>
+#include <string>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -155,6 +158,47 @@ TEST(TrainingStep, EveryParameterHasGradientAndAdamUpdate) {
     }
     EXPECT_EQ(parameters, updates);
   }
+}
+
+// Red-team item 13: the backward pass found a rematerialized tensor by recursion, one call deep per
+// recomputed op: 20,000 mlp_activations (a chain of 20,000 gated products) overflowed the stack.
+// Config loading now refuses such a list (model/config_test.cpp), so the long chain is set after
+// loading and built on a thread with a 256 KiB stack, which 2,000 branches overflowed as recursion.
+TEST(RedTeam, Item13_RematWalkIsIterative) {
+  Config config = Config::load("", {"model_name=tiny-llama", "remat_policy=full"});
+  constexpr int kBranches = 2000;
+  std::string list = "[silu";
+  for (int branch = 1; branch < kBranches; ++branch) {
+    list += ", linear";
+  }
+  config.set("mlp_activations", list + "]", "test");
+  struct Job {
+    const Config* config;
+    size_t recomputed = 0;
+    std::string error;
+  } job{&config, 0, ""};
+  auto run = [](void* argument) -> void* {
+    Job& work = *static_cast<Job*>(argument);
+    try {
+      const TrainingStep step = build_training_step(*work.config, 1);
+      for (const Op& op : step.graph.ops()) {
+        work.recomputed += op.phase == Phase::kRecompute ? 1 : 0;
+      }
+    } catch (const std::exception& error) {
+      work.error = error.what();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attributes;
+  ASSERT_EQ(pthread_attr_init(&attributes), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attributes, size_t{256} << 10), 0);
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(&thread, &attributes, run, &job), 0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  pthread_attr_destroy(&attributes);
+  EXPECT_EQ(job.error, "");
+  // Every branch's matmul and activation is recomputed for the backward pass of every product.
+  EXPECT_GE(job.recomputed, static_cast<size_t>(kBranches));
 }
 
 }  // namespace

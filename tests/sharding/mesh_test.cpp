@@ -82,8 +82,21 @@ TEST(Mesh, PipelineStagesAreMeshAxes) {
       2);
   EXPECT_NE(error_of("v5p-16", 1, {"ici_pipeline_parallelism=3"}).find("multiply to 3"),
             std::string::npos);
-  EXPECT_NE(error_of("v5p-16", 2, {"dcn_pipeline_parallelism=4"}).find("multiply to 4"),
+  EXPECT_NE(error_of("v5p-16", 4, {"dcn_pipeline_parallelism=3"}).find("multiply to 3"),
             std::string::npos);
+}
+
+// Red-team item 11: a DCN pipeline pinned on fewer slices than stages crashed explore; estimate and
+// train refuse it naming the DCN axis that cannot be placed (one slice per step of the axis).
+TEST(RedTeam, Item11_DcnAxisNeedsThatManySlices) {
+  for (const int slices : {1, 2}) {
+    const std::string message = error_of("v5p-16", slices, {"dcn_pipeline_parallelism=4"});
+    EXPECT_NE(message.find("dcn_pipeline_parallelism=4: a DCN axis of 4 needs that many slices, "
+                           "but the number of slices is " +
+                           std::to_string(slices)),
+              std::string::npos)
+        << message;
+  }
 }
 
 }  // namespace

@@ -60,5 +60,32 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
 }
 
+// Red-team item 7: 4294967298 slices were narrowed to 2 (exit 0); the slice count is checked
+// before it becomes an int, in every command that reads it.
+TEST(RedTeam, Item7_SliceCountIsRangeCheckedBeforeNarrowing) {
+  for (const char* command : {"config", "estimate", "explore"}) {
+    expect_user_error({command, "model_name=tiny-llama", "compile_topology=v5e-4",
+                       "compile_topology_num_slices=4294967298"},
+                      "compile_topology_num_slices: 4294967298");
+  }
+  expect_user_error({"topology", "v5e-4", "--num-slices", "4294967298"}, "4294967298");
+}
+
+// Red-team item 20: a config file giving a key twice was accepted (the last value won), and of
+// several unknown keys only the first was reported.
+TEST(RedTeam, Item20_DuplicateKeysAndEveryUnknownKeyAreReported) {
+  const std::string directory = ::testing::TempDir();
+  const std::string duplicated = directory + "/item20_cli_dup.yml";
+  std::ofstream(duplicated) << "model_name: tiny-llama\nsteps: 5\nsteps: 7\n";
+  expect_user_error({"config", duplicated}, duplicated + ": key 'steps' appears twice");
+  const auto several = run_tpusim(
+      {"config", "model_name=tiny-llama", "remat_polcy=full", "stpes=3", "ici_fsdp_paralelism=2"});
+  EXPECT_EQ(several.exit_code, 2);
+  for (const char* key : {"'remat_polcy'", "'stpes'", "'ici_fsdp_paralelism'"}) {
+    EXPECT_NE(several.err.find(key), std::string::npos) << key << "\n" << several.err;
+  }
+  EXPECT_EQ(std::count(several.err.begin(), several.err.end(), '\n'), 1) << several.err;
+}
+
 }  // namespace
 }  // namespace tpusim

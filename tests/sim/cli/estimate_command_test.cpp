@@ -391,5 +391,61 @@ TEST(EstimateCommand, BadInputExits2) {
   expect_user_error({"program", "--layer", "9"}, "--layer");
 }
 
+// Red-team item 8: a modeled boolean XLA flag with a value that is not a boolean counted as false
+// (collective_matmul=false); libtpu refuses it, so tpusim does too, naming the flag and the value.
+TEST(RedTeam, Item8_BadXlaBooleanFlagValueIsExit2) {
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ::unsetenv("XLA_FLAGS");
+  for (const std::string flag : {"--xla_tpu_enable_async_collective_fusion=maybe",
+                                 "--xla_tpu_enable_async_collective_fusion=ture",
+                                 "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true "
+                                 "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter="
+                                 "sometimes"}) {
+    const std::string value = flag.substr(flag.rfind('=') + 1);
+    const std::string name =
+        flag.substr(flag.rfind("--") + 2, flag.rfind('=') - flag.rfind("--") - 2);
+    expect_user_error(
+        {"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "--xla-flags", flag},
+        name + ": '" + value + "'");
+  }
+  // absl's spellings of a boolean are still read: "no" is false, a bare flag is true.
+  const auto spelled =
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "--xla-flags",
+                  "--xla_tpu_enable_async_collective_fusion=No", "--json"});
+  ASSERT_EQ(spelled.exit_code, 0) << spelled.err;
+  EXPECT_EQ(nlohmann::json::parse(spelled.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=false"}));
+}
+
+// Red-team item 17: a value echoed into a page's JSON ("<!--<script>" as run_name) opened a comment
+// inside the data block that swallowed the page's own script. The embedded JSON has no '<' (nor
+// '>' or '&') and parses back to the same values, for the estimate and the explore pages.
+TEST(RedTeam, Item17_PageJsonEscapesAngleBrackets) {
+  const std::string hostile = "<!--<script></script>&";
+  for (const char* command : {"estimate", "explore"}) {
+    SCOPED_TRACE(command);
+    const std::string page_path = ::testing::TempDir() + "/item17_" + command + ".html";
+    const auto result = run_tpusim({command, "model_name=tiny-llama", "compile_topology=v5e-4",
+                                    "run_name=" + hostile, "--html", page_path});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    std::ifstream stream(page_path);
+    const std::string page((std::istreambuf_iterator<char>(stream)),
+                           std::istreambuf_iterator<char>());
+    const std::string open = "<script type=\"application/json\" id=\"data\">";
+    const size_t begin = page.find(open);
+    ASSERT_NE(begin, std::string::npos);
+    const size_t start = begin + open.size();
+    const size_t end = page.find("</script>", start);
+    ASSERT_NE(end, std::string::npos);
+    const std::string json_text = page.substr(start, end - start);
+    EXPECT_EQ(json_text.find_first_of("<>&"), std::string::npos);
+    const nlohmann::json data = nlohmann::json::parse(json_text);
+    // The value comes back whole wherever the page echoes it.
+    EXPECT_NE(data.dump().find(hostile), std::string::npos) << command;
+    // The page's own script follows the data block intact.
+    EXPECT_NE(page.find("document.body.dataset.rendered", end), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -180,5 +180,28 @@ TEST(ExploreCommand, NothingFitsSaysWhy) {
       << result.out;
 }
 
+// Red-team item 11: a DCN pipeline pinned on a single slice (and a pinned stage count no layers
+// per stage fit) left explore no schedule, and it dereferenced an empty error: SIGSEGV. Each is
+// exit 2 naming the key, as estimate and train refuse the same config.
+TEST(RedTeam, Item11_PinnedDcnPipelineOnOneSliceIsExit2) {
+  const std::vector<std::string> one_slice = {"model_name=tiny-llama", "compile_topology=v4-8",
+                                              "dcn_pipeline_parallelism=4"};
+  const std::vector<std::string> odd_layers = {"model_name=tiny-llama", "compile_topology=v4-8",
+                                               "compile_topology_num_slices=4",
+                                               "dcn_pipeline_parallelism=4"};
+  for (const char* command : {"explore", "estimate", "train"}) {
+    SCOPED_TRACE(command);
+    std::vector<std::string> args = {command};
+    args.insert(args.end(), one_slice.begin(), one_slice.end());
+    expect_user_error(args, "dcn_pipeline_parallelism=4");
+  }
+  for (const char* command : {"explore", "estimate"}) {
+    SCOPED_TRACE(command);
+    std::vector<std::string> args = {command};
+    args.insert(args.end(), odd_layers.begin(), odd_layers.end());
+    expect_user_error(args, "4 stages x 1 layer per stage must divide the 2 pipelined layers");
+  }
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -82,5 +82,27 @@ TEST(ExportHfCommand, ExportsLoadsBackAndRefusesBadInput) {
   expect_user_error(load, "model_type");
 }
 
+// Red-team item 20: export-hf put the checkpoint's model keys on the command line before the
+// user's, so `model_name=tiny-llama`, given once, was "given twice on the command line". The
+// user's keys now replace the recorded ones.
+TEST(RedTeam, Item20_ExportHfKeyGivenOnceIsNotGivenTwice) {
+  const std::string base =
+      ::testing::TempDir() + "/tpusim_item20_export_" + std::to_string(::getpid());
+  const auto trained = run_tpusim({"train", "model_name=tiny-llama", "compile_topology=v5e-1",
+                                   "per_device_batch_size=1", "max_target_length=16", "steps=1",
+                                   "enable_checkpointing=true", "base_output_directory=" + base,
+                                   "run_name=r", "--quiet"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const auto exported =
+      run_tpusim({"export-hf", base + "/r/checkpoints/1", base + "/hf", "model_name=tiny-llama"});
+  EXPECT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_EQ(exported.err.find("twice"), std::string::npos) << exported.err;
+  // Given twice by the user, it still is.
+  expect_user_error({"export-hf", base + "/r/checkpoints/1", base + "/hf2", "model_name=tiny-llama",
+                     "model_name=tiny-llama"},
+                    "'model_name' is given twice on the command line");
+  std::filesystem::remove_all(base);
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -79,5 +79,22 @@ TEST(TopologyCommand, InvalidInputsExit2) {
                     "65536");
 }
 
+// Red-team item 12: a slice whose chip product overflows 32 bits (2^32 chips -> 0) crashed with
+// SIGFPE in parse_slice, and one that wraps negative printed -1,530,494,976 chips with exit 0;
+// every command that reads compile_topology goes through the same parse.
+TEST(RedTeam, Item12_SliceChipProductOverflowIsExit2) {
+  expect_user_error({"topology", "v5p:1024x2048x2048"}, "v5p:1024x2048x2048");
+  expect_user_error({"topology", "v5p:100000x100000x100000"}, "v5p:100000x100000x100000");
+  const std::string slice = "compile_topology=v5p:1024x2048x2048";
+  for (const char* command : {"estimate", "explore", "config", "train"}) {
+    expect_user_error({command, "model_name=tiny-llama", slice}, "v5p:1024x2048x2048");
+  }
+  expect_user_error({"op", "matmul", "m=128", "n=128", "k=128", slice}, "v5p:1024x2048x2048");
+  const std::string csv = ::testing::TempDir() + "/item12_rows.csv";
+  std::ofstream(csv) << "id,hardware,args,measured_step_s,measured_tokens_s_chip\n"
+                     << "A,v5p,model_name=tiny-llama " << slice << ",1.0,\n";
+  expect_user_error({"validate", csv}, "v5p:1024x2048x2048");
+}
+
 }  // namespace
 }  // namespace tpusim
