@@ -3,7 +3,8 @@
 // configs/base.yml):
 //   - kNumbers: train builds it and it changes train's numbers (dims, optimizer, data, seeds);
 //   - kPerformance: changes only speed or memory on a TPU (sharding, remat, kernels, tiles):
-//     accepted, and listed once on stderr when a config sets it away from its default;
+//     accepted, and listed once on stderr (after the run) when a config sets it away from its
+//     default;
 //   - kRefused: changes MaxText's numbers but train does not compute it: set away from MaxText's
 //     default it is a UserError naming the key, its value and the table's note;
 //   - kNone: cannot change a training step (paths, logging, profiling, checkpoints, inference).
