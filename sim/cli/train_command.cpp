@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
+#include "sim/train/train_keys.h"
 #include "sim/train/trainer.h"
 #ifdef TPUSIM_WITH_MPI
 #include "sim/transport/mpi_transport.h"
@@ -31,6 +32,11 @@ void train(const std::vector<std::string>& args, const TrainOptions& options,
   const Config config = load_command_config(args, "", nullptr, check_functional_support);
   Trainer trainer(config, transport);
   trainer.run(options, std::cerr);
+  // The performance keys the config set (train_keys.h), once the run is through: a bad input
+  // stays one line on stderr.
+  if (transport == nullptr || transport->rank() == 0) {
+    report_performance_keys(config, std::cerr);
+  }
 }
 
 #ifdef TPUSIM_WITH_MPI

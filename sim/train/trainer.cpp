@@ -23,6 +23,7 @@
 #include "sim/train/safetensors.h"
 #include "sim/train/token_cache.h"
 #include "sim/train/token_viz.h"
+#include "sim/train/train_keys.h"
 
 namespace tpusim {
 namespace {
@@ -145,6 +146,8 @@ void check_functional_support(const Config& config) {
     refuse("final_logits_soft_cap", std::to_string(config.get_float("final_logits_soft_cap")),
            "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
+  // Every other key train does not build, from configs/maxtext/train_keys.tsv (issue 35).
+  refuse_keys_train_does_not_build(config);
 }
 
 namespace {

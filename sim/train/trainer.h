@@ -65,6 +65,8 @@ struct TrainOptions {
 
 // The functional engine computes MaxText's math for the switches it builds; a switch it does not
 // build would silently train another model, so `tpusim train` refuses it: UserError naming the key.
+// Every key configs/maxtext/train_keys.tsv classes as refused (sim/train/train_keys.h), set away
+// from MaxText's default, plus the checks that depend on other keys' values (qk-norm with MLA).
 void check_functional_support(const Config& config);
 
 class Trainer {

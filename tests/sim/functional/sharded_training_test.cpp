@@ -474,11 +474,12 @@ TEST(Checkpointing, ResumesAcrossStageCounts) {
 }
 
 // A checkpoint carries the config keys that fix the model's math; one made with another
-// rope_max_timescale (same shapes) or another optimizer is refused naming the key, not resumed.
+// rope_max_timescale or attn_logits_soft_cap (same shapes) is refused naming the key, not
+// resumed (another opt_type is refused before: train builds AdamW only, train_keys.tsv).
 TEST(Checkpointing, RefusesACheckpointOfAnotherModel) {
   std::filesystem::remove_all(run_root() + "tpusim_resume_other");
   train_to(2, "other", {"compile_topology=v5e-1"});
-  for (const char* changed : {"rope_max_timescale=500000", "opt_type=sgd"}) {
+  for (const char* changed : {"rope_max_timescale=500000", "attn_logits_soft_cap=50.0"}) {
     std::vector<std::string> mesh = {"compile_topology=v5e-1", changed};
     try {
       train_to(4, "other", mesh);

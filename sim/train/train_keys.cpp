@@ -1,0 +1,186 @@
+#include "sim/train/train_keys.h"
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include <yaml-cpp/yaml.h>
+
+#include "common/csv.h"
+#include "common/embedded_files.h"
+#include "common/error.h"
+#include "model/config.h"
+#include "model/maxtext_keys.h"
+
+namespace tpusim {
+namespace {
+
+constexpr const char* kTablePath = "configs/maxtext/train_keys.tsv";
+
+TrainKeyClass parse_class(const std::string& text) {
+  for (const TrainKeyClass key_class : {TrainKeyClass::kNumbers, TrainKeyClass::kPerformance,
+                                        TrainKeyClass::kRefused, TrainKeyClass::kNone}) {
+    if (text == train_key_class_name(key_class)) {
+      return key_class;
+    }
+  }
+  throw std::logic_error(std::string(kTablePath) + ": unknown class '" + text + "'");
+}
+
+std::vector<TrainKey> load_table() {
+  const auto text = embedded_file(kTablePath);
+  if (!text) {
+    throw std::logic_error(std::string(kTablePath) + " is not embedded");
+  }
+  // key, class, same_as_default, test_value, note
+  const CsvTable table = parse_tsv(*text, kTablePath);
+  std::vector<TrainKey> keys;
+  keys.reserve(table.rows.size());
+  for (const std::vector<std::string>& row : table.rows) {
+    TrainKey key;
+    key.name = row[table.column("key")];
+    key.key_class = parse_class(row[table.column("class")]);
+    std::stringstream spellings(row[table.column("same_as_default")]);
+    for (std::string spelling; std::getline(spellings, spelling, ',');) {
+      key.same_as_default.push_back(spelling);
+    }
+    key.test_value = row[table.column("test_value")];
+    key.note = row[table.column("note")];
+    keys.push_back(std::move(key));
+  }
+  return keys;
+}
+
+// A schema key's value as text: the scalar, or flow YAML for a list.
+std::string value_text(const Config& config, const std::string& key) {
+  const YAML::Node node = config.get_node(key);
+  if (node.IsScalar()) {
+    return node.Scalar();
+  }
+  YAML::Emitter emitter;
+  emitter << YAML::Flow << YAML::DoubleQuoted << node;
+  return emitter.c_str();
+}
+
+// tpusim's own defaults (configs/base.yml), loaded once.
+const Config& base_config() {
+  static const Config config = Config::load("", {});
+  return config;
+}
+
+// True when `value` of schema key `key` equals `fallback` as a parsed value.
+bool same_value(const std::string& key, const std::string& value, const std::string& fallback,
+                const std::string& type) {
+  MaxTextKey as_default;
+  as_default.name = key;
+  as_default.default_text = fallback;
+  as_default.type = type;
+  return equals_maxtext_default(as_default, value);
+}
+
+// True when `value` is one of the row's other spellings of the default.
+bool is_same_as_default(const TrainKey& row, const std::string& value) {
+  for (const std::string& spelling : row.same_as_default) {
+    if (same_value(row.name, value, spelling, "")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool is_away_from_default(const Config& config, const TrainKey& row) {
+  const MaxTextKey* maxtext = find_maxtext_key(row.name);
+  const std::string value = value_text(config, row.name);
+  if (maxtext != nullptr && row.key_class != TrainKeyClass::kPerformance) {
+    return !equals_maxtext_default(*maxtext, value) && !is_same_as_default(row, value);
+  }
+  const std::string type = config.type(row.name) == ConfigType::kBool ? "bool" : "";
+  return !same_value(row.name, value, value_text(base_config(), row.name), type);
+}
+
+}  // namespace
+
+const char* train_key_class_name(TrainKeyClass key_class) {
+  switch (key_class) {
+    case TrainKeyClass::kNumbers:
+      return "numbers";
+    case TrainKeyClass::kPerformance:
+      return "performance";
+    case TrainKeyClass::kRefused:
+      return "refused";
+    case TrainKeyClass::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+const std::vector<TrainKey>& train_keys() {
+  static const std::vector<TrainKey> keys = load_table();
+  return keys;
+}
+
+const TrainKey* find_train_key(std::string_view name) {
+  static const std::map<std::string, const TrainKey*, std::less<>> by_name = [] {
+    std::map<std::string, const TrainKey*, std::less<>> map;
+    for (const TrainKey& key : train_keys()) {
+      map.emplace(key.name, &key);
+    }
+    return map;
+  }();
+  const auto found = by_name.find(name);
+  return found == by_name.end() ? nullptr : found->second;
+}
+
+std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,
+                                                          TrainKeyClass key_class) {
+  // MaxText keys outside tpusim's schema, as the config set them.
+  std::map<std::string, std::string, std::less<>> passthrough;
+  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (!config.has(key.key) && !key.is_maxtext_default) {
+      passthrough.emplace(key.key, key.value);
+    }
+  }
+  std::vector<TrainKeySetting> settings;
+  for (const TrainKey& row : train_keys()) {
+    if (row.key_class != key_class) {
+      continue;
+    }
+    if (config.has(row.name)) {
+      if (is_away_from_default(config, row)) {
+        settings.push_back({&row, value_text(config, row.name)});
+      }
+    } else if (const auto found = passthrough.find(row.name);
+               found != passthrough.end() && !is_same_as_default(row, found->second)) {
+      settings.push_back({&row, found->second});
+    }
+  }
+  return settings;
+}
+
+void refuse_keys_train_does_not_build(const Config& config) {
+  const std::vector<TrainKeySetting> refused =
+      train_keys_away_from_default(config, TrainKeyClass::kRefused);
+  if (refused.empty()) {
+    return;
+  }
+  std::string message;
+  for (const TrainKeySetting& setting : refused) {
+    message += (message.empty() ? "" : "; ") + setting.row->name + ": " +
+               (setting.value.empty() ? "null" : setting.value) +
+               " is not computed by tpusim train (" + setting.row->note + ")";
+  }
+  throw UserError(message + " [" + kTablePath + "]", refused.front().row->name);
+}
+
+void report_performance_keys(const Config& config, std::ostream& out) {
+  std::string listed;
+  for (const TrainKeySetting& setting :
+       train_keys_away_from_default(config, TrainKeyClass::kPerformance)) {
+    listed += (listed.empty() ? "" : ", ") + setting.row->name + "=" + setting.value;
+  }
+  if (!listed.empty()) {
+    out << "tpusim: accepted, no effect on train's numbers: " << listed << "\n";
+  }
+}
+
+}  // namespace tpusim
