@@ -73,13 +73,6 @@ void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
   if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
     refuse("dropout_rate", number_text(config.get_float("dropout_rate")), "dropout is not built");
   }
-  // Quantized training rounds every matmul operand to int8 or fp8 with its own scaling recipe
-  // (AQT / Qwix): estimate and explore model its speed, train does not compute it, and training
-  // on in plain numbers would pass bf16's losses off as the quantized run's (issue 35, item 3).
-  if (const std::string quantization = config.get_string("quantization"); !quantization.empty()) {
-    refuse("quantization", quantization,
-           "quantized matmuls are modeled by estimate and explore, not computed");
-  }
   if (config.get_float("mlp_activations_limit") > 0) {
     refuse("mlp_activations_limit", number_text(config.get_float("mlp_activations_limit")),
            "gpt-oss's clamped activations are not built");
