@@ -12,6 +12,7 @@ BatchPlan plan_batch(double per_device_batch_size, int64_t devices, int64_t accu
   plan.accumulation_steps = accumulation_steps;
   plan.global_batch = plan.microbatch * accumulation_steps;
   plan.whole = std::abs(sequences - static_cast<double>(plan.microbatch)) <= kSlack;
+  plan.loaded_microbatch = per_device_batch_size < 1 ? devices : plan.microbatch;
   return plan;
 }
 

@@ -12,6 +12,7 @@
 //   plan.microbatch;    // 2
 //   plan.global_batch;  // 8
 //   plan.whole;         // true; plan_batch(0.3, 8, 1) gives microbatch 2, whole = false
+//   plan.loaded_microbatch;  // 8: a fraction loads one sequence per device
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,11 @@ struct BatchPlan {
   int64_t global_batch = 0;        // sequences per optimizer step
   // per_device_batch_size x devices is a whole number (within 1e-9): nothing is dropped.
   bool whole = false;
+  // The sequences per microbatch the input pipeline loads and shards over the batch's mesh axes
+  // (MaxText micro_batch_size_to_load): the microbatch, but one sequence per device when
+  // per_device_batch_size < 1 (the step then keeps the first `microbatch` of them, which XLA may
+  // split unevenly). This is the batch that must split evenly (sharding/divisibility.h).
+  int64_t loaded_microbatch = 0;
 };
 
 // The product rounded down to whole sequences; 1e-9 of slack lets a product that floating point

@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "model/batch_plan.h"
 #include "model/config.h"
+#include "sharding/divisibility.h"
 
 namespace tpusim {
 
@@ -52,7 +53,10 @@ StepProgram build_step_program(const Config& config) {
   result.hbm_headroom_fraction = config.get_float("hbm_headroom_fraction");
   result.step =
       std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
-  result.program = partition(*result.step, LogicalAxisRules::from_config(config), result.mesh);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  // What explore prunes as axis_does_not_divide, estimate and train refuse (the same check).
+  Divisibility(*result.step, rules).require_divides(result.mesh.shape, batch, per_device);
+  result.program = partition(*result.step, rules, result.mesh);
   return result;
 }
 

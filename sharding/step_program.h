@@ -42,6 +42,8 @@ struct StepProgram {
 // The slice a config names (compile_topology, compile_topology_num_slices; -1 = 1 slice).
 Slice slice_from_config(const Config& config);
 
+// UserError when a mesh axis does not split a parameter, the inputs' length or the loaded batch
+// evenly (sharding/divisibility.h: the check explore prunes by).
 StepProgram build_step_program(const Config& config);
 
 }  // namespace tpusim

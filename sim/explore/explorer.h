@@ -4,7 +4,8 @@
 // step timed by the performance engine, exactly as `tpusim estimate` would) or pruned for a
 // reason, and the counts add up to the space's size:
 //   - axis_does_not_divide: a mesh axis splits a parameter dim or the batch/sequence of the input
-//     unevenly (JAX requires jit arguments to divide evenly), checked before any program is built;
+//     unevenly (JAX requires jit arguments to divide evenly), checked before any program is built
+//     (sharding/divisibility.h: estimate and train refuse the same splits);
 //   - same_placement: a placement choice (mesh_placement_first) that lays the mesh's axes onto
 //     exactly the physical portions an earlier choice does, or names an axis of size 1 there;
 //   - weights_exceed_hbm: the mesh's weights and optimizer state alone exceed HBM (read from the

@@ -107,7 +107,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   const bool parameters_divide = context_.divisibility.parameters_divide(mesh);
   for (size_t batch = 0; batch < space.batches.size(); ++batch) {
     if (parameters_divide &&
-        context_.divisibility.batch_divides(mesh, space.batches[batch].microbatch)) {
+        context_.divisibility.batch_divides(mesh, space.batches[batch].loaded_microbatch)) {
       plan.dividing.push_back(batch);
     } else {
       out.pruned[kPrunedAxisDoesNotDivide] += per_batch;

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "model/flops_maxtext.h"
+#include "sharding/divisibility.h"
 #include "sharding/step_program.h"
-#include "sim/explore/divisibility.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"

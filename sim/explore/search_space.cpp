@@ -134,7 +134,7 @@ std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits
     if (plan.microbatch < 1 || !plan.whole) {
       return;  // explore proposes only batches of whole sequences
     }
-    choices.push_back({per_device, accumulation, plan.microbatch});
+    choices.push_back({per_device, accumulation, plan.microbatch, plan.loaded_microbatch});
   };
   if (limits.global_batch_size > 0) {
     const int64_t global = limits.global_batch_size;

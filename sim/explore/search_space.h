@@ -56,7 +56,8 @@ struct ExploreLimits {
 struct BatchChoice {
   double per_device_batch_size = 1;
   int64_t accumulation_steps = 1;
-  int64_t microbatch = 1;  // sequences per microbatch: per_device_batch_size x devices
+  int64_t microbatch = 1;         // sequences per microbatch: per_device_batch_size x devices
+  int64_t loaded_microbatch = 1;  // the batch that must split evenly (BatchPlan)
 };
 
 // A remat policy with the per-tensor keys it sets (for remat_policy=custom).

@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "common/error.h"
+#include "model/batch_plan.h"
 #include "model/builder/initializers.h"
+#include "sharding/divisibility.h"
 #include "sim/functional/tensor_data.h"
 #include "sim/train/model_identity.h"
 #include "sim/transport/in_process_communicator.h"
@@ -58,6 +60,14 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
       program_(build_step_program(config)),
       identity_({{"model_name", config.get_string("model_name")},
                  {"model_config", model_identity(config)}}) {
+  // build_step_program refused what MaxText refuses; a per_device_batch_size < 1 may still leave
+  // a batch XLA would pad, which the functional engine would compute wrong: refuse it too.
+  const double per_device_batch = config.get_float("per_device_batch_size");
+  Divisibility(*program_.step, LogicalAxisRules::from_config(config))
+      .require_train_batch_divides(program_.mesh.shape,
+                                   plan_batch(per_device_batch, program_.slice.total_devices(),
+                                              config.get_int("gradient_accumulation_steps")),
+                                   per_device_batch);
   if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
     // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp), threads and
     // MPI ranks alike, without delayed forwarding or a chunked head.

@@ -207,16 +207,19 @@ TEST(Partitioner, ParametersScaleAsOneOverShards) {
 }
 
 TEST(Partitioner, PaddingIsReported) {
-  // llama3.1-8b has 8 kv heads: over tensor=16 each device holds one (padded) head, as XLA pads.
-  const StepProgram built = build_step_program(Config::load(
-      "", {"model_name=llama3.1-8b", "compile_topology=v5p-32", "per_device_batch_size=1",
-           "max_target_length=1024", "ici_fsdp_parallelism=1", "ici_tensor_parallelism=16"}));
-  bool kv_heads_padded = false;
+  // per_device_batch_size=0.5 on 16 chips: MaxText loads 16 sequences (one per device, which
+  // split evenly) and the step keeps 8, which XLA pads over fsdp=16, as the partitioner does.
+  // (A parameter dim that does not split, as 8 kv heads over tensor=16, is refused instead.)
+  const StepProgram built =
+      build_step_program(Config::load("", {"model_name=llama3.1-8b", "compile_topology=v5p-32",
+                                           "per_device_batch_size=0.5", "max_target_length=1024"}));
+  bool batch_padded = false;
   for (const PaddingNote& note : built.program.padding) {
-    kv_heads_padded = kv_heads_padded || (note.dim == "kv_heads" && note.global_size == 8 &&
-                                          note.shards == 16 && note.padded_size == 16);
+    batch_padded =
+        batch_padded || (note.tensor == "tokens" && note.dim == "batch" && note.global_size == 8 &&
+                         note.shards == 16 && note.padded_size == 16);
   }
-  EXPECT_TRUE(kv_heads_padded);
+  EXPECT_TRUE(batch_padded);
 }
 
 TEST(Partitioner, BadRulesAreUserErrors) {

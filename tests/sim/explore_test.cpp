@@ -42,8 +42,10 @@ struct BruteForce {
 };
 
 // Parameters and inputs must split evenly (JAX's rule for jit arguments); the partitioner pads
-// anything else and reports every padded dim by tensor name.
-bool legal(const Estimate& estimate) {
+// anything else and reports every padded dim by tensor name. The one exception is the batch of a
+// fractional per_device_batch_size: MaxText loads one sequence per device (which splits) and the
+// step keeps fewer, which XLA pads.
+bool legal(const Estimate& estimate, double per_device_batch_size) {
   std::set<std::string> arguments;
   for (const Tensor& tensor : estimate.program.step->graph.tensors()) {
     if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kInput) {
@@ -51,11 +53,17 @@ bool legal(const Estimate& estimate) {
     }
   }
   for (const PaddingNote& note : estimate.program.program.padding) {
-    if (arguments.count(note.tensor) > 0) {
+    const bool fractional_batch = note.dim == "batch" && per_device_batch_size < 1;
+    if (arguments.count(note.tensor) > 0 && !fractional_batch) {
       return false;
     }
   }
   return true;
+}
+
+// estimate refuses what explore prunes as axis_does_not_divide, and says so.
+bool refused_as_uneven(const UserError& error) {
+  return std::string(error.what()).find("axis_does_not_divide") != std::string::npos;
 }
 
 BruteForce brute_force(const Config& config, const ExploreLimits& limits) {
@@ -93,15 +101,18 @@ BruteForce brute_force(const Config& config, const ExploreLimits& limits) {
               Estimate estimate;
               try {
                 estimate = estimate_config(full);
-              } catch (const UserError&) {
-                ++result.placement_impossible;
+              } catch (const UserError& error) {
+                if (refused_as_uneven(error)) {
+                  arguments_divide = false;
+                  ++result.illegal;
+                } else {
+                  ++result.placement_impossible;
+                }
                 continue;
               }
-              if (!legal(estimate)) {
-                arguments_divide = false;
-                ++result.illegal;
-                continue;
-              }
+              // What estimate accepts splits evenly by the partitioner's own padding report.
+              EXPECT_TRUE(legal(estimate, full.get_float("per_device_batch_size")))
+                  << full.get_float("per_device_batch_size") << " on " << mesh.describe();
               const std::string laid_out = estimate.json["mesh_placement"].dump();
               if (std::find(placements_seen.begin(), placements_seen.end(), laid_out) !=
                   placements_seen.end()) {

@@ -73,7 +73,10 @@ TEST(TrainCommand, BadInputExits2) {
   expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text",
                      "dataset_path=/nonexistent/corpus.txt"},
                     "/nonexistent/corpus.txt");
-  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256"}, "v5p-256");
+  // (Over data parallelism: the default fsdp=128 would not split tiny-llama's 64-wide embed.)
+  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5p-256",
+                     "ici_fsdp_parallelism=1", "ici_data_parallelism=-1"},
+                    "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
   // Inputs that are not regular files fail at once instead of failing late (a directory) or
   // never ending (/dev/zero); a value that is not UTF-8 cannot reach the JSON output.
