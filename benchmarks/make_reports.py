@@ -489,9 +489,30 @@ def train_speed_lines():
               "time of 1 device at the same global batch and threads"
               + (f" (train_vs_torch.py, whole runs: {devices['wall_time_ratio']:.2f}x)"
                  if devices else "") + ".",
-              "", "`functional_precision=reference` (double accumulation; what `--verify` and the "
-              "fp64 PyTorch test use) is about half as fast."]
-    return lines
+              "", "`functional_precision=reference` (double accumulation; what `--verify`'s "
+              "unsharded reference and the fp64 PyTorch test use) is about half as fast."]
+    return lines + bf16_fallback_lines()
+
+
+BF16_HEADING = "### bf16 matmuls on a CPU without native bf16 dot products"
+
+
+def bf16_fallback_lines():
+    """benchmarks/bf16_fallback.py: bf16 matmuls against fp32 with oneDNN capped below AVX512-BF16
+    (the rounded operands on the fp32 kernels) and as the CPU is."""
+    with tempfile.TemporaryDirectory() as directory:
+        table = pathlib.Path(directory) / "bf16.md"
+        subprocess.run(["/usr/bin/python3", str(ROOT / "benchmarks/bf16_fallback.py"), "--tpusim",
+                        str(BINARY), "--runs", "5", "--markdown", str(table)], check=True)
+        text = table.read_text().strip()
+    return ["", BF16_HEADING, "",
+            "`/usr/bin/python3 benchmarks/bf16_fallback.py --runs 5`: the PyTorch comparison's "
+            "models, 1 thread, `remat_policy=none`, fp32 and `functional_dtype=bfloat16_matmul` "
+            "alternating run after run. `ONEDNN_MAX_CPU_ISA=AVX512_CORE` hides AVX512-BF16 and "
+            "AMX from oneDNN, as on a Xeon without them; there tpusim rounds the operands to bf16 "
+            "and multiplies them on the fp32 kernels (oneDNN's emulated bf16 kernels ran 2.4x "
+            "slower than fp32 on such a Xeon, issue 34). Medians of 5 runs, each the median of its "
+            "steps after the first.", "", text]
 
 
 def train_speed():

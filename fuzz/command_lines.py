@@ -5,8 +5,11 @@ its type (0, -1, 2^31, 2^63, NaN, 1.5, text, bytes that are not UTF-8, a newline
 unknown key, a malformed override, a wrong slice or mesh, a broken config file or CSV, an input
 path that is not a regular file (a directory, a FIFO, /dev/zero, a symbolic link loop) or an output
 path that must not be replaced (/dev/full, a symbolic link to a file outside the run's directory,
-a directory). Every class starts from a command that works and changes one to three things, so
-the line reaches the code behind the first check.
+a directory), pipeline keys (a DCN pipeline on one slice), slice shapes and counts near 2^31,
+2^32 and 2^63, a batch or length the mesh does not divide, a key train does not build, or an
+output that names the line's own input (the runner checks the input's bytes after the line).
+Every class starts from a command that works and changes one to three things, so the line
+reaches the code behind the first check.
 
 A line is the class label, then argv after "tpusim", tab-separated, with "\\t", "\\n", "\\\\" and
 "\\xHH" escapes (fuzz/command_line_driver.cpp reads them).
@@ -63,6 +66,26 @@ OPTIONS = {
     "op": ([], ["--json"]),
     "hw": ([], ["--json"]),
 }
+PIPELINE_KEYS = ["ici_pipeline_parallelism", "dcn_pipeline_parallelism",
+                 "num_pipeline_microbatches", "num_layers_per_pipeline_stage",
+                 "num_pipeline_repeats", "pipeline_fsdp_ag_once"]
+PIPELINE_VALUES = ["1", "2", "3", "4", "8", "0", "-1", "16", "65536", "2147483648",
+                   "4294967296", "1.5"]
+# Shapes and counts around 2^31, 2^32 and 2^63 (a product of dimensions that overflows).
+LIMIT_SHAPES = ["v5p:1024x2048x2048", "v5p:100000x100000x100000", "v5p:2x2x1", "v5p:4x4x4",
+                "v5p:2147483648x1x1", "v5p:65536x65536x1", "v5p:0x4x4", "v5p:-1x4x4",
+                "v4:1024x2048x2048", "v5e:65536x65536", "v6e:4294967296x1", "v5p:1x1x1x1",
+                "v5p:4x4", "tpu7x:2097152x2097152x2048", "v5p:3037000500x3037000500x1"]
+LIMIT_SLICES = ["v5p-2147483648", "v5p-4294967296", "v5p-4294967298", "v5e-2147483647",
+                "v4-9223372036854775807", "v5p-9223372036854775808", "v6e-4294967297",
+                "tpu7x-2147483648", "v5p-1073741824"]
+LIMIT_COUNTS = ["2147483647", "2147483648", "4294967295", "4294967296", "4294967298",
+                "9223372036854775807", "9223372036854775808", "18446744073709551617", "65537"]
+# Keys tpusim train does not build, each with a value that asks for it.
+TRAIN_UNBUILT = ["quantization=int8", "quantization=fp8", "quantization=int4",
+                 "quantization=fp8_full", "z_loss_multiplier=1e-4", "mtp_num_layers=1",
+                 "opt_type=sgd", "opt_type=adafactor", "dropout_rate=0.1", "dropout_rate=0.5",
+                 "mtp_num_layers=2", "z_loss_multiplier=0.5"]
 MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention",
               "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
               "dcn_shards_first", "in_place_buffers", "attention_subblock_pipelining"]
@@ -180,6 +203,16 @@ class Sandbox:
                                 str(self.work / "dangling"), "/proc/self/status"]
         self.configs = []
         self.csvs = []
+        # Inputs that lines also name as outputs (class alias_output): no line may change them.
+        alias = self.work / "alias"
+        (alias / "checkpoint").mkdir(parents=True, exist_ok=True)
+        (alias / "config.yml").write_text("model_name: tiny-llama\ncompile_topology: v5e-4\n")
+        (alias / "dataset.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+        (alias / "checkpoint" / "state.bin").write_bytes(bytes(range(256)))
+        (alias / "checkpoint" / "meta.json").write_text('{"step": 1, "model_name": "tiny-llama"}\n')
+        self.alias_dir = alias
+        self.alias = {"config": str(alias / "config.yml"), "dataset": str(alias / "dataset.txt"),
+                      "checkpoint": str(alias / "checkpoint"), "config_dir": str(alias)}
 
     @staticmethod
     def _link(path, target):
@@ -245,6 +278,12 @@ class Generator:
             (4, self.topology), (2, self.hardware_and_op), (3, self.program), (1, self.explore),
             (2, self.validate), (3, self.xla_flags), (3, self.option_values), (3, self.noise),
             (1, self.train),
+            # Issue 35 (red-team pass): pipeline keys, slice shapes near integer limits,
+            # batches and lengths that do not divide, keys train does not build, outputs that
+            # alias inputs. The train and explore parts are classes of their own, kept small.
+            (4, self.pipeline), (3, self.int_limit_shape), (3, self.uneven_batch),
+            (0.5, self.train_unbuilt), (2, self.alias_output), (0.5, self.explore_edges),
+            (0.5, self.train_edges),
         ]
         self.total_weight = sum(weight for weight, _ in self.classes)
 
@@ -494,6 +533,175 @@ class Generator:
         else:
             value = self.value_for(key) if self.rng.random() < 0.7 else "1"
         return "train", args + [key + "=" + value]
+
+
+    # Issue 35 classes.
+    def pipeline_args(self):
+        """One to three distinct pipeline keys; mostly small sizes that can work, so the line
+        reaches the pipeline schedule, sometimes the integer edges."""
+        args = []
+        for key in self.rng.sample(PIPELINE_KEYS, self.rng.randint(1, 3)):
+            if key == "pipeline_fsdp_ag_once":
+                value = self.rng.choice(["true", "false", "1", "maybe"])
+            elif self.rng.random() < 0.7:
+                value = self.rng.choice(["1", "2", "2", "4", "4", "8", "3"])
+            else:
+                value = self.rng.choice(PIPELINE_VALUES)
+            args.append(key + "=" + value)
+        return args
+
+    def uneven_args(self):
+        """A per-device batch or a length the mesh does not divide, on a mesh that mostly does
+        fit the slice (so the batch, not the mesh, is what is wrong)."""
+        rng = self.rng
+        args = ["per_device_batch_size=" + rng.choice(["1.25", "0.75", "0.125", "0.3", "1.5",
+                                                        "0.0625", "3"])]
+        if rng.random() < 0.15:
+            axis = rng.choice(["dcn_data_parallelism", "dcn_fsdp_parallelism"])
+            args += [axis + "=" + rng.choice(["2", "3", "4"]),
+                     "compile_topology_num_slices=" + rng.choice(["2", "4"])]
+        elif rng.random() < 0.3:
+            args += ["max_target_length=65", "ici_context_parallelism=4"]
+            return args
+        else:
+            axis = rng.choice(["ici_fsdp_parallelism", "ici_data_parallelism",
+                               "ici_context_parallelism", "ici_tensor_parallelism"])
+            args.append(axis + "=" + rng.choice(["2", "4", "4", "-1", "3", "8"]))
+        if rng.random() < 0.6:
+            args.append("max_target_length=" + rng.choice(["65", "63", "17", "1", "7"]))
+            if rng.random() < 0.5 and not any(a.startswith("ici_context_parallelism=")
+                                               for a in args):
+                args.append("ici_context_parallelism=" + rng.choice(["4", "3", "2"]))
+        return args
+
+    def pipeline(self):
+        """Pipeline keys in estimate, config and program (explore and train: explore_edges,
+        train_edges), also a DCN pipeline pinned on a single slice."""
+        args = self.base(small=self.rng.random() < 0.7) + self.pipeline_args()
+        if self.rng.random() < 0.3:
+            args.append("compile_topology_num_slices=" + self.rng.choice(["1", "2", "4"]))
+        command = self.rng.choice(["estimate", "estimate", "estimate", "config", "program"])
+        return "pipeline", [command] + args
+
+    def int_limit_shape(self):
+        rng = self.rng
+        kind = rng.randrange(4)
+        if kind == 0:
+            args = ["topology", rng.choice(LIMIT_SHAPES + LIMIT_SLICES)]
+            if rng.random() < 0.4:
+                args += ["--num-slices", rng.choice(LIMIT_COUNTS)]
+            if rng.random() < 0.3:
+                args.append("--json")
+            return "int_limit_shape", args
+        slice_arg = "compile_topology=" + rng.choice(LIMIT_SLICES + LIMIT_SHAPES + ["v5e-4"])
+        extra = [slice_arg]
+        if rng.random() < 0.5:
+            extra.append("compile_topology_num_slices=" + rng.choice(LIMIT_COUNTS + ["2"]))
+        if kind == 1:
+            command = rng.choice(["estimate", "estimate", "config", "program"])
+            return "int_limit_shape", [command, "model_name=" + rng.choice(
+                self.keys.small_models)] + extra
+        if kind == 2:
+            return "int_limit_shape", ["op", rng.choice(["matmul", "all_gather", "all_reduce"]),
+                                       rng.choice(["1024", "4096"]), rng.choice(
+                                           ["1024", "fsdp", "data"])] + extra
+        return "int_limit_shape", ["config", "model_name=tiny-llama"] + extra + ["--json"]
+
+    def uneven_batch(self):
+        """Batches and lengths the mesh does not divide, in estimate, config and program."""
+        args = self.base(small=self.rng.random() < 0.7)
+        args = [a for a in args if not a.startswith(("per_device_batch_size=",
+                                                      "max_target_length="))]
+        return "uneven_batch", [self.rng.choice(["estimate", "estimate", "config", "program"])
+                                ] + args + self.uneven_args()
+
+    def train_base(self):
+        return ["train", "model_name=" + self.rng.choice(self.keys.small_models),
+                "compile_topology=" + self.rng.choice(["v5e-1", "v5e-4"]), "steps=1",
+                "max_target_length=" + self.rng.choice(["8", "16"]), "--quiet",
+                "base_output_directory=" + str(self.sandbox.work / "runs")]
+
+    def train_unbuilt(self):
+        """A key train does not build: exit 2 naming the key, before any step."""
+        args = self.train_base() + ["per_device_batch_size=1", self.rng.choice(TRAIN_UNBUILT)]
+        if self.rng.random() < 0.2:
+            args.append(self.rng.choice(TRAIN_UNBUILT))
+        return "train_unbuilt", args
+
+    def explore_edges(self):
+        """explore on tiny models and slices with pipeline keys, uneven batches, limit slices."""
+        rng = self.rng
+        args = ["explore", "model_name=" + rng.choice(self.keys.small_models),
+                "compile_topology=" + rng.choice(["v4-8", "v5e-4", "v5p-8", "v5e-8"]),
+                "--threads", "1", "--top", rng.choice(["1", "3"])]
+        kind = rng.randrange(3)
+        if kind == 0:
+            args += self.pipeline_args()
+            if rng.random() < 0.3:
+                args.append("compile_topology_num_slices=" + rng.choice(["1", "2"]))
+        elif kind == 1:
+            args += self.uneven_args()
+        else:
+            # Not v5p:4x4x4: a valid 64-chip slice, which explore searches for seconds.
+            args[2] = "compile_topology=" + rng.choice(
+                LIMIT_SLICES + [shape for shape in LIMIT_SHAPES if shape != "v5p:4x4x4"])
+            if rng.random() < 0.5:
+                args.append("compile_topology_num_slices=" + rng.choice(LIMIT_COUNTS))
+        return "explore_edges", args
+
+    def train_edges(self):
+        """train on tiny-llama, v5e-4, one step: pipeline keys, uneven batches and lengths,
+        limit counts; a tenth with --verify."""
+        rng = self.rng
+        args = ["train", "model_name=tiny-llama", "compile_topology=v5e-4", "steps=1",
+                "--quiet", "base_output_directory=" + str(self.sandbox.work / "runs")]
+        kind = rng.randrange(3)
+        if kind == 0:
+            args += ["per_device_batch_size=1", "max_target_length=16"] + self.pipeline_args()
+        elif kind == 1:
+            uneven = self.uneven_args()
+            if not any(a.startswith("max_target_length=") for a in uneven):
+                uneven.append("max_target_length=16")
+            args += uneven
+        else:
+            args += ["per_device_batch_size=1", "max_target_length=16",
+                     rng.choice(["compile_topology_num_slices=", "dcn_pipeline_parallelism=",
+                                 "dcn_data_parallelism="]) + rng.choice(LIMIT_COUNTS)]
+        if rng.random() < 0.1:
+            args.append("--verify")
+        return "train_edges", args
+
+    def alias_output(self):
+        """An output path naming one of the line's own inputs (a config file, the dataset, the
+        checkpoint). The runner checks the aliased files' bytes after every chunk."""
+        rng = self.rng
+        inputs = self.sandbox.alias
+        kind = rng.randrange(10)
+        if kind < 5:
+            config = inputs["config"]
+            option = rng.choice(["--html", "--trace", "--profile"])
+            if option == "--profile":  # both outputs over the input
+                return "alias_output", ["estimate", config, "--trace", config, "--html", config]
+            return "alias_output", ["estimate", config] + (
+                self.base(small=True) if rng.random() < 0.3 else []) + [option, config]
+        if kind < 7:
+            return "alias_output", ["export-hf", inputs["checkpoint"], rng.choice(
+                [inputs["checkpoint"], inputs["checkpoint"] + "/.", inputs["config_dir"]])]
+        if kind < 8:
+            return "alias_output", ["explore", inputs["config"], "--threads", "1", "--top", "1",
+                                    "--html", inputs["config"]]
+        if kind < 9:
+            return "alias_output", ["train", inputs["config"], "steps=1", "max_target_length=8",
+                                    "per_device_batch_size=1", "--quiet", "base_output_directory="
+                                    + str(self.sandbox.work / "runs"), rng.choice(
+                                        ["metrics_file=", "token_viz_file="]) + inputs["config"]]
+        args = self.train_base() + ["per_device_batch_size=1", "dataset_type=text",
+                                    "dataset_path=" + inputs["dataset"]]
+        target = rng.choice(["metrics_file=" + inputs["dataset"],
+                             "token_viz_file=" + inputs["dataset"],
+                             "metrics_file=" + inputs["config_dir"] + "/../alias/./dataset.txt",
+                             "dataset_cache_dir=" + inputs["config_dir"]])
+        return "alias_output", args + [target]
 
 
 def main():

@@ -9,7 +9,10 @@ through tpusim::run_cli in chunks of --chunk lines, one process per chunk. When 
 dies (a crash or a hang), its progress file names the line, which is recorded; the chunk goes on
 after it. At the end the runner checks that nothing outside the sandbox's work/ directory changed:
 the files in outside/ (a symbolic link in work/ points at one), /dev/full still a device, the
-repository's tracked and untracked files as they were.
+repository's tracked and untracked files as they were. The inputs that lines also name as
+outputs (work/alias/: a config file, a dataset, a checkpoint trained once before the run) are
+checked after every chunk; when one changed, each line of the chunk naming it runs again alone,
+with the inputs put back, and the line that changes it is the violation.
 
 Writes a JSON summary (--summary) and exits 1 when the contract was broken anywhere.
 
@@ -50,6 +53,34 @@ def snapshot(directory):
             else:
                 found[path] = ("other", stat.S_IFMT(info.st_mode))
     return found
+
+
+def aliased_inputs_changed(before, directory, checkpoint):
+    """The files a line names as both input and output (sandbox work/alias/) whose bytes changed
+    or that are gone, and new files inside the checkpoint directory."""
+    after = snapshot(directory)
+    problems = ["%s changed" % path for path, state in sorted(before.items())
+                if after.get(path) != state]
+    problems += ["%s is new inside the checkpoint" % path for path in sorted(after)
+                 if path not in before and path.startswith(checkpoint + os.sep)]
+    return problems
+
+
+def restore_aliased_inputs(before, saved, directory):
+    """Puts back the aliased inputs (before: their snapshot; saved: file path -> bytes) after a
+    line changed them: removes what is new, rewrites the files."""
+    for path in sorted(set(snapshot(directory)) - set(before), reverse=True):
+        subprocess.run(["rm", "-rf", path], check=False)
+    for path, (kind, _) in sorted(before.items()):
+        if kind == "other" and not os.path.isdir(path):
+            subprocess.run(["rm", "-rf", path], check=False)
+            os.makedirs(path, exist_ok=True)
+    for path, data in saved.items():
+        if os.path.isdir(path) and not os.path.islink(path):
+            subprocess.run(["rm", "-rf", path], check=False)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
 
 
 def repository_state(repo):
@@ -140,6 +171,24 @@ def main():
     sandbox.write_configs(rng, keys, 300)
     sandbox.write_csvs(rng, 60)
     generator = command_lines.Generator(rng, keys, sandbox)
+    # A real checkpoint for the aliasing lines (export-hf CK CK), trained once by the driver.
+    setup_line = "\t".join(["setup", "train", "model_name=tiny-llama", "compile_topology=v5e-1",
+                             "steps=1", "per_device_batch_size=1", "max_target_length=8",
+                             "checkpoint_period=1", "enable_checkpointing=true", "--quiet",
+                             "run_name=ck", "base_output_directory=" +
+                             str(sandbox.alias_dir / "runs")])
+    (sandbox_root / "setup.tsv").write_text(setup_line + "\n")
+    run_chunk(options.driver, sandbox_root / "setup.tsv", sandbox.work, options.timeout,
+              progress_path=sandbox_root / "progress")
+    trained = sandbox.alias_dir / "runs" / "ck" / "checkpoints" / "1"
+    if trained.is_dir():
+        sandbox.alias["checkpoint"] = str(trained)
+    else:
+        print("cli fuzz: the setup train wrote no checkpoint; export-hf lines use a stand-in",
+              file=sys.stderr)
+    alias_before = snapshot(sandbox.alias_dir)
+    alias_saved = {path: Path(path).read_bytes() for path, (kind, _) in alias_before.items()
+                   if kind == "file"}
     outside_before = snapshot(sandbox.outside)
     repo_before = repository_state(options.repo)
     dev_full_before = stat.S_ISCHR(os.stat("/dev/full").st_mode)
@@ -207,6 +256,29 @@ def main():
             total["count"] += 1
             total["exit_codes"][what] = total["exit_codes"].get(what, 0) + 1
             first += line
+        if aliased_inputs_changed(alias_before, str(sandbox.alias_dir),
+                                  sandbox.alias["checkpoint"]):
+            # Some line wrote over an input it also read: run each line that names an aliased
+            # file again on its own, with the inputs put back, to find which.
+            restore_aliased_inputs(alias_before, alias_saved, str(sandbox.alias_dir))
+            suspects = [text for text in chunk if str(sandbox.alias_dir) in text]
+            found = len(violations)
+            for text in suspects[:500]:
+                run_lines([text])
+                problems = aliased_inputs_changed(alias_before, str(sandbox.alias_dir),
+                                                  sandbox.alias["checkpoint"])
+                if problems:
+                    violations.append({"class": text.split("\t", 1)[0],
+                                       "problem": "input changed: " + "; ".join(problems)[:300],
+                                       "command": text, "stderr": ""})
+                    report(violations[-1])
+                    restore_aliased_inputs(alias_before, alias_saved, str(sandbox.alias_dir))
+            if len(violations) == found:
+                violations.append({"class": "alias_output", "problem": "an aliased input "
+                                   "changed in this chunk; no line changes it alone",
+                                   "command": "chunk from line %d" % (done + 1), "stderr": ""})
+                report(violations[-1])
+                restore_aliased_inputs(alias_before, alias_saved, str(sandbox.alias_dir))
         done += size
         print("cli fuzz: %d of %d commands, %d violations, %.0f s" %
               (done, options.count, len(violations), time.monotonic() - start), file=sys.stderr)
@@ -224,7 +296,7 @@ def main():
     if repo_after != repo_before:
         changed.append("the repository changed: %r -> %r" % (repo_before, repo_after))
     extra = sorted(str(p) for p in sandbox_root.iterdir()
-                   if p.name not in ("work", "outside", "chunk.tsv", "progress"))
+                   if p.name not in ("work", "outside", "chunk.tsv", "progress", "setup.tsv"))
     if extra:
         changed.append("new files beside work/: %s" % extra)
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -12,6 +11,7 @@
 
 #include "common/csv.h"
 #include "common/embedded_files.h"
+#include "common/name_index.h"
 
 namespace tpusim {
 namespace {
@@ -83,15 +83,8 @@ const std::vector<MaxTextKey>& maxtext_keys() {
 }
 
 const MaxTextKey* find_maxtext_key(std::string_view name) {
-  static const std::map<std::string, const MaxTextKey*, std::less<>> by_name = [] {
-    std::map<std::string, const MaxTextKey*, std::less<>> map;
-    for (const MaxTextKey& key : maxtext_keys()) {
-      map.emplace(key.name, &key);
-    }
-    return map;
-  }();
-  const auto found = by_name.find(name);
-  return found == by_name.end() ? nullptr : found->second;
+  static const NameIndex<MaxTextKey> index(maxtext_keys());
+  return index.find(name);
 }
 
 bool equals_maxtext_default(const MaxTextKey& key, std::string_view value_text) {

@@ -63,6 +63,19 @@ std::string model_key(const std::string& dim) {
   return found == keys.end() ? "" : " (from " + found->second + ")";
 }
 
+// "per_device_batch_size: <origin><verb>N sequences per microbatch, which do not split evenly
+// over the batch's <axes>: N is not a multiple of S<why>".
+UserError uneven_batch_error(const UnevenSplit& uneven, const MeshShape& mesh,
+                             double per_device_batch_size, const std::string& verb,
+                             const std::string& why) {
+  return UserError("per_device_batch_size: " + batch_origin(per_device_batch_size, mesh) + verb +
+                       std::to_string(uneven.size) +
+                       " sequences per microbatch, which do not split evenly over the batch's " +
+                       uneven.describe_axes(mesh) + ": " + std::to_string(uneven.size) +
+                       " is not a multiple of " + std::to_string(uneven.shards) + why,
+                   "per_device_batch_size");
+}
+
 }  // namespace
 
 std::string UnevenSplit::describe_axes(const MeshShape& mesh) const {
@@ -152,28 +165,19 @@ void Divisibility::require_divides(const MeshShape& mesh, const BatchPlan& plan,
                     key);
   }
   if (const std::optional<UnevenSplit> uneven = first_uneven_batch(mesh, plan.loaded_microbatch)) {
-    throw UserError("per_device_batch_size: " + batch_origin(per_device_batch_size, mesh) +
-                        " loads " + std::to_string(uneven->size) +
-                        " sequences per microbatch, which do not split evenly over the batch's " +
-                        uneven->describe_axes(mesh) + ": " + std::to_string(uneven->size) +
-                        " is not a multiple of " + std::to_string(uneven->shards) +
-                        " (MaxText shards the loaded batch evenly; as explore's "
-                        "axis_does_not_divide)",
-                    "per_device_batch_size");
+    throw uneven_batch_error(*uneven, mesh, per_device_batch_size, " loads ",
+                             " (MaxText shards the loaded batch evenly; as explore's "
+                             "axis_does_not_divide)");
   }
 }
 
 void Divisibility::require_train_batch_divides(const MeshShape& mesh, const BatchPlan& plan,
                                                double per_device_batch_size) const {
   if (const std::optional<UnevenSplit> uneven = first_uneven_batch(mesh, plan.microbatch)) {
-    throw UserError("per_device_batch_size: " + batch_origin(per_device_batch_size, mesh) + " is " +
-                        std::to_string(uneven->size) +
-                        " sequences per microbatch, which do not split evenly over the batch's " +
-                        uneven->describe_axes(mesh) + ": " + std::to_string(uneven->size) +
-                        " is not a multiple of " + std::to_string(uneven->shards) +
-                        "; tpusim train computes only batches that split evenly (MaxText loads "
-                        "one sequence per device and XLA pads the rest; estimate models that)",
-                    "per_device_batch_size");
+    throw uneven_batch_error(*uneven, mesh, per_device_batch_size, " is ",
+                             "; tpusim train computes only batches that split evenly (MaxText "
+                             "loads one sequence per device and XLA pads the rest; estimate "
+                             "models that)");
   }
 }
 

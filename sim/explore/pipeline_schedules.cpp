@@ -17,7 +17,9 @@ PipelineSchedule schedule_of(const Config& config, const ScheduleChoice& choice)
   schedule.stages = choice.stages;
   schedule.layers_per_stage = choice.layers_per_stage;
   schedule.layers = ModelDims::from_config(config).num_layers;
-  schedule.repeats = schedule.layers / (choice.stages * choice.layers_per_stage);
+  // A pinned layers-per-stage of 0 or less is kept for estimate to refuse by name: no repeats.
+  const int64_t per_repeat = choice.stages * choice.layers_per_stage;
+  schedule.repeats = per_repeat > 0 ? schedule.layers / per_repeat : 0;
   schedule.microbatches = choice.microbatches;
   schedule.forwarding_delay = config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1;
   return schedule;
@@ -89,11 +91,12 @@ std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
     // its schedule is then refused with estimate's own message (model/pipeline_schedule.h). Left
     // out, a pinned count that fits nothing left no schedule at all, and explore crashed.
     const bool stages_pinned = ici_pinned || dcn_pinned;
-    const bool any_fits = std::any_of(per_stage.begin(), per_stage.end(),
-                                      [&](int64_t per) { return layers % (stages * per) == 0; });
+    // A pinned num_layers_per_pipeline_stage of 0 or less fits nothing (and divided by zero here):
+    // it is kept, to be refused with estimate's message.
+    const auto fits = [&](int64_t per) { return per > 0 && layers % (stages * per) == 0; };
+    const bool any_fits = std::any_of(per_stage.begin(), per_stage.end(), fits);
     for (const int64_t layers_per_stage : per_stage) {
-      if (layers % (stages * layers_per_stage) != 0 && !layers_pinned &&
-          !(stages_pinned && !any_fits)) {
+      if (!fits(layers_per_stage) && !layers_pinned && !(stages_pinned && !any_fits)) {
         continue;
       }
       for (const int64_t count : microbatches) {

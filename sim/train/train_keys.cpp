@@ -9,6 +9,7 @@
 #include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
+#include "common/name_index.h"
 #include "model/config.h"
 #include "model/maxtext_keys.h"
 
@@ -120,15 +121,8 @@ const std::vector<TrainKey>& train_keys() {
 }
 
 const TrainKey* find_train_key(std::string_view name) {
-  static const std::map<std::string, const TrainKey*, std::less<>> by_name = [] {
-    std::map<std::string, const TrainKey*, std::less<>> map;
-    for (const TrainKey& key : train_keys()) {
-      map.emplace(key.name, &key);
-    }
-    return map;
-  }();
-  const auto found = by_name.find(name);
-  return found == by_name.end() ? nullptr : found->second;
+  static const NameIndex<TrainKey> index(train_keys());
+  return index.find(name);
 }
 
 std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,

@@ -203,5 +203,19 @@ TEST(RedTeam, Item11_PinnedDcnPipelineOnOneSliceIsExit2) {
   }
 }
 
+// Found by the command-line fuzzer once it learned the pipeline keys: a pinned
+// num_layers_per_pipeline_stage of 0 with a pipeline axis divided by zero in explore (SIGFPE);
+// estimate and train already refused it.
+TEST(RedTeam, Item11_ZeroLayersPerPipelineStageIsExit2) {
+  for (const char* axis : {"ici_pipeline_parallelism=2", "dcn_pipeline_parallelism=2"}) {
+    for (const char* command : {"explore", "estimate"}) {
+      SCOPED_TRACE(std::string(command) + " " + axis);
+      expect_user_error({command, "model_name=tiny-llama", "compile_topology=v5e-4",
+                         "compile_topology_num_slices=2", axis, "num_layers_per_pipeline_stage=0"},
+                        "num_layers_per_pipeline_stage=0");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpusim
