@@ -298,16 +298,44 @@ struct GemmItems {
   int64_t blocks = 0;
 };
 
+// Rounds to bf16 the rows [first, first + count) of the logical R x C operand at `data` (or its
+// columns, `by_columns`) into `out`, stored in the operand's own orientation, and returns that
+// block's strides. Rounding the blocked operand item by item, right before its GEMM, keeps the
+// rounded copy in cache instead of writing a whole second copy of it to memory first.
+GemmOperand round_block(const float* data, bool transposed, int64_t rows, int64_t cols,
+                        bool by_columns, int64_t first, int64_t count, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(count * (by_columns ? rows : cols)));
+  // Stored row-major: R rows of C (plain) or C rows of R (transposed). The block is contiguous
+  // when it runs along the storage's rows, else one segment of every storage row.
+  const int64_t stored_rows = transposed ? cols : rows;
+  const int64_t stored_cols = transposed ? rows : cols;
+  const bool contiguous = by_columns == transposed;
+  if (contiguous) {
+    const float* begin = data + first * stored_cols;
+    std::transform(begin, begin + count * stored_cols, out.begin(), round_bf16);
+  } else {
+    for (int64_t row = 0; row < stored_rows; ++row) {
+      const float* begin = data + row * stored_cols + first;
+      std::transform(begin, begin + count, out.begin() + row * count, round_bf16);
+    }
+  }
+  return by_columns ? strided(out.data(), transposed, rows, count)
+                    : strided(out.data(), transposed, count, cols);
+}
+
 // The items on oneDNN's kernels, if it has them for this precision and these layouts (both
-// block sizes); false (nothing written) otherwise.
+// block sizes); false (nothing written) otherwise. `round_inputs` (fp32 kernels only): the
+// operands are first rounded to bf16, the blocked one item by item (round_block).
 bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand& a,
                    const EinsumOperand& b, const EinsumOperand& c, int64_t nb, int64_t m, int64_t n,
-                   int64_t k) {
+                   int64_t k, bool round_inputs = false) {
   const GemmItems items(m, n);
   float* c_data = const_cast<float*>(c.data);
   const auto supported = [&](int64_t size) {
-    const GemmOperand lhs = strided(a.data, a.transposed, m, k);
-    const GemmOperand rhs = strided(b.data, b.transposed, k, n);
+    // A rounded block has its own leading dimension: check the layout the kernel will see.
+    const bool packed = round_inputs;
+    const GemmOperand lhs = strided(a.data, a.transposed, items.by_rows && packed ? size : m, k);
+    const GemmOperand rhs = strided(b.data, b.transposed, k, !items.by_rows && packed ? size : n);
     const GemmOperand out = strided(c.data, c.transposed, m, n);
     const GemmResult result{c_data, out.row_stride, out.col_stride};
     return items.by_rows ? library_gemm_supports(precision, size, n, k, lhs, rhs, result)
@@ -320,6 +348,7 @@ bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand&
   // bf16 inputs: every operand rounded once (the layout kept), then multiplied in blocks.
   std::vector<uint16_t> a16;
   std::vector<uint16_t> b16;
+  std::vector<float> shared_rounded;  // round_inputs: the operand every item reads whole
   const void* a_base = a.data;
   const void* b_base = b.data;
   size_t element = sizeof(float);
@@ -331,6 +360,12 @@ bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand&
     a_base = a16.data();
     b_base = b16.data();
     element = sizeof(uint16_t);
+  } else if (round_inputs) {
+    const EinsumOperand& shared = items.by_rows ? b : a;
+    shared_rounded.resize(static_cast<size_t>(nb * k * (items.by_rows ? n : m)));
+    std::transform(shared.data, shared.data + shared_rounded.size(), shared_rounded.begin(),
+                   round_bf16);
+    (items.by_rows ? b_base : a_base) = shared_rounded.data();
   }
   const auto at = [element](const void* base, int64_t offset) {
     return static_cast<const unsigned char*>(base) + offset * static_cast<int64_t>(element);
@@ -347,13 +382,18 @@ bool library_gemms(const Ctx& ctx, GemmPrecision precision, const EinsumOperand&
     const GemmOperand out = strided(c_data + batch * m * n, c.transposed, m, n);
     GemmResult result{static_cast<float*>(const_cast<void*>(out.data)), out.row_stride,
                       out.col_stride};
+    thread_local std::vector<float> block;
     bool done = false;
     if (items.by_rows) {
-      lhs.data = at(lhs.data, start * lhs.row_stride);
+      lhs = round_inputs
+                ? round_block(a.data + batch * m * k, a.transposed, m, k, false, start, size, block)
+                : GemmOperand{at(lhs.data, start * lhs.row_stride), lhs.row_stride, lhs.col_stride};
       result.data += start * result.row_stride;
       done = library_gemm(precision, size, n, k, lhs, rhs, result);
     } else {
-      rhs.data = at(rhs.data, start * rhs.col_stride);
+      rhs = round_inputs
+                ? round_block(b.data + batch * k * n, b.transposed, k, n, true, start, size, block)
+                : GemmOperand{at(rhs.data, start * rhs.col_stride), rhs.row_stride, rhs.col_stride};
       result.data += start * result.col_stride;
       done = library_gemm(precision, m, size, k, lhs, rhs, result);
     }
@@ -440,18 +480,8 @@ void fast_gemms(const Ctx& ctx, const EinsumOperand& a, const EinsumOperand& b,
     // No native bf16 kernels here: the operands rounded to bf16, then the fp32 kernels (each
     // product of two bf16 values is exact in fp32, so only the summation order can differ from
     // a bf16 kernel's).
-    std::vector<float> a_rounded(a.data, a.data + nb * m * k);
-    std::vector<float> b_rounded(b.data, b.data + nb * k * n);
-    for (float& value : a_rounded) {
-      value = round_bf16(value);
-    }
-    for (float& value : b_rounded) {
-      value = round_bf16(value);
-    }
-    const EinsumOperand a_bf16{a_rounded.data(), a.transposed};
-    const EinsumOperand b_bf16{b_rounded.data(), b.transposed};
-    if (!library_gemms(ctx, precision, a_bf16, b_bf16, c, nb, m, n, k)) {
-      eigen_gemms(ctx, false, a_bf16, b_bf16, c, nb, m, n, k);
+    if (!library_gemms(ctx, precision, a, b, c, nb, m, n, k, /*round_inputs=*/true)) {
+      eigen_gemms(ctx, true, a, b, c, nb, m, n, k);
     }
     return;
   }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,24 +21,41 @@
 namespace tpusim::kernel_test {
 namespace {
 
-// C[batch, m, n] = sum_k A[batch, m, k] B[k, n] in double, operands rounded to bf16 or not.
-std::vector<double> product(const TensorData& a, const TensorData& b, int64_t batch, int64_t m,
-                            int64_t k, int64_t n, bool round) {
+// C = A B over named dims by explicit loops, in double, operands rounded to bf16 or not.
+std::vector<double> product(const Tensor& a, const TensorData& a_values, const Tensor& b,
+                            const TensorData& b_values, const Tensor& c, bool round) {
   const auto value = [round](float x) { return static_cast<double>(round ? to_bf16(x) : x); };
-  std::vector<double> c(static_cast<size_t>(batch * m * n), 0.0);
-  for (int64_t s = 0; s < batch; ++s) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0;
-        for (int64_t l = 0; l < k; ++l) {
-          sum += value(a.values[static_cast<size_t>((s * m + i) * k + l)]) *
-                 value(b.values[static_cast<size_t>(l * n + j)]);
-        }
-        c[static_cast<size_t>((s * m + i) * n + j)] = sum;
+  std::vector<std::string> names;
+  std::map<std::string, int64_t> sizes;
+  for (const Tensor* tensor : {&a, &b, &c}) {
+    for (const Dim& d : tensor->dims) {
+      if (sizes.emplace(d.name, d.size).second) {
+        names.push_back(d.name);
       }
     }
   }
-  return c;
+  const TensorData out = TensorData::zeros(c);
+  std::vector<double> result(static_cast<size_t>(out.size()), 0.0);
+  std::map<std::string, int64_t> index;
+  const auto at = [&](const Tensor& tensor) {
+    std::vector<int64_t> position;
+    for (const Dim& d : tensor.dims) {
+      position.push_back(index[d.name]);
+    }
+    return position;
+  };
+  for (int64_t flat = 0;; ++flat) {
+    int64_t rest = flat;
+    for (size_t d = names.size(); d-- > 0;) {
+      index[names[d]] = rest % sizes[names[d]];
+      rest /= sizes[names[d]];
+    }
+    if (rest > 0) {
+      return result;
+    }
+    result[static_cast<size_t>(out.offset(at(c)))] +=
+        value(a_values.at(at(a))) * value(b_values.at(at(b)));
+  }
 }
 
 bool capped_below_bf16() {
@@ -45,35 +63,51 @@ bool capped_below_bf16() {
   return isa != nullptr && std::string(isa) == "AVX512_CORE";
 }
 
+// A projection (the product cut into blocks of rows) and a weight gradient (its operands read
+// transposed, the product cut into blocks of columns, the last block shorter).
 TEST(Bf16GemmPath, FastEinsumEqualsFp32GemmOfBf16RoundedOperands) {
-  constexpr int64_t kBatch = 2;
-  constexpr int64_t kRows = 64;
-  constexpr int64_t kInner = 96;
-  constexpr int64_t kCols = 48;
+  struct Shape {
+    const char* name;
+    std::vector<Dim> a, b, c;
+    std::vector<std::string> contracted;
+  };
+  const std::vector<Shape> shapes = {
+      {"projection",
+       {dim("batch", 2), dim("length", 64), dim("embed", 96)},
+       {dim("embed", 96), dim("mlp", 48)},
+       {dim("batch", 2), dim("length", 64), dim("mlp", 48)},
+       {"embed"}},
+      {"weight_gradient",
+       {dim("batch", 2), dim("length", 64), dim("embed", 32)},
+       {dim("batch", 2), dim("length", 64), dim("mlp", 160)},
+       {dim("embed", 32), dim("mlp", 160)},
+       {"batch", "length"}},
+  };
   std::mt19937 rng(34);
-  Case c;
-  const TensorId a =
-      c.tensor("a", {dim("batch", kBatch), dim("length", kRows), dim("embed", kInner)});
-  const TensorId b = c.tensor("b", {dim("embed", kInner), dim("mlp", kCols)});
-  const TensorId out =
-      c.tensor("c", {dim("batch", kBatch), dim("length", kRows), dim("mlp", kCols)});
-  OpAttrs attrs;
-  attrs.contracted = {"embed"};
-  const Op& op = c.op(OpKind::kEinsum, {a, b}, {out}, attrs);
-  const TensorData a_values = random_data(c.info(a), rng);
-  const TensorData b_values = random_data(c.info(b), rng);
-  DeviceContext device;
-  device.bf16_matmul_inputs = true;
-  device.fast_kernels = true;
-  const TensorData result = run(c.graph, op, {a_values, b_values}, device)[0];
-  const std::vector<double> rounded =
-      product(a_values, b_values, kBatch, kRows, kInner, kCols, true);
-  const std::vector<double> unrounded =
-      product(a_values, b_values, kBatch, kRows, kInner, kCols, false);
-  // fp32 accumulation of exact bf16 x bf16 products: within fp32's rounding of the sums.
-  EXPECT_LT(max_relative_error(result.values, rounded), 1e-5);
-  // The operands were rounded: unrounded ones would be off by bf16's rounding, far above that.
-  EXPECT_GT(max_relative_error(result.values, unrounded), 1e-4);
+  for (const Shape& shape : shapes) {
+    SCOPED_TRACE(shape.name);
+    Case c;
+    const TensorId a = c.tensor("a", shape.a);
+    const TensorId b = c.tensor("b", shape.b);
+    const TensorId out = c.tensor("c", shape.c);
+    OpAttrs attrs;
+    attrs.contracted = shape.contracted;
+    const Op& op = c.op(OpKind::kEinsum, {a, b}, {out}, attrs);
+    const TensorData a_values = random_data(c.info(a), rng);
+    const TensorData b_values = random_data(c.info(b), rng);
+    DeviceContext device;
+    device.bf16_matmul_inputs = true;
+    device.fast_kernels = true;
+    const TensorData result = run(c.graph, op, {a_values, b_values}, device)[0];
+    const std::vector<double> rounded =
+        product(c.info(a), a_values, c.info(b), b_values, c.info(out), true);
+    const std::vector<double> unrounded =
+        product(c.info(a), a_values, c.info(b), b_values, c.info(out), false);
+    // fp32 accumulation of exact bf16 x bf16 products: within fp32's rounding of the sums.
+    EXPECT_LT(max_relative_error(result.values, rounded), 1e-5);
+    // The operands were rounded: unrounded ones would be off by bf16's rounding, far above that.
+    EXPECT_GT(max_relative_error(result.values, unrounded), 1e-4);
+  }
 }
 
 TEST(Bf16GemmPath, TrainSaysWhichGemmPathRuns) {
