@@ -79,7 +79,7 @@ def main():
     lines = ["| model | oneDNN sees | fp32 tokens/s | bf16 matmuls tokens/s | bf16 / fp32 | "
              "bf16 GEMM path (train's first line) |", "|---|---|---|---|---|---|"]
     for name, setting, fp32, bf16, ratio, path in rows:
-        lines.append(f"| {name} | {setting} | {fp32:.0f} | {bf16:.0f} | {ratio:.2f} | "
+        lines.append(f"| {name} | {setting} | {fp32:.1f} | {bf16:.1f} | {ratio:.3f} | "
                      f"`{path}` |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -45,7 +45,7 @@ Config recorded_config(const Checkpoint& checkpoint, const std::string& director
   }
   std::vector<std::string> overrides;
   if (!user_keys.contains("override_model_config")) {
-    overrides.push_back("override_model_config=true");
+    overrides.emplace_back("override_model_config=true");
   }
   for (const auto& [key, value] : metadata["model_config"].items()) {
     if (key == "query_scaling" || key == "tokenizer" || user_keys.contains(key)) {

@@ -37,7 +37,6 @@ static_assert(sizeof(float) == 4 && std::numeric_limits<float>::is_iec559);
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
-constexpr uint64_t kHeaderSizeBytes = 8;  // the little-endian uint64 before the JSON header
 
 // --- SHA-256 (FIPS 180-4), so the checksums in state.json match `sha256sum`. ---
 

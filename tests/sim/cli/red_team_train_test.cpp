@@ -185,8 +185,8 @@ TEST(RedTeam, Item6_TokenCacheChecksContentNotMtime) {
 TEST(RedTeam, Item10_VerifyIsAGuardAndDoesNotPerturbTheRun) {
   const fs::path root = scratch("item10");
   const auto with = [&](const std::string& metrics, std::vector<std::string> extra) {
-    extra.push_back("ici_fsdp_parallelism=4");
-    extra.push_back("steps=3");
+    extra.emplace_back("ici_fsdp_parallelism=4");
+    extra.emplace_back("steps=3");
     extra.push_back("metrics_file=" + (root / metrics).string());
     return run_tpusim(tiny_run(extra));
   };
