@@ -1,13 +1,12 @@
 #include "common/atomic_file.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -16,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/input_files.h"
+#include "common/process.h"
 
 namespace tpusim {
 
@@ -145,12 +145,9 @@ int remove_stale_temporaries(const std::string& directory) {
         tail.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) {
       continue;
     }
-    const long pid = std::strtol(tail.substr(0, dot).c_str(), nullptr, 10);
-    if (pid <= 0 || pid == static_cast<long>(::getpid())) {
-      continue;
-    }
-    const bool alive = ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-    if (!alive) {
+    int64_t pid = 0;
+    const auto parsed = std::from_chars(tail.data(), tail.data() + dot, pid);
+    if (parsed.ec == std::errc() && pid != ::getpid() && process_has_exited(pid)) {
       stale.push_back(entry->path());
     }
   }

@@ -3,7 +3,6 @@
 #include "sim/train/checkpoint.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "sim/train/safetensors.h"
 
 namespace tpusim {
@@ -363,13 +363,10 @@ void remove_stale_leftovers(const fs::path& parent) {
       int64_t pid = 0;
       const auto [end, parse_error] =
           std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
-      if (parse_error != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0 ||
-          pid > std::numeric_limits<pid_t>::max()) {
+      if (parse_error != std::errc() || end != pid_text.data() + pid_text.size()) {
         continue;
       }
-      const bool alive =
-          ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;  // EPERM: exists, not ours
-      if (!alive || pid == ::getpid()) {
+      if (process_has_exited(pid) || pid == ::getpid()) {
         stale.push_back(entry->path());
       }
     }
