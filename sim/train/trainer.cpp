@@ -660,18 +660,17 @@ void save_step_checkpoint(ShardedModel& model, bool root, const std::string& run
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
   // --verify does not change the run: the sharded model computes with the run's own numerics,
   // and the unsharded reference beside it with the reference numerics (double accumulation).
-  const Config& run_config = config_;
-  ShardedModel model(run_config, transport_);
+  ShardedModel model(config_, transport_);
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
   std::unique_ptr<ShardedModel> reference;
   if (options.verify && root) {
-    Config reference_config = unsharded_reference_config(run_config);
+    Config reference_config = unsharded_reference_config(config_);
     reference_config.set("functional_precision", "reference", "--verify");
     reference = std::make_unique<ShardedModel>(reference_config);
   }
-  const double tolerance = verify_tolerance(run_config);
+  const double tolerance = verify_tolerance(config_);
   const StepProgram& program = model.program();
   const int64_t sequences = program.microbatch;
   const int64_t length = config_.get_int("max_target_length");
@@ -699,9 +698,8 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   CrossProcessTraffic traffic_before = model.traffic();
   if (report) {
     progress << "gemm: "
-             << kernels::gemm_path_line(
-                    run_config.get_string("functional_dtype") == "bfloat16_matmul",
-                    run_config.get_string("functional_precision") == "fast")
+             << kernels::gemm_path_line(config_.get_string("functional_dtype") == "bfloat16_matmul",
+                                        config_.get_string("functional_precision") == "fast")
              << "\n";
   }
   if (report && !data_.note().empty()) {
@@ -774,7 +772,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
     curve.push_back(metrics);
     if (metrics.verify_max_rel_diff && !(*metrics.verify_max_rel_diff <= tolerance)) {
-      throw VerifyFailure(verify_failure_message(step, metrics, tolerance, run_config));
+      throw VerifyFailure(verify_failure_message(step, metrics, tolerance, config_));
     }
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       save_step_checkpoint(model, root, run_directory, step, metrics_text);
