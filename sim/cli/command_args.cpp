@@ -23,13 +23,11 @@ CommandArgs split_command_args(const std::vector<std::string>& args) {
   return result;
 }
 
-Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
-                           XlaFlagReport* xla_report,
-                           const std::function<void(const Config&)>& check) {
-  const CommandArgs split = split_command_args(args);
-  XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
-  Config config = Config::load_files(split.config_paths, split.overrides);
-  // A flag sets a switch only where nothing the user wrote did (the key keeps base.yml's value).
+namespace {
+
+// A flag sets a switch only where nothing the user wrote did (the key keeps base.yml's value);
+// `flags.overrides` keeps the ones applied.
+void apply_flag_overrides(Config& config, XlaFlagReport& flags) {
   std::vector<std::string> applied;
   for (const std::string& item : flags.overrides) {
     const auto [key, value] = split_override(item);
@@ -39,6 +37,17 @@ Config load_command_config(const std::vector<std::string>& args, const std::stri
     }
   }
   flags.overrides = applied;
+}
+
+}  // namespace
+
+Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
+                           XlaFlagReport* xla_report,
+                           const std::function<void(const Config&)>& check) {
+  const CommandArgs split = split_command_args(args);
+  XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
+  Config config = Config::load_files(split.config_paths, split.overrides);
+  apply_flag_overrides(config, flags);
   if (check) {
     check(config);
   }
@@ -47,6 +56,14 @@ Config load_command_config(const std::vector<std::string>& args, const std::stri
   if (xla_report != nullptr) {
     *xla_report = flags;
   }
+  return config;
+}
+
+Config load_recipe_config(const std::vector<std::string>& args, const std::string& xla_flags) {
+  const CommandArgs split = split_command_args(args);
+  XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides, /*read_environment=*/false);
+  Config config = Config::load_files(split.config_paths, split.overrides);
+  apply_flag_overrides(config, flags);
   return config;
 }
 

@@ -39,6 +39,10 @@ Config load_command_config(const std::vector<std::string>& args, const std::stri
                            XlaFlagReport* xla_report = nullptr,
                            const std::function<void(const Config&)>& check = nullptr);
 
+// The config of a recipe as it ran: its arguments and its own XLA flags, not the environment's
+// (LIBTPU_INIT_ARGS, XLA_FLAGS), and nothing printed (validate loads many).
+Config load_recipe_config(const std::vector<std::string>& args, const std::string& xla_flags);
+
 // One line for the keys that cannot change the estimate ("no effect on the estimate: profiler,
 // gcs_metrics"), and a warning for those that could but are not modeled, set to a value other
 // than MaxText's default ("warning: not modeled, the estimate ignores: use_random_routing=True").

@@ -19,6 +19,7 @@
 #include "sharding/step_program.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
+#include "sim/cli/op_timing.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/op_cost.h"
 
@@ -145,6 +146,29 @@ nlohmann::json time_collective(const std::string& kind,
 
 }  // namespace
 
+nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& args, bool quiet) {
+  std::vector<std::string> kinds = {"matmul"};
+  for (const auto& [name, value] : collective_kinds()) {
+    kinds.push_back(name);
+  }
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    throw UserError("op: unknown kind '" + kind + "'" + did_you_mean(kind, kinds));
+  }
+  static const std::vector<std::string> kOpKeys = {"m", "n", "k", "bytes", "axes"};
+  std::map<std::string, std::string> op_keys;
+  std::vector<std::string> overrides;
+  for (const std::string& arg : args) {
+    const auto [key, value] = split_override(arg);
+    if (std::find(kOpKeys.begin(), kOpKeys.end(), key) != kOpKeys.end()) {
+      op_keys[key] = value;
+    } else {
+      overrides.push_back(arg);
+    }
+  }
+  const Config config = quiet ? load_recipe_config(overrides, "") : load_command_config(overrides);
+  return kind == "matmul" ? time_matmul(op_keys, config) : time_collective(kind, op_keys, config);
+}
+
 void register_op_command(CLI::App& app) {
   auto kind = std::make_shared<std::string>();
   auto args = std::make_shared<std::vector<std::string>>();
@@ -155,27 +179,7 @@ void register_op_command(CLI::App& app) {
   command->add_option("args", *args, "op keys (m n k | bytes axes) and config key=value");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([kind, args, json_output] {
-    std::vector<std::string> kinds = {"matmul"};
-    for (const auto& [name, value] : collective_kinds()) {
-      kinds.push_back(name);
-    }
-    if (std::find(kinds.begin(), kinds.end(), *kind) == kinds.end()) {
-      throw UserError("op: unknown kind '" + *kind + "'" + did_you_mean(*kind, kinds));
-    }
-    static const std::vector<std::string> kOpKeys = {"m", "n", "k", "bytes", "axes"};
-    std::map<std::string, std::string> op_keys;
-    std::vector<std::string> overrides;
-    for (const std::string& arg : *args) {
-      const auto [key, value] = split_override(arg);
-      if (std::find(kOpKeys.begin(), kOpKeys.end(), key) != kOpKeys.end()) {
-        op_keys[key] = value;
-      } else {
-        overrides.push_back(arg);
-      }
-    }
-    const Config config = load_command_config(overrides);
-    const nlohmann::json json =
-        *kind == "matmul" ? time_matmul(op_keys, config) : time_collective(*kind, op_keys, config);
+    const nlohmann::json json = time_op(*kind, *args);
     if (*json_output) {
       std::cout << json.dump(2) << "\n";
       return;

@@ -1,6 +1,8 @@
 // `tpusim validate FILE.csv [--json]`: predicts every row of a results file in the format of
 // validation/published.csv (its `args` column is a MaxText-style override string) and
 // compares predicted with measured step time and tokens/s per chip.
+// `tpusim validate --pairs PAIRS.csv [--json]`: judges predicted changes between two runs against
+// measured ones (sim/cli/validate_pairs.h).
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -18,44 +20,11 @@
 #include "common/yaml_text.h"
 #include "model/config.h"
 #include "sim/cli/commands.h"
+#include "sim/cli/table_values.h"
+#include "sim/cli/validate_pairs.h"
 #include "sim/estimate/estimate.h"
 
 namespace tpusim {
-namespace {
-
-double parse_number(const std::string& text, const std::string& what) {
-  try {
-    size_t used = 0;
-    const double value = std::stod(text, &used);
-    if (used != text.size() || !std::isfinite(value)) {
-      throw std::invalid_argument(text);
-    }
-    return value;
-  } catch (const std::exception&) {
-    throw UserError(what + ": '" + text + "' is not a number");
-  }
-}
-
-std::vector<std::string> split_args(const std::string& text) {
-  std::vector<std::string> args;
-  std::istringstream stream(text);
-  std::string word;
-  while (stream >> word) {
-    args.push_back(word);
-  }
-  return args;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) {
-    return 0;
-  }
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
-
-}  // namespace
 
 nlohmann::json validate_csv(const std::string& path) {
   note_input(path);
@@ -76,7 +45,7 @@ nlohmann::json validate_csv(const std::string& path) {
     const auto& row = table.rows[index];
     const std::string where =
         path + " row " + std::to_string(index + 2) + " (" + row[id_column] + ")";
-    const double measured = parse_number(row[step_column], where + " measured_step_s");
+    const double measured = parse_table_number(row[step_column], where + " measured_step_s");
     if (!(measured > 0) || !std::isfinite(measured)) {
       throw UserError(where + " measured_step_s: '" + row[step_column] +
                       "' must be a positive number of seconds");
@@ -86,7 +55,7 @@ nlohmann::json validate_csv(const std::string& path) {
     }
     Config config = [&] {
       try {
-        return Config::load("", split_args(row[args_column]));
+        return Config::load("", split_words(row[args_column]));
       } catch (const UserError& error) {
         throw UserError(where + ": " + error.what());
       }
@@ -105,7 +74,8 @@ nlohmann::json validate_csv(const std::string& path) {
                             {"hbm_peak_bytes_per_device", estimate.memory.peak_bytes},
                             {"breakdown", estimate.timing.breakdown}};
     if (tokens_column.has_value() && !row[*tokens_column].empty()) {
-      const double tokens = parse_number(row[*tokens_column], where + " measured_tokens_s_chip");
+      const double tokens =
+          parse_table_number(row[*tokens_column], where + " measured_tokens_s_chip");
       entry["measured_tokens_s_chip"] = tokens;
       entry["tokens_error"] = (estimate.tokens_per_s_per_chip - tokens) / tokens;
     }
@@ -127,9 +97,16 @@ void register_validate_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json_output = std::make_shared<bool>(false);
   auto without = std::make_shared<std::vector<std::string>>();
+  auto pairs_path = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand(
       "validate", "Predict every row of a published-results CSV and compare with the measurements");
-  command->add_option("file", *path, "CSV in the format of validation/published.csv")->required();
+  CLI::Option* file_option =
+      command->add_option("file", *path, "CSV in the format of validation/published.csv");
+  CLI::Option* pairs_option = command->add_option(
+      "--pairs", *pairs_path,
+      "A/B pairs CSV (validation/pairs.csv): judge the predicted change of each pair against the "
+      "measured one, in points");
+  file_option->excludes(pairs_option);
   command->add_flag("--json", *json_output, "Print JSON");
   command
       ->add_option("--without", *without,
@@ -139,8 +116,19 @@ void register_validate_command(CLI::App& app) {
                    "dcn_shards_first, in_place_buffers, attention_subblock_pipelining, "
                    "reduction_reassociation")
       ->delimiter(',');
-  command->callback([path, json_output, without] {
+  command->callback([path, pairs_path, json_output, without] {
+    if (path->empty() && pairs_path->empty()) {
+      throw UserError(
+          "validate: give a results CSV (validation/published.csv) or --pairs "
+          "PAIRS.csv (validation/pairs.csv)");
+    }
     disable_mechanisms(*without);
+    if (!pairs_path->empty()) {
+      nlohmann::json result = validate_pairs(*pairs_path);
+      result["mechanisms_off"] = disabled_mechanisms();
+      std::cout << (*json_output ? result.dump(2) + "\n" : pairs_table(result));
+      return;
+    }
     nlohmann::json result = validate_csv(*path);
     result["mechanisms_off"] = disabled_mechanisms();
     if (*json_output) {

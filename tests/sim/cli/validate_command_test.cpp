@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -90,6 +91,113 @@ TEST(ValidateCommand, BadFilesExit2) {
                                        "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
                                        "v5e,compile_topology=v5e-8 remat_polcy=full,1.0,\n")},
                     "remat_polcy");
+}
+
+// validate --pairs on the public pairs: every pair's prediction is the estimate (or op timing) of
+// its two runs, read back here through `tpusim estimate --json` and `tpusim op --json` on the
+// runs as a user would type them; the points and directions follow from the two ratios.
+TEST(ValidatePairs, PublicPairsAreTheRatiosOfTheirRuns) {
+  const std::string csv = testing::source_dir() + "/validation/pairs.csv";
+  const auto result = run_tpusim({"validate", "--pairs", csv, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  ASSERT_GE(json["pairs"].size(), 13u);
+  int step_pairs = 0;
+  for (const auto& pair : json["pairs"]) {
+    SCOPED_TRACE(pair["id"].get<std::string>());
+    const double measured = pair["measured_b"].get<double>() / pair["measured_a"].get<double>();
+    const double predicted = pair["predicted_b"].get<double>() / pair["predicted_a"].get<double>();
+    EXPECT_DOUBLE_EQ(pair["measured_ratio"].get<double>(), measured);
+    EXPECT_DOUBLE_EQ(pair["predicted_ratio"].get<double>(), predicted);
+    EXPECT_DOUBLE_EQ(pair["error_points"].get<double>(), 100 * (predicted - measured));
+    if (std::abs(measured - 1) < 0.03) {
+      EXPECT_EQ(pair["direction"], "not judged");
+    } else {
+      EXPECT_EQ(pair["direction"], (predicted - 1) * (measured - 1) > 0 ? "right" : "wrong");
+    }
+    step_pairs += pair["level"] == "step";
+  }
+  EXPECT_EQ(json["summary"]["step"]["pairs"], step_pairs);
+  // The first guide ablation, estimated on its own.
+  const auto& offload = json["pairs"][9];
+  ASSERT_EQ(offload["id"], "guide-sc-offload-dense-8k");
+  std::vector<std::string> args = {"estimate",
+                                   "model_name=llama3.1-8b",
+                                   "compile_topology=tpu7x-128",
+                                   "max_target_length=8192",
+                                   "per_device_batch_size=2",
+                                   "ici_fsdp_parallelism=-1",
+                                   "remat_policy=full",
+                                   "attention=flash",
+                                   "sparse_core_collective_offload=on",
+                                   "--json"};
+  const auto estimate = run_tpusim(args);
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(estimate.out)["step_time_s"].get<double>(),
+                   offload["predicted_b"].get<double>());
+  // The last op pair, timed on its own.
+  const auto& gather = json["pairs"].back();
+  ASSERT_EQ(gather["level"], "op");
+  const auto op =
+      run_tpusim({"op", "all_gather", "bytes=33554432", "axes=fsdp", "compile_topology=v5e-32",
+                  "ici_fsdp_parallelism=4", "ici_data_parallelism=-1", "--json"});
+  ASSERT_EQ(op.exit_code, 0) << op.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(op.out)["seconds"].get<double>(),
+                   gather["predicted_b"].get<double>());
+}
+
+// A pair of one run with itself predicts no change: against a measured +10% that is -10 points
+// and the wrong direction; against a measured +1% it is not judged.
+TEST(ValidatePairs, NoPredictedChangeAgainstAMeasuredOne) {
+  const std::string path = ::testing::TempDir() + "/self_pairs.csv";
+  const std::string run = "model_name=llama2-7b compile_topology=v5e-16 per_device_batch_size=1";
+  std::ofstream(path) << "id,level,quantity,a,b,measured_a,measured_b,source,config_note\n"
+                      << "ten,step,step_s," << run << "," << run << ",1.0,1.1,test,\n"
+                      << "one,step,mfu," << run << "," << run << ",0.5,0.505,test,\n";
+  const auto result = run_tpusim({"validate", "--pairs", path, "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json json = nlohmann::json::parse(result.out);
+  EXPECT_NEAR(json["pairs"][0]["error_points"].get<double>(), -10.0, 1e-9);
+  EXPECT_EQ(json["pairs"][0]["direction"], "wrong");
+  EXPECT_NEAR(json["pairs"][1]["error_points"].get<double>(), -1.0, 1e-9);
+  EXPECT_EQ(json["pairs"][1]["direction"], "not judged");
+  EXPECT_EQ(json["summary"]["step"]["directions_judged"], 1);
+  EXPECT_EQ(json["summary"]["step"]["directions_wrong"], 1);
+  EXPECT_NEAR(json["summary"]["step"]["max_abs_points"].get<double>(), 10.0, 1e-9);
+}
+
+TEST(ValidatePairs, BadPairsExit2) {
+  const std::string directory = ::testing::TempDir();
+  const std::string header = "id,level,quantity,a,b,measured_a,measured_b,source,config_note\n";
+  const auto write = [&](const std::string& name, const std::string& row) {
+    std::ofstream(directory + "/" + name) << header << row << "\n";
+    return directory + "/" + name;
+  };
+  const std::string run = "model_name=llama2-7b compile_topology=v5e-16";
+  expect_user_error(
+      {"validate", "--pairs", write("level.csv", "P,kernel,step_s," + run + "," + run + ",1,2,s,")},
+      "level");
+  expect_user_error({"validate", "--pairs",
+                     write("quantity.csv", "P,step,seconds," + run + "," + run + ",1,2,s,")},
+                    "quantity");
+  expect_user_error({"validate", "--pairs",
+                     write("measured.csv", "P,step,step_s," + run + "," + run + ",1,-2,s,")},
+                    "measured_b");
+  expect_user_error(
+      {"validate", "--pairs",
+       write("typo.csv", "P,step,step_s," + run + " remat_polcy=full," + run + ",1,2,s,")},
+      "remat_polcy");
+  // Named runs are looked up beside the pairs file: none is there.
+  expect_user_error({"validate", "--pairs",
+                     write("named.csv", "P,step,step_s,published:NOPE," + run + ",1,2,s,")},
+                    "published.csv");
+  expect_user_error({"validate", "--pairs",
+                     write("op.csv",
+                           "P,op,seconds,matmull m=8,matmul m=8,"
+                           "1,2,s,")},
+                    "matmull");
+  expect_user_error({"validate", "--pairs", directory + "/missing.csv"}, "missing.csv");
+  expect_user_error({"validate"}, "--pairs");
 }
 
 }  // namespace
