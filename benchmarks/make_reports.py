@@ -164,6 +164,59 @@ def error_summary(errors):
     return f"{100 * statistics.median(errors):.1f}% / {100 * max(errors):.1f}%"
 
 
+def pairs_scatter(pairs, path):
+    """Predicted against measured change of step time for the step-level pairs."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, axes = plt.subplots(figsize=(6.0, 5.6))
+    measured = [100 * (pair["measured_ratio"] - 1) for pair in pairs]
+    predicted = [100 * (pair["predicted_ratio"] - 1) for pair in pairs]
+    axes.scatter(measured, predicted, color="tab:blue", s=30)
+    for pair, x, y in zip(pairs, measured, predicted):
+        axes.annotate(pair["id"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    low, high = min(measured + predicted) - 5, max(measured + predicted) + 5
+    axes.plot([low, high], [low, high], color="gray", linewidth=0.8, label="predicted = measured")
+    axes.set_xlabel("measured change of step time B vs A (%)")
+    axes.set_ylabel("predicted change (%)")
+    axes.set_title("A/B pairs (validation/pairs.csv)")
+    axes.legend(loc="upper left", fontsize=8)
+    save_figure(figure, path)
+    return True
+
+
+def pairs_lines():
+    """The A/B pairs table and plot of reports/validation.md."""
+    result = run_json(["validate", "--pairs", str(VALIDATION / "pairs.csv")])
+    lines = ["## A/B pairs: the predicted change against the measured one", "",
+             "`tpusim validate --pairs validation/pairs.csv`: each pair is two runs that differ in "
+             "one choice (slice count, slice size, precision, an XLA switch); the error is in "
+             "points, 100 x (predicted ratio - measured ratio) of step times, and the direction is "
+             "judged where the measured change is at least 3%. The v7x guide's ablations give "
+             "relative step times only (measured A = 1); their configurations were fixed in "
+             "pairs.csv before any mechanism was measured against them (its config_note column "
+             "says why each matches the guide). Op pairs (one op timed alone) are a table of "
+             "their own.", ""]
+    for level in ("step", "op"):
+        chosen = [pair for pair in result["pairs"] if pair["level"] == level]
+        lines += [f"| {level} pair | quantity | measured change | predicted change | points | "
+                  "direction |", "|---|---|---|---|---|---|"]
+        for pair in chosen:
+            lines.append(f"| {pair['id']} | {pair['quantity']} | "
+                         f"{100 * (pair['measured_ratio'] - 1):+.1f}% | "
+                         f"{100 * (pair['predicted_ratio'] - 1):+.1f}% | "
+                         f"{pair['error_points']:+.1f} | {pair['direction']} |")
+        summary = result["summary"][level]
+        lines += ["", f"**{level.capitalize()} pairs:** median |error| "
+                  f"{summary['median_abs_points']:.1f} points, max {summary['max_abs_points']:.1f}; "
+                  f"{summary['directions_wrong']} of {summary['directions_judged']} judged "
+                  "directions wrong.", ""]
+    step_pairs = [pair for pair in result["pairs"] if pair["level"] == "step"]
+    if pairs_scatter(step_pairs, ROOT / "reports/pairs_scatter.png"):
+        lines += ["![predicted vs measured change of the step-level pairs](pairs_scatter.png)", ""]
+    return lines, result
+
+
 def validation():
     result = run_json(["validate", str(VALIDATION / "published.csv")])
     recipes = recipe_predictions()
@@ -209,6 +262,8 @@ def validation():
         lines += ["![predicted vs measured step time](validation_scatter.png)", ""]
     else:
         lines += ["(The scatter plot needs python3-matplotlib: `bash scripts/setup.sh --with-reports`.)", ""]
+    more, pairs = pairs_lines()
+    lines += more
     # GPU rows: H100 nodes (compile_topology=a3), predicted with the h100-sxm catalog entry and
     # the program_efficiency every TPU generation shares (nothing fitted to these rows).
     lines += ["## NVIDIA H100 (validation/gpu_published.csv)", "",
@@ -267,6 +322,26 @@ def validation():
                      f"{error_summary([abs(e) for e in baseline.values()])} | {error_summary(off_errors)} | "
                      f"{error_summary(recipe_errors)} | {error_summary(off_recipe_errors)} | "
                      f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/perf/mechanisms_test.cpp)'} |")
+    lines += [""]
+    # The same ablation on the step-level A/B pairs.
+    step_points = {pair["id"]: pair["error_points"] for pair in pairs["pairs"]
+                   if pair["level"] == "step"}
+    lines += ["The same switches on the step-level A/B pairs (`tpusim validate --pairs "
+              "validation/pairs.csv --without NAME`): median / max |points|, and the pairs whose "
+              "error moves by more than 1 point.", "",
+              "| mechanism | pairs, on | pairs, off | pairs it moves (points on → off) |",
+              "|---|---|---|---|"]
+    for name in MECHANISMS:
+        ablated = run_json(["validate", "--pairs", str(VALIDATION / "pairs.csv"), "--without", name])
+        off = {pair["id"]: pair["error_points"] for pair in ablated["pairs"]
+               if pair["level"] == "step"}
+        moved = [f"{key} {step_points[key]:+.1f}→{off[key]:+.1f}" for key in step_points
+                 if abs(off[key] - step_points[key]) > 1]
+        on_abs = [abs(value) for value in step_points.values()]
+        off_abs = [abs(value) for value in off.values()]
+        lines.append(f"| `{name}` | {statistics.median(on_abs):.1f} / {max(on_abs):.1f} | "
+                     f"{statistics.median(off_abs):.1f} / {max(off_abs):.1f} | "
+                     f"{'; '.join(moved) if moved else 'none'} |")
     lines += [""]
     loo = subprocess.run([sys.executable, str(ROOT / "benchmarks/calibrate.py"), "--loo",
                           "--binary", str(BINARY)], check=True, capture_output=True, text=True).stdout
