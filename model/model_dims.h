@@ -94,10 +94,10 @@ struct ModelDims {
     return global_layers_differ() && global_num_kv_heads > 0 ? global_num_kv_heads : num_kv_heads;
   }
   bool global_layer_shares_kv() const { return global_layers_differ() && share_kv_projections; }
-  // Blocks whose MoE layers add shared_experts (MaxText: DeepSeek, Llama4, Gemma4, Qwen3-Next and
-  // Qwen3.5; the generic
-  // path of mixtral/qwen3_moe/gpt_oss has none), and the width of a shared expert (Gemma4:
-  // base_mlp_dim; the others: base_moe_mlp_dim).
+  // Blocks whose MoE layers add shared_experts (DecoderFamily::moe_shared_experts; MaxText:
+  // DeepSeek, Llama4, Gemma4, Qwen3-Next and Qwen3.5; the generic path of mixtral/qwen3_moe/gpt_oss
+  // has none), and the width of a shared expert (Gemma4: base_mlp_dim; the others:
+  // base_moe_mlp_dim).
   bool has_shared_experts() const { return shared_experts > 0 && family().moe_shared_experts; }
   int64_t shared_expert_mlp_dim() const {
     return family().shared_expert_width == SharedExpertWidth::kMlpDim ? mlp_dim : moe_mlp_dim;
@@ -115,9 +115,11 @@ struct ModelDims {
   // inhomogeneous_layer_cycle_interval-th (Hugging Face Qwen3NextConfig.layer_types:
   // "full_attention" when (index + 1) % full_attention_interval == 0).
   bool is_gated_delta_net_layer(int64_t index) const {
-    return is_gated_delta_net_block() && (index + 1) % family().program_attention.period_for(
-                                                           inhomogeneous_layer_cycle_interval) !=
-                                             0;
+    if (!is_gated_delta_net_block()) {
+      return false;
+    }
+    const AttentionPattern& pattern = family().program_attention;
+    return (index + 1) % pattern.period_for(inhomogeneous_layer_cycle_interval) != 0;
   }
   // gemma4_small: every layer adds a per-layer input (hidden_size_per_layer_input > 0).
   bool has_per_layer_inputs() const {
