@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/suggest.h"
 #include "model/config.h"
+#include "model/decoder_family.h"
 
 namespace tpusim {
 namespace {
@@ -52,10 +53,7 @@ const std::vector<EnumRule>& enum_rules() {
       {"grad_dtype", {"bfloat16", "float32", "float16"}},
       {"mu_dtype", {"", "bfloat16", "float32"}},
       {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8", "fp4", "int4"}},
-      {"decoder_block",
-       {"llama2",       "mistral", "mixtral", "gemma", "gemma2",    "gemma3",     "gemma4",
-        "gemma4_small", "gpt3",    "qwen2",   "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5",
-        "deepseek",     "gpt_oss", "llama4",  "olmo3", "envy",      "simple"}},
+      {"decoder_block", decoder_block_names()},  // model/decoder_family.cpp
       {"opt_type", {"adamw", "adam_pax", "sgd"}},
       {"dataset_type", {"synthetic", "text", "jsonl", "tfds", "hf", "grain"}},
       {"context_parallel_strategy", {"all_gather", "ring", "ulysses", "usp"}},
@@ -261,8 +259,8 @@ void check_cross_key_rules(const Config& config) {
                       did_you_mean(activation, kActivations));
     }
   }
-  const std::string block = config.get_string("decoder_block");
-  if (block == "qwen3_next" || block == "qwen3_5") {
+  if (decoder_family(parse_decoder_block(config.get_string("decoder_block")))
+          .has_gated_delta_net()) {
     // The Gated DeltaNet layers (model/builder/gated_delta_net.cpp): value heads share key heads
     // in equal groups, and the chunked delta rule cuts the sequence into whole chunks.
     const int64_t key_heads = config.get_int("gdn_num_key_heads");

@@ -22,13 +22,6 @@ constexpr double kAttentionMatmuls = 2.0;
 constexpr double kCausalFraction = 0.5;
 // A sliding window W keeps S.W - W^2/2 of the S^2 (query, key) pairs.
 constexpr double kWindowTriangleFraction = 0.5;
-// Each gemma2 decoder layer is a (local sliding-window, global) pair of real layers.
-constexpr int64_t kGemma2LayersPerDecoderLayer = 2;
-// Gemma 3 repeats 5 local sliding-window layers then 1 global layer (MaxText
-// GEMMA3_ATTENTION_PATTERN_LENGTH).
-constexpr int64_t kGemma3AttentionPatternLength = 6;
-// gemma4_small repeats 4 local layers then 1 global (see model/builder/layer_plan.cpp).
-constexpr int64_t kGemma4SmallAttentionPatternLength = 5;
 // A gemma4_small layer's per-layer input costs two matmuls of D x P: the gate and the output.
 constexpr double kPerLayerInputMatmuls = 2.0;
 // 2023 convention: 6 FLOPs per parameter per token (2 forward, 4 backward).
@@ -60,8 +53,7 @@ bool is_mla(const ModelDims& dims) {
 
 // The real depth: gemma2 counts (local, global) pairs in base_num_decoder_layers.
 int64_t real_num_layers(const ModelDims& dims) {
-  return dims.decoder_block == "gemma2" ? dims.num_layers * kGemma2LayersPerDecoderLayer
-                                        : dims.num_layers;
+  return dims.num_layers * dims.family().layers_per_decoder_layer;
 }
 
 struct FfnLayerCounts {
@@ -85,50 +77,66 @@ struct AttentionLayerCounts {
   int64_t chunked = 0;
 };
 
-// Which layers use sliding-window attention, per MaxText's accounting: gemma2 alternates
-// (local, global); gemma3 has one global layer per 6; gpt_oss one per
-// inhomogeneous_layer_cycle_interval (MaxText PRs #2009/#2030 name only these blocks). olmo3's
-// sliding-window layers are counted as global too: beyond its 4096-token window MaxText's logged
-// TFLOP/s count more attention than the model does (the program computes the windows). Other blocks
-// count every layer as global, whatever attention_type says (MaxText does the same).
+// The attention period MaxText counts with (DecoderFamily::maxtext_attention); UserError when
+// it comes from an inhomogeneous_layer_cycle_interval below 1 (gpt_oss).
+int64_t counted_period(const ModelDims& dims) {
+  const AttentionPattern& pattern = dims.family().maxtext_attention;
+  if (pattern.period == AttentionPattern::kFromCycleInterval &&
+      dims.inhomogeneous_layer_cycle_interval < 1) {
+    throw UserError("inhomogeneous_layer_cycle_interval: " +
+                    std::to_string(dims.inhomogeneous_layer_cycle_interval) +
+                    " must be >= 1 for decoder_block " + dims.family().name);
+  }
+  return pattern.period_for(dims.inhomogeneous_layer_cycle_interval);
+}
+
+// Which layers use sliding-window attention, per MaxText's accounting
+// (DecoderFamily::maxtext_attention): gemma2 alternates (local, global); gemma3 has one global
+// layer per 6; gpt_oss one per inhomogeneous_layer_cycle_interval (MaxText PRs #2009/#2030 name
+// only these blocks). olmo3's sliding-window layers are counted as global too: beyond its
+// 4096-token window MaxText's logged TFLOP/s count more attention than the model does (the program
+// computes the windows). Other blocks count every layer as global, whatever attention_type says
+// (MaxText does the same). Without a sliding window every layer is global, as the model builder
+// lays it.
 AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_layers) {
-  if (dims.is_gated_delta_net_block()) {
-    // Only the full-attention layers (the others are Gated DeltaNet layers, counted apart).
-    int64_t full = 0;
-    for (int64_t index = 0; index < num_layers; ++index) {
-      full += dims.is_gated_delta_net_layer(index) ? 0 : 1;
+  switch (dims.family().maxtext_attention.layout) {
+    case AttentionLayout::kGatedDeltaNet: {
+      // Only the full-attention layers (the others are Gated DeltaNet layers, counted apart).
+      int64_t full = 0;
+      for (int64_t index = 0; index < num_layers; ++index) {
+        full += dims.is_gated_delta_net_layer(index) ? 0 : 1;
+      }
+      return {full, 0, 0};
     }
-    return {full, 0, 0};
-  }
-  const bool windowed_block = dims.decoder_block == "gemma2" || dims.decoder_block == "gemma3" ||
-                              dims.decoder_block == "gemma4" ||
-                              dims.decoder_block == "gemma4_small" ||
-                              dims.decoder_block == "gpt_oss";
-  if (windowed_block && dims.sliding_window_size <= 0) {
-    return {num_layers, 0, 0};  // no window: every layer global, as the model builder lays it
-  }
-  if (dims.decoder_block == "gemma2") {
-    return {num_layers / kGemma2LayersPerDecoderLayer, num_layers / kGemma2LayersPerDecoderLayer};
-  }
-  if (dims.decoder_block == "llama4" && dims.chunk_attn_window_size > 0) {
-    // Every nope_layer_interval-th layer global, the others chunked.
-    const int64_t global = dims.nope_layer_interval > 0 ? num_layers / dims.nope_layer_interval : 0;
-    return {global, 0, num_layers - global};
-  }
-  int64_t pattern_length = 1;
-  if (dims.decoder_block == "gemma3" || dims.decoder_block == "gemma4") {
-    pattern_length = kGemma3AttentionPatternLength;
-  } else if (dims.decoder_block == "gemma4_small") {
-    pattern_length = kGemma4SmallAttentionPatternLength;
-  } else if (dims.decoder_block == "gpt_oss") {
-    pattern_length = dims.inhomogeneous_layer_cycle_interval;
-    if (pattern_length < 1) {
-      throw UserError("inhomogeneous_layer_cycle_interval: " + std::to_string(pattern_length) +
-                      " must be >= 1 for decoder_block gpt_oss");
+    case AttentionLayout::kUniform:
+    case AttentionLayout::kMla:
+      return {num_layers, 0, 0};
+    case AttentionLayout::kChunkedNopeGlobal: {
+      if (dims.chunk_attn_window_size <= 0) {
+        return {num_layers, 0, 0};
+      }
+      // Every nope_layer_interval-th layer global, the others chunked.
+      const int64_t global =
+          dims.nope_layer_interval > 0 ? num_layers / dims.nope_layer_interval : 0;
+      return {global, 0, num_layers - global};
+    }
+    case AttentionLayout::kGlobalEveryN: {
+      if (dims.sliding_window_size <= 0) {
+        return {num_layers, 0, 0};
+      }
+      const int64_t global = num_layers / counted_period(dims);
+      return {global, num_layers - global, 0};
+    }
+    case AttentionLayout::kLocalEveryN: {
+      if (dims.sliding_window_size <= 0) {
+        return {num_layers, 0, 0};
+      }
+      const int64_t period = counted_period(dims);
+      const int64_t local = (num_layers + period - 1) / period;
+      return {num_layers - local, local, 0};
     }
   }
-  const int64_t global = num_layers / pattern_length;
-  return {global, num_layers - global, 0};
+  return {num_layers, 0, 0};
 }
 
 // Query + key/value projections of one MLA layer (MaxText calculate_mla_tflops_per_device).
@@ -153,12 +161,12 @@ double mla_params(const ModelDims& dims) {
 
 // gemma4_small's kv-shared layers (no K/V projection; a double-wide MLP with use_double_wide_mlp)
 // and per-layer inputs; nothing for other blocks. Global layers are every
-// kGemma4SmallAttentionPatternLength-th, as in attention_layer_counts.
+// maxtext_attention.period-th, as in attention_layer_counts.
 void add_gemma4_small_terms(const ModelDims& dims, double tokens, MaxTextForwardFlops& forward) {
   for (int64_t index = 0; index < forward.num_layers; ++index) {
     if (dims.is_kv_shared_layer(index)) {
       ++forward.num_kv_shared_layers;
-      if (dims.sliding_window_size <= 0 || (index + 1) % kGemma4SmallAttentionPatternLength == 0) {
+      if (dims.sliding_window_size <= 0 || (index + 1) % counted_period(dims) == 0) {
         ++forward.num_kv_shared_global_layers;
       }
       forward.kv_shared_dense_ffn = ffn_flops(tokens, dims, dims.layer_mlp_dim(index));

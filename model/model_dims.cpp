@@ -39,7 +39,7 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.num_layers = config.get_int("base_num_decoder_layers") << scales.layers;
   dims.vocab_size = config.get_int("vocab_size");
   dims.mlp_activations = config.get_string_list("mlp_activations");
-  dims.decoder_block = config.get_string("decoder_block");
+  dims.decoder_block = parse_decoder_block(config.get_string("decoder_block"));
   dims.global_head_dim = config.get_int("global_head_dim");
   dims.global_num_kv_heads = config.get_int("global_num_kv_heads") << scales.heads;
   dims.share_kv_projections = config.get_bool("share_kv_projections");

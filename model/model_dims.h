@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder_family.h"
+
 namespace tpusim {
 
 class Config;
@@ -28,7 +30,8 @@ struct ModelDims {
   int64_t num_layers = 0;
   int64_t vocab_size = 0;
   std::vector<std::string> mlp_activations;
-  std::string decoder_block;
+  // decoder_block, parsed once here; its traits row: family().
+  DecoderBlock decoder_block = DecoderBlock::kLlama2;
   int64_t num_experts = 1;
   int64_t num_experts_per_tok = 1;
   int64_t shared_experts = 0;
@@ -79,12 +82,11 @@ struct ModelDims {
 
   static ModelDims from_config(const Config& config);
 
+  const DecoderFamily& family() const { return decoder_family(decoder_block); }
   bool is_moe() const { return num_experts > 1; }
   // gemma4's and gemma4_small's global layers have their own head width, kv heads and shared K/V
   // projection.
-  bool global_layers_differ() const {
-    return decoder_block == "gemma4" || decoder_block == "gemma4_small";
-  }
+  bool global_layers_differ() const { return family().global_layers_own_shape; }
   int64_t global_layer_head_dim() const {
     return global_layers_differ() && global_head_dim > 0 ? global_head_dim : head_dim;
   }
@@ -92,16 +94,13 @@ struct ModelDims {
     return global_layers_differ() && global_num_kv_heads > 0 ? global_num_kv_heads : num_kv_heads;
   }
   bool global_layer_shares_kv() const { return global_layers_differ() && share_kv_projections; }
-  // Blocks whose MoE layers add shared_experts (MaxText: DeepSeek, Llama4, Gemma4, Qwen3-Next and
-  // Qwen3.5; the generic
-  // path of mixtral/qwen3_moe/gpt_oss has none), and the width of a shared expert (Gemma4:
-  // base_mlp_dim; the others: base_moe_mlp_dim).
-  bool has_shared_experts() const {
-    return shared_experts > 0 && (decoder_block == "deepseek" || decoder_block == "llama4" ||
-                                  decoder_block == "gemma4" || is_gated_delta_net_block());
-  }
+  // Blocks whose MoE layers add shared_experts (DecoderFamily::moe_shared_experts; MaxText:
+  // DeepSeek, Llama4, Gemma4, Qwen3-Next and Qwen3.5; the generic path of mixtral/qwen3_moe/gpt_oss
+  // has none), and the width of a shared expert (Gemma4: base_mlp_dim; the others:
+  // base_moe_mlp_dim).
+  bool has_shared_experts() const { return shared_experts > 0 && family().moe_shared_experts; }
   int64_t shared_expert_mlp_dim() const {
-    return decoder_block == "gemma4" ? mlp_dim : moe_mlp_dim;
+    return family().shared_expert_width == SharedExpertWidth::kMlpDim ? mlp_dim : moe_mlp_dim;
   }
   // Layer `index` (0-based) of a MoE model is MoE: past first_num_dense_layers, and every
   // interleave_moe_layer_step-th (MaxText: (index + 1) % step == 0).
@@ -111,24 +110,25 @@ struct ModelDims {
   }
   // qwen3_next and qwen3_5 (the same text decoder: Qwen3-Next's hybrid layout): Gated DeltaNet
   // layers, gated attention, a sigmoid-gated shared expert.
-  bool is_gated_delta_net_block() const {
-    return decoder_block == "qwen3_next" || decoder_block == "qwen3_5";
-  }
+  bool is_gated_delta_net_block() const { return family().has_gated_delta_net(); }
   // Layer `index` (0-based) is a Gated DeltaNet layer: all but every
   // inhomogeneous_layer_cycle_interval-th (Hugging Face Qwen3NextConfig.layer_types:
   // "full_attention" when (index + 1) % full_attention_interval == 0).
   bool is_gated_delta_net_layer(int64_t index) const {
-    return is_gated_delta_net_block() &&
-           (index + 1) % std::max<int64_t>(1, inhomogeneous_layer_cycle_interval) != 0;
+    if (!is_gated_delta_net_block()) {
+      return false;
+    }
+    const AttentionPattern& pattern = family().program_attention;
+    return (index + 1) % pattern.period_for(inhomogeneous_layer_cycle_interval) != 0;
   }
   // gemma4_small: every layer adds a per-layer input (hidden_size_per_layer_input > 0).
   bool has_per_layer_inputs() const {
-    return decoder_block == "gemma4_small" && hidden_size_per_layer_input > 0;
+    return family().per_layer_inputs && hidden_size_per_layer_input > 0;
   }
   // gemma4_small: layer `index` (0-based) is one of the last num_kv_shared_layers, which reuse an
   // earlier layer's keys and values.
   bool is_kv_shared_layer(int64_t index) const {
-    return decoder_block == "gemma4_small" && num_kv_shared_layers > 0 &&
+    return family().kv_shared_layers && num_kv_shared_layers > 0 &&
            index >= num_layers - num_kv_shared_layers;
   }
   // The dense MLP width of layer `index`: twice mlp_dim on gemma4_small's kv-shared layers with

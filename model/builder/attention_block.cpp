@@ -23,8 +23,10 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
   const int64_t kv_heads = global ? dims_.global_layer_kv_heads() : dims_.num_kv_heads;
   const bool shared_kv = global && dims_.global_layer_shares_kv();
   // llama4's global layers use no position encoding (NoPE); gpt3 adds learned positions.
-  const bool rotary = block_ != "gpt3" && !(block_ == "llama4" && global);
-  const QueryScaling scaling = query_scaling(config_, head_dim);
+  const PositionEncoding positions = dims_.family().positions;
+  const bool rotary = positions == PositionEncoding::kRope ||
+                      (positions == PositionEncoding::kRopeExceptGlobal && !global);
+  const QueryScaling scaling = query_scaling(config_, dims_.family(), head_dim);
   auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
                         const std::string& weight_logical, const std::string& act_logical,
                         const std::string& remat) {
@@ -50,7 +52,7 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
   const TensorId value = shared_kv ? key
                                    : projection("value", "kv_heads", kv_heads, "kv_heads",
                                                 "activation_kv_heads", "value_proj");
-  if (uses_qk_norm(config_)) {
+  if (uses_qk_norm(config_, dims_.family())) {
     // MaxText's Attention with use_qk_norm (attentions.py, qwen3's layers): an RMSNorm over
     // head_dim of every head of the projected query and of the projected key, each with its own
     // learned [head_dim] scale (initialized to ones, kernel axis "norm") and epsilon

@@ -28,7 +28,6 @@ ForwardBuilder::ForwardBuilder(const Config& config, int64_t batch)
       length_(config.get_int("max_target_length")),
       activation_dtype_(parse_dtype(config.get_string("dtype"), "dtype")),
       weight_dtype_(parse_dtype(config.get_string("weight_dtype"), "weight_dtype")),
-      block_(config.get_string("decoder_block")),
       pipeline_(PipelineSchedule::from_config(config, batch)) {}
 
 ForwardGraph ForwardBuilder::build() {
@@ -105,7 +104,7 @@ TensorId ForwardBuilder::build_embedding() {
   graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, lookup,
                  region);
   const int64_t positions = config_.get_int("trainable_position_size");
-  if (block_ == "gpt3" && positions > 0) {
+  if (dims_.family().positions == PositionEncoding::kLearned && positions > 0) {
     if (positions < length_) {
       throw UserError("trainable_position_size: " + std::to_string(positions) +
                       " is shorter than max_target_length (" + std::to_string(length_) + ")");
@@ -129,7 +128,7 @@ TensorId ForwardBuilder::build_layer(const LayerGroup& group, int region, Tensor
       dims_.has_per_layer_inputs() ? build_per_layer_input(region, x) : -1;
   // OLMo 2/3 normalize after the attention and the MLP instead of before them (HF
   // Olmo3DecoderLayer: post_attention_layernorm, post_feedforward_layernorm; no input norm).
-  const bool post_norm_only = block_ == "olmo3";
+  const bool post_norm_only = dims_.family().norm_placement == NormPlacement::kPostNormOnly;
   const TensorId attention_in = post_norm_only ? x : norm("pre_attention_norm", x, region);
   TensorId attention_out = group.attention == AttentionKind::kMla ? build_mla(region, attention_in)
                            : group.attention == AttentionKind::kGatedDeltaNet

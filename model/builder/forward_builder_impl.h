@@ -81,8 +81,9 @@ class ForwardBuilder {
   TensorId parameter_tensor(const std::string& name, std::vector<Dim> dims, int region,
                             const ParameterInit& init);
   // MaxText's dense kernels: variance scaling over `fan_in` (the contracted axes), truncated
-  // normal; GPT-3's attention kernels draw from a plain normal (Gpt3MultiHeadAttention).
-  ParameterInit dense(int64_t fan_in, double divisor = 1, bool gpt3_attention = false) const;
+  // normal; the attention kernels of a family with normal_attention_init (GPT-3:
+  // Gpt3MultiHeadAttention) draw from a plain normal.
+  ParameterInit dense(int64_t fan_in, double divisor = 1, bool attention_kernel = false) const;
   TensorId activation(const std::string& name, std::vector<Dim> dims, int region,
                       const std::string& remat_name = "") {
     return graph().add_tensor(name, std::move(dims), activation_dtype_, TensorKind::kActivation,
@@ -152,7 +153,6 @@ class ForwardBuilder {
   int64_t length_;
   DType activation_dtype_;
   DType weight_dtype_;
-  std::string block_;
   PipelineSchedule pipeline_;
   // The batch dim's logical axis: the layers' (activation_batch), or outside a pipeline's layers
   // MaxText's activation_embed_and_logits_batch, which also shards over the stages.

@@ -31,10 +31,11 @@ TensorId ForwardBuilder::parameter_tensor(const std::string& name, std::vector<D
   return graph().add_tensor(name, std::move(dims), weight_dtype_, TensorKind::kParameter, region);
 }
 
-ParameterInit ForwardBuilder::dense(int64_t fan_in, double divisor, bool gpt3_attention) const {
+ParameterInit ForwardBuilder::dense(int64_t fan_in, double divisor, bool attention_kernel) const {
   return kernel_init(static_cast<double>(fan_in), divisor,
-                     gpt3_attention && block_ == "gpt3" ? InitDistribution::kNormal
-                                                        : InitDistribution::kTruncatedNormal);
+                     attention_kernel && dims_.family().normal_attention_init
+                         ? InitDistribution::kNormal
+                         : InitDistribution::kTruncatedNormal);
 }
 
 TensorId ForwardBuilder::einsum(const std::string& name, TensorId lhs, TensorId rhs,
@@ -76,7 +77,7 @@ TensorId ForwardBuilder::norm(const std::string& name, TensorId x, int region) {
   // Copies: adding tensors below may move the graph's storage.
   const std::vector<Dim> input_dims = graph().tensor(x).dims;
   const Dim& last = input_dims.back();
-  const bool layer_norm = block_ == "gpt3";
+  const bool layer_norm = dims_.family().norm == NormKind::kLayerNorm;
   std::vector<TensorId> inputs = {
       x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region,
                           constant_init(1))};

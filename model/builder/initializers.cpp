@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "model/config.h"
+#include "model/decoder_family.h"
 
 namespace tpusim {
 
@@ -45,18 +46,16 @@ ParameterInit kernel_init(double fan_in, double divisor, InitDistribution distri
   return init;
 }
 
-bool uses_qk_norm(const Config& config) {
+bool uses_qk_norm(const Config& config, const DecoderFamily& family) {
   // Qwen3-Next's full-attention layers always normalize q and k (Hugging Face
   // Qwen3NextAttention: q_norm, k_norm); its preset does not set use_qk_norm.
-  const std::string block = config.get_string("decoder_block");
-  return config.get_bool("use_qk_norm") || block == "qwen3_next" || block == "qwen3_5";
+  return config.get_bool("use_qk_norm") || family.always_qk_norm;
 }
 
-QueryScaling query_scaling(const Config& config, int64_t head_dim) {
-  const std::string block = config.get_string("decoder_block");
+QueryScaling query_scaling(const Config& config, const DecoderFamily& family, int64_t head_dim) {
   const double inverse_sqrt = 1.0 / std::sqrt(static_cast<double>(head_dim));
   QueryScaling scaling;
-  if (block == "deepseek" || config.get_string("attention_type") == "mla") {
+  if (family.always_mla() || config.get_string("attention_type") == "mla") {
     // MLA: softmax_scale = qk_head_dim^-0.5, times mscale^2 when the YaRN context extension is on
     // (max_position_embeddings > original_max_position_embeddings), applied to the query.
     const double qk_head_dim = static_cast<double>(config.get_int("qk_nope_head_dim") +
@@ -69,14 +68,13 @@ QueryScaling query_scaling(const Config& config, int64_t head_dim) {
       scaling.runtime_scale *= mscale * mscale;
     }
     scaling.reason = "MLA: softmax_scale at run time";
-  } else if (block == "gpt3") {
+  } else if (family.query_scale == QueryScale::kRuntimeGpt3) {
     scaling.runtime_scale = inverse_sqrt;
     scaling.reason = "GPT-3 attention: query / sqrt(head_dim) at run time";
-  } else if (uses_qk_norm(config)) {
+  } else if (uses_qk_norm(config, family)) {
     scaling.runtime_scale = inverse_sqrt;
     scaling.reason = "qk-norm: query_pre_attn_scalar = head_dim^-0.5 at run time";
-  } else if (block == "gemma2" || block == "gemma3" || block == "gemma4" ||
-             block == "gemma4_small") {
+  } else if (family.query_scale == QueryScale::kRuntimePreAttnScalar) {
     scaling.runtime_scale = inverse_sqrt;
     scaling.reason = "query_pre_attn_scalar = head_dim^-0.5 at run time";
   } else {

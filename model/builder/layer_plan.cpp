@@ -1,33 +1,20 @@
 #include "model/builder/layer_plan.h"
 
-#include <algorithm>
-
 #include "model/config.h"
 #include "model/model_dims.h"
 
 namespace tpusim {
 namespace {
 
-// gemma3 and gemma4 put a global layer after every five local ones (MaxText's gemma3 block; for
-// gemma4 the pattern reproduces the TFLOP/s that MaxText's Ironwood recipes publish, see
-// tests/model/flops_maxtext_test.cpp).
-constexpr int64_t kGemma3GlobalEvery = 6;
-// gemma4_small (gemma4-e2b/e4b) puts a global layer after every four local ones: with it, the
-// TFLOP/s that MaxText logs for the gemma4-e2b Ironwood recipe is reproduced exactly (7 global
-// layers of 35; tests/model/flops_maxtext_test.cpp), where one in six is 3% short.
-constexpr int64_t kGemma4SmallGlobalEvery = 5;
-
 // The keys that pick each layer's attention, read once per plan (not once per layer).
 struct AttentionKeys {
   explicit AttentionKeys(const Config& config)
-      : block(config.get_string("decoder_block")),
-        attention_type(config.get_string("attention_type")),
+      : attention_type(config.get_string("attention_type")),
         sliding_window_size(config.get_int("sliding_window_size")),
         cycle_interval(config.get_int("inhomogeneous_layer_cycle_interval")),
         chunk_size(config.get_int("chunk_attn_window_size")),
         nope_interval(config.get_int("nope_layer_interval")) {}
 
-  std::string block;
   std::string attention_type;
   int64_t sliding_window_size;
   int64_t cycle_interval;
@@ -35,42 +22,42 @@ struct AttentionKeys {
   int64_t nope_interval;
 };
 
+// Layer `index` under the family's program pattern (DecoderFamily::program_attention).
 AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& dims, int64_t index) {
-  if (dims.is_gated_delta_net_block()) {
+  const AttentionPattern& pattern = dims.family().program_attention;
+  if (pattern.layout == AttentionLayout::kGatedDeltaNet) {
     return dims.is_gated_delta_net_layer(index) ? AttentionKind::kGatedDeltaNet
                                                 : AttentionKind::kGlobal;
   }
-  if (keys.block == "deepseek" || keys.attention_type == "mla") {
+  if (pattern.layout == AttentionLayout::kMla || keys.attention_type == "mla") {
     return AttentionKind::kMla;
   }
-  if (keys.block == "llama4") {
-    // MaxText llama4: layer i is a global no-RoPE layer when (i + 1) % nope_layer_interval == 0.
-    const bool global = keys.nope_interval > 0 && (index + 1) % keys.nope_interval == 0;
-    return global || keys.chunk_size <= 0 ? AttentionKind::kGlobal : AttentionKind::kChunked;
-  }
-  if (keys.sliding_window_size <= 0) {
-    return AttentionKind::kGlobal;
-  }
-  if (keys.block == "gemma3" || keys.block == "gemma4") {
-    return (index + 1) % kGemma3GlobalEvery == 0 ? AttentionKind::kGlobal
-                                                 : AttentionKind::kSlidingWindow;
-  }
-  if (keys.block == "gemma4_small") {
-    return (index + 1) % kGemma4SmallGlobalEvery == 0 ? AttentionKind::kGlobal
-                                                      : AttentionKind::kSlidingWindow;
-  }
-  if (keys.block == "olmo3") {
-    // OLMo 3 (Hugging Face Olmo3Config.layer_types): sliding-window attention except in every
-    // inhomogeneous_layer_cycle_interval-th layer (MaxText's preset: 4), which is global.
-    const int64_t cycle = std::max<int64_t>(1, keys.cycle_interval);
-    return (index + 1) % cycle == 0 ? AttentionKind::kGlobal : AttentionKind::kSlidingWindow;
-  }
-  if (keys.block == "gemma2" || keys.block == "gpt_oss") {
-    const int64_t cycle = std::max<int64_t>(2, keys.cycle_interval);
-    return index % cycle == 0 ? AttentionKind::kSlidingWindow : AttentionKind::kGlobal;
-  }
-  if (keys.attention_type == "local_sliding") {
-    return AttentionKind::kSlidingWindow;
+  switch (pattern.layout) {
+    case AttentionLayout::kGatedDeltaNet:
+    case AttentionLayout::kMla:
+      break;  // above
+    case AttentionLayout::kChunkedNopeGlobal: {
+      // MaxText llama4: layer i is a global no-RoPE layer when (i + 1) % nope_layer_interval == 0.
+      const bool global = keys.nope_interval > 0 && (index + 1) % keys.nope_interval == 0;
+      return global || keys.chunk_size <= 0 ? AttentionKind::kGlobal : AttentionKind::kChunked;
+    }
+    case AttentionLayout::kGlobalEveryN:
+      if (keys.sliding_window_size <= 0) {
+        return AttentionKind::kGlobal;
+      }
+      return (index + 1) % pattern.period_for(keys.cycle_interval) == 0
+                 ? AttentionKind::kGlobal
+                 : AttentionKind::kSlidingWindow;
+    case AttentionLayout::kLocalEveryN:
+      if (keys.sliding_window_size <= 0) {
+        return AttentionKind::kGlobal;
+      }
+      return index % pattern.period_for(keys.cycle_interval) == 0 ? AttentionKind::kSlidingWindow
+                                                                  : AttentionKind::kGlobal;
+    case AttentionLayout::kUniform:
+      return keys.sliding_window_size > 0 && keys.attention_type == "local_sliding"
+                 ? AttentionKind::kSlidingWindow
+                 : AttentionKind::kGlobal;
   }
   return AttentionKind::kGlobal;
 }
@@ -91,8 +78,7 @@ std::vector<LayerGroup> plan_layers(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
   const AttentionKeys keys(config);
   // gemma2's decoder layer holds a local and a global sublayer.
-  const bool paired = keys.block == "gemma2";
-  const int64_t sublayers = paired ? 2 * dims.num_layers : dims.num_layers;
+  const int64_t sublayers = dims.family().layers_per_decoder_layer * dims.num_layers;
   std::vector<LayerGroup> groups;
   for (int64_t index = 0; index < sublayers; ++index) {
     LayerGroup layer;

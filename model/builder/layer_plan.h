@@ -1,7 +1,8 @@
 // model/builder/layer_plan.h: which kinds of decoder layer a model has, and how many of each.
 //
 // Decoder layers differ by attention (global causal, sliding window, MLA) and by feed-forward
-// (dense MLP or mixture of experts). MaxText's decoder blocks fix the pattern:
+// (dense MLP or mixture of experts). MaxText's decoder blocks fix the pattern (each family's
+// DecoderFamily::program_attention, model/decoder_family.cpp):
 //   gemma2: every layer is a local (sliding window) + a global sublayer;
 //   gemma3, gemma4: every 6th layer is global, the others local (gemma4's global layers have
 //     their own head width, kv heads and shared K/V: ModelDims::global_layers_differ);

@@ -73,7 +73,7 @@ TensorId ForwardBuilder::build_mla(int region, TensorId x) {
   mla.attention = AttentionKind::kMla;
   const TensorId context =
       attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim,
-                   query_scaling(config_, nope + rope_dim).runtime_scale);
+                   query_scaling(config_, dims_.family(), nope + rope_dim).runtime_scale);
   return out_projection(region, context, "v_head_dim", value_dim);
 }
 

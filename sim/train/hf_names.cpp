@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "model/builder/initializers.h"
 #include "model/config.h"
+#include "model/decoder_family.h"
 #include "model/model_dims.h"
 
 namespace tpusim {
@@ -50,16 +51,20 @@ int64_t hf_index(const HfTensor& entry, const Views& view, int64_t row, int64_t 
 
 }  // namespace
 
-std::string hf_family(const Config& config) {
+namespace {
+
+// The Transformers names of `config`'s family (DecoderFamily::hf_names), after the checks that
+// the config's model is one they describe; UserError naming the key otherwise.
+HfNameScheme hf_scheme(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
-  const std::string block = config.get_string("decoder_block");
+  const DecoderFamily& family = dims.family();
   const auto refuse = [](const std::string& key, const std::string& why) {
     throw UserError("Hugging Face conversion: " + why, key);
   };
-  if (block != "llama2" && block != "mistral" && block != "qwen3" && block != "gpt3") {
-    refuse("decoder_block", "decoder_block '" + block +
-                                "' has no Transformers mapping in tpusim (llama2, mistral: "
-                                "Llama/Mistral names; qwen3: Qwen3 names; gpt3: GPT-2 names)");
+  if (family.hf_names == HfNameScheme::kNone) {
+    refuse("decoder_block", "decoder_block '" + std::string(family.name) +
+                                "' has no Transformers mapping in tpusim (" + hf_mapped_families() +
+                                ")");
   }
   if (dims.is_moe()) {
     refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
@@ -68,14 +73,16 @@ std::string hf_family(const Config& config) {
     refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
   }
   // Transformers' Qwen3 always has q_norm/k_norm; Llama, Mistral and GPT-2 never do.
-  if (block == "qwen3" && !uses_qk_norm(config)) {
+  const bool qwen3 = family.hf_names == HfNameScheme::kQwen3;
+  if (qwen3 && !uses_qk_norm(config, family)) {
     refuse("use_qk_norm", "Qwen3's names need use_qk_norm true (its q_norm and k_norm)");
   }
-  if (block != "qwen3" && uses_qk_norm(config)) {
-    refuse("use_qk_norm", "only Qwen3's names have the query/key norms (decoder_block qwen3)");
+  if (!qwen3 && uses_qk_norm(config, family)) {
+    refuse("use_qk_norm", "only Qwen3's names have the query/key norms (decoder_block " +
+                              std::string(decoder_block_name(DecoderBlock::kQwen3)) + ")");
   }
   const std::vector<std::string> gated = {"silu", "linear"};
-  if (block == "gpt3") {
+  if (family.hf_names == HfNameScheme::kGpt2) {
     if (dims.mlp_activations != std::vector<std::string>{"gelu"}) {
       refuse("mlp_activations", "GPT-2 names need mlp_activations [\"gelu\"]");
     }
@@ -91,7 +98,7 @@ std::string hf_family(const Config& config) {
     if (config.get_int("trainable_position_size") <= 0) {
       refuse("trainable_position_size", "GPT-2 needs learned positions");
     }
-    return "gpt2";
+    return family.hf_names;
   }
   if (dims.mlp_activations != gated) {
     refuse("mlp_activations", "Llama/Mistral names need mlp_activations [\"silu\", \"linear\"]");
@@ -100,14 +107,17 @@ std::string hf_family(const Config& config) {
     refuse("normalize_embedding_logits",
            "Transformers' tied logits are not divided by sqrt(emb_dim)");
   }
-  if (block == "qwen3") {
-    return "qwen3";
-  }
-  return block == "mistral" ? "mistral" : "llama";
+  return family.hf_names;
+}
+
+}  // namespace
+
+std::string hf_family(const Config& config) {
+  return hf_model_type(hf_scheme(config));
 }
 
 std::vector<HfTensor> hf_tensor_map(const Config& config) {
-  const std::string family = hf_family(config);
+  const HfNameScheme scheme = hf_scheme(config);
   const ModelDims dims = ModelDims::from_config(config);
   const int64_t embed = dims.emb_dim;
   const int64_t heads = dims.num_query_heads;
@@ -115,7 +125,7 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
   const int64_t head_dim = dims.head_dim;
   // Transformers scales q.k by 1/sqrt(head_dim); tpusim by its runtime scale (MaxText's).
   const double query_scale = (1.0 / std::sqrt(static_cast<double>(head_dim))) /
-                             query_scaling(config, head_dim).runtime_scale;
+                             query_scaling(config, dims.family(), head_dim).runtime_scale;
   std::vector<HfTensor> map;
   const auto add = [&](std::string name, std::vector<int64_t> shape, int64_t split,
                        std::string hf_name, std::vector<int64_t> hf_shape, bool transposed,
@@ -123,7 +133,7 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
     map.push_back({std::move(name), std::move(shape), split, std::move(hf_name),
                    std::move(hf_shape), transposed, column_offset, scale});
   };
-  if (family == "gpt2") {
+  if (scheme == HfNameScheme::kGpt2) {
     const int64_t positions = config.get_int("trainable_position_size");
     add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "transformer.wte.weight",
         {dims.vocab_size, embed}, false);
@@ -172,7 +182,7 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
         hf + "self_attn.v_proj.weight", {kv_heads * head_dim, embed}, true);
     add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
         hf + "self_attn.o_proj.weight", {embed, heads * head_dim}, true);
-    if (family == "qwen3") {
+    if (scheme == HfNameScheme::kQwen3) {
       // Qwen3Attention's RMSNorms over head_dim, shared by the heads: MaxText's query_norm and
       // key_norm scales, the same [head_dim] vectors.
       add(layer_name("attention/query_norm/scale", layer), {head_dim}, 1,
@@ -197,7 +207,7 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
 
 std::map<std::string, std::vector<int64_t>> hf_zero_tensors(const Config& config) {
   std::map<std::string, std::vector<int64_t>> zeros;
-  if (hf_family(config) != "gpt2") {
+  if (hf_scheme(config) != HfNameScheme::kGpt2) {
     return zeros;
   }
   const ModelDims dims = ModelDims::from_config(config);
@@ -276,9 +286,9 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
   for (const auto& [name, shape] : hf_zero_tensors(config)) {
     for (const float value : tensor(name, shape).values) {
       if (value != 0.0f) {
-        throw UserError("Hugging Face weights: tensor '" + name +
-                        "' is not zero, but tpusim's gpt3 block has no biases in its attention "
-                        "and MLP");
+        throw UserError("Hugging Face weights: tensor '" + name + "' is not zero, but tpusim's " +
+                        decoder_block_name(DecoderBlock::kGpt3) +
+                        " block has no biases in its attention and MLP");
       }
     }
   }
@@ -286,11 +296,11 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
 }
 
 nlohmann::json hf_config_json(const Config& config) {
-  const std::string family = hf_family(config);
+  const HfNameScheme scheme = hf_scheme(config);
   const ModelDims dims = ModelDims::from_config(config);
-  if (family == "gpt2") {
-    return {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
+  if (scheme == HfNameScheme::kGpt2) {
+    return {{"architectures", {hf_architecture(scheme)}},
+            {"model_type", hf_model_type(scheme)},
             {"vocab_size", dims.vocab_size},
             {"n_embd", dims.emb_dim},
             {"n_head", dims.num_query_heads},
@@ -303,11 +313,8 @@ nlohmann::json hf_config_json(const Config& config) {
             {"tie_word_embeddings", true},
             {"torch_dtype", "float32"}};
   }
-  const char* architecture = family == "mistral" ? "MistralForCausalLM"
-                             : family == "qwen3" ? "Qwen3ForCausalLM"
-                                                 : "LlamaForCausalLM";
-  nlohmann::json json = {{"architectures", {architecture}},
-                         {"model_type", family},
+  nlohmann::json json = {{"architectures", {hf_architecture(scheme)}},
+                         {"model_type", hf_model_type(scheme)},
                          {"vocab_size", dims.vocab_size},
                          {"hidden_size", dims.emb_dim},
                          {"intermediate_size", dims.mlp_dim},
@@ -322,9 +329,9 @@ nlohmann::json hf_config_json(const Config& config) {
                          {"tie_word_embeddings", dims.logits_via_embedding},
                          {"attention_bias", false},
                          {"torch_dtype", "float32"}};
-  if (family == "mistral") {
+  if (scheme == HfNameScheme::kMistral) {
     json["sliding_window"] = nullptr;  // MaxText trains Mistral with full causal attention
-  } else if (family == "qwen3") {
+  } else if (scheme == HfNameScheme::kQwen3) {
     // Qwen3Config: full causal attention in every layer (MaxText's qwen3 block has no window).
     json["attention_dropout"] = 0.0;
     json["use_sliding_window"] = false;

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/input_files.h"
 #include "common/yaml_text.h"
+#include "model/model_dims.h"
 #include "sim/functional/kernels/library_gemm.h"
 #include "sim/train/hf_names.h"
 #include "sim/train/model_identity.h"
@@ -106,30 +107,21 @@ void check_functional_support(const Config& config) {
   // qk-norm is built as MaxText's default Attention does it (a per-head RMSNorm of query and key
   // before RoPE, model/builder/attention_block.cpp). llama4's variant (a scale-free L2 norm after
   // RoPE) and MLA (whose attention has no such norm in tpusim) are not.
-  if (uses_qk_norm(config)) {
-    const std::string block = config.get_string("decoder_block");
-    if (block == "llama4") {
+  const DecoderFamily& family = ModelDims::from_config(config).family();
+  if (uses_qk_norm(config, family)) {
+    if (family.qk_norm == QkNormKind::kL2AfterRope) {
       refuse("use_qk_norm", "true",
-             "llama4's qk-norm, an L2 norm without scale after RoPE, is not built");
+             std::string(family.name) +
+                 "'s qk-norm, an L2 norm without scale after RoPE, is not built");
     }
-    if (block == "deepseek" || config.get_string("attention_type") == "mla") {
+    if (family.always_mla() || config.get_string("attention_type") == "mla") {
       refuse("use_qk_norm", "true", "qk-norm with multi-head latent attention is not built");
     }
   }
-  // OLMo 3's rotary embedding is YaRN-scaled and its qk-norm spans all heads (Hugging Face's
-  // Olmo3Attention); the functional engine builds plain RoPE and per-head qk-norm.
-  // The Gated DeltaNet layers of qwen3_next / qwen3_5 are built for estimate and explore only:
-  // their chunked delta rule is written as independent per-chunk matmuls with the FLOPs, bytes
-  // and memory of the real one, not as the recurrence (model/builder/gated_delta_net.cpp).
-  if (const std::string block = config.get_string("decoder_block");
-      block == "qwen3_next" || block == "qwen3_5") {
-    refuse("decoder_block", block,
-           "its Gated DeltaNet layers are modeled for estimate and explore only, not computed");
-  }
-  if (config.get_string("decoder_block") == "olmo3") {
-    refuse("decoder_block", "olmo3",
-           "its YaRN rotary embedding and all-heads qk-norm are not built; estimate and explore "
-           "model it");
+  // Families whose layers the functional engine does not compute (olmo3, the Gated DeltaNet
+  // ones): their traits row says why (DecoderFamily::train_refusal).
+  if (family.train_refusal != nullptr) {
+    refuse("decoder_block", family.name, family.train_refusal);
   }
   refuse_unbuilt_numerics(config, refuse);
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
