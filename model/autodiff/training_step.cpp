@@ -440,7 +440,7 @@ class BackwardBuilder {
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
-      // Backward, optimizer and partitioner kinds: never in the forward program differentiated.
+      // No VJP: kinds that only backward, optimizer or partitioned programs hold.
       case OpKind::kNormGrad:
       case OpKind::kAttentionGrad:
       case OpKind::kEmbeddingGrad:
