@@ -1,3 +1,4 @@
+#include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner_internal.h"
 
 namespace tpusim::partitioner_internal {
@@ -55,7 +56,7 @@ void Partitioner::gather_pipeline_weights_once() {
       continue;
     }
     const bool gather = op.kind == OpKind::kAllGather && from_parameter(op.inputs[0]);
-    const bool reduction = (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) &&
+    const bool reduction = is_reducing_collective(op.kind) &&
                            out_.tensor(op.outputs[0]).kind == TensorKind::kParameterGrad;
     if (gather || reduction) {
       out_.mutable_op(op.id).attrs.iteration_share =

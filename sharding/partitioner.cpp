@@ -1,6 +1,7 @@
 #include "sharding/partitioner.h"
 
 #include "common/mechanisms.h"
+#include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner_internal.h"
 #include "sharding/reassociate_reductions.h"
 
@@ -435,7 +436,22 @@ void Partitioner::partition_op(const Op& op) {
       }
       partition_following_output(op);
       return;
-    default:
+    // Computed where their output lives, each input resharded to follow it (the partitioner's
+    // input holds no collectives or host transfers yet: they are listed to follow too).
+    case OpKind::kElementwise:
+    case OpKind::kRope:
+    case OpKind::kMoeRouter:
+    case OpKind::kNormStatistics:
+    case OpKind::kCrossEntropyStatistics:
+    case OpKind::kDynamicSlice:
+    case OpKind::kAdamUpdate:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+    case OpKind::kHostOffload:
+    case OpKind::kHostLoad:
       partition_following_output(op);
       return;
   }
@@ -449,20 +465,21 @@ PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& r
 }
 
 int64_t collective_bytes(const Graph& graph, const Op& op) {
-  switch (op.kind) {
-    case OpKind::kAllGather:
+  switch (op_kind_traits(op.kind).collective) {
+    case Collective::kAllGather:
       return graph.tensor(op.outputs[0]).bytes();
-    case OpKind::kReduceScatter:
-    case OpKind::kAllReduce:
-    case OpKind::kCollectivePermute:
+    case Collective::kReduceScatter:
+    case Collective::kAllReduce:
+    case Collective::kCollectivePermute:
       return graph.tensor(op.inputs[0]).bytes();
-    case OpKind::kAllToAll:
+    case Collective::kAllToAll:
       // A ragged (dropless MoE) exchange moves the routed rows of its buffer.
       return static_cast<int64_t>(std::llround(
           static_cast<double>(graph.tensor(op.inputs[0]).bytes()) * op.attrs.routed_fraction));
-    default:
+    case Collective::kNone:
       return 0;
   }
+  return 0;
 }
 
 }  // namespace tpusim

@@ -125,9 +125,36 @@ inline int norm_statistics_count(const Op& op) {
       return 1;
     case OpKind::kLayerNorm:
       return 2;
-    default:  // kNormGrad: inputs dy, x, scale (RMS) or dy, x, scale, bias (LayerNorm)
+    case OpKind::kNormGrad:  // inputs dy, x, scale (RMS) or dy, x, scale, bias (LayerNorm)
       return op.inputs.size() == 3 ? 2 : 4;
+    case OpKind::kEinsum:
+    case OpKind::kElementwise:
+    case OpKind::kRope:
+    case OpKind::kAttention:
+    case OpKind::kEmbeddingLookup:
+    case OpKind::kCrossEntropy:
+    case OpKind::kMoeRouter:
+    case OpKind::kMoeDispatch:
+    case OpKind::kMoeCombine:
+    case OpKind::kAttentionGrad:
+    case OpKind::kEmbeddingGrad:
+    case OpKind::kCrossEntropyGrad:
+    case OpKind::kRouterGrad:
+    case OpKind::kReduceSum:
+    case OpKind::kNormStatistics:
+    case OpKind::kCrossEntropyStatistics:
+    case OpKind::kDynamicSlice:
+    case OpKind::kAdamUpdate:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+    case OpKind::kHostOffload:
+    case OpKind::kHostLoad:
+      break;
   }
+  throw std::logic_error(std::string("norm statistics of a non-norm op: ") + op_kind_name(op.kind));
 }
 
 class Partitioner {

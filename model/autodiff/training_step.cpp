@@ -440,9 +440,25 @@ class BackwardBuilder {
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
-      default:
-        throw std::logic_error(std::string("no VJP for op kind ") + op_kind_name(op.kind));
+      // No VJP: kinds that only backward, optimizer or partitioned programs hold.
+      case OpKind::kNormGrad:
+      case OpKind::kAttentionGrad:
+      case OpKind::kEmbeddingGrad:
+      case OpKind::kCrossEntropyGrad:
+      case OpKind::kRouterGrad:
+      case OpKind::kReduceSum:
+      case OpKind::kNormStatistics:
+      case OpKind::kCrossEntropyStatistics:
+      case OpKind::kDynamicSlice:
+      case OpKind::kAdamUpdate:
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter:
+      case OpKind::kAllReduce:
+      case OpKind::kAllToAll:
+      case OpKind::kCollectivePermute:
+        break;
     }
+    throw std::logic_error(std::string("no VJP for op kind ") + op_kind_name(op.kind));
   }
 
   // Emits the backward region of forward region `region`; returns the gradient of its input.

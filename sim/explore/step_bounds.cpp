@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "model/ir/op_kind_traits.h"
 #include "sim/perf/op_cost.h"
 
 namespace tpusim {
@@ -18,19 +19,18 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
   std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
   std::vector<double> seconds(contexts.size());
   for (const Op& op : graph.ops()) {
-    if (is_collective(op.kind) || op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+    if (!is_compute(op.kind)) {
       continue;
     }
     const auto region = static_cast<size_t>(op.region);
-    if (op.kind == OpKind::kAttention || op.kind == OpKind::kAttentionGrad) {
+    if (op_kind_traits(op.kind).attention) {
       for (size_t context = 0; context < contexts.size(); ++context) {
         seconds[context] = cost_compute_op(graph, op, contexts[context], false).seconds;
         attention[context][region] += seconds[context];
       }
     } else {
-      const bool may_fuse = op.kind == OpKind::kElementwise || op.kind == OpKind::kRope;
       seconds.assign(contexts.size(),
-                     cost_compute_op(graph, op, contexts.front(), may_fuse).seconds);
+                     cost_compute_op(graph, op, contexts.front(), may_fuse(op.kind)).seconds);
       shared[region] += seconds.front();
     }
     if (keep_forward_ops && op.phase == Phase::kForward) {
@@ -62,8 +62,7 @@ std::vector<RecomputedOp> recomputed_beyond_none(const TrainingStep& step,
   auto recomputed = [](const TrainingStep& of) {
     std::map<std::pair<int, std::string>, std::pair<int64_t, int>> found;  // -> (repeat, count)
     for (const Op& op : of.graph.ops()) {
-      if (op.phase != Phase::kRecompute || is_collective(op.kind) ||
-          op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+      if (op.phase != Phase::kRecompute || !is_compute(op.kind)) {
         continue;
       }
       const Region& region = of.graph.region(op.region);

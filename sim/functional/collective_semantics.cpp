@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/ir/op_kind_traits.h"
 #include "sim/functional/communicator.h"
 
 namespace tpusim {
@@ -413,19 +414,20 @@ void combine_collective(const Graph& graph, const Op& op,
     output.values = member_inputs[static_cast<size_t>(source)]->values;
     return;
   }
-  switch (op.kind) {
-    case OpKind::kAllGather:
-    case OpKind::kAllToAll:
-    case OpKind::kCollectivePermute:
+  switch (op_kind_traits(op.kind).collective) {
+    case Collective::kAllGather:
+    case Collective::kAllToAll:
+    case Collective::kCollectivePermute:
       copy_collective(op, layouts, members, member_inputs, self, output);
       return;
-    case OpKind::kReduceScatter:
-    case OpKind::kAllReduce:
+    case Collective::kReduceScatter:
+    case Collective::kAllReduce:
       reduce_collective(op, layouts, members, member_inputs, self, output);
       return;
-    default:
-      fail(op, "not a collective");
+    case Collective::kNone:
+      break;
   }
+  fail(op, "not a collective");
 }
 
 int64_t LocalBox::volume() const {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/mechanisms.h"
+#include "model/ir/op_kind_traits.h"
 #include "sim/memory/liveness.h"
 
 namespace tpusim {
@@ -64,7 +65,8 @@ class MemoryModel {
         case Category::kOffloaded:
           offloaded[static_cast<size_t>(tensor.region)] += bytes;
           break;
-        default:
+        case Category::kTemporary:  // counted op by op in the scan below
+        case Category::kIgnored:
           break;
       }
     }
@@ -171,7 +173,7 @@ class MemoryModel {
       }
       const int forward = loop.phase == Phase::kForward ? op.region : loop.forward_region;
       const bool forward_gather = op.kind == OpKind::kAllGather && op.phase == Phase::kForward;
-      const bool reduction = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce;
+      const bool reduction = is_reducing_collective(op.kind);
       if (forward >= 0 && (forward_gather || reduction)) {
         const TensorId full = forward_gather ? op.outputs[0] : op.inputs[0];
         loop_buffers[static_cast<size_t>(forward)] +=
@@ -289,7 +291,8 @@ class MemoryModel {
   // input): the output then takes no new memory. A saved activation (freed with its backward
   // region) can be taken over once, by an op of that backward region that reads it last.
   void reuse_operand_buffer(const Op& op, int index) {
-    if (!writes_in_place(op) || !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
+    if (!op_kind_traits(op.kind).writes_in_place ||
+        !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
       return;
     }
     for (const TensorId output : op.outputs) {
@@ -346,23 +349,9 @@ class MemoryModel {
                   [this](TensorId id) { return live_[static_cast<size_t>(id)] == LiveAs::kDead; });
   }
 
-  // Ops whose output has an operand's shape, element by element: XLA can write it in place.
-  static bool writes_in_place(const Op& op) {
-    switch (op.kind) {
-      case OpKind::kElementwise:
-      case OpKind::kCrossEntropyGrad:
-      case OpKind::kRope:
-      case OpKind::kNormGrad:
-        return true;
-      default:
-        return false;
-    }
-  }
-
   // attention=dot_product: the scores an attention op (or its gradient) materializes.
   double attention_scores_bytes(const Op& op) const {
-    if (!program_.attention_scores_in_hbm ||
-        (op.kind != OpKind::kAttention && op.kind != OpKind::kAttentionGrad)) {
+    if (!program_.attention_scores_in_hbm || !op_kind_traits(op.kind).attention) {
       return 0;
     }
     const bool gradient = op.kind == OpKind::kAttentionGrad;

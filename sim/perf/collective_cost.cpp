@@ -4,6 +4,7 @@
 
 #include "common/mechanisms.h"
 #include "hw/network_model.h"
+#include "model/ir/op_kind_traits.h"
 
 namespace tpusim {
 namespace {
@@ -76,9 +77,9 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   double ici = 0;
   double dcn = 0;
   const double dcn_latency = dcn_latency_s(slice);
-  switch (kind) {
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
+  switch (op_kind_traits(kind).collective) {
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
       // Across slices the small shards cross DCN (each device swaps its shard with its peers
       // in the other slices), then ICI gathers the slice's V / DCN-sized pieces into V (a
       // reduce-scatter runs the same stages in reverse): DCN carries V / N of each peer.
@@ -94,21 +95,21 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
       dcn = gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth, dcn_devices - 1,
                    dcn_latency);
       break;
-    case OpKind::kAllReduce:
+    case Collective::kAllReduce:
       // ICI reduce-scatter of V, DCN all-reduce of the V / ICI shard, ICI all-gather of V.
       ici = 2 * std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                          chip_ingress_bound(bytes));
       dcn = 2 * gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
                        dcn_devices - 1, dcn_latency);
       break;
-    case OpKind::kAllToAll:
-    case OpKind::kCollectivePermute:
+    case Collective::kAllToAll:
+    case Collective::kCollectivePermute:
       // A switch carries each device's (N-1)/N x V at its link bandwidth, like a gather.
       ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency) /
             (slice.switched ? 1.0 : (all_wrap && !d2d_only ? 4.0 : 2.0));
       dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency) / 2.0;
       break;
-    default:
+    case Collective::kNone:
       break;
   }
   CollectiveTime time;

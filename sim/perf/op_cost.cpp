@@ -501,12 +501,38 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
       return attention_cost(graph, op, context, false);
     case OpKind::kAttentionGrad:
       return attention_cost(graph, op, context, true);
-    default:
+    case OpKind::kMoeDispatch:
+    case OpKind::kMoeCombine:
+      if (op.attrs.capacity_factor > 0) {
+        return dense_moe_exchange_cost(graph, op, context);
+      }
       break;
-  }
-  if ((op.kind == OpKind::kMoeDispatch || op.kind == OpKind::kMoeCombine) &&
-      op.attrs.capacity_factor > 0) {
-    return dense_moe_exchange_cost(graph, op, context);
+    // Costed below by their vector FLOPs and the bytes they read and write.
+    case OpKind::kElementwise:
+    case OpKind::kRmsNorm:
+    case OpKind::kLayerNorm:
+    case OpKind::kRope:
+    case OpKind::kEmbeddingLookup:
+    case OpKind::kCrossEntropy:
+    case OpKind::kMoeRouter:
+    case OpKind::kNormGrad:
+    case OpKind::kEmbeddingGrad:
+    case OpKind::kCrossEntropyGrad:
+    case OpKind::kRouterGrad:
+    case OpKind::kReduceSum:
+    case OpKind::kNormStatistics:
+    case OpKind::kCrossEntropyStatistics:
+    case OpKind::kDynamicSlice:
+    case OpKind::kAdamUpdate:
+    // Timed elsewhere (collective_time(), the host link); here their bytes, if asked.
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kCollectivePermute:
+    case OpKind::kHostOffload:
+    case OpKind::kHostLoad:
+      break;
   }
   OpCost cost;
   const OpFlops flops = op_flops(graph, op);

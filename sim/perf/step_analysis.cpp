@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner.h"
 
 namespace tpusim {
@@ -14,7 +15,7 @@ void StepSimulator::Analysis::find_fusions(const Graph& graph, bool matmul_outpu
     }
   }
   for (const Op& op : graph.ops()) {
-    if (op.kind != OpKind::kElementwise && op.kind != OpKind::kRope) {
+    if (!may_fuse(op.kind)) {
       continue;
     }
     for (const TensorId input : op.inputs) {
@@ -26,8 +27,7 @@ void StepSimulator::Analysis::find_fusions(const Graph& graph, bool matmul_outpu
       // RoPE also fuses into a norm it reads: qk-norm's per-head RMSNorm of the query and key
       // and their rotation are one XLA fusion between the projection and the attention.
       const bool fusible_source = (source.kind == OpKind::kEinsum && matmul_output_fusion) ||
-                                  source.kind == OpKind::kElementwise ||
-                                  source.kind == OpKind::kRope ||
+                                  may_fuse(source.kind) ||
                                   (op.kind == OpKind::kRope && source.kind == OpKind::kRmsNorm);
       if (fusible_source && source.region == op.region &&
           consumers[static_cast<size_t>(input)] == 1) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner.h"
 #include "sim/transport/in_process_communicator.h"
 #include "sim/transport/mpi_transport.h"
@@ -114,14 +115,18 @@ std::vector<LocalBox> parts_read(const Graph& graph, const Op& op,
 // V (sim/perf/collective_cost.h).
 double model_fraction(OpKind kind, size_t members) {
   const double n = static_cast<double>(members);
-  switch (kind) {
-    case OpKind::kAllReduce:
+  switch (op_kind_traits(kind).collective) {
+    case Collective::kAllReduce:
       return 2 * (n - 1) / n;
-    case OpKind::kCollectivePermute:
+    case Collective::kCollectivePermute:
       return 1;
-    default:
-      return (n - 1) / n;
+    case Collective::kNone:
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+      break;
   }
+  return (n - 1) / n;
 }
 
 struct Messages {
