@@ -140,7 +140,7 @@ nlohmann::json time_collective(const std::string& kind,
           {"seconds", time.seconds},
           {"ici_seconds", time.ici_seconds},
           {"dcn_seconds", time.dcn_seconds},
-          {"link", time.link}};
+          {"link", link_kind_name(time.link)}};
 }
 
 }  // namespace

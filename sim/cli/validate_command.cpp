@@ -103,7 +103,7 @@ nlohmann::json validate_csv(const std::string& path) {
                             {"predicted_mfu", estimate.mfu},
                             {"fits", estimate.memory.fits},
                             {"hbm_peak_bytes_per_device", estimate.memory.peak_bytes},
-                            {"breakdown", estimate.timing.breakdown}};
+                            {"breakdown", rendered_breakdown(estimate.timing.breakdown)}};
     if (tokens_column.has_value() && !row[*tokens_column].empty()) {
       const double tokens = parse_number(row[*tokens_column], where + " measured_tokens_s_chip");
       entry["measured_tokens_s_chip"] = tokens;

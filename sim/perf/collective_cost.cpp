@@ -115,7 +115,9 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   time.ici_seconds = ici;
   time.dcn_seconds = dcn;
   time.seconds = ici + dcn + (ici + dcn > 0 ? chip.collective_launch_us * kMicro : 0);
-  time.link = dcn > ici ? "dcn" : (d2d_only && ici_devices > 1 ? "d2d" : "ici");
+  time.link = dcn > ici                     ? LinkKind::kDcn
+              : d2d_only && ici_devices > 1 ? LinkKind::kD2d
+                                            : LinkKind::kIci;
   return time;
 }
 
