@@ -57,7 +57,7 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
-nlohmann::json validate_csv(const std::string& path) {
+nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechanisms) {
   note_input(path);
   const CsvTable table = parse_csv(read_text_file(path), path);
   const size_t id_column = table.column("id");
@@ -91,7 +91,7 @@ nlohmann::json validate_csv(const std::string& path) {
         throw UserError(where + ": " + error.what());
       }
     }();
-    const Estimate estimate = estimate_config(config);
+    const Estimate estimate = estimate_config(config, mechanisms);
     const double error = (estimate.step_seconds - measured) / measured;
     errors.push_back(std::abs(error));
     nlohmann::json entry = {{"id", row[id_column]},
@@ -140,9 +140,9 @@ void register_validate_command(CLI::App& app) {
                    "reduction_reassociation")
       ->delimiter(',');
   command->callback([path, json_output, without] {
-    disable_mechanisms(*without);
-    nlohmann::json result = validate_csv(*path);
-    result["mechanisms_off"] = disabled_mechanisms();
+    const MechanismSet mechanisms = MechanismSet::without(*without);
+    nlohmann::json result = validate_csv(*path, mechanisms);
+    result["mechanisms_off"] = mechanisms.disabled_names();
     if (*json_output) {
       std::cout << result.dump(2) << "\n";
       return;

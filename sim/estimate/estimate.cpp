@@ -25,14 +25,16 @@ nlohmann::json memory_json(const MemoryEstimate& memory) {
 
 }  // namespace
 
-Estimate estimate_config(const Config& config) {
+Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   Estimate estimate;
-  estimate.program = build_step_program(config);
+  estimate.program = build_step_program(config, mechanisms);
   const StepProgram& built = estimate.program;
   const ChipSpec& chip = *built.slice.chip;
   estimate.flops = program_flops(built);
-  estimate.memory = estimate_memory(built);
-  estimate.timing = simulate_step(built, perf_options_from_config(config, chip));
+  estimate.memory = estimate_memory(built, mechanisms);
+  PerfOptions perf = perf_options_from_config(config, chip);
+  perf.cost.mechanisms = mechanisms;
+  estimate.timing = simulate_step(built, perf);
   estimate.model_tflop_per_device_step = maxtext_training_flops_per_device(config).total_tflops();
   estimate.step_seconds = estimate.timing.step_seconds;
   const double step = estimate.step_seconds;

@@ -22,8 +22,11 @@ struct RegionTemporaries {
 
 class MemoryModel {
  public:
-  explicit MemoryModel(const StepProgram& program)
-      : program_(program), graph_(program.program.graph), liveness_(program_liveness(program)) {
+  MemoryModel(const StepProgram& program, const MechanismSet& mechanisms)
+      : program_(program),
+        mechanisms_(mechanisms),
+        graph_(program.program.graph),
+        liveness_(program_liveness(program)) {
     const size_t tensors = graph_.tensors().size();
     bytes_.reserve(tensors);
     for (const Tensor& tensor : graph_.tensors()) {
@@ -289,7 +292,7 @@ class MemoryModel {
   // input): the output then takes no new memory. A saved activation (freed with its backward
   // region) can be taken over once, by an op of that backward region that reads it last.
   void reuse_operand_buffer(const Op& op, int index) {
-    if (!writes_in_place(op) || !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
+    if (!writes_in_place(op) || !mechanisms_.enabled(Mechanism::kInPlaceBuffers)) {
       return;
     }
     for (const TensorId output : op.outputs) {
@@ -392,6 +395,7 @@ class MemoryModel {
   };
 
   const StepProgram& program_;
+  MechanismSet mechanisms_;
   const Graph& graph_;
   const Liveness liveness_;
   std::vector<double> bytes_;                            // by tensor id
@@ -407,8 +411,8 @@ class MemoryModel {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const StepProgram& program) {
-  return MemoryModel(program).run();
+MemoryEstimate estimate_memory(const StepProgram& program, const MechanismSet& mechanisms) {
+  return MemoryModel(program, mechanisms).run();
 }
 
 }  // namespace tpusim

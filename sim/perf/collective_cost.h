@@ -23,6 +23,7 @@
 
 #include <string>
 
+#include "common/mechanisms.h"
 #include "hw/slice.h"
 #include "model/ir/op.h"
 #include "sharding/device_mesh.h"
@@ -37,7 +38,9 @@ struct CollectiveTime {
   LinkKind link = LinkKind::kIci;  // the slowest part
 };
 
+// `mechanisms`: chip_ingress_bound and dcn_shards_first apply unless switched off.
 CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
-                               const DeviceMesh& mesh, const Slice& slice);
+                               const DeviceMesh& mesh, const Slice& slice,
+                               const MechanismSet& mechanisms = MechanismSet());
 
 }  // namespace tpusim

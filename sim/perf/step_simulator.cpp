@@ -7,7 +7,6 @@
 #include <tuple>
 #include <utility>
 
-#include "common/mechanisms.h"
 #include "model/config.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
@@ -144,10 +143,10 @@ bool overlapped_with_matmul(const Op& op, bool collective_matmul, bool weight_on
 // TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x report's
 // -22% for dense models with the offload is this exposure going away).
 bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overlapped,
-                          const ChipSpec& chip) {
+                          const ChipSpec& chip, const MechanismSet& mechanisms) {
   return !offloaded && on_ici && op.kind != OpKind::kAllToAll &&
          op.kind != OpKind::kCollectivePermute && !overlapped &&
-         mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
+         mechanisms.enabled(Mechanism::kTensorCoreDrivenCollectives) &&
          chip.sparsecore_collective_offload_default > 0;
 }
 
@@ -170,7 +169,7 @@ class Simulator {
     for (Timeline& resource : timelines_) {
       resource.clear();
     }
-    analysis.use_mesh(graph_, program.mesh);
+    analysis.use_mesh(graph_, program.mesh, options.cost.mechanisms);
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     ready_.assign(tensors, 0.0);
@@ -369,7 +368,8 @@ class Simulator {
       }
       plan.kind = OpPlan::Kind::kCollective;
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      const bool sparsecore_reduction = mechanism_enabled(Mechanism::kSparseCoreReduction);
+      const bool sparsecore_reduction =
+          options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
       const bool reduction = sparsecore_reduction &&
                              (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce);
       plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
@@ -408,7 +408,8 @@ class Simulator {
         plan.trace_detail = op_kind_name(op.kind);
       }
       if (driven_by_tensorcore(op, offloaded, plan.resource == Resource::kIci,
-                               plan.overlapped_with_matmul, *program_.slice.chip)) {
+                               plan.overlapped_with_matmul, *program_.slice.chip,
+                               options_.cost.mechanisms)) {
         plan.kind = OpPlan::Kind::kCompute;
         plan.bound = CostCategory::kOverhead;
         if (details_) {
