@@ -1,7 +1,6 @@
 #include "common/mechanisms.h"
 
 #include <array>
-#include <atomic>
 #include <cstddef>
 
 #include "common/error.h"
@@ -43,19 +42,6 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "where q, k and v (or wi_0 and wi_1) each had one"},
 }};
 
-// Relaxed atomics: set once before estimating, read by every cost function.
-std::array<std::atomic<bool>, kCount>& switches() {
-  static std::array<std::atomic<bool>, kCount> enabled;
-  static const bool initialized = [] {
-    for (std::atomic<bool>& flag : enabled) {
-      flag.store(true, std::memory_order_relaxed);
-    }
-    return true;
-  }();
-  (void)initialized;
-  return enabled;
-}
-
 }  // namespace
 
 const char* mechanism_name(Mechanism mechanism) {
@@ -66,20 +52,13 @@ const char* mechanism_summary(Mechanism mechanism) {
   return kDescriptions.at(static_cast<size_t>(mechanism)).summary;
 }
 
-bool mechanism_enabled(Mechanism mechanism) {
-  return switches().at(static_cast<size_t>(mechanism)).load(std::memory_order_relaxed);
-}
-
-namespace {
-
-std::array<bool, kCount> enabled_from_names(const std::vector<std::string>& disabled) {
-  std::array<bool, kCount> enabled{};
-  enabled.fill(true);
-  for (const std::string& name : disabled) {
+MechanismSet MechanismSet::without(const std::vector<std::string>& names) {
+  MechanismSet set;
+  for (const std::string& name : names) {
     bool found = false;
     for (size_t index = 0; index < kCount; ++index) {
       if (name == kDescriptions.at(index).name) {
-        enabled.at(index) = false;
+        set.off_.at(index) = true;
         found = true;
       }
     }
@@ -95,50 +74,21 @@ std::array<bool, kCount> enabled_from_names(const std::vector<std::string>& disa
                       name);
     }
   }
-  return enabled;
+  return set;
 }
 
-void store(const std::array<bool, kCount>& enabled) noexcept {
-  for (size_t index = 0; index < kCount; ++index) {
-    switches()[index].store(enabled[index], std::memory_order_relaxed);
-  }
+bool MechanismSet::enabled(Mechanism mechanism) const {
+  return !off_.at(static_cast<size_t>(mechanism));
 }
 
-std::array<bool, kCount> current() noexcept {
-  std::array<bool, kCount> enabled{};
-  for (size_t index = 0; index < kCount; ++index) {
-    enabled[index] = switches()[index].load(std::memory_order_relaxed);
-  }
-  return enabled;
-}
-
-}  // namespace
-
-void disable_mechanisms(const std::vector<std::string>& names) {
-  store(enabled_from_names(names));
-}
-
-std::vector<std::string> disabled_mechanisms() {
+std::vector<std::string> MechanismSet::disabled_names() const {
   std::vector<std::string> names;
-  const std::array<bool, kCount> enabled = current();
   for (size_t index = 0; index < kCount; ++index) {
-    if (!enabled.at(index)) {
+    if (off_.at(index)) {
       names.emplace_back(kDescriptions.at(index).name);
     }
   }
   return names;
-}
-
-MechanismsOff::MechanismsOff(const std::vector<std::string>& names) : previous_(current()) {
-  std::array<bool, kCount> enabled = enabled_from_names(names);
-  for (size_t index = 0; index < kCount; ++index) {
-    enabled.at(index) = enabled.at(index) && previous_.at(index);
-  }
-  store(enabled);
-}
-
-MechanismsOff::~MechanismsOff() {
-  store(previous_);
 }
 
 }  // namespace tpusim

@@ -3,16 +3,18 @@
 // contributes (an ablation).
 //
 // Every mechanism is on in normal use. `tpusim validate --without NAME,...` and `tpusim estimate
-// --without NAME,...` switch some off for the whole process, so reports/validation.md can show
-// each class of published run with and without the mechanism that explains it. The switches are
-// process-wide because the mechanisms sit in independent leaves of the model (op costs,
-// collective costs, the scheduler, the memory model, the partitioner); set them once, before
-// estimating.
+// --without NAME,...` switch some off, so reports/validation.md can show each class of published
+// run with and without the mechanism that explains it. Which ones are on is a value, MechanismSet,
+// that travels with the options of the leaves that consult it (op costs and the scheduler through
+// CostContext::mechanisms, collective costs, the memory model, the partitioner), so the caches
+// keyed on those options tell a run without a mechanism from one with it.
 //
 // Example:
-//   disable_mechanisms({"grouped_matmul_tiles"});          // UserError on an unknown name
-//   mechanism_enabled(Mechanism::kGroupedMatmulTiles);     // false
-//   MechanismsOff guard({"in_place_buffers"});             // tests: restored on scope exit
+//   const MechanismSet off = MechanismSet::without({"grouped_matmul_tiles"});  // UserError on
+//                                                                               // an unknown name
+//   off.enabled(Mechanism::kGroupedMatmulTiles);   // false
+//   MechanismSet().enabled(Mechanism::kGroupedMatmulTiles);  // true: all on
+//   off.disabled_names();                          // {"grouped_matmul_tiles"}
 #pragma once
 
 #include <array>
@@ -40,24 +42,23 @@ const char* mechanism_name(Mechanism mechanism);
 // One line saying what the mechanism does.
 const char* mechanism_summary(Mechanism mechanism);
 
-bool mechanism_enabled(Mechanism mechanism);
-
-// Switches the named mechanisms off (the others back on). UserError naming an unknown one.
-void disable_mechanisms(const std::vector<std::string>& names);
-
-// Disables mechanisms for a scope (tests), restoring the previous switches after.
-class MechanismsOff {
+// Which mechanisms are on: all of them unless switched off by name.
+class MechanismSet {
  public:
-  explicit MechanismsOff(const std::vector<std::string>& names);
-  ~MechanismsOff();
-  MechanismsOff(const MechanismsOff&) = delete;
-  MechanismsOff& operator=(const MechanismsOff&) = delete;
+  MechanismSet() = default;  // every mechanism on
+
+  // All but the named ones. UserError naming an unknown one (the --without list).
+  static MechanismSet without(const std::vector<std::string>& names);
+
+  bool enabled(Mechanism mechanism) const;
+
+  // The names of the mechanisms switched off, in the order of Mechanism.
+  std::vector<std::string> disabled_names() const;
+
+  bool operator==(const MechanismSet&) const = default;
 
  private:
-  std::array<bool, static_cast<size_t>(Mechanism::kCount)> previous_;
+  std::array<bool, static_cast<size_t>(Mechanism::kCount)> off_{};
 };
-
-// The names of the mechanisms switched off now.
-std::vector<std::string> disabled_mechanisms();
 
 }  // namespace tpusim

@@ -49,7 +49,7 @@ PartitionedProgram Partitioner::run() {
     out_.add_carry(pipeline_hand_over(carry), local(carry.to));
   }
   gather_pipeline_weights_once();
-  if (mechanism_enabled(Mechanism::kReductionReassociation)) {
+  if (mechanisms_.enabled(Mechanism::kReductionReassociation)) {
     reassociate_reductions(out_);
   }
   PartitionedProgram program;
@@ -460,8 +460,8 @@ void Partitioner::partition_op(const Op& op) {
 }  // namespace partitioner_internal
 
 PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& rules,
-                             const DeviceMesh& mesh) {
-  return partitioner_internal::Partitioner(step, rules, mesh).run();
+                             const DeviceMesh& mesh, const MechanismSet& mechanisms) {
+  return partitioner_internal::Partitioner(step, rules, mesh, mechanisms).run();
 }
 
 int64_t collective_bytes(const Graph& graph, const Op& op) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mechanisms.h"
 #include "hw/slice.h"
 #include "model/autodiff/training_step.h"
 #include "sharding/device_mesh.h"
@@ -56,8 +57,10 @@ struct PartitionedProgram {
   std::vector<TensorId> local_of_global;  // global tensor id -> its local tensor
 };
 
+// `mechanisms`: reduction_reassociation rewrites the program unless switched off.
 PartitionedProgram partition(const TrainingStep& step, const LogicalAxisRules& rules,
-                             const DeviceMesh& mesh);
+                             const DeviceMesh& mesh,
+                             const MechanismSet& mechanisms = MechanismSet());
 
 // Bytes a collective op is charged for: the per-device array it gathers into, reduces, or
 // exchanges (V in docs/reference/hardware.md §2). 0 for non-collectives.

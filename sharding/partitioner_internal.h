@@ -159,8 +159,9 @@ inline int norm_statistics_count(const Op& op) {
 
 class Partitioner {
  public:
-  Partitioner(const TrainingStep& step, const LogicalAxisRules& rules, const DeviceMesh& mesh)
-      : global_(step.graph), rules_(rules), mesh_(mesh) {}
+  Partitioner(const TrainingStep& step, const LogicalAxisRules& rules, const DeviceMesh& mesh,
+              const MechanismSet& mechanisms)
+      : global_(step.graph), rules_(rules), mesh_(mesh), mechanisms_(mechanisms) {}
 
   PartitionedProgram run();
 
@@ -276,6 +277,7 @@ class Partitioner {
   const Graph& global_;
   const LogicalAxisRules& rules_;
   const DeviceMesh& mesh_;
+  MechanismSet mechanisms_;
   Graph out_;
   Graph extra_;  // global descriptions of tensors the partitioner invents (statistics)
   std::vector<Layout> layouts_;

@@ -33,7 +33,7 @@ Slice slice_from_config(const Config& config) {
   return slice;
 }
 
-StepProgram build_step_program(const Config& config) {
+StepProgram build_step_program(const Config& config, const MechanismSet& mechanisms) {
   StepProgram result;
   result.slice = slice_from_config(config);
   result.mesh =
@@ -56,7 +56,7 @@ StepProgram build_step_program(const Config& config) {
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   // What explore prunes as axis_does_not_divide, estimate and train refuse (the same check).
   Divisibility(*result.step, rules).require_divides(result.mesh.shape, batch, per_device);
-  result.program = partition(*result.step, rules, result.mesh);
+  result.program = partition(*result.step, rules, result.mesh, mechanisms);
   return result;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/mechanisms.h"
 #include "hw/slice.h"
 #include "model/autodiff/training_step.h"
 #include "sharding/partitioner.h"
@@ -44,6 +45,8 @@ Slice slice_from_config(const Config& config);
 
 // UserError when a mesh axis does not split a parameter, the inputs' length or the loaded batch
 // evenly (sharding/divisibility.h: the check explore prunes by).
-StepProgram build_step_program(const Config& config);
+// `mechanisms` go to the partitioner (all on unless given).
+StepProgram build_step_program(const Config& config,
+                               const MechanismSet& mechanisms = MechanismSet());
 
 }  // namespace tpusim

@@ -116,10 +116,10 @@ void register_estimate_command(CLI::App& app) {
                    "reduction_reassociation")
       ->delimiter(',');
   command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without] {
-    disable_mechanisms(*without);
+    const MechanismSet mechanisms = MechanismSet::without(*without);
     XlaFlagReport xla_report;
     const Config config = load_command_config(*args, *xla_flags, &xla_report);
-    const Estimate estimate = estimate_config(config);
+    const Estimate estimate = estimate_config(config, mechanisms);
     if (!trace_path->empty()) {
       write_file_atomically(*trace_path, chrome_trace(estimate));
     }
@@ -135,7 +135,7 @@ void register_estimate_command(CLI::App& app) {
       json.update(passthrough_keys_json(config));
       json["xla_flags"] = xla_flags_json(xla_report);
       if (!without->empty()) {
-        json["mechanisms_off"] = disabled_mechanisms();
+        json["mechanisms_off"] = mechanisms.disabled_names();
       }
       std::cout << json.dump(2) << "\n";
     } else {

@@ -46,8 +46,8 @@ int64_t positive_integer(const std::string& key, const std::string& text) {
   throw UserError(key + ": '" + text + "' must be a positive integer (at most 2^40)");
 }
 
-nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys,
-                           const Config& config) {
+nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, const Config& config,
+                           const MechanismSet& mechanisms) {
   for (const char* key : {"m", "n", "k"}) {
     if (!op_keys.contains(key)) {
       throw UserError(std::string("op matmul: missing ") + key + "=...");
@@ -72,6 +72,7 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys,
   const int id = graph.add_op(OpKind::kEinsum, "matmul", {lhs, rhs}, {out}, attrs, region);
   CostContext context;
   context.chip = &chip;
+  context.mechanisms = mechanisms;
   const std::string quantization = config.get_string("quantization");
   context.int8_matmuls = quantization == "int8";
   context.fp8_matmuls = quantization.rfind("fp8", 0) == 0;
@@ -100,7 +101,7 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys,
 
 nlohmann::json time_collective(const std::string& kind,
                                const std::map<std::string, std::string>& op_keys,
-                               const Config& config) {
+                               const Config& config, const MechanismSet& mechanisms) {
   if (!op_keys.contains("bytes") || !op_keys.contains("axes")) {
     throw UserError("op " + kind +
                     ": needs bytes=N (the per-device array V) and axes=a[,b] (mesh axes)");
@@ -127,8 +128,8 @@ nlohmann::json time_collective(const std::string& kind,
                     " spans a single device on this mesh (set its ici_*/dcn_* "
                     "parallelism above 1)");
   }
-  const CollectiveTime time =
-      collective_time(collective_kinds().at(kind), static_cast<double>(bytes), axes, mesh, slice);
+  const CollectiveTime time = collective_time(
+      collective_kinds().at(kind), static_cast<double>(bytes), axes, mesh, slice, mechanisms);
   nlohmann::json placement = nlohmann::json::object();
   for (const std::string& axis : axes) {
     placement[axis] = mesh.axis(axis).describe(slice);
@@ -141,7 +142,7 @@ nlohmann::json time_collective(const std::string& kind,
           {"seconds", time.seconds},
           {"ici_seconds", time.ici_seconds},
           {"dcn_seconds", time.dcn_seconds},
-          {"link", time.link}};
+          {"link", link_kind_name(time.link)}};
 }
 
 }  // namespace
@@ -166,7 +167,8 @@ nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& 
     }
   }
   const Config config = quiet ? load_recipe_config(overrides, "") : load_command_config(overrides);
-  return kind == "matmul" ? time_matmul(op_keys, config) : time_collective(kind, op_keys, config);
+  return kind == "matmul" ? time_matmul(op_keys, config, mechanisms)
+                          : time_collective(kind, op_keys, config, mechanisms);
 }
 
 void register_op_command(CLI::App& app) {
@@ -179,7 +181,7 @@ void register_op_command(CLI::App& app) {
   command->add_option("args", *args, "op keys (m n k | bytes axes) and config key=value");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([kind, args, json_output] {
-    const nlohmann::json json = time_op(*kind, *args);
+    const nlohmann::json json = time_op(*kind, *args, MechanismSet());
     if (*json_output) {
       std::cout << json.dump(2) << "\n";
       return;

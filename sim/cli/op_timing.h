@@ -6,7 +6,7 @@
 //
 // Example:
 //   nlohmann::json matmul = time_op("matmul", {"m=8192", "n=8192", "k=8192",
-//                                              "compile_topology=v5e-1"});
+//                                              "compile_topology=v5e-1"}, MechanismSet());
 //   matmul["seconds"];  matmul["percent_of_peak"];
 #pragma once
 
@@ -15,11 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mechanisms.h"
+
 namespace tpusim {
 
-// kind: matmul, all_gather, reduce_scatter, all_reduce or all_to_all. `quiet` loads the config
-// without printing the keys it does not model (a caller timing many ops).
+// kind: matmul, all_gather, reduce_scatter, all_reduce or all_to_all; `mechanisms` the cost
+// mechanisms switched on. `quiet` loads the config without printing the keys it does not model
+// (a caller timing many ops).
 nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& args,
-                       bool quiet = false);
+                       const MechanismSet& mechanisms, bool quiet = false);
 
 }  // namespace tpusim

@@ -26,7 +26,7 @@
 
 namespace tpusim {
 
-nlohmann::json validate_csv(const std::string& path) {
+nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechanisms) {
   note_input(path);
   const CsvTable table = parse_csv(read_text_file(path), path);
   const size_t id_column = table.column("id");
@@ -60,7 +60,7 @@ nlohmann::json validate_csv(const std::string& path) {
         throw UserError(where + ": " + error.what());
       }
     }();
-    const Estimate estimate = estimate_config(config);
+    const Estimate estimate = estimate_config(config, mechanisms);
     const double error = (estimate.step_seconds - measured) / measured;
     errors.push_back(std::abs(error));
     nlohmann::json entry = {{"id", row[id_column]},
@@ -72,7 +72,7 @@ nlohmann::json validate_csv(const std::string& path) {
                             {"predicted_mfu", estimate.mfu},
                             {"fits", estimate.memory.fits},
                             {"hbm_peak_bytes_per_device", estimate.memory.peak_bytes},
-                            {"breakdown", estimate.timing.breakdown}};
+                            {"breakdown", rendered_breakdown(estimate.timing.breakdown)}};
     if (tokens_column.has_value() && !row[*tokens_column].empty()) {
       const double tokens =
           parse_table_number(row[*tokens_column], where + " measured_tokens_s_chip");
@@ -122,15 +122,15 @@ void register_validate_command(CLI::App& app) {
           "validate: give a results CSV (validation/published.csv) or --pairs "
           "PAIRS.csv (validation/pairs.csv)");
     }
-    disable_mechanisms(*without);
+    const MechanismSet mechanisms = MechanismSet::without(*without);
     if (!pairs_path->empty()) {
-      nlohmann::json result = validate_pairs(*pairs_path);
-      result["mechanisms_off"] = disabled_mechanisms();
+      nlohmann::json result = validate_pairs(*pairs_path, mechanisms);
+      result["mechanisms_off"] = mechanisms.disabled_names();
       std::cout << (*json_output ? result.dump(2) + "\n" : pairs_table(result));
       return;
     }
-    nlohmann::json result = validate_csv(*path);
-    result["mechanisms_off"] = disabled_mechanisms();
+    nlohmann::json result = validate_csv(*path, mechanisms);
+    result["mechanisms_off"] = mechanisms.disabled_names();
     if (*json_output) {
       std::cout << result.dump(2) << "\n";
       return;

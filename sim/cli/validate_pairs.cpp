@@ -106,7 +106,7 @@ class NamedRuns {
 
 // The predicted quantity of one run of a pair.
 double predict(const std::string& level, const std::string& quantity, const std::string& run,
-               NamedRuns& named, const std::string& where) {
+               NamedRuns& named, const MechanismSet& mechanisms, const std::string& where) {
   try {
     if (level == "op") {
       const std::vector<std::string> words = split_words(run);
@@ -114,14 +114,14 @@ double predict(const std::string& level, const std::string& quantity, const std:
         throw UserError("empty; give KIND key=value ...");
       }
       const nlohmann::json timed =
-          time_op(words.front(), {words.begin() + 1, words.end()}, /*quiet=*/true);
+          time_op(words.front(), {words.begin() + 1, words.end()}, mechanisms, /*quiet=*/true);
       return timed.at(quantity).get<double>();
     }
     std::optional<Config> config = named.config_of(run, where);
     if (!config) {
       config = load_recipe_config(split_words(run), "");
     }
-    const Estimate estimate = estimate_config(*config);
+    const Estimate estimate = estimate_config(*config, mechanisms);
     return quantity == "mfu" ? estimate.mfu : estimate.step_seconds;
   } catch (const UserError& error) {
     throw UserError(where + ": " + error.what());
@@ -170,7 +170,7 @@ nlohmann::json summary_of(const nlohmann::json& pairs, const std::string& level)
 
 }  // namespace
 
-nlohmann::json validate_pairs(const std::string& path) {
+nlohmann::json validate_pairs(const std::string& path, const MechanismSet& mechanisms) {
   note_input(path);
   const CsvTable table = parse_csv(read_text_file(path), path);
   NamedRuns named(std::filesystem::path(path).parent_path());
@@ -192,9 +192,9 @@ nlohmann::json validate_pairs(const std::string& path) {
       throw UserError(where + ": measured_a and measured_b must be positive");
     }
     const double predicted_a =
-        predict(cell("level"), cell("quantity"), cell("a"), named, where + " a");
+        predict(cell("level"), cell("quantity"), cell("a"), named, mechanisms, where + " a");
     const double predicted_b =
-        predict(cell("level"), cell("quantity"), cell("b"), named, where + " b");
+        predict(cell("level"), cell("quantity"), cell("b"), named, mechanisms, where + " b");
     const double measured_ratio = measured_b / measured_a;
     const double predicted_ratio = predicted_b / predicted_a;
     std::string direction = "not judged";

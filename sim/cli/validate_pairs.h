@@ -15,7 +15,7 @@
 // topology and XLA flags). An op run is `KIND key=value ...`, as `tpusim op` takes it.
 //
 // Example:
-//   nlohmann::json result = validate_pairs("validation/pairs.csv");
+//   nlohmann::json result = validate_pairs("validation/pairs.csv", MechanismSet());
 //   result["pairs"][0]["error_points"];  result["summary"]["step"]["median_abs_points"];
 #pragma once
 
@@ -23,13 +23,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mechanisms.h"
+
 namespace tpusim {
 
 // Measured change below which a pair's direction is not judged (3%).
 inline constexpr double kPairDirectionThreshold = 0.03;
 
-// Every pair predicted and compared; UserError naming the file, row and column of bad input.
-nlohmann::json validate_pairs(const std::string& path);
+// Every pair predicted (with `mechanisms` switched on) and compared; UserError naming the file,
+// row and column of bad input.
+nlohmann::json validate_pairs(const std::string& path, const MechanismSet& mechanisms);
 
 // The text table of validate_pairs' result.
 std::string pairs_table(const nlohmann::json& result);

@@ -25,14 +25,16 @@ nlohmann::json memory_json(const MemoryEstimate& memory) {
 
 }  // namespace
 
-Estimate estimate_config(const Config& config) {
+Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   Estimate estimate;
-  estimate.program = build_step_program(config);
+  estimate.program = build_step_program(config, mechanisms);
   const StepProgram& built = estimate.program;
   const ChipSpec& chip = *built.slice.chip;
   estimate.flops = program_flops(built);
-  estimate.memory = estimate_memory(built);
-  estimate.timing = simulate_step(built, perf_options_from_config(config, chip));
+  estimate.memory = estimate_memory(built, mechanisms);
+  PerfOptions perf = perf_options_from_config(config, chip);
+  perf.cost.mechanisms = mechanisms;
+  estimate.timing = simulate_step(built, perf);
   estimate.model_tflop_per_device_step = maxtext_training_flops_per_device(config).total_tflops();
   estimate.step_seconds = estimate.timing.step_seconds;
   const double step = estimate.step_seconds;
@@ -85,7 +87,7 @@ Estimate estimate_config(const Config& config) {
   json["recompute_tflop_per_device_step"] = estimate.flops.recompute_matmul / kTera;
   json["uncounted_tflop_per_device_step"] = estimate.flops.uncounted_matmul / kTera;
   json["vector_tflop_per_device_step"] = estimate.flops.vector / kTera;
-  json["breakdown"] = estimate.timing.breakdown;
+  json["breakdown"] = rendered_breakdown(estimate.timing.breakdown);
   json["microbatch_time_s"] = estimate.timing.microbatch_seconds;
   json["optimizer_time_s"] = estimate.timing.optimizer_seconds;
   json["memory"] = memory_json(estimate.memory);
@@ -114,15 +116,15 @@ std::string chrome_trace(const Estimate& estimate) {
                     {"args",
                      {{"name", "device 0: " + slice.chip->display_name + " in " + slice.name +
                                    " (mesh " + estimate.program.mesh.shape.describe() + ")"}}}});
-  const std::vector<std::string> lanes = ordered_lanes(timing.trace);
-  std::map<std::string, int> lane_index;
+  const std::vector<int> lanes = ordered_lanes(timing);
+  const std::vector<int> lane_index = lane_rows(timing, lanes);
   for (size_t index = 0; index < lanes.size(); ++index) {
-    lane_index[lanes[index]] = static_cast<int>(index);
-    events.push_back({{"ph", "M"},
-                      {"name", "thread_name"},
-                      {"pid", 0},
-                      {"tid", static_cast<int>(index)},
-                      {"args", {{"name", lanes[index]}}}});
+    events.push_back(
+        {{"ph", "M"},
+         {"name", "thread_name"},
+         {"pid", 0},
+         {"tid", static_cast<int>(index)},
+         {"args", {{"name", lane_name(timing.lanes[static_cast<size_t>(lanes[index])])}}}});
     events.push_back({{"ph", "M"},
                       {"name", "thread_sort_index"},
                       {"pid", 0},
@@ -134,7 +136,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"name", event.name},
                       {"cat", event.region},
                       {"pid", 0},
-                      {"tid", lane_index[event.resource]},
+                      {"tid", lane_index[static_cast<size_t>(event.lane)]},
                       {"ts", event.start * 1e6},
                       {"dur", event.duration * 1e6},
                       {"args", {{"region", event.region}, {"detail", event.detail}}}});
@@ -180,7 +182,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"cat", "wait"},
                       {"id", flow_id},
                       {"pid", 0},
-                      {"tid", lane_index[flow.from_lane]},
+                      {"tid", lane_index[static_cast<size_t>(flow.from_lane)]},
                       {"ts", flow.from_time * 1e6 - 0.001}});
     events.push_back({{"ph", "f"},
                       {"bp", "e"},
@@ -188,7 +190,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"cat", "wait"},
                       {"id", flow_id},
                       {"pid", 0},
-                      {"tid", lane_index[flow.to_lane]},
+                      {"tid", lane_index[static_cast<size_t>(flow.to_lane)]},
                       {"ts", flow.to_time * 1e6}});
   }
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();

@@ -36,7 +36,9 @@ struct Estimate {
   nlohmann::json json;  // the full report (estimate --json)
 };
 
-Estimate estimate_config(const Config& config);
+// `mechanisms`: those switched on (all unless `--without`), for the partitioner, the memory
+// model and the perf options.
+Estimate estimate_config(const Config& config, const MechanismSet& mechanisms = MechanismSet());
 
 // Chrome trace-event JSON (Perfetto) of the simulated iterations: the device as a named process,
 // one named track per lane (sim/estimate/trace_lanes.h), each op with its region and what bounds

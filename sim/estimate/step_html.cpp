@@ -222,9 +222,9 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
   }
   data["summary"] = summary;
   nlohmann::json breakdown = nlohmann::json::array();
-  for (const auto& [name, seconds] : estimate.timing.breakdown) {
+  for (const auto& [key, seconds] : estimate.timing.breakdown) {
     if (seconds > 0) {
-      breakdown.push_back({name, seconds});
+      breakdown.push_back({breakdown_name(key), seconds});
     }
   }
   data["breakdown"] = breakdown;
@@ -244,16 +244,17 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
                                kinds.saved_activations, kinds.gathered_weights, kinds.temporaries});
   }
   data["memory_timeline"] = memory_timeline;
-  const std::vector<std::string> lanes = ordered_lanes(estimate.timing.trace);
-  std::map<std::string, int> lane_index;
-  for (size_t index = 0; index < lanes.size(); ++index) {
-    lane_index[lanes[index]] = static_cast<int>(index);
+  const std::vector<int> lanes = ordered_lanes(estimate.timing);
+  const std::vector<int> lane_index = lane_rows(estimate.timing, lanes);
+  nlohmann::json lane_names = nlohmann::json::array();
+  for (const int lane : lanes) {
+    lane_names.push_back(lane_name(estimate.timing.lanes[static_cast<size_t>(lane)]));
   }
-  data["lanes"] = lanes;
+  data["lanes"] = lane_names;
   nlohmann::json events = nlohmann::json::array();
   for (const TraceEvent& event : estimate.timing.trace) {
-    events.push_back({lane_index[event.resource], event.start, event.duration, event.name,
-                      event.region, event.detail});
+    events.push_back({lane_index[static_cast<size_t>(event.lane)], event.start, event.duration,
+                      event.name, event.region, event.detail});
   }
   data["events"] = events;
   data["command"] = command_line;

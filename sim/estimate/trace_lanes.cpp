@@ -4,34 +4,48 @@
 
 namespace tpusim {
 
-int lane_group(const std::string& lane) {
-  auto starts = [&lane](const char* prefix) { return lane.rfind(prefix, 0) == 0; };
-  if (starts("TensorCore") || starts("GPU") || starts("Stage")) {
-    return 0;
-  }
-  if (starts("ICI") || starts("D2D") || starts("NVLink")) {
-    return 1;
-  }
-  if (starts("SparseCore")) {
-    return 2;
-  }
-  if (starts("DCN") || starts("InfiniBand")) {
-    return 3;
+int lane_group(const TraceLane& lane) {
+  switch (lane.kind) {
+    case LaneKind::kTensorCore:
+    case LaneKind::kGpuSms:
+    case LaneKind::kStage:
+      return 0;
+    case LaneKind::kIci:
+    case LaneKind::kD2d:
+    case LaneKind::kNvLink:
+      return 1;
+    case LaneKind::kSparseCore:
+    case LaneKind::kSparseCoreReduce:
+      return 2;
+    case LaneKind::kDcn:
+    case LaneKind::kInfiniBand:
+      return 3;
+    case LaneKind::kHost:
+      return 4;
   }
   return 4;
 }
 
-std::vector<std::string> ordered_lanes(const std::vector<TraceEvent>& trace) {
-  std::vector<std::string> lanes;
-  for (const TraceEvent& event : trace) {
-    if (std::find(lanes.begin(), lanes.end(), event.resource) == lanes.end()) {
-      lanes.push_back(event.resource);
+std::vector<int> ordered_lanes(const StepTiming& timing) {
+  std::vector<int> lanes;
+  for (const TraceEvent& event : timing.trace) {
+    if (std::find(lanes.begin(), lanes.end(), event.lane) == lanes.end()) {
+      lanes.push_back(event.lane);
     }
   }
-  std::stable_sort(lanes.begin(), lanes.end(), [](const std::string& a, const std::string& b) {
-    return lane_group(a) < lane_group(b);
+  std::stable_sort(lanes.begin(), lanes.end(), [&timing](int a, int b) {
+    return lane_group(timing.lanes[static_cast<size_t>(a)]) <
+           lane_group(timing.lanes[static_cast<size_t>(b)]);
   });
   return lanes;
+}
+
+std::vector<int> lane_rows(const StepTiming& timing, const std::vector<int>& ordered) {
+  std::vector<int> rows(timing.lanes.size(), 0);
+  for (size_t row = 0; row < ordered.size(); ++row) {
+    rows[static_cast<size_t>(ordered[row])] = static_cast<int>(row);
+  }
+  return rows;
 }
 
 }  // namespace tpusim

@@ -177,6 +177,7 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
   ranked.fits = estimate.memory.fits;
   ranked.objective = scored.objective;
   ranked.estimate = estimate.json;
+  ranked.breakdown = estimate.timing.breakdown;
   return ranked;
 }
 

@@ -52,6 +52,7 @@
 #include "sim/explore/candidate.h"
 #include "sim/explore/objective.h"
 #include "sim/explore/search_space.h"
+#include "sim/perf/timing_labels.h"
 
 namespace tpusim {
 
@@ -101,6 +102,7 @@ struct RankedCandidate {
   bool fits = false;
   double objective = 0;     // larger is better (step time: its negative)
   nlohmann::json estimate;  // the full `tpusim estimate --json` of the candidate
+  Breakdown breakdown;      // its step breakdown, typed (the JSON's "breakdown" renders it)
 };
 
 // One pipeline schedule the explorer searched (its best candidate, if any fits): how a
@@ -122,7 +124,7 @@ struct PipelineOption {
   double step_time_s = 0;
   double objective = 0;
   double bubble_s = 0;              // the best candidate's pipeline_bubble
-  double stage_transfers_s = 0;     // its exposed stage hand-overs (exposed_*_stage)
+  double stage_transfers_s = 0;     // its exposed stage hand-overs (collectives over "stage")
   double gradient_reduction_s = 0;  // its exposed cross-slice gradient reduction
   std::string args;                 // its overrides
 };

@@ -136,13 +136,13 @@ PipelineOption summarize_schedule(const ScheduleChoice& choice, const Config& co
   option.step_time_s = best.step_time_s;
   option.objective = best.objective;
   option.args = best.args;
-  for (const auto& [label, seconds] : best.estimate["breakdown"].items()) {
-    if (label == "pipeline_bubble") {
-      option.bubble_s += seconds.get<double>();
-    } else if (label.starts_with("exposed_") && label.ends_with("_stage")) {
-      option.stage_transfers_s += seconds.get<double>();
-    } else if (label == "exposed_dcn_gradient_reduction") {
-      option.gradient_reduction_s += seconds.get<double>();
+  for (const auto& [key, seconds] : best.breakdown) {
+    if (key.kind == BreakdownKind::kPipelineBubble) {
+      option.bubble_s += seconds;
+    } else if (key.exposed_over("stage")) {
+      option.stage_transfers_s += seconds;
+    } else if (key.kind == BreakdownKind::kExposedGradientReduction) {
+      option.gradient_reduction_s += seconds;
     }
   }
   return option;

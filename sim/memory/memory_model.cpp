@@ -23,8 +23,11 @@ struct RegionTemporaries {
 
 class MemoryModel {
  public:
-  explicit MemoryModel(const StepProgram& program)
-      : program_(program), graph_(program.program.graph), liveness_(program_liveness(program)) {
+  MemoryModel(const StepProgram& program, const MechanismSet& mechanisms)
+      : program_(program),
+        mechanisms_(mechanisms),
+        graph_(program.program.graph),
+        liveness_(program_liveness(program)) {
     const size_t tensors = graph_.tensors().size();
     bytes_.reserve(tensors);
     for (const Tensor& tensor : graph_.tensors()) {
@@ -292,7 +295,7 @@ class MemoryModel {
   // region) can be taken over once, by an op of that backward region that reads it last.
   void reuse_operand_buffer(const Op& op, int index) {
     if (!op_kind_traits(op.kind).writes_in_place ||
-        !mechanism_enabled(Mechanism::kInPlaceBuffers)) {
+        !mechanisms_.enabled(Mechanism::kInPlaceBuffers)) {
       return;
     }
     for (const TensorId output : op.outputs) {
@@ -381,6 +384,7 @@ class MemoryModel {
   };
 
   const StepProgram& program_;
+  MechanismSet mechanisms_;
   const Graph& graph_;
   const Liveness liveness_;
   std::vector<double> bytes_;                            // by tensor id
@@ -396,8 +400,8 @@ class MemoryModel {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const StepProgram& program) {
-  return MemoryModel(program).run();
+MemoryEstimate estimate_memory(const StepProgram& program, const MechanismSet& mechanisms) {
+  return MemoryModel(program, mechanisms).run();
 }
 
 }  // namespace tpusim

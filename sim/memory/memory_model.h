@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mechanisms.h"
 #include "sharding/step_program.h"
 
 namespace tpusim {
@@ -70,6 +71,8 @@ struct MemoryEstimate {
   bool fits = false;
 };
 
-MemoryEstimate estimate_memory(const StepProgram& program);
+// `mechanisms`: in_place_buffers applies unless switched off.
+MemoryEstimate estimate_memory(const StepProgram& program,
+                               const MechanismSet& mechanisms = MechanismSet());
 
 }  // namespace tpusim

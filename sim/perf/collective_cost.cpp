@@ -22,7 +22,8 @@ double gather_seconds(double bytes, double devices, double bandwidth) {
 }  // namespace
 
 CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
-                               const DeviceMesh& mesh, const Slice& slice) {
+                               const DeviceMesh& mesh, const Slice& slice,
+                               const MechanismSet& mechanisms) {
   const ChipSpec& chip = *slice.chip;
   // The devices of one chip (v7x chiplets) each run their ring on their share of the chip's links
   // (hw/topology.h draws every ICI link as one edge per chiplet with that share).
@@ -66,7 +67,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   // devices. So the group is also bounded by the chip's ingress, (N - c)/N x V over c x W_torus.
   auto chip_ingress_bound = [&](double size) {
     if (chiplet_devices <= 1 || chip_link_bandwidth <= 0 || ici_devices <= chiplet_devices ||
-        !mechanism_enabled(Mechanism::kChipIngressBound)) {
+        !mechanisms.enabled(Mechanism::kChipIngressBound)) {
       return 0.0;
     }
     return (ici_devices - chiplet_devices) / ici_devices * size /
@@ -83,7 +84,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
       // Across slices the small shards cross DCN (each device swaps its shard with its peers
       // in the other slices), then ICI gathers the slice's V / DCN-sized pieces into V (a
       // reduce-scatter runs the same stages in reverse): DCN carries V / N of each peer.
-      if (!mechanism_enabled(Mechanism::kDcnShardsFirst)) {
+      if (!mechanisms.enabled(Mechanism::kDcnShardsFirst)) {
         // Ablation: the ICI stage first, then the whole array over DCN.
         ici = std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                        chip_ingress_bound(ici_bytes));
@@ -116,7 +117,9 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   time.ici_seconds = ici;
   time.dcn_seconds = dcn;
   time.seconds = ici + dcn + (ici + dcn > 0 ? chip.collective_launch_us * kMicro : 0);
-  time.link = dcn > ici ? "dcn" : (d2d_only && ici_devices > 1 ? "d2d" : "ici");
+  time.link = dcn > ici                     ? LinkKind::kDcn
+              : d2d_only && ici_devices > 1 ? LinkKind::kD2d
+                                            : LinkKind::kIci;
   return time;
 }
 

@@ -18,14 +18,16 @@
 //
 // Example:
 //   CollectiveTime time = collective_time(op, bytes, mesh, slice);
-//   time.seconds; time.link;   // "ici", "dcn", "d2d"
+//   time.seconds; time.link;   // LinkKind::kIci, kDcn, kD2d
 #pragma once
 
 #include <string>
 
+#include "common/mechanisms.h"
 #include "hw/slice.h"
 #include "model/ir/op.h"
 #include "sharding/device_mesh.h"
+#include "sim/perf/timing_labels.h"
 
 namespace tpusim {
 
@@ -33,10 +35,12 @@ struct CollectiveTime {
   double seconds = 0;
   double ici_seconds = 0;
   double dcn_seconds = 0;
-  std::string link;  // the slowest part: "ici", "dcn" or "d2d"
+  LinkKind link = LinkKind::kIci;  // the slowest part
 };
 
+// `mechanisms`: chip_ingress_bound and dcn_shards_first apply unless switched off.
 CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
-                               const DeviceMesh& mesh, const Slice& slice);
+                               const DeviceMesh& mesh, const Slice& slice,
+                               const MechanismSet& mechanisms = MechanismSet());
 
 }  // namespace tpusim

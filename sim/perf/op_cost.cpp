@@ -255,7 +255,8 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   const double lhs_bytes = dtype_bytes(lhs.dtype);
   const double rhs_bytes = dtype_bytes(rhs.dtype);
   const double out_bytes = dtype_bytes(out.dtype);
-  if (context.megablox && pass.has_value() && mechanism_enabled(Mechanism::kGroupedMatmulTiles) &&
+  if (context.megablox && pass.has_value() &&
+      context.mechanisms.enabled(Mechanism::kGroupedMatmulTiles) &&
       (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
     const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
     const GroupedMatmulTiles& tiles = context.megablox_tiles[weight][static_cast<size_t>(*pass)];
@@ -273,7 +274,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
                        hbm_bytes_per_second(chip);
   }
   OpCost result = finish(cost, context);
-  if (quantized && mechanism_enabled(Mechanism::kQuantizeScalePass)) {
+  if (quantized && context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
     // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction
     // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
     // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
@@ -381,8 +382,9 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
   }
   // Attention kernels (splash, dot_product) run in bf16 whatever the quantization of the layers.
   cost.mxu_seconds =
-      mxu_seconds / (peak_flops_per_device(context, !mechanism_enabled(Mechanism::kBf16Attention)) *
-                     chip.mxu_achievable_fraction);
+      mxu_seconds /
+      (peak_flops_per_device(context, !context.mechanisms.enabled(Mechanism::kBf16Attention)) *
+       chip.mxu_achievable_fraction);
   cost.hbm_seconds = hbm_bytes / hbm_bytes_per_second(chip);
   cost.vpu_seconds =
       scores * kSoftmaxFlopsPerScore * (backward ? 2.0 : 1.0) / vpu_flops_per_second(chip);
@@ -399,7 +401,7 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
         backward ? local_or(context.local_block_kv_dkv_compute, context.block_kv_dkv_compute)
                  : local_or(context.local_block_kv_compute, context.block_kv_compute);
     const int64_t kv_compute_chunks = kv_block / std::max<int64_t>(1, kv_compute_block);
-    const double chunks = mechanism_enabled(Mechanism::kAttentionSubblockPipelining)
+    const double chunks = context.mechanisms.enabled(Mechanism::kAttentionSubblockPipelining)
                               ? static_cast<double>(std::max<int64_t>(1, kv_compute_chunks))
                               : 1.0;
     const double serial = std::max(result.mxu_seconds, result.vpu_seconds) +

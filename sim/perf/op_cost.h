@@ -26,6 +26,7 @@
 
 #include <string>
 
+#include "common/mechanisms.h"
 #include "hw/chip_spec.h"
 #include "model/ir/graph.h"
 
@@ -85,6 +86,9 @@ struct CostContext {
   // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
   // program_efficiency); 1 for a single op timed alone (`tpusim op`).
   double program_efficiency = 1.0;
+  // The mechanisms of common/mechanisms.h switched on (all unless `--without`), for op costs and
+  // the scheduler; part of the context, so costs cached per context tell them apart.
+  MechanismSet mechanisms;
   bool operator==(const CostContext&) const = default;
 };
 

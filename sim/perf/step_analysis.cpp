@@ -54,9 +54,12 @@ const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op
   return found->cost[id];
 }
 
-void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mesh) {
-  if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh)) {
+void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mesh,
+                                       const MechanismSet& mechanisms) {
+  if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh) ||
+      collective_mechanisms != mechanisms) {
     collective_mesh = mesh;
+    collective_mechanisms = mechanisms;
     collective_times.assign(graph.ops().size(), CollectiveTime{});
     collective_known.assign(graph.ops().size(), false);
   }
@@ -68,7 +71,8 @@ const CollectiveTime& StepSimulator::Analysis::collective(const Graph& graph, co
   const auto id = static_cast<size_t>(op.id);
   if (!collective_known[id]) {
     const double bytes = static_cast<double>(collective_bytes(graph, op));
-    collective_times[id] = collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice);
+    collective_times[id] =
+        collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice, collective_mechanisms);
     collective_known[id] = true;
   }
   return collective_times[id];

@@ -8,7 +8,7 @@
 // Example:
 //   StepSimulator::Analysis analysis(program.program.graph);
 //   analysis.compute_cost(graph, op, context).seconds;  // costed once per (op, context)
-//   analysis.use_mesh(graph, mesh);                     // before timing collectives on `mesh`
+//   analysis.use_mesh(graph, mesh, mechanisms);         // before timing collectives on `mesh`
 #pragma once
 
 #include <array>
@@ -68,8 +68,9 @@ struct StepSimulator::Analysis {
   // cost_compute_op of `op` under `context`, computed once per (op, context).
   const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context);
 
-  // Before a run on `mesh`: the cached collective times stay valid only on the same placement.
-  void use_mesh(const Graph& graph, const DeviceMesh& mesh);
+  // Before a run on `mesh` under `mechanisms`: the cached collective times stay valid only on the
+  // same placement and mechanisms.
+  void use_mesh(const Graph& graph, const DeviceMesh& mesh, const MechanismSet& mechanisms);
 
   // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
   const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
@@ -86,6 +87,7 @@ struct StepSimulator::Analysis {
   std::vector<bool> fused;                         // by op id
   std::vector<ContextCosts> costs;
   std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
+  MechanismSet collective_mechanisms;         // and the mechanisms
   std::vector<CollectiveTime> collective_times;
   std::vector<bool> collective_known;
   // A run's working state, kept between runs so that its storage is reused.

@@ -7,7 +7,6 @@
 #include <tuple>
 #include <utility>
 
-#include "common/mechanisms.h"
 #include "model/config.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
@@ -17,22 +16,25 @@
 namespace tpusim {
 namespace {
 
-// Breakdown labels ("compute_mxu", "exposed_ici_fsdp", ...) as small integers: the scheduler adds
-// seconds into a vector slot, and the string-keyed breakdown is built once at the end.
+// Breakdown keys (compute_mxu, exposed_ici_fsdp, ...) and trace lanes as small integers: the
+// scheduler adds seconds into a vector slot, and the breakdown is built once at the end. A step
+// has a few dozen of each, so a linear search finds them.
+template <typename Key>
 class LabelTable {
  public:
-  int intern(const std::string& name) {
-    const auto [found, added] = ids_.try_emplace(name, static_cast<int>(names_.size()));
-    if (added) {
-      names_.push_back(name);
+  int intern(const Key& key) {
+    const auto found = std::find(keys_.begin(), keys_.end(), key);
+    if (found != keys_.end()) {
+      return static_cast<int>(found - keys_.begin());
     }
-    return found->second;
+    keys_.push_back(key);
+    return static_cast<int>(keys_.size()) - 1;
   }
-  const std::string& name(int id) const { return names_[static_cast<size_t>(id)]; }
+  const Key& key(int id) const { return keys_[static_cast<size_t>(id)]; }
+  const std::vector<Key>& keys() const { return keys_; }
 
  private:
-  std::vector<std::string> names_;
-  std::map<std::string, int> ids_;
+  std::vector<Key> keys_;
 };
 
 // Seconds by breakdown label over a part of the step. A label is `charged` once anything was
@@ -71,14 +73,14 @@ class LabelSeconds {
       value *= factor;
     }
   }
-  std::map<std::string, double> by_name(const LabelTable& labels) const {
-    std::map<std::string, double> named;
+  Breakdown by_key(const LabelTable<BreakdownKey>& labels) const {
+    Breakdown breakdown;
     for (size_t slot = 0; slot < seconds_.size(); ++slot) {
       if (charged_[slot]) {
-        named[labels.name(static_cast<int>(slot))] = seconds_[slot];
+        breakdown[labels.key(static_cast<int>(slot))] = seconds_[slot];
       }
     }
-    return named;
+    return breakdown;
   }
 
  private:
@@ -99,14 +101,6 @@ struct Accounting {
   }
 };
 
-std::string join_axes(const std::vector<std::string>& axes) {
-  std::string text;
-  for (const std::string& axis : axes) {
-    text += (text.empty() ? "" : "+") + axis;
-  }
-  return text;
-}
-
 // What the scheduler needs about one op. Costs are pure functions of the op and the options, so
 // they are worked out once per simulate_step call instead of once per simulated iteration.
 struct OpPlan {
@@ -123,7 +117,7 @@ struct OpPlan {
   // link and axes, host_transfers, or idle), the label of its own compute time, and its trace row.
   int wait_label = -1;
   int compute_label = -1;
-  int trace_lane = -1;  // in lanes_: "TensorCore", "ICI fsdp", "DCN data", "Host link", ...
+  int trace_lane = -1;            // in lanes_: TensorCore, ICI fsdp, DCN data, Host link, ...
   const char* trace_detail = "";  // compute: mxu/hbm/vpu/overhead; collective: its kind
   int trace_dcn_lane = -1;        // a two-stage collective's DCN stage: its lane and seconds
   double trace_dcn_seconds = 0;
@@ -149,10 +143,10 @@ bool overlapped_with_matmul(const Op& op, bool collective_matmul, bool weight_on
 // TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x report's
 // -22% for dense models with the offload is this exposure going away).
 bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overlapped,
-                          const ChipSpec& chip) {
+                          const ChipSpec& chip, const MechanismSet& mechanisms) {
   return !offloaded && on_ici && op.kind != OpKind::kAllToAll &&
          op.kind != OpKind::kCollectivePermute && !overlapped &&
-         mechanism_enabled(Mechanism::kTensorCoreDrivenCollectives) &&
+         mechanisms.enabled(Mechanism::kTensorCoreDrivenCollectives) &&
          chip.sparsecore_collective_offload_default > 0;
 }
 
@@ -175,13 +169,13 @@ class Simulator {
     for (Timeline& resource : timelines_) {
       resource.clear();
     }
-    analysis.use_mesh(graph_, program.mesh);
+    analysis.use_mesh(graph_, program.mesh, options.cost.mechanisms);
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     ready_.assign(tensors, 0.0);
     finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
     if (details_) {
-      idle_label_ = labels_.intern("idle");
+      idle_label_ = labels_.intern(BreakdownKey::of(BreakdownKind::kIdle));
     }
     // A compute op that shares the SMs with collectives for t seconds runs at 1 - share of its
     // rate then: it takes share / (1 - share) x t longer.
@@ -189,7 +183,8 @@ class Simulator {
     if (share > 0) {
       slowdown_per_shared_second_ = share / (1.0 - share);
       if (details_) {
-        shared_compute_label_ = labels_.intern("compute_shared_with_collectives");
+        shared_compute_label_ =
+            labels_.intern(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives));
       }
     }
     OpPlan unplanned;
@@ -260,13 +255,15 @@ class Simulator {
     total.add(microbatch_accounting_, accumulation - 1);
     timing.hardware_matmul_flops = total.matmul_flops;
     if (details_) {
-      timing.breakdown = total.seconds.by_name(labels_);
+      timing.breakdown = total.seconds.by_key(labels_);
       double accounted = 0;
       for (const auto& [key, value] : timing.breakdown) {
         accounted += value;
       }
-      timing.breakdown["idle"] += std::max(0.0, timing.step_seconds - accounted);
+      timing.breakdown[BreakdownKey::of(BreakdownKind::kIdle)] +=
+          std::max(0.0, timing.step_seconds - accounted);
       timing.profile = profile();
+      timing.lanes = lanes_.keys();
     }
     return timing;
   }
@@ -279,7 +276,7 @@ class Simulator {
     const double fraction = program_.step->forward_info.pipeline.bubble_fraction();
     const double bubble = seconds.total() * fraction;
     seconds.scale(1.0 - fraction);
-    seconds.add(labels_.intern("pipeline_bubble"), bubble);
+    seconds.add(labels_.intern(BreakdownKey::of(BreakdownKind::kPipelineBubble)), bubble);
   }
 
   // The trace's "Stage s" lanes: what each stage works on in each iteration of a pipeline loop
@@ -295,7 +292,7 @@ class Simulator {
     const bool merge_work = iterations > kMostIterationsDrawn;
     const int64_t useful = schedule.microbatches * schedule.repeats;
     for (int64_t stage = 0; stage < schedule.stages; ++stage) {
-      const std::string lane = "Stage " + std::to_string(stage);
+      const int lane = lanes_.intern({LaneKind::kStage, {}, stage, false});
       int64_t run_start = 0;
       for (int64_t slot = 0; slot < iterations; ++slot) {
         const int64_t iteration = backward ? iterations - 1 - slot : slot;
@@ -371,7 +368,8 @@ class Simulator {
       }
       plan.kind = OpPlan::Kind::kCollective;
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      const bool sparsecore_reduction = mechanism_enabled(Mechanism::kSparseCoreReduction);
+      const bool sparsecore_reduction =
+          options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
       const bool reduction = sparsecore_reduction &&
                              (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce);
       plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
@@ -387,30 +385,31 @@ class Simulator {
                         (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
       }
       if (details_) {
-        plan.wait_label = labels_.intern(std::string("exposed_") + time.link + "_" +
-                                         join_axes(op.attrs.mesh_axes));
+        plan.wait_label = labels_.intern(BreakdownKey::exposed(time.link, op.attrs.mesh_axes));
         // One lane per link and mesh axes, as the trace viewers show a link each. A collective
         // with an ICI and a DCN stage shows each stage on its own lane, one after the other.
         const bool gpu = program_.slice.switched;
-        const std::string dcn_link = gpu ? "InfiniBand" : "DCN";
+        const LaneKind dcn_link = gpu ? LaneKind::kInfiniBand : LaneKind::kDcn;
         const bool two_stages = time.ici_seconds > 0 && time.dcn_seconds > 0;
-        const std::string link = plan.resource == Resource::kSparseCoreReduce ? "SparseCore reduce"
-                                 : plan.resource == Resource::kSparseCore     ? "SparseCore"
-                                 : time.link == "dcn" && !two_stages          ? dcn_link
-                                 : time.link == "d2d"                         ? "D2D"
-                                 : gpu                                        ? "NVLink"
-                                                                              : "ICI";
+        const LaneKind link = plan.resource == Resource::kSparseCoreReduce
+                                  ? LaneKind::kSparseCoreReduce
+                              : plan.resource == Resource::kSparseCore     ? LaneKind::kSparseCore
+                              : time.link == LinkKind::kDcn && !two_stages ? dcn_link
+                              : time.link == LinkKind::kD2d                ? LaneKind::kD2d
+                              : gpu                                        ? LaneKind::kNvLink
+                                                                           : LaneKind::kIci;
         std::vector<std::string> axes = op.attrs.mesh_axes;
         std::sort(axes.begin(), axes.end());
-        plan.trace_lane = lanes_.intern(link + " " + join_axes(axes));
+        plan.trace_lane = lanes_.intern({link, axes, 0, false});
         if (two_stages) {
-          plan.trace_dcn_lane = lanes_.intern(dcn_link + " " + join_axes(axes));
+          plan.trace_dcn_lane = lanes_.intern({dcn_link, axes, 0, false});
           plan.trace_dcn_seconds = time.dcn_seconds;
         }
         plan.trace_detail = op_kind_name(op.kind);
       }
       if (driven_by_tensorcore(op, offloaded, plan.resource == Resource::kIci,
-                               plan.overlapped_with_matmul, *program_.slice.chip)) {
+                               plan.overlapped_with_matmul, *program_.slice.chip,
+                               options_.cost.mechanisms)) {
         plan.kind = OpPlan::Kind::kCompute;
         plan.bound = CostCategory::kOverhead;
         if (details_) {
@@ -427,8 +426,8 @@ class Simulator {
                               program_.slice.devices_per_chip);
       plan.resource = Resource::kHost;
       if (details_) {
-        plan.wait_label = labels_.intern("host_transfers");
-        plan.trace_lane = lanes_.intern("Host link");
+        plan.wait_label = labels_.intern(BreakdownKey::of(BreakdownKind::kHostTransfers));
+        plan.trace_lane = lanes_.intern({LaneKind::kHost, {}, 0, false});
         plan.trace_detail = op_kind_name(op.kind);
       }
       return plan;
@@ -439,7 +438,7 @@ class Simulator {
     plan.matmul_flops = cost.matmul_flops;
     plan.bound = cost.bound;
     if (details_) {
-      plan.compute_label = labels_.intern(std::string("compute_") + cost_category_name(cost.bound));
+      plan.compute_label = labels_.intern(BreakdownKey::compute(cost.bound));
       plan.trace_lane = lanes_.intern(compute_lane());
       plan.trace_detail = cost_category_name(cost.bound);
     }
@@ -464,10 +463,12 @@ class Simulator {
     const double start = timeline(Resource::kDcn).place(tensorcore_free_, deferred_dcn_seconds_);
     const double end = start + deferred_dcn_seconds_;
     if (details_) {
-      total.seconds.add(labels_.intern("exposed_dcn_gradient_reduction"), end - tensorcore_free_);
-      timing.trace.push_back({"gradient all-reduce across slices (combined)",
-                              program_.slice.switched ? "InfiniBand gradients" : "DCN gradients",
-                              "step", start, deferred_dcn_seconds_, "all_reduce"});
+      total.seconds.add(labels_.intern(BreakdownKey::of(BreakdownKind::kExposedGradientReduction)),
+                        end - tensorcore_free_);
+      const int lane = lanes_.intern(
+          {program_.slice.switched ? LaneKind::kInfiniBand : LaneKind::kDcn, {}, 0, true});
+      timing.trace.push_back({"gradient all-reduce across slices (combined)", lane, "step", start,
+                              deferred_dcn_seconds_, "all_reduce"});
     }
     tensorcore_free_ = end;
     last_event_end_ = std::max(last_event_end_, end);
@@ -631,11 +632,11 @@ class Simulator {
     if (trace != nullptr) {
       const double dcn =
           plan.trace_dcn_lane >= 0 ? std::min(plan.seconds, plan.trace_dcn_seconds) : 0.0;
-      trace->trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
-                              plan.seconds - dcn, plan.trace_detail});
+      trace->trace.push_back(
+          {op.name, plan.trace_lane, info.name, start, plan.seconds - dcn, plan.trace_detail});
       if (dcn > 0) {
-        trace->trace.push_back({op.name, lanes_.name(plan.trace_dcn_lane), info.name,
-                                start + plan.seconds - dcn, dcn, plan.trace_detail});
+        trace->trace.push_back({op.name, plan.trace_dcn_lane, info.name, start + plan.seconds - dcn,
+                                dcn, plan.trace_detail});
       }
     }
     return start;
@@ -683,8 +684,8 @@ class Simulator {
       profiled_[id] = true;
     }
     if (trace != nullptr && plan.seconds > 0) {
-      trace->trace.push_back({op.name, lanes_.name(plan.trace_lane), info.name, start,
-                              plan.seconds + lost, plan.trace_detail});
+      trace->trace.push_back(
+          {op.name, plan.trace_lane, info.name, start, plan.seconds + lost, plan.trace_detail});
       // The collective or transfer this op waited for: an arrow from its end to here.
       const int waited_for = start > waiting_from ? blocking_producer : -1;
       if (waited_for >= 0) {
@@ -692,9 +693,8 @@ class Simulator {
         if (producer.kind != OpPlan::Kind::kCompute && producer.trace_lane >= 0) {
           const int lane =
               producer.trace_dcn_lane >= 0 ? producer.trace_dcn_lane : producer.trace_lane;
-          trace->flows.push_back({lanes_.name(lane),
-                                  op_span_[static_cast<size_t>(waited_for)].second,
-                                  lanes_.name(plan.trace_lane), start});
+          trace->flows.push_back(
+              {lane, op_span_[static_cast<size_t>(waited_for)].second, plan.trace_lane, start});
         }
       }
     }
@@ -733,10 +733,12 @@ class Simulator {
   std::vector<std::pair<double, double>>& op_span_;  // by op id: (start, end), latest iteration
   // With record_details: labels, and each compute op's TensorCore seconds and calls.
   // The trace lane of compute: the TensorCore, or the SMs of a GPU.
-  const char* compute_lane() const { return program_.slice.switched ? "GPU SMs" : "TensorCore"; }
+  TraceLane compute_lane() const {
+    return {program_.slice.switched ? LaneKind::kGpuSms : LaneKind::kTensorCore, {}, 0, false};
+  }
 
-  LabelTable labels_;
-  LabelTable lanes_;  // trace lanes
+  LabelTable<BreakdownKey> labels_;
+  LabelTable<TraceLane> lanes_;  // trace lanes
   int idle_label_ = -1;
   std::vector<double> profile_seconds_;
   std::vector<double> profile_calls_;

@@ -27,7 +27,7 @@
 //
 // Example:
 //   StepTiming timing = simulate_step(program, options);
-//   timing.step_seconds; timing.breakdown["exposed_ici_fsdp"];
+//   timing.step_seconds; timing.breakdown[BreakdownKey::exposed(LinkKind::kIci, {"fsdp"})];
 //   options.record_details = false;   // ~10x faster: step_seconds etc. only
 #pragma once
 
@@ -38,6 +38,7 @@
 
 #include "sharding/step_program.h"
 #include "sim/perf/op_cost.h"
+#include "sim/perf/timing_labels.h"
 
 namespace tpusim {
 
@@ -54,13 +55,13 @@ struct PerfOptions {
 
 PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip);
 
-// One op's place on the timeline, for traces. Its lane is the resource it occupies: "TensorCore"
-// (a GPU's "GPU SMs"), a link with the mesh axes the collective runs over ("ICI fsdp",
-// "D2D tensor", "DCN data", "NVLink fsdp", "InfiniBand fsdp", "SparseCore fsdp",
-// "SparseCore reduce fsdp") or "Host link".
+// One op's place on the timeline, for traces. Its lane (an index into StepTiming::lanes) is the
+// resource it occupies: the TensorCore (a GPU's SMs), a link with the mesh axes the collective
+// runs over (ICI fsdp, D2D tensor, DCN data, NVLink fsdp, InfiniBand fsdp, SparseCore fsdp,
+// SparseCore reduce fsdp), the host link, or a pipeline stage.
 struct TraceEvent {
   std::string name;
-  std::string resource;
+  int lane = 0;
   std::string region;
   double start = 0;
   double duration = 0;
@@ -70,9 +71,9 @@ struct TraceEvent {
 // An op that waited for a collective or host transfer: from the end of that one (on its lane) to
 // the start of the op (on the compute lane), drawn as an arrow in traces.
 struct TraceFlow {
-  std::string from_lane;
+  int from_lane = 0;  // in StepTiming::lanes
   double from_time = 0;
-  std::string to_lane;
+  int to_lane = 0;
   double to_time = 0;
 };
 
@@ -89,11 +90,12 @@ struct StepTiming {
   double step_seconds = 0;
   double microbatch_seconds = 0;  // forward + backward of one microbatch
   double optimizer_seconds = 0;
-  // Seconds by category over the step: compute_mxu, compute_hbm, compute_vpu, compute_overhead,
-  // exposed collectives as "exposed_<link>_<axes>", host_transfers, idle. The breakdown, trace
-  // and profile are left empty unless PerfOptions::record_details.
-  std::map<std::string, double> breakdown;
+  // Seconds by category over the step (sim/perf/timing_labels.h): compute by what bounds it,
+  // exposed collectives by link and mesh axes, host transfers, pipeline bubble, idle. The
+  // breakdown, lanes, trace and profile are left empty unless PerfOptions::record_details.
+  Breakdown breakdown;
   double hardware_matmul_flops = 0;  // executed per device per step
+  std::vector<TraceLane> lanes;      // what TraceEvent::lane and TraceFlow's lanes index
   std::vector<TraceEvent> trace;     // the simulated iterations (not extrapolated ones)
   std::vector<TraceFlow> flows;      // the waits among them
   std::vector<OpProfile> profile;    // compute ops, most expensive first

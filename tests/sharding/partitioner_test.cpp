@@ -18,12 +18,13 @@ constexpr int64_t kEmbed = 4096;
 constexpr int64_t kMlp = 11008;
 constexpr int64_t kLength = 1024;
 
-StepProgram program_for(const std::vector<std::string>& extra) {
+StepProgram program_for(const std::vector<std::string>& extra,
+                        const MechanismSet& mechanisms = MechanismSet()) {
   std::vector<std::string> overrides = {"model_name=llama2-7b", "compile_topology=v5p-8",
                                         "per_device_batch_size=1",
                                         "max_target_length=" + std::to_string(kLength)};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
-  return build_step_program(Config::load("", overrides));
+  return build_step_program(Config::load("", overrides), mechanisms);
 }
 
 struct CollectiveSummary {
@@ -100,9 +101,9 @@ TEST(Partitioner, TensorParallelInputGradientsReduceScatteredOnce) {
       collectives(program_for(tensor_parallel), "layer/grad", OpKind::kReduceScatter, {"tensor"});
   EXPECT_EQ(reassociated.count, 3);
   EXPECT_EQ(reassociated.bytes, 3 * activation);
-  const MechanismsOff off({"reduction_reassociation"});
   const CollectiveSummary separate =
-      collectives(program_for(tensor_parallel), "layer/grad", OpKind::kReduceScatter, {"tensor"});
+      collectives(program_for(tensor_parallel, MechanismSet::without({"reduction_reassociation"})),
+                  "layer/grad", OpKind::kReduceScatter, {"tensor"});
   EXPECT_EQ(separate.count, 6);
   EXPECT_EQ(separate.bytes, 6 * activation);
 }

@@ -86,8 +86,9 @@ TEST(GroupedMatmulTiles, VisitsOneRowTilePerExpertItStraddles) {
   // The useful FLOPs stay the routed rows' (what the functional engine multiplies).
   EXPECT_DOUBLE_EQ(cost.matmul_flops, 2.0 * 8 * 1024 * 1024 * 1024);
   // Switched off, the grouped matmul is costed as a dense matmul of the routed rows: 16/23.
-  MechanismsOff off({"grouped_matmul_tiles"});
-  const OpCost plain = cost_compute_op(graph, graph.ops().front(), context, false);
+  CostContext without = context;
+  without.mechanisms = MechanismSet::without({"grouped_matmul_tiles"});
+  const OpCost plain = cost_compute_op(graph, graph.ops().front(), without, false);
   EXPECT_NEAR((plain.mxu_seconds - fill) / (cost.mxu_seconds - fill), 16.0 / 23.0, 1e-9);
 }
 
@@ -151,7 +152,7 @@ TEST(QuantizeScalePass, AbsmaxReadsEachOperandOnce) {
   const OpCost absmax = cost_compute_op(graph, graph.ops().front(), context, false);
   EXPECT_NEAR((absmax.seconds - fixed.seconds) * hbm_bytes_per_device(v7x), 2.0 * 8192 * 8192 * 2,
               1.0);
-  MechanismsOff off({"quantize_scale_pass"});
+  context.mechanisms = MechanismSet::without({"quantize_scale_pass"});
   EXPECT_DOUBLE_EQ(cost_compute_op(graph, graph.ops().front(), context, false).seconds,
                    fixed.seconds);
 }
@@ -178,8 +179,9 @@ TEST(Bf16Attention, Fp8LeavesAttentionAlone) {
   ASSERT_GT(attention, 0);
   EXPECT_DOUBLE_EQ(profiled_seconds(quantized, "attention"), attention);
   EXPECT_LT(quantized.step_seconds, plain.step_seconds);  // the projections still speed up
-  MechanismsOff off({"bf16_attention"});
-  EXPECT_LT(profiled_seconds(estimate_config(Config::load("", fp8)), "attention"), 0.9 * attention);
+  const MechanismSet off = MechanismSet::without({"bf16_attention"});
+  EXPECT_LT(profiled_seconds(estimate_config(Config::load("", fp8), off), "attention"),
+            0.9 * attention);
 }
 
 // An all-gather over the chiplet pair and the torus: each chip must bring in all it lacks over
@@ -194,8 +196,8 @@ TEST(ChipIngressBound, ChipletPairCannotCarryTheTorusShare) {
   const double per_device_torus =
       3 * 2 * spec.ici_link_bandwidth_uni_gbps * 1e9 * spec.ici_achievable_fraction / 2;
   EXPECT_NEAR(time.ici_seconds, 126.0 / 128 * bytes / (2 * per_device_torus), 1e-9);
-  MechanismsOff off({"chip_ingress_bound"});
-  EXPECT_LT(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, v7x).ici_seconds,
+  const MechanismSet off = MechanismSet::without({"chip_ingress_bound"});
+  EXPECT_LT(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, v7x, off).ici_seconds,
             0.6 * time.ici_seconds);
 }
 
@@ -212,13 +214,14 @@ TEST(DcnShardsFirst, GatherAcrossSlicesMovesShardsOverDcn) {
   const ChipSpec& spec = *two.chip;
   const double dcn = spec.dcn_bandwidth_per_chip_gbps * 1e9 * spec.dcn_achievable_fraction;
   EXPECT_NEAR(time.dcn_seconds, 0.5 * bytes / 256 / dcn, 1e-9);
-  MechanismsOff off({"dcn_shards_first"});
-  EXPECT_NEAR(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, two).dcn_seconds,
+  const MechanismSet off = MechanismSet::without({"dcn_shards_first"});
+  EXPECT_NEAR(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, two, off).dcn_seconds,
               0.5 * bytes / dcn, 1e-9);
 }
 
-double step_seconds(const std::vector<std::string>& overrides) {
-  return estimate_config(Config::load("", overrides)).step_seconds;
+double step_seconds(const std::vector<std::string>& overrides,
+                    const MechanismSet& mechanisms = MechanismSet()) {
+  return estimate_config(Config::load("", overrides), mechanisms).step_seconds;
 }
 
 // The v7x guide (64-chip slice): SparseCore offload -22% for a dense model under 20B at 8k
@@ -243,8 +246,8 @@ TEST(V7xGuideAblations, SparseCoreOffloadHelpsDenseAndMoe) {
   const double moe_off = step_seconds(with(moe, "off"));
   EXPECT_LT(moe_on, 0.95 * moe_off);
   // Without the TensorCore-driven mechanism, offload would change nothing but the reductions.
-  MechanismsOff off({"tensorcore_driven_collectives"});
-  EXPECT_GT(step_seconds(with(dense, "on")), 0.99 * step_seconds(with(dense, "off")));
+  const MechanismSet off = MechanismSet::without({"tensorcore_driven_collectives"});
+  EXPECT_GT(step_seconds(with(dense, "on"), off), 0.99 * step_seconds(with(dense, "off"), off));
 }
 
 TEST(V7xGuideAblations, TensorParallelOnTheChipletPairBeatsMoreContext) {
@@ -270,8 +273,9 @@ TEST(AttentionSubblockPipelining, SubBlocksHideTheSoftmax) {
   const double serial = profiled_seconds(estimate_config(Config::load("", one)), "attention");
   const double pipelined = profiled_seconds(estimate_config(Config::load("", four)), "attention");
   EXPECT_LT(pipelined, 0.9 * serial);
-  MechanismsOff off({"attention_subblock_pipelining"});
-  EXPECT_DOUBLE_EQ(profiled_seconds(estimate_config(Config::load("", four)), "attention"), serial);
+  const MechanismSet off = MechanismSet::without({"attention_subblock_pipelining"});
+  EXPECT_DOUBLE_EQ(profiled_seconds(estimate_config(Config::load("", four), off), "attention"),
+                   serial);
 }
 
 // gpt-oss-120b as published (I-11 of validation/published.csv) ran on real TPUs: the logits'
@@ -283,23 +287,47 @@ TEST(InPlaceBuffers, PublishedGptOssRunFits) {
                                         "remat_policy=custom",     "attention=flash",
                                         "sparse_matmul=true"};
   EXPECT_TRUE(estimate_config(Config::load("", run)).memory.fits);
-  MechanismsOff off({"in_place_buffers"});
-  EXPECT_FALSE(estimate_config(Config::load("", run)).memory.fits);
+  EXPECT_FALSE(estimate_config(Config::load("", run), MechanismSet::without({"in_place_buffers"}))
+                   .memory.fits);
   // A config that really cannot fit still does not.
   EXPECT_FALSE(
       estimate_config(Config::load("", {"model_name=llama3.1-405b", "compile_topology=v5e-8"}))
           .memory.fits);
 }
 
-TEST(Mechanisms, UnknownNameIsAUserErrorAndScopesRestore) {
-  EXPECT_THROW(disable_mechanisms({"grouped_matmul_tile"}), UserError);
-  {
-    MechanismsOff off({"in_place_buffers"});
-    EXPECT_FALSE(mechanism_enabled(Mechanism::kInPlaceBuffers));
-    EXPECT_EQ(disabled_mechanisms(), std::vector<std::string>{"in_place_buffers"});
-  }
-  EXPECT_TRUE(mechanism_enabled(Mechanism::kInPlaceBuffers));
-  EXPECT_TRUE(disabled_mechanisms().empty());
+TEST(Mechanisms, UnknownNameIsAUserErrorAndSetsAreValues) {
+  EXPECT_THROW(MechanismSet::without({"grouped_matmul_tile"}), UserError);
+  const MechanismSet off = MechanismSet::without({"in_place_buffers"});
+  EXPECT_FALSE(off.enabled(Mechanism::kInPlaceBuffers));
+  EXPECT_TRUE(off.enabled(Mechanism::kGroupedMatmulTiles));
+  EXPECT_EQ(off.disabled_names(), std::vector<std::string>{"in_place_buffers"});
+  EXPECT_TRUE(MechanismSet().enabled(Mechanism::kInPlaceBuffers));
+  EXPECT_TRUE(MechanismSet().disabled_names().empty());
+  EXPECT_FALSE(off == MechanismSet());
+  // The names come back in the order of Mechanism, whatever order they were given in.
+  EXPECT_EQ(MechanismSet::without({"in_place_buffers", "grouped_matmul_tiles"}).disabled_names(),
+            (std::vector<std::string>{"grouped_matmul_tiles", "in_place_buffers"}));
+}
+
+// The cost cache keys on the mechanisms: one StepSimulator run with a mechanism off and then on
+// gives what fresh simulators give (a cache that ignored them would hand back the first run's
+// costs), for op costs (attention_subblock_pipelining) and collective costs (chip_ingress_bound).
+TEST(Mechanisms, CachedCostsKeyOnTheMechanisms) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-128", "max_target_length=8192",
+           "per_device_batch_size=1", "ici_tensor_parallelism=2", "sa_block_kv_compute=256"});
+  const StepProgram program = build_step_program(config);
+  const PerfOptions on = perf_options_from_config(config, *program.slice.chip);
+  PerfOptions off = on;
+  off.cost.mechanisms =
+      MechanismSet::without({"attention_subblock_pipelining", "chip_ingress_bound"});
+  const double fresh_on = simulate_step(program, on).step_seconds;
+  const double fresh_off = simulate_step(program, off).step_seconds;
+  ASSERT_NE(fresh_on, fresh_off);
+  StepSimulator simulator(program);
+  EXPECT_EQ(simulator.run(off).step_seconds, fresh_off);
+  EXPECT_EQ(simulator.run(on).step_seconds, fresh_on);
+  EXPECT_EQ(simulator.run(off).step_seconds, fresh_off);
 }
 
 }  // namespace

@@ -170,12 +170,12 @@ TEST(CollectiveCost, ChipletPairUsesD2dAndSlicesUseDcn) {
                    v7x),
       v7x);
   const CollectiveTime d2d = collective_time(OpKind::kAllGather, 1e8, {"tensor"}, tensor, v7x);
-  EXPECT_EQ(d2d.link, "d2d");
+  EXPECT_EQ(d2d.link, LinkKind::kD2d);
   EXPECT_NEAR(d2d.ici_seconds, 0.5 * 1e8 / (v7x.chip->d2d_bandwidth_uni_gbps * 1e9), 1e-12);
   const Slice multi = parse_slice("v5e-256", 4);
   const DeviceMesh dcn = place_mesh(resolve_mesh(Config::load("", {}), multi), multi);
   const CollectiveTime across = collective_time(OpKind::kAllReduce, 1e8, {"data"}, dcn, multi);
-  EXPECT_EQ(across.link, "dcn");
+  EXPECT_EQ(across.link, LinkKind::kDcn);
   const double bandwidth =
       multi.chip->dcn_bandwidth_per_chip_gbps * 1e9 * multi.chip->dcn_achievable_fraction;
   EXPECT_NEAR(across.dcn_seconds, 2 * 0.75 * 1e8 / bandwidth, 1e-9);
@@ -276,7 +276,8 @@ TEST(Scheduler, CollectiveTakesItsShareOfCompute) {
   const StepTiming timing = simulate_step(tiny.program, options);
   const double lost = tiny.gather * 0.25 / 0.75;
   EXPECT_NEAR(timing.step_seconds, tiny.compute_a + lost + tiny.compute_b, 1e-12);
-  EXPECT_NEAR(timing.breakdown.at("compute_shared_with_collectives"), lost, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives)),
+              lost, 1e-12);
 }
 
 TEST(Scheduler, WeightGatherPartlyExposed) {
@@ -285,7 +286,8 @@ TEST(Scheduler, WeightGatherPartlyExposed) {
   const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
   // The gather starts with the step (it depends only on a parameter); b waits for its end.
   EXPECT_NEAR(timing.step_seconds, tiny.gather + tiny.compute_b, 1e-12);
-  EXPECT_NEAR(timing.breakdown.at("exposed_ici_fsdp"), tiny.gather - tiny.compute_a, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at(BreakdownKey::exposed(LinkKind::kIci, {"fsdp"})),
+              tiny.gather - tiny.compute_a, 1e-12);
 }
 
 TEST(Scheduler, ActivationCollectiveFullyExposed) {
@@ -293,7 +295,8 @@ TEST(Scheduler, ActivationCollectiveFullyExposed) {
   const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
   // b needs a, gathered: nothing to overlap with.
   EXPECT_NEAR(timing.step_seconds, tiny.compute_a + tiny.gather + tiny.compute_b, 1e-12);
-  EXPECT_NEAR(timing.breakdown.at("exposed_ici_fsdp"), tiny.gather, 1e-12);
+  EXPECT_NEAR(timing.breakdown.at(BreakdownKey::exposed(LinkKind::kIci, {"fsdp"})), tiny.gather,
+              1e-12);
 }
 
 TEST(Scheduler, CollectiveMatmulHidesActivationGather) {
