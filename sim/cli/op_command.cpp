@@ -147,7 +147,8 @@ nlohmann::json time_collective(const std::string& kind,
 
 }  // namespace
 
-nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& args, bool quiet) {
+nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& args,
+                       const MechanismSet& mechanisms, bool quiet) {
   std::vector<std::string> kinds = {"matmul"};
   for (const auto& [name, value] : collective_kinds()) {
     kinds.push_back(name);
