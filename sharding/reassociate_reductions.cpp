@@ -3,6 +3,8 @@
 #include <deque>
 #include <vector>
 
+#include "model/ir/op_kind_traits.h"
+
 namespace tpusim {
 namespace {
 
@@ -12,8 +14,8 @@ bool is_sum(const Op& op) {
 }
 
 bool is_summing_reduction(const Op& op) {
-  return (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce) &&
-         op.attrs.reduce == ReduceOp::kSum && op.inputs.size() == 1 && op.outputs.size() == 1;
+  return is_reducing_collective(op.kind) && op.attrs.reduce == ReduceOp::kSum &&
+         op.inputs.size() == 1 && op.outputs.size() == 1;
 }
 
 bool same_shape(const Tensor& a, const Tensor& b) {

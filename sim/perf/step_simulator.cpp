@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "model/config.h"
+#include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/step_analysis.h"
@@ -204,8 +205,7 @@ class Simulator {
     double driven_microbatch = 0;
     double driven_optimizer = 0;
     for (const Op& op : graph_.ops()) {
-      if (!is_collective(op.kind) && op.kind != OpKind::kHostOffload &&
-          op.kind != OpKind::kHostLoad) {
+      if (is_compute(op.kind)) {
         continue;
       }
       const OpPlan plan = plan_op(op);
@@ -370,8 +370,7 @@ class Simulator {
       const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
       const bool sparsecore_reduction =
           options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
-      const bool reduction = sparsecore_reduction &&
-                             (op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce);
+      const bool reduction = sparsecore_reduction && is_reducing_collective(op.kind);
       plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
                       : !offloaded                        ? Resource::kIci
                       : reduction                         ? Resource::kSparseCoreReduce
@@ -419,7 +418,7 @@ class Simulator {
       }
       return plan;
     }
-    if (op.kind == OpKind::kHostOffload || op.kind == OpKind::kHostLoad) {
+    if (op_kind_traits(op.kind).host_transfer) {
       const double bytes = static_cast<double>(graph_.tensor(op.inputs[0]).bytes());
       plan.kind = OpPlan::Kind::kHostTransfer;
       plan.seconds = bytes / (program_.slice.chip->pcie_bandwidth_gbps * 1e9 /
