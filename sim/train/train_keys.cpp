@@ -4,8 +4,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <yaml-cpp/yaml.h>
-
 #include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
@@ -52,17 +50,6 @@ std::vector<TrainKey> load_table() {
   return keys;
 }
 
-// A schema key's value as text: the scalar, or flow YAML for a list.
-std::string value_text(const Config& config, const std::string& key) {
-  const YAML::Node node = config.get_node(key);
-  if (node.IsScalar()) {
-    return node.Scalar();
-  }
-  YAML::Emitter emitter;
-  emitter << YAML::Flow << YAML::DoubleQuoted << node;
-  return emitter.c_str();
-}
-
 // tpusim's own defaults (configs/base.yml), loaded once.
 const Config& base_config() {
   static const Config config = Config::load("", {});
@@ -91,12 +78,12 @@ bool is_same_as_default(const TrainKey& row, const std::string& value) {
 
 bool is_away_from_default(const Config& config, const TrainKey& row) {
   const MaxTextKey* maxtext = find_maxtext_key(row.name);
-  const std::string value = value_text(config, row.name);
+  const std::string value = config.value_text(row.name);
   if (maxtext != nullptr && row.key_class != TrainKeyClass::kPerformance) {
     return !equals_maxtext_default(*maxtext, value) && !is_same_as_default(row, value);
   }
   const std::string type = config.type(row.name) == ConfigType::kBool ? "bool" : "";
-  return !same_value(row.name, value, value_text(base_config(), row.name), type);
+  return !same_value(row.name, value, base_config().value_text(row.name), type);
 }
 
 }  // namespace
@@ -141,7 +128,7 @@ std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,
     }
     if (config.has(row.name)) {
       if (is_away_from_default(config, row)) {
-        settings.push_back({&row, value_text(config, row.name)});
+        settings.push_back({&row, config.value_text(row.name)});
       }
     } else if (const auto found = passthrough.find(row.name);
                found != passthrough.end() && !is_same_as_default(row, found->second)) {
