@@ -87,7 +87,7 @@ int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& sea
     const bool can_search =
         std::find(searchable.begin(), searchable.end(), name) != searchable.end();
     // The same check as estimate's (sharding/mesh.h): 0, -3 or 2^32 is an error, not a divisor.
-    const int64_t value = config.has(key) ? checked_mesh_axis_value(config, dcn, axis) : 1;
+    const int64_t value = config.has(key) ? mesh_axis_value_from_config(config, dcn, axis) : 1;
     if (can_search && (!pinned(config, key) || value == -1)) {
       searched.push_back(axis);
       searched_keys.push_back(key);
