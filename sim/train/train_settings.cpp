@@ -16,6 +16,22 @@ FunctionalSettings FunctionalSettings::from_config(const Config& config) {
   return settings;
 }
 
+TrainNumerics TrainNumerics::from_config(const Config& config) {
+  TrainNumerics numerics;
+  numerics.rope_type = config.get_string("rope_type");
+  numerics.enable_dropout = config.get_bool("enable_dropout");
+  numerics.dropout_rate = config.get_float("dropout_rate");
+  numerics.mlp_activations_limit = config.get_float("mlp_activations_limit");
+  numerics.num_experts = config.get_int("num_experts");
+  numerics.routed_score_func = config.get_string("routed_score_func");
+  numerics.routed_bias = config.get_bool("routed_bias");
+  numerics.n_routing_groups = config.get_int("n_routing_groups");
+  numerics.load_balance_loss_weight = config.get_float("load_balance_loss_weight");
+  numerics.final_logits_soft_cap = config.get_float("final_logits_soft_cap");
+  numerics.logits_via_embedding = config.get_bool("logits_via_embedding");
+  return numerics;
+}
+
 TrainSettings TrainSettings::from_config(const Config& config) {
   TrainSettings settings;
   settings.model_name = config.get_string("model_name");

@@ -33,6 +33,24 @@ struct FunctionalSettings {
   static FunctionalSettings from_config(const Config& config);
 };
 
+// Keys that change only the numbers a step computes, which the functional engine checks against
+// the math it builds (check_functional_support refuses the others).
+struct TrainNumerics {
+  std::string rope_type;
+  bool enable_dropout = false;
+  double dropout_rate = 0;
+  double mlp_activations_limit = 0;
+  int64_t num_experts = 0;
+  std::string routed_score_func;
+  bool routed_bias = false;
+  int64_t n_routing_groups = 0;
+  double load_balance_loss_weight = 0;
+  double final_logits_soft_cap = 0;
+  bool logits_via_embedding = false;
+
+  static TrainNumerics from_config(const Config& config);
+};
+
 // The training loop's settings: schedule, optimizer, evaluation, checkpoints, outputs.
 struct TrainSettings {
   // Linear warm-up over warmup_steps_fraction of schedule_steps, then cosine decay to

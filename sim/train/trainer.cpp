@@ -66,33 +66,32 @@ std::string number_text(double value) {
 // whose top-k probabilities are the weights (renormalized with norm_topk_prob, scaled by
 // routed_scaling_factor); its RoPE is the plain one.
 template <typename Refuse>
-void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
-  if (const std::string rope = config.get_string("rope_type"); !rope.empty() && rope != "default") {
+void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse) {
+  if (const std::string& rope = numerics.rope_type; !rope.empty() && rope != "default") {
     refuse("rope_type", rope, "the functional engine builds plain RoPE, without frequency scaling");
   }
-  if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
-    refuse("dropout_rate", number_text(config.get_float("dropout_rate")), "dropout is not built");
+  if (numerics.enable_dropout && numerics.dropout_rate > 0) {
+    refuse("dropout_rate", number_text(numerics.dropout_rate), "dropout is not built");
   }
-  if (config.get_float("mlp_activations_limit") > 0) {
-    refuse("mlp_activations_limit", number_text(config.get_float("mlp_activations_limit")),
+  if (numerics.mlp_activations_limit > 0) {
+    refuse("mlp_activations_limit", number_text(numerics.mlp_activations_limit),
            "gpt-oss's clamped activations are not built");
   }
-  if (config.get_int("num_experts") <= 1) {
+  if (numerics.num_experts <= 1) {
     return;
   }
-  if (const std::string score = config.get_string("routed_score_func");
-      !score.empty() && score != "softmax") {
+  if (const std::string& score = numerics.routed_score_func; !score.empty() && score != "softmax") {
     refuse("routed_score_func", score, "the router scores experts with a softmax only");
   }
-  if (config.get_bool("routed_bias")) {
+  if (numerics.routed_bias) {
     refuse("routed_bias", "true", "the router's selection bias is not built");
   }
-  if (config.get_int("n_routing_groups") > 0) {
-    refuse("n_routing_groups", std::to_string(config.get_int("n_routing_groups")),
+  if (numerics.n_routing_groups > 0) {
+    refuse("n_routing_groups", std::to_string(numerics.n_routing_groups),
            "group-limited routing is not built");
   }
-  if (config.get_float("load_balance_loss_weight") > 0) {
-    refuse("load_balance_loss_weight", number_text(config.get_float("load_balance_loss_weight")),
+  if (numerics.load_balance_loss_weight > 0) {
+    refuse("load_balance_loss_weight", number_text(numerics.load_balance_loss_weight),
            "the load-balance loss is not added");
   }
 }
@@ -131,12 +130,13 @@ void check_functional_support(const Config& config) {
            "its YaRN rotary embedding and all-heads qk-norm are not built; estimate and explore "
            "model it");
   }
-  refuse_unbuilt_numerics(config, refuse);
+  const TrainNumerics numerics = TrainNumerics::from_config(config);
+  refuse_unbuilt_numerics(numerics, refuse);
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
   // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
   // untied logits would be silently ignored there, so it is refused here rather than guessed.
-  if (config.get_float("final_logits_soft_cap") > 0 && !config.get_bool("logits_via_embedding")) {
-    refuse("final_logits_soft_cap", std::to_string(config.get_float("final_logits_soft_cap")),
+  if (numerics.final_logits_soft_cap > 0 && !numerics.logits_via_embedding) {
+    refuse("final_logits_soft_cap", std::to_string(numerics.final_logits_soft_cap),
            "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
   // Every other key train does not build, from configs/maxtext/train_keys.tsv (issue 35).

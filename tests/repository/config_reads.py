@@ -40,8 +40,7 @@ STILL_TO_MOVE = {
     "sim/explore/pipeline_schedules.cpp": 13,
     "sim/explore/search_space.cpp": 17,
     "sim/train/hf_names.cpp": 13,
-    "sim/train/train_keys.cpp": 4,
-    "sim/train/trainer.cpp": 20,
+    "sim/train/trainer.cpp": 4,
 }
 
 
