@@ -37,8 +37,6 @@ STILL_TO_MOVE = {
     "model/builder/mla_block.cpp": 5,
     "model/flops_maxtext.cpp": 3,
     "sim/cli/config_command.cpp": 1,
-    "sim/explore/pipeline_schedules.cpp": 13,
-    "sim/explore/search_space.cpp": 17,
     "sim/train/hf_names.cpp": 13,
     "sim/train/trainer.cpp": 4,
 }
