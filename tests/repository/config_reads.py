@@ -70,6 +70,31 @@ def reads_outside_factories(text):
     return found
 
 
+# The rule on small examples: (source, lines of the reads it must report).
+EXAMPLES = [
+    ('int64_t f(const Config& config) {\n  return config.get_int("x");\n}\n', [2]),
+    ('Foo Foo::from_config(const Config& config) {\n  return {config.get_int("x")};\n}\n', []),
+    ('Foo foo_from_config(const Config& config) {\n  auto g = [&] { return config.has("y"); };\n'
+     '}\nint h(const Config& config) {\n  return config_.get_bool("z");\n}\n', [5]),
+    ('// config.get_int("x") in a comment\nint y = 0;  // config_.get_float("y")\n', []),
+    ('Slice slice_from_config(const Config& config);\nint f(const Config& config) {\n'
+     '  return config.get_int("x");\n}\n', [3]),
+    ('void f(const Config& config) {\n  g(config\n        .get_string("x"));\n}\n', [2]),
+    ('Foo mesh_value_from_config(const Config& c) {\n  return c->get_int("x");\n}\n'
+     'int g(const Config* c) {\n  return c->get_named_lists("r").size();\n}\n', [5]),
+]
+
+
+def check_examples():
+    """Failures of the rule's own examples (a broken checker would pass everything)."""
+    failures = []
+    for text, expected in EXAMPLES:
+        found = reads_outside_factories(text)
+        if found != expected:
+            failures.append(f"config_reads.py itself: {text!r} gives lines {found}, not {expected}")
+    return failures
+
+
 def main():
     source = Path(sys.argv[1])
     counts = {}
@@ -85,7 +110,7 @@ def main():
             if found:
                 counts[name] = len(found)
                 where[name] = found
-    failures = []
+    failures = check_examples()
     for name in sorted(set(counts) | set(STILL_TO_MOVE)):
         have = counts.get(name, 0)
         allowed = STILL_TO_MOVE.get(name, 0)
