@@ -10,14 +10,24 @@ compares, byte for byte: `estimate --json`, the Chrome trace (`--trace`), the pe
 (`--profile 100000`), `program` (the per-device program as text) and, once, `validate` on the
 published set. A config that fails (bad mesh, ...) must fail the same way in both.
 
+Also every public recipe of validation/recipes_public.json as pasted (its args, topology and XLA
+flags: `estimate --json`), and a set of small `tpusim train` runs over the trained families,
+meshes, remat policies, gradient accumulation, functional dtypes, --verify, checkpoints and a text
+dataset: their printed losses, metrics files and checkpoint tensors must match bit for bit (the
+wall-clock fields, tokens/s, are left out).
+
 Example:
   python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim [--random 300] [--jobs 2]
+      [--no-train] [--no-recipes]
 prints the differing configs (and the first differing lines) and exits 1 if there is any.
 """
 import argparse
 import concurrent.futures
 import csv
 import difflib
+import hashlib
+import json
+import re
 import itertools
 import os
 import random
@@ -27,6 +37,43 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLISHED = os.path.join(ROOT, "validation", "published.csv")
+RECIPES = os.path.join(ROOT, "validation", "recipes_public.json")
+
+# Small training runs, one per line (the sizes of the train tests: a few seconds in all).
+TINY = "per_device_batch_size=1 max_target_length=32 steps=3"
+SMALL_DIMS = ("override_model_config=true base_num_decoder_layers=2 base_emb_dim=64 "
+              "base_num_query_heads=2 base_num_kv_heads=1 head_dim=32 base_mlp_dim=128 "
+              "vocab_size=256")
+TRAIN_RUNS = [
+    f"model_name=tiny-llama compile_topology=v5e-4 {TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 {TINY} --verify",
+    f"model_name=tiny-llama compile_topology=v5e-8 ici_fsdp_parallelism=4 ici_data_parallelism=2 "
+    f"{TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 remat_policy=minimal "
+    f"gradient_accumulation_steps=2 {TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 functional_dtype=bfloat16_matmul {TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 num_vocab_tiling=4 {TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 dataset_type=text "
+    f"dataset_path=/usr/share/common-licenses/GPL-3 {TINY}",
+    f"model_name=tiny-moe compile_topology=v5e-8 ici_expert_parallelism=2 {TINY}",
+    f"model_name=tiny-moe compile_topology=v5e-4 {TINY} --verify",
+    f"model_name=tiny-mla compile_topology=v5e-4 {TINY}",
+    f"model_name=tiny-qwen3 compile_topology=v5e-4 {TINY}",
+    f"model_name=tiny-gpt3 compile_topology=v5e-4 {TINY}",
+    f"model_name=gemma-2b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=gemma2-2b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=mistral-7b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=qwen3-8b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=mixtral-8x7b {SMALL_DIMS} num_experts=4 compile_topology=v5e-4 {TINY}",
+    f"model_name=qwen3-30b-a3b {SMALL_DIMS} num_experts=4 base_moe_mlp_dim=64 "
+    f"compile_topology=v5e-4 {TINY}",
+    # Refused the same way (exit 2, same message).
+    f"model_name=gemma3-4b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=deepseek3-tiny compile_topology=v5e-4 {TINY}",
+    f"model_name=olmo3-7b {SMALL_DIMS} compile_topology=v5e-4 {TINY}",
+    f"model_name=llama4-17b-16e {SMALL_DIMS} num_experts=4 compile_topology=v5e-4 {TINY}",
+    f"model_name=tiny-llama compile_topology=v5e-4 dtype=bfloat16 {TINY}",
+]
 
 MODELS = ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b", "mixtral-8x7b",
           "deepseek3-671b", "gemma2-9b", "gpt3-175b", "qwen3-30b-a3b", "qwen3-8b", "gpt-oss-20b",
@@ -98,16 +145,76 @@ def outputs(binary, line):
     return texts
 
 
-def compare(old, new, line):
-    """The differences between the two binaries' outputs, and whether the estimate succeeded."""
-    first, second = outputs(old, line), outputs(new, line)
+def recipe_lines():
+    """Each public recipe as `estimate` arguments: its topology, args and XLA flags."""
+    with open(RECIPES) as handle:
+        recipes = json.load(handle)
+    return [["estimate", f"compile_topology={recipe['topology']}",
+             f"compile_topology_num_slices={recipe['num_slices']}", *recipe["args"],
+             "--xla-flags", " ".join(recipe["xla_flags"]), "--json"] for recipe in recipes]
+
+
+def recipe_outputs(binary, args):
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")}
+    result = subprocess.run([binary] + args, capture_output=True, text=True, env=env)
+    return {"estimate --json": f"exit {result.returncode}\n{result.stdout}{result.stderr}"}
+
+
+WALL_CLOCK = re.compile(r"\s+[0-9.]+ tok/s| in [0-9.]+ s\b")
+
+
+def without_wall_clock(text):
+    """A metrics line or state.json without the fields that time the run (tokens_per_s)."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items()
+                    if key not in ("tokens_per_s", "fields_sha256", "metrics")}
+        if isinstance(value, list):
+            return [strip(item) for item in value]
+        return value
+    try:
+        return json.dumps(strip(json.loads(text)), sort_keys=True)
+    except json.JSONDecodeError:
+        return text
+
+
+def train_outputs(binary, line):
+    """What a small training run prints and writes: its output without tokens/s, the metrics
+    file without tokens_per_s, and every checkpoint file (tensors by hash, state.json without
+    the metrics it copies)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        args = ["train"] + line.split() + ["metrics_file=metrics.jsonl",
+                                           "base_output_directory=out", "run_name=run",
+                                           "enable_checkpointing=true", "checkpoint_period=2"]
+        texts = {"train": WALL_CLOCK.sub("", run(binary, args, workdir))}
+        metrics = os.path.join(workdir, "metrics.jsonl")
+        if os.path.exists(metrics):
+            with open(metrics) as handle:
+                texts["metrics"] = "\n".join(without_wall_clock(row) for row in handle)
+        for folder, _, files in sorted(os.walk(os.path.join(workdir, "out"))):
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                key = os.path.relpath(path, workdir)
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                texts[key] = (without_wall_clock(data.decode()) if name.endswith(".json")
+                              else hashlib.sha256(data).hexdigest())
+    return texts
+
+
+def compare(old, new, line, produce=None):
+    """The differences between the two binaries' outputs, and whether the first succeeded."""
+    produce = produce or outputs
+    first, second = produce(old, line), produce(new, line)
     problems = []
-    for what in first:
-        if first[what] != second[what]:
-            diff = list(difflib.unified_diff(first[what].splitlines(), second[what].splitlines(),
+    for what in sorted(set(first) | set(second)):
+        if first.get(what) != second.get(what):
+            diff = list(difflib.unified_diff(first.get(what, "(missing)").splitlines(),
+                                             second.get(what, "(missing)").splitlines(),
                                              lineterm="", n=0))[:8]
             problems.append(f"  {what}:\n    " + "\n    ".join(diff))
-    return problems, first["estimate --json"].startswith("exit 0")
+    return problems, next(iter(first.values())).startswith("exit 0")
 
 
 def main():
@@ -116,6 +223,8 @@ def main():
     parser.add_argument("new")
     parser.add_argument("--random", type=int, default=300, help="random configs (default 300)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--no-train", action="store_true", help="skip the training runs")
+    parser.add_argument("--no-recipes", action="store_true", help="skip the public recipes")
     options = parser.parse_args()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
     lines = configs(options.random)
@@ -128,12 +237,27 @@ def main():
             if problems:
                 differing += 1
                 print(f"DIFFERENT: {line}\n" + "\n".join(problems), flush=True)
+    extra_counts = []
+    for name, items, produce, label in (
+            ("recipes", [] if options.no_recipes else recipe_lines(), recipe_outputs,
+             lambda args: " ".join(args)),
+            ("train runs", [] if options.no_train else TRAIN_RUNS, train_outputs,
+             lambda line: "train " + line)):
+        ran = 0
+        with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:
+            for item, (problems, ok) in zip(items, pool.map(
+                    lambda item, produce=produce: compare(old, new, item, produce), items)):
+                ran += ok
+                if problems:
+                    differing += 1
+                    print(f"DIFFERENT: {label(item)}\n" + "\n".join(problems), flush=True)
+        extra_counts.append(f"{len(items)} {name} ({ran} without error)")
     validate = [run(binary, ["validate", PUBLISHED], ROOT) for binary in (old, new)]
     if validate[0] != validate[1]:
         differing += 1
         print("DIFFERENT: validate " + PUBLISHED)
-    print(f"{len(lines)} configs ({succeeded} estimate without error) + validate: "
-          f"{differing} differ")
+    print(f"{len(lines)} configs ({succeeded} estimate without error), "
+          + ", ".join(extra_counts) + f" + validate: {differing} differ")
     sys.exit(1 if differing else 0)
 
 

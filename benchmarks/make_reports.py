@@ -266,7 +266,7 @@ def validation():
         lines.append(f"| `{name}` | {MECHANISM_SUMMARIES[name]} | "
                      f"{error_summary([abs(e) for e in baseline.values()])} | {error_summary(off_errors)} | "
                      f"{error_summary(recipe_errors)} | {error_summary(off_recipe_errors)} | "
-                     f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/mechanisms_test.cpp)'} |")
+                     f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/perf/mechanisms_test.cpp)'} |")
     lines += [""]
     loo = subprocess.run([sys.executable, str(ROOT / "benchmarks/calibrate.py"), "--loo",
                           "--binary", str(BINARY)], check=True, capture_output=True, text=True).stdout
@@ -960,7 +960,7 @@ def pipeline():
               "sequence (as XLA pads an uneven split) and the step doubles; the explorer keeps "
               "such candidates, and they lose.", "",
               "The bubble is (S - 1) d / iterations of the loop's time: 3 of 163 iterations "
-              "circular, 3 of 11 in one pass. `tests/sim/pipeline_estimate_test.cpp` derives it "
+              "circular, 3 of 11 in one pass. `tests/sim/estimate/pipeline_estimate_test.cpp` derives it "
               "by hand: with the microbatch fixed, step = X + (iterations x k) tau + iterations x "
               "pi (tau one layer forward and backward, pi one iteration's hand-overs); k = 1, 2, 4 "
               "give X, tau, pi, k = 5 must follow within 0.5%, and every schedule's bubble must be "
@@ -1244,7 +1244,7 @@ def compat():
              "validation/recipes_public.json (22 real recipes: Ironwood `run_recipe.sh` lines, "
              "Trillium and v5p recipes) runs as `tpusim estimate compile_topology=<as written> "
              "<args as written> --xla-flags '<its XLA flags>'`, nothing dropped or renamed. "
-             "The test suite runs the same commands (tests/sim/cli_test.cpp, "
+             "The test suite runs the same commands (tests/sim/cli/, "
              "EstimateCommand.PublishedRecipesRunAsPasted).", "",
              f"**{ran} of {len(recipes)} run**"
              + ("; the others exit 2 naming the model tpusim does not build yet"

@@ -250,7 +250,7 @@ void register_explore_command(CLI::App& app) {
     if (MpiTransport::launched_by_mpirun()) {
       // Under mpirun the meshes are split over the ranks; rank 0 prints the merged result.
       MpiTransport transport;
-      options.transport = &transport;
+      options.processes = &transport;
       try {
         result = explore(config, options);
       } catch (const UserError& error) {

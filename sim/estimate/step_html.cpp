@@ -2,13 +2,13 @@
 
 #include <map>
 
-#include "sim/estimate/html_page.h"
+#include "sim/html/html_page.h"
 #include "sim/estimate/trace_lanes.h"
 
 namespace tpusim {
 namespace {
 
-// The page (sim/estimate/html_page.h frames it): the summary, the breakdown and HBM bars, HBM
+// The page (sim/html/html_page.h frames it): the summary, the breakdown and HBM bars, HBM
 // over the step, the timeline by lane, and the config.
 constexpr const char* kCss = R"css(
   table.summary td { padding: 1px 14px 1px 0; }

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 
-#include "sim/estimate/html_page.h"
+#include "sim/html/html_page.h"
 
 namespace tpusim {
 namespace {
 
-// The page (sim/estimate/html_page.h frames it): counts, the scatter, the top N, the command.
+// The page (sim/html/html_page.h frames it): counts, the scatter, the top N, the command.
 constexpr const char* kCss = R"css(
   table { border-collapse: collapse; }
   table.top td, table.top th { padding: 3px 10px 3px 0; text-align: right; vertical-align: top; }

@@ -25,7 +25,7 @@
 #include "sim/explore/worker_result.h"
 #include "sim/perf/step_simulator.h"
 #include "sim/perf/xla_switch_flags.h"
-#include "sim/transport/transport.h"
+#include "sim/transport/process_group.h"
 
 namespace tpusim {
 namespace {
@@ -238,8 +238,8 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
   const ExploreSettings settings = ExploreSettings::from_config(config);
 
-  const int rank = options.transport != nullptr ? options.transport->rank() : 0;
-  const int ranks = options.transport != nullptr ? options.transport->num_ranks() : 1;
+  const int rank = options.processes != nullptr ? options.processes->rank() : 0;
+  const int ranks = options.processes != nullptr ? options.processes->num_ranks() : 1;
   result.ranks = ranks;
   // This rank's meshes: every ranks-th, so that each rank gets a share of the costly ones.
   const size_t my_meshes =
@@ -266,7 +266,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);
     const int64_t seen = merged.samples_seen;
-    merged = merge_ranks(merged, *options.transport, CandidateNumbering(space),
+    merged = merge_ranks(merged, *options.processes, CandidateNumbering(space),
                          static_cast<size_t>(options.top));
     merged.samples = std::move(samples);  // this rank's only
     merged.samples_seen = seen;

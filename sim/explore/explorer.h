@@ -56,7 +56,7 @@
 namespace tpusim {
 
 class Config;
-class Transport;
+class ProcessGroup;
 
 struct ExploreOptions {
   ExploreLimits limits;
@@ -72,7 +72,7 @@ struct ExploreOptions {
   bool exact_schedules = false;
   // Under mpirun: the process-level exchanges; each rank searches every num_ranks()-th mesh and
   // the ranks' results are merged (every rank gets the merged result). nullptr = one process.
-  Transport* transport = nullptr;
+  ProcessGroup* processes = nullptr;
   // Called now and then from one thread with (meshes done, meshes in all).
   std::function<void(int64_t, int64_t)> progress;
   // Keep up to this many samples of what was evaluated (a uniform sample per worker thread, for

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sim/transport/transport.h"
+#include "sim/transport/process_group.h"
 
 namespace tpusim {
 namespace {
@@ -91,7 +91,7 @@ void WorkerResult::merge(WorkerResult other, size_t limit) {
   samples_seen += other.samples_seen;
 }
 
-WorkerResult merge_ranks(const WorkerResult& mine, Transport& transport,
+WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
                          const CandidateNumbering& numbering, size_t top) {
   std::vector<double> encoded = {static_cast<double>(mine.evaluated),
                                  static_cast<double>(mine.programs), mine.smallest_peak,
@@ -105,7 +105,7 @@ WorkerResult merge_ranks(const WorkerResult& mine, Transport& transport,
     encoded.push_back(scored.objective);
   }
   WorkerResult merged;
-  for (const std::vector<double>& theirs : transport.all_gather(encoded)) {
+  for (const std::vector<double>& theirs : processes.all_gather(encoded)) {
     size_t at = 0;
     merged.evaluated += static_cast<int64_t>(theirs[at++]);
     merged.programs += static_cast<int64_t>(theirs[at++]);

@@ -13,7 +13,7 @@
 //   part.pruned[kPrunedDoesNotFitHbm] += 8;
 //   WorkerResult all;
 //   all.merge(std::move(part), 10);
-//   all = merge_ranks(all, transport, CandidateNumbering(space), 10);  // under mpirun
+//   all = merge_ranks(all, processes, CandidateNumbering(space), 10);  // under mpirun
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,7 @@
 
 namespace tpusim {
 
-class Transport;
+class ProcessGroup;
 
 // Why a candidate was not timed (see sim/explore/explorer.h).
 inline constexpr const char* kPrunedAxisDoesNotDivide = "axis_does_not_divide";
@@ -74,7 +74,7 @@ struct WorkerResult {
 // Merges every rank's counts and top N (exchanged as numbers: counts, then (order, objective)
 // pairs, from which each candidate is rebuilt); every rank gets the same merged result, without
 // samples.
-WorkerResult merge_ranks(const WorkerResult& mine, Transport& transport,
+WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
                          const CandidateNumbering& numbering, size_t top);
 
 }  // namespace tpusim

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/estimate/html_page.h"
+#include "sim/html/html_page.h"
 
 namespace tpusim {
 namespace {

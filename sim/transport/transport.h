@@ -8,10 +8,10 @@
 // under `mpirun -np R`. Both give bitwise the same results: every transport computes a device's
 // output with combine_collective's fixed group order.
 //
-// The training loop also needs process-level exchanges: the step's per-device results on every
-// rank (all_gather), the sharded state on rank 0 for checkpoints and verification (gather_to_root),
-// and a checkpoint read by rank 0 on every rank (broadcast_from_root). Every rank calls them in
-// the same order; they fail (std::runtime_error naming the missing ranks) after the timeout.
+// The training loop also needs process-level exchanges (ProcessGroup, process_group.h): the step's
+// per-device results on every rank (all_gather), the sharded state on rank 0 for checkpoints and
+// verification (gather_to_root), and a checkpoint read by rank 0 on every rank
+// (broadcast_from_root).
 //
 // Example:
 //   LocalTransport local;                            // or MpiTransport under mpirun
@@ -29,43 +29,18 @@
 
 #include "sharding/mesh.h"
 #include "sim/functional/communicator.h"
+#include "sim/transport/process_group.h"
 
 namespace tpusim {
 
-class Transport {
+// The processes of a run (process_group.h) and the communicator their devices' collectives meet in.
+class Transport : public ProcessGroup {
  public:
-  virtual ~Transport() = default;
-
-  virtual int rank() const = 0;
-  virtual int num_ranks() const = 0;
-  // Ranks of this run on this host (they share its cores: num_threads=0).
-  virtual int ranks_on_host() const = 0;
-  // True when the run spans processes (under mpirun, even with one rank).
-  virtual bool distributed() const = 0;
-
   // The communicator of a mesh of `sizes` whose device d is executed by rank owner[d]; collectives
   // wait at most `timeout` for the rest of their group.
   virtual std::unique_ptr<Communicator> make_communicator(
       const std::array<int, kNumMeshAxes>& sizes, const std::vector<int>& owner,
       std::chrono::milliseconds timeout) = 0;
-
-  // Bounds the process-level exchanges below (default 60 s).
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-
-  // Every rank's `mine`, by rank, on every rank.
-  virtual std::vector<std::vector<double>> all_gather(const std::vector<double>& mine) = 0;
-  // Every rank's `mine`, by rank, on rank 0; an empty list on the other ranks.
-  virtual std::vector<std::vector<float>> gather_to_root(const std::vector<float>& mine) = 0;
-  // Rank 0's `bytes` on every rank (the argument is ignored on the other ranks).
-  virtual std::string broadcast_from_root(const std::string& bytes) = 0;
-
-  // Called by the training loop at the start of each step (1-based): a test hook where a
-  // transport may simulate a failure (MpiTransport: TPUSIM_FAULT_KILL_RANK/_AT_STEP).
-  virtual void at_step(int64_t /*step*/) {}
-
- private:
-  std::chrono::milliseconds timeout_ = std::chrono::seconds(60);
 };
 
 // One process runs every device.

@@ -1,4 +1,4 @@
-// sim/estimate/html_page.h: the frame of tpusim's self-contained HTML pages (estimate --html,
+// sim/html/html_page.h: the frame of tpusim's self-contained HTML pages (estimate --html,
 // explore --html): <head> with the title and the shared styles, the page's body, its data as a
 // JSON block, and its script run with shared helpers in scope. No network: nothing is loaded.
 //

@@ -1,6 +1,6 @@
-// tests/sim/divisibility_test.cpp: explore's axis_does_not_divide and estimate's refusal are one
-// check (sharding/divisibility.h): over a whole search space, estimate refuses exactly the mesh
-// and batch pairs explore prunes, and explore prunes every candidate of those pairs.
+// tests/sim/explore/divisibility_test.cpp: explore's axis_does_not_divide and estimate's refusal
+// are one check (sharding/divisibility.h): over a whole search space, estimate refuses exactly the
+// mesh and batch pairs explore prunes, and explore prunes every candidate of those pairs.
 #include "sharding/divisibility.h"
 
 #include <gtest/gtest.h>

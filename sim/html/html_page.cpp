@@ -1,4 +1,4 @@
-#include "sim/estimate/html_page.h"
+#include "sim/html/html_page.h"
 
 namespace tpusim {
 namespace {
