@@ -30,7 +30,6 @@ STILL_TO_MOVE = {
     "model/builder/forward_builder.cpp": 5,
     "model/builder/initializers.cpp": 10,
     "model/builder/layer_plan.cpp": 6,
-    "sim/cli/config_command.cpp": 1,
     "sim/train/hf_names.cpp": 5,
     "sim/train/trainer.cpp": 4,
 }
