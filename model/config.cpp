@@ -18,6 +18,7 @@
 #include "common/utf8.h"
 #include "common/yaml_text.h"
 #include "model/config_files.h"
+#include "model/config_node.h"
 #include "model/config_rules.h"
 #include "model/config_values.h"
 
@@ -44,6 +45,54 @@ constexpr const char* kCommandLine = "command line";
 constexpr const char* kDefaultModelName = "default";
 
 }  // namespace
+
+struct Config::State {
+  struct Entry {
+    ConfigType type = ConfigType::kString;
+    YAML::Node value;
+    std::string origin;
+  };
+
+  const Entry& entry(std::string_view key) const;
+  // apply(), with logical_axis_rules merged by name (see merge_rules_by_name in config.cpp).
+  void apply_layer_value(const std::string& key, const YAML::Node& value, const std::string& origin,
+                         bool override_logical_axis_rules);
+  void apply(std::string_view key, const YAML::Node& value, const std::string& origin);
+  void keep_passthrough(const MaxTextKey& key, const YAML::Node& value, const std::string& origin);
+  std::vector<std::string> known_key_names() const;
+
+  std::vector<std::string> order_;
+  std::map<std::string, Entry, std::less<>> entries_;
+  std::map<std::string, PassthroughKey, std::less<>> passthrough_;
+};
+
+// The yaml-cpp value of a key, for tests that compare YAML (model/config_node.h).
+struct ConfigNodeAccess {
+  static YAML::Node node(const Config& config, std::string_view key) {
+    return config.state_->entry(key).value;
+  }
+};
+
+YAML::Node config_node(const Config& config, std::string_view key) {
+  return ConfigNodeAccess::node(config, key);
+}
+
+Config::Config() : state_(std::make_unique<State>()) {}
+Config::Config(const Config& other)
+    : state_(std::make_unique<State>(other.state_ ? *other.state_ : State())) {}
+Config& Config::operator=(const Config& other) {
+  if (this != &other) {
+    state_ = std::make_unique<State>(other.state_ ? *other.state_ : State());
+  }
+  return *this;
+}
+Config::Config(Config&& other) noexcept = default;
+Config& Config::operator=(Config&& other) noexcept = default;
+Config::~Config() = default;
+
+const std::vector<std::string>& Config::keys() const {
+  return state_->order_;
+}
 
 std::pair<std::string, std::string> split_override(std::string_view text) {
   const size_t equals = text.find('=');
@@ -185,14 +234,14 @@ Config Config::load_files(const std::vector<std::string>& paths,
   static const Config embedded_base =
       load_base(*embedded_file(kEmbeddedBasePath), kEmbeddedBasePath);
   Config config;
-  config.order_ = embedded_base.order_;
-  for (const auto& [key, entry] : embedded_base.entries_) {
+  config.state_->order_ = embedded_base.state_->order_;
+  for (const auto& [key, entry] : embedded_base.state_->entries_) {
     // A fresh Entry: assigning to a copied node would redirect the shared one instead.
-    Entry copy;
+    State::Entry copy;
     copy.type = entry.type;
     copy.value = YAML::Clone(entry.value);
     copy.origin = entry.origin;
-    config.entries_.emplace(key, std::move(copy));
+    config.state_->entries_.emplace(key, std::move(copy));
   }
   std::vector<KeySource> sources;
   for (const ConfigFileLayer& layer : files) {
@@ -202,12 +251,13 @@ Config Config::load_files(const std::vector<std::string>& paths,
   }
   add_preset_keys(presets, sources);
   add_override_keys(overrides, sources);
-  throw_if_unknown_keys(config.order_, sources);
+  throw_if_unknown_keys(config.state_->order_, sources);
   for (const ConfigFileLayer& layer : files) {
     for (const auto& item : layer.root) {
       // A file's rules always merge by name: the embedded base's rules are MaxText's plus the
       // logical axes tpusim's model names, which a MaxText base.yml does not list.
-      config.apply_layer_value(item.first.as<std::string>(), item.second, layer.origin, false);
+      config.state_->apply_layer_value(item.first.as<std::string>(), item.second, layer.origin,
+                                       false);
     }
   }
   config.finish_loading(presets, overrides);
@@ -221,7 +271,7 @@ Config Config::load_from_texts(std::string_view base_text, std::string_view base
   std::vector<KeySource> sources;
   add_preset_keys(presets, sources);
   add_override_keys(overrides, sources);
-  throw_if_unknown_keys(config.order_, sources);
+  throw_if_unknown_keys(config.state_->order_, sources);
   config.finish_loading(presets, overrides);
   return config;
 }
@@ -235,17 +285,17 @@ Config Config::load_base(std::string_view base_text, std::string_view base_origi
   }
   for (const auto& item : base) {
     const std::string key = item.first.as<std::string>();
-    if (config.entries_.contains(key)) {
+    if (config.state_->entries_.contains(key)) {
       std::string message = base_name;
       message += ": key '" + key + "' appears twice";
       throw UserError(message);
     }
-    Entry entry;
+    State::Entry entry;
     entry.type = infer_type(item.second, key, base_name);
     entry.value = coerce(item.second, entry.type, key, base_name);
     entry.origin = base_name;
-    config.entries_.emplace(key, entry);
-    config.order_.push_back(key);
+    config.state_->entries_.emplace(key, entry);
+    config.state_->order_.push_back(key);
   }
   return config;
 }
@@ -265,13 +315,13 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
     // set it (MaxText: deepseek3-671b-2dfsdp's preset replaces the whole list).
     const std::string override_key = "override_logical_axis_rules";
     if (preset[override_key]) {
-      apply(override_key, preset[override_key], origin);
+      state_->apply(override_key, preset[override_key], origin);
     }
     const bool override_rules =
         command_line_bool(override_key, overrides).value_or(get_bool(override_key));
     for (const auto& item : preset) {
       const std::string key = item.first.as<std::string>();
-      apply_layer_value(key, item.second, origin, override_rules);
+      state_->apply_layer_value(key, item.second, origin, override_rules);
       preset_keys.insert(key);
     }
   }
@@ -297,8 +347,8 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
   // Multimodal training runs the vision/audio encoders, which tpusim does not build: refuse it
   // rather than estimate the text decoder alone as if it were the whole step.
   for (const char* key : {"use_multimodal", "use_audio"}) {
-    const auto found = passthrough_.find(key);
-    if (found != passthrough_.end() &&
+    const auto found = state_->passthrough_.find(key);
+    if (found != state_->passthrough_.end() &&
         coerce(YAML::Node(found->second.value.empty() ? "false" : found->second.value),
                ConfigType::kBool, key, found->second.origin)
             .as<bool>()) {
@@ -343,12 +393,12 @@ void check_passthrough_value(const MaxTextKey& key, const YAML::Node& value,
 
 }  // namespace
 
-void Config::apply_layer_value(const std::string& key, const YAML::Node& value,
-                               const std::string& origin, bool override_logical_axis_rules) {
+void Config::State::apply_layer_value(const std::string& key, const YAML::Node& value,
+                                      const std::string& origin, bool override_logical_axis_rules) {
   if (key != "logical_axis_rules" || !value.IsSequence()) {
     apply(key, value, origin);
   } else if (!override_logical_axis_rules) {
-    apply(key, merge_rules_by_name(get_node(key), value, origin), origin);
+    apply(key, merge_rules_by_name(entry(key).value, value, origin), origin);
   } else {
     // The layer's list replaces MaxText's rules; the rules of tpusim's own logical axes, which no
     // MaxText list names, stay (else the tensors they shard would silently be replicated).
@@ -359,7 +409,7 @@ void Config::apply_layer_value(const std::string& key, const YAML::Node& value,
         named.insert(rule[0].Scalar());
       }
     }
-    for (const YAML::Node& rule : get_node(key)) {
+    for (const YAML::Node& rule : entry(key).value) {
       const std::string name = rule[0].Scalar();
       if (!is_maxtext_logical_axis(name) && !named.contains(name)) {
         rules.push_back(rule);
@@ -369,7 +419,7 @@ void Config::apply_layer_value(const std::string& key, const YAML::Node& value,
   }
 }
 
-std::vector<std::string> Config::known_key_names() const {
+std::vector<std::string> Config::State::known_key_names() const {
   std::vector<std::string> names = order_;
   for (const MaxTextKey& key : maxtext_keys()) {
     names.push_back(key.name);
@@ -377,9 +427,12 @@ std::vector<std::string> Config::known_key_names() const {
   return names;
 }
 
-Config::PassthroughKey Config::passthrough_key(const MaxTextKey& key, const YAML::Node& value,
-                                               const std::string& origin) {
-  PassthroughKey kept;
+namespace {
+
+// A MaxText key's value as the passthrough list shows it.
+Config::PassthroughKey passthrough_key(const MaxTextKey& key, const YAML::Node& value,
+                                       const std::string& origin) {
+  Config::PassthroughKey kept;
   kept.key = key.name;
   kept.value = value.IsNull() ? "" : (value.IsScalar() ? value.Scalar() : describe(value));
   kept.origin = origin;
@@ -388,13 +441,16 @@ Config::PassthroughKey Config::passthrough_key(const MaxTextKey& key, const YAML
   return kept;
 }
 
-void Config::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
-                              const std::string& origin) {
+}  // namespace
+
+void Config::State::keep_passthrough(const MaxTextKey& key, const YAML::Node& value,
+                                     const std::string& origin) {
   check_passthrough_value(key, value, origin);
   passthrough_[key.name] = passthrough_key(key, value, origin);
 }
 
-void Config::apply(std::string_view key, const YAML::Node& value, const std::string& origin) {
+void Config::State::apply(std::string_view key, const YAML::Node& value,
+                          const std::string& origin) {
   if (value.IsScalar()) {
     check_value_length(std::string(key), value.Scalar().size(), origin);
   }
@@ -428,17 +484,17 @@ void Config::apply(std::string_view key, const YAML::Node& value, const std::str
 
 void Config::set(std::string_view key, std::string_view value_text, const std::string& origin) {
   check_value_length(std::string(key), value_text.size(), origin);  // before it is parsed
-  const auto found = entries_.find(key);
-  const MaxTextKey* maxtext = found == entries_.end() ? find_maxtext_key(key) : nullptr;
-  if (found == entries_.end() &&
+  const auto found = state_->entries_.find(key);
+  const MaxTextKey* maxtext = found == state_->entries_.end() ? find_maxtext_key(key) : nullptr;
+  if (found == state_->entries_.end() &&
       (maxtext == nullptr || maxtext->effect == MaxTextKeyEffect::kModeled)) {
     throw UserError("unknown config key '" + shown_key(std::string(key)) + "'" +
                         " (neither tpusim nor MaxText has it)" +
-                        did_you_mean(key, known_key_names()),
+                        did_you_mean(key, state_->known_key_names()),
                     std::string(key));
   }
-  const bool is_string =
-      found != entries_.end() ? found->second.type == ConfigType::kString : maxtext->type == "str";
+  const bool is_string = found != state_->entries_.end() ? found->second.type == ConfigType::kString
+                                                         : maxtext->type == "str";
   YAML::Node value;
   if (is_string) {
     std::string text(value_text);
@@ -450,31 +506,31 @@ void Config::set(std::string_view key, std::string_view value_text, const std::s
   } else {
     value = parse_yaml(value_text, "'" + std::string(key) + "' on the " + origin);
   }
-  apply(key, value, origin);
+  state_->apply(key, value, origin);
 }
 
 void Config::set_int(std::string_view key, int64_t value, const std::string& origin) {
-  apply(key, YAML::Node(value), origin);
+  state_->apply(key, YAML::Node(value), origin);
 }
 
 void Config::set_float(std::string_view key, double value, const std::string& origin) {
-  apply(key, YAML::Node(value), origin);
+  state_->apply(key, YAML::Node(value), origin);
 }
 
 void Config::set_bool(std::string_view key, bool value, const std::string& origin) {
-  apply(key, YAML::Node(value), origin);
+  state_->apply(key, YAML::Node(value), origin);
 }
 
 void Config::set_string(std::string_view key, const std::string& value, const std::string& origin) {
-  apply(key, YAML::Node(value), origin);
+  state_->apply(key, YAML::Node(value), origin);
 }
 
 std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
-  std::map<std::string, PassthroughKey, std::less<>> keys = passthrough_;
+  std::map<std::string, PassthroughKey, std::less<>> keys = state_->passthrough_;
   // tpusim's own schema holds a few MaxText keys the estimate does not read (their effect in
   // configs/maxtext/base_keys.tsv is not "modeled"): listed like the others when a config sets
   // them.
-  for (const auto& [name, entry] : entries_) {
+  for (const auto& [name, entry] : state_->entries_) {
     const MaxTextKey* maxtext = find_maxtext_key(name);
     if (entry.origin == kEmbeddedBasePath || maxtext == nullptr ||
         maxtext->effect == MaxTextKeyEffect::kModeled) {
@@ -493,10 +549,10 @@ std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
 }
 
 bool Config::has(std::string_view key) const {
-  return entries_.find(key) != entries_.end();
+  return state_->entries_.find(key) != state_->entries_.end();
 }
 
-const Config::Entry& Config::entry(std::string_view key) const {
+const Config::State::Entry& Config::State::entry(std::string_view key) const {
   const auto found = entries_.find(key);
   if (found == entries_.end()) {
     throw std::logic_error("config key '" + std::string(key) + "' is not in base.yml");
@@ -505,11 +561,11 @@ const Config::Entry& Config::entry(std::string_view key) const {
 }
 
 ConfigType Config::type(std::string_view key) const {
-  return entry(key).type;
+  return state_->entry(key).type;
 }
 
 int64_t Config::get_int(std::string_view key) const {
-  const Entry& found = entry(key);
+  const State::Entry& found = state_->entry(key);
   if (found.type != ConfigType::kInt) {
     throw std::logic_error("config key '" + std::string(key) + "' is not an integer");
   }
@@ -522,7 +578,7 @@ int64_t Config::get_int(std::string_view key) const {
 }
 
 double Config::get_float(std::string_view key) const {
-  const Entry& found = entry(key);
+  const State::Entry& found = state_->entry(key);
   if (found.type != ConfigType::kFloat && found.type != ConfigType::kInt) {
     throw std::logic_error("config key '" + std::string(key) + "' is not a number");
   }
@@ -538,7 +594,7 @@ double Config::get_float(std::string_view key) const {
 }
 
 bool Config::get_bool(std::string_view key) const {
-  const Entry& found = entry(key);
+  const State::Entry& found = state_->entry(key);
   if (found.type != ConfigType::kBool) {
     throw std::logic_error("config key '" + std::string(key) + "' is not a bool");
   }
@@ -546,7 +602,7 @@ bool Config::get_bool(std::string_view key) const {
 }
 
 std::string Config::get_string(std::string_view key) const {
-  const Entry& found = entry(key);
+  const State::Entry& found = state_->entry(key);
   if (found.type != ConfigType::kString) {
     throw std::logic_error("config key '" + std::string(key) + "' is not a string");
   }
@@ -554,7 +610,7 @@ std::string Config::get_string(std::string_view key) const {
 }
 
 std::vector<std::string> Config::get_string_list(std::string_view key) const {
-  const Entry& found = entry(key);
+  const State::Entry& found = state_->entry(key);
   if (found.type != ConfigType::kList) {
     throw std::logic_error("config key '" + std::string(key) + "' is not a list");
   }
@@ -569,18 +625,55 @@ std::vector<std::string> Config::get_string_list(std::string_view key) const {
   return items;
 }
 
-YAML::Node Config::get_node(std::string_view key) const {
-  return entry(key).value;
+std::vector<std::pair<std::string, std::vector<std::string>>> Config::get_named_lists(
+    std::string_view key) const {
+  const std::string name(key);
+  std::vector<std::pair<std::string, std::vector<std::string>>> pairs;
+  for (const YAML::Node& pair : state_->entry(key).value) {
+    if (!pair.IsSequence() || pair.size() != 2 || !pair[0].IsScalar()) {
+      throw UserError(name +
+                      ": each rule must be [logical_name, [mesh axes]], got an "
+                      "entry with " +
+                      std::to_string(pair.size()) + " item(s)");
+    }
+    const std::string pair_name = pair[0].Scalar();
+    std::vector<std::string> items;
+    const YAML::Node listed = pair[1];
+    if (listed.IsScalar()) {
+      items.push_back(listed.Scalar());
+    } else if (listed.IsSequence()) {
+      for (const YAML::Node& item : listed) {
+        if (!item.IsScalar()) {
+          throw UserError(name + ": rule '" + pair_name + "' must list mesh axis names");
+        }
+        items.push_back(item.Scalar());
+      }
+    } else if (!listed.IsNull()) {
+      throw UserError(name + ": rule '" + pair_name + "' must list mesh axis names");
+    }
+    pairs.emplace_back(pair_name, std::move(items));
+  }
+  return pairs;
+}
+
+std::string Config::value_text(std::string_view key) const {
+  const YAML::Node node = state_->entry(key).value;
+  if (node.IsScalar()) {
+    return node.Scalar();
+  }
+  YAML::Emitter emitter;
+  emitter << YAML::Flow << YAML::DoubleQuoted << node;
+  return emitter.c_str();
 }
 
 const std::string& Config::origin(std::string_view key) const {
-  return entry(key).origin;
+  return state_->entry(key).origin;
 }
 
 nlohmann::json Config::to_json() const {
   nlohmann::json json = nlohmann::json::object();
-  for (const std::string& key : order_) {
-    const Entry& found = entries_.at(key);
+  for (const std::string& key : state_->order_) {
+    const State::Entry& found = state_->entries_.at(key);
     json[key] = yaml_to_json(found.value, found.type);
   }
   return json;
@@ -588,8 +681,8 @@ nlohmann::json Config::to_json() const {
 
 std::vector<std::string> Config::command_line_overrides() const {
   std::vector<std::string> overrides;
-  for (const std::string& key : order_) {
-    const Entry& found = entries_.at(key);
+  for (const std::string& key : state_->order_) {
+    const State::Entry& found = state_->entries_.at(key);
     if (found.origin == kCommandLine) {
       overrides.push_back(key + "=" + describe(found.value));
     }

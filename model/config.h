@@ -20,12 +20,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "model/maxtext_keys.h"
 
@@ -37,6 +38,13 @@ const char* config_type_name(ConfigType type);
 
 class Config {
  public:
+  Config();  // empty: no keys (load() gives a config)
+  Config(const Config& other);
+  Config& operator=(const Config& other);
+  Config(Config&& other) noexcept;
+  Config& operator=(Config&& other) noexcept;
+  ~Config();
+
   // The embedded base.yml's path; pass "" as base_path to use it.
   static constexpr const char* kEmbeddedBasePath = "configs/base.yml";
 
@@ -64,7 +72,12 @@ class Config {
   bool get_bool(std::string_view key) const;
   std::string get_string(std::string_view key) const;
   std::vector<std::string> get_string_list(std::string_view key) const;
-  YAML::Node get_node(std::string_view key) const;
+  // A list of [name, items] pairs (logical_axis_rules), items given as a list, one name or null,
+  // e.g. [["embed", ["fsdp"]], ["norm", []]]. UserError naming the key when a pair is malformed.
+  std::vector<std::pair<std::string, std::vector<std::string>>> get_named_lists(
+      std::string_view key) const;
+  // The value as text: a scalar as written, a list as flow YAML (["a", "b"]).
+  std::string value_text(std::string_view key) const;
 
   // Where the value came from: the base file, the preset file, or "command line".
   const std::string& origin(std::string_view key) const;
@@ -79,7 +92,7 @@ class Config {
   void set_string(std::string_view key, const std::string& value, const std::string& origin);
 
   // Keys in base.yml order.
-  const std::vector<std::string>& keys() const { return order_; }
+  const std::vector<std::string>& keys() const;
 
   nlohmann::json to_json() const;
 
@@ -99,11 +112,10 @@ class Config {
   std::vector<std::string> command_line_overrides() const;
 
  private:
-  struct Entry {
-    ConfigType type = ConfigType::kString;
-    YAML::Node value;
-    std::string origin;
-  };
+  // The keys' values and origins and the passthrough keys (config.cpp: values are yaml-cpp nodes,
+  // which no includer sees).
+  struct State;
+  friend struct ConfigNodeAccess;  // model/config_node.h
 
   static Config load_base(std::string_view base_text, std::string_view base_origin);
   // Presets (logical_axis_rules merged by name unless override_logical_axis_rules, from the
@@ -111,20 +123,8 @@ class Config {
   // validate_config.
   void finish_loading(const std::map<std::string, std::string>& presets,
                       const std::vector<std::string>& overrides);
-  const Entry& entry(std::string_view key) const;
-  // apply(), with logical_axis_rules merged by name (see merge_rules_by_name in config.cpp).
-  void apply_layer_value(const std::string& key, const YAML::Node& value, const std::string& origin,
-                         bool override_logical_axis_rules);
-  void apply(std::string_view key, const YAML::Node& value, const std::string& origin);
-  // A MaxText key's value as the passthrough list shows it.
-  static PassthroughKey passthrough_key(const MaxTextKey& key, const YAML::Node& value,
-                                        const std::string& origin);
-  void keep_passthrough(const MaxTextKey& key, const YAML::Node& value, const std::string& origin);
-  std::vector<std::string> known_key_names() const;
 
-  std::vector<std::string> order_;
-  std::map<std::string, Entry, std::less<>> entries_;
-  std::map<std::string, PassthroughKey, std::less<>> passthrough_;
+  std::unique_ptr<State> state_;
 };
 
 // Parses "key=value" into its parts; UserError when there is no '=' or the key is empty.

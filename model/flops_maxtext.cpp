@@ -232,7 +232,7 @@ struct BatchShape {
   double tokens() const { return batch * sequence; }
 };
 
-BatchShape batch_shape(const Config& config) {
+BatchShape batch_shape_from_config(const Config& config) {
   BatchShape shape;
   shape.batch = config.get_float("per_device_batch_size");
   shape.sequence = as_double(config.get_int("max_target_length"));
@@ -272,7 +272,7 @@ double MaxTextFlops::kv_shared_projection_tflops() const {
 
 MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
-  const BatchShape shape = batch_shape(config);
+  const BatchShape shape = batch_shape_from_config(config);
   const double tokens = shape.tokens();
   const double emb = as_double(dims.emb_dim);
   const double heads = as_double(dims.num_query_heads);
@@ -363,7 +363,7 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
 
 MaxText2023Flops maxtext_2023_flops_per_device(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
-  const BatchShape shape = batch_shape(config);
+  const BatchShape shape = batch_shape_from_config(config);
   const int64_t num_layers = real_num_layers(dims);
   const FfnLayerCounts ffn_layers = ffn_layer_counts(dims, num_layers);
   const double emb = as_double(dims.emb_dim);

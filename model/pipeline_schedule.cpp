@@ -9,7 +9,8 @@
 namespace tpusim {
 namespace {
 
-int64_t stage_count(const Config& config, const std::string& key) {
+// A pipeline parallelism key as a stage count: UserError unless a positive number.
+int64_t stage_count_from_config(const Config& config, const std::string& key) {
   const int64_t value = config.get_int(key);
   if (value == -1) {
     throw UserError(key + "=-1: give the number of pipeline stages explicitly");
@@ -37,8 +38,8 @@ std::string PipelineSchedule::describe() const {
 
 PipelineSchedule PipelineSchedule::from_config(const Config& config, int64_t batch) {
   PipelineSchedule schedule;
-  schedule.stages = stage_count(config, "ici_pipeline_parallelism") *
-                    stage_count(config, "dcn_pipeline_parallelism");
+  schedule.stages = stage_count_from_config(config, "ici_pipeline_parallelism") *
+                    stage_count_from_config(config, "dcn_pipeline_parallelism");
   if (!schedule.active()) {
     return schedule;
   }

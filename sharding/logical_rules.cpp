@@ -30,31 +30,11 @@ LogicalAxisRules LogicalAxisRules::from_rules(std::vector<LogicalRule> rules) {
 }
 
 LogicalAxisRules LogicalAxisRules::from_config(const Config& config) {
-  const YAML::Node node = config.get_node("logical_axis_rules");
   std::vector<LogicalRule> rules;
-  for (const YAML::Node& entry : node) {
-    if (!entry.IsSequence() || entry.size() != 2 || !entry[0].IsScalar()) {
-      throw UserError(
-          "logical_axis_rules: each rule must be [logical_name, [mesh axes]], got an "
-          "entry with " +
-          std::to_string(entry.size()) + " item(s)");
-    }
+  for (auto& [logical, mesh_axes] : config.get_named_lists("logical_axis_rules")) {
     LogicalRule rule;
-    rule.logical = entry[0].Scalar();
-    const YAML::Node axes = entry[1];
-    if (axes.IsScalar()) {
-      rule.mesh_axes.push_back(axes.Scalar());
-    } else if (axes.IsSequence()) {
-      for (const YAML::Node& axis : axes) {
-        if (!axis.IsScalar()) {
-          throw UserError("logical_axis_rules: rule '" + rule.logical +
-                          "' must list mesh axis names");
-        }
-        rule.mesh_axes.push_back(axis.Scalar());
-      }
-    } else if (!axes.IsNull()) {
-      throw UserError("logical_axis_rules: rule '" + rule.logical + "' must list mesh axis names");
-    }
+    rule.logical = std::move(logical);
+    rule.mesh_axes = std::move(mesh_axes);
     rules.push_back(std::move(rule));
   }
   return from_rules(std::move(rules));

@@ -19,7 +19,7 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
   long long known_product = 1;
   for (int axis = 0; axis < kNumMeshAxes; ++axis) {
     const std::string key = mesh_axis_key(dcn, mesh_axis_names()[axis]);
-    const int64_t value = checked_mesh_axis_value(config, dcn, axis);
+    const int64_t value = mesh_axis_value_from_config(config, dcn, axis);
     if (value == -1) {
       if (auto_axis >= 0) {
         throw UserError(key + ": only one " + (dcn ? "dcn" : "ici") +
@@ -37,7 +37,7 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
                       key);
     }
     sizes[axis] = static_cast<int>(value);
-    // Each size is at most 2^20 (checked_mesh_axis_value), so capping the product at 2^40 keeps
+    // Each size is at most 2^20 (mesh_axis_value_from_config), so capping the product at 2^40 keeps
     // it from overflowing over 12 axes; a capped product matches no device count.
     known_product = std::min(known_product * value, kProductCap);
   }
@@ -62,7 +62,7 @@ std::array<int, kNumMeshAxes> fill_group(const Config& config, bool dcn, int tar
 
 }  // namespace
 
-int64_t checked_mesh_axis_value(const Config& config, bool dcn, int axis) {
+int64_t mesh_axis_value_from_config(const Config& config, bool dcn, int axis) {
   constexpr int64_t kMaxAxisSize = int64_t{1} << 20;
   const std::string key = mesh_axis_key(dcn, mesh_axis_names()[static_cast<size_t>(axis)]);
   const int64_t value = config.get_int(key);

@@ -43,7 +43,7 @@ struct MeshShape {
 
 // The value of one parallelism key (ici_* or dcn_*): -1 (auto) or a size from 1 to 2^20;
 // UserError naming the key otherwise. Every command reads mesh keys through it.
-int64_t checked_mesh_axis_value(const Config& config, bool dcn, int axis);
+int64_t mesh_axis_value_from_config(const Config& config, bool dcn, int axis);
 
 // Index of a mesh axis by name; UserError with a suggestion when unknown.
 int mesh_axis_index(const std::string& axis);

@@ -33,14 +33,37 @@ Slice slice_from_config(const Config& config) {
   return slice;
 }
 
+namespace {
+
+// What the program takes from the config besides the slice, the mesh and the model: the batch
+// and the memory settings.
+struct ProgramSettings {
+  double per_device_batch_size = 0;
+  int64_t gradient_accumulation_steps = 1;
+  bool attention_scores_in_hbm = false;  // attention=dot_product
+  double hbm_headroom_fraction = 0;
+};
+
+ProgramSettings program_settings_from_config(const Config& config) {
+  ProgramSettings settings;
+  settings.per_device_batch_size = config.get_float("per_device_batch_size");
+  settings.gradient_accumulation_steps = config.get_int("gradient_accumulation_steps");
+  settings.attention_scores_in_hbm = config.get_string("attention") == "dot_product";
+  settings.hbm_headroom_fraction = config.get_float("hbm_headroom_fraction");
+  return settings;
+}
+
+}  // namespace
+
 StepProgram build_step_program(const Config& config, const MechanismSet& mechanisms) {
   StepProgram result;
   result.slice = slice_from_config(config);
   result.mesh =
       place_mesh(resolve_mesh(config, result.slice), result.slice, placement_from_config(config));
-  const double per_device = config.get_float("per_device_batch_size");
-  const BatchPlan batch = plan_batch(per_device, result.slice.total_devices(),
-                                     config.get_int("gradient_accumulation_steps"));
+  const ProgramSettings settings = program_settings_from_config(config);
+  const double per_device = settings.per_device_batch_size;
+  const BatchPlan batch =
+      plan_batch(per_device, result.slice.total_devices(), settings.gradient_accumulation_steps);
   if (batch.microbatch < 1) {
     throw UserError("per_device_batch_size: " + std::to_string(per_device) + " x " +
                     std::to_string(result.slice.total_devices()) +
@@ -49,8 +72,8 @@ StepProgram build_step_program(const Config& config, const MechanismSet& mechani
   result.microbatch = batch.microbatch;
   result.accumulation_steps = batch.accumulation_steps;
   result.global_batch = batch.global_batch;
-  result.attention_scores_in_hbm = config.get_string("attention") == "dot_product";
-  result.hbm_headroom_fraction = config.get_float("hbm_headroom_fraction");
+  result.attention_scores_in_hbm = settings.attention_scores_in_hbm;
+  result.hbm_headroom_fraction = settings.hbm_headroom_fraction;
   result.step =
       std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);

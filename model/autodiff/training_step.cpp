@@ -62,16 +62,28 @@ class TensorMap {
   std::vector<TensorId> values_;
 };
 
+// The dtypes of the optimizer's state: gradients (grad_dtype) and Adam's moments (mu_dtype, else
+// weight_dtype).
+struct OptimizerDTypes {
+  DType gradient;
+  DType moment;
+};
+
+OptimizerDTypes optimizer_dtypes_from_config(const Config& config) {
+  const DType gradient = parse_dtype(config.get_string("grad_dtype"), "grad_dtype");
+  const DType moment = config.get_string("mu_dtype").empty()
+                           ? parse_dtype(config.get_string("weight_dtype"), "weight_dtype")
+                           : parse_dtype(config.get_string("mu_dtype"), "mu_dtype");
+  return {gradient, moment};
+}
+
 class BackwardBuilder {
  public:
   BackwardBuilder(const Config& config, ForwardGraph forward)
       : forward_(std::move(forward)),
         graph_(forward_.graph),
         policy_(RematPolicy::from_config(config)),
-        grad_dtype_(parse_dtype(config.get_string("grad_dtype"), "grad_dtype")),
-        moment_dtype_(config.get_string("mu_dtype").empty()
-                          ? parse_dtype(config.get_string("weight_dtype"), "weight_dtype")
-                          : parse_dtype(config.get_string("mu_dtype"), "mu_dtype")) {}
+        dtypes_(optimizer_dtypes_from_config(config)) {}
 
   TrainingStep build() {
     TrainingStep step;
@@ -134,7 +146,7 @@ class BackwardBuilder {
 
   TensorId new_grad(const Tensor& of, int region, const std::string& suffix = "/grad") {
     const bool parameter = of.kind == TensorKind::kParameter;
-    const DType dtype = parameter ? grad_dtype_ : of.dtype;
+    const DType dtype = parameter ? dtypes_.gradient : of.dtype;
     // The gradient of a cast weight is a parameter gradient too (in the compute dtype).
     const TensorKind kind = is_weight(of) ? TensorKind::kParameterGrad : TensorKind::kGradient;
     return graph_.add_tensor(of.name + suffix, of.dims, dtype, kind, region);
@@ -525,7 +537,7 @@ class BackwardBuilder {
       std::vector<TensorId> outputs;
       std::vector<TensorId> inputs = {parameter.id, grad};
       for (const char* moment : {"/mu", "/nu"}) {
-        inputs.push_back(graph_.add_tensor(parameter.name + moment, parameter.dims, moment_dtype_,
+        inputs.push_back(graph_.add_tensor(parameter.name + moment, parameter.dims, dtypes_.moment,
                                            TensorKind::kOptimizerState, parameter.region));
       }
       for (const TensorId state : {parameter.id, inputs[2], inputs[3]}) {
@@ -540,8 +552,7 @@ class BackwardBuilder {
   ForwardGraph forward_;
   Graph& graph_;
   RematPolicy policy_;
-  DType grad_dtype_;
-  DType moment_dtype_;
+  OptimizerDTypes dtypes_;
   TensorMap grads_;            // activation -> its gradient
   TensorMap parameter_grads_;  // parameter -> its gradient
   TensorMap materialized_;     // forward tensor -> readable in this region

@@ -84,7 +84,7 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
 TensorId ForwardBuilder::rope(const std::string& name, TensorId x, int region) {
   const TensorId out = activation(name, graph().tensor(x).dims, region);
   OpAttrs attrs;
-  attrs.rope_max_timescale = static_cast<double>(config_.get_int("rope_max_timescale"));
+  attrs.rope_max_timescale = static_cast<double>(options_.rope_max_timescale);
   graph().add_op(OpKind::kRope, name, {x}, {out}, attrs, region);
   return out;
 }
@@ -100,14 +100,13 @@ TensorId ForwardBuilder::attention_op(const LayerGroup& group, int region,
   attrs.mask = group.attention == AttentionKind::kSlidingWindow ? AttentionMask::kSlidingWindow
                : group.attention == AttentionKind::kChunked     ? AttentionMask::kChunked
                                                                 : AttentionMask::kCausal;
-  attrs.window = group.attention == AttentionKind::kChunked
-                     ? dims_.chunk_attn_window_size
-                     : config_.get_int("sliding_window_size");
+  attrs.window = group.attention == AttentionKind::kChunked ? dims_.chunk_attn_window_size
+                                                            : options_.sliding_window_size;
   attrs.attention_scale = runtime_scale;
   // MaxText's attn_logits_soft_cap (AttentionOp, attention_op.py): the scaled logits become
   // cap tanh(logits / cap) before the mask and the softmax. MaxText's presets set it for gemma2
   // (50); tpusim applies it in whichever block the config sets it.
-  attrs.logit_soft_cap = config_.get_float("attn_logits_soft_cap");
+  attrs.logit_soft_cap = options_.attn_logits_soft_cap;
   graph().add_op(OpKind::kAttention, "attention", std::move(inputs), {context}, attrs, region);
   return context;
 }
@@ -128,7 +127,7 @@ TensorId ForwardBuilder::out_projection(int region, TensorId context,
 // out) add a learned bias over their output features; otherwise `x` as it is.
 TensorId ForwardBuilder::with_bias(const std::string& name, TensorId x, std::vector<Dim> bias_dims,
                                    int region) {
-  if (!config_.get_bool("attention_bias")) {
+  if (!options_.attention_bias) {
     return x;
   }
   // MaxText's bias_init: zeros.

@@ -81,13 +81,13 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x) {
       region);
   OpAttrs router_attrs;
   router_attrs.top_k = top_k;
-  router_attrs.normalize_top_k = config_.get_bool("norm_topk_prob");
-  router_attrs.route_scale = config_.get_float("routed_scaling_factor");
+  router_attrs.normalize_top_k = options_.norm_topk_prob;
+  router_attrs.route_scale = options_.routed_scaling_factor;
   graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
                  region);
   const double tokens = static_cast<double>(batch_ * length_);
-  const double capacity_factor = config_.get_float("capacity_factor");
-  const bool padded = !config_.get_bool("sparse_matmul") && capacity_factor > 0;
+  const double capacity_factor = options_.capacity_factor;
+  const bool padded = !options_.sparse_matmul && capacity_factor > 0;
   const double per_expert = tokens * static_cast<double>(top_k) / static_cast<double>(experts) *
                             (padded ? capacity_factor : 1.0);
   const auto expert_tokens = static_cast<int64_t>(std::ceil(per_expert));
@@ -99,7 +99,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x) {
   OpAttrs dispatch_attrs;
   dispatch_attrs.top_k = top_k;
   dispatch_attrs.capacity_factor = padded ? capacity_factor : 0.0;
-  dispatch_attrs.ragged_buffer_factor = config_.get_float("ragged_buffer_factor");
+  dispatch_attrs.ragged_buffer_factor = options_.ragged_buffer_factor;
   std::vector<TensorId> dispatched = {grouped};
   Ragged ragged;
   if (!padded) {

@@ -36,11 +36,11 @@ ForwardGraph ForwardBuilder::build() {
   result_.pipeline = pipeline_;
   const std::vector<LayerGroup> groups = plan_layers(config_);
   if (pipeline_.active() && groups.size() != 1) {
-    throw UserError(std::string(config_.get_int("dcn_pipeline_parallelism") > 1
+    throw UserError(std::string(options_.dcn_pipeline_parallelism > 1
                                     ? "dcn_pipeline_parallelism"
                                     : "ici_pipeline_parallelism") +
-                    "=" + std::to_string(pipeline_.stages) + ": " +
-                    config_.get_string("model_name") + " has " + std::to_string(groups.size()) +
+                    "=" + std::to_string(pipeline_.stages) + ": " + options_.model_name + " has " +
+                    std::to_string(groups.size()) +
                     " kinds of decoder layer; pipelining is modeled only for models whose "
                     "decoder layers are all alike");
   }
@@ -61,7 +61,7 @@ ForwardGraph ForwardBuilder::build() {
       loop.parameter_sets = pipeline_.layers_held();
       loop.delayed_forwarding = pipeline_.forwarding_delay > 1;
       loop.circular_storage = pipeline_.repeats > 1 && pipeline_.microbatches > pipeline_.stages;
-      loop.weights_gathered_once = config_.get_bool("pipeline_fsdp_ag_once");
+      loop.weights_gathered_once = options_.pipeline_fsdp_ag_once;
     }
     const int64_t full_batch = batch_;
     const std::string full_logical = batch_logical_;
@@ -100,7 +100,7 @@ TensorId ForwardBuilder::build_embedding() {
   // table of gpt3 and the per-layer tables of gemma4_small are charged as gathers: tpusim does not
   // know whether MaxText looks those up the same way).
   OpAttrs lookup;
-  lookup.one_hot_embedding = config_.get_bool("use_iota_embed");
+  lookup.one_hot_embedding = options_.use_iota_embed;
   graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, lookup,
                  region);
   const int64_t positions = config_.get_int("trainable_position_size");
@@ -134,7 +134,7 @@ TensorId ForwardBuilder::build_layer(const LayerGroup& group, int region, Tensor
                            : group.attention == AttentionKind::kGatedDeltaNet
                                ? build_gated_delta_net(region, attention_in)
                                : build_attention(group, region, attention_in);
-  if (post_norm_only || config_.get_bool("use_post_attn_norm")) {
+  if (post_norm_only || options_.use_post_attn_norm) {
     attention_out = norm("post_attention_norm", attention_out, region);
   }
   const TensorId residual =
@@ -143,7 +143,7 @@ TensorId ForwardBuilder::build_layer(const LayerGroup& group, int region, Tensor
   TensorId mlp_out = group.feed_forward == FeedForwardKind::kMoe
                          ? build_moe(region, mlp_in)
                          : build_mlp("mlp", region, mlp_in, group.mlp_dim);
-  if (post_norm_only || config_.get_bool("use_post_ffw_norm")) {
+  if (post_norm_only || options_.use_post_ffw_norm) {
     mlp_out = norm("post_mlp_norm", mlp_out, region);
   }
   const TensorId output =
@@ -203,7 +203,7 @@ TensorId ForwardBuilder::add_per_layer_input(int region, TensorId output,
 // The final norm, logits and loss. With num_vocab_tiling = T > 1 (MaxText's chunked
 // cross-entropy) the head is a region repeated T times over 1/T of the tokens each.
 void ForwardBuilder::build_head() {
-  const int64_t chunks = config_.get_int("num_vocab_tiling");
+  const int64_t chunks = options_.num_vocab_tiling;
   if (length_ % chunks != 0) {
     throw UserError("num_vocab_tiling: " + std::to_string(chunks) +
                     " must divide max_target_length (" + std::to_string(length_) + ")");
@@ -251,8 +251,8 @@ void ForwardBuilder::build_head() {
     // untied branch (logits_dense) applies neither; tpusim train refuses a final cap there.
     // The loss applies both as it reads the logits (XLA fuses them into the loss, so the step
     // keeps one logits tensor).
-    loss_attrs.logit_soft_cap = config_.get_float("final_logits_soft_cap");
-    loss_attrs.logit_multiplier = config_.get_bool("normalize_embedding_logits")
+    loss_attrs.logit_soft_cap = options_.final_logits_soft_cap;
+    loss_attrs.logit_multiplier = options_.normalize_embedding_logits
                                       ? 1.0 / std::sqrt(static_cast<double>(dims_.emb_dim))
                                       : 1.0;
   }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/builder/build_options.h"
 #include "model/builder/forward_builder.h"
 #include "model/builder/initializers.h"
 #include "model/builder/layer_plan.h"
@@ -154,6 +155,7 @@ class ForwardBuilder {
   DType activation_dtype_;
   DType weight_dtype_;
   PipelineSchedule pipeline_;
+  BuildOptions options_ = BuildOptions::from_config(config_);
   // The batch dim's logical axis: the layers' (activation_batch), or outside a pipeline's layers
   // MaxText's activation_embed_and_logits_batch, which also shards over the stages.
   std::string batch_logical_ = "activation_batch";

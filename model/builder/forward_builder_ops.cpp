@@ -88,7 +88,7 @@ TensorId ForwardBuilder::norm(const std::string& name, TensorId x, int region) {
   const TensorId out = activation(name, input_dims, region);
   OpAttrs attrs;
   attrs.contracted = {last.name};
-  attrs.epsilon = config_.get_float("normalization_layer_epsilon");
+  attrs.epsilon = options_.normalization_layer_epsilon;
   graph().add_op(layer_norm ? OpKind::kLayerNorm : OpKind::kRmsNorm, name, inputs, {out}, attrs,
                  region);
   return out;

@@ -108,7 +108,7 @@ GdnInputs ForwardBuilder::gdn_projections(int region, const GdnDims& d, TensorId
   in.query = elementwise("gdn/query_conv_silu", ElementwiseFn::kSilu, {in.query}, region);
   in.key = elementwise("gdn/key_conv_silu", ElementwiseFn::kSilu, {in.key}, region);
   in.value = elementwise("gdn/value_conv_silu", ElementwiseFn::kSilu, {in.value}, region);
-  if (config_.get_bool("use_qk_norm_in_gdn")) {
+  if (options_.use_qk_norm_in_gdn) {
     in.query = norm("gdn/query_l2norm", in.query, region);
     in.key = norm("gdn/key_l2norm", in.key, region);
   }

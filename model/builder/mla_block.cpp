@@ -16,11 +16,11 @@ namespace tpusim::builder_detail {
 // (kv_lora_rank) projections, a shared rotary key, per-head nope+rope query/key dims.
 TensorId ForwardBuilder::build_mla(int region, TensorId x) {
   const int64_t heads = dims_.num_query_heads;
-  const int64_t q_lora = config_.get_int("q_lora_rank");
-  const int64_t kv_lora = config_.get_int("kv_lora_rank");
-  const int64_t nope = config_.get_int("qk_nope_head_dim");
-  const int64_t rope_dim = config_.get_int("qk_rope_head_dim");
-  const int64_t value_dim = config_.get_int("v_head_dim");
+  const int64_t q_lora = options_.q_lora_rank;
+  const int64_t kv_lora = options_.kv_lora_rank;
+  const int64_t nope = options_.qk_nope_head_dim;
+  const int64_t rope_dim = options_.qk_rope_head_dim;
+  const int64_t value_dim = options_.v_head_dim;
   const Dim embed_w{"embed", dims_.emb_dim, "embed"};
   const Dim heads_w{"heads", heads, "q_heads"};
   TensorId query = -1;

@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,14 @@
 #include "sim/cli/commands.h"
 
 namespace tpusim {
+namespace {
+
+// compile_topology as given ("" when the config names no slice: no mesh to show).
+std::string topology_from_config(const Config& config) {
+  return config.get_string("compile_topology");
+}
+
+}  // namespace
 
 void register_config_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
@@ -38,7 +47,7 @@ void register_config_command(CLI::App& app) {
                      {"num_kv_heads", dims.num_kv_heads}, {"head_dim", dims.head_dim},
                      {"mlp_dim", dims.mlp_dim},           {"num_layers", dims.num_layers},
                      {"vocab_size", dims.vocab_size},     {"num_experts", dims.num_experts}};
-    const std::string topology = config.get_string("compile_topology");
+    const std::string topology = topology_from_config(config);
     std::string mesh_description;  // set when compile_topology names a slice
     if (!topology.empty()) {
       // The slice every other command builds, with its checks of the slice count and hardware.

@@ -46,8 +46,19 @@ int64_t positive_integer(const std::string& key, const std::string& text) {
   throw UserError(key + ": '" + text + "' must be a positive integer (at most 2^40)");
 }
 
+// The operands' dtype and the matmul quantization a lone matmul is timed with.
+struct MatmulSettings {
+  std::string dtype;
+  std::string quantization;
+};
+
+MatmulSettings matmul_settings_from_config(const Config& config) {
+  return {config.get_string("dtype"), config.get_string("quantization")};
+}
+
 nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, const Config& config,
                            const MechanismSet& mechanisms) {
+  const MatmulSettings settings = matmul_settings_from_config(config);
   for (const char* key : {"m", "n", "k"}) {
     if (!op_keys.contains(key)) {
       throw UserError(std::string("op matmul: missing ") + key + "=...");
@@ -58,7 +69,7 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, co
   const int64_t k = positive_integer("k", op_keys.at("k"));
   const Slice slice = slice_from_config(config);
   const ChipSpec& chip = *slice.chip;
-  const DType dtype = parse_dtype(config.get_string("dtype"), "dtype");
+  const DType dtype = parse_dtype(settings.dtype, "dtype");
   Graph graph;
   const int region = graph.add_region("op", 1, Phase::kForward);
   const TensorId lhs = graph.add_tensor("lhs", {Dim{"m", m, ""}, Dim{"k", k, ""}}, dtype,
@@ -73,7 +84,7 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, co
   CostContext context;
   context.chip = &chip;
   context.mechanisms = mechanisms;
-  const std::string quantization = config.get_string("quantization");
+  const std::string& quantization = settings.quantization;
   context.int8_matmuls = quantization == "int8";
   context.fp8_matmuls = quantization.rfind("fp8", 0) == 0;
   // A lone matmul is a forward pass; with a bf16 dtype its operands pay the quantize pass.

@@ -1,6 +1,8 @@
 #include "sim/estimate/estimate.h"
 
+#include <cstdint>
 #include <map>
+#include <string>
 
 #include "model/config.h"
 #include "model/flops_maxtext.h"
@@ -23,9 +25,20 @@ nlohmann::json memory_json(const MemoryEstimate& memory) {
           {"peak_at", memory.peak_region}};
 }
 
+// What the estimate's summary reads from the config beyond the program.
+struct SummarySettings {
+  std::string model_name;
+  int64_t max_target_length = 0;  // tokens per sequence
+};
+
+SummarySettings summary_settings_from_config(const Config& config) {
+  return {config.get_string("model_name"), config.get_int("max_target_length")};
+}
+
 }  // namespace
 
 Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
+  const SummarySettings summary = summary_settings_from_config(config);
   Estimate estimate;
   estimate.program = build_step_program(config, mechanisms);
   const StepProgram& built = estimate.program;
@@ -43,13 +56,13 @@ Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   estimate.mfu = estimate.tflops_per_device / chip.mfu_peak_bf16_tflops_per_device;
   estimate.hardware_utilization =
       estimate.timing.hardware_matmul_flops / step / chip.peak_bf16_flops_per_device();
-  const double tokens = static_cast<double>(built.global_batch) *
-                        static_cast<double>(config.get_int("max_target_length"));
+  const double tokens =
+      static_cast<double>(built.global_batch) * static_cast<double>(summary.max_target_length);
   estimate.tokens_per_s = tokens / step;
   estimate.tokens_per_s_per_chip = estimate.tokens_per_s / built.slice.total_chips();
 
   nlohmann::json& json = estimate.json;
-  json["model_name"] = config.get_string("model_name");
+  json["model_name"] = summary.model_name;
   json["slice"] = built.slice.name;
   json["num_slices"] = built.slice.num_slices;
   json["chip"] = chip.name;

@@ -188,11 +188,11 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
 // carry a microbatch: the bubble's iterations compute like the others). Models with experts are
 // left to the per-program bounds, as a capacity factor below 1 computes fewer FLOPs than MaxText
 // counts.
-bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
+bool schedule_cannot_reach(const ExploreSettings& settings, const SearchSpace& space,
                            const ExploreOptions& options, const PerfOptions& perf,
                            const std::vector<MaxTextFlops>& flops_per_batch, double stretch,
                            double bar) {
-  if (!std::isfinite(bar) || stretch <= 1 || config.get_int("num_experts") > 1) {
+  if (!std::isfinite(bar) || stretch <= 1 || settings.num_experts > 1) {
     return false;
   }
   const ChipSpec& chip = *space.slice.chip;
@@ -200,7 +200,7 @@ bool schedule_cannot_reach(const Config& config, const SearchSpace& space,
   // one (the search does not change quantization), else bf16.
   const double flops_per_second = peak_flops_per_device(perf.cost, true) *
                                   chip.mxu_achievable_fraction * perf.cost.program_efficiency;
-  const double tokens_per_sequence = static_cast<double>(config.get_int("max_target_length"));
+  const double tokens_per_sequence = static_cast<double>(settings.max_target_length);
   for (size_t index = 0; index < space.batches.size(); ++index) {
     const BatchChoice& batch = space.batches[index];
     const MaxTextFlops& flops = flops_per_batch[index];
@@ -237,6 +237,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   TrainingStepCache steps(config, space);
   const std::vector<MaxTextFlops> flops_per_batch = maxtext_flops_per_batch(config, space);
   const PerfOptions base_perf = perf_options_from_config(config, *space.slice.chip);
+  const ExploreSettings settings = ExploreSettings::from_config(config);
 
   const int rank = options.processes != nullptr ? options.processes->rank() : 0;
   const int ranks = options.processes != nullptr ? options.processes->num_ranks() : 1;
@@ -252,7 +253,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   SharedThreshold threshold(options.branch_and_bound);
   threshold.raise(bar);
   if (options.branch_and_bound &&
-      schedule_cannot_reach(config, space, options, base_perf, flops_per_batch, stretch, bar)) {
+      schedule_cannot_reach(settings, space, options, base_perf, flops_per_batch, stretch, bar)) {
     result.pruned[kPrunedCannotBeatTop] = space.size();
     result.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -260,8 +261,8 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
     return result;
   }
   const Divisibility divisibility(*steps.get(0, 0), rules);
-  const ExploreContext context{config,          space,     options,   rules,       steps,
-                               flops_per_batch, base_perf, threshold, divisibility};
+  const ExploreContext context{config, settings,        space,     options,   rules,
+                               steps,  flops_per_batch, base_perf, threshold, divisibility};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);

@@ -141,7 +141,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   plan.per_distinct_batch = plan.per_remat * static_cast<int64_t>(space.remats.size());
   plan.program.slice = space.slice;
   plan.program.mesh = plan.placed.front();  // partitioning reads only the mesh's shape
-  plan.program.hbm_headroom_fraction = context_.config.get_float("hbm_headroom_fraction");
+  plan.program.hbm_headroom_fraction = context_.settings.hbm_headroom_fraction;
   // Memory depends on the attention kind too (dot_product materializes its scores), so fit is
   // tracked per (remat, kind); a kind's candidates of one remat are that many per (batch).
   const size_t kinds = space.attention_kinds.size();
@@ -195,7 +195,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   batch.index = plan.dividing[at];
   batch.choice = &space.batches[batch.index];
   batch.tokens = static_cast<double>(batch.choice->microbatch * batch.choice->accumulation_steps) *
-                 static_cast<double>(context_.config.get_int("max_target_length"));
+                 static_cast<double>(context_.settings.max_target_length);
   // Branch and bound over the remat policies, from the remat_policy=none program: its
   // TensorCore bound bounds every policy (skip the batch if even that cannot beat the top N),
   // and with each policy's recomputation added it bounds that policy without partitioning it.

@@ -26,6 +26,7 @@
 #include "model/flops_maxtext.h"
 #include "sharding/divisibility.h"
 #include "sharding/step_program.h"
+#include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
@@ -56,6 +57,7 @@ class SharedThreshold {
 // What every mesh's evaluation reads (and the threshold and step cache the workers share).
 struct ExploreContext {
   const Config& config;
+  const ExploreSettings& settings;  // read from config
   const SearchSpace& space;
   const ExploreOptions& options;
   const LogicalAxisRules& rules;

@@ -12,6 +12,38 @@ namespace {
 // Keys the user gave (Config's origin for them), which the search keeps as they are.
 constexpr const char* kCommandLineOrigin = "command line";
 
+// The pipeline keys as the config holds them, and which of them the user gave.
+struct PipelineKeys {
+  int64_t ici_stages = 1;  // ici_pipeline_parallelism
+  int64_t dcn_stages = 1;  // dcn_pipeline_parallelism
+  int64_t num_slices = 1;  // compile_topology_num_slices
+  int64_t microbatches = 0;
+  int64_t layers_per_stage = 0;
+  bool delay_activation_forwarding = false;
+  bool ici_pinned = false;
+  bool dcn_pinned = false;
+  bool microbatches_pinned = false;
+  bool layers_pinned = false;  // num_layers_per_pipeline_stage or num_pipeline_repeats
+};
+
+PipelineKeys pipeline_keys_from_config(const Config& config) {
+  auto pinned = [&](const char* key) {
+    return config.has(key) && config.origin(key) == kCommandLineOrigin;
+  };
+  PipelineKeys keys;
+  keys.ici_pinned = pinned("ici_pipeline_parallelism");
+  keys.dcn_pinned = pinned("dcn_pipeline_parallelism");
+  keys.ici_stages = config.get_int("ici_pipeline_parallelism");
+  keys.dcn_stages = config.get_int("dcn_pipeline_parallelism");
+  keys.num_slices = config.get_int("compile_topology_num_slices");
+  keys.microbatches = config.get_int("num_pipeline_microbatches");
+  keys.layers_per_stage = config.get_int("num_layers_per_pipeline_stage");
+  keys.delay_activation_forwarding = config.get_bool("pipeline_delay_activation_forwarding");
+  keys.microbatches_pinned = pinned("num_pipeline_microbatches");
+  keys.layers_pinned = pinned("num_layers_per_pipeline_stage") || pinned("num_pipeline_repeats");
+  return keys;
+}
+
 PipelineSchedule schedule_of(const Config& config, const ScheduleChoice& choice) {
   PipelineSchedule schedule;
   schedule.stages = choice.stages;
@@ -21,7 +53,7 @@ PipelineSchedule schedule_of(const Config& config, const ScheduleChoice& choice)
   const int64_t per_repeat = choice.stages * choice.layers_per_stage;
   schedule.repeats = per_repeat > 0 ? schedule.layers / per_repeat : 0;
   schedule.microbatches = choice.microbatches;
-  schedule.forwarding_delay = config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1;
+  schedule.forwarding_delay = pipeline_keys_from_config(config).delay_activation_forwarding ? 2 : 1;
   return schedule;
 }
 
@@ -39,13 +71,12 @@ double schedule_stretch(const Config& config, const ScheduleChoice& choice) {
 
 std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
                                                       std::vector<std::string>& keys) {
-  const bool ici_pinned = config.has("ici_pipeline_parallelism") &&
-                          config.origin("ici_pipeline_parallelism") == kCommandLineOrigin;
-  const bool dcn_pinned = config.has("dcn_pipeline_parallelism") &&
-                          config.origin("dcn_pipeline_parallelism") == kCommandLineOrigin;
-  const int64_t ici = config.get_int("ici_pipeline_parallelism");
-  const int64_t dcn = config.get_int("dcn_pipeline_parallelism");
-  const int64_t slices = std::max<int64_t>(1, config.get_int("compile_topology_num_slices"));
+  const PipelineKeys given = pipeline_keys_from_config(config);
+  const bool ici_pinned = given.ici_pinned;
+  const bool dcn_pinned = given.dcn_pinned;
+  const int64_t ici = given.ici_stages;
+  const int64_t dcn = given.dcn_stages;
+  const int64_t slices = std::max<int64_t>(1, given.num_slices);
   std::vector<int64_t> stage_counts;
   if (ici_pinned || dcn_pinned || slices == 1 || ici != 1) {
     stage_counts = {std::max<int64_t>(1, ici) * std::max<int64_t>(1, dcn)};
@@ -57,33 +88,28 @@ std::vector<ScheduleChoice> pipeline_schedule_choices(const Config& config,
     }
     keys.emplace_back("dcn_pipeline_parallelism");
   }
-  auto pinned = [&](const char* key) {
-    return config.has(key) && config.origin(key) == kCommandLineOrigin;
-  };
-  const bool microbatches_pinned = pinned("num_pipeline_microbatches");
-  const bool layers_pinned =
-      pinned("num_layers_per_pipeline_stage") || pinned("num_pipeline_repeats");
+  const bool microbatches_pinned = given.microbatches_pinned;
+  const bool layers_pinned = given.layers_pinned;
   const int64_t layers = ModelDims::from_config(config).num_layers;
   const bool alike = plan_layers(config).size() == 1;
   std::vector<ScheduleChoice> choices;
   bool searched_schedule = false;
   for (const int64_t stages : stage_counts) {
     if (stages == 1) {
-      choices.push_back({1, config.get_int("num_pipeline_microbatches"),
-                         config.get_int("num_layers_per_pipeline_stage")});
+      choices.push_back({1, given.microbatches, given.layers_per_stage});
       continue;
     }
     if (!alike && !(ici_pinned || dcn_pinned)) {
       continue;  // pipelining is modeled for models whose layers are all alike
     }
-    std::vector<int64_t> per_stage = {config.get_int("num_layers_per_pipeline_stage")};
+    std::vector<int64_t> per_stage = {given.layers_per_stage};
     if (!layers_pinned) {
       per_stage = {1};
       if (layers % stages == 0 && layers / stages > 1) {
         per_stage.push_back(layers / stages);
       }
     }
-    std::vector<int64_t> microbatches = {config.get_int("num_pipeline_microbatches")};
+    std::vector<int64_t> microbatches = {given.microbatches};
     if (!microbatches_pinned) {
       microbatches = {stages, 2 * stages, 4 * stages};
     }
@@ -151,10 +177,10 @@ PipelineOption summarize_schedule(const ScheduleChoice& choice, const Config& co
 Config with_schedule(const Config& config, const ScheduleChoice& choice) {
   Config scheduled = config;
   if (choice.stages > 1) {
-    const bool dcn = config.get_int("ici_pipeline_parallelism") == 1;
+    const int64_t ici = pipeline_keys_from_config(config).ici_stages;
+    const bool dcn = ici == 1;
     scheduled.set(dcn ? "dcn_pipeline_parallelism" : "ici_pipeline_parallelism",
-                  std::to_string(dcn ? choice.stages : config.get_int("ici_pipeline_parallelism")),
-                  kCommandLineOrigin);
+                  std::to_string(dcn ? choice.stages : ici), kCommandLineOrigin);
     scheduled.set("num_pipeline_microbatches", std::to_string(choice.microbatches),
                   kCommandLineOrigin);
     scheduled.set("num_layers_per_pipeline_stage", std::to_string(choice.layers_per_stage),

@@ -5,6 +5,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "common/error.h"
 #include "hw/chip_spec.h"
@@ -50,8 +51,55 @@ const std::vector<std::string> kNamedRematPolicies = {"none",
 
 const std::vector<int64_t> kFlashBlockSizes = {512, 1024, 2048};
 
-bool pinned(const Config& config, const std::string& key) {
-  return config.has(key) && config.origin(key) == kCommandLine;
+// What the search reads from the config: the keys the user gave on the command line (pinned:
+// kept as they are) and the values of the keys the search starts from.
+struct SearchKeys {
+  std::set<std::string, std::less<>> pinned;
+  double per_device_batch_size = 0;
+  int64_t gradient_accumulation_steps = 1;
+  std::string remat_policy;
+  int64_t ici_pipeline_stages = 1;  // ici_pipeline_parallelism
+  int64_t dcn_pipeline_stages = 1;  // dcn_pipeline_parallelism
+  int64_t pipeline_microbatches = -1;
+  bool delay_activation_forwarding = false;
+  std::string attention;
+  int64_t max_target_length = 0;
+  int64_t sa_block_q = 0;
+  int64_t sa_block_kv = 0;
+  std::string sparse_core_collective_offload;
+  bool collective_matmul = false;
+
+  bool is_pinned(std::string_view key) const { return pinned.contains(key); }
+};
+
+SearchKeys search_keys_from_config(const Config& config) {
+  SearchKeys keys;
+  for (const std::string& key : config.keys()) {
+    if (config.origin(key) == kCommandLine) {
+      keys.pinned.insert(key);
+    }
+  }
+  keys.per_device_batch_size = config.get_float("per_device_batch_size");
+  keys.gradient_accumulation_steps = config.get_int("gradient_accumulation_steps");
+  keys.remat_policy = config.get_string("remat_policy");
+  keys.ici_pipeline_stages = config.get_int("ici_pipeline_parallelism");
+  keys.dcn_pipeline_stages = config.get_int("dcn_pipeline_parallelism");
+  keys.pipeline_microbatches = config.get_int("num_pipeline_microbatches");
+  keys.delay_activation_forwarding = config.get_bool("pipeline_delay_activation_forwarding");
+  keys.attention = config.get_string("attention");
+  keys.max_target_length = config.get_int("max_target_length");
+  keys.sa_block_q = config.get_int("sa_block_q");
+  keys.sa_block_kv = config.get_int("sa_block_kv");
+  keys.sparse_core_collective_offload = config.get_string("sparse_core_collective_offload");
+  keys.collective_matmul = config.get_bool("collective_matmul");
+  return keys;
+}
+
+// A mesh axis key's value (1 when the schema has no such key), read when the search reaches it so
+// that a bad value is refused in the order estimate refuses it.
+int64_t axis_value_from_config(const Config& config, bool dcn, int axis) {
+  const std::string key = mesh_axis_key(dcn, mesh_axis_names()[static_cast<size_t>(axis)]);
+  return config.has(key) ? mesh_axis_value_from_config(config, dcn, axis) : 1;
 }
 
 // Every way to write `remaining` as an ordered product over `axes` (sizes >= 1), into `out`.
@@ -76,7 +124,8 @@ void factorize(int remaining, const std::vector<int>& axes, size_t index, bool d
 
 // Sizes of the pinned axes of one group (ici or dcn); searched axes start at 1. Returns the
 // product the searched axes must make. UserError when the pins contradict the slice.
-int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& searchable, int total,
+int pin_axes(const Config& config, const SearchKeys& given, bool dcn,
+             const std::vector<std::string>& searchable, int total,
              std::array<int, kNumMeshAxes>& sizes, std::vector<int>& searched,
              std::vector<std::string>& searched_keys) {
   long long pinned_product = 1;
@@ -87,8 +136,8 @@ int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& sea
     const bool can_search =
         std::find(searchable.begin(), searchable.end(), name) != searchable.end();
     // The same check as estimate's (sharding/mesh.h): 0, -3 or 2^32 is an error, not a divisor.
-    const int64_t value = config.has(key) ? checked_mesh_axis_value(config, dcn, axis) : 1;
-    if (can_search && (!pinned(config, key) || value == -1)) {
+    const int64_t value = axis_value_from_config(config, dcn, axis);
+    if (can_search && (!given.is_pinned(key) || value == -1)) {
       searched.push_back(axis);
       searched_keys.push_back(key);
       sizes[static_cast<size_t>(axis)] = 1;
@@ -122,12 +171,12 @@ int pin_axes(const Config& config, bool dcn, const std::vector<std::string>& sea
   return static_cast<int>(total / pinned_product);
 }
 
-std::vector<BatchChoice> batch_choices(const Config& config, const ExploreLimits& limits,
+std::vector<BatchChoice> batch_choices(const SearchKeys& given, const ExploreLimits& limits,
                                        int devices, std::vector<std::string>& searched_keys) {
-  const bool batch_pinned = pinned(config, "per_device_batch_size");
-  const bool accumulation_pinned = pinned(config, "gradient_accumulation_steps");
-  const double pinned_batch = config.get_float("per_device_batch_size");
-  const int64_t pinned_accumulation = config.get_int("gradient_accumulation_steps");
+  const bool batch_pinned = given.is_pinned("per_device_batch_size");
+  const bool accumulation_pinned = given.is_pinned("gradient_accumulation_steps");
+  const double pinned_batch = given.per_device_batch_size;
+  const int64_t pinned_accumulation = given.gradient_accumulation_steps;
   std::vector<BatchChoice> choices;
   auto add = [&](double per_device, int64_t accumulation) {
     const BatchPlan plan = plan_batch(per_device, devices, accumulation);
@@ -212,10 +261,26 @@ std::vector<std::string> model_checkpoint_names(const Config& config) {
   return names;
 }
 
-std::vector<RematChoice> remat_choices(const Config& config,
+// The model's per-tensor remat keys of a custom policy: those given on the command line with
+// their value (`fixed`), the others searched (`free`).
+void custom_tensors_from_config(const Config& config, const SearchKeys& given,
+                                std::vector<std::pair<std::string, std::string>>& fixed,
+                                std::vector<std::string>& free,
+                                std::vector<std::string>& searched_keys) {
+  for (const std::string& name : model_checkpoint_names(config)) {
+    if (given.is_pinned(name)) {
+      fixed.emplace_back(name, config.get_string(name));
+    } else {
+      free.push_back(name);
+      searched_keys.push_back(name);
+    }
+  }
+}
+
+std::vector<RematChoice> remat_choices(const Config& config, const SearchKeys& given,
                                        std::vector<std::string>& searched_keys) {
-  const std::string policy = config.get_string("remat_policy");
-  if (!pinned(config, "remat_policy")) {
+  const std::string& policy = given.remat_policy;
+  if (!given.is_pinned("remat_policy")) {
     std::vector<RematChoice> choices;
     choices.reserve(kNamedRematPolicies.size());
     for (const std::string& name : kNamedRematPolicies) {
@@ -230,14 +295,7 @@ std::vector<RematChoice> remat_choices(const Config& config,
   // Custom: every combination of the tensors the user left free.
   std::vector<std::pair<std::string, std::string>> fixed;
   std::vector<std::string> free;
-  for (const std::string& name : model_checkpoint_names(config)) {
-    if (pinned(config, name)) {
-      fixed.emplace_back(name, config.get_string(name));
-    } else {
-      free.push_back(name);
-      searched_keys.push_back(name);
-    }
-  }
+  custom_tensors_from_config(config, given, fixed, free, searched_keys);
   constexpr int kMaxFreeTensors = 10;  // 3^10 = 59049 policies
   if (static_cast<int>(free.size()) > kMaxFreeTensors) {
     throw UserError("remat_policy: custom with " + std::to_string(free.size()) +
@@ -348,13 +406,13 @@ void check_limits(const ExploreLimits& limits) {
 
 // Every mesh: the pinned axes keep their size, the searched ones factorize what is left (ICI
 // within a slice, DCN across slices); data- and fsdp-parallel meshes first.
-void add_meshes(const Config& config, SearchSpace& space) {
+void add_meshes(const Config& config, const SearchKeys& given, SearchSpace& space) {
   MeshShape base;
   std::vector<std::string>& keys = space.searched_keys;
-  const int ici_left = pin_axes(config, false, kIciSearchAxes, space.slice.devices(), base.ici,
-                                space.ici_axes, keys);
+  const int ici_left = pin_axes(config, given, false, kIciSearchAxes, space.slice.devices(),
+                                base.ici, space.ici_axes, keys);
   const int dcn_left = pin_axes(
-      config, true, space.slice.num_slices > 1 ? kDcnSearchAxes : std::vector<std::string>{},
+      config, given, true, space.slice.num_slices > 1 ? kDcnSearchAxes : std::vector<std::string>{},
       space.slice.num_slices, base.dcn, space.dcn_axes, keys);
   std::vector<MeshShape> ici_meshes;
   MeshShape current = base;
@@ -379,13 +437,13 @@ void add_meshes(const Config& config, SearchSpace& space) {
 
 // A pipeline (explore searches one schedule at a time, sim/explore/explorer.h) takes only the
 // batches its microbatches divide, as MaxText requires.
-void keep_pipeline_batches(const Config& config, SearchSpace& space) {
-  const int64_t stages = std::max<int64_t>(1, config.get_int("ici_pipeline_parallelism")) *
-                         std::max<int64_t>(1, config.get_int("dcn_pipeline_parallelism"));
+void keep_pipeline_batches(const SearchKeys& given, SearchSpace& space) {
+  const int64_t stages = std::max<int64_t>(1, given.ici_pipeline_stages) *
+                         std::max<int64_t>(1, given.dcn_pipeline_stages);
   if (stages > 1) {
-    int64_t microbatches = config.get_int("num_pipeline_microbatches");
+    int64_t microbatches = given.pipeline_microbatches;
     if (microbatches == -1) {
-      microbatches = stages * (config.get_bool("pipeline_delay_activation_forwarding") ? 2 : 1);
+      microbatches = stages * (given.delay_activation_forwarding ? 2 : 1);
     }
     std::erase_if(space.batches, [&](const BatchChoice& choice) {
       return microbatches < 1 || choice.microbatch % microbatches != 0;
@@ -398,27 +456,27 @@ void keep_pipeline_batches(const Config& config, SearchSpace& space) {
 }
 
 // The attention kinds and, for the fused kernel on TPU, the splash block sizes.
-void add_attention_choices(const Config& config, SearchSpace& space) {
+void add_attention_choices(const SearchKeys& given, SearchSpace& space) {
   std::vector<std::string>& keys = space.searched_keys;
   // On a GPU node the fused attention is cuDNN's (Transformer Engine), with no splash blocks.
   const bool gpu = space.slice.chip->is_gpu();
   const std::string fused_attention = gpu ? "cudnn_flash_te" : "flash";
-  if (pinned(config, "attention")) {
-    const std::string kind = config.get_string("attention");
+  if (given.is_pinned("attention")) {
+    const std::string& kind = given.attention;
     if (kind != "dot_product" && kind != fused_attention && kind != "autoselected") {
       throw UserError("attention: explore times dot_product and " + fused_attention + " (" +
                       (gpu ? "GPU" : "TPU") + "), not '" + kind + "'");
     }
-    const int64_t length = config.get_int("max_target_length");
+    const int64_t length = given.max_target_length;
     space.attention_kinds = {
         kind == "autoselected" ? (length < 128 ? "dot_product" : fused_attention) : kind};
   } else {
     space.attention_kinds = {"dot_product", fused_attention};
     keys.emplace_back("attention");
   }
-  const bool block_q_pinned = pinned(config, "sa_block_q");
-  const bool block_kv_pinned = pinned(config, "sa_block_kv");
-  const int64_t length = config.get_int("max_target_length");
+  const bool block_q_pinned = given.is_pinned("sa_block_q");
+  const bool block_kv_pinned = given.is_pinned("sa_block_kv");
+  const int64_t length = given.max_target_length;
   std::vector<int64_t> block_q_values;
   std::vector<int64_t> block_kv_values;
   for (const int64_t block : kFlashBlockSizes) {
@@ -428,12 +486,12 @@ void add_attention_choices(const Config& config, SearchSpace& space) {
     }
   }
   if (block_q_pinned || gpu) {  // splash blocks are a TPU kernel's
-    block_q_values = {config.get_int("sa_block_q")};
+    block_q_values = {given.sa_block_q};
   } else {
     keys.emplace_back("sa_block_q");
   }
   if (block_kv_pinned || gpu) {
-    block_kv_values = {config.get_int("sa_block_kv")};
+    block_kv_values = {given.sa_block_kv};
   } else {
     keys.emplace_back("sa_block_kv");
   }
@@ -445,19 +503,19 @@ void add_attention_choices(const Config& config, SearchSpace& space) {
 }
 
 // SparseCore collective offload (chips that have SparseCores) and collective matmul (TPU).
-void add_collective_switches(const Config& config, SearchSpace& space) {
+void add_collective_switches(const SearchKeys& given, SearchSpace& space) {
   std::vector<std::string>& keys = space.searched_keys;
   const bool gpu = space.slice.chip->is_gpu();
   const bool has_sparse_cores = space.slice.chip->sparsecores_per_chip > 0;
-  if (pinned(config, "sparse_core_collective_offload") || !has_sparse_cores) {
-    space.sparse_core_values = {config.get_string("sparse_core_collective_offload")};
+  if (given.is_pinned("sparse_core_collective_offload") || !has_sparse_cores) {
+    space.sparse_core_values = {given.sparse_core_collective_offload};
   } else {
     space.sparse_core_values = {"off", "on"};
     keys.emplace_back("sparse_core_collective_offload");
   }
-  if (pinned(config, "collective_matmul") || gpu) {
+  if (given.is_pinned("collective_matmul") || gpu) {
     // TPU's async collective fusion; XLA GPU's windowed einsum is another switch, not searched.
-    space.collective_matmul_values = {config.get_bool("collective_matmul")};
+    space.collective_matmul_values = {given.collective_matmul};
   } else {
     space.collective_matmul_values = {false, true};
     keys.emplace_back("collective_matmul");
@@ -466,10 +524,10 @@ void add_collective_switches(const Config& config, SearchSpace& space) {
 
 // The default placement (or the pinned one), then each ICI axis that is larger than 1 in some
 // mesh, placed first.
-void add_placements(const Config& config, SearchSpace& space) {
+void add_placements(const Config& config, const SearchKeys& given, SearchSpace& space) {
   std::vector<std::string>& keys = space.searched_keys;
   space.placements = {placement_from_config(config)};
-  if (!pinned(config, "mesh_placement_first")) {
+  if (!given.is_pinned("mesh_placement_first")) {
     // Each ICI axis that is larger than 1 in some mesh, placed first.
     for (int axis = 0; axis < kNumMeshAxes; ++axis) {
       const bool used = std::any_of(space.meshes.begin(), space.meshes.end(),
@@ -490,13 +548,14 @@ SearchSpace build_search_space(const Config& config, const ExploreLimits& limits
   check_limits(limits);
   SearchSpace space;
   space.slice = slice_from_config(config);
-  add_meshes(config, space);
-  space.batches = batch_choices(config, limits, space.slice.total_devices(), space.searched_keys);
-  keep_pipeline_batches(config, space);
-  space.remats = remat_choices(config, space.searched_keys);
-  add_attention_choices(config, space);
-  add_collective_switches(config, space);
-  add_placements(config, space);
+  const SearchKeys given = search_keys_from_config(config);
+  add_meshes(config, given, space);
+  space.batches = batch_choices(given, limits, space.slice.total_devices(), space.searched_keys);
+  keep_pipeline_batches(given, space);
+  space.remats = remat_choices(config, given, space.searched_keys);
+  add_attention_choices(given, space);
+  add_collective_switches(given, space);
+  add_placements(config, given, space);
   return space;
 }
 

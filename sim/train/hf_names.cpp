@@ -49,6 +49,25 @@ int64_t hf_index(const HfTensor& entry, const Views& view, int64_t row, int64_t 
                           : row * view.hf_cols + col + entry.column_offset;
 }
 
+// What the Transformers names and config read from the config beyond the model's dims.
+struct HfKeys {
+  std::string model_name;               // for messages
+  int64_t trainable_position_size = 0;  // GPT-2's learned positions
+  double normalization_layer_epsilon = 0;
+  int64_t max_target_length = 0;
+  double rope_max_timescale = 0;
+};
+
+HfKeys hf_keys_from_config(const Config& config) {
+  HfKeys keys;
+  keys.model_name = config.get_string("model_name");
+  keys.trainable_position_size = config.get_int("trainable_position_size");
+  keys.normalization_layer_epsilon = config.get_float("normalization_layer_epsilon");
+  keys.max_target_length = config.get_int("max_target_length");
+  keys.rope_max_timescale = config.get_float("rope_max_timescale");
+  return keys;
+}
+
 }  // namespace
 
 namespace {
@@ -134,7 +153,7 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
                    std::move(hf_shape), transposed, column_offset, scale});
   };
   if (scheme == HfNameScheme::kGpt2) {
-    const int64_t positions = config.get_int("trainable_position_size");
+    const int64_t positions = hf_keys_from_config(config).trainable_position_size;
     add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "transformer.wte.weight",
         {dims.vocab_size, embed}, false);
     add("embed/position_embedding#0", {positions, embed}, 1, "transformer.wpe.weight",
@@ -253,17 +272,18 @@ std::map<std::string, CheckpointTensor> to_hf(
 
 std::map<std::string, CheckpointTensor> from_hf(const Config& config,
                                                 const std::map<std::string, CheckpointTensor>& hf) {
+  const std::string model_name = hf_keys_from_config(config).model_name;
   const auto tensor = [&](const std::string& name,
                           const std::vector<int64_t>& shape) -> const CheckpointTensor& {
     const auto found = hf.find(name);
     if (found == hf.end()) {
       throw UserError("Hugging Face weights: no tensor '" + name + "' (shape " + shape_text(shape) +
-                      ") for model_name " + config.get_string("model_name"));
+                      ") for model_name " + model_name);
     }
     if (found->second.shape != shape) {
       throw UserError("Hugging Face weights: tensor '" + name + "' has shape " +
                       shape_text(found->second.shape) + ", the model needs " + shape_text(shape) +
-                      " (model_name " + config.get_string("model_name") + ")");
+                      " (model_name " + model_name + ")");
     }
     return found->second;
   };
@@ -298,6 +318,7 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
 nlohmann::json hf_config_json(const Config& config) {
   const HfNameScheme scheme = hf_scheme(config);
   const ModelDims dims = ModelDims::from_config(config);
+  const HfKeys keys = hf_keys_from_config(config);
   if (scheme == HfNameScheme::kGpt2) {
     return {{"architectures", {hf_architecture(scheme)}},
             {"model_type", hf_model_type(scheme)},
@@ -306,8 +327,8 @@ nlohmann::json hf_config_json(const Config& config) {
             {"n_head", dims.num_query_heads},
             {"n_layer", dims.num_layers},
             {"n_inner", dims.mlp_dim},
-            {"n_positions", config.get_int("trainable_position_size")},
-            {"layer_norm_epsilon", config.get_float("normalization_layer_epsilon")},
+            {"n_positions", keys.trainable_position_size},
+            {"layer_norm_epsilon", keys.normalization_layer_epsilon},
             {"activation_function", "gelu_new"},
             {"scale_attn_weights", true},
             {"tie_word_embeddings", true},
@@ -323,9 +344,9 @@ nlohmann::json hf_config_json(const Config& config) {
                          {"num_key_value_heads", dims.num_kv_heads},
                          {"head_dim", dims.head_dim},
                          {"hidden_act", "silu"},
-                         {"max_position_embeddings", config.get_int("max_target_length")},
-                         {"rms_norm_eps", config.get_float("normalization_layer_epsilon")},
-                         {"rope_theta", config.get_float("rope_max_timescale")},
+                         {"max_position_embeddings", keys.max_target_length},
+                         {"rms_norm_eps", keys.normalization_layer_epsilon},
+                         {"rope_theta", keys.rope_max_timescale},
                          {"tie_word_embeddings", dims.logits_via_embedding},
                          {"attention_bias", false},
                          {"torch_dtype", "float32"}};

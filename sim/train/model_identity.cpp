@@ -64,8 +64,7 @@ constexpr const char* kQueryScalingMaxText = "maxtext";
 // meanings, so its run resumes into nonsense with shapes that fit (issue 35, item 5).
 constexpr const char* kTokenizerKey = "tokenizer";
 
-std::string tokenizer_identity(const Config& config) {
-  const std::string path = config.get_string("tokenizer_path");
+std::string tokenizer_identity(const std::string& path) {
   if (path.empty()) {
     return "byte-level";
   }
@@ -81,7 +80,7 @@ std::string tokenizer_identity(const Config& config) {
 
 }  // namespace
 
-nlohmann::json model_identity(const Config& config) {
+nlohmann::json model_identity_from_config(const Config& config) {
   const nlohmann::json all = config.to_json();
   nlohmann::json identity = nlohmann::json::object();
   for (const std::string& key : identity_keys()) {
@@ -93,7 +92,7 @@ nlohmann::json model_identity(const Config& config) {
   // initializers.h). Checkpoints from before that (logits scaled by 1/sqrt(head_dim) at run time
   // in every family) lack it and are refused: their weights would compute other logits now.
   identity[kQueryScalingKey] = kQueryScalingMaxText;
-  identity[kTokenizerKey] = tokenizer_identity(config);
+  identity[kTokenizerKey] = tokenizer_identity(config.get_string("tokenizer_path"));
   return identity;
 }
 
@@ -110,7 +109,7 @@ void check_made_from(const Checkpoint& checkpoint, const std::string& directory,
   } else if (metadata.is_object() && metadata.contains("model_name")) {
     recorded["model_name"] = metadata["model_name"];
   }
-  const nlohmann::json current = model_identity(config);
+  const nlohmann::json current = model_identity_from_config(config);
   if (!recorded.contains(kQueryScalingKey)) {
     throw UserError(
         "checkpoint '" + directory +

@@ -7,7 +7,7 @@
 // run settings may differ (a checkpoint resumes on another mesh or stage count).
 //
 // Example:
-//   checkpoint.metadata["model_config"] = model_identity(config);
+//   checkpoint.metadata["model_config"] = model_identity_from_config(config);
 //   check_made_from(load_checkpoint(dir), dir, config, /*with_optimizer=*/true);  // or UserError
 #pragma once
 
@@ -21,7 +21,7 @@
 namespace tpusim {
 
 // The values of the identity keys in `config` (and the query-scaling convention).
-nlohmann::json model_identity(const Config& config);
+nlohmann::json model_identity_from_config(const Config& config);
 
 // UserError naming the key when `checkpoint` (read from `directory`) was made from another model
 // (or, when `with_optimizer`, another optimizer) than `config`'s.

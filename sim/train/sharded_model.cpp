@@ -26,9 +26,9 @@ constexpr double kSanitizerSlowdown = 1;
 
 // collective_timeout_seconds as a duration. A sanitizer build runs several times slower, so what
 // is a hang in a normal build is only slowness there: its waits scale by kSanitizerSlowdown.
-std::chrono::milliseconds collective_timeout(const Config& config) {
-  return std::chrono::milliseconds(static_cast<int64_t>(
-      std::ceil(config.get_float("collective_timeout_seconds") * 1000 * kSanitizerSlowdown)));
+std::chrono::milliseconds collective_timeout(double seconds) {
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(seconds * 1000 * kSanitizerSlowdown)));
 }
 
 namespace {
@@ -55,18 +55,22 @@ void place_block(const Tensor& tensor, const float* local, const DeviceContext& 
 }  // namespace
 
 ShardedModel::ShardedModel(const Config& config, Transport* transport)
+    : ShardedModel(config, FunctionalSettings::from_config(config), transport) {}
+
+ShardedModel::ShardedModel(const Config& config, const FunctionalSettings& settings,
+                           Transport* transport)
     : own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport),
       program_(build_step_program(config)),
-      identity_({{"model_name", config.get_string("model_name")},
-                 {"model_config", model_identity(config)}}) {
+      identity_({{"model_name", settings.model_name},
+                 {"model_config", model_identity_from_config(config)}}) {
   // build_step_program refused what MaxText refuses; a per_device_batch_size < 1 may still leave
   // a batch XLA would pad, which the functional engine would compute wrong: refuse it too.
-  const double per_device_batch = config.get_float("per_device_batch_size");
+  const double per_device_batch = settings.per_device_batch_size;
   Divisibility(*program_.step, LogicalAxisRules::from_config(config))
       .require_train_batch_divides(program_.mesh.shape,
                                    plan_batch(per_device_batch, program_.slice.total_devices(),
-                                              config.get_int("gradient_accumulation_steps")),
+                                              settings.gradient_accumulation_steps),
                                    per_device_batch);
   if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
     // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp), threads and
@@ -77,8 +81,8 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
           "(estimate and explore model it)",
           "pipeline_delay_activation_forwarding");
     }
-    if (config.get_int("num_vocab_tiling") > 1) {
-      throw UserError("num_vocab_tiling: " + std::to_string(config.get_int("num_vocab_tiling")) +
+    if (settings.num_vocab_tiling > 1) {
+      throw UserError("num_vocab_tiling: " + std::to_string(settings.num_vocab_tiling) +
                           " with pipeline stages is not computed by tpusim train",
                       "num_vocab_tiling");
     }
@@ -101,27 +105,26 @@ ShardedModel::ShardedModel(const Config& config, Transport* transport)
                     std::to_string(kMaxSimulatedDevices) +
                     " per process (spread them over processes with mpirun)");
   }
-  communicator_ = transport_->make_communicator(sizes_, owner_, collective_timeout(config));
+  communicator_ = transport_->make_communicator(
+      sizes_, owner_, collective_timeout(settings.collective_timeout_seconds));
   slots_ = std::make_unique<ExecutionSlots>(
-      resolve_num_threads(config.get_int("num_threads"), transport_->ranks_on_host()));
+      resolve_num_threads(settings.num_threads, transport_->ranks_on_host()));
   communicator_->set_execution_slots(slots_.get());
-  const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
-  const bool fast = config.get_string("functional_precision") == "fast";
   // num_threads threads compute: with fewer devices than that, each device's kernels get the
   // rest as helpers (results do not depend on it: sim/functional/kernel_threads.h).
   const int per_device =
       std::max(1, slots_->count() / std::max(1, static_cast<int>(devices_.size())));
   for (const int device : devices_) {
     DeviceContext context = InProcessCommunicator::context_for(device, sizes_);
-    context.bf16_matmul_inputs = bf16;
-    context.fast_kernels = fast;
+    context.bf16_matmul_inputs = settings.bf16_matmul_inputs;
+    context.fast_kernels = settings.fast_kernels;
     if (per_device > 1) {
       kernel_threads_.push_back(std::make_unique<KernelThreads>(per_device));
       context.threads = kernel_threads_.back().get();
     }
     executors_.push_back(std::make_unique<Executor>(program_, context, *communicator_));
   }
-  const auto seed = static_cast<uint64_t>(config.get_int("init_weights_seed"));
+  const auto seed = static_cast<uint64_t>(settings.init_weights_seed);
   on_every_device(
       [seed](Executor& executor, int) { executor.initialize_parameters(seed + kDefaultSeed); });
 }

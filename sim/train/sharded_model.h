@@ -29,13 +29,14 @@
 #include "sim/functional/executor.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
+#include "sim/train/train_settings.h"
 #include "sim/transport/transport.h"
 
 namespace tpusim {
 
 // collective_timeout_seconds as a duration, scaled in sanitizer builds (which run several times
 // slower, so what is a hang in a normal build is only slowness there).
-std::chrono::milliseconds collective_timeout(const Config& config);
+std::chrono::milliseconds collective_timeout(double seconds);
 
 // One sharded model: the program, the devices this process executes and their communicator.
 // Under a distributed transport (mpirun) each rank builds the same program and executes its block
@@ -81,6 +82,7 @@ class ShardedModel {
   CrossProcessTraffic traffic() const { return communicator_->traffic(); }
 
  private:
+  ShardedModel(const Config& config, const FunctionalSettings& settings, Transport* transport);
   template <typename Work>
   void on_every_device(const Work& work);
   // Every device's blocks of the named tensors, placed into global arrays on rank 0.

@@ -4,8 +4,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <yaml-cpp/yaml.h>
-
 #include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
@@ -52,17 +50,6 @@ std::vector<TrainKey> load_table() {
   return keys;
 }
 
-// A schema key's value as text: the scalar, or flow YAML for a list.
-std::string value_text(const Config& config, const std::string& key) {
-  const YAML::Node node = config.get_node(key);
-  if (node.IsScalar()) {
-    return node.Scalar();
-  }
-  YAML::Emitter emitter;
-  emitter << YAML::Flow << YAML::DoubleQuoted << node;
-  return emitter.c_str();
-}
-
 // tpusim's own defaults (configs/base.yml), loaded once.
 const Config& base_config() {
   static const Config config = Config::load("", {});
@@ -89,14 +76,45 @@ bool is_same_as_default(const TrainKey& row, const std::string& value) {
   return false;
 }
 
-bool is_away_from_default(const Config& config, const TrainKey& row) {
-  const MaxTextKey* maxtext = find_maxtext_key(row.name);
-  const std::string value = value_text(config, row.name);
-  if (maxtext != nullptr && row.key_class != TrainKeyClass::kPerformance) {
-    return !equals_maxtext_default(*maxtext, value) && !is_same_as_default(row, value);
+// A table key's value as a config holds it.
+struct TableKeyValue {
+  bool in_schema = false;  // a key of configs/base.yml; else a MaxText key tpusim does not model
+  std::string text;        // Config::value_text, or the passthrough value
+  bool is_bool = false;
+};
+using TableKeyValues = std::map<std::string, TableKeyValue, std::less<>>;
+
+// The table's keys as `config` holds them, by name: every schema key, and the MaxText keys outside
+// the schema that the config sets away from MaxText's default.
+TableKeyValues table_values_from_config(const Config& config) {
+  TableKeyValues values;
+  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (!config.has(key.key) && !key.is_maxtext_default) {
+      values.emplace(key.key, TableKeyValue{false, key.value, false});
+    }
   }
-  const std::string type = config.type(row.name) == ConfigType::kBool ? "bool" : "";
-  return !same_value(row.name, value, value_text(base_config(), row.name), type);
+  for (const TrainKey& row : train_keys()) {
+    if (config.has(row.name)) {
+      values[row.name] = {true, config.value_text(row.name),
+                          config.type(row.name) == ConfigType::kBool};
+    }
+  }
+  return values;
+}
+
+// tpusim's own defaults of the table's keys (configs/base.yml), read once.
+const TableKeyValues& base_values() {
+  static const TableKeyValues values = table_values_from_config(base_config());
+  return values;
+}
+
+bool is_away_from_default(const TableKeyValue& value, const TrainKey& row) {
+  const MaxTextKey* maxtext = find_maxtext_key(row.name);
+  if (maxtext != nullptr && row.key_class != TrainKeyClass::kPerformance) {
+    return !equals_maxtext_default(*maxtext, value.text) && !is_same_as_default(row, value.text);
+  }
+  const std::string type = value.is_bool ? "bool" : "";
+  return !same_value(row.name, value.text, base_values().at(row.name).text, type);
 }
 
 }  // namespace
@@ -127,25 +145,19 @@ const TrainKey* find_train_key(std::string_view name) {
 
 std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,
                                                           TrainKeyClass key_class) {
-  // MaxText keys outside tpusim's schema, as the config set them.
-  std::map<std::string, std::string, std::less<>> passthrough;
-  for (const Config::PassthroughKey& key : config.passthrough_keys()) {
-    if (!config.has(key.key) && !key.is_maxtext_default) {
-      passthrough.emplace(key.key, key.value);
-    }
-  }
+  const TableKeyValues values = table_values_from_config(config);
   std::vector<TrainKeySetting> settings;
   for (const TrainKey& row : train_keys()) {
     if (row.key_class != key_class) {
       continue;
     }
-    if (config.has(row.name)) {
-      if (is_away_from_default(config, row)) {
-        settings.push_back({&row, value_text(config, row.name)});
-      }
-    } else if (const auto found = passthrough.find(row.name);
-               found != passthrough.end() && !is_same_as_default(row, found->second)) {
-      settings.push_back({&row, found->second});
+    const auto found = values.find(row.name);
+    if (found == values.end()) {
+      continue;
+    }
+    const TableKeyValue& value = found->second;
+    if (value.in_schema ? is_away_from_default(value, row) : !is_same_as_default(row, value.text)) {
+      settings.push_back({&row, value.text});
     }
   }
   return settings;

@@ -67,33 +67,32 @@ std::string number_text(double value) {
 // whose top-k probabilities are the weights (renormalized with norm_topk_prob, scaled by
 // routed_scaling_factor); its RoPE is the plain one.
 template <typename Refuse>
-void refuse_unbuilt_numerics(const Config& config, const Refuse& refuse) {
-  if (const std::string rope = config.get_string("rope_type"); !rope.empty() && rope != "default") {
+void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse) {
+  if (const std::string& rope = numerics.rope_type; !rope.empty() && rope != "default") {
     refuse("rope_type", rope, "the functional engine builds plain RoPE, without frequency scaling");
   }
-  if (config.get_bool("enable_dropout") && config.get_float("dropout_rate") > 0) {
-    refuse("dropout_rate", number_text(config.get_float("dropout_rate")), "dropout is not built");
+  if (numerics.enable_dropout && numerics.dropout_rate > 0) {
+    refuse("dropout_rate", number_text(numerics.dropout_rate), "dropout is not built");
   }
-  if (config.get_float("mlp_activations_limit") > 0) {
-    refuse("mlp_activations_limit", number_text(config.get_float("mlp_activations_limit")),
+  if (numerics.mlp_activations_limit > 0) {
+    refuse("mlp_activations_limit", number_text(numerics.mlp_activations_limit),
            "gpt-oss's clamped activations are not built");
   }
-  if (config.get_int("num_experts") <= 1) {
+  if (numerics.num_experts <= 1) {
     return;
   }
-  if (const std::string score = config.get_string("routed_score_func");
-      !score.empty() && score != "softmax") {
+  if (const std::string& score = numerics.routed_score_func; !score.empty() && score != "softmax") {
     refuse("routed_score_func", score, "the router scores experts with a softmax only");
   }
-  if (config.get_bool("routed_bias")) {
+  if (numerics.routed_bias) {
     refuse("routed_bias", "true", "the router's selection bias is not built");
   }
-  if (config.get_int("n_routing_groups") > 0) {
-    refuse("n_routing_groups", std::to_string(config.get_int("n_routing_groups")),
+  if (numerics.n_routing_groups > 0) {
+    refuse("n_routing_groups", std::to_string(numerics.n_routing_groups),
            "group-limited routing is not built");
   }
-  if (config.get_float("load_balance_loss_weight") > 0) {
-    refuse("load_balance_loss_weight", number_text(config.get_float("load_balance_loss_weight")),
+  if (numerics.load_balance_loss_weight > 0) {
+    refuse("load_balance_loss_weight", number_text(numerics.load_balance_loss_weight),
            "the load-balance loss is not added");
   }
 }
@@ -123,12 +122,13 @@ void check_functional_support(const Config& config) {
   if (family.train_refusal != nullptr) {
     refuse("decoder_block", family.name, family.train_refusal);
   }
-  refuse_unbuilt_numerics(config, refuse);
+  const TrainNumerics numerics = TrainNumerics::from_config(config);
+  refuse_unbuilt_numerics(numerics, refuse);
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
   // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
   // untied logits would be silently ignored there, so it is refused here rather than guessed.
-  if (config.get_float("final_logits_soft_cap") > 0 && !config.get_bool("logits_via_embedding")) {
-    refuse("final_logits_soft_cap", std::to_string(config.get_float("final_logits_soft_cap")),
+  if (numerics.final_logits_soft_cap > 0 && !numerics.logits_via_embedding) {
+    refuse("final_logits_soft_cap", std::to_string(numerics.final_logits_soft_cap),
            "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
   // Every other key train does not build, from configs/maxtext/train_keys.tsv (issue 35).
@@ -246,7 +246,7 @@ Checkpoint load_shared_hf_weights(Transport& transport, const std::string& path,
 Config unsharded_reference_config(const Config& config) {
   Config reference = config;
   const Slice slice = slice_from_config(config);
-  const double per_device = config.get_float("per_device_batch_size");
+  const double per_device = FunctionalSettings::from_config(config).per_device_batch_size;
   reference.set("per_device_batch_size", std::to_string(per_device * slice.total_devices()),
                 "verify reference");
   reference.set("compile_topology", "v5e-1", "verify reference");
@@ -332,26 +332,27 @@ void write_token_viz(const std::string& path, TokenViz& viz, const std::string& 
 
 Trainer::Trainer(const Config& config, Transport* transport)
     : config_(config),
+      settings_(TrainSettings::from_config(config)),
       data_(Dataset::from_config(config)),
       own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport) {
   check_functional_support(config_);
-  transport_->set_timeout(collective_timeout(config_));
+  transport_->set_timeout(collective_timeout(settings_.collective_timeout_seconds));
 }
 
 double Trainer::learning_rate(int64_t step) const {
-  const double peak = config_.get_float("learning_rate");
-  int64_t schedule = config_.get_int("learning_rate_schedule_steps");
+  const double peak = settings_.schedule.peak;
+  int64_t schedule = settings_.schedule.schedule_steps;
   if (schedule <= 0) {
-    schedule = std::max<int64_t>(1, config_.get_int("steps"));
+    schedule = std::max<int64_t>(1, settings_.steps);
   }
   const double warmup =
-      std::floor(config_.get_float("warmup_steps_fraction") * static_cast<double>(schedule));
+      std::floor(settings_.schedule.warmup_steps_fraction * static_cast<double>(schedule));
   const auto current = static_cast<double>(step - 1);
   if (current < warmup) {
     return peak * (current + 1) / std::max(1.0, warmup);
   }
-  const double final_fraction = config_.get_float("cosine_learning_rate_final_fraction");
+  const double final_fraction = settings_.schedule.final_fraction;
   const double progress =
       std::min(1.0, (current - warmup) / std::max(1.0, static_cast<double>(schedule) - warmup));
   const double cosine = 0.5 * (1 + std::cos(M_PI * progress));
@@ -362,10 +363,10 @@ namespace {
 
 // The run's directory, checked: checkpoints need one, and run_name is one path component (the
 // run's files stay inside base_output_directory).
-std::string checked_run_directory(const Config& config) {
-  const std::string run_name = config.get_string("run_name");
-  if (config.get_bool("enable_checkpointing") &&
-      (config.get_string("base_output_directory").empty() || run_name.empty())) {
+std::string checked_run_directory(const TrainSettings& settings) {
+  const std::string& run_name = settings.run_name;
+  if (settings.enable_checkpointing &&
+      (settings.base_output_directory.empty() || run_name.empty())) {
     throw UserError("enable_checkpointing: needs base_output_directory and run_name");
   }
   if (run_name.find('/') != std::string::npos || run_name == "." || run_name == "..") {
@@ -374,33 +375,24 @@ std::string checked_run_directory(const Config& config) {
                         "base_output_directory/run_name",
                     "run_name");
   }
-  return config.get_string("base_output_directory") + "/" + run_name;
-}
-
-DeviceContext::Optimizer adamw_from(const Config& config) {
-  DeviceContext::Optimizer optimizer;
-  optimizer.b1 = config.get_float("adam_b1");
-  optimizer.b2 = config.get_float("adam_b2");
-  optimizer.eps = config.get_float("adam_eps");
-  optimizer.eps_root = config.get_float("adam_eps_root");
-  optimizer.weight_decay = config.get_float("adam_weight_decay");
-  return optimizer;
+  return settings.base_output_directory + "/" + run_name;
 }
 
 // Where a run starts: the step after its latest checkpoint (model, reference and the metrics of
 // the steps before restored), or step 1, from load_parameters_path's weights when given.
-int64_t restore_start(const Config& config, Transport& transport, const std::string& run_directory,
-                      ShardedModel& model, ShardedModel* reference, std::string& metrics_text,
-                      bool report, std::ostream& progress) {
+int64_t restore_start(const Config& config, const TrainSettings& settings, Transport& transport,
+                      const std::string& run_directory, ShardedModel& model,
+                      ShardedModel* reference, std::string& metrics_text, bool report,
+                      std::ostream& progress) {
   // Rank 0 finds the checkpoint; every rank restores it.
   const bool root = transport.rank() == 0;
   const std::string latest = transport.broadcast_from_root(
-      config.get_bool("enable_checkpointing") && root ? latest_checkpoint(run_directory) : "");
+      settings.enable_checkpointing && root ? latest_checkpoint(run_directory) : "");
   if (!latest.empty()) {
     note_input(latest);
     const Checkpoint checkpoint = load_shared_checkpoint(transport, latest);
     check_made_from(checkpoint, latest, config, /*with_optimizer=*/true);
-    if (const int64_t steps = config.get_int("steps"); checkpoint.step >= steps) {
+    if (const int64_t steps = settings.steps; checkpoint.step >= steps) {
       throw UserError("steps: " + std::to_string(steps) + " but the run's latest checkpoint '" +
                           latest + "' is at step " + std::to_string(checkpoint.step) +
                           ": nothing left to train (raise steps to go on, or name another "
@@ -423,7 +415,7 @@ int64_t restore_start(const Config& config, Transport& transport, const std::str
     }
     return checkpoint.step + 1;
   }
-  if (const std::string path = config.get_string("load_parameters_path"); !path.empty()) {
+  if (const std::string& path = settings.load_parameters_path; !path.empty()) {
     note_input(path);
     const bool hf = is_hf_weights(path);
     const Checkpoint checkpoint = hf ? load_shared_hf_weights(transport, path, config)
@@ -511,10 +503,10 @@ void write_dump(const std::string& directory, const Checkpoint& initial,
 
 // The mean loss over eval_steps held-out batches; with `viz`, batch 0's token log-probabilities
 // join the token view (the same sequences at every evaluation).
-double evaluate(const Config& config, Dataset& data, ShardedModel& model, int64_t step,
+double evaluate(const TrainSettings& settings, Dataset& data, ShardedModel& model, int64_t step,
                 TokenViz* viz) {
   const StepProgram& program = model.program();
-  const int64_t eval_steps = std::max<int64_t>(1, config.get_int("eval_steps"));
+  const int64_t eval_steps = std::max<int64_t>(1, settings.eval_steps);
   double total = 0;
   for (int64_t index = 0; index < eval_steps; ++index) {
     std::vector<Batch> eval(static_cast<size_t>(program.accumulation_steps));
@@ -523,7 +515,7 @@ double evaluate(const Config& config, Dataset& data, ShardedModel& model, int64_
     }
     TokenLogProbs log_probs;
     log_probs.sequences = program.microbatch;
-    log_probs.length = config.get_int("max_target_length");
+    log_probs.length = settings.max_target_length;
     const bool sample = viz != nullptr && index == 0;
     total += model.compute_gradients(eval, sample ? &log_probs : nullptr).loss;
     if (sample) {
@@ -582,9 +574,10 @@ void print_progress(std::ostream& progress, const StepMetrics& metrics) {
 // gradient norm before the update, the updated weights and moments after it, the eval loss. It
 // stops before the step's metrics line, token page or checkpoint are written, so nothing saved
 // holds a NaN (a NaN gradient norm would make every weight NaN one step before the loss shows it).
-void stop_on_non_finite(const Config& config, int64_t step, const std::string& what, double value) {
-  if ((std::isnan(value) && config.get_bool("abort_on_nan_loss")) ||
-      (std::isinf(value) && config.get_bool("abort_on_inf_loss"))) {
+void stop_on_non_finite(const TrainSettings& settings, int64_t step, const std::string& what,
+                        double value) {
+  if ((std::isnan(value) && settings.abort_on_nan_loss) ||
+      (std::isinf(value) && settings.abort_on_inf_loss)) {
     throw UserError("step " + std::to_string(step) + ": " + what + " is " +
                     (std::isnan(value) ? "NaN" : "infinite") +
                     "; training stopped (abort_on_nan_loss / abort_on_inf_loss), nothing saved "
@@ -592,8 +585,8 @@ void stop_on_non_finite(const Config& config, int64_t step, const std::string& w
   }
 }
 
-void stop_on_non_finite_weights(const Config& config, int64_t step, ShardedModel& model) {
-  if (!config.get_bool("abort_on_nan_loss") && !config.get_bool("abort_on_inf_loss")) {
+void stop_on_non_finite_weights(const TrainSettings& settings, int64_t step, ShardedModel& model) {
+  if (!settings.abort_on_nan_loss && !settings.abort_on_inf_loss) {
     return;
   }
   if (const int64_t bad = model.non_finite_state_values(); bad > 0) {
@@ -613,24 +606,23 @@ void stop_on_non_finite_weights(const Config& config, int64_t step, ShardedModel
 //    value by 2^-8 relative: at most 6.9e-3 (tiny-mla): 2e-2.
 // Wrong math is far above both: a batch split wrongly (issue 35, item 1) was off by 5.9, a
 // sequence split wrongly (item 2) by 0.07 to 0.15.
-double verify_tolerance(const Config& config) {
-  if (const double set = config.get_float("verify_tolerance"); set > 0) {
+double verify_tolerance(const TrainSettings& settings) {
+  if (const double set = settings.verify_tolerance; set > 0) {
     return set;
   }
-  const bool bf16 = config.get_string("functional_dtype") == "bfloat16_matmul";
-  return bf16 ? 2e-2 : 1e-3;
+  return settings.bf16_matmul_inputs ? 2e-2 : 1e-3;
 }
 
 std::string verify_failure_message(int64_t step, const StepMetrics& metrics, double tolerance,
-                                   const Config& config) {
+                                   const TrainSettings& settings) {
   std::ostringstream text;
   text << std::scientific << std::setprecision(2) << "step " << step
        << ": --verify: the sharded step differs from the unsharded reference by "
        << *metrics.verify_max_rel_diff << " (relative L2; loss " << *metrics.verify_loss_rel_diff
        << ", gradients " << *metrics.verify_gradient_rel_diff << ", updated state "
        << *metrics.verify_weight_rel_diff << "), above the tolerance " << tolerance
-       << " of functional_precision=" << config.get_string("functional_precision")
-       << " functional_dtype=" << config.get_string("functional_dtype")
+       << " of functional_precision=" << settings.functional_precision
+       << " functional_dtype=" << settings.functional_dtype
        << "; the sharded math is wrong for this configuration";
   return text.str();
 }
@@ -662,36 +654,35 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     reference_config.set("functional_precision", "reference", "--verify");
     reference = std::make_unique<ShardedModel>(reference_config);
   }
-  const double tolerance = verify_tolerance(config_);
+  const double tolerance = verify_tolerance(settings_);
   const StepProgram& program = model.program();
   const int64_t sequences = program.microbatch;
-  const int64_t length = config_.get_int("max_target_length");
-  const int64_t steps = config_.get_int("steps");
-  const int64_t eval_interval = config_.get_int("eval_interval");
-  const double clip = config_.get_float("gradient_clipping_threshold");
-  const std::string metrics_path = root ? config_.get_string("metrics_file") : "";
+  const int64_t length = settings_.max_target_length;
+  const int64_t steps = settings_.steps;
+  const int64_t eval_interval = settings_.eval_interval;
+  const double clip = settings_.gradient_clipping_threshold;
+  const std::string metrics_path = root ? settings_.metrics_file : "";
   // Every rank computes the token view's log-probabilities (a collective); rank 0 writes it.
-  const std::string viz_path = config_.get_string("token_viz_file");
+  const std::string& viz_path = settings_.token_viz_file;
   TokenViz viz;
   if (!viz_path.empty()) {
     check_token_viz_file(viz_path, eval_interval);
-    viz.title = "tpusim train: " + config_.get_string("model_name") + ", token probabilities";
-    viz.tokenizer_path = config_.get_string("tokenizer_path");
+    viz.title = "tpusim train: " + settings_.model_name + ", token probabilities";
+    viz.tokenizer_path = settings_.tokenizer_path;
   }
-  DeviceContext::Optimizer optimizer = adamw_from(config_);
+  DeviceContext::Optimizer optimizer = settings_.adamw;
   // Checkpoints: <base_output_directory>/<run_name>/checkpoints/<step>. A run resumes from its
   // latest checkpoint; load_parameters_path starts a new run from saved weights.
-  const bool checkpointing = config_.get_bool("enable_checkpointing");
-  const std::string run_directory = checked_run_directory(config_);
-  const int64_t period = config_.get_int("checkpoint_period");
+  const bool checkpointing = settings_.enable_checkpointing;
+  const std::string run_directory = checked_run_directory(settings_);
+  const int64_t period = settings_.checkpoint_period;
   std::string metrics_text;
-  const int64_t first_step = restore_start(config_, *transport_, run_directory, model,
+  const int64_t first_step = restore_start(config_, settings_, *transport_, run_directory, model,
                                            reference.get(), metrics_text, report, progress);
   CrossProcessTraffic traffic_before = model.traffic();
   if (report) {
     progress << "gemm: "
-             << kernels::gemm_path_line(config_.get_string("functional_dtype") == "bfloat16_matmul",
-                                        config_.get_string("functional_precision") == "fast")
+             << kernels::gemm_path_line(settings_.bf16_matmul_inputs, settings_.fast_kernels)
              << "\n";
   }
   if (report && !data_.note().empty()) {
@@ -716,8 +707,8 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
       }
     }
     const StepResult result = model.compute_gradients(batches);
-    stop_on_non_finite(config_, step, "the loss", result.loss);
-    stop_on_non_finite(config_, step, "the gradient norm", result.grad_norm);
+    stop_on_non_finite(settings_, step, "the loss", result.loss);
+    stop_on_non_finite(settings_, step, "the gradient norm", result.grad_norm);
     optimizer.step = step;
     optimizer.learning_rate = learning_rate(step);
     optimizer.gradient_scale = clip > 0 ? clip / std::max(result.grad_norm, clip) : 1.0;
@@ -727,7 +718,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     } else {
       model.apply_update(optimizer);
     }
-    stop_on_non_finite_weights(config_, step, model);
+    stop_on_non_finite_weights(settings_, step, model);
     if (transport_->distributed()) {
       metrics.traffic = step_traffic(*transport_, model, traffic_before);
     }
@@ -749,8 +740,9 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
         static_cast<double>(sequences * program.accumulation_steps * length) / seconds;
     metrics.counters = result.counters;
     if (eval_interval > 0 && (step % eval_interval == 0 || step == steps)) {
-      metrics.eval_loss = evaluate(config_, data_, model, step, viz_path.empty() ? nullptr : &viz);
-      stop_on_non_finite(config_, step, "the eval loss", *metrics.eval_loss);
+      metrics.eval_loss =
+          evaluate(settings_, data_, model, step, viz_path.empty() ? nullptr : &viz);
+      stop_on_non_finite(settings_, step, "the eval loss", *metrics.eval_loss);
     }
     metrics_text += metrics_line(metrics).dump() + "\n";
     if (!metrics_path.empty()) {
@@ -764,7 +756,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
     }
     curve.push_back(metrics);
     if (metrics.verify_max_rel_diff && !(*metrics.verify_max_rel_diff <= tolerance)) {
-      throw VerifyFailure(verify_failure_message(step, metrics, tolerance, config_));
+      throw VerifyFailure(verify_failure_message(step, metrics, tolerance, settings_));
     }
     if (checkpointing && ((period > 0 && step % period == 0) || step == steps)) {
       save_step_checkpoint(model, root, run_directory, step, metrics_text);

@@ -34,6 +34,7 @@
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
 #include "sim/train/sharded_model.h"
+#include "sim/train/train_settings.h"
 #include "sim/transport/transport.h"
 
 namespace tpusim {
@@ -81,7 +82,8 @@ class Trainer {
   double learning_rate(int64_t step) const;  // for the update that makes `step` (1-based)
 
  private:
-  Config config_;  // a copy: the trainer outlives the caller's temporaries
+  Config config_;           // a copy: the trainer outlives the caller's temporaries
+  TrainSettings settings_;  // read from config_ once
   Dataset data_;
   std::unique_ptr<LocalTransport> own_transport_;
   Transport* transport_;

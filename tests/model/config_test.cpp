@@ -9,6 +9,7 @@
 
 #include "common/embedded_files.h"
 #include "common/error.h"
+#include "model/config_node.h"
 #include "model/config_rules.h"
 
 namespace tpusim {
@@ -69,7 +70,7 @@ TEST(Config, IntsReadAsYamlConvertsThem) {
     } catch (const UserError&) {
       continue;  // not an integer (1e3)
     }
-    EXPECT_EQ(config.get_int("base_emb_dim"), config.get_node("base_emb_dim").as<int64_t>())
+    EXPECT_EQ(config.get_int("base_emb_dim"), config_node(config, "base_emb_dim").as<int64_t>())
         << text;
   }
   EXPECT_EQ(config.get_int("base_emb_dim"), 9223372036854775807);
@@ -94,7 +95,7 @@ TEST(Config, FloatsReadAsYamlConvertsThem) {
   for (const char* text : {"0", "12", "-0.5", "0.1", "1e-6", "3.0000000000000004", "1.5E+20",
                            "2.2250738585072014e-308", "123456789012345678901234567890", ".5"}) {
     config.set("learning_rate", text, "test");
-    EXPECT_EQ(config.get_float("learning_rate"), config.get_node("learning_rate").as<double>())
+    EXPECT_EQ(config.get_float("learning_rate"), config_node(config, "learning_rate").as<double>())
         << text;
   }
 }

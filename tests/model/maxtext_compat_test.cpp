@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
+#include "model/config_node.h"
 #include "model/maxtext_keys.h"
 #include "support/run_command.h"
 
@@ -184,7 +185,7 @@ TEST(MaxTextPresets, EveryTextPresetLoadsAndMatchesMaxTextKeyByKey) {
               want.push_back(canonical(other[1]));
             }
           }
-          for (const YAML::Node& other : config.get_node(key)) {
+          for (const YAML::Node& other : config_node(config, key)) {
             if (other[0].Scalar() == rule[0].Scalar()) {
               have.push_back(canonical(other[1]));
             }
@@ -192,7 +193,7 @@ TEST(MaxTextPresets, EveryTextPresetLoadsAndMatchesMaxTextKeyByKey) {
           EXPECT_EQ(have, want) << "logical_axis_rules " << rule[0].Scalar();
         }
       } else if (config.has(key)) {
-        EXPECT_EQ(canonical(config.get_node(key)), canonical(expected)) << key;
+        EXPECT_EQ(canonical(config_node(config, key)), canonical(expected)) << key;
       } else {
         ASSERT_TRUE(passthrough.contains(key)) << key << " is dropped";
         EXPECT_EQ(canonical(parse_yaml(passthrough[key], key)), canonical(expected)) << key;
@@ -212,7 +213,7 @@ TEST(LogicalAxisRules, PresetRulesMergeByNameUnlessOverridden) {
   const Config llama = Config::load("", {"model_name=llama2-7b"});
   auto rules_named = [](const Config& config, const std::string& name) {
     std::vector<std::string> found;
-    for (const YAML::Node& rule : config.get_node("logical_axis_rules")) {
+    for (const YAML::Node& rule : config_node(config, "logical_axis_rules")) {
       if (rule[0].Scalar() == name) {
         found.push_back(canonical(rule[1]));
       }
@@ -223,18 +224,18 @@ TEST(LogicalAxisRules, PresetRulesMergeByNameUnlessOverridden) {
   for (const char* other : {"embed", "mlp", "activation_batch", "heads"}) {
     EXPECT_EQ(rules_named(llama, other), rules_named(base, other)) << other;
   }
-  const size_t base_rules = base.get_node("logical_axis_rules").size();
-  EXPECT_EQ(llama.get_node("logical_axis_rules").size(),
+  const size_t base_rules = config_node(base, "logical_axis_rules").size();
+  EXPECT_EQ(config_node(llama, "logical_axis_rules").size(),
             base_rules - rules_named(base, "norm").size() + 1);
 
   // A config file's rules always merge by name (the override is about presets, as in MaxText):
   // the embedded base names logical axes a MaxText base.yml does not.
   TempDir dir;
   const std::string file = dir.write("rules.yml", "logical_axis_rules: [['norm', 'fsdp']]\n");
-  EXPECT_EQ(Config::load_files({file}, {"override_logical_axis_rules=true"})
-                .get_node("logical_axis_rules")
+  EXPECT_EQ(config_node(Config::load_files({file}, {"override_logical_axis_rules=true"}),
+                        "logical_axis_rules")
                 .size(),
-            llama.get_node("logical_axis_rules").size());
+            config_node(llama, "logical_axis_rules").size());
 }
 
 // MaxText's deepseek3-671b-2dfsdp preset sets override_logical_axis_rules: its list replaces the
@@ -254,14 +255,14 @@ TEST(LogicalAxisRules, PresetOverrideReplacesEveryMaxTextNamedRule) {
   }
   ASSERT_EQ(preset_rules, 24U);
   size_t kept = 0;
-  for (const YAML::Node& rule : config.get_node("logical_axis_rules")) {
+  for (const YAML::Node& rule : config_node(config, "logical_axis_rules")) {
     const std::string name = rule[0].Scalar();
     if (!preset_names.contains(name)) {
       EXPECT_FALSE(is_maxtext_logical_axis(name)) << name << " survived the override";
       ++kept;
     }
   }
-  EXPECT_EQ(config.get_node("logical_axis_rules").size(), preset_rules + kept);
+  EXPECT_EQ(config_node(config, "logical_axis_rules").size(), preset_rules + kept);
   EXPECT_GT(kept, 0U);  // activation_batch_no_exp and its kin
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "model/config.h"
+#include "model/config_node.h"
 #include "model/flops_maxtext.h"
 #include "model/ir/op_flops.h"
 #include "sharding/mesh.h"
@@ -31,7 +32,7 @@ double program_model_matmul_flops(const StepProgram& built) {
 // over it (e.g. MaxText's deepseek3-671b-2dfsdp rules name no "tensor" axis).
 bool leaves_a_mesh_axis_unnamed(const Config& config, const StepProgram& built) {
   std::set<std::string> named;
-  for (const YAML::Node& rule : config.get_node("logical_axis_rules")) {
+  for (const YAML::Node& rule : config_node(config, "logical_axis_rules")) {
     if (rule[1].IsScalar()) {
       named.insert(rule[1].Scalar());
     }

@@ -1,0 +1,37 @@
+#include "model/builder/build_options.h"
+
+#include "model/config.h"
+
+namespace tpusim {
+
+BuildOptions BuildOptions::from_config(const Config& config) {
+  BuildOptions options;
+  options.model_name = config.get_string("model_name");
+  options.dcn_pipeline_parallelism = config.get_int("dcn_pipeline_parallelism");
+  options.pipeline_fsdp_ag_once = config.get_bool("pipeline_fsdp_ag_once");
+  options.use_iota_embed = config.get_bool("use_iota_embed");
+  options.num_vocab_tiling = config.get_int("num_vocab_tiling");
+  options.final_logits_soft_cap = config.get_float("final_logits_soft_cap");
+  options.normalize_embedding_logits = config.get_bool("normalize_embedding_logits");
+  options.use_post_attn_norm = config.get_bool("use_post_attn_norm");
+  options.use_post_ffw_norm = config.get_bool("use_post_ffw_norm");
+  options.normalization_layer_epsilon = config.get_float("normalization_layer_epsilon");
+  options.rope_max_timescale = config.get_int("rope_max_timescale");
+  options.sliding_window_size = config.get_int("sliding_window_size");
+  options.attn_logits_soft_cap = config.get_float("attn_logits_soft_cap");
+  options.attention_bias = config.get_bool("attention_bias");
+  options.use_qk_norm_in_gdn = config.get_bool("use_qk_norm_in_gdn");
+  options.q_lora_rank = config.get_int("q_lora_rank");
+  options.kv_lora_rank = config.get_int("kv_lora_rank");
+  options.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
+  options.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
+  options.v_head_dim = config.get_int("v_head_dim");
+  options.norm_topk_prob = config.get_bool("norm_topk_prob");
+  options.routed_scaling_factor = config.get_float("routed_scaling_factor");
+  options.capacity_factor = config.get_float("capacity_factor");
+  options.sparse_matmul = config.get_bool("sparse_matmul");
+  options.ragged_buffer_factor = config.get_float("ragged_buffer_factor");
+  return options;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,50 @@
+// model/builder/build_options.h: the config keys the forward builder reads beyond the model's
+// dims (model_dims.h), read once per build by from_config.
+//
+// Example:
+//   const BuildOptions options = BuildOptions::from_config(config);
+//   options.attn_logits_soft_cap;  // 50 for gemma2's presets, else 0 (no cap)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tpusim {
+
+class Config;
+
+struct BuildOptions {
+  std::string model_name;                // for messages
+  int64_t dcn_pipeline_parallelism = 1;  // for messages: which key set the stages
+  bool pipeline_fsdp_ag_once = false;
+  // Embedding and head.
+  bool use_iota_embed = false;
+  int64_t num_vocab_tiling = 1;
+  double final_logits_soft_cap = 0;
+  bool normalize_embedding_logits = false;
+  // Decoder layers.
+  bool use_post_attn_norm = false;
+  bool use_post_ffw_norm = false;
+  double normalization_layer_epsilon = 0;
+  int64_t rope_max_timescale = 0;
+  int64_t sliding_window_size = 0;
+  double attn_logits_soft_cap = 0;
+  bool attention_bias = false;
+  bool use_qk_norm_in_gdn = false;
+  // Multi-head latent attention.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // Mixture of experts.
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1;
+  double capacity_factor = 0;
+  bool sparse_matmul = false;
+  double ragged_buffer_factor = 0;
+
+  static BuildOptions from_config(const Config& config);
+};
+
+}  // namespace tpusim
