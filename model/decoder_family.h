@@ -85,7 +85,7 @@ struct AttentionPattern {
 enum class SharedExpertWidth { kMoeMlpDim, kMlpDim };
 
 // How the attention's query is scaled by 1/sqrt(head_dim) when qk-norm and MLA do not decide it
-// (model/builder/initializers.h query_scaling).
+// (model/builder/initializers.h query_scaling_from_config).
 enum class QueryScale {
   kFoldedIntoInit,        // MaxText's default Attention: in the query kernel's init
   kRuntimeGpt3,           // GPT-3 attention: query / sqrt(head_dim) at run time

@@ -26,7 +26,7 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
   const PositionEncoding positions = dims_.family().positions;
   const bool rotary = positions == PositionEncoding::kRope ||
                       (positions == PositionEncoding::kRopeExceptGlobal && !global);
-  const QueryScaling scaling = query_scaling(config_, dims_.family(), head_dim);
+  const QueryScaling scaling = query_scaling_from_config(config_, dims_.family(), head_dim);
   auto projection = [&](const std::string& name, const std::string& heads_name, int64_t heads,
                         const std::string& weight_logical, const std::string& act_logical,
                         const std::string& remat) {
@@ -52,7 +52,7 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
   const TensorId value = shared_kv ? key
                                    : projection("value", "kv_heads", kv_heads, "kv_heads",
                                                 "activation_kv_heads", "value_proj");
-  if (uses_qk_norm(config_, dims_.family())) {
+  if (qk_norm_from_config(config_, dims_.family())) {
     // MaxText's Attention with use_qk_norm (attentions.py, qwen3's layers): an RMSNorm over
     // head_dim of every head of the projected query and of the projected key, each with its own
     // learned [head_dim] scale (initialized to ones, kernel axis "norm") and epsilon

@@ -7,6 +7,10 @@ namespace tpusim {
 BuildOptions BuildOptions::from_config(const Config& config) {
   BuildOptions options;
   options.model_name = config.get_string("model_name");
+  options.max_target_length = config.get_int("max_target_length");
+  options.dtype = config.get_string("dtype");
+  options.weight_dtype = config.get_string("weight_dtype");
+  options.trainable_position_size = config.get_int("trainable_position_size");
   options.dcn_pipeline_parallelism = config.get_int("dcn_pipeline_parallelism");
   options.pipeline_fsdp_ag_once = config.get_bool("pipeline_fsdp_ag_once");
   options.use_iota_embed = config.get_bool("use_iota_embed");

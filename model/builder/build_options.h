@@ -14,7 +14,12 @@ namespace tpusim {
 class Config;
 
 struct BuildOptions {
-  std::string model_name;                // for messages
+  std::string model_name;  // for messages
+  // The step's shape and dtypes.
+  int64_t max_target_length = 0;
+  std::string dtype;                     // activations
+  std::string weight_dtype;              // parameters
+  int64_t trainable_position_size = 0;   // learned positions (gpt3); 0 = none
   int64_t dcn_pipeline_parallelism = 1;  // for messages: which key set the stages
   bool pipeline_fsdp_ag_once = false;
   // Embedding and head.

@@ -25,9 +25,9 @@ ForwardBuilder::ForwardBuilder(const Config& config, int64_t batch)
     : config_(config),
       dims_(ModelDims::from_config(config)),
       batch_(batch),
-      length_(config.get_int("max_target_length")),
-      activation_dtype_(parse_dtype(config.get_string("dtype"), "dtype")),
-      weight_dtype_(parse_dtype(config.get_string("weight_dtype"), "weight_dtype")),
+      length_(options_.max_target_length),
+      activation_dtype_(parse_dtype(options_.dtype, "dtype")),
+      weight_dtype_(parse_dtype(options_.weight_dtype, "weight_dtype")),
       pipeline_(PipelineSchedule::from_config(config, batch)) {}
 
 ForwardGraph ForwardBuilder::build() {
@@ -103,7 +103,7 @@ TensorId ForwardBuilder::build_embedding() {
   lookup.one_hot_embedding = options_.use_iota_embed;
   graph().add_op(OpKind::kEmbeddingLookup, "token_embedding", {tokens_, table_}, {x}, lookup,
                  region);
-  const int64_t positions = config_.get_int("trainable_position_size");
+  const int64_t positions = options_.trainable_position_size;
   if (dims_.family().positions == PositionEncoding::kLearned && positions > 0) {
     if (positions < length_) {
       throw UserError("trainable_position_size: " + std::to_string(positions) +

@@ -150,12 +150,12 @@ class ForwardBuilder {
 
   const Config& config_;
   ModelDims dims_;
+  BuildOptions options_ = BuildOptions::from_config(config_);  // before the members it sets
   int64_t batch_;
   int64_t length_;
   DType activation_dtype_;
   DType weight_dtype_;
   PipelineSchedule pipeline_;
-  BuildOptions options_ = BuildOptions::from_config(config_);
   // The batch dim's logical axis: the layers' (activation_batch), or outside a pipeline's layers
   // MaxText's activation_embed_and_logits_batch, which also shards over the stages.
   std::string batch_logical_ = "activation_batch";

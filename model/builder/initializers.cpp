@@ -46,13 +46,14 @@ ParameterInit kernel_init(double fan_in, double divisor, InitDistribution distri
   return init;
 }
 
-bool uses_qk_norm(const Config& config, const DecoderFamily& family) {
+bool qk_norm_from_config(const Config& config, const DecoderFamily& family) {
   // Qwen3-Next's full-attention layers always normalize q and k (Hugging Face
   // Qwen3NextAttention: q_norm, k_norm); its preset does not set use_qk_norm.
   return config.get_bool("use_qk_norm") || family.always_qk_norm;
 }
 
-QueryScaling query_scaling(const Config& config, const DecoderFamily& family, int64_t head_dim) {
+QueryScaling query_scaling_from_config(const Config& config, const DecoderFamily& family,
+                                       int64_t head_dim) {
   const double inverse_sqrt = 1.0 / std::sqrt(static_cast<double>(head_dim));
   QueryScaling scaling;
   if (family.always_mla() || config.get_string("attention_type") == "mla") {
@@ -71,7 +72,7 @@ QueryScaling query_scaling(const Config& config, const DecoderFamily& family, in
   } else if (family.query_scale == QueryScale::kRuntimeGpt3) {
     scaling.runtime_scale = inverse_sqrt;
     scaling.reason = "GPT-3 attention: query / sqrt(head_dim) at run time";
-  } else if (uses_qk_norm(config, family)) {
+  } else if (qk_norm_from_config(config, family)) {
     scaling.runtime_scale = inverse_sqrt;
     scaling.reason = "qk-norm: query_pre_attn_scalar = head_dim^-0.5 at run time";
   } else if (family.query_scale == QueryScale::kRuntimePreAttnScalar) {

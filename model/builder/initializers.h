@@ -11,10 +11,9 @@
 // their sources are in docs/reference/numerics.md, part C.
 //
 // Example (tiny-llama: embed 64, 4 query heads, 2 kv heads, head_dim 16, mlp 128):
-//   QueryScaling scaling = query_scaling(config, dims.family(), 16);  // runtime 1, divisor 4
-//   ParameterInit q = kernel_init(64, scaling.init_divisor);
-//   q.stddev;                                          // 0.125 / 4 = 0.03125
-//   kernel_init(128).stddev;                           // mlp/wo: 1 / sqrt(128) = 0.0884
+//   QueryScaling scaling = query_scaling_from_config(config, dims.family(), 16);  // runtime 1,
+//   divisor 4 ParameterInit q = kernel_init(64, scaling.init_divisor); q.stddev; // 0.125 / 4 =
+//   0.03125 kernel_init(128).stddev;                           // mlp/wo: 1 / sqrt(128) = 0.0884
 #pragma once
 
 #include <cstdint>
@@ -62,10 +61,11 @@ struct QueryScaling {
 
 // MaxText's use_qk_norm: a per-head RMSNorm of the query and the key (qwen3; always on in the
 // full-attention layers of qwen3_next and qwen3_5: DecoderFamily::always_qk_norm).
-bool uses_qk_norm(const Config& config, const DecoderFamily& family);
+bool qk_norm_from_config(const Config& config, const DecoderFamily& family);
 
 // For the attention of `config`'s decoder block (`family`, ModelDims::family) whose query heads
 // are `head_dim` wide (MLA reads its own dims from the config).
-QueryScaling query_scaling(const Config& config, const DecoderFamily& family, int64_t head_dim);
+QueryScaling query_scaling_from_config(const Config& config, const DecoderFamily& family,
+                                       int64_t head_dim);
 
 }  // namespace tpusim

@@ -8,19 +8,22 @@ namespace {
 
 // The keys that pick each layer's attention, read once per plan (not once per layer).
 struct AttentionKeys {
-  explicit AttentionKeys(const Config& config)
-      : attention_type(config.get_string("attention_type")),
-        sliding_window_size(config.get_int("sliding_window_size")),
-        cycle_interval(config.get_int("inhomogeneous_layer_cycle_interval")),
-        chunk_size(config.get_int("chunk_attn_window_size")),
-        nope_interval(config.get_int("nope_layer_interval")) {}
-
   std::string attention_type;
-  int64_t sliding_window_size;
-  int64_t cycle_interval;
-  int64_t chunk_size;
-  int64_t nope_interval;
+  int64_t sliding_window_size = 0;
+  int64_t cycle_interval = 0;
+  int64_t chunk_size = 0;
+  int64_t nope_interval = 0;
 };
+
+AttentionKeys attention_keys_from_config(const Config& config) {
+  AttentionKeys keys;
+  keys.attention_type = config.get_string("attention_type");
+  keys.sliding_window_size = config.get_int("sliding_window_size");
+  keys.cycle_interval = config.get_int("inhomogeneous_layer_cycle_interval");
+  keys.chunk_size = config.get_int("chunk_attn_window_size");
+  keys.nope_interval = config.get_int("nope_layer_interval");
+  return keys;
+}
 
 // Layer `index` under the family's program pattern (DecoderFamily::program_attention).
 AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& dims, int64_t index) {
@@ -76,7 +79,7 @@ std::string LayerGroup::name() const {
 
 std::vector<LayerGroup> plan_layers(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
-  const AttentionKeys keys(config);
+  const AttentionKeys keys = attention_keys_from_config(config);
   // gemma2's decoder layer holds a local and a global sublayer.
   const int64_t sublayers = dims.family().layers_per_decoder_layer * dims.num_layers;
   std::vector<LayerGroup> groups;

@@ -71,9 +71,9 @@ TensorId ForwardBuilder::build_mla(int region, TensorId x) {
       head_dims(heads, "heads", "activation_heads", "v_head_dim", value_dim), region, "value_proj");
   LayerGroup mla;
   mla.attention = AttentionKind::kMla;
-  const TensorId context =
-      attention_op(mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim,
-                   query_scaling(config_, dims_.family(), nope + rope_dim).runtime_scale);
+  const TensorId context = attention_op(
+      mla, region, {query, key, value, key_rope}, heads, "v_head_dim", value_dim,
+      query_scaling_from_config(config_, dims_.family(), nope + rope_dim).runtime_scale);
   return out_projection(region, context, "v_head_dim", value_dim);
 }
 

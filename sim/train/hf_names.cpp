@@ -56,6 +56,8 @@ struct HfKeys {
   double normalization_layer_epsilon = 0;
   int64_t max_target_length = 0;
   double rope_max_timescale = 0;
+  bool attention_bias = false;
+  bool normalize_embedding_logits = false;
 };
 
 HfKeys hf_keys_from_config(const Config& config) {
@@ -65,6 +67,8 @@ HfKeys hf_keys_from_config(const Config& config) {
   keys.normalization_layer_epsilon = config.get_float("normalization_layer_epsilon");
   keys.max_target_length = config.get_int("max_target_length");
   keys.rope_max_timescale = config.get_float("rope_max_timescale");
+  keys.attention_bias = config.get_bool("attention_bias");
+  keys.normalize_embedding_logits = config.get_bool("normalize_embedding_logits");
   return keys;
 }
 
@@ -77,6 +81,7 @@ namespace {
 HfNameScheme hf_scheme(const Config& config) {
   const ModelDims dims = ModelDims::from_config(config);
   const DecoderFamily& family = dims.family();
+  const HfKeys keys = hf_keys_from_config(config);
   const auto refuse = [](const std::string& key, const std::string& why) {
     throw UserError("Hugging Face conversion: " + why, key);
   };
@@ -88,15 +93,15 @@ HfNameScheme hf_scheme(const Config& config) {
   if (dims.is_moe()) {
     refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
   }
-  if (config.get_bool("attention_bias")) {
+  if (keys.attention_bias) {
     refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
   }
   // Transformers' Qwen3 always has q_norm/k_norm; Llama, Mistral and GPT-2 never do.
   const bool qwen3 = family.hf_names == HfNameScheme::kQwen3;
-  if (qwen3 && !uses_qk_norm(config, family)) {
+  if (qwen3 && !qk_norm_from_config(config, family)) {
     refuse("use_qk_norm", "Qwen3's names need use_qk_norm true (its q_norm and k_norm)");
   }
-  if (!qwen3 && uses_qk_norm(config, family)) {
+  if (!qwen3 && qk_norm_from_config(config, family)) {
     refuse("use_qk_norm", "only Qwen3's names have the query/key norms (decoder_block " +
                               std::string(decoder_block_name(DecoderBlock::kQwen3)) + ")");
   }
@@ -105,7 +110,7 @@ HfNameScheme hf_scheme(const Config& config) {
     if (dims.mlp_activations != std::vector<std::string>{"gelu"}) {
       refuse("mlp_activations", "GPT-2 names need mlp_activations [\"gelu\"]");
     }
-    if (!dims.logits_via_embedding || config.get_bool("normalize_embedding_logits")) {
+    if (!dims.logits_via_embedding || keys.normalize_embedding_logits) {
       refuse("logits_via_embedding",
              "GPT-2 ties its logits to the token embedding, undivided (logits_via_embedding "
              "true, normalize_embedding_logits false)");
@@ -114,7 +119,7 @@ HfNameScheme hf_scheme(const Config& config) {
         dims.num_query_heads * dims.head_dim != dims.emb_dim) {
       refuse("head_dim", "GPT-2's c_attn needs heads x head_dim = emb_dim and kv heads = heads");
     }
-    if (config.get_int("trainable_position_size") <= 0) {
+    if (keys.trainable_position_size <= 0) {
       refuse("trainable_position_size", "GPT-2 needs learned positions");
     }
     return family.hf_names;
@@ -122,7 +127,7 @@ HfNameScheme hf_scheme(const Config& config) {
   if (dims.mlp_activations != gated) {
     refuse("mlp_activations", "Llama/Mistral names need mlp_activations [\"silu\", \"linear\"]");
   }
-  if (dims.logits_via_embedding && config.get_bool("normalize_embedding_logits")) {
+  if (dims.logits_via_embedding && keys.normalize_embedding_logits) {
     refuse("normalize_embedding_logits",
            "Transformers' tied logits are not divided by sqrt(emb_dim)");
   }
@@ -143,8 +148,9 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
   const int64_t kv_heads = dims.num_kv_heads;
   const int64_t head_dim = dims.head_dim;
   // Transformers scales q.k by 1/sqrt(head_dim); tpusim by its runtime scale (MaxText's).
-  const double query_scale = (1.0 / std::sqrt(static_cast<double>(head_dim))) /
-                             query_scaling(config, dims.family(), head_dim).runtime_scale;
+  const double query_scale =
+      (1.0 / std::sqrt(static_cast<double>(head_dim))) /
+      query_scaling_from_config(config, dims.family(), head_dim).runtime_scale;
   std::vector<HfTensor> map;
   const auto add = [&](std::string name, std::vector<int64_t> shape, int64_t split,
                        std::string hf_name, std::vector<int64_t> hf_shape, bool transposed,

@@ -106,14 +106,15 @@ void check_functional_support(const Config& config) {
   // qk-norm is built as MaxText's default Attention does it (a per-head RMSNorm of query and key
   // before RoPE, model/builder/attention_block.cpp). llama4's variant (a scale-free L2 norm after
   // RoPE) and MLA (whose attention has no such norm in tpusim) are not.
-  const DecoderFamily& family = ModelDims::from_config(config).family();
-  if (uses_qk_norm(config, family)) {
+  const ModelDims dims = ModelDims::from_config(config);
+  const DecoderFamily& family = dims.family();
+  if (qk_norm_from_config(config, family)) {
     if (family.qk_norm == QkNormKind::kL2AfterRope) {
       refuse("use_qk_norm", "true",
              std::string(family.name) +
                  "'s qk-norm, an L2 norm without scale after RoPE, is not built");
     }
-    if (family.always_mla() || config.get_string("attention_type") == "mla") {
+    if (family.always_mla() || dims.attention_type == "mla") {
       refuse("use_qk_norm", "true", "qk-norm with multi-head latent attention is not built");
     }
   }

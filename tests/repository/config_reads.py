@@ -26,13 +26,7 @@ READ = re.compile(
 FACTORY_START = re.compile(r"^[A-Za-z].*(?<!\w)(?:\w*_)?from_config\(")
 
 # Reads outside from_config factories that are still to move, by file.
-STILL_TO_MOVE = {
-    "model/builder/forward_builder.cpp": 5,
-    "model/builder/initializers.cpp": 10,
-    "model/builder/layer_plan.cpp": 6,
-    "sim/train/hf_names.cpp": 5,
-    "sim/train/trainer.cpp": 4,
-}
+STILL_TO_MOVE = {}
 
 
 def without_comments(line):
