@@ -642,6 +642,27 @@ void save_step_checkpoint(ShardedModel& model, bool root, const std::string& run
 
 }  // namespace
 
+namespace {
+
+// The unsharded run --verify compares each step with, in the reference numerics (double
+// accumulation).
+std::unique_ptr<ShardedModel> verify_reference_model(const Config& config) {
+  Config reference_config = unsharded_reference_config(config);
+  reference_config.set("functional_precision", "reference", "--verify");
+  return std::make_unique<ShardedModel>(reference_config);
+}
+
+// The token view the run draws at its evaluations (token_viz_file), its file checked first.
+TokenViz token_viz_of(const TrainSettings& settings) {
+  check_token_viz_file(settings.token_viz_file, settings.eval_interval);
+  TokenViz viz;
+  viz.title = "tpusim train: " + settings.model_name + ", token probabilities";
+  viz.tokenizer_path = settings.tokenizer_path;
+  return viz;
+}
+
+}  // namespace
+
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
   // --verify does not change the run: the sharded model computes with the run's own numerics,
   // and the unsharded reference beside it with the reference numerics (double accumulation).
@@ -649,12 +670,8 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
-  std::unique_ptr<ShardedModel> reference;
-  if (options.verify && root) {
-    Config reference_config = unsharded_reference_config(config_);
-    reference_config.set("functional_precision", "reference", "--verify");
-    reference = std::make_unique<ShardedModel>(reference_config);
-  }
+  const std::unique_ptr<ShardedModel> reference =
+      options.verify && root ? verify_reference_model(config_) : nullptr;
   const double tolerance = verify_tolerance(settings_);
   const StepProgram& program = model.program();
   const int64_t sequences = program.microbatch;
@@ -665,12 +682,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   const std::string metrics_path = root ? settings_.metrics_file : "";
   // Every rank computes the token view's log-probabilities (a collective); rank 0 writes it.
   const std::string& viz_path = settings_.token_viz_file;
-  TokenViz viz;
-  if (!viz_path.empty()) {
-    check_token_viz_file(viz_path, eval_interval);
-    viz.title = "tpusim train: " + settings_.model_name + ", token probabilities";
-    viz.tokenizer_path = settings_.tokenizer_path;
-  }
+  TokenViz viz = viz_path.empty() ? TokenViz{} : token_viz_of(settings_);
   DeviceContext::Optimizer optimizer = settings_.adamw;
   // Checkpoints: <base_output_directory>/<run_name>/checkpoints/<step>. A run resumes from its
   // latest checkpoint; load_parameters_path starts a new run from saved weights.
