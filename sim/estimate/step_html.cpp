@@ -2,8 +2,8 @@
 
 #include <map>
 
-#include "sim/html/html_page.h"
 #include "sim/estimate/trace_lanes.h"
+#include "sim/html/html_page.h"
 
 namespace tpusim {
 namespace {
