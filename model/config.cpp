@@ -542,6 +542,7 @@ std::vector<Config::PassthroughKey> Config::passthrough_keys() const {
     }
   }
   std::vector<PassthroughKey> list;
+  list.reserve(keys.size());
   for (const auto& [name, kept] : keys) {
     list.push_back(kept);
   }

@@ -181,6 +181,7 @@ const char* decoder_block_name(DecoderBlock block) {
 
 std::vector<std::string> decoder_block_names() {
   std::vector<std::string> names;
+  names.reserve(kFamilies.size());
   for (const DecoderFamily& family : kFamilies) {
     names.emplace_back(family.name);
   }

@@ -113,7 +113,7 @@ std::map<std::string, double> rendered_breakdown(const Breakdown& breakdown) {
 }
 
 std::string lane_name(const TraceLane& lane) {
-  const std::string name = lane_kind_name(lane.kind);
+  std::string name = lane_kind_name(lane.kind);
   switch (lane.kind) {
     case LaneKind::kTensorCore:
     case LaneKind::kGpuSms:
