@@ -165,22 +165,35 @@ def error_summary(errors):
 
 
 def pairs_scatter(pairs, path):
-    """Predicted against measured change of step time for the step-level pairs."""
+    """Predicted against measured change of step time for the step-level pairs: all of them, and
+    the band within +-35% where most pairs lie, labelled."""
     plt = pyplot()
     if plt is None:
         return False
-    figure, axes = plt.subplots(figsize=(6.0, 5.6))
+    figure, (whole, band) = plt.subplots(1, 2, figsize=(11.0, 5.4))
     measured = [100 * (pair["measured_ratio"] - 1) for pair in pairs]
     predicted = [100 * (pair["predicted_ratio"] - 1) for pair in pairs]
-    axes.scatter(measured, predicted, color="tab:blue", s=30)
-    for pair, x, y in zip(pairs, measured, predicted):
-        axes.annotate(pair["id"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    low, high = min(measured + predicted) - 5, max(measured + predicted) + 5
-    axes.plot([low, high], [low, high], color="gray", linewidth=0.8, label="predicted = measured")
-    axes.set_xlabel("measured change of step time B vs A (%)")
-    axes.set_ylabel("predicted change (%)")
-    axes.set_title("A/B pairs (validation/pairs.csv)")
-    axes.legend(loc="upper left", fontsize=8)
+    for axes, limit in ((whole, None), (band, 35.0)):
+        axes.scatter(measured, predicted, color="tab:blue", s=30)
+        low = -limit if limit else min(measured + predicted) - 5
+        high = limit if limit else max(measured + predicted) + 5
+        axes.plot([low, high], [low, high], color="gray", linewidth=0.8,
+                  label="predicted = measured")
+        axes.set_xlim(low, high)
+        axes.set_ylim(low, high)
+        axes.set_xlabel("measured change of step time, B vs A (%)")
+        axes.set_ylabel("predicted change (%)")
+    # Numbered as the table's # column: names would overlap where most pairs sit, near zero.
+    for number, (x, y) in enumerate(zip(measured, predicted), start=1):
+        if abs(x) <= 35 and abs(y) <= 35:
+            band.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3),
+                          textcoords="offset points")
+        else:
+            whole.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3),
+                           textcoords="offset points")
+    whole.set_title("A/B pairs (validation/pairs.csv)")
+    band.set_title("within +-35%")
+    whole.legend(loc="upper left", fontsize=8)
     save_figure(figure, path)
     return True
 
@@ -199,10 +212,10 @@ def pairs_lines():
              "their own.", ""]
     for level in ("step", "op"):
         chosen = [pair for pair in result["pairs"] if pair["level"] == level]
-        lines += [f"| {level} pair | quantity | measured change | predicted change | points | "
-                  "direction |", "|---|---|---|---|---|---|"]
-        for pair in chosen:
-            lines.append(f"| {pair['id']} | {pair['quantity']} | "
+        lines += [f"| # | {level} pair | quantity | measured change | predicted change | points | "
+                  "direction |", "|---|---|---|---|---|---|---|"]
+        for number, pair in enumerate(chosen, start=1):
+            lines.append(f"| {number} | {pair['id']} | {pair['quantity']} | "
                          f"{100 * (pair['measured_ratio'] - 1):+.1f}% | "
                          f"{100 * (pair['predicted_ratio'] - 1):+.1f}% | "
                          f"{pair['error_points']:+.1f} | {pair['direction']} |")
@@ -213,7 +226,8 @@ def pairs_lines():
                   "directions wrong.", ""]
     step_pairs = [pair for pair in result["pairs"] if pair["level"] == "step"]
     if pairs_scatter(step_pairs, ROOT / "reports/pairs_scatter.png"):
-        lines += ["![predicted vs measured change of the step-level pairs](pairs_scatter.png)", ""]
+        lines += ["![predicted vs measured change of the step-level pairs, numbered as in the "
+                  "table](pairs_scatter.png)", ""]
     return lines, result
 
 
