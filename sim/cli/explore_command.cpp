@@ -147,7 +147,13 @@ void print_human(const ExploreResult& result) {
               << " s, MFU " << std::setprecision(1) << 100 * ranked.mfu << "%, "
               << std::setprecision(0) << ranked.tokens_per_s_per_chip << " tokens/s/chip, HBM "
               << std::setprecision(2) << ranked.hbm_peak_bytes_per_device / kGiB << " of "
-              << ranked.hbm_capacity_bytes / kGiB << " GiB\n";
+              << ranked.hbm_capacity_bytes / kGiB << " GiB (" << std::setprecision(1)
+              << 100 * ranked.hbm_used_fraction() << "%"
+              << (ranked.hbm_used_fraction() > kTightHbmFraction
+                      ? ", above " + std::to_string(static_cast<int>(100 * kTightHbmFraction)) +
+                            "%: little margin; --min-hbm-headroom 0.05 keeps 5% free)"
+                      : std::string(")"))
+              << "\n";
     std::cout << "    mesh " << ranked.estimate["mesh"].get<std::string>() << "\n";
     std::cout << "    placement";
     for (const auto& [axis, where] : ranked.estimate["mesh_placement"].items()) {

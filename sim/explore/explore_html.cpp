@@ -12,6 +12,7 @@ constexpr const char* kCss = R"css(
   table { border-collapse: collapse; }
   table.top td, table.top th { padding: 3px 10px 3px 0; text-align: right; vertical-align: top; }
   table.top td.args, table.top th.args { text-align: left; font: 11px/1.3 monospace; max-width: 700px; }
+  table.top td.tight { color: #c94f6d; font-weight: 600; }
   table.top tr:nth-child(even) { background: #f4f6f9; }
   table.counts td { padding: 1px 14px 1px 0; word-break: break-word; }
   table.counts td:first-child { white-space: nowrap; color: #5b6477; }
@@ -29,7 +30,7 @@ constexpr const char* kBody = R"html(<h1 id="title"></h1>
 <div class="note" id="sample-note"></div>
 <h2>Top candidates</h2>
 <table class="top" id="top"><tr><th>#</th><th>step s</th><th>MFU</th><th>tokens/s/chip</th>
-<th>HBM GiB</th><th>mesh</th><th class="args">reproduce with</th></tr></table>
+<th>HBM GiB</th><th>HBM used</th><th>mesh</th><th class="args">reproduce with</th></tr></table>
 <h2>Search</h2>
 <pre id="command"></pre>
 )html";
@@ -50,11 +51,13 @@ data.top.forEach((item, index) => {
   const row = table.insertRow();
   const cells = [index + 1, item.step_time_s.toFixed(3), (100 * item.mfu).toFixed(1) + "%",
                  item.tokens_per_s_per_chip.toFixed(1), gibValue(item.hbm_peak_bytes_per_device).toFixed(2),
+                 (100 * item.hbm_used_fraction).toFixed(1) + "%" + (item.hbm_tight ? " (above 95%)" : ""),
                  item.mesh, item.estimate_command];
   cells.forEach((value, column) => {
     const cell = row.insertCell();
     cell.textContent = value;
-    if (column === 6) cell.className = "args";
+    if (column === 5 && item.hbm_tight) cell.className = "tight";
+    if (column === 7) cell.className = "args";
   });
 });
 

@@ -384,6 +384,8 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
   item["hbm_peak_bytes_per_device"] = ranked.hbm_peak_bytes_per_device;
   item["hbm_capacity_bytes"] = ranked.hbm_capacity_bytes;
   item["hbm_headroom_bytes"] = ranked.hbm_capacity_bytes - ranked.hbm_peak_bytes_per_device;
+  item["hbm_used_fraction"] = ranked.hbm_used_fraction();
+  item["hbm_tight"] = ranked.hbm_used_fraction() > kTightHbmFraction;
   item["fits"] = ranked.fits;
   item["mesh"] = ranked.estimate["mesh"];
   item["mesh_placement"] = ranked.estimate["mesh_placement"];

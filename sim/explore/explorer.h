@@ -89,6 +89,10 @@ struct ExploreSample {
   bool fits = false;
 };
 
+// A candidate whose peak takes more than this share of usable HBM is flagged in explore's text,
+// JSON and page (--min-hbm-headroom excludes such candidates when the user asks for a margin).
+inline constexpr double kTightHbmFraction = 0.95;
+
 struct RankedCandidate {
   Candidate candidate;
   std::string args;                            // tpusim overrides that reproduce it
@@ -100,7 +104,12 @@ struct RankedCandidate {
   double hbm_peak_bytes_per_device = 0;
   double hbm_capacity_bytes = 0;
   bool fits = false;
-  double objective = 0;     // larger is better (step time: its negative)
+  double objective = 0;  // larger is better (step time: its negative)
+  // The share of usable HBM the candidate's peak takes; above kTightHbmFraction it fits with
+  // little margin for what the memory model does not count (fragmentation, XLA's scratch).
+  double hbm_used_fraction() const {
+    return hbm_capacity_bytes > 0 ? hbm_peak_bytes_per_device / hbm_capacity_bytes : 0.0;
+  }
   nlohmann::json estimate;  // the full `tpusim estimate --json` of the candidate
   Breakdown breakdown;      // its step breakdown, typed (the JSON's "breakdown" renders it)
 };
