@@ -62,7 +62,7 @@ OPTIONS = {
     "topology": (["--num-slices", "--dot"], ["--json"]),
     "program": (["--xla-flags", "--layer"], ["--global"]),
     "config": (["--xla-flags"], ["--json"]),
-    "validate": (["--without"], ["--json"]),
+    "validate": (["--without", "--pairs"], ["--json"]),
     "op": ([], ["--json"]),
     "hw": ([], ["--json"]),
 }
@@ -203,6 +203,7 @@ class Sandbox:
                                 str(self.work / "dangling"), "/proc/self/status"]
         self.configs = []
         self.csvs = []
+        self.pair_csvs = []
         # Inputs that lines also name as outputs (class alias_output): no line may change them.
         alias = self.work / "alias"
         (alias / "checkpoint").mkdir(parents=True, exist_ok=True)
@@ -261,6 +262,20 @@ class Sandbox:
             path = self.work / "csv" / ("v%03d.csv" % index)
             path.write_bytes(unescape_literal(body).encode("utf-8", "surrogateescape"))
             self.csvs.append(str(path))
+        # A/B pairs files (validate --pairs): bad levels, quantities, runs and numbers.
+        header = "id,level,quantity,a,b,measured_a,measured_b,source,config_note"
+        run = "model_name=tiny-llama compile_topology=v5e-4"
+        rows = [f"p,step,step_s,{run},{run},1,1.1,s,", f"p,op,seconds,matmul m=8 n=8 k=8,{run},1,2,s,",
+                f"p,step,mfu,published:V4-1,recipe:nope,1,2,s,", f"p,kernel,step_s,{run},{run},1,2,s,",
+                f"p,step,seconds,{run},{run},1,2,s,", f"p,step,step_s,{run},{run},0,-1,s,",
+                f"p,step,step_s,,{run},1,2,s,", f"p,op,seconds,all_gather bytes=-1 axes=x,{run},1,2,s,",
+                f"p,step,step_s,{run} steps=abc,{run},1e400,2,s,", "p,step\n"]
+        for index in range(count):
+            body = header + "\n" + (rows[index] if index < len(rows) else ",".join(
+                rng.choice(TEXT_EDGES + INT_EDGES) for _ in range(rng.randint(1, 10)))) + "\n"
+            path = self.work / "csv" / ("p%03d.csv" % index)
+            path.write_bytes(unescape_literal(body).encode("utf-8", "surrogateescape"))
+            self.pair_csvs.append(str(path))
 
 
 class Generator:
@@ -476,7 +491,11 @@ class Generator:
         return "explore", args
 
     def validate(self):
-        args = ["validate", self.rng.choice(self.sandbox.csvs + self.sandbox.hostile_inputs)]
+        if self.rng.random() < 0.3:
+            args = ["validate", "--pairs",
+                    self.rng.choice(self.sandbox.pair_csvs + self.sandbox.hostile_inputs)]
+        else:
+            args = ["validate", self.rng.choice(self.sandbox.csvs + self.sandbox.hostile_inputs)]
         if self.rng.random() < 0.3:
             args += ["--without", self.rng.choice(MECHANISMS + ["x", "", ","])]
         return "validate", args

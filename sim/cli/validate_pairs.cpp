@@ -61,9 +61,11 @@ class NamedRuns {
       const std::string path = (folder_ / "published.csv").string();
       note_input(path);
       const CsvTable table = parse_csv(read_text_file(path), path);
+      const size_t id = table.column("id");
+      const size_t args = table.column("args");
       published_.emplace();
       for (const auto& row : table.rows) {
-        (*published_)[row[table.column("id")]] = row[table.column("args")];
+        (*published_)[row[id]] = row[args];
       }
     }
     return *published_;
