@@ -23,6 +23,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"quantize_scale_pass",
      "an absmax-calibrated quantized matmul first reads each bf16 operand for its scale"},
     {"bf16_attention", "attention kernels run at the bf16 MXU rate under fp8/int8 quantization"},
+    {"bf16_logits",
+     "the logits (unembedding) matmul and its gradients run at the bf16 MXU rate under fp8/int8 "
+     "quantization: MaxText quantizes only the decoder layers' matmuls"},
     {"chip_ingress_bound",
      "a collective over the v7x chiplet pair and torus axes is bounded by the chip's torus links"},
     {"sparsecore_reduction",
@@ -31,6 +34,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "on v7x, collectives kept off the SparseCores block the TensorCore while they run"},
     {"dcn_shards_first",
      "a gather across slices moves shards over DCN, then the full array over ICI"},
+    {"dcn_step_latency",
+     "each ring step of a collective across slices pays the DCN message latency on top of its "
+     "bytes (not the larger of the two), and the TensorCore driving a reduction's steps waits "
+     "them out"},
     {"in_place_buffers",
      "an elementwise result reuses the buffer of an operand it reads for the last time"},
     {"attention_subblock_pipelining",
@@ -50,6 +57,15 @@ const char* mechanism_name(Mechanism mechanism) {
 
 const char* mechanism_summary(Mechanism mechanism) {
   return kDescriptions.at(static_cast<size_t>(mechanism)).summary;
+}
+
+std::string mechanism_names_joined() {
+  std::string names;
+  for (const Description& description : kDescriptions) {
+    names += names.empty() ? "" : ", ";
+    names += description.name;
+  }
+  return names;
 }
 
 MechanismSet MechanismSet::without(const std::vector<std::string>& names) {

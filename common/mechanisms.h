@@ -27,10 +27,12 @@ enum class Mechanism {
   kGroupedMatmulTiles,           // megablox/tokamax row-tile visits, tile padding and refetches
   kQuantizeScalePass,            // absmax calibration reads each quantized operand first
   kBf16Attention,                // attention kernels stay bf16 under fp8/int8 quantization
+  kBf16Logits,                   // the logits matmul stays bf16 under fp8/int8 quantization
   kChipIngressBound,             // collectives over the chiplet pair bounded by the chip's links
   kSparseCoreReduction,          // offloaded reduce-scatters at 1/3 roofline, on their own queue
   kTensorCoreDrivenCollectives,  // v7x collectives kept off the SparseCores block the TensorCore
   kDcnShardsFirst,               // hierarchical gathers cross DCN with shards, then ICI
+  kDcnStepLatency,               // each ring step across slices pays its message latency
   kInPlaceBuffers,               // elementwise results written over a last-read operand (memory)
   kAttentionSubblockPipelining,  // splash overlaps one sub-block's softmax with the next's matmul
   kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
@@ -41,6 +43,8 @@ enum class Mechanism {
 const char* mechanism_name(Mechanism mechanism);
 // One line saying what the mechanism does.
 const char* mechanism_summary(Mechanism mechanism);
+// Every mechanism's name, comma-separated in the order of Mechanism (for --help texts).
+std::string mechanism_names_joined();
 
 // Which mechanisms are on: all of them unless switched off by name.
 class MechanismSet {

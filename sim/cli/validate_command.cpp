@@ -111,10 +111,8 @@ void register_validate_command(CLI::App& app) {
   command
       ->add_option("--without", *without,
                    "Switch off named cost mechanisms (comma-separated), to see what each "
-                   "contributes: grouped_matmul_tiles, quantize_scale_pass, bf16_attention, "
-                   "chip_ingress_bound, sparsecore_reduction, tensorcore_driven_collectives, "
-                   "dcn_shards_first, in_place_buffers, attention_subblock_pipelining, "
-                   "reduction_reassociation")
+                   "contributes: " +
+                       mechanism_names_joined())
       ->delimiter(',');
   command->callback([path, pairs_path, json_output, without] {
     if (path->empty() && pairs_path->empty()) {

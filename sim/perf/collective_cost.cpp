@@ -19,6 +19,35 @@ double gather_seconds(double bytes, double devices, double bandwidth) {
   return (devices - 1) / devices * bytes / bandwidth;
 }
 
+// A ring across TPU slices: each of its N - 1 steps is a message from HBM through PCIe, the
+// host's NIC and the network into the peer's HBM, sent after the previous step's chunk arrived
+// (and, in a reduction, was added). With `add_latency` (dcn_step_latency) its latency comes on
+// top of its bytes (Hockney's alpha-beta model), where ICI hops pipeline and cost the larger of
+// the two; without, the larger of the two as for ICI.
+struct DcnRing {
+  double bandwidth = 0;  // bytes/s per device
+  double latency = 0;    // s per message
+  bool add_latency = true;
+  double latency_seconds = 0;  // the steps' latency summed over the calls, with add_latency
+
+  // `rings` scales the bytes: 2 for an all-reduce (a reduce-scatter, then an all-gather), 1/2 for
+  // an all-to-all (each device keeps its own part and the rest crosses once); `message_rounds`
+  // counts the N - 1 messages sent one after the other (2 for an all-reduce, 1 for a gather or a
+  // reduce-scatter, 1 / (N - 1) for an all-to-all or a permute, whose messages leave at once).
+  double seconds(double size, double devices, double rings, double message_rounds) {
+    if (devices <= 1) {
+      return 0.0;
+    }
+    const double bytes_seconds = gather_seconds(size, devices, bandwidth);
+    if (!add_latency) {
+      return rings * std::max((devices - 1) * latency, bytes_seconds);
+    }
+    const double steps_latency = message_rounds * (devices - 1) * latency;
+    latency_seconds += steps_latency;
+    return steps_latency + rings * bytes_seconds;
+  }
+};
+
 }  // namespace
 
 CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
@@ -62,6 +91,9 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   auto gather = [&](double size, double devices, double bandwidth, double hops, double latency) {
     return std::max(hops * latency, gather_seconds(size, devices, bandwidth));
   };
+  // A GPU's inter-node fabric (GPUDirect RDMA over InfiniBand) pipelines its steps as ICI does.
+  DcnRing dcn_ring{dcn_bandwidth, dcn_latency_s(slice),
+                   mechanisms.enabled(Mechanism::kDcnStepLatency) && !slice.switched};
   // A group spanning the chiplet pair and torus axes cannot route more through the fast D2D link
   // than the partner holds: every byte the chip lacks enters over its torus links, shared by its
   // devices. So the group is also bounded by the chip's ingress, (N - c)/N x V over c x W_torus.
@@ -77,7 +109,6 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   const double ici_bytes = bytes / std::max(1.0, dcn_devices);
   double ici = 0;
   double dcn = 0;
-  const double dcn_latency = dcn_latency_s(slice);
   switch (op_kind_traits(kind).collective) {
     case Collective::kAllGather:
     case Collective::kReduceScatter:
@@ -88,27 +119,26 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
         // Ablation: the ICI stage first, then the whole array over DCN.
         ici = std::max(gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                        chip_ingress_bound(ici_bytes));
-        dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency);
+        dcn = dcn_ring.seconds(bytes, dcn_devices, 1, 1);
         break;
       }
       ici = std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                      chip_ingress_bound(bytes));
-      dcn = gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth, dcn_devices - 1,
-                   dcn_latency);
+      dcn = dcn_ring.seconds(bytes / std::max(1.0, ici_devices), dcn_devices, 1, 1);
       break;
     case Collective::kAllReduce:
       // ICI reduce-scatter of V, DCN all-reduce of the V / ICI shard, ICI all-gather of V.
       ici = 2 * std::max(gather(bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency),
                          chip_ingress_bound(bytes));
-      dcn = 2 * gather(bytes / std::max(1.0, ici_devices), dcn_devices, dcn_bandwidth,
-                       dcn_devices - 1, dcn_latency);
+      dcn = dcn_ring.seconds(bytes / std::max(1.0, ici_devices), dcn_devices, 2, 2);
       break;
     case Collective::kAllToAll:
     case Collective::kCollectivePermute:
       // A switch carries each device's (N-1)/N x V at its link bandwidth, like a gather.
       ici = gather(ici_bytes, ici_devices, ici_bandwidth, ici_hops, hop_latency) /
             (slice.switched ? 1.0 : (all_wrap && !d2d_only ? 4.0 : 2.0));
-      dcn = gather(bytes, dcn_devices, dcn_bandwidth, dcn_devices - 1, dcn_latency) / 2.0;
+      // Its messages to the other slices leave at once: one message's latency.
+      dcn = dcn_ring.seconds(bytes, dcn_devices, 0.5, 1.0 / std::max(1.0, dcn_devices - 1));
       break;
     case Collective::kNone:
       break;
@@ -116,6 +146,7 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   CollectiveTime time;
   time.ici_seconds = ici;
   time.dcn_seconds = dcn;
+  time.dcn_latency_seconds = dcn_ring.latency_seconds;
   time.seconds = ici + dcn + (ici + dcn > 0 ? chip.collective_launch_us * kMicro : 0);
   time.link = dcn > ici                     ? LinkKind::kDcn
               : d2d_only && ici_devices > 1 ? LinkKind::kD2d

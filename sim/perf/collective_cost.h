@@ -35,10 +35,15 @@ struct CollectiveTime {
   double seconds = 0;
   double ici_seconds = 0;
   double dcn_seconds = 0;
+  // Of dcn_seconds, the latency of the messages sent one after the other across slices
+  // (dcn_step_latency; 0 with the mechanism off), which the TensorCore driving a reduction waits
+  // out.
+  double dcn_latency_seconds = 0;
   LinkKind link = LinkKind::kIci;  // the slowest part
 };
 
-// `mechanisms`: chip_ingress_bound and dcn_shards_first apply unless switched off.
+// `mechanisms`: chip_ingress_bound, dcn_shards_first and dcn_step_latency apply unless switched
+// off.
 CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std::string>& mesh_axes,
                                const DeviceMesh& mesh, const Slice& slice,
                                const MechanismSet& mechanisms = MechanismSet());

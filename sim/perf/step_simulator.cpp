@@ -122,6 +122,9 @@ struct OpPlan {
   const char* trace_detail = "";  // compute: mxu/hbm/vpu/overhead; collective: its kind
   int trace_dcn_lane = -1;        // a two-stage collective's DCN stage: its lane and seconds
   double trace_dcn_seconds = 0;
+  // A reduction across slices: its ring steps' message latency, which the TensorCore driving
+  // the steps waits out when it issues the collective (dcn_step_latency; 0 otherwise).
+  double tensorcore_wait = 0;
 };
 
 // Data-parallel gradient all-reduces across slices are combined and run after the backward pass
@@ -341,6 +344,7 @@ class Simulator {
     if (share != 1) {
       plan.seconds *= share;
       plan.matmul_flops *= share;
+      plan.tensorcore_wait *= share;
       plan.trace_dcn_seconds *= share;
     }
     return plan;
@@ -362,8 +366,21 @@ class Simulator {
     if (is_collective(op.kind)) {
       const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
+      // A reduction across slices adds each received chunk before it sends the next one, so the
+      // TensorCore driving it waits out every step's latency; gathers and permutes only move
+      // bytes (their latency stays in the collective's own time).
+      if (is_reducing_collective(op.kind)) {
+        plan.tensorcore_wait = time.dcn_latency_seconds;
+      }
       if (deferred_gradient_reduction(graph_, op, time)) {
+        // Its steps' latency is waited out per layer as the gradients are reduced; the bytes
+        // go in the combined reduction after the backward pass.
         plan.kind = OpPlan::Kind::kDeferredGradient;
+        plan.seconds -= plan.tensorcore_wait;
+        if (details_) {
+          plan.wait_label =
+              labels_.intern(BreakdownKey::of(BreakdownKind::kExposedGradientReduction));
+        }
         return plan;
       }
       plan.kind = OpPlan::Kind::kCollective;
@@ -557,6 +574,9 @@ class Simulator {
       ready = producer_start + (producer_end - producer_start) /
                                    static_cast<double>(std::max<int64_t>(1, op.attrs.group_size));
     }
+    if (plan.tensorcore_wait > 0) {
+      wait_out_dcn_steps(op, plan, ready, accounting, record ? &timing : nullptr, info);
+    }
     double start = 0;
     double end = 0;
     switch (plan.kind) {
@@ -591,6 +611,25 @@ class Simulator {
     }
     last_event_end_ = std::max(last_event_end_, end);
     return end;
+  }
+
+  // The TensorCore drives a reduction's ring steps across slices: from when the collective can
+  // be issued, it waits out their message latency before its next op.
+  void wait_out_dcn_steps(const Op& op, const OpPlan& plan, double ready, Accounting& accounting,
+                          StepTiming* trace, const Region& info) {
+    const double start = std::max(ready, tensorcore_free_);
+    if (details_) {
+      if (start > tensorcore_free_) {
+        accounting.seconds.add(idle_label_, start - tensorcore_free_);
+      }
+      accounting.seconds.add(plan.wait_label, plan.tensorcore_wait);
+    }
+    tensorcore_free_ = start + plan.tensorcore_wait;
+    last_event_end_ = std::max(last_event_end_, tensorcore_free_);
+    if (trace != nullptr) {
+      trace->trace.push_back({op.name + " (steps across slices)", lanes_.intern(compute_lane()),
+                              info.name, start, plan.tensorcore_wait, "dcn_step_latency"});
+    }
   }
 
   // When the last of the op's inputs is ready, and the op producing it (for a carried input the

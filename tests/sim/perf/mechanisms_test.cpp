@@ -167,21 +167,47 @@ double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) 
   return seconds;
 }
 
-// fp8_full quantizes the layers' matmuls, not the splash attention kernel.
-TEST(Bf16Attention, Fp8LeavesAttentionAlone) {
+// A mechanism that keeps some ops of an fp8_full step at the bf16 rate: llama3.1-8b at 8k on
+// tpu7x-16, the seconds of the ops named `op_prefix` in bf16, in fp8_full, and in fp8_full with
+// `mechanism` switched off.
+struct Fp8Seconds {
+  double bf16 = 0;
+  double fp8 = 0;
+  double fp8_without = 0;
+  double mlp_bf16 = 0;  // of the MLP's einsums, which fp8 does speed up
+  double mlp_fp8 = 0;
+};
+
+Fp8Seconds fp8_seconds(const std::string& op_prefix, const std::string& mechanism) {
   const std::vector<std::string> base = {"model_name=llama3.1-8b", "compile_topology=tpu7x-16",
                                          "max_target_length=8192", "per_device_batch_size=1"};
   std::vector<std::string> fp8 = base;
   fp8.emplace_back("quantization=fp8_full");
   const Estimate plain = estimate_config(Config::load("", base));
   const Estimate quantized = estimate_config(Config::load("", fp8));
-  const double attention = profiled_seconds(plain, "attention");
-  ASSERT_GT(attention, 0);
-  EXPECT_DOUBLE_EQ(profiled_seconds(quantized, "attention"), attention);
-  EXPECT_LT(quantized.step_seconds, plain.step_seconds);  // the projections still speed up
-  const MechanismSet off = MechanismSet::without({"bf16_attention"});
-  EXPECT_LT(profiled_seconds(estimate_config(Config::load("", fp8), off), "attention"),
-            0.9 * attention);
+  const Estimate without =
+      estimate_config(Config::load("", fp8), MechanismSet::without({mechanism}));
+  return {profiled_seconds(plain, op_prefix), profiled_seconds(quantized, op_prefix),
+          profiled_seconds(without, op_prefix), profiled_seconds(plain, "einsum mlp/"),
+          profiled_seconds(quantized, "einsum mlp/")};
+}
+
+// fp8_full quantizes the layers' matmuls, not the splash attention kernel.
+TEST(Bf16Attention, Fp8LeavesAttentionAlone) {
+  const Fp8Seconds attention = fp8_seconds("attention", "bf16_attention");
+  ASSERT_GT(attention.bf16, 0);
+  EXPECT_DOUBLE_EQ(attention.fp8, attention.bf16);
+  EXPECT_LT(attention.mlp_fp8, 0.8 * attention.mlp_bf16);  // the layers' matmuls speed up
+  EXPECT_LT(attention.fp8_without, 0.9 * attention.bf16);
+}
+
+// MaxText does not quantize the logits matmul (decoders.py), so under fp8_full the unembedding
+// and its two gradients keep their bf16 time while the layers' matmuls speed up.
+TEST(Bf16Logits, Fp8LeavesTheLogitsMatmulAlone) {
+  const Fp8Seconds logits = fp8_seconds("einsum logits", "bf16_logits");
+  ASSERT_GT(logits.bf16, 0);
+  EXPECT_DOUBLE_EQ(logits.fp8, logits.bf16);
+  EXPECT_LT(logits.fp8_without, 0.8 * logits.bf16);
 }
 
 // An all-gather over the chiplet pair and the torus: each chip must bring in all it lacks over
@@ -201,27 +227,87 @@ TEST(ChipIngressBound, ChipletPairCannotCarryTheTorusShare) {
             0.6 * time.ici_seconds);
 }
 
+// The mesh of `overrides` placed on `slice`.
+DeviceMesh mesh_on(const Slice& slice, const std::vector<std::string>& overrides) {
+  return place_mesh(resolve_mesh(Config::load("", overrides), slice), slice);
+}
+
+// A chip's achievable DCN bandwidth per chip, from its catalog entry.
+double dcn_bytes_per_second(const ChipSpec& spec) {
+  return spec.dcn_bandwidth_per_chip_gbps * 1e9 * spec.dcn_achievable_fraction;
+}
+
 // FSDP across two slices: each device swaps its 1/512 shard over DCN, then ICI gathers the rest.
 TEST(DcnShardsFirst, GatherAcrossSlicesMovesShardsOverDcn) {
   const Slice two = parse_slice("v6e-256", 2);
-  const DeviceMesh mesh = place_mesh(
-      resolve_mesh(Config::load("", {"compile_topology=v6e-256", "compile_topology_num_slices=2",
-                                     "dcn_fsdp_parallelism=2", "dcn_data_parallelism=1"}),
-                   two),
-      two);
+  const DeviceMesh mesh = mesh_on(two, {"compile_topology=v6e-256", "compile_topology_num_slices=2",
+                                        "dcn_fsdp_parallelism=2", "dcn_data_parallelism=1"});
   const double bytes = 1e9;
   const CollectiveTime time = collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, two);
   const ChipSpec& spec = *two.chip;
-  const double dcn = spec.dcn_bandwidth_per_chip_gbps * 1e9 * spec.dcn_achievable_fraction;
-  EXPECT_NEAR(time.dcn_seconds, 0.5 * bytes / 256 / dcn, 1e-9);
+  const double dcn = dcn_bytes_per_second(spec);
+  const double one_step = spec.dcn_latency_us * 1e-6;  // one ring step across two slices
+  EXPECT_NEAR(time.dcn_seconds, one_step + 0.5 * bytes / 256 / dcn, 1e-9);
   const MechanismSet off = MechanismSet::without({"dcn_shards_first"});
   EXPECT_NEAR(collective_time(OpKind::kAllGather, bytes, {"fsdp"}, mesh, two, off).dcn_seconds,
-              0.5 * bytes / dcn, 1e-9);
+              one_step + 0.5 * bytes / dcn, 1e-9);
 }
 
 double step_seconds(const std::vector<std::string>& overrides,
                     const MechanismSet& mechanisms = MechanismSet()) {
   return estimate_config(Config::load("", overrides), mechanisms).step_seconds;
+}
+
+// A gradient all-reduce across 8 slices: 2 x 7 ring steps, each paying the DCN message latency
+// on top of its bytes; without the mechanism, the larger of the latency and the bytes' time.
+TEST(DcnStepLatency, RingStepsAcrossSlicesAddTheirLatency) {
+  const Slice eight = parse_slice("v5e-256", 8);
+  const DeviceMesh mesh =
+      mesh_on(eight, {"compile_topology=v5e-256", "compile_topology_num_slices=8",
+                      "dcn_data_parallelism=8", "ici_fsdp_parallelism=256"});
+  const double bytes = 4e6;  // one layer's gradient shard on one chip
+  const ChipSpec& spec = *eight.chip;
+  const double dcn = dcn_bytes_per_second(spec);
+  const double alpha = spec.dcn_latency_us * 1e-6;
+  const double bandwidth_term = 2 * 7.0 / 8 * bytes / dcn;
+  const CollectiveTime time = collective_time(OpKind::kAllReduce, bytes, {"data"}, mesh, eight);
+  EXPECT_NEAR(time.dcn_seconds, 14 * alpha + bandwidth_term, 1e-12);
+  EXPECT_NEAR(time.dcn_latency_seconds, 14 * alpha, 1e-12);
+  const MechanismSet off = MechanismSet::without({"dcn_step_latency"});
+  const CollectiveTime without =
+      collective_time(OpKind::kAllReduce, bytes, {"data"}, mesh, eight, off);
+  EXPECT_NEAR(without.dcn_seconds, 2 * std::max(7 * alpha, 7.0 / 8 * bytes / dcn), 1e-12);
+  EXPECT_EQ(without.dcn_latency_seconds, 0.0);
+  // A GPU cluster's fabric pipelines its steps: no latency on top.
+  const Slice gpus = parse_slice("a3", 4);
+  const DeviceMesh gpu_mesh =
+      mesh_on(gpus, {"hardware=gpu", "compile_topology=a3", "compile_topology_num_slices=4",
+                     "dcn_data_parallelism=4"});
+  EXPECT_EQ(
+      collective_time(OpKind::kAllReduce, bytes, {"data"}, gpu_mesh, gpus).dcn_latency_seconds,
+      0.0);
+}
+
+// The TensorCore waits out the ring steps of each layer's gradient reductions across slices, so
+// going from 1 to 32 slices costs at least their latency, and the latency and the bytes add up
+// where without the mechanism only the larger counts.
+TEST(DcnStepLatency, MoreSlicesWaitOutMoreSteps) {
+  auto with_slices = [](int slices) {
+    std::vector<std::string> overrides = {"model_name=llama2-7b", "compile_topology=v5e-256",
+                                          "per_device_batch_size=2", "ici_fsdp_parallelism=256",
+                                          "compile_topology_num_slices=" + std::to_string(slices)};
+    if (slices > 1) {
+      overrides.push_back("dcn_data_parallelism=" + std::to_string(slices));
+    }
+    return overrides;
+  };
+  // llama2-7b: 32 layers, each reducing its 7 weight gradients across slices in 2 x 31 steps.
+  const double alpha = chip("v5e").dcn_latency_us * 1e-6;
+  const double one = step_seconds(with_slices(1));
+  const double many = step_seconds(with_slices(32));
+  EXPECT_GT(many - one, 32 * 7 * 62 * alpha);
+  const MechanismSet off = MechanismSet::without({"dcn_step_latency"});
+  EXPECT_GT(many, step_seconds(with_slices(32), off));
 }
 
 // The v7x guide (64-chip slice): SparseCore offload -22% for a dense model under 20B at 8k

@@ -178,7 +178,9 @@ TEST(CollectiveCost, ChipletPairUsesD2dAndSlicesUseDcn) {
   EXPECT_EQ(across.link, LinkKind::kDcn);
   const double bandwidth =
       multi.chip->dcn_bandwidth_per_chip_gbps * 1e9 * multi.chip->dcn_achievable_fraction;
-  EXPECT_NEAR(across.dcn_seconds, 2 * 0.75 * 1e8 / bandwidth, 1e-9);
+  // Two rings of 3 steps across the 4 slices, each step's latency on top of its bytes.
+  EXPECT_NEAR(across.dcn_seconds,
+              2 * 3 * multi.chip->dcn_latency_us * 1e-6 + 2 * 0.75 * 1e8 / bandwidth, 1e-9);
 }
 
 // --- The scheduler's overlap rules on hand-built programs. -----------------------------------
