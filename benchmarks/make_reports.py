@@ -42,9 +42,10 @@ def run_json(args):
                                      capture_output=True, text=True).stdout)
 
 
-MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "chip_ingress_bound",
+MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "bf16_logits",
+              "chip_ingress_bound",
               "sparsecore_reduction", "tensorcore_driven_collectives", "dcn_shards_first",
-              "in_place_buffers", "attention_subblock_pipelining", "reduction_reassociation"]
+              "dcn_step_latency", "in_place_buffers", "attention_subblock_pipelining", "reduction_reassociation"]
 
 
 def recipe_predictions(without=()):
@@ -387,10 +388,13 @@ MECHANISM_SUMMARIES = {
                             "the contraction is one tile",
     "quantize_scale_pass": "absmax fp8/int8 calibration reads each bf16 operand before its matmul",
     "bf16_attention": "splash attention stays bf16 under fp8/int8",
+    "bf16_logits": "the logits matmul and its gradients stay bf16 under fp8/int8 (MaxText quantizes the decoder layers only)",
     "chip_ingress_bound": "a gather over the v7x chiplet pair + torus is bounded by the chip's torus links",
     "sparsecore_reduction": "SparseCore reduce-scatters at 1/3 of the ICI roofline, on their own queue",
     "tensorcore_driven_collectives": "v7x collectives kept off the SparseCores block the TensorCore",
     "dcn_shards_first": "gathers across slices move shards over DCN, then the full array over ICI",
+    "dcn_step_latency": "each ring step across slices pays the DCN message latency on top of its bytes, "
+                        "and the TensorCore waits it out per layer (the fitted 80 µs latency stays)",
     "in_place_buffers": "elementwise results written over an operand read for the last time (memory)",
     "attention_subblock_pipelining": "splash overlaps a kv compute sub-block's softmax with the next one's matmuls",
     "reduction_reassociation": "partial sums summed before one reduce-scatter / all-reduce, not reduced each "

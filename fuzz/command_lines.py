@@ -86,9 +86,10 @@ TRAIN_UNBUILT = ["quantization=int8", "quantization=fp8", "quantization=int4",
                  "quantization=fp8_full", "z_loss_multiplier=1e-4", "mtp_num_layers=1",
                  "opt_type=sgd", "opt_type=adafactor", "dropout_rate=0.1", "dropout_rate=0.5",
                  "mtp_num_layers=2", "z_loss_multiplier=0.5"]
-MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention",
+MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "bf16_logits",
               "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
-              "dcn_shards_first", "in_place_buffers", "attention_subblock_pipelining"]
+              "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
+              "attention_subblock_pipelining"]
 XLA_FLAGS = ["--xla_tpu_enable_async_collective_fusion=true",
              "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
              "--xla_tpu_scoped_vmem_limit_kib=98304", "--xla_enable_async_all_gather=false",

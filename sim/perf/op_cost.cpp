@@ -244,7 +244,14 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     loops *= routed;
   }
   const std::optional<MatmulPass> pass = matmul_pass(lhs, rhs, out);
-  const bool quantized = pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)];
+  // MaxText leaves the logits matmul unquantized (decoders.py: "We do not quantize the logits
+  // matmul"; qwix's rule matches only decoder/.*layers.*): every einsum over the vocabulary (the
+  // unembedding, its two gradients, a one-hot embedding) stays bf16.
+  const bool logits =
+      context.mechanisms.enabled(Mechanism::kBf16Logits) &&
+      (lhs.dim_index("vocab") >= 0 || rhs.dim_index("vocab") >= 0 || out.dim_index("vocab") >= 0);
+  const bool quantized =
+      pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)] && !logits;
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
   const ChipSpec& chip = *context.chip;
