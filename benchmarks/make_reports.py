@@ -1356,8 +1356,14 @@ def compat():
 
 
 if __name__ == "__main__":
+    REPORTS = {"validation": validation, "performance": performance, "training": training,
+               "explore": explore, "mpi": mpi, "compat": compat, "token_cache": token_cache,
+               "train_speed": train_speed, "pipeline": pipeline}
     targets = sys.argv[1:] or ["validation", "performance", "training", "mpi"]
+    unknown = [target for target in targets if target not in REPORTS]
+    if unknown:
+        print(f"make_reports: unknown report {', '.join(unknown)} (known: {', '.join(REPORTS)}; "
+              "none given: validation, performance, training, mpi)", file=sys.stderr)
+        sys.exit(2)
     for target in targets:
-        {"validation": validation, "performance": performance, "training": training,
-         "explore": explore, "mpi": mpi, "compat": compat, "token_cache": token_cache,
-         "train_speed": train_speed, "pipeline": pipeline}[target]()
+        REPORTS[target]()
