@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(os.environ.get("TPUSIM_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-BINARY = Path(os.environ.get("TPUSIM_BINARY", ROOT / "build" / "sim" / "tpusim"))
+BINARY = Path(os.environ.get("TPUSIM_BINARY", ROOT / "build" / "sim" / "tpusim")).resolve()
 
 
 def pytest_configure(config):

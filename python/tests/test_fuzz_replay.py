@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import tpusim
-from conftest import ROOT
+from conftest import ROOT, differences
 
 sys.path.insert(0, str(ROOT / "fuzz"))
 import command_lines  # noqa: E402
@@ -99,6 +99,33 @@ def replay(count, seed, tmp_path, monkeypatch):
     # Both outcomes occur: the generator makes good and bad inputs alike.
     assert outcomes["ok"] > 0 and outcomes["ConfigError"] > 0
     return outcomes
+
+
+@pytest.mark.filterwarnings("ignore::tpusim.NotModeledWarning")
+def test_fuzz_estimates_end_as_on_the_command_line(cli, tmp_path, monkeypatch):
+    """Estimate lines made of config arguments only (no option, no token the CLI's parser would
+    read as one): the module's result is the CLI's --json, and its ConfigError the CLI's error
+    object (message and key)."""
+    box, lines = replay_lines(400, 13, tmp_path)
+    monkeypatch.chdir(box.work)
+    plain = [argv for _, argv in lines
+             if argv[0] == "estimate" and not any(token.startswith("-") for token in argv[1:])]
+    count = int(os.environ.get("TPUSIM_REPLAY_CLI_COUNT", "40"))
+    assert len(plain) >= count
+    outcomes = {"ok": 0, "ConfigError": 0}
+    for argv in plain[:count]:
+        tokens = [token.encode("utf-8", "surrogateescape") for token in argv]
+        code, expected = cli([*tokens, b"--json"], cwd=box.work)
+        try:
+            actual = tpusim.estimate(argv[1:]).to_dict()
+            assert code == 0 and differences(expected, actual) == [], argv
+            outcomes["ok"] += 1
+        except tpusim.ConfigError as error:
+            assert code == 2, (argv, error)
+            assert (error.message, error.key) == (expected["error"], expected["key"]), argv
+            outcomes["ConfigError"] += 1
+    print(f"{count} estimate lines against the CLI: {outcomes}")
+    assert outcomes["ok"] > 0 and outcomes["ConfigError"] > 0
 
 
 def test_module_call_reads_a_line_like_the_cli():
