@@ -104,6 +104,8 @@ PYBIND11_MODULE(_tpusim, module) {
   namespace py = pybind11;
   using tpusim::ExploreRequest;
   module.doc() = "tpusim's C++ functions behind `import tpusim` (use the tpusim package)";
+  // pybind11's translator type takes the exception_ptr by value.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   py::register_exception_translator([](std::exception_ptr pointer) {
     try {
       if (pointer) {

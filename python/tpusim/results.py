@@ -209,6 +209,11 @@ class Validation(list):
 class Topology(Result):
     """A slice's physical topology (`tpusim topology --json`)."""
 
+    def _summary(self):
+        shape = "x".join(str(size) for size in self._json["shape"])
+        return (f"{self._json['slice']} ({self._json['chip']}) x {self._json['num_slices']}: "
+                f"{self._json['chips']} chips, {self._json['devices']} devices, shape {shape}")
+
 
 class Chip(Result):
     """One chip of the hardware catalog with every number's source (`tpusim hw CHIP --json`)."""
