@@ -1,6 +1,7 @@
-"""The command-line fuzzer's generated estimate, explore and validate inputs (fuzz/command_lines.py),
-replayed through the module: no input crashes the interpreter, and the only exception bad input
-raises is tpusim.ConfigError. A few hundred lines in the fast tier, a few thousand in the slow.
+"""The command-line fuzzer's generated estimate, explore and validate inputs
+(fuzz/command_lines.py), replayed through the module: no input crashes the interpreter, and the
+only exception bad input raises is tpusim.ConfigError. A few hundred lines in the fast tier, a
+few thousand in the slow; and plain estimate lines give what the CLI gives.
 
 Each line's argv becomes the module call with the same arguments: tokens that are not options
 are the config list, as the CLI takes them; --xla-flags, --without, --pairs and explore's
@@ -39,7 +40,8 @@ def module_call(argv):
     index = 0
     while index < len(tokens):
         token = tokens[index]
-        name, has_inline, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        is_option = token.startswith("--")
+        name, has_inline, inline = token.partition("=") if is_option else (token, "", "")
         if name in DROPPED_FLAGS and not has_inline:
             index += 1
         elif name in DROPPED_WITH_VALUE or name in KEYWORDS:

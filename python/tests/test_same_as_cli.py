@@ -39,7 +39,8 @@ def test_estimate_of_a_published_row_equals_the_cli(cli, row_id, args):
 
 def test_a_dict_with_overrides_is_the_same_config_as_the_cli_arguments(cli):
     code, expected = cli(["estimate", "model_name=llama3.1-8b", "compile_topology=v5p-8",
-                          "per_device_batch_size=2", "remat_policy=full", "override_model_config=true",
+                          "per_device_batch_size=2", "remat_policy=full",
+                          "override_model_config=true",
                           "mlp_activations=[silu, linear]", "--without",
                           "bf16_attention,in_place_buffers", "--json"])
     assert code == 0, expected

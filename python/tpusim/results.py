@@ -185,8 +185,8 @@ class Row(Result):
     """One row of a validation: predicted against measured."""
 
     def _summary(self):
-        return ", ".join(f"{key}={self._json[key]!r}" for key in
-                         ("id", "predicted_step_s", "measured_step_s", "error") if key in self._json)
+        keys = ("id", "predicted_step_s", "measured_step_s", "error")
+        return ", ".join(f"{key}={self._json[key]!r}" for key in keys if key in self._json)
 
 
 class Validation(list):
