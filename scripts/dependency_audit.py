@@ -7,10 +7,10 @@ reads what a finished build actually used and maps each file to the Debian packa
 
   - the headers every object was compiled with (Ninja's dependency log: `ninja -t deps`),
   - the libraries on every link line (absolute paths and -lNAME, as the linker would find them),
-  - the shared libraries the executables load (ldd),
+  - the shared libraries the executables and the Python module (build/python) load (ldd),
   - the tools the build and the tests run (compiler, ninja, cmake, mpirun, chromium, python3),
-  - the Python modules the tests and the fuzz runs import (tests/, fuzz/), as Debian's
-    /usr/bin/python3 finds them.
+  - the Python modules the tests, the fuzz runs and the Python package import (tests/, fuzz/,
+    python/), as Debian's /usr/bin/python3 finds them.
 
 Each owning package must be named by `scripts/setup.sh --list-packages <options>` or be in the
 Depends/Pre-Depends closure of those (never Recommends: setup.sh installs without them), or be an
@@ -156,7 +156,7 @@ def find_library(name, search):
 def loaded_libraries(build):
     """Shared libraries the built executables load at run time."""
     files = set()
-    for executable in [build / "sim" / "tpusim"]:
+    for executable in [build / "sim" / "tpusim", *sorted((build / "python").glob("tpusim/*.so"))]:
         if not executable.exists():
             continue
         for line in run(["ldd", str(executable)]).splitlines():
@@ -183,11 +183,12 @@ def tool_files(build):
 
 
 def python_modules():
-    """Top-level modules imported by the Python files of the tests and the fuzz runs, outside the
-    project itself."""
+    """Top-level modules imported by the Python files of the tests, the fuzz runs and the Python
+    package (python/: `import tpusim` and its tests), outside the project itself."""
     modules = set()
-    local = set()
-    sources = sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "fuzz").rglob("*.py"))
+    local = {path.name for path in (ROOT / "python").iterdir() if (path / "__init__.py").exists()}
+    sources = [path for folder in ("tests", "fuzz", "python") for path in
+               sorted((ROOT / folder).rglob("*.py"))]
     for source in sources + [Path(__file__)]:
         local.add(source.stem)
         tree = ast.parse(source.read_text(), filename=str(source))

@@ -21,6 +21,10 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config python3
           libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libboost-graph-dev libeigen3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev sentencepiece)
+# Required: the Python module `import tpusim` (python/), built by default with pybind11 against
+# Debian's python3 (whose headers are python3-dev's; pybind11-dev does not depend on them), and
+# its tests, run by Debian's /usr/bin/python3 -m pytest (DataFrames through python3-pandas).
+packages+=(pybind11-dev python3-pybind11 python3-dev python3-pytest python3-pandas)
 # Optional to CMake (the build goes on without them), installed because they make tpusim whole:
 # OpenMPI (train under mpirun), tcmalloc (explore's allocator), oneDNN (train's GEMMs; found by
 # its header and library, so its OpenCL GPU runtime, which it only recommends, is not needed).

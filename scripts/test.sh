@@ -4,6 +4,8 @@
 #   default     the fast tier (what CI runs)
 #   --slow      also the slow tier (long training and sweep runs)
 #   --sanitize  build with ASan+UBSan into build-asan/ and run the tests there
+# The tests of `import tpusim` run in ctest too (Python.*): /usr/bin/python3 -m pytest python/tests
+# with PYTHONPATH=build/python (the sanitizer build has no Python module).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -43,7 +43,7 @@ void apply_flag_overrides(Config& config, XlaFlagReport& flags) {
 
 Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags,
                            XlaFlagReport* xla_report,
-                           const std::function<void(const Config&)>& check) {
+                           const std::function<void(const Config&)>& check, std::ostream& notes) {
   const CommandArgs split = split_command_args(args);
   XlaFlagReport flags = xla_flag_overrides(xla_flags, split.overrides);
   Config config = Config::load_files(split.config_paths, split.overrides);
@@ -51,8 +51,8 @@ Config load_command_config(const std::vector<std::string>& args, const std::stri
   if (check) {
     check(config);
   }
-  report_passthrough_keys(config, std::cerr);
-  report_xla_flags(flags, std::cerr);
+  report_passthrough_keys(config, notes);
+  report_xla_flags(flags, notes);
   if (xla_report != nullptr) {
     *xla_report = flags;
   }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -33,11 +34,12 @@ CommandArgs split_command_args(const std::vector<std::string>& args);
 // The config the arguments name: embedded base.yml, the files, the preset, the overrides, plus the
 // switches XLA flags set (`xla_flags`, then LIBTPU_INIT_ARGS and XLA_FLAGS: sim/cli/xla_flags.h;
 // a key on the command line wins). Lists the MaxText keys tpusim does not model and the XLA flags
-// on stderr; `xla_report`, when given, receives what the flags did. `check`, when given, runs on
-// the config first, so that a command's own refusal is the only line printed.
+// on `notes` (stderr); `xla_report`, when given, receives what the flags did. `check`, when given,
+// runs on the config first, so that a command's own refusal is the only line printed.
 Config load_command_config(const std::vector<std::string>& args, const std::string& xla_flags = "",
                            XlaFlagReport* xla_report = nullptr,
-                           const std::function<void(const Config&)>& check = nullptr);
+                           const std::function<void(const Config&)>& check = nullptr,
+                           std::ostream& notes = std::cerr);
 
 // The config of a recipe as it ran: its arguments and its own XLA flags, not the environment's
 // (LIBTPU_INIT_ARGS, XLA_FLAGS), and nothing printed (validate loads many).

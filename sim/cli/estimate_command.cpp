@@ -11,6 +11,7 @@
 #include "common/mechanisms.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
+#include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
 #include "sim/estimate/estimate.h"
 #include "sim/estimate/step_html.h"
@@ -85,6 +86,21 @@ void print_human(const nlohmann::json& json) {
 
 }  // namespace
 
+EstimateRun run_estimate(const EstimateRequest& request, std::ostream& notes) {
+  const MechanismSet mechanisms = MechanismSet::without(request.without);
+  XlaFlagReport xla_report;
+  const Config config =
+      load_command_config(request.args, request.xla_flags, &xla_report, nullptr, notes);
+  EstimateRun run{estimate_config(config, mechanisms), nlohmann::json()};
+  run.json = run.estimate.json;
+  run.json.update(passthrough_keys_json(config));
+  run.json["xla_flags"] = xla_flags_json(xla_report);
+  if (!request.without.empty()) {
+    run.json["mechanisms_off"] = mechanisms.disabled_names();
+  }
+  return run;
+}
+
 void register_estimate_command(CLI::App& app) {
   auto args = std::make_shared<std::vector<std::string>>();
   auto json_output = std::make_shared<bool>(false);
@@ -114,10 +130,8 @@ void register_estimate_command(CLI::App& app) {
                        mechanism_names_joined())
       ->delimiter(',');
   command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without] {
-    const MechanismSet mechanisms = MechanismSet::without(*without);
-    XlaFlagReport xla_report;
-    const Config config = load_command_config(*args, *xla_flags, &xla_report);
-    const Estimate estimate = estimate_config(config, mechanisms);
+    const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);
+    const Estimate& estimate = run.estimate;
     if (!trace_path->empty()) {
       write_file_atomically(*trace_path, chrome_trace(estimate));
     }
@@ -129,13 +143,7 @@ void register_estimate_command(CLI::App& app) {
       write_file_atomically(*html_path, step_html(estimate, command_line));
     }
     if (*json_output) {
-      nlohmann::json json = estimate.json;
-      json.update(passthrough_keys_json(config));
-      json["xla_flags"] = xla_flags_json(xla_report);
-      if (!without->empty()) {
-        json["mechanisms_off"] = mechanisms.disabled_names();
-      }
-      std::cout << json.dump(2) << "\n";
+      std::cout << run.json.dump(2) << "\n";
     } else {
       print_human(estimate.json);
     }

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
+#include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
 #include "sim/explore/explore_html.h"
 #include "sim/explore/explorer.h"
@@ -29,19 +30,12 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The search's options (sim/cli/command_json.h) and how the result is shown.
 struct ExploreFlags {
-  std::vector<std::string> args;
-  int top = 10;
+  ExploreRequest request;
   bool json = false;
-  std::string xla_flags;
   bool csv = false;
-  std::string objective = "tokens_per_s_per_chip";
-  int64_t global_batch_size = 0;
-  double max_per_device_batch = 16;
-  double min_hbm_headroom = 0;
-  int threads = 0;
   bool no_branch_and_bound = false;
-  bool exact_schedules = false;
   bool progress = false;
   std::string html;
 };
@@ -55,7 +49,7 @@ void write_html(const ExploreResult& result, const ExploreFlags& flags) {
     return;
   }
   std::string command_line = "tpusim explore";
-  for (const std::string& arg : flags.args) {
+  for (const std::string& arg : flags.request.args) {
     command_line += " " + arg;
   }
   write_file_atomically(flags.html, explore_html(result, command_line));
@@ -192,33 +186,56 @@ void print_result(const ExploreResult& result, const ExploreFlags& flags) {
 
 }  // namespace
 
+ExploreOptions explore_options(const ExploreRequest& request) {
+  ExploreOptions options;
+  options.limits.global_batch_size = request.global_batch_size;
+  options.limits.max_per_device_batch = request.max_per_device_batch;
+  options.limits.min_hbm_headroom = request.min_hbm_headroom;
+  options.objective = parse_objective(request.objective);
+  options.top = request.top;
+  options.threads = request.threads;
+  options.branch_and_bound = request.branch_and_bound;
+  options.exact_schedules = request.exact_schedules;
+  options.max_samples = request.max_samples;
+  if (request.threads < 0) {
+    throw UserError("--threads: " + std::to_string(request.threads) + " must be 0 (all) or more");
+  }
+  return options;
+}
+
+nlohmann::json explore_json(const ExploreRequest& request, std::ostream& notes) {
+  const Config config =
+      load_command_config(request.args, request.xla_flags, nullptr, nullptr, notes);
+  return explore(config, explore_options(request)).to_json();
+}
+
 void register_explore_command(CLI::App& app) {
   auto flags = std::make_shared<ExploreFlags>();
   CLI::App* command = app.add_subcommand(
       "explore",
       "Search meshes, batch, remat, attention and perf switches for a model on a slice; rank "
       "what fits");
-  command->add_option("args", flags->args,
+  command->add_option("args", flags->request.args,
                       "[config.yml ...] key=value ... (given keys are pinned)");
-  command->add_option("--top", flags->top, "How many candidates to list (default 10)");
+  command->add_option("--top", flags->request.top, "How many candidates to list (default 10)");
   command->add_flag("--json", flags->json, "Print one JSON object");
   command->add_option(
-      "--xla-flags", flags->xla_flags,
+      "--xla-flags", flags->request.xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_flag("--csv", flags->csv, "Print the top candidates as CSV");
-  command->add_option("--objective", flags->objective,
+  command->add_option("--objective", flags->request.objective,
                       "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar");
-  command->add_option("--global-batch-size", flags->global_batch_size,
+  command->add_option("--global-batch-size", flags->request.global_batch_size,
                       "Fixed sequences per optimizer step (searches gradient accumulation)");
-  command->add_option("--max-per-device-batch", flags->max_per_device_batch,
+  command->add_option("--max-per-device-batch", flags->request.max_per_device_batch,
                       "Largest per_device_batch_size tried (default 16)");
-  command->add_option("--min-hbm-headroom", flags->min_hbm_headroom,
+  command->add_option("--min-hbm-headroom", flags->request.min_hbm_headroom,
                       "Fraction of usable HBM to leave free, e.g. 0.1");
-  command->add_option("--threads", flags->threads, "Worker threads (default: all cores)");
+  command->add_option("--threads", flags->request.threads, "Worker threads (default: all cores)");
   command->add_flag("--no-branch-and-bound", flags->no_branch_and_bound,
                     "Time every candidate that fits instead of skipping those that provably "
                     "cannot enter the top N (same top N, slower; for benchmarks)");
-  command->add_flag("--exact-schedules", flags->exact_schedules,
+  command->add_flag("--exact-schedules", flags->request.exact_schedules,
                     "Multislice: find each pipeline schedule's own best (each searched from "
                     "nothing), instead of searching later schedules only for what can enter the "
                     "top N; same top N, slower");
@@ -231,20 +248,10 @@ void register_explore_command(CLI::App& app) {
     if (flags->json && flags->csv) {
       throw UserError("explore: --json and --csv exclude each other");
     }
-    const Config config = load_command_config(flags->args, flags->xla_flags);
-    ExploreOptions options;
-    options.limits.global_batch_size = flags->global_batch_size;
-    options.limits.max_per_device_batch = flags->max_per_device_batch;
-    options.limits.min_hbm_headroom = flags->min_hbm_headroom;
-    options.objective = parse_objective(flags->objective);
-    options.top = flags->top;
-    options.threads = flags->threads;
-    options.branch_and_bound = !flags->no_branch_and_bound;
-    options.exact_schedules = flags->exact_schedules;
-    options.max_samples = flags->html.empty() ? 0 : kHtmlSamples;
-    if (flags->threads < 0) {
-      throw UserError("--threads: " + std::to_string(flags->threads) + " must be 0 (all) or more");
-    }
+    const Config config = load_command_config(flags->request.args, flags->request.xla_flags);
+    flags->request.branch_and_bound = !flags->no_branch_and_bound;
+    flags->request.max_samples = flags->html.empty() ? 0 : kHtmlSamples;
+    ExploreOptions options = explore_options(flags->request);
     const auto started = std::chrono::steady_clock::now();
     if (flags->progress || isatty(fileno(stderr)) != 0) {
       options.progress = [started](int64_t done, int64_t total) {

@@ -8,6 +8,7 @@
 #include "hw/catalog.h"
 #include "hw/slice.h"
 #include "sim/cli/commands.h"
+#include "sim/cli/hardware_json.h"
 
 namespace tpusim {
 namespace {
@@ -34,6 +35,18 @@ nlohmann::json chip_json(const ChipSpec& chip) {
 
 }  // namespace
 
+nlohmann::json hw_json(const std::string& chip_name) {
+  const HardwareCatalog& catalog = HardwareCatalog::builtin();
+  if (!chip_name.empty()) {
+    return chip_json(catalog.chip(chip_name));
+  }
+  nlohmann::json list = nlohmann::json::array();
+  for (const ChipSpec& chip : catalog.chips()) {
+    list.push_back(chip_json(chip));
+  }
+  return list;
+}
+
 void register_hw_command(CLI::App& app) {
   auto chip_name = std::make_shared<std::string>();
   auto json_output = std::make_shared<bool>(false);
@@ -41,6 +54,10 @@ void register_hw_command(CLI::App& app) {
   command->add_option("chip", *chip_name, "Show one chip with every number's source, e.g. v5p");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([chip_name, json_output] {
+    if (*json_output) {
+      std::cout << hw_json(*chip_name).dump(2) << "\n";
+      return;
+    }
     const HardwareCatalog& catalog = HardwareCatalog::builtin();
     std::vector<const ChipSpec*> chips;
     if (chip_name->empty()) {
@@ -49,14 +66,6 @@ void register_hw_command(CLI::App& app) {
       }
     } else {
       chips.push_back(&catalog.chip(*chip_name));
-    }
-    if (*json_output) {
-      nlohmann::json list = nlohmann::json::array();
-      for (const ChipSpec* chip : chips) {
-        list.push_back(chip_json(*chip));
-      }
-      std::cout << (chip_name->empty() ? list : list[0]).dump(2) << "\n";
-      return;
     }
     if (chip_name->empty()) {
       std::cout << std::left << std::setw(10) << "chip" << std::right << std::setw(10)

@@ -10,6 +10,7 @@
 #include "hw/slice.h"
 #include "hw/topology.h"
 #include "sim/cli/commands.h"
+#include "sim/cli/hardware_json.h"
 
 namespace tpusim {
 namespace {
@@ -26,7 +27,7 @@ constexpr double kGiga = 1e9;
 
 // `topology` is the graph of one slice (every figure below is per slice or per chip); `slice` the
 // whole request, for the totals over its slices.
-nlohmann::json topology_json(const Topology& topology, const Slice& slice) {
+nlohmann::json graph_json(const Topology& topology, const Slice& slice) {
   nlohmann::json json;
   json["slice"] = slice.name;
   json["chip"] = slice.chip->name;
@@ -97,6 +98,14 @@ void print_human(const nlohmann::json& json) {
 
 }  // namespace
 
+nlohmann::json topology_json(const Slice& slice) {
+  // The figures are per slice, so one slice's graph gives them: 10,000 slices of a 256-chip
+  // pod took 2.5 s and 1.4 GB as one graph.
+  Slice one_slice = slice;
+  one_slice.num_slices = 1;
+  return graph_json(Topology(one_slice), slice);
+}
+
 void register_topology_command(CLI::App& app) {
   auto options = std::make_shared<TopologyOptions>();
   CLI::App* command = app.add_subcommand(
@@ -138,11 +147,7 @@ void register_topology_command(CLI::App& app) {
       }
       write_file_atomically(options->dot_path, topology.to_dot());
     }
-    // The figures are per slice, so one slice's graph gives them: 10,000 slices of a 256-chip
-    // pod took 2.5 s and 1.4 GB as one graph.
-    Slice one_slice = slice;
-    one_slice.num_slices = 1;
-    const nlohmann::json json = topology_json(Topology(one_slice), slice);
+    const nlohmann::json json = topology_json(slice);
     if (options->json) {
       std::cout << json.dump(2) << "\n";
     } else {

@@ -19,12 +19,14 @@
 #include "common/mechanisms.h"
 #include "common/yaml_text.h"
 #include "model/config.h"
+#include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
 #include "sim/cli/table_values.h"
 #include "sim/cli/validate_pairs.h"
 #include "sim/estimate/estimate.h"
 
 namespace tpusim {
+namespace {
 
 nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechanisms) {
   note_input(path);
@@ -93,6 +95,22 @@ nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechani
   return {{"rows", rows}, {"summary", summary}};
 }
 
+}  // namespace
+
+nlohmann::json validate_json(const std::string& path, const std::string& pairs_path,
+                             const std::vector<std::string>& without) {
+  if (path.empty() && pairs_path.empty()) {
+    throw UserError(
+        "validate: give a results CSV (validation/published.csv) or --pairs "
+        "PAIRS.csv (validation/pairs.csv)");
+  }
+  const MechanismSet mechanisms = MechanismSet::without(without);
+  nlohmann::json result =
+      pairs_path.empty() ? validate_csv(path, mechanisms) : validate_pairs(pairs_path, mechanisms);
+  result["mechanisms_off"] = mechanisms.disabled_names();
+  return result;
+}
+
 void register_validate_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json_output = std::make_shared<bool>(false);
@@ -115,20 +133,11 @@ void register_validate_command(CLI::App& app) {
                        mechanism_names_joined())
       ->delimiter(',');
   command->callback([path, pairs_path, json_output, without] {
-    if (path->empty() && pairs_path->empty()) {
-      throw UserError(
-          "validate: give a results CSV (validation/published.csv) or --pairs "
-          "PAIRS.csv (validation/pairs.csv)");
-    }
-    const MechanismSet mechanisms = MechanismSet::without(*without);
+    const nlohmann::json result = validate_json(*path, *pairs_path, *without);
     if (!pairs_path->empty()) {
-      nlohmann::json result = validate_pairs(*pairs_path, mechanisms);
-      result["mechanisms_off"] = mechanisms.disabled_names();
       std::cout << (*json_output ? result.dump(2) + "\n" : pairs_table(result));
       return;
     }
-    nlohmann::json result = validate_csv(*path, mechanisms);
-    result["mechanisms_off"] = mechanisms.disabled_names();
     if (*json_output) {
       std::cout << result.dump(2) << "\n";
       return;
