@@ -227,7 +227,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"id", flow_id},
                       {"pid", 0},
                       {"tid", lane_index[static_cast<size_t>(flow.from_lane)]},
-                      {"ts", flow.from_time * 1e6 - 0.001}});
+                      {"ts", whole_step_time(estimate, flow.from_time) * 1e6 - 0.001}});
     events.push_back({{"ph", "f"},
                       {"bp", "e"},
                       {"name", "wait"},
@@ -235,7 +235,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"id", flow_id},
                       {"pid", 0},
                       {"tid", lane_index[static_cast<size_t>(flow.to_lane)]},
-                      {"ts", flow.to_time * 1e6}});
+                      {"ts", whole_step_time(estimate, flow.to_time) * 1e6}});
   }
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }

@@ -380,7 +380,8 @@ nlohmann::json events_json(const Estimate& estimate, const std::vector<int>& lan
 // What the browser test checks the drawn ops against, from other sources than the drawing: the
 // breakdown's compute seconds (the TensorCore's busy time over the step), and per lane and region
 // the simulated events' seconds with the region's repeats (each simulated iteration stands for
-// repeat / simulated ones, as the scheduler counts them).
+// repeat / simulated ones, as the scheduler counts them, times the microbatches of gradient
+// accumulation outside the optimizer).
 nlohmann::json check_json(const Estimate& estimate, const std::vector<int>& lane_index) {
   double compute = 0;
   for (const auto& [key, seconds] : estimate.timing.breakdown) {
@@ -397,7 +398,10 @@ nlohmann::json check_json(const Estimate& estimate, const std::vector<int>& lane
   for (const Region& region : estimate.program.program.graph.regions()) {
     const int64_t simulated_iterations =
         std::min<int64_t>(region.repeat, estimate.perf.max_simulated_iterations);
-    repeats[region.name] = {region.repeat, simulated_iterations, region.pipelined()};
+    // A microbatch's region runs once per microbatch of gradient accumulation.
+    const int64_t microbatches =
+        region.phase == Phase::kOptimizer ? 1 : estimate.program.accumulation_steps;
+    repeats[region.name] = {region.repeat * microbatches, simulated_iterations, region.pipelined()};
   }
   nlohmann::json lanes = nlohmann::json::array();
   for (const auto& [where, seconds] : simulated) {

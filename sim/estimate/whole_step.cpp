@@ -62,9 +62,31 @@ std::vector<TraceEvent> whole_step_trace(const Estimate& estimate) {
       }
     }
   }
+  const int64_t microbatches = estimate.program.accumulation_steps;
+  if (microbatches > 1) {
+    const double microbatch = timing.microbatch_seconds;
+    const size_t drawn = events.size();
+    for (size_t index = 0; index < drawn; ++index) {
+      if (events[index].start >= microbatch) {
+        events[index].start = whole_step_time(estimate, events[index].start);
+        continue;
+      }
+      for (int64_t copy = 1; copy < microbatches && events.size() < kMostWholeStepEvents; ++copy) {
+        TraceEvent event = events[index];
+        event.start += static_cast<double>(copy) * microbatch;
+        events.push_back(event);
+      }
+    }
+  }
   std::stable_sort(events.begin(), events.end(),
                    [](const TraceEvent& a, const TraceEvent& b) { return a.start < b.start; });
   return events;
+}
+
+double whole_step_time(const Estimate& estimate, double simulated_time) {
+  const double microbatch = estimate.timing.microbatch_seconds;
+  const auto others = static_cast<double>(estimate.program.accumulation_steps - 1);
+  return simulated_time >= microbatch ? simulated_time + others * microbatch : simulated_time;
 }
 
 }  // namespace tpusim

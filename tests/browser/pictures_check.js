@@ -1,6 +1,6 @@
 // Injected by pictures_page.sh after a tpusim page's own script: checks what the page drew and
-// writes the verdict into <body data-check="ok"> or data-check="<the failures>", which the
-// script reads from Chromium's --dump-dom. The page's data is read again from its JSON block.
+// sets the body's data-check attribute to ok or to the failures, which the script reads from the
+// <body> tag of Chromium's --dump-dom. The page's data is read again from its JSON block.
 (() => {
   const failures = [];
   const page = JSON.parse(document.getElementById("data").textContent);

@@ -41,14 +41,17 @@ PY
       continue
     fi
     local verdict
-    verdict=$(grep -o 'data-check="[^"]*"' <<< "$dom" | head -n 1)
+    # The body tag's attribute (no check run: no attribute, a failure).
+    verdict=$(grep -o '<body[^>]*>' <<< "$dom" | head -n 1 | grep -o 'data-check="[^"]*"' || true)
     if [[ "$verdict" != 'data-check="ok"' ]]; then
       echo "pictures_page: $name at $width px: $verdict" >&2
       failures=$((failures + 1))
     fi
     local scroll view
-    scroll=$(grep -o 'data-scroll-width="[0-9]*"' <<< "$dom" | grep -o '[0-9]*')
-    view=$(grep -o 'data-view-width="[0-9]*"' <<< "$dom" | grep -o '[0-9]*')
+    local body
+    body=$(grep -o '<body[^>]*>' <<< "$dom" | head -n 1)
+    scroll=$(grep -o 'data-scroll-width="[0-9]*"' <<< "$body" | grep -o '[0-9]*' || echo 999999)
+    view=$(grep -o 'data-view-width="[0-9]*"' <<< "$body" | grep -o '[0-9]*' || echo 0)
     if ((scroll > view)); then
       echo "pictures_page: $name at $width px: the page is $scroll px wide, the window $view" >&2
       failures=$((failures + 1))
@@ -63,6 +66,10 @@ PY
 
 "$tpusim" estimate model_name=llama3.1-70b compile_topology=v6e-256 --html "$out/estimate.html" > /dev/null
 load estimate step
+# Gradient accumulation: the other microbatches repeat the simulated one.
+"$tpusim" estimate model_name=llama2-7b compile_topology=v5p-32 gradient_accumulation_steps=4 \
+  --html "$out/estimate_accumulation.html" > /dev/null
+load estimate_accumulation step
 "$tpusim" compare model_name=llama3.1-70b compile_topology=v6e-256 \
   --a "remat_policy=full" --b "remat_policy=full per_device_batch_size=2" \
   --html "$out/compare.html" > /dev/null
