@@ -118,6 +118,13 @@ std::string compare_html(const EstimateComparison& comparison, const std::string
                          const std::string& label_b, size_t top_ops) {
   nlohmann::json data = comparison_json(comparison, label_a, label_b, top_ops);
   data["summary"] = summary_rows(comparison);
+  nlohmann::json names = nlohmann::json::object();
+  for (const auto& part : data["breakdown"]) {
+    if (!names.contains(part["resource"].get<std::string>())) {
+      names[part["resource"].get<std::string>()] = part["label"];
+    }
+  }
+  data["resource_names"] = names;
   if (!comparison.a.fits || !comparison.b.fits) {
     const bool both = !comparison.a.fits && !comparison.b.fits;
     data["verdict"] = std::string("OUT OF MEMORY: ") +

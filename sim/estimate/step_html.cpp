@@ -410,6 +410,29 @@ nlohmann::json check_json(const Estimate& estimate, const std::vector<int>& lane
   return {{"compute_seconds", compute}, {"repeats", repeats}, {"simulated", lanes}};
 }
 
+// The legends' name of each resource the page colours: a lane's name for a link (ICI fsdp, ...),
+// the breakdown's label for what bounds compute and for the rest.
+nlohmann::json resource_names_json(const Estimate& estimate) {
+  nlohmann::json names = nlohmann::json::object();
+  for (const TraceLane& lane : estimate.timing.lanes) {
+    const std::string resource = event_resource(lane, "");
+    if (lane.kind != LaneKind::kTensorCore && lane.kind != LaneKind::kGpuSms &&
+        !names.contains(resource)) {
+      names[resource] = lane_name(lane);
+    }
+  }
+  for (const CostCategory bound :
+       {CostCategory::kMxu, CostCategory::kHbm, CostCategory::kVpu, CostCategory::kOverhead}) {
+    names[cost_category_name(bound)] = breakdown_label(BreakdownKey::compute(bound));
+  }
+  for (const auto& [key, seconds] : estimate.timing.breakdown) {
+    if (!names.contains(breakdown_resource(key))) {
+      names[breakdown_resource(key)] = breakdown_label(key);
+    }
+  }
+  return names;
+}
+
 }  // namespace
 
 std::string step_html(const Estimate& estimate, const std::string& command_line) {
@@ -474,6 +497,7 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
   }
   data["lanes"] = lane_names;
   data["ops"] = ops_json(estimate);
+  data["resource_names"] = resource_names_json(estimate);
   data["events"] = events_json(estimate, lane_index);
   data["check"] = check_json(estimate, lane_index);
   const ChipSpec& chip = *estimate.program.slice.chip;

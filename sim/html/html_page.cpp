@@ -46,12 +46,9 @@ const resourceColors = {mxu: "#3b6fd6", hbm: "#e8833a", vpu: "#3fa672", overhead
                         shared: "#b86b3c", ici: "#8a63c9", nvlink: "#8a63c9", d2d: "#4bb3c4",
                         sparsecore: "#d4b13b", dcn: "#c94f6d", infiniband: "#c94f6d",
                         host: "#5a8f3c", stage: "#6d7fa8", bubble: "#b9bfca", idle: "#dfe3ea"};
-const resourceNames = {mxu: "MXU-bound compute", hbm: "HBM-bound compute",
-                       vpu: "VPU-bound compute", overhead: "per-op overhead",
-                       shared: "compute slowed by collectives", ici: "ICI", nvlink: "NVLink",
-                       d2d: "chiplet link (D2D)", sparsecore: "SparseCore", dcn: "DCN",
-                       infiniband: "InfiniBand", host: "host link", stage: "stage work",
-                       bubble: "pipeline bubble", idle: "idle"};
+// Each resource's name for legends, from the page's data (written by the render functions of
+// sim/perf/timing_labels.h); the resource itself where the page names none.
+const resourceNames = data.resource_names || {};
 function resourceColor(resource) { return resourceColors[resource] || "#7f8694"; }
 function legend(container, resources) {
   for (const resource of resources) {

@@ -7,7 +7,8 @@
 // element with a `data-tip` attribute shows it on hover in the #tip box, unless
 // `tips.suppressed()` (a page may replace it, e.g. while dragging), `resourceColor(resource)` (one
 // colour per resource in every chart: mxu, hbm, vpu, overhead, ici, dcn, d2d, sparsecore, host,
-// ...) and `legend(container, resources)`. SVGs of class "chart" scale down to narrow windows
+// ...) and `legend(container, resources)`, which names each resource by the data's
+// "resource_names" object (resource -> name). SVGs of class "chart" scale down to narrow windows
 // (give them a viewBox). After the script has run, <body> carries data-rendered="1" (the browser
 // test's sign that no error stopped it) and data-scroll-width / data-view-width (the page's width
 // and the window's: equal or less when nothing scrolls sideways).
