@@ -14,6 +14,7 @@ void register_hw_command(CLI::App& app);
 void register_config_command(CLI::App& app);
 void register_program_command(CLI::App& app);
 void register_estimate_command(CLI::App& app);
+void register_compare_command(CLI::App& app);
 void register_explore_command(CLI::App& app);
 void register_validate_command(CLI::App& app);
 void register_op_command(CLI::App& app);

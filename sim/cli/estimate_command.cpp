@@ -1,6 +1,7 @@
-// `tpusim estimate [config.yml ...] [key=value ...] [--json] [--trace FILE]`: step time, MFU,
-// TFLOP/s and tokens/s per chip, the step breakdown, and peak HBM per device with a fits/OOM
-// verdict.
+// `tpusim estimate [config.yml ...] [key=value ...] [--json] [--trace FILE] [--require-fit]`:
+// step time, MFU, TFLOP/s and tokens/s per chip, the step breakdown, and peak HBM per device with
+// a fits/OOM verdict. A run that does not fit says so on the first line (the step time of a run
+// that would not start is no answer); under --require-fit it then exits 3 (2 stays bad input).
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/error.h"
 #include "common/mechanisms.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
@@ -27,7 +29,20 @@ std::string gib(double bytes) {
   return out.str();
 }
 
+// The verdict on a run that does not fit, before any number (and --require-fit's message).
+std::string out_of_memory_verdict(const nlohmann::json& json) {
+  return "OUT OF MEMORY: peak HBM per device " +
+         gib(json["hbm_peak_bytes_per_device"].get<double>()) + " of " +
+         gib(json["hbm_capacity_bytes"].get<double>()) + " usable (peak at " +
+         json["memory"]["peak_at"].get<std::string>() + ")";
+}
+
 void print_human(const nlohmann::json& json) {
+  if (!json["fits"].get<bool>()) {
+    std::cout << out_of_memory_verdict(json)
+              << "; the figures below are for a step that would "
+                 "not start\n";
+  }
   std::cout << std::fixed << std::setprecision(2);
   std::cout << "model      " << json["model_name"].get<std::string>() << " on "
             << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
@@ -109,6 +124,7 @@ void register_estimate_command(CLI::App& app) {
   auto profile = std::make_shared<int>(0);
   auto xla_flags = std::make_shared<std::string>();
   auto without = std::make_shared<std::vector<std::string>>();
+  auto require_fit = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
       "estimate",
       "Estimate one training step of a MaxText config on a slice: step time, MFU, "
@@ -119,6 +135,8 @@ void register_estimate_command(CLI::App& app) {
   command->add_option(
       "--html", *html_path,
       "Write a self-contained HTML page: summary, breakdown, HBM, timeline by lane");
+  command->add_flag("--require-fit", *require_fit,
+                    "Exit 3 (after the report) when peak HBM per device exceeds the usable HBM");
   command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
   command->add_option(
       "--xla-flags", *xla_flags,
@@ -129,7 +147,8 @@ void register_estimate_command(CLI::App& app) {
                    "contributes: " +
                        mechanism_names_joined())
       ->delimiter(',');
-  command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without] {
+  command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without,
+                     require_fit] {
     const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);
     const Estimate& estimate = run.estimate;
     if (!trace_path->empty()) {
@@ -160,6 +179,9 @@ void register_estimate_command(CLI::App& app) {
                   << std::setw(5) << ops[index].bound << std::right << " " << ops[index].region
                   << ": " << ops[index].op << "\n";
       }
+    }
+    if (*require_fit && !estimate.memory.fits) {
+      throw VerifyFailure("--require-fit: " + out_of_memory_verdict(estimate.json));
     }
   });
 }

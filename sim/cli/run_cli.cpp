@@ -47,6 +47,7 @@ int run_cli_or_throw(int argc, char** argv) {
   register_config_command(app);
   register_program_command(app);
   register_estimate_command(app);
+  register_compare_command(app);
   register_explore_command(app);
   register_validate_command(app);
   register_op_command(app);

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "common/csv.h"
 #include "common/error.h"
@@ -16,6 +17,7 @@
 #include "sim/cli/op_timing.h"
 #include "sim/cli/table_values.h"
 #include "sim/estimate/estimate.h"
+#include "sim/estimate/estimate_comparison.h"
 
 namespace tpusim {
 namespace {
@@ -106,28 +108,54 @@ class NamedRuns {
   std::optional<std::map<std::string, Recipe>> recipes_;
 };
 
-// The predicted quantity of one run of a pair.
-double predict(const std::string& level, const std::string& quantity, const std::string& run,
-               NamedRuns& named, const MechanismSet& mechanisms, const std::string& where) {
+// The rest of an error about one run, after where it is.
+[[noreturn]] void rethrow_at(const UserError& error, const std::string& where) {
+  throw UserError(where + ": " + error.what());
+}
+
+// The predicted quantity of one run of an op pair, as `tpusim op` times it.
+double predict_op(const std::string& quantity, const std::string& run,
+                  const MechanismSet& mechanisms, const std::string& where) {
   try {
-    if (level == "op") {
-      const std::vector<std::string> words = split_words(run);
-      if (words.empty()) {
-        throw UserError("empty; give KIND key=value ...");
-      }
-      const nlohmann::json timed =
-          time_op(words.front(), {words.begin() + 1, words.end()}, mechanisms, /*quiet=*/true);
-      return timed.at(quantity).get<double>();
+    const std::vector<std::string> words = split_words(run);
+    if (words.empty()) {
+      throw UserError("empty; give KIND key=value ...");
     }
+    const nlohmann::json timed =
+        time_op(words.front(), {words.begin() + 1, words.end()}, mechanisms, /*quiet=*/true);
+    return timed.at(quantity).get<double>();
+  } catch (const UserError& error) {
+    rethrow_at(error, where);
+  }
+}
+
+// The estimate of one run of a step pair.
+Estimate estimate_run(const std::string& run, NamedRuns& named, const MechanismSet& mechanisms,
+                      const std::string& where) {
+  try {
     std::optional<Config> config = named.config_of(run, where);
     if (!config) {
       config = load_recipe_config(split_words(run), "");
     }
-    const Estimate estimate = estimate_config(*config, mechanisms);
-    return quantity == "mfu" ? estimate.mfu : estimate.step_seconds;
+    return estimate_config(*config, mechanisms);
   } catch (const UserError& error) {
-    throw UserError(where + ": " + error.what());
+    rethrow_at(error, where);
   }
+}
+
+// A and B's predicted quantity: a step pair through the comparison `tpusim compare` prints
+// (sim/estimate/estimate_comparison.h), an op pair through `tpusim op`.
+std::pair<double, double> predict_pair(const std::string& level, const std::string& quantity,
+                                       const std::string& a, const std::string& b, NamedRuns& named,
+                                       const MechanismSet& mechanisms, const std::string& where) {
+  if (level == "op") {
+    const double predicted_a = predict_op(quantity, a, mechanisms, where + " a");
+    return {predicted_a, predict_op(quantity, b, mechanisms, where + " b")};
+  }
+  const Estimate estimate_a = estimate_run(a, named, mechanisms, where + " a");
+  const Estimate estimate_b = estimate_run(b, named, mechanisms, where + " b");
+  const EstimateComparison comparison = compare_estimates(estimate_a, estimate_b);
+  return {comparison.a.quantity(quantity), comparison.b.quantity(quantity)};
 }
 
 void check_level_and_quantity(const std::string& level, const std::string& quantity,
@@ -193,10 +221,8 @@ nlohmann::json validate_pairs(const std::string& path, const MechanismSet& mecha
     if (!(measured_a > 0) || !(measured_b > 0)) {
       throw UserError(where + ": measured_a and measured_b must be positive");
     }
-    const double predicted_a =
-        predict(cell("level"), cell("quantity"), cell("a"), named, mechanisms, where + " a");
-    const double predicted_b =
-        predict(cell("level"), cell("quantity"), cell("b"), named, mechanisms, where + " b");
+    const auto [predicted_a, predicted_b] = predict_pair(cell("level"), cell("quantity"), cell("a"),
+                                                         cell("b"), named, mechanisms, where);
     const double measured_ratio = measured_b / measured_a;
     const double predicted_ratio = predicted_b / predicted_a;
     std::string direction = "not judged";

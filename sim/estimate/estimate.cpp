@@ -3,10 +3,14 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 #include "model/flops_maxtext.h"
+#include "sim/estimate/op_details.h"
 #include "sim/estimate/trace_lanes.h"
+#include "sim/estimate/whole_step.h"
 
 namespace tpusim {
 namespace {
@@ -35,6 +39,11 @@ SummarySettings summary_settings_from_config(const Config& config) {
   return {config.get_string("model_name"), config.get_int("max_target_length")};
 }
 
+bool on_compute_lane(const StepTiming& timing, const TraceEvent& event) {
+  const LaneKind kind = timing.lanes[static_cast<size_t>(event.lane)].kind;
+  return kind == LaneKind::kTensorCore || kind == LaneKind::kGpuSms;
+}
+
 }  // namespace
 
 Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
@@ -48,6 +57,7 @@ Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   PerfOptions perf = perf_options_from_config(config, chip);
   perf.cost.mechanisms = mechanisms;
   estimate.timing = simulate_step(built, perf);
+  estimate.perf = perf;
   estimate.model_tflop_per_device_step = maxtext_training_flops_per_device(config).total_tflops();
   estimate.step_seconds = estimate.timing.step_seconds;
   const double step = estimate.step_seconds;
@@ -144,7 +154,28 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"tid", static_cast<int>(index)},
                       {"args", {{"sort_index", static_cast<int>(index)}}}});
   }
-  for (const TraceEvent& event : timing.trace) {
+  // Every layer iteration (sim/estimate/whole_step.h), each compute op with its FLOPs, bytes,
+  // shapes, achieved rates and whether it is recomputed (sim/estimate/op_details.h).
+  const std::vector<TraceEvent> whole_step = whole_step_trace(estimate);
+  std::map<std::pair<std::string, std::string>, OpDetail> details;
+  for (OpDetail& detail : op_details(estimate)) {
+    details.emplace(std::make_pair(detail.region, detail.name), std::move(detail));
+  }
+  for (const TraceEvent& event : whole_step) {
+    nlohmann::json args = {{"region", event.region}, {"detail", event.detail}};
+    const auto found = details.find({event.region, event.name});
+    if (found != details.end() && on_compute_lane(timing, event) &&
+        found->second.flops + found->second.hbm_bytes > 0) {
+      const OpDetail& detail = found->second;
+      args["flops"] = detail.flops;
+      args["hbm_bytes"] = detail.hbm_bytes;
+      args["shapes"] = detail.shapes;
+      args["recomputed"] = detail.recomputed;
+      if (event.duration > 0) {
+        args["achieved_tflop_per_s"] = detail.flops / event.duration / kTera;
+        args["achieved_gb_per_s"] = detail.hbm_bytes / event.duration / 1e9;
+      }
+    }
     events.push_back({{"ph", "X"},
                       {"name", event.name},
                       {"cat", event.region},
@@ -152,7 +183,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"tid", lane_index[static_cast<size_t>(event.lane)]},
                       {"ts", event.start * 1e6},
                       {"dur", event.duration * 1e6},
-                      {"args", {{"region", event.region}, {"detail", event.detail}}}});
+                      {"args", args}});
   }
   // HBM in use as counters, at each memory checkpoint placed at its region in the trace: the end
   // of the region's last event, or of its first event for a "(first iteration)" checkpoint.
@@ -162,7 +193,7 @@ std::string chrome_trace(const Estimate& estimate) {
     const std::string region = point.where.substr(0, paren);
     const bool first = point.where.find("(first iteration)") != std::string::npos;
     double at = -1;
-    for (const TraceEvent& event : timing.trace) {
+    for (const TraceEvent& event : whole_step) {
       if (event.region == region) {
         at = event.start + event.duration;
         if (first) {
@@ -196,7 +227,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"id", flow_id},
                       {"pid", 0},
                       {"tid", lane_index[static_cast<size_t>(flow.from_lane)]},
-                      {"ts", flow.from_time * 1e6 - 0.001}});
+                      {"ts", whole_step_time(estimate, flow.from_time) * 1e6 - 0.001}});
     events.push_back({{"ph", "f"},
                       {"bp", "e"},
                       {"name", "wait"},
@@ -204,7 +235,7 @@ std::string chrome_trace(const Estimate& estimate) {
                       {"id", flow_id},
                       {"pid", 0},
                       {"tid", lane_index[static_cast<size_t>(flow.to_lane)]},
-                      {"ts", flow.to_time * 1e6}});
+                      {"ts", whole_step_time(estimate, flow.to_time) * 1e6}});
   }
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }

@@ -25,6 +25,7 @@ struct Estimate {
   ProgramFlops flops;
   MemoryEstimate memory;
   StepTiming timing;
+  PerfOptions perf;  // what timed it (the per-op details of the page re-cost ops under it)
   double model_tflop_per_device_step = 0;  // MaxText convention
   double step_seconds = 0;
   double mfu = 0;                   // model FLOP/s per device / mfu_peak_bf16_tflops_per_device
@@ -40,9 +41,11 @@ struct Estimate {
 // model and the perf options.
 Estimate estimate_config(const Config& config, const MechanismSet& mechanisms = MechanismSet());
 
-// Chrome trace-event JSON (Perfetto) of the simulated iterations: the device as a named process,
-// one named track per lane (sim/estimate/trace_lanes.h), each op with its region and what bounds
-// it (or its collective kind) as args, and a flow arrow from each collective or transfer to the
+// Chrome trace-event JSON (Perfetto) of the whole step (every layer iteration:
+// sim/estimate/whole_step.h): the device as a named process, one named track per lane
+// (sim/estimate/trace_lanes.h), each op with its region and what bounds it (or its collective
+// kind) as args, a compute op also its FLOPs, HBM bytes, shapes, achieved rates and whether it is
+// recomputed (sim/estimate/op_details.h), and a flow arrow from each collective or transfer to the
 // op that waited for it; HBM in use by kind as a counter track at each memory checkpoint.
 std::string chrome_trace(const Estimate& estimate);
 

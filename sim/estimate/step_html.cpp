@@ -1,8 +1,15 @@
 #include "sim/estimate/step_html.h"
 
+#include <algorithm>
+#include <iomanip>
 #include <map>
+#include <sstream>
+#include <utility>
+#include <vector>
 
+#include "sim/estimate/op_details.h"
 #include "sim/estimate/trace_lanes.h"
+#include "sim/estimate/whole_step.h"
 #include "sim/html/html_page.h"
 
 namespace tpusim {
@@ -14,26 +21,43 @@ constexpr const char* kCss = R"css(
   table.summary td { padding: 1px 14px 1px 0; }
   table.summary td:first-child { color: #5b6477; }
   #timeline { border: 1px solid #d7dbe3; cursor: grab; user-select: none; }
+  table.summary { max-width: 100%; }
+  table.summary td { overflow-wrap: anywhere; }
+  table.ops td { white-space: nowrap; }
+  table.ops td.wrap { white-space: normal; min-width: 180px; }
 )css";
 
-constexpr const char* kBody = R"html(<h1 id="title"></h1>
+constexpr const char* kBody = R"html(<div class="verdict" id="verdict" hidden></div>
+<h1 id="title"></h1>
 <table class="summary" id="summary"></table>
 <h2>Where the step goes</h2>
-<svg id="breakdown" width="1000" height="34"></svg>
+<svg id="breakdown" class="chart" viewBox="0 0 1000 34" width="1000" height="34"></svg>
 <div class="legend" id="breakdown-legend"></div>
 <h2>HBM per device at the peak</h2>
-<svg id="memory" width="1000" height="34"></svg>
+<svg id="memory" class="chart" viewBox="0 0 1000 34" width="1000" height="34"></svg>
 <div class="legend" id="memory-legend"></div>
 <h2>HBM per device over the step</h2>
-<svg id="memory-over-step" width="1000" height="270"></svg>
+<svg id="memory-over-step" class="chart" viewBox="0 0 1000 270" width="1000" height="270"></svg>
 <div class="note">At each checkpoint of the memory model, in step order: the end of each forward
 region, the first and last iteration of each backward region, the optimizer update. The
 dashed line is the usable HBM; the peak is outlined.</div>
-<h2>Timeline of one device (the simulated iterations)</h2>
+<h2>Timeline of one device (the whole step)</h2>
 <div><button id="zoom-in">zoom in</button><button id="zoom-out">zoom out</button><button id="reset">reset</button>
-<span class="note">wheel: zoom at the pointer; drag: pan; hover: an op's details. Layer loops
-are simulated for a few iterations and the rest repeat them, so the timeline has gaps.</span></div>
-<svg id="timeline" width="1000"></svg>
+<span class="note">wheel: zoom at the pointer; drag: pan; hover: an op's details. Every layer
+iteration is drawn: the first few of a layer loop are simulated, the rest repeat the last of
+them (as the step time counts them).</span></div>
+<svg id="timeline" class="chart" width="1000"></svg>
+<div class="legend" id="timeline-legend"></div>
+<h2>Roofline of the compute ops</h2>
+<svg id="roofline" class="chart" viewBox="0 0 1000 420" width="1000" height="420"></svg>
+<div class="note">Arithmetic intensity (FLOPs per HBM byte) against the achieved TFLOP/s per
+device, on log scales, under the roofs of the chip's bf16 peak and HBM bandwidth per device;
+colour: what bounds the op.</div>
+<h2>Op profile (compute ops, most time first)</h2>
+<div class="note">Per call: FLOPs (MXU and VPU) and HBM bytes as the cost model charges them, and
+the rates they reach in the op's time. Recomputed: run again in the backward pass (remat).</div>
+<div class="wide"><table class="ops" id="op-table"></table></div>
+<button id="all-ops" hidden></button>
 <h2>Config</h2>
 <pre id="config"></pre>
 )html";
@@ -42,6 +66,11 @@ are simulated for a few iterations and the rest repeat them, so the timeline has
 constexpr const char* kScript = R"js(
 
 document.getElementById("title").textContent = data.title;
+if (!data.fits) {
+  const verdict = document.getElementById("verdict");
+  verdict.textContent = data.verdict;
+  verdict.hidden = false;
+}
 const summary = document.getElementById("summary");
 for (const [key, value] of data.summary) {
   const row = summary.insertRow();
@@ -50,28 +79,35 @@ for (const [key, value] of data.summary) {
 }
 document.getElementById("config").textContent = data.command;
 
-function stackedBar(svgId, legendId, parts, total, format) {
+// HBM by kind, in colours no resource uses (a resource's colour means the same everywhere).
+const memoryColors = ["#35486b", "#a07850", "#9fb38a", "#e9a6b8", "#5f9e8f", "#c8b6dd"];
+// parts: [name, value, text, resource]; a part with a resource takes its colour (one colour per
+// resource across the page), else the HBM kinds'.
+function stackedBar(svgId, legendId, parts, total) {
   const sum = parts.reduce((m, p) => m + p[1], 0);
   total = Math.max(total, sum);
   const svg = document.getElementById(svgId);
   const legend = document.getElementById(legendId);
   const width = 1000;
   let x = 0;
-  parts.forEach(([name, value], index) => {
+  parts.forEach(([name, value, text, resource], index) => {
     const w = total > 0 ? value / total * width : 0;
-    const color = palette[index % palette.length];
+    const color = resource ? resourceColor(resource) : memoryColors[index % memoryColors.length];
     const rect = el("rect", {x: x, y: 4, width: Math.max(w, 0), height: 26, fill: color}, svg);
-    el("title", {}, rect).textContent = name + ": " + format(value);
+    if (resource) rect.dataset.resource = resource;
+    rect.dataset.tip = name + ": " + text;
     x += w;
     const item = document.createElement("span");
+    if (resource) item.dataset.resource = resource;
     item.innerHTML = '<i style="background:' + color + '"></i>';
-    item.appendChild(document.createTextNode(name + " " + format(value)));
+    item.appendChild(document.createTextNode(name + " " + text));
     legend.appendChild(item);
   });
   return x;
 }
-stackedBar("breakdown", "breakdown-legend", data.breakdown, data.step_seconds, seconds);
-stackedBar("memory", "memory-legend", data.memory, data.hbm_capacity, gib);
+stackedBar("breakdown", "breakdown-legend", data.breakdown, data.step_seconds);
+stackedBar("memory", "memory-legend", data.memory.map((p) => [p[0], p[1], gib(p[1])]),
+           data.hbm_capacity);
 {
   // The capacity as a line (the bar runs past it when the run does not fit).
   const sum = data.memory.reduce((m, p) => m + p[1], 0);
@@ -98,7 +134,7 @@ stackedBar("memory", "memory-legend", data.memory, data.hbm_capacity, gib);
     point.slice(1).forEach((bytes, kind) => {
       el("rect", {x: left + index * width + 1, y: yOf(below + bytes), width: Math.max(1, width - 2),
                   height: Math.max(0, yOf(below) - yOf(below + bytes)),
-                  fill: palette[kind % palette.length]}, group);
+                  fill: memoryColors[kind % memoryColors.length]}, group);
       below += bytes;
     });
     if (index === peak) {
@@ -124,10 +160,14 @@ stackedBar("memory", "memory-legend", data.memory, data.hbm_capacity, gib);
 // Timeline: one lane per resource, ops as rectangles coloured by what bounds them.
 const timeline = document.getElementById("timeline");
 const laneHeight = 26, labelWidth = 190, plotWidth = 1000 - labelWidth, laneTop = 20;
-timeline.setAttribute("height", laneTop + data.lanes.length * laneHeight + 4);
+const timelineHeight = laneTop + data.lanes.length * laneHeight + 4;
+timeline.setAttribute("height", timelineHeight);
+timeline.setAttribute("viewBox", "0 0 1000 " + timelineHeight);
+legend(document.getElementById("timeline-legend"),
+       [...new Set(data.events.map((e) => e[6]))].sort(
+           (a, b) => Object.keys(resourceColors).indexOf(a) - Object.keys(resourceColors).indexOf(b)));
 const end = data.events.reduce((m, e) => Math.max(m, e[1] + e[2]), 0) || 1;
 let view = {start: 0, span: end};
-const detailColor = {mxu: "#3b6fd6", hbm: "#e8833a", vpu: "#3fa672", overhead: "#7f8694"};
 const axis = el("g", {}, timeline);
 const lanes = data.lanes.map((name, index) => {
   const group = el("g", {"class": "lane", "data-lane": name}, timeline);
@@ -140,6 +180,20 @@ const lanes = data.lanes.map((name, index) => {
 });
 let drag = null;
 tips.suppressed = () => drag !== null;
+function count(value, unit) {
+  const steps = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [scale, prefix] of steps) {
+    if (value >= scale) return (value / scale).toFixed(2) + " " + prefix + unit;
+  }
+  return value.toFixed(0) + " " + unit;
+}
+// An op's details for its tooltip, at `time` seconds per call.
+function opText(op, time) {
+  return "\nFLOPs " + count(op.flops, "FLOP") + ", HBM bytes " + count(op.bytes, "B") +
+         "\nachieved " + (op.flops / time / 1e12).toFixed(1) + " TFLOP/s, " +
+         (op.bytes / time / 1e9).toFixed(1) + " GB/s\nbound: " + op.bound +
+         (op.recomputed ? ", recomputed" : ", not recomputed") + "\n" + op.shapes;
+}
 function draw() {
   for (const lane of lanes) lane.ops.replaceChildren();
   axis.replaceChildren();
@@ -156,11 +210,11 @@ function draw() {
     if (x1 < 0 || x0 > plotWidth) continue;
     const x = labelWidth + Math.max(0, x0), w = Math.max(0.5, Math.min(plotWidth, x1) - Math.max(0, x0));
     const lane = lanes[e[0]];
-    const color = detailColor[e[5]] || palette[(e[0] + 4) % palette.length];
-    const rect = el("rect", {x: x, y: lane.y + 3, width: w, height: laneHeight - 6, fill: color},
-                    lane.ops);
+    const rect = el("rect", {x: x, y: lane.y + 3, width: w, height: laneHeight - 6,
+                             fill: resourceColor(e[6]), "class": "op"}, lane.ops);
+    rect.dataset.resource = e[6];
     rect.dataset.tip = e[3] + "\n" + e[4] + " / " + e[5] + "\nstart " + seconds(e[1]) +
-                       ", " + seconds(e[2]);
+                       ", " + seconds(e[2]) + (e[7] >= 0 ? opText(data.ops[e[7]], e[2]) : "");
   }
 }
 function zoom(factor, atX) {
@@ -173,13 +227,14 @@ function zoom(factor, atX) {
 timeline.addEventListener("wheel", (event) => {
   event.preventDefault();
   const box = timeline.getBoundingClientRect();
-  zoom(event.deltaY < 0 ? 0.8 : 1.25, event.clientX - box.left);
+  zoom(event.deltaY < 0 ? 0.8 : 1.25, (event.clientX - box.left) * 1000 / box.width);
 }, {passive: false});
 timeline.addEventListener("mousedown", (event) => { drag = {x: event.clientX, start: view.start}; });
 window.addEventListener("mouseup", () => { drag = null; });
 window.addEventListener("mousemove", (event) => {
   if (!drag) return;
-  const shift = (drag.x - event.clientX) / plotWidth * view.span;
+  const box = timeline.getBoundingClientRect();
+  const shift = (drag.x - event.clientX) * 1000 / box.width / plotWidth * view.span;
   view.start = Math.min(Math.max(0, drag.start + shift), end - view.span);
   draw();
 });
@@ -187,12 +242,195 @@ document.getElementById("zoom-in").onclick = () => zoom(0.5, labelWidth + plotWi
 document.getElementById("zoom-out").onclick = () => zoom(2, labelWidth + plotWidth / 2);
 document.getElementById("reset").onclick = () => { view = {start: 0, span: end}; draw(); };
 draw();
+
+// The op profile: a row per compute op, as xprof's op profile lists them.
+{
+  const table = document.getElementById("op-table");
+  const head = table.insertRow();
+  for (const name of ["op", "bound", "recomputed", "calls", "s per step", "% of step",
+                      "per call", "FLOPs", "HBM bytes", "TFLOP/s", "GB/s", "shapes"]) {
+    const cell = document.createElement("th");
+    cell.textContent = name;
+    head.appendChild(cell);
+  }
+  const shown = 25;
+  data.ops.forEach((op, index) => {
+    const row = table.insertRow();
+    row.hidden = index >= shown;
+    row.dataset.tip = op.region + ": " + op.op + opText(op, op.per_call);
+    const cells = [op.region + ": " + op.op, op.bound, op.recomputed ? "yes" : "no",
+                   String(op.calls), op.seconds.toFixed(4),
+                   (100 * op.seconds / data.step_seconds).toFixed(1) + "%", seconds(op.per_call),
+                   count(op.flops, ""), count(op.bytes, "B"),
+                   (op.flops / op.per_call / 1e12).toFixed(1),
+                   (op.bytes / op.per_call / 1e9).toFixed(1), op.shapes];
+    cells.forEach((text, column) => {
+      const cell = row.insertCell();
+      cell.textContent = text;
+      if (column === 0 || column === cells.length - 1) cell.className = "wrap";
+    });
+  });
+  if (data.ops.length > shown) {
+    const button = document.getElementById("all-ops");
+    button.textContent = "show all " + data.ops.length + " ops";
+    button.hidden = false;
+    button.onclick = () => {
+      for (const row of table.rows) row.hidden = false;
+      button.hidden = true;
+    };
+  }
+}
+
+// Roofline: intensity vs achieved rate, log-log, under the roofs.
+{
+  const svg = document.getElementById("roofline");
+  const left = 70, right = 980, top = 14, bottom = 380;
+  const ops = data.ops.filter((op) => op.flops > 0 && op.bytes > 0 && op.per_call > 0);
+  const peak = data.peak_flops / 1e12, bandwidth = data.hbm_bandwidth;  // TFLOP/s, B/s
+  const ridge = data.peak_flops / bandwidth;
+  const xs = ops.map((op) => op.flops / op.bytes).concat([ridge]);
+  const xLow = Math.pow(10, Math.floor(Math.log10(Math.min(...xs)))),
+        xHigh = Math.pow(10, Math.ceil(Math.log10(Math.max(...xs) * 1.01)));
+  const yHigh = Math.pow(10, Math.ceil(Math.log10(peak * 1.01)));
+  const yLow = Math.min(yHigh / 1e4, ...ops.map((op) => op.flops / op.per_call / 1e12));
+  const xOf = (x) => left + (Math.log10(x) - Math.log10(xLow)) /
+                     (Math.log10(xHigh) - Math.log10(xLow)) * (right - left);
+  const yOf = (y) => bottom - (Math.log10(Math.max(y, yLow)) - Math.log10(yLow)) /
+                     (Math.log10(yHigh) - Math.log10(yLow)) * (bottom - top);
+  for (let x = xLow; x <= xHigh * 1.001; x *= 10) {
+    el("line", {x1: xOf(x), x2: xOf(x), y1: top, y2: bottom, stroke: "#e3e6ec"}, svg);
+    el("text", {x: xOf(x) - 8, y: bottom + 16, "font-size": 11, fill: "#5b6477"}, svg)
+        .textContent = String(x);
+  }
+  for (let y = yHigh; y >= yLow * 0.999; y /= 10) {
+    el("line", {x1: left, x2: right, y1: yOf(y), y2: yOf(y), stroke: "#e3e6ec"}, svg);
+    el("text", {x: 4, y: yOf(y) + 4, "font-size": 11, fill: "#5b6477"}, svg).textContent =
+        String(+y.toPrecision(3));
+  }
+  el("text", {x: (left + right) / 2 - 90, y: bottom + 34, "font-size": 12, fill: "#1d2433"}, svg)
+      .textContent = "FLOPs per HBM byte (log)";
+  el("text", {x: left + 4, y: top + 12, "font-size": 12, fill: "#1d2433"}, svg).textContent =
+      "TFLOP/s per device (log)";
+  const roof = [[xLow, xLow * bandwidth / 1e12], [ridge, peak], [xHigh, peak]];
+  el("polyline", {points: roof.map(([x, y]) => xOf(x) + "," + yOf(y)).join(" "), fill: "none",
+                  stroke: "#1d2433", "stroke-width": 2}, svg);
+  for (const op of ops) {
+    const dot = el("circle", {cx: xOf(op.flops / op.bytes), cy: yOf(op.flops / op.per_call / 1e12),
+                              r: 4 + Math.min(8, 40 * op.seconds / data.step_seconds),
+                              fill: resourceColor(op.bound), "fill-opacity": 0.75,
+                              "class": "roofline-op"}, svg);
+    dot.dataset.resource = op.bound;
+    dot.dataset.tip = op.region + ": " + op.op + opText(op, op.per_call);
+  }
+}
 )js";
 
+// Rounded as the command line rounds it (std::fixed), so the page and `tpusim estimate` agree.
 std::string format_number(double value, int decimals) {
-  std::string text = std::to_string(value);
-  const size_t dot = text.find('.');
-  return dot == std::string::npos ? text : text.substr(0, dot + static_cast<size_t>(decimals) + 1);
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(decimals) << value;
+  return out.str();
+}
+
+constexpr size_t kMostOpsListed = 400;
+
+nlohmann::json ops_json(const Estimate& estimate) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const OpDetail& op : op_details(estimate)) {
+    if (ops.size() == kMostOpsListed) {
+      break;
+    }
+    ops.push_back({{"region", op.region},
+                   {"op", op.op},
+                   {"bound", op.bound},
+                   {"calls", op.calls},
+                   {"seconds", op.seconds},
+                   {"per_call", op.seconds_per_call},
+                   {"flops", op.flops},
+                   {"bytes", op.hbm_bytes},
+                   {"shapes", op.shapes},
+                   {"recomputed", op.recomputed}});
+  }
+  return ops;
+}
+
+// The whole step's events: [row, start, duration, name, region, detail, resource, op index in
+// data.ops or -1].
+nlohmann::json events_json(const Estimate& estimate, const std::vector<int>& lane_index) {
+  const StepTiming& timing = estimate.timing;
+  std::map<std::pair<std::string, std::string>, int> op_index;
+  const std::vector<OpDetail> details = op_details(estimate);
+  for (size_t index = 0; index < details.size() && index < kMostOpsListed; ++index) {
+    op_index.emplace(std::make_pair(details[index].region, details[index].name),
+                     static_cast<int>(index));
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (const TraceEvent& event : whole_step_trace(estimate)) {
+    const TraceLane& lane = timing.lanes[static_cast<size_t>(event.lane)];
+    const std::string resource = event_resource(lane, event.detail);
+    const auto found = op_index.find({event.region, event.name});
+    const bool compute = lane.kind == LaneKind::kTensorCore || lane.kind == LaneKind::kGpuSms;
+    events.push_back({lane_index[static_cast<size_t>(event.lane)], event.start, event.duration,
+                      event.name, event.region, event.detail, resource,
+                      compute && found != op_index.end() ? found->second : -1});
+  }
+  return events;
+}
+
+// What the browser test checks the drawn ops against, from other sources than the drawing: the
+// breakdown's compute seconds (the TensorCore's busy time over the step), and per lane and region
+// the simulated events' seconds with the region's repeats (each simulated iteration stands for
+// repeat / simulated ones, as the scheduler counts them, times the microbatches of gradient
+// accumulation outside the optimizer).
+nlohmann::json check_json(const Estimate& estimate, const std::vector<int>& lane_index) {
+  double compute = 0;
+  for (const auto& [key, seconds] : estimate.timing.breakdown) {
+    if (key.kind == BreakdownKind::kCompute ||
+        key.kind == BreakdownKind::kComputeSharedWithCollectives) {
+      compute += seconds;
+    }
+  }
+  std::map<std::pair<int, std::string>, double> simulated;
+  for (const TraceEvent& event : estimate.timing.trace) {
+    simulated[{lane_index[static_cast<size_t>(event.lane)], event.region}] += event.duration;
+  }
+  nlohmann::json repeats = nlohmann::json::object();
+  for (const Region& region : estimate.program.program.graph.regions()) {
+    const int64_t simulated_iterations =
+        std::min<int64_t>(region.repeat, estimate.perf.max_simulated_iterations);
+    // A microbatch's region runs once per microbatch of gradient accumulation.
+    const int64_t microbatches =
+        region.phase == Phase::kOptimizer ? 1 : estimate.program.accumulation_steps;
+    repeats[region.name] = {region.repeat * microbatches, simulated_iterations, region.pipelined()};
+  }
+  nlohmann::json lanes = nlohmann::json::array();
+  for (const auto& [where, seconds] : simulated) {
+    lanes.push_back({where.first, where.second, seconds});
+  }
+  return {{"compute_seconds", compute}, {"repeats", repeats}, {"simulated", lanes}};
+}
+
+// The legends' name of each resource the page colours: a lane's name for a link (ICI fsdp, ...),
+// the breakdown's label for what bounds compute and for the rest.
+nlohmann::json resource_names_json(const Estimate& estimate) {
+  nlohmann::json names = nlohmann::json::object();
+  for (const TraceLane& lane : estimate.timing.lanes) {
+    const std::string resource = event_resource(lane, "");
+    if (lane.kind != LaneKind::kTensorCore && lane.kind != LaneKind::kGpuSms &&
+        !names.contains(resource)) {
+      names[resource] = lane_name(lane);
+    }
+  }
+  for (const CostCategory bound :
+       {CostCategory::kMxu, CostCategory::kHbm, CostCategory::kVpu, CostCategory::kOverhead}) {
+    names[cost_category_name(bound)] = breakdown_label(BreakdownKey::compute(bound));
+  }
+  for (const auto& [key, seconds] : estimate.timing.breakdown) {
+    if (!names.contains(breakdown_resource(key))) {
+      names[breakdown_resource(key)] = breakdown_label(key);
+    }
+  }
+  return names;
 }
 
 }  // namespace
@@ -206,6 +444,12 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
                                  ? " x " + std::to_string(estimate.program.slice.num_slices)
                                  : std::string());
   data["title"] = title;
+  data["fits"] = estimate.memory.fits;
+  data["verdict"] = "OUT OF MEMORY: peak HBM per device " +
+                    format_number(estimate.memory.peak_bytes / (1ull << 30), 2) + " GiB of " +
+                    format_number(estimate.memory.capacity_bytes / (1ull << 30), 2) +
+                    " GiB usable (peak at " + estimate.memory.peak_region +
+                    "); the figures below are for a step that would not start";
   nlohmann::json summary = nlohmann::json::array();
   summary.push_back({"step time", format_number(estimate.step_seconds, 3) + " s"});
   summary.push_back({"MFU", format_number(100 * estimate.mfu, 1) + "%"});
@@ -224,7 +468,8 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
   nlohmann::json breakdown = nlohmann::json::array();
   for (const auto& [key, seconds] : estimate.timing.breakdown) {
     if (seconds > 0) {
-      breakdown.push_back({breakdown_name(key), seconds});
+      breakdown.push_back({breakdown_label(key), seconds, format_number(seconds, 4) + " s",
+                           breakdown_resource(key)});
     }
   }
   data["breakdown"] = breakdown;
@@ -251,12 +496,13 @@ std::string step_html(const Estimate& estimate, const std::string& command_line)
     lane_names.push_back(lane_name(estimate.timing.lanes[static_cast<size_t>(lane)]));
   }
   data["lanes"] = lane_names;
-  nlohmann::json events = nlohmann::json::array();
-  for (const TraceEvent& event : estimate.timing.trace) {
-    events.push_back({lane_index[static_cast<size_t>(event.lane)], event.start, event.duration,
-                      event.name, event.region, event.detail});
-  }
-  data["events"] = events;
+  data["ops"] = ops_json(estimate);
+  data["resource_names"] = resource_names_json(estimate);
+  data["events"] = events_json(estimate, lane_index);
+  data["check"] = check_json(estimate, lane_index);
+  const ChipSpec& chip = *estimate.program.slice.chip;
+  data["peak_flops"] = chip.peak_bf16_flops_per_device();
+  data["hbm_bandwidth"] = chip.hbm_bandwidth_gbps * 1e9 / chip.devices_per_chip;
   data["command"] = command_line;
   return render_html_page({"tpusim step: " + title, kCss, kBody, kScript}, data);
 }

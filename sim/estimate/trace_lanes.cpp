@@ -48,4 +48,36 @@ std::vector<int> lane_rows(const StepTiming& timing, const std::vector<int>& ord
   return rows;
 }
 
+std::string event_resource(const TraceLane& lane, const std::string& detail) {
+  switch (lane.kind) {
+    case LaneKind::kTensorCore:
+    case LaneKind::kGpuSms:
+      for (const CostCategory bound :
+           {CostCategory::kMxu, CostCategory::kHbm, CostCategory::kVpu, CostCategory::kOverhead}) {
+        if (detail == cost_category_name(bound)) {
+          return detail;
+        }
+      }
+      return "shared";
+    case LaneKind::kStage:
+      return detail == "bubble" ? "bubble" : "stage";
+    case LaneKind::kIci:
+      return "ici";
+    case LaneKind::kD2d:
+      return "d2d";
+    case LaneKind::kNvLink:
+      return "nvlink";
+    case LaneKind::kSparseCore:
+    case LaneKind::kSparseCoreReduce:
+      return "sparsecore";
+    case LaneKind::kDcn:
+      return "dcn";
+    case LaneKind::kInfiniBand:
+      return "infiniband";
+    case LaneKind::kHost:
+      return "host";
+  }
+  return "overhead";
+}
+
 }  // namespace tpusim

@@ -7,8 +7,10 @@
 //   const std::vector<int> lanes = ordered_lanes(estimate.timing);  // into timing.lanes
 //     -> TensorCore, ICI fsdp, D2D tensor, SparseCore fsdp, DCN data, Host link
 //   lane_rows(estimate.timing, lanes)[event.lane];                  // the event's row
+//   event_resource(timing.lanes[event.lane], event.detail);          // "mxu", "ici", ...
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "sim/perf/step_simulator.h"
@@ -24,5 +26,11 @@ std::vector<int> ordered_lanes(const StepTiming& timing);
 // Each lane's row (by index into timing.lanes) in the order `ordered` gives; 0 for a lane no
 // event uses.
 std::vector<int> lane_rows(const StepTiming& timing, const std::vector<int>& ordered);
+
+// The resource an event occupies, for its colour in the pages (sim/html/html_page.h's
+// resourceColor): on a compute lane what bounds the op (mxu, hbm, vpu, overhead; "shared" for a
+// collective the TensorCore drives), on a stage lane "stage" or "bubble", else the link: ici,
+// d2d, nvlink, sparsecore, dcn, infiniband, host.
+std::string event_resource(const TraceLane& lane, const std::string& detail);
 
 }  // namespace tpusim

@@ -23,14 +23,15 @@ constexpr const char* kBody = R"html(<h1 id="title"></h1>
 <table class="counts" id="counts"></table>
 <h2>Throughput against HBM per device</h2>
 <div class="legend"><span><i style="background:#3b6fd6"></i>fits (timed)</span>
-<span><i style="background:#c94f6d"></i>does not fit (not timed; drawn above the plot)</span>
+<span><i style="background:#c94f6d"></i>does not fit (not timed; drawn above the plot; past the
+right edge: more HBM than the axis shows)</span>
 <span><i style="background:#e8833a"></i>Pareto front (no candidate both smaller and faster)</span>
 <span><i style="border:2px solid #1d2433;width:7px;height:7px"></i>top N</span></div>
-<svg id="scatter" width="1000" height="520"></svg>
+<svg id="scatter" class="chart" viewBox="0 0 1000 520" width="1000" height="520"></svg>
 <div class="note" id="sample-note"></div>
 <h2>Top candidates</h2>
-<table class="top" id="top"><tr><th>#</th><th>step s</th><th>MFU</th><th>tokens/s/chip</th>
-<th>HBM GiB</th><th>HBM used</th><th>mesh</th><th class="args">reproduce with</th></tr></table>
+<div class="wide"><table class="top" id="top"><tr><th>#</th><th>step s</th><th>MFU</th><th>tokens/s/chip</th>
+<th>HBM GiB</th><th>HBM used</th><th>mesh</th><th class="args">reproduce with</th></tr></table></div>
 <h2>Search</h2>
 <pre id="command"></pre>
 )html";
@@ -70,9 +71,12 @@ const misses = data.samples.filter((s) => s[2] === 0);
 const allX = data.samples.map((s) => gibValue(s[1])).concat(data.top.map((t) => gibValue(t.hbm_peak_bytes_per_device)),
                                                       [gibValue(data.usable_hbm)]);
 const times = fits.map((s) => s[0]).concat(data.top.map((t) => t.tokens_per_s_per_chip));
-const xMax = Math.max(...allX, 1e-9) * 1.05;
+// The axis ends at 1.2 x the usable HBM at most, so the candidates that fit are not squeezed
+// into one column by a far larger one that does not; those past it sit at the right edge.
+const xMax = Math.min(Math.max(...allX, 1e-9) * 1.05, 1.2 * gibValue(data.usable_hbm));
+svg.dataset.xMax = xMax;
 const yMin = 0, yMax = times.length ? Math.max(...times) * 1.05 : 1;
-const xOf = (v) => left + v / xMax * (right - left);
+const xOf = (v) => left + Math.min(v, xMax) / xMax * (right - left);
 const yOf = (v) => bottom - (v - yMin) / Math.max(yMax - yMin, 1e-12) * (bottom - plotTop);
 el("rect", {x: left, y: plotTop, width: right - left, height: bottom - plotTop, fill: "#fbfcfd",
             stroke: "#d7dbe3"}, svg);
@@ -111,7 +115,8 @@ data.top.forEach((t, index) => {
   const ring = el("circle", {cx: xOf(gibValue(t.hbm_peak_bytes_per_device)), cy: yOf(t.tokens_per_s_per_chip), r: 6,
                              fill: "none", stroke: "#1d2433", "stroke-width": 1.5, "class": "top-ring"}, svg);
   ring.dataset.tip = "#" + (index + 1) + ": " + t.tokens_per_s_per_chip.toFixed(1) + " tokens/s/chip, step " +
-                     t.step_time_s.toFixed(3) + " s\n" + t.mesh;
+                     t.step_time_s.toFixed(3) + " s\n" + t.mesh + "\n" + t.args + "\nreproduce: " +
+                     t.estimate_command;
 });
 document.getElementById("sample-note").textContent =
     "Plotted: " + data.samples.length + " of the " + data.samples_seen + " candidates built (timed or found not to fit)" +
@@ -124,8 +129,17 @@ document.getElementById("sample-note").textContent =
 std::string explore_html(const ExploreResult& result, const std::string& command_line) {
   const nlohmann::json report = result.to_json();
   nlohmann::json data;
+  // The model, from the command that reproduces the best candidate (or the search's own).
+  std::string model;
+  const std::string source = report["top"].empty()
+                                 ? command_line
+                                 : report["top"][0].value("estimate_command", command_line);
+  if (const size_t at = source.find("model_name="); at != std::string::npos) {
+    const size_t begin = at + std::string("model_name=").size();
+    model = source.substr(begin, source.find(' ', begin) - begin) + " on ";
+  }
   const std::string title =
-      "explore: " + result.space.slice.name +
+      "explore: " + model + result.space.slice.name +
       (result.space.slice.num_slices > 1 ? " x " + std::to_string(result.space.slice.num_slices)
                                          : std::string()) +
       " (" + result.space.slice.chip->display_name + ")";

@@ -14,6 +14,13 @@ constexpr const char* kSharedCss = R"css(
   pre { background: #f4f6f9; padding: 8px; white-space: pre-wrap; word-break: break-all; }
   button { margin-right: 6px; }
   .note { color: #5b6477; font-size: 12px; }
+  svg.chart { display: block; width: 100%; max-width: 1000px; height: auto; }
+  .verdict { background: #c94f6d; color: #fff; padding: 6px 10px; font-weight: 600; margin: 6px 0; }
+  .wide { overflow-x: auto; max-width: 100%; }
+  table.ops { border-collapse: collapse; font-size: 12px; }
+  table.ops th, table.ops td { padding: 2px 8px; text-align: right; border-bottom: 1px solid #e3e6ec; }
+  table.ops th:first-child, table.ops td:first-child { text-align: left; }
+  @media (max-width: 600px) { body { margin: 8px; } }
 )css";
 
 constexpr const char* kSharedScript = R"js(
@@ -32,6 +39,25 @@ function seconds(value) {
   if (value >= 1) return value.toFixed(3) + " s";
   if (value >= 1e-3) return (value * 1e3).toFixed(3) + " ms";
   return (value * 1e6).toFixed(1) + " us";
+}
+// One colour per resource in every chart of every page: a compute op by what bounds it, a link by
+// its kind; `legend` lists the resources a chart uses.
+const resourceColors = {mxu: "#3b6fd6", hbm: "#e8833a", vpu: "#3fa672", overhead: "#7f8694",
+                        shared: "#b86b3c", ici: "#8a63c9", nvlink: "#8a63c9", d2d: "#4bb3c4",
+                        sparsecore: "#d4b13b", dcn: "#c94f6d", infiniband: "#c94f6d",
+                        host: "#5a8f3c", stage: "#6d7fa8", bubble: "#b9bfca", idle: "#dfe3ea"};
+// Each resource's name for legends, from the page's data (written by the render functions of
+// sim/perf/timing_labels.h); the resource itself where the page names none.
+const resourceNames = data.resource_names || {};
+function resourceColor(resource) { return resourceColors[resource] || "#7f8694"; }
+function legend(container, resources) {
+  for (const resource of resources) {
+    const item = document.createElement("span");
+    item.dataset.resource = resource;
+    item.innerHTML = '<i style="background:' + resourceColor(resource) + '"></i>';
+    item.appendChild(document.createTextNode(resourceNames[resource] || resource));
+    container.appendChild(item);
+  }
 }
 const tips = {suppressed: () => false};
 {
@@ -107,7 +133,11 @@ std::string render_html_page(const HtmlPage& page, const nlohmann::json& data) {
   html += "</script>\n<script>\n\"use strict\";\n(() => {";
   html += kSharedScript;
   html += page.script;
-  html += "\ndocument.body.dataset.rendered = \"1\";\n})();\n</script>\n</body>\n</html>\n";
+  // The page's width against the window's, for the browser test's "no horizontal scroll".
+  html +=
+      "\ndocument.body.dataset.scrollWidth = document.documentElement.scrollWidth;"
+      "\ndocument.body.dataset.viewWidth = window.innerWidth;"
+      "\ndocument.body.dataset.rendered = \"1\";\n})();\n</script>\n</body>\n</html>\n";
   return html;
 }
 

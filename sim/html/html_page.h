@@ -5,8 +5,13 @@
 // The page script sees: `data` (the JSON), `svgNS`, `palette` (10 colours), `el(name, attrs,
 // parent)` (an SVG element), `gib(bytes)` and `seconds(s)` (formatted text), and `tips`: any
 // element with a `data-tip` attribute shows it on hover in the #tip box, unless
-// `tips.suppressed()` (a page may replace it, e.g. while dragging). After the script has run,
-// <body> carries data-rendered="1" (the browser test's sign that no error stopped it).
+// `tips.suppressed()` (a page may replace it, e.g. while dragging), `resourceColor(resource)` (one
+// colour per resource in every chart: mxu, hbm, vpu, overhead, ici, dcn, d2d, sparsecore, host,
+// ...) and `legend(container, resources)`, which names each resource by the data's
+// "resource_names" object (resource -> name). SVGs of class "chart" scale down to narrow windows
+// (give them a viewBox). After the script has run, <body> carries data-rendered="1" (the browser
+// test's sign that no error stopped it) and data-scroll-width / data-view-width (the page's width
+// and the window's: equal or less when nothing scrolls sideways).
 //
 // Example:
 //   render_html_page({.title = "tpusim step", .css = "", .body = "<svg id=\"a\"></svg>",

@@ -1,5 +1,7 @@
 #include "sim/perf/timing_labels.h"
 
+#include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace tpusim {
@@ -94,6 +96,56 @@ std::string breakdown_name(const BreakdownKey& key) {
       return "host_transfers";
     case BreakdownKind::kPipelineBubble:
       return "pipeline_bubble";
+    case BreakdownKind::kIdle:
+      return "idle";
+  }
+  return "";
+}
+
+std::string breakdown_label(const BreakdownKey& key) {
+  switch (key.kind) {
+    case BreakdownKind::kCompute: {
+      static const std::map<CostCategory, std::string> kBounds = {
+          {CostCategory::kMxu, "compute, MXU-bound"},
+          {CostCategory::kHbm, "compute, HBM-bound"},
+          {CostCategory::kVpu, "compute, VPU-bound"},
+          {CostCategory::kOverhead, "compute, per-op overhead"}};
+      return kBounds.at(key.bound);
+    }
+    case BreakdownKind::kComputeSharedWithCollectives:
+      return "compute slowed by collectives";
+    case BreakdownKind::kExposedCollective: {
+      std::string link = link_kind_name(key.link);
+      std::transform(link.begin(), link.end(), link.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+      return "waiting for " + link + " collectives over " + join_axes(key.axes);
+    }
+    case BreakdownKind::kExposedGradientReduction:
+      return "waiting for the DCN gradient all-reduce";
+    case BreakdownKind::kHostTransfers:
+      return "waiting for host transfers";
+    case BreakdownKind::kPipelineBubble:
+      return "pipeline bubble";
+    case BreakdownKind::kIdle:
+      return "idle";
+  }
+  return "";
+}
+
+std::string breakdown_resource(const BreakdownKey& key) {
+  switch (key.kind) {
+    case BreakdownKind::kCompute:
+      return cost_category_name(key.bound);
+    case BreakdownKind::kComputeSharedWithCollectives:
+      return "shared";
+    case BreakdownKind::kExposedCollective:
+      return link_kind_name(key.link);
+    case BreakdownKind::kExposedGradientReduction:
+      return "dcn";
+    case BreakdownKind::kHostTransfers:
+      return "host";
+    case BreakdownKind::kPipelineBubble:
+      return "bubble";
     case BreakdownKind::kIdle:
       return "idle";
   }

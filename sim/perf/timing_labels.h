@@ -61,6 +61,15 @@ struct BreakdownKey {
 // joined by '+'>, exposed_dcn_gradient_reduction, host_transfers, pipeline_bubble, idle.
 std::string breakdown_name(const BreakdownKey& key);
 
+// The key for people (text tables and pages; JSON keeps breakdown_name): "compute, MXU-bound",
+// "compute slowed by collectives", "waiting for ICI collectives over fsdp", "waiting for the DCN
+// gradient all-reduce", "waiting for host transfers", "pipeline bubble", "idle".
+std::string breakdown_label(const BreakdownKey& key);
+
+// The resource the key's seconds are spent on, which gives its colour in every chart: the
+// compute bound (mxu, hbm, vpu, overhead), the link (ici, dcn, d2d), host, shared, bubble, idle.
+std::string breakdown_resource(const BreakdownKey& key);
+
 // Breakdown keys ordered as their names are, so the breakdown is listed (and summed) in the same
 // order as the reports that print it by name.
 struct BreakdownKeyOrder {
