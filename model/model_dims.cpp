@@ -64,7 +64,8 @@ void read_compressed_attention_keys(const Config& config, ModelDims& dims) {
   if (dims.compress_ratios.size() != layers) {
     throw UserError("compress_ratios: " + std::to_string(dims.compress_ratios.size()) +
                         " ratios for " + std::to_string(layers) +
-                        " decoder layers (decoder_block deepseek4 needs one per layer)",
+                        " decoder layers (decoder_block " + dims.family().name +
+                        " needs one per layer)",
                     "compress_ratios");
   }
   for (const int64_t ratio : dims.compress_ratios) {
@@ -166,8 +167,8 @@ ModelDims ModelDims::from_config(const Config& config) {
     // MaxText's Qwen3CustomMoeDecoderLayer refuses the same.
     throw UserError("attention_output_dim: " + std::to_string(dims.attention_output_dim) +
                         " must be positive and equal moe_expert_input_dim (" +
-                        std::to_string(dims.moe_expert_input_dim) +
-                        ") for decoder_block qwen3_custom_moe",
+                        std::to_string(dims.moe_expert_input_dim) + ") for decoder_block " +
+                        dims.family().name,
                     "attention_output_dim");
   }
   read_compressed_attention_keys(config, dims);

@@ -167,7 +167,7 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
   if (ratio >= kCompressedSparseRatio && length_ % ratio != 0) {
     throw UserError("max_target_length: " + std::to_string(length_) +
                         " must be a multiple of every compress_ratios entry of 4 or more (" +
-                        std::to_string(ratio) + ") for decoder_block deepseek4",
+                        std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
                     "max_target_length");
   }
   const Dim embed_w{"embed", dims_.emb_dim, "embed"};
