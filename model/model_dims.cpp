@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -27,13 +28,15 @@ int64_t parse_key_int(std::string text, const std::string& key) {
   return value;
 }
 
-// A MaxText key tpusim's base.yml does not hold, as the config sets it, else MaxText's default.
-int64_t maxtext_key_int(const Config& config, const std::string& key) {
+// A MaxText key tpusim's base.yml does not hold, as the config sets it (`passthrough`), else
+// MaxText's default.
+int64_t maxtext_key_int(const std::vector<Config::PassthroughKey>& passthrough,
+                        const std::string& key) {
   std::string text;
   bool set = false;
-  for (const Config::PassthroughKey& passthrough : config.passthrough_keys()) {
-    if (passthrough.key == key) {
-      text = passthrough.value;
+  for (const Config::PassthroughKey& entry : passthrough) {
+    if (entry.key == key) {
+      text = entry.value;
       set = true;
     }
   }
@@ -46,20 +49,7 @@ int64_t maxtext_key_int(const Config& config, const std::string& key) {
 
 // deepseek4's keys: compress_ratios one ratio per layer, each 0 or at least 2 (a block of one
 // token compresses nothing), and the widths its layers divide by.
-void read_compressed_attention_keys(const Config& config, ModelDims& dims) {
-  dims.o_groups = config.get_int("o_groups");
-  dims.o_lora_rank = config.get_int("o_lora_rank");
-  dims.first_num_hash_layers = config.get_int("first_num_hash_layers");
-  for (const std::string& ratio : config.get_string_list("compress_ratios")) {
-    dims.compress_ratios.push_back(parse_key_int(ratio, "compress_ratios"));
-  }
-  if (!dims.family().has_compressed_attention()) {
-    return;
-  }
-  dims.mhc_expansion_rate = maxtext_key_int(config, "mhc_expansion_rate");
-  dims.indexer_n_heads = maxtext_key_int(config, "indexer_n_heads");
-  dims.indexer_head_dim = maxtext_key_int(config, "indexer_head_dim");
-  dims.indexer_topk = maxtext_key_int(config, "indexer_topk");
+void check_compressed_attention_keys(const ModelDims& dims) {
   const auto layers = static_cast<size_t>(dims.num_layers);
   if (dims.compress_ratios.size() != layers) {
     throw UserError("compress_ratios: " + std::to_string(dims.compress_ratios.size()) +
@@ -171,7 +161,20 @@ ModelDims ModelDims::from_config(const Config& config) {
                         dims.family().name,
                     "attention_output_dim");
   }
-  read_compressed_attention_keys(config, dims);
+  dims.o_groups = config.get_int("o_groups");
+  dims.o_lora_rank = config.get_int("o_lora_rank");
+  dims.first_num_hash_layers = config.get_int("first_num_hash_layers");
+  for (const std::string& ratio : config.get_string_list("compress_ratios")) {
+    dims.compress_ratios.push_back(parse_key_int(ratio, "compress_ratios"));
+  }
+  if (dims.family().has_compressed_attention()) {
+    const std::vector<Config::PassthroughKey> passthrough = config.passthrough_keys();
+    dims.mhc_expansion_rate = maxtext_key_int(passthrough, "mhc_expansion_rate");
+    dims.indexer_n_heads = maxtext_key_int(passthrough, "indexer_n_heads");
+    dims.indexer_head_dim = maxtext_key_int(passthrough, "indexer_head_dim");
+    dims.indexer_topk = maxtext_key_int(passthrough, "indexer_topk");
+    check_compressed_attention_keys(dims);
+  }
   return dims;
 }
 
