@@ -47,7 +47,7 @@ const std::vector<EnumRule>& enum_rules() {
         "minimal_with_context_and_quantization", "minimal_flash", "custom", "none"}},
       {"attention",
        {"autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"}},
-      {"attention_type", {"global", "local_sliding", "mla", "chunk", "full"}},
+      {"attention_type", {"global", "local_sliding", "mla", "chunk", "full", "compressed"}},
       {"dtype", {"bfloat16", "float32", "float16"}},
       {"weight_dtype", {"bfloat16", "float32", "float16"}},
       {"grad_dtype", {"bfloat16", "float32", "float16"}},

@@ -34,6 +34,15 @@ constexpr AttentionPattern kGatedDeltaNetPattern = {kGatedDeltaNet, kCycle, 1};
 constexpr const char* kGatedDeltaNetRefusal =
     "its Gated DeltaNet layers are modeled for estimate and explore only, not computed";
 
+// qwen3_custom_moe and deepseek4 are built for estimate and explore; the functional engine has no
+// kernels checked against a reference for their layers (docs/reference/deepseek4.md).
+constexpr const char* kLatentMoeRefusal =
+    "its attention_output_dim / moe_expert_input_dim latent MoE layer is modeled for estimate and "
+    "explore only, not computed";
+constexpr const char* kDeepseek4Refusal =
+    "its compressed attention (compress_ratios, the indexer), mHC streams (mhc_expansion_rate) and "
+    "hash routing (first_num_hash_layers) are modeled for estimate and explore only, not computed";
+
 // clang-format off
 constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
     {.block = DecoderBlock::kLlama2, .name = "llama2",
@@ -115,6 +124,22 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
      .program_attention = kUniformPattern, .maxtext_attention = kUniformPattern},
     {.block = DecoderBlock::kSimple, .name = "simple",
      .program_attention = kUniformPattern, .maxtext_attention = kUniformPattern},
+    // MaxText's Qwen3CustomMoeDecoderLayer (models/qwen3_custom.py): GQA attention projecting to
+    // attention_output_dim, a latent RMSNorm, routed experts at that width, an up projection.
+    {.block = DecoderBlock::kQwen3CustomMoe, .name = "qwen3_custom_moe",
+     .program_attention = kUniformPattern, .maxtext_attention = kUniformPattern,
+     .latent_moe = true,
+     .train_refusal = kLatentMoeRefusal},
+    // MaxText's DeepSeek4DecoderLayer (models/deepseek4.py, layers/attention_compressed.py,
+    // layers/mhc.py). MaxText's logged TFLOP/s count it by the generic path: every layer's
+    // attention as global causal attention of num_query_heads x head_dim with Q, K, V and out
+    // projections from emb_dim, the router and top-k experts without the shared one
+    // (docs/reference/deepseek4.md).
+    {.block = DecoderBlock::kDeepseek4, .name = "deepseek4",
+     .program_attention = {kCompressed}, .maxtext_attention = kUniformPattern,
+     .moe_shared_experts = true, .maxtext_counts_shared_experts = false,
+     .hyper_connections = true, .hash_routing = true,
+     .train_refusal = kDeepseek4Refusal},
 }};
 // clang-format on
 

@@ -45,6 +45,8 @@ enum class DecoderBlock {
   kOlmo3,
   kEnvy,
   kSimple,
+  kQwen3CustomMoe,
+  kDeepseek4,
   kCount,  // not a family: the number of them (the traits table's size is checked against it)
 };
 
@@ -67,6 +69,11 @@ enum class AttentionLayout {
   // Gated DeltaNet layers, every inhomogeneous_layer_cycle_interval-th gated full attention
   // (ModelDims::is_gated_delta_net_layer).
   kGatedDeltaNet,
+  // DeepSeek-V4's compressed attention, by layer i's compress_ratios[i]: 0 = sliding-window
+  // attention only, 4 = plus compressed sparse attention (an indexer picks indexer_topk of the
+  // blocks of 4), larger = plus heavily compressed attention over every block of that many tokens
+  // (ModelDims::compress_ratio).
+  kCompressed,
 };
 
 struct AttentionPattern {
@@ -125,6 +132,18 @@ struct DecoderFamily {
   // MoE layers add shared_experts (the generic MoE path has none), and how wide one is.
   bool moe_shared_experts = false;
   SharedExpertWidth shared_expert_width = SharedExpertWidth::kMoeMlpDim;
+  // MaxText's FLOP count adds the shared experts (false: its generic MoE path, which deepseek4
+  // falls into, counts the router and the top-k routed experts only).
+  bool maxtext_counts_shared_experts = true;
+  // qwen3_custom_moe: the attention projects to attention_output_dim, the experts work at
+  // moe_expert_input_dim (= attention_output_dim) after a latent RMSNorm, and a layer up
+  // projection returns to emb_dim; the layer has no MLP norm and one residual.
+  bool latent_moe = false;
+  // deepseek4: the residual stream is mhc_expansion_rate streams mixed by manifold-constrained
+  // hyper-connections around the attention and the MoE, and the first first_num_hash_layers MoE
+  // layers pick their experts by token id (hash routing).
+  bool hyper_connections = false;
+  bool hash_routing = false;
   // Global layers with their own head width, kv heads and shared K/V (global_head_dim, ...).
   bool global_layers_own_shape = false;
   // Per-layer inputs (hidden_size_per_layer_input) and the last num_kv_shared_layers layers
@@ -149,6 +168,9 @@ struct DecoderFamily {
     return program_attention.layout == AttentionLayout::kGatedDeltaNet;
   }
   bool always_mla() const { return program_attention.layout == AttentionLayout::kMla; }
+  bool has_compressed_attention() const {
+    return program_attention.layout == AttentionLayout::kCompressed;
+  }
 };
 
 // The table: one row per DecoderBlock, in enum order.

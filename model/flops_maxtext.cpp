@@ -33,11 +33,12 @@ double as_double(int64_t value) {
   return static_cast<double>(value);
 }
 
-// 2.T.D.F.a (the a input matmuls: gate, up, ...) + 2.T.D.F (the output matmul), T tokens.
-double ffn_flops(double tokens, const ModelDims& dims, int64_t mlp_dim) {
+// 2.T.D.F.a (the a input matmuls: gate, up, ...) + 2.T.D.F (the output matmul), T tokens; D =
+// `in_dim` (qwen3_custom_moe's experts: moe_expert_input_dim), emb_dim by default.
+double ffn_flops(double tokens, const ModelDims& dims, int64_t mlp_dim, int64_t in_dim = 0) {
   const double activations = as_double(static_cast<int64_t>(dims.mlp_activations.size()));
-  const double one_matmul =
-      kFlopsPerMultiplyAdd * tokens * as_double(dims.emb_dim) * as_double(mlp_dim);
+  const double one_matmul = kFlopsPerMultiplyAdd * tokens *
+                            as_double(in_dim > 0 ? in_dim : dims.emb_dim) * as_double(mlp_dim);
   return one_matmul * activations + one_matmul;
 }
 
@@ -110,6 +111,7 @@ AttentionLayerCounts attention_layer_counts(const ModelDims& dims, int64_t num_l
     }
     case AttentionLayout::kUniform:
     case AttentionLayout::kMla:
+    case AttentionLayout::kCompressed:
       return {num_layers, 0, 0};
     case AttentionLayout::kChunkedNopeGlobal: {
       if (dims.chunk_attn_window_size <= 0) {
@@ -251,7 +253,8 @@ double MaxTextForwardFlops::learnable_weight_flops() const {
          (global_qkv + global_out_proj) * as_double(num_global_attention_layers) + unembed -
          kv_projection * as_double(num_kv_shared_layers - num_kv_shared_global_layers) -
          global_kv_projection * as_double(num_kv_shared_global_layers) +
-         (kv_shared_dense_ffn - dense_ffn) * as_double(num_kv_shared_layers) + per_layer_inputs;
+         (kv_shared_dense_ffn - dense_ffn) * as_double(num_kv_shared_layers) + per_layer_inputs +
+         layer_up_projection * as_double(num_layers);
 }
 
 double MaxTextForwardFlops::attention_flops() const {
@@ -290,13 +293,18 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
 
   forward.dense_ffn = ffn_flops(tokens, dims, dims.mlp_dim);
   if (dims.is_moe()) {
-    forward.router = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.num_experts);
+    // qwen3_custom_moe's router and experts work at moe_expert_input_dim; emb_dim otherwise.
+    const int64_t expert_in = dims.expert_input_dim();
+    forward.router =
+        kFlopsPerMultiplyAdd * tokens * as_double(expert_in) * as_double(dims.num_experts);
     // Shared experts only in the DeepSeek, Llama4 and Gemma4 blocks (Gemma4's as wide as the dense
-    // MLP); the generic MoE path ignores them.
-    const int64_t shared = dims.has_shared_experts() ? dims.shared_experts : 0;
+    // MLP); the generic MoE path ignores them, deepseek4's included (it takes that path).
+    const int64_t shared = dims.has_shared_experts() && dims.family().maxtext_counts_shared_experts
+                               ? dims.shared_experts
+                               : 0;
     forward.moe_ffn =
         as_double(shared) * ffn_flops(tokens, dims, dims.shared_expert_mlp_dim()) +
-        as_double(dims.num_experts_per_tok) * ffn_flops(tokens, dims, dims.moe_mlp_dim);
+        as_double(dims.num_experts_per_tok) * ffn_flops(tokens, dims, dims.moe_mlp_dim, expert_in);
   }
 
   // Non-causal core attention is kAttentionMatmuls x 2.B.S^2.H.(per-head width of the matmul);
@@ -347,6 +355,14 @@ MaxTextFlops maxtext_training_flops_per_device(const Config& config) {
                                               dims.chunk_attn_window_size);
     forward.chunked_attention =
         kAttentionMatmuls * kFlopsPerMultiplyAdd * chunk_pairs * heads * head_dim;
+  }
+  if (dims.family().latent_moe) {
+    // qwen3_custom_moe: the out projection ends at attention_output_dim (2.T.A.H.h), and a layer
+    // up projection takes the experts' output back to emb_dim (2.T.A.D).
+    const double output_dim = as_double(dims.attention_output_dim);
+    forward.out_proj = kFlopsPerMultiplyAdd * tokens * output_dim * heads * head_dim;
+    forward.global_out_proj = forward.out_proj;
+    forward.layer_up_projection = kFlopsPerMultiplyAdd * tokens * output_dim * emb;
   }
   forward.unembed = kFlopsPerMultiplyAdd * tokens * emb * as_double(dims.vocab_size);
   add_gemma4_small_terms(dims, tokens, forward);

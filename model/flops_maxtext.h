@@ -72,6 +72,9 @@ struct MaxTextForwardFlops {
   //   one MoE layer's shared-expert gate: 2.T.D.
   // Their full-attention layers' query projection also yields the output gate: global_qkv is
   // 2.T.D.(2.H + 2.K).h there.
+  // qwen3_custom_moe: each layer's up projection from attention_output_dim A to emb_dim, 2.B.S.A.D
+  // (its out_proj is 2.B.S.A.H.h, its router and experts read moe_expert_input_dim = A).
+  double layer_up_projection = 0;
   double gated_delta_net_projections = 0;
   double gated_delta_net_core = 0;
   double shared_expert_gate = 0;

@@ -1,9 +1,90 @@
 #include "model/model_dims.h"
 
+#include <charconv>
+#include <string>
+#include <vector>
+
 #include "common/error.h"
 #include "model/config.h"
+#include "model/maxtext_keys.h"
 
 namespace tpusim {
+namespace {
+
+// An integer as a config writes it ("4", "10_000"); UserError naming `key` otherwise.
+int64_t parse_key_int(std::string text, const std::string& key) {
+  std::erase(text, '_');
+  while (!text.empty() && (text.front() == ' ' || text.front() == '"' || text.front() == '\'')) {
+    text.erase(text.begin());
+  }
+  while (!text.empty() && (text.back() == ' ' || text.back() == '"' || text.back() == '\'')) {
+    text.pop_back();
+  }
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+    throw UserError(key + ": '" + text + "' is not an integer", key);
+  }
+  return value;
+}
+
+// A MaxText key tpusim's base.yml does not hold, as the config sets it (`passthrough`), else
+// MaxText's default.
+int64_t maxtext_key_int(const std::vector<Config::PassthroughKey>& passthrough,
+                        const std::string& key) {
+  std::string text;
+  bool set = false;
+  for (const Config::PassthroughKey& entry : passthrough) {
+    if (entry.key == key) {
+      text = entry.value;
+      set = true;
+    }
+  }
+  if (!set) {
+    const MaxTextKey* row = find_maxtext_key(key);
+    text = row == nullptr ? "0" : row->default_text;
+  }
+  return parse_key_int(text, key);
+}
+
+// deepseek4's keys: compress_ratios one ratio per layer, each 0 or at least 2 (a block of one
+// token compresses nothing), and the widths its layers divide by.
+void check_compressed_attention_keys(const ModelDims& dims) {
+  const auto layers = static_cast<size_t>(dims.num_layers);
+  if (dims.compress_ratios.size() != layers) {
+    throw UserError("compress_ratios: " + std::to_string(dims.compress_ratios.size()) +
+                        " ratios for " + std::to_string(layers) +
+                        " decoder layers (decoder_block " + dims.family().name +
+                        " needs one per layer)",
+                    "compress_ratios");
+  }
+  for (const int64_t ratio : dims.compress_ratios) {
+    if (ratio < 0 || ratio == 1) {
+      throw UserError(
+          "compress_ratios: " + std::to_string(ratio) + " must be 0 (no compression) or at least 2",
+          "compress_ratios");
+    }
+  }
+  const int64_t attention_width = dims.num_query_heads * dims.head_dim;
+  if (dims.o_groups < 1 || attention_width % dims.o_groups != 0 || dims.o_lora_rank < 1) {
+    throw UserError("o_groups: " + std::to_string(dims.o_groups) +
+                        " must divide num_query_heads x head_dim (" +
+                        std::to_string(attention_width) + "), with o_lora_rank >= 1 (" +
+                        std::to_string(dims.o_lora_rank) + ")",
+                    "o_groups");
+  }
+  for (const auto& [key, value] :
+       {std::pair<const char*, int64_t>{"mhc_expansion_rate", dims.mhc_expansion_rate},
+        {"indexer_n_heads", dims.indexer_n_heads},
+        {"indexer_head_dim", dims.indexer_head_dim},
+        {"indexer_topk", dims.indexer_topk}}) {
+    if (value < 1) {
+      throw UserError(std::string(key) + ": " + std::to_string(value) + " must be >= 1", key);
+    }
+  }
+}
+
+}  // namespace
 
 ParameterScales individual_scales(int64_t global_parameter_scale) {
   int log2_scale = 0;
@@ -69,6 +150,31 @@ ModelDims ModelDims::from_config(const Config& config) {
   dims.gdn_value_head_dim = config.get_int("gdn_value_head_dim");
   dims.gdn_conv_kernel_dim = config.get_int("gdn_conv_kernel_dim");
   dims.gdn_chunk_size = config.get_int("gdn_chunk_size");
+  dims.attention_output_dim = config.get_int("attention_output_dim");
+  dims.moe_expert_input_dim = config.get_int("moe_expert_input_dim");
+  if (dims.family().latent_moe &&
+      (dims.attention_output_dim <= 0 || dims.attention_output_dim != dims.moe_expert_input_dim)) {
+    // MaxText's Qwen3CustomMoeDecoderLayer refuses the same.
+    throw UserError("attention_output_dim: " + std::to_string(dims.attention_output_dim) +
+                        " must be positive and equal moe_expert_input_dim (" +
+                        std::to_string(dims.moe_expert_input_dim) + ") for decoder_block " +
+                        dims.family().name,
+                    "attention_output_dim");
+  }
+  dims.o_groups = config.get_int("o_groups");
+  dims.o_lora_rank = config.get_int("o_lora_rank");
+  dims.first_num_hash_layers = config.get_int("first_num_hash_layers");
+  for (const std::string& ratio : config.get_string_list("compress_ratios")) {
+    dims.compress_ratios.push_back(parse_key_int(ratio, "compress_ratios"));
+  }
+  if (dims.family().has_compressed_attention()) {
+    const std::vector<Config::PassthroughKey> passthrough = config.passthrough_keys();
+    dims.mhc_expansion_rate = maxtext_key_int(passthrough, "mhc_expansion_rate");
+    dims.indexer_n_heads = maxtext_key_int(passthrough, "indexer_n_heads");
+    dims.indexer_head_dim = maxtext_key_int(passthrough, "indexer_head_dim");
+    dims.indexer_topk = maxtext_key_int(passthrough, "indexer_topk");
+    check_compressed_attention_keys(dims);
+  }
   return dims;
 }
 

@@ -79,6 +79,24 @@ struct ModelDims {
   int64_t gdn_value_head_dim = 0;
   int64_t gdn_conv_kernel_dim = 0;
   int64_t gdn_chunk_size = 0;
+  // qwen3_custom_moe (DecoderFamily::latent_moe): the attention's output width and the routed
+  // experts' input width (equal in MaxText), -1 = not set.
+  int64_t attention_output_dim = -1;
+  int64_t moe_expert_input_dim = -1;
+  // deepseek4 (model/builder/compressed_attention.cpp): each layer's compression ratio, the
+  // grouped low-rank out projection, the indexer of its compressed sparse attention layers, the
+  // residual streams of its hyper-connections and its hash-routed layers. mhc_expansion_rate and
+  // the indexer_* keys are MaxText keys tpusim's base.yml does not hold (other presets set them
+  // without tpusim modeling them): read from the config's MaxText keys, MaxText's default when
+  // unset.
+  std::vector<int64_t> compress_ratios;
+  int64_t o_groups = 0;
+  int64_t o_lora_rank = 0;
+  int64_t first_num_hash_layers = 0;
+  int64_t mhc_expansion_rate = 1;
+  int64_t indexer_n_heads = 0;
+  int64_t indexer_head_dim = 0;
+  int64_t indexer_topk = 0;
 
   static ModelDims from_config(const Config& config);
 
@@ -130,6 +148,24 @@ struct ModelDims {
   bool is_kv_shared_layer(int64_t index) const {
     return family().kv_shared_layers && num_kv_shared_layers > 0 &&
            index >= num_layers - num_kv_shared_layers;
+  }
+  // deepseek4: layer `index`'s compression ratio (0 = sliding-window attention only).
+  int64_t compress_ratio(int64_t index) const {
+    return index >= 0 && index < static_cast<int64_t>(compress_ratios.size())
+               ? compress_ratios[static_cast<size_t>(index)]
+               : 0;
+  }
+  // deepseek4: layer `index` routes by token id (MaxText: layer_idx < first_num_hash_layers).
+  bool is_hash_routing_layer(int64_t index) const {
+    return family().hash_routing && is_moe() && index < first_num_hash_layers;
+  }
+  // deepseek4: the residual stream's streams (1 = a plain residual stream).
+  int64_t residual_streams() const {
+    return family().hyper_connections ? std::max<int64_t>(1, mhc_expansion_rate) : 1;
+  }
+  // qwen3_custom_moe: the width its experts read and write (emb_dim otherwise).
+  int64_t expert_input_dim() const {
+    return family().latent_moe && moe_expert_input_dim > 0 ? moe_expert_input_dim : emb_dim;
   }
   // The dense MLP width of layer `index`: twice mlp_dim on gemma4_small's kv-shared layers with
   // use_double_wide_mlp.

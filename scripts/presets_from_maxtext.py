@@ -22,7 +22,7 @@ MODELS = ROOT / "configs/models"
 # Decoder blocks the model builder (model/builder) lays out.
 BUILT_BLOCKS = {"llama2", "qwen2", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "gpt3", "qwen3",
                 "qwen3_moe", "deepseek", "gpt_oss", "gemma4", "gemma4_small", "llama4", "olmo3",
-                "qwen3_next", "qwen3_5", "envy"}
+                "qwen3_next", "qwen3_5", "envy", "deepseek4", "qwen3_custom_moe"}
 
 
 def read_presets():

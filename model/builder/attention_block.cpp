@@ -78,7 +78,8 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
     gate = elementwise("attention/gate_sigmoid", ElementwiseFn::kSigmoid, {gate}, region);
     context = elementwise("attention/gated_context", ElementwiseFn::kMul, {context, gate}, region);
   }
-  return out_projection(region, context, "head_dim", head_dim);
+  return out_projection(region, context, "head_dim", head_dim,
+                        dims_.family().latent_moe ? dims_.attention_output_dim : 0);
 }
 
 TensorId ForwardBuilder::rope(const std::string& name, TensorId x, int region) {
@@ -112,15 +113,20 @@ TensorId ForwardBuilder::attention_op(const LayerGroup& group, int region,
 }
 
 TensorId ForwardBuilder::out_projection(int region, TensorId context,
-                                        const std::string& head_dim_name, int64_t head_dim_size) {
+                                        const std::string& head_dim_name, int64_t head_dim_size,
+                                        int64_t out_width) {
+  const int64_t width = out_width > 0 ? out_width : dims_.emb_dim;
   const TensorId wo =
       weight("attention/out",
              {Dim{"heads", dims_.num_query_heads, "heads"}, Dim{head_dim_name, head_dim_size, "kv"},
-              Dim{"embed", dims_.emb_dim, "embed"}},
+              Dim{"embed", width, "embed"}},
              region, dense(dims_.num_query_heads * head_dim_size, 1, true));
-  const TensorId out = einsum("attention/out", context, wo, {"heads", head_dim_name},
-                              activation_dims(), region, "out_proj");
-  return with_bias("attention/out", out, {Dim{"embed", dims_.emb_dim, "norm"}}, region);
+  const std::vector<Dim> out_dims =
+      out_width > 0 ? with_last(activation_dims(), {act("embed", width, "activation_embed")})
+                    : activation_dims();
+  const TensorId out =
+      einsum("attention/out", context, wo, {"heads", head_dim_name}, out_dims, region, "out_proj");
+  return with_bias("attention/out", out, {Dim{"embed", width, "norm"}}, region);
 }
 
 // With attention_bias (qwen2, gpt-oss), MaxText's attention projections (query, key, value and

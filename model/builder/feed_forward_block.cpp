@@ -25,6 +25,8 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
     weight_lead.emplace_back("experts", dims_.num_experts, "exp");
   }
   const std::string embed_logical = moe ? "embed_moe" : "embed";
+  // qwen3_custom_moe's experts read and write moe_expert_input_dim; emb_dim otherwise.
+  const int64_t in_width = moe ? dims_.expert_input_dim() : dims_.emb_dim;
   const std::string mlp_logical = moe ? "mlp_moe" : "mlp";
   const std::string remat_prefix = moe ? "moe_mlpwi" : "mlpwi";
   std::vector<Dim> hidden_dims = with_last(in_dims, {act("mlp", mlp_dim, "activation_mlp")});
@@ -32,12 +34,12 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
   // in_axis=0 (experts), out_axis=1 to the initializer of their [experts, a, b] kernels, so jax
   // takes fan-in = experts x b: experts x mlp for wi, experts x embed for wo.
   const int64_t wi_fan_in = moe ? dims_.num_experts * mlp_dim : dims_.emb_dim;
-  const int64_t wo_fan_in = moe ? dims_.num_experts * dims_.emb_dim : mlp_dim;
+  const int64_t wo_fan_in = moe ? dims_.num_experts * in_width : mlp_dim;
   TensorId gated = -1;
   const auto& activations = dims_.mlp_activations;
   for (size_t index = 0; index < activations.size(); ++index) {
     std::vector<Dim> w_dims = weight_lead;
-    w_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
+    w_dims.emplace_back("embed", in_width, embed_logical);
     w_dims.emplace_back("mlp", mlp_dim, mlp_logical);
     const std::string suffix = activations.size() > 1 ? "_" + std::to_string(index) : "";
     const TensorId w = weight(prefix + "/wi" + suffix, w_dims, region, dense(wi_fan_in));
@@ -56,7 +58,7 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
   }
   std::vector<Dim> wo_dims = weight_lead;
   wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
-  wo_dims.emplace_back("embed", dims_.emb_dim, embed_logical);
+  wo_dims.emplace_back("embed", in_width, embed_logical);
   const TensorId wo = weight(prefix + "/wo", wo_dims, region, dense(wo_fan_in));
   return einsum(prefix + "/wo", gated, wo, {"mlp"}, in_dims, region, moe ? "moe_mlpwo" : "mlpwo",
                 ragged);
@@ -67,24 +69,30 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
 // beyond them. Otherwise routing is dropless: the E x ceil(B*S*k/E) rows hold all B*S*k token
 // choices sorted by expert, however unbalanced (row_experts says whose each row is; the
 // partitioner enlarges the rows under expert parallelism, see sharding/partitioner.h).
-TensorId ForwardBuilder::build_moe(int region, TensorId x) {
+//
+// deepseek4's hash-routed layers (hash_routing; MaxText RoutedMoE.get_topk with is_hash_routing)
+// take each token's experts from a fixed [vocab, top_k] table at its token id instead of the
+// top-k of the router's scores; the router still scores every expert and the chosen experts'
+// scores weight them, so the program is the same and the router op is named moe/hash_router.
+TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
   const int64_t experts = dims_.num_experts;
   const int64_t top_k = dims_.num_experts_per_tok;
+  const int64_t width = dims_.expert_input_dim();
+  const std::vector<Dim> moe_dims = graph().tensor(x).dims;
   const TensorId w_gate =
-      weight("moe/gate", {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"experts", experts, "exp"}},
-             region, dense(dims_.emb_dim));
+      weight("moe/gate", {Dim{"embed", width, "embed"}, Dim{"experts", experts, "exp"}}, region,
+             dense(width));
   const TensorId router_logits =
       einsum("moe/router", x, w_gate, {"embed"},
-             with_last(activation_dims(), {act("experts", experts, "activation_exp")}), region);
+             with_last(moe_dims, {act("experts", experts, "activation_exp")}), region);
   const TensorId routing = activation(
-      "moe/routing", with_last(activation_dims(), {act("top_k", top_k, ""), act("route", 2, "")}),
-      region);
+      "moe/routing", with_last(moe_dims, {act("top_k", top_k, ""), act("route", 2, "")}), region);
   OpAttrs router_attrs;
   router_attrs.top_k = top_k;
   router_attrs.normalize_top_k = options_.norm_topk_prob;
   router_attrs.route_scale = options_.routed_scaling_factor;
-  graph().add_op(OpKind::kMoeRouter, "moe/router_top_k", {router_logits}, {routing}, router_attrs,
-                 region);
+  graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
+                 {router_logits}, {routing}, router_attrs, region);
   const double tokens = static_cast<double>(batch_ * length_);
   const double capacity_factor = options_.capacity_factor;
   const bool padded = !options_.sparse_matmul && capacity_factor > 0;
@@ -94,7 +102,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x) {
   const std::vector<Dim> grouped_dims = {
       act("experts", experts, "activation_exp"),
       act("expert_tokens", expert_tokens, "activation_batch_no_exp+activation_length"),
-      act("embed", dims_.emb_dim, "activation_embed")};
+      act("embed", width, "activation_embed")};
   const TensorId grouped = activation("moe/dispatched", grouped_dims, region);
   OpAttrs dispatch_attrs;
   dispatch_attrs.top_k = top_k;
@@ -113,7 +121,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x) {
                  region);
   const TensorId expert_out =
       build_mlp("moe/experts", region, grouped, dims_.moe_mlp_dim, "moe", ragged);
-  TensorId combined = activation("moe/combined", activation_dims(), region);
+  TensorId combined = activation("moe/combined", moe_dims, region);
   graph().add_op(OpKind::kMoeCombine, "moe/combine", {expert_out, routing}, {combined},
                  dispatch_attrs, region);
   if (dims_.has_shared_experts()) {

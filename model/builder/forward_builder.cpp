@@ -1,8 +1,9 @@
 // model/builder/forward_builder.cpp: build_forward and ForwardBuilder's driver: the embedding, one
 // region per layer group with the decoder layer assembled from its blocks (norms, attention of the
-// group's kind, MLP or MoE, residuals, gemma4_small's per-layer inputs), the pipeline's loop, and
-// the head (final norm, logits, cross-entropy). The blocks are built in attention_block.cpp,
-// mla_block.cpp, gated_delta_net.cpp and feed_forward_block.cpp.
+// group's kind, MLP or MoE, residuals, gemma4_small's per-layer inputs, qwen3_custom_moe's latent
+// MoE layer), the pipeline's loop, and the head (final norm, logits, cross-entropy). The blocks
+// are built in attention_block.cpp, mla_block.cpp, gated_delta_net.cpp, compressed_attention.cpp,
+// feed_forward_block.cpp; deepseek4's layer in hyper_connections.cpp.
 //
 // Example (llama3.1-8b):
 //   embed x1:  tokens -> token_embedding -> embedded [batch, length, embed=4096]
@@ -69,7 +70,7 @@ ForwardGraph ForwardBuilder::build() {
     batch_logical_ = "activation_batch";
     result_.layer_regions.push_back(region);
     const TensorId input =
-        graph().add_tensor(group.name() + "/input", activation_dims(), activation_dtype_,
+        graph().add_tensor(group.name() + "/input", residual_dims(), activation_dtype_,
                            TensorKind::kActivation, region, "decoder_layer_input");
     // The previous region's output `x` is this region's input (the scan carry).
     graph().add_carry(x, input);
@@ -120,10 +121,17 @@ TensorId ForwardBuilder::build_embedding() {
                    {position_x}, {}, region);
     x = elementwise("embedded_with_positions", ElementwiseFn::kAdd, {x, position_x}, region);
   }
-  return x;
+  // deepseek4: copied into the hyper-connection streams (hyper_connections.cpp).
+  return expand_streams(region, x);
 }
 
 TensorId ForwardBuilder::build_layer(const LayerGroup& group, int region, TensorId x) {
+  if (group.attention == AttentionKind::kCompressed) {
+    return build_deepseek4_layer(group, region, x);  // hyper_connections.cpp
+  }
+  if (dims_.family().latent_moe && group.feed_forward == FeedForwardKind::kMoe) {
+    return build_latent_moe_layer(group, region, x);
+  }
   const TensorId per_layer_input =
       dims_.has_per_layer_inputs() ? build_per_layer_input(region, x) : -1;
   // OLMo 2/3 normalize after the attention and the MLP instead of before them (HF
@@ -149,6 +157,25 @@ TensorId ForwardBuilder::build_layer(const LayerGroup& group, int region, Tensor
   const TensorId output =
       elementwise("mlp_residual", ElementwiseFn::kAdd, {residual, mlp_out}, region);
   return per_layer_input < 0 ? output : add_per_layer_input(region, output, per_layer_input);
+}
+
+// qwen3_custom_moe's decoder layer (MaxText Qwen3CustomMoeDecoderLayer): attention projecting to
+// attention_output_dim, a latent RMSNorm, the routed experts at that width, an up projection
+// back to emb_dim, and one residual around it all.
+TensorId ForwardBuilder::build_latent_moe_layer(const LayerGroup& group, int region, TensorId x) {
+  const TensorId attention_in = norm("pre_attention_norm", x, region);
+  TensorId latent = build_attention(group, region, attention_in);
+  latent = norm("latent_norm", latent, region);
+  latent = build_moe(region, latent);
+  const int64_t width = dims_.attention_output_dim;
+  latent = reshape("layer_up_projection/input", latent,
+                   with_last(activation_dims(), {act("latent", width, "activation_mlp")}), region);
+  const TensorId w_up = weight("layer_up_projection",
+                               {Dim{"latent", width, "mlp"}, Dim{"embed", dims_.emb_dim, "embed"}},
+                               region, dense(width));
+  const TensorId up =
+      einsum("layer_up_projection", latent, w_up, {"latent"}, activation_dims(), region);
+  return elementwise("layer_residual", ElementwiseFn::kAdd, {x, up}, region);
 }
 
 // gemma4_small's per-layer input of width P = hidden_size_per_layer_input: the layer's own table
@@ -214,12 +241,13 @@ void ForwardBuilder::build_head() {
   result_.head_chunks = chunks;
   const int64_t full_length = length_;
   length_ /= chunks;
-  const TensorId input = graph().add_tensor("head/input", activation_dims(), activation_dtype_,
+  const TensorId input = graph().add_tensor("head/input", residual_dims(), activation_dtype_,
                                             TensorKind::kActivation, region);
   result_.head_input = input;
   graph().add_carry(
       result_.layer_outputs.empty() ? result_.embed_output : result_.layer_outputs.back(), input);
-  const TensorId normed = norm("final_norm", input, region);
+  // deepseek4's hyper-connection streams are summed first (hyper_connections.cpp).
+  const TensorId normed = norm("final_norm", reduce_streams(region, input), region);
   TensorId unembed = table_;
   if (dims_.logits_via_embedding && weight_dtype_ != activation_dtype_) {
     unembed = graph().add_tensor("token_embedding/cast", graph().tensor(table_).dims,

@@ -9,6 +9,8 @@
 //   attention_block.cpp       GQA/MHA attention, RoPE, the attention op, the out projection
 //   mla_block.cpp             DeepSeek's multi-head latent attention
 //   gated_delta_net.cpp       qwen3-next's Gated DeltaNet linear attention
+//   compressed_attention.cpp  DeepSeek-V4's compressed attention, indexer, grouped out projection
+//   hyper_connections.cpp     DeepSeek-V4's mHC residual streams and its decoder layer
 //   feed_forward_block.cpp    the MLP and the routed mixture of experts
 //
 // Example:
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,11 +127,38 @@ class ForwardBuilder {
   TensorId attention_op(const LayerGroup& group, int region, std::vector<TensorId> inputs,
                         int64_t heads, const std::string& out_dim, int64_t out_dim_size,
                         double runtime_scale);
+  // To emb_dim, or to `out_width` when positive (qwen3_custom_moe's attention_output_dim).
   TensorId out_projection(int region, TensorId context, const std::string& head_dim_name,
-                          int64_t head_dim_size);
+                          int64_t head_dim_size, int64_t out_width = 0);
   TensorId with_bias(const std::string& name, TensorId x, std::vector<Dim> bias_dims, int region);
   TensorId build_attention(const LayerGroup& group, int region, TensorId x);
   TensorId rope(const std::string& name, TensorId x, int region);
+
+  // DeepSeek-V4's compressed attention (compressed_attention.cpp).
+
+  TensorId build_compressed_attention(const LayerGroup& group, int region, TensorId x);
+  TensorId compressed_blocks(const std::string& prefix, int region, TensorId x, int64_t ratio,
+                             int64_t head_dim);
+  TensorId pool_blocks(const std::string& prefix, int region, TensorId kv, TensorId gate,
+                       int64_t ratio, int64_t width, int64_t head_dim);
+  void build_indexer(int region, TensorId x, TensorId q_latent);
+  TensorId compressed_attention_op(const std::string& name, int region,
+                                   std::vector<TensorId> inputs, AttentionMask mask, int64_t window,
+                                   double scale);
+  TensorId grouped_out_projection(int region, TensorId context);
+
+  // DeepSeek-V4's hyper-connections and decoder layer (hyper_connections.cpp).
+
+  // The residual stream between layers: [batch, length, streams, embed] with hyper-connections,
+  // activation_dims() otherwise.
+  std::vector<Dim> residual_dims() const;
+  TensorId expand_streams(int region, TensorId x);
+  TensorId reduce_streams(int region, TensorId x);
+  TensorId hyper_connection(const std::string& prefix, int region, TensorId x,
+                            const std::function<TensorId(TensorId)>& block);
+  TensorId build_deepseek4_layer(const LayerGroup& group, int region, TensorId x);
+  // qwen3_custom_moe's decoder layer (forward_builder.cpp).
+  TensorId build_latent_moe_layer(const LayerGroup& group, int region, TensorId x);
 
   // Multi-head latent attention (mla_block.cpp).
 
@@ -146,7 +176,8 @@ class ForwardBuilder {
 
   TensorId build_mlp(const std::string& prefix, int region, TensorId x, int64_t mlp_dim,
                      const std::string& experts_prefix = "", const Ragged& ragged = {});
-  TensorId build_moe(int region, TensorId x);
+  // hash_routing: deepseek4's first first_num_hash_layers layers (experts by token id).
+  TensorId build_moe(int region, TensorId x, bool hash_routing = false);
 
   const Config& config_;
   ModelDims dims_;

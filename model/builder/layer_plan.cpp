@@ -28,6 +28,9 @@ AttentionKeys attention_keys_from_config(const Config& config) {
 // Layer `index` under the family's program pattern (DecoderFamily::program_attention).
 AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& dims, int64_t index) {
   const AttentionPattern& pattern = dims.family().program_attention;
+  if (pattern.layout == AttentionLayout::kCompressed) {
+    return AttentionKind::kCompressed;
+  }
   if (pattern.layout == AttentionLayout::kGatedDeltaNet) {
     return dims.is_gated_delta_net_layer(index) ? AttentionKind::kGatedDeltaNet
                                                 : AttentionKind::kGlobal;
@@ -38,6 +41,7 @@ AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& di
   switch (pattern.layout) {
     case AttentionLayout::kGatedDeltaNet:
     case AttentionLayout::kMla:
+    case AttentionLayout::kCompressed:
       break;  // above
     case AttentionLayout::kChunkedNopeGlobal: {
       // MaxText llama4: layer i is a global no-RoPE layer when (i + 1) % nope_layer_interval == 0.
@@ -65,9 +69,22 @@ AttentionKind attention_for_layer(const AttentionKeys& keys, const ModelDims& di
   return AttentionKind::kGlobal;
 }
 
+// deepseek4's attention by compress_ratio: "window_" (0, or 2 and 3, which MaxText gives no
+// compressor), "csa_" (4) or "hca<ratio>_".
+std::string compressed_attention_name(int64_t ratio) {
+  if (ratio == kCompressedSparseRatio) {
+    return "csa_";
+  }
+  return ratio > kCompressedSparseRatio ? "hca" + std::to_string(ratio) + "_" : "window_";
+}
+
 }  // namespace
 
 std::string LayerGroup::name() const {
+  if (attention == AttentionKind::kCompressed) {
+    return compressed_attention_name(compress_ratio) + (hash_routing ? "hash_" : "") +
+           (feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer");
+  }
   std::string text = kv_shared ? "kv_shared_" : "";
   text += attention == AttentionKind::kSlidingWindow   ? "local_"
           : attention == AttentionKind::kChunked       ? "chunked_"
@@ -89,10 +106,16 @@ std::vector<LayerGroup> plan_layers(const Config& config) {
     layer.feed_forward = dims.is_moe_layer(index) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
     layer.kv_shared = dims.is_kv_shared_layer(index);
     layer.mlp_dim = dims.layer_mlp_dim(index);
+    if (layer.attention == AttentionKind::kCompressed) {
+      layer.compress_ratio = dims.compress_ratio(index);
+    }
+    layer.hash_routing = dims.is_hash_routing_layer(index);
     bool merged = false;
     for (LayerGroup& group : groups) {
       if (group.attention == layer.attention && group.feed_forward == layer.feed_forward &&
-          group.kv_shared == layer.kv_shared && group.mlp_dim == layer.mlp_dim) {
+          group.kv_shared == layer.kv_shared && group.mlp_dim == layer.mlp_dim &&
+          group.compress_ratio == layer.compress_ratio &&
+          group.hash_routing == layer.hash_routing) {
         ++group.count;
         merged = true;
         break;

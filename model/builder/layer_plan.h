@@ -14,11 +14,15 @@
 //   deepseek: the first first_num_dense_layers are dense, the rest MoE, all MLA;
 //   olmo3: sliding-window layers, every inhomogeneous_layer_cycle_interval-th (4th) global;
 //   qwen3_next, qwen3_5: Gated DeltaNet (linear attention) layers, every
-//     inhomogeneous_layer_cycle_interval-th (4th) gated full attention; every layer MoE.
+//     inhomogeneous_layer_cycle_interval-th (4th) gated full attention; every layer MoE;
+//   deepseek4: compressed attention of each layer's compress_ratios entry, every layer MoE, the
+//     first first_num_hash_layers hash-routed.
 // Identical layers form one group, which becomes one repeated region of the graph (scan_layers).
 //
 // Example (deepseek2-16b): {{dense, mla, x1}, {moe, mla, x26}}
 // Example (qwen3-next-80b-a3b): {{moe, gated_delta_net, x36}, {moe, global, x12}}
+// Example (deepseek4-284b): {{window, hash moe, x2}, {csa, hash moe, x1}, {hca128, moe, x20},
+//   {csa, moe, x20}}
 #pragma once
 
 #include <cstdint>
@@ -30,9 +34,15 @@ namespace tpusim {
 class Config;
 
 // kGatedDeltaNet: linear attention by the gated delta rule (build_gated_delta_net in
-// model/builder/gated_delta_net.cpp).
-enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla, kGatedDeltaNet };
+// model/builder/gated_delta_net.cpp); kCompressed: DeepSeek-V4's attention of a layer's
+// compress_ratio (build_compressed_attention in model/builder/compressed_attention.cpp).
+enum class AttentionKind { kGlobal, kSlidingWindow, kChunked, kMla, kGatedDeltaNet, kCompressed };
 enum class FeedForwardKind { kDense, kMoe };
+
+// deepseek4 (MaxText CompressedAttention): a layer of this compress_ratio has compressed sparse
+// attention (overlapping blocks, the indexer's top-k); a larger ratio heavily compressed attention
+// (every block); a smaller one only the sliding window.
+inline constexpr int64_t kCompressedSparseRatio = 4;
 
 struct LayerGroup {
   AttentionKind attention = AttentionKind::kGlobal;
@@ -40,9 +50,13 @@ struct LayerGroup {
   // gemma4_small's last num_kv_shared_layers (ModelDims::is_kv_shared_layer).
   bool kv_shared = false;
   int64_t mlp_dim = 0;  // the dense MLP's width (ModelDims::layer_mlp_dim)
+  // deepseek4: the layer's compress_ratio (kCompressed) and whether it routes by token id.
+  int64_t compress_ratio = 0;
+  bool hash_routing = false;
   int64_t count = 0;
   // "layer", "moe_layer", "local_layer", "chunked_moe_layer", "kv_shared_local_layer",
-  // "gdn_moe_layer", ...
+  // "gdn_moe_layer", deepseek4's "window_hash_moe_layer", "csa_moe_layer", "hca128_moe_layer",
+  // ...
   std::string name() const;
 };
 

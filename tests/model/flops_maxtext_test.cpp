@@ -444,6 +444,67 @@ TEST(MaxTextFlops, Llama4InterleavedMoeAndChunkedAttentionByHand) {
                    4.0 * (3 * 4096.0 * 4096 / 2 + 1024.0 * 1024 / 2) * 40 * 128);
 }
 
+// deepseek4-284b by hand, from MaxText's calculate_tflops_training_per_device at commit 00902f36
+// (docs/reference/deepseek4.md): DEEPSEEK4 is in none of its per-block branches, so the generic
+// path counts it. B = 1, S = 4096 (T = 4096 tokens), D 4096, 64 query heads and 1 kv head of 512,
+// 43 layers, all MoE (num_experts 256 > 1): router 2.T.D.E, top-6 experts of width 2048 with
+// SwiGLU (3 matmuls of 2.T.F.D); the shared expert is not counted (the generic MoE path), nor are
+// the compressors, the indexer, mHC or the grouped out projection. Q, K, V: 2.T.D.(H + 2K).h, out
+// 2.T.D.H.h, causal attention 2.B.S^2.H.h per layer, unembedding 2.T.D.V (V = 129280).
+//   router      2 x 4096 x 4096 x 256                 =     8,589,934,592
+//   experts     6 x 3 x (2 x 4096 x 2048 x 4096)      = 1,236,950,581,248
+//   qkv         2 x 4096 x 4096 x 66 x 512            = 1,133,871,366,144
+//   out         2 x 4096 x 4096 x 64 x 512            = 1,099,511,627,776
+//   one layer                                         = 3,478,923,509,760
+//   43 layers + unembedding 4,337,916,968,960         = 153,931,627,888,640 (forward weights)
+//   attention   43 x 2 x 4096^2 x 64 x 512            = 47,278,999,994,368
+//   x 3 (forward + backward) / 1e12: 461.79488366592 + 141.836999983104 = 603.631883649024 TFLOP
+TEST(MaxTextFlops, Deepseek4ByHandFromMaxTextsGenericPath) {
+  const MaxTextFlops flops =
+      flops_of({"model_name=deepseek4-284b", "per_device_batch_size=1", "max_target_length=4096"});
+  EXPECT_EQ(flops.forward.num_layers, 43);
+  EXPECT_EQ(flops.forward.num_moe_layers, 43);
+  EXPECT_EQ(flops.forward.num_global_attention_layers, 43);
+  EXPECT_DOUBLE_EQ(flops.forward.router, 8589934592.0);
+  EXPECT_DOUBLE_EQ(flops.forward.moe_ffn, 1236950581248.0);
+  EXPECT_DOUBLE_EQ(flops.forward.global_qkv, 1133871366144.0);
+  EXPECT_DOUBLE_EQ(flops.forward.global_out_proj, 1099511627776.0);
+  EXPECT_DOUBLE_EQ(flops.forward.learnable_weight_flops(), 153931627888640.0);
+  EXPECT_DOUBLE_EQ(flops.forward.attention_flops(), 47278999994368.0);
+  expect_relative(flops.learnable_weight_tflops, 461.79488366592, kExactRelativeTolerance,
+                  "learnable");
+  expect_relative(flops.attention_tflops, 141.836999983104, kExactRelativeTolerance, "attention");
+  expect_relative(flops.total_tflops(), 603.631883649024, kExactRelativeTolerance, "total");
+}
+
+// qwen3-custom-30b-a3b by hand, from MaxText's QWEN3_CUSTOM_MOE branches (commit 00902f36): the
+// router and experts at moe_expert_input_dim A = 768, the out projection to A, a layer up
+// projection A -> D. B = 1, S = 4096, D 2048, 16 query / 2 kv heads of 256, 48 layers, 128
+// experts top-8 of width 2048 (SwiGLU), V 151936.
+//   router      2 x 4096 x 768 x 128                  =       805,306,368
+//   experts     8 x 3 x (2 x 4096 x 2048 x 768)       =   309,237,645,312
+//   qkv         2 x 4096 x 2048 x 20 x 256            =    85,899,345,920
+//   out         2 x 4096 x 768 x 16 x 256             =    25,769,803,776
+//   up          2 x 4096 x 768 x 2048                 =    12,884,901,888
+//   one layer                                         =   434,597,003,264
+//   48 layers + unembedding 2,549,063,090,176         = 23,409,719,246,848 (forward weights)
+//   attention   48 x 2 x 4096^2 x 16 x 256            =  6,597,069,766,656
+//   x 3 / 1e12: 70.229157740544 + 19.791209299968 = 90.020367040512 TFLOP
+TEST(MaxTextFlops, Qwen3CustomMoeByHandFromMaxTextsFormula) {
+  const MaxTextFlops flops = flops_of(
+      {"model_name=qwen3-custom-30b-a3b", "per_device_batch_size=1", "max_target_length=4096"});
+  EXPECT_EQ(flops.forward.num_layers, 48);
+  EXPECT_EQ(flops.forward.num_moe_layers, 48);
+  EXPECT_DOUBLE_EQ(flops.forward.router, 805306368.0);
+  EXPECT_DOUBLE_EQ(flops.forward.moe_ffn, 309237645312.0);
+  EXPECT_DOUBLE_EQ(flops.forward.global_qkv, 85899345920.0);
+  EXPECT_DOUBLE_EQ(flops.forward.global_out_proj, 25769803776.0);
+  EXPECT_DOUBLE_EQ(flops.forward.layer_up_projection, 12884901888.0);
+  EXPECT_DOUBLE_EQ(flops.forward.learnable_weight_flops(), 23409719246848.0);
+  EXPECT_DOUBLE_EQ(flops.forward.attention_flops(), 6597069766656.0);
+  expect_relative(flops.total_tflops(), 90.020367040512, kExactRelativeTolerance, "total");
+}
+
 // envy-switch-base by hand (MaxText's preset): 12 layers, every 2nd (1, 3, ...) a top-1 MoE of
 // 128 SwiGLU experts of width 6144, the others a dense SwiGLU MLP of 6144. D 1536, 12 query and
 // 12 kv heads of 128 (MaxText's default head_dim), V 32768, causal global attention everywhere.

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "model/config.h"
+#include "model/decoder_family.h"
 #include "model/flops_maxtext.h"
 #include "model/ir/op_flops.h"
 
@@ -60,6 +61,10 @@ TEST(TrainingStep, ModelFlopsWithoutRecomputeEqualMaxTextForEveryPreset) {
   for (const std::string& name : available_model_presets("")) {
     SCOPED_TRACE(name);
     const Config config = config_for(name, "full");
+    if (decoder_family(parse_decoder_block(config.get_string("decoder_block")))
+            .has_compressed_attention()) {
+      continue;  // deepseek4: MaxText counts its generic path (Deepseek4IndexerHasNoBackward)
+    }
     const TrainingStep step = build_training_step(config, 2);
     const PhaseFlops flops = matmul_flops_by_phase(step);
     // gemma4_small's kv-shared layers project keys and values that MaxText reuses.
@@ -68,6 +73,24 @@ TEST(TrainingStep, ModelFlopsWithoutRecomputeEqualMaxTextForEveryPreset) {
     EXPECT_NEAR((flops.forward + flops.backward) / expected, 1.0, 1e-9);
     EXPECT_NEAR(flops.backward / flops.forward, 2.0, 1e-9);
   }
+}
+
+// deepseek4: the indexer's scores only pick blocks (top-k indices), so no gradient flows through
+// its ops: the backward is twice the forward without them. Its ops are the forward matmuls named
+// indexer/ (MaxText keeps no gradient path through them either).
+TEST(TrainingStep, Deepseek4IndexerHasNoBackward) {
+  const TrainingStep step = build_training_step(config_for("deepseek4-tiny", "full"), 2);
+  const PhaseFlops flops = matmul_flops_by_phase(step);
+  double indexer = 0;
+  for (const Op& op : step.graph.ops()) {
+    if (op.phase == Phase::kForward && op.name.starts_with("indexer/")) {
+      indexer += static_cast<double>(step.graph.region(op.region).repeat) *
+                 op_flops(step.graph, op).matmul;
+    }
+    EXPECT_FALSE(op.phase == Phase::kBackward && op.name.starts_with("indexer/")) << op.name;
+  }
+  EXPECT_GT(indexer, 0.0);
+  EXPECT_NEAR(flops.backward / (flops.forward - indexer), 2.0, 1e-9);
 }
 
 TEST(TrainingStep, RematPolicyChangesRecompute) {

@@ -89,6 +89,19 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
     EXPECT_NE(gdn.err.find("decoder_block: qwen3_"), std::string::npos) << gdn.err;
     EXPECT_NE(gdn.err.find("is not computed by tpusim train"), std::string::npos) << gdn.err;
   }
+  // So are deepseek4 (compressed attention, mHC, hash routing; its tiny preset too) and
+  // qwen3_custom_moe (the latent MoE layer): exit 2 naming decoder_block and the block.
+  for (const auto& [preset, block] :
+       {std::pair<const char*, const char*>{"deepseek4-tiny", "deepseek4"},
+        {"qwen3-custom-30b-a3b", "qwen3_custom_moe"}}) {
+    const auto refused = run_tpusim(
+        {"train", std::string("model_name=") + preset, "compile_topology=v5e-4", "steps=1"});
+    EXPECT_EQ(refused.exit_code, 2) << preset << refused.err;
+    EXPECT_NE(refused.err.find(std::string("decoder_block: ") + block +
+                               " is not computed by tpusim train"),
+              std::string::npos)
+        << refused.err;
+  }
 }
 
 TEST(EstimateCommand, JsonContract) {
