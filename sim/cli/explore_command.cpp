@@ -167,6 +167,9 @@ void print_human(const ExploreResult& result) {
       }
     }
     std::cout << "\n    tpusim estimate " << ranked.args << "\n";
+    for (const std::string& spelling : ranked.same_program) {
+      std::cout << "    same program as: " << spelling << "\n";
+    }
     // tpusim's compiler switches reach a real run through libtpu flags, not MaxText keys.
     std::cout << "    MaxText: ";
     if (!ranked.libtpu_init_args.empty()) {

@@ -93,18 +93,25 @@ class MeshEvaluator {
   void build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out);
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
+  // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
+  // when its memory floor at this batch exceeds HBM: no program needs to be built.
+  bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
   bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                       const std::optional<ComputeBounds>& none, WorkerResult& out);
   // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
   void check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate& memory, double usable,
                  std::vector<double>& kind_peaks, WorkerResult& out);
-  // Times the program's variants (placements x attention kinds x perf switches) that fit.
+  // Times the program's variants (placements x attention kinds x perf switches) that fit;
+  // `known_bounds`: the program's TensorCore bounds when already worked out (remat_policy=none's).
   void time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                     const std::vector<double>& kind_peaks, WorkerResult& out);
+                     const std::vector<double>& kind_peaks, const std::vector<double>* known_bounds,
+                     WorkerResult& out);
   // Prunes one remat's candidates at a batch as cannot_beat_top (the kinds that did not fit a
   // smaller batch as does_not_fit_hbm).
   static void prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out);
   double best_possible(const BatchWork& batch, double step_lower_bound) const;
+  // Usable HBM per device less the --min-hbm-headroom share (what a candidate's peak must fit).
+  double usable_hbm() const;
 
   ExploreContext context_;
   CandidateNumbering numbering_;
