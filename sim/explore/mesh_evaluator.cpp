@@ -66,7 +66,6 @@ struct MeshEvaluator::MeshPlan {
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
   uint64_t signature = 0;  // program_signature of `program`, once needed (0: not yet)
-  bool first_program = true;
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -112,6 +111,52 @@ double MeshEvaluator::usable_hbm() const {
   const double capacity = context_.space.slice.chip->hbm_usable_bytes_per_device() *
                           (1.0 - context_.settings.hbm_headroom_fraction);
   return capacity * (1 - context_.options.limits.min_hbm_headroom);
+}
+
+bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
+  return perf.sparse_core_offload == "on" ||
+         (perf.sparse_core_offload == "auto" &&
+          context_.space.slice.chip->sparsecore_collective_offload_default > 0);
+}
+
+std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
+    MeshPlan& plan) const {
+  std::vector<SwitchBounds> result(plan.placed.size());
+  StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    for (const Variant& variant : variants_) {
+      const bool offload = offload_on(variant.perf);
+      std::optional<CollectiveBounds>& bounds =
+          result[which][offload][variant.perf.collective_matmul];
+      if (!bounds.has_value()) {
+        PerfOptions perf_options = context_.base_perf;
+        perf_options.record_details = false;
+        perf_options.sparse_core_offload = offload;
+        perf_options.collective_matmul = variant.perf.collective_matmul;
+        bounds = simulator.collective_bounds(perf_options);
+      }
+    }
+  }
+  plan.program.mesh = plan.placed.front();
+  return result;
+}
+
+double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
+                                       const std::vector<SwitchBounds>& collectives) const {
+  if (collectives.empty()) {
+    return lowest(compute);  // no collectives worked out: the compute bound alone
+  }
+  double least = std::numeric_limits<double>::infinity();
+  for (const SwitchBounds& placement : collectives) {
+    for (const Variant& variant : variants_) {
+      const CollectiveBounds& bounds =
+          *placement[offload_on(variant.perf)][variant.perf.collective_matmul];
+      least = std::min(least, std::max(compute[variant.context] + bounds.tensorcore_driven_seconds,
+                                       bounds.busiest_link_seconds));
+    }
+  }
+  return least;
 }
 
 void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
@@ -250,16 +295,26 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   // Branch and bound over the remat policies, from the remat_policy=none program: its
   // TensorCore bound bounds every policy (skip the batch if even that cannot beat the top N),
   // and with each policy's recomputation added it bounds that policy without partitioning it.
-  std::optional<ComputeBounds> none;
-  if (some_fit && remats > 1 && !plan.first_program &&
+  std::optional<NoneBounds> none;
+  if (some_fit && remats > 1 &&
       context_.threshold.get() > -std::numeric_limits<double>::infinity()) {
     build(plan, batch.index, TrainingStepCache::kNoRemat, out);
     ++out.phases.bound_programs;
+    bool bounded_out = false;
     {
       const PhaseTimer timer(out.phases.bounds_s);
-      none = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+      none.emplace();
+      none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+      bounded_out =
+          cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
+      if (!bounded_out) {
+        none->collectives = collective_bounds_by_placement(plan);
+        bounded_out = cannot_reach(
+            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
+            context_.threshold.get());
+      }
     }
-    if (cannot_reach(best_possible(batch, lowest(none->step)), context_.threshold.get())) {
+    if (bounded_out) {
       ++out.phases.bounded_out_programs;
       for (size_t remat = 0; remat < remats; ++remat) {
         if (!floored[remat]) {
@@ -300,21 +355,27 @@ bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t
 }
 
 bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                                   const std::optional<ComputeBounds>& none, WorkerResult& out) {
+                                   const std::optional<NoneBounds>& none, WorkerResult& out) {
   if (!any_fits(plan.fitted[remat])) {
     out.pruned[kPrunedDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
     return true;
   }
-  if (none.has_value() &&
-      cannot_reach(best_possible(batch, lowest(remat_bounds(
-                                            *none, context_.steps.recomputed(batch.index, remat),
-                                            batch.choice->accumulation_steps))),
-                   context_.threshold.get())) {
-    prune_remat(plan, remat, out);
-    return true;
+  if (none.has_value()) {
+    bool bounded_out = false;
+    {
+      const PhaseTimer timer(out.phases.bounds_s);
+      const std::vector<double> compute =
+          remat_bounds(none->compute, context_.steps.recomputed(batch.index, remat),
+                       batch.choice->accumulation_steps);
+      bounded_out = cannot_reach(best_possible(batch, least_step_bound(compute, none->collectives)),
+                                 context_.threshold.get());
+    }
+    if (bounded_out) {
+      prune_remat(plan, remat, out);
+      return true;
+    }
   }
   build(plan, batch.index, remat, out);
-  plan.first_program = false;
   plan.program.attention_scores_in_hbm = false;
   const MemoryEstimate memory = timed_memory(plan.program, out);
   const double usable = memory.capacity_bytes * (1 - context_.options.limits.min_hbm_headroom);
@@ -329,7 +390,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
     const bool is_none =
         none.has_value() &&
         plan.program.step == context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
-    time_variants(plan, batch, remat, kind_peaks, is_none ? &none->step : nullptr, out);
+    time_variants(plan, batch, remat, kind_peaks, is_none ? &none->compute.step : nullptr, out);
   }
   return true;
 }
@@ -384,9 +445,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
       PerfOptions perf_options = context_.base_perf;
       perf_options.record_details = false;  // ranking needs the times only
       perf_options.cost = contexts_[variant.context];
-      perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
-                                         (variant.perf.sparse_core_offload == "auto" &&
-                                          chip.sparsecore_collective_offload_default > 0);
+      perf_options.sparse_core_offload = offload_on(variant.perf);
       perf_options.collective_matmul = variant.perf.collective_matmul;
       if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold.get())) {
         out.pruned[kPrunedCannotBeatTop] += 1;
