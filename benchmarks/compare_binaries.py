@@ -22,7 +22,8 @@ both binaries run `explore <row> --global-batch-size <row's> --top 1 --json`; th
 the same per-device program (`tpusim program` of each top 1's args, read without the mesh axes'
 names, so two spellings of one program agree) with the same step time, bit for bit. Each row's
 search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
-tpu7x-18432 (minutes on a loaded machine).
+tpu7x-18432 (minutes on a loaded machine). --explore-top5 instead checks the new binary alone: on
+each published row no two of `explore --top 5`'s rows print the same program (as above).
 
 Example:
   python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim [--random 300] [--jobs 2]
@@ -265,25 +266,57 @@ def explore_top(binary, args):
     if not found["top"]:
         return None, "nothing fits", found["elapsed_s"], found
     best = found["top"][0]
-    program = subprocess.run([binary, "program", *best["args"].split()], capture_output=True,
-                             text=True)
-    # The header names the mesh axes too; the microbatch and global batch stay.
-    lines = program.stdout.splitlines()
-    header = lines[0].split(", ", 2)[-1] if lines else ""
-    text = header + "\n" + AXIS_NAMES.sub("", "\n".join(lines[1:]))
+    text = program_text(binary, best["args"].split())
     return best["step_time_s"], text, found["elapsed_s"], found
 
 
-def compare_explore(old, new, with_405b, jobs):
-    """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
+def program_text(binary, args):
+    """`tpusim program` of `args` without the mesh axes' names (the header keeps the batch)."""
+    program = subprocess.run([binary, "program", *args], capture_output=True, text=True)
+    lines = program.stdout.splitlines()
+    header = lines[0].split(", ", 2)[-1] if lines else ""
+    return header + "\n" + AXIS_NAMES.sub("", "\n".join(lines[1:]))
+
+
+def check_top5_programs(binary, jobs):
+    """On each published row, the new binary's `explore --top 5` rows print different programs."""
+    work = explore_work(binary, False)
+
+    def rows_sharing_a_program(item):
+        label, args = item
+        result = subprocess.run([binary, "explore", *args, "--top", "5", "--json"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            return label, 0, 0
+        top = json.loads(result.stdout)["top"]
+        texts = [program_text(binary, row["args"].split()) for row in top]
+        return label, len(top), len(texts) - len(set(texts))
+
+    shared = 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for label, rows, same in pool.map(rows_sharing_a_program, work):
+            print(f"{label:44} top {rows}: {same} row(s) repeat a program above", flush=True)
+            shared += same > 0
+    print(f"{len(work)} rows: {shared} with two top-5 rows of one program")
+    return shared
+
+
+def explore_work(binary, with_405b):
+    """(label, explore arguments) per published row (and the 405b search)."""
     work = []
     for label, args, kept, per_device in explore_rows():
-        estimate = subprocess.run([new, "estimate", *args, "--json"], capture_output=True,
+        estimate = subprocess.run([binary, "estimate", *args, "--json"], capture_output=True,
                                   text=True, check=True)
         devices = json.loads(estimate.stdout)["devices"]
         work.append((label, kept + ["--global-batch-size", str(int(round(per_device * devices)))]))
     if with_405b:
         work.append(("llama3.1-405b tpu7x-18432 (exhaustive)", EXPLORE_405B))
+    return work
+
+
+def compare_explore(old, new, with_405b, jobs):
+    """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
+    work = explore_work(new, with_405b)
 
     def both(item):
         label, args = item
@@ -319,8 +352,13 @@ def main():
                         help="compare explore's top 1 on the published rows instead")
     parser.add_argument("--explore-405b", action="store_true",
                         help="with --explore: also the exhaustive 405b search on tpu7x-18432")
+    parser.add_argument("--explore-top5", action="store_true",
+                        help="check that the new binary's explore --top 5 rows are different "
+                             "programs on every published row (nothing else)")
     options = parser.parse_args()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
+    if options.explore_top5:
+        sys.exit(1 if check_top5_programs(new, options.jobs) else 0)
     if options.explore:
         sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs) else 0)
     lines = configs(options.random)

@@ -154,6 +154,9 @@ void print_human(const ExploreResult& result) {
                             "%: little margin; --min-hbm-headroom 0.05 keeps 5% free)"
                       : std::string(")"))
               << "\n";
+    if (const int same = result.same_score_as(static_cast<size_t>(rank - 2)); same > 0) {
+      std::cout << "    same step time as #" << same << ", another program\n";
+    }
     std::cout << "    mesh " << ranked.estimate["mesh"].get<std::string>() << "\n";
     std::cout << "    placement";
     for (const auto& [axis, where] : ranked.estimate["mesh_placement"].items()) {

@@ -518,6 +518,15 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   return merged;
 }
 
+int ExploreResult::same_score_as(size_t index) const {
+  for (size_t above = 0; above < index && index < top.size(); ++above) {
+    if (tie_key(top[above].objective) == tie_key(top[index].objective)) {
+      return static_cast<int>(above) + 1;
+    }
+  }
+  return 0;
+}
+
 nlohmann::json ExploreResult::to_json() const {
   nlohmann::json json;
   json["candidates_in_space"] = candidates_in_space;
@@ -545,8 +554,10 @@ nlohmann::json ExploreResult::to_json() const {
     }
   }
   json["top"] = nlohmann::json::array();
-  for (const RankedCandidate& ranked : top) {
-    json["top"].push_back(ranked_json(ranked));
+  for (size_t index = 0; index < top.size(); ++index) {
+    nlohmann::json item = ranked_json(top[index]);
+    item["same_score_as_rank"] = same_score_as(index);
+    json["top"].push_back(std::move(item));
   }
   return json;
 }

@@ -188,6 +188,10 @@ struct ExploreResult {
   double usable_hbm_bytes = 0;
   std::vector<ExploreSample> samples;  // with ExploreOptions::max_samples
   int64_t samples_seen = 0;            // candidates the samples were drawn from
+  // The rank (from 1) of the first row above top[index] that scores the same to 9 digits
+  // (tie_key): a different program that times the same (fsdp vs fsdp_transpose splits of one
+  // size, say); 0 when there is none.
+  int same_score_as(size_t index) const;
   nlohmann::json to_json() const;
 };
 
