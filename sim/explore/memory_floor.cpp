@@ -70,7 +70,8 @@ MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh, const LogicalAxisRu
     for (const Term& term : group.terms) {
       double elements = 1;
       for (size_t dim = 0; dim < term.sizes.size(); ++dim) {
-        elements *= static_cast<double>((term.sizes[dim] + splits[dim] - 1) / splits[dim]);
+        const int64_t local = (term.sizes[dim] + splits[dim] - 1) / splits[dim];  // padded up
+        elements *= static_cast<double>(local);
       }
       (term.state ? total.state : total.saved) += elements * term.bytes_per_element * term.copies;
     }
