@@ -16,9 +16,19 @@ meshes, remat policies, gradient accumulation, functional dtypes, --verify, chec
 dataset: their printed losses, metrics files and checkpoint tensors must match bit for bit (the
 wall-clock fields, tokens/s, are left out).
 
+With --explore it compares `explore` instead (nothing else): for each of the 27 published rows,
+the searched keys are removed from the row's args (as benchmarks/make_reports.py explore does) and
+both binaries run `explore <row> --global-batch-size <row's> --top 1 --json`; their top 1 must be
+the same per-device program (`tpusim program` of each top 1's args, read without the mesh axes'
+names, so two spellings of one program agree) with the same step time, bit for bit. Each row's
+search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
+tpu7x-18432 (minutes on a loaded machine). --explore-top5 instead checks the new binary alone: on
+each published row no two of `explore --top 5`'s rows print the same program (as above).
+
 Example:
   python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim [--random 300] [--jobs 2]
       [--no-train] [--no-recipes]
+  python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim --explore [--explore-405b]
 prints the differing configs (and the first differing lines) and exits 1 if there is any.
 """
 import argparse
@@ -217,6 +227,119 @@ def compare(old, new, line, produce=None):
     return problems, next(iter(first.values())).startswith("exit 0")
 
 
+# Keys explore searches: removed from a published row's args (benchmarks/make_reports.py explore).
+EXPLORE_SEARCHED_PREFIXES = ("ici_", "dcn_")
+EXPLORE_SEARCHED_KEYS = {
+    "per_device_batch_size", "gradient_accumulation_steps", "remat_policy", "attention",
+    "sa_block_q", "sa_block_kv", "sa_use_fused_bwd_kernel", "decoder_layer_input", "context",
+    "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "query_proj", "key_proj", "value_proj", "qkv_proj",
+    "out_proj", "sparse_core_collective_offload", "collective_matmul", "mesh_placement_first"}
+EXPLORE_405B = ["model_name=llama3.1-405b", "compile_topology=tpu7x-18432",
+                "max_target_length=8192"]
+AXIS_NAMES = re.compile(r"@[a-z_+]+| over \{[a-z_,]*\}")
+
+
+def explore_rows():
+    """(label, explore arguments) for each published row: its unsearched keys and global batch."""
+    rows = []
+    with open(PUBLISHED) as table:
+        for row in csv.DictReader(table):
+            kept, per_device = [], 1.0
+            for item in row["args"].split():
+                key, value = item.split("=", 1)
+                if key == "per_device_batch_size":
+                    per_device = float(value)
+                searched = key.startswith(EXPLORE_SEARCHED_PREFIXES) or key in EXPLORE_SEARCHED_KEYS
+                if not searched:
+                    kept.append(item)
+            rows.append((row["id"], row["args"].split(), kept, per_device))
+    return rows
+
+
+def explore_top(binary, args):
+    """explore --top 1 of `args`: (step time, program text without axis names, seconds, json)."""
+    result = subprocess.run([binary, "explore", *args, "--top", "1", "--json"], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        return None, f"exit {result.returncode}: {result.stderr.strip()}", 0.0, {}
+    found = json.loads(result.stdout)
+    if not found["top"]:
+        return None, "nothing fits", found["elapsed_s"], found
+    best = found["top"][0]
+    text = program_text(binary, best["args"].split())
+    return best["step_time_s"], text, found["elapsed_s"], found
+
+
+def program_text(binary, args):
+    """`tpusim program` of `args` without the mesh axes' names (the header keeps the batch)."""
+    program = subprocess.run([binary, "program", *args], capture_output=True, text=True)
+    lines = program.stdout.splitlines()
+    header = lines[0].split(", ", 2)[-1] if lines else ""
+    return header + "\n" + AXIS_NAMES.sub("", "\n".join(lines[1:]))
+
+
+def check_top5_programs(binary, jobs):
+    """On each published row, the new binary's `explore --top 5` rows print different programs."""
+    work = explore_work(binary, False)
+
+    def rows_sharing_a_program(item):
+        label, args = item
+        result = subprocess.run([binary, "explore", *args, "--top", "5", "--json"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            return label, 0, 0
+        top = json.loads(result.stdout)["top"]
+        texts = [program_text(binary, row["args"].split()) for row in top]
+        return label, len(top), len(texts) - len(set(texts))
+
+    shared = 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for label, rows, same in pool.map(rows_sharing_a_program, work):
+            print(f"{label:44} top {rows}: {same} row(s) repeat a program above", flush=True)
+            shared += same > 0
+    print(f"{len(work)} rows: {shared} with two top-5 rows of one program")
+    return shared
+
+
+def explore_work(binary, with_405b):
+    """(label, explore arguments) per published row (and the 405b search)."""
+    work = []
+    for label, args, kept, per_device in explore_rows():
+        estimate = subprocess.run([binary, "estimate", *args, "--json"], capture_output=True,
+                                  text=True, check=True)
+        devices = json.loads(estimate.stdout)["devices"]
+        work.append((label, kept + ["--global-batch-size", str(int(round(per_device * devices)))]))
+    if with_405b:
+        work.append(("llama3.1-405b tpu7x-18432 (exhaustive)", EXPLORE_405B))
+    return work
+
+
+def compare_explore(old, new, with_405b, jobs):
+    """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
+    work = explore_work(new, with_405b)
+
+    def both(item):
+        label, args = item
+        return label, explore_top(old, args), explore_top(new, args)
+
+    differing = 0
+    print(f"{'row':44} {'old s':>8} {'new s':>8} {'ratio':>6}  top 1")
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for label, first, second in pool.map(both, work):
+            same = first[0] == second[0] and first[1] == second[1]
+            ratio = first[2] / second[2] if second[2] > 0 else float("nan")
+            print(f"{label:44} {first[2]:8.2f} {second[2]:8.2f} {ratio:6.2f}  "
+                  f"{'same' if same else 'DIFFERENT'} (step {first[0]} s)", flush=True)
+            if not same:
+                differing += 1
+                print(f"  old: {first[3].get('top', [{}])[0].get('args', first[1])}\n"
+                      f"  new: {second[3].get('top', [{}])[0].get('args', second[1])}\n"
+                      f"  step times {first[0]} vs {second[0]}; program text "
+                      f"{'same' if first[1] == second[1] else 'differs'}")
+    print(f"{len(work)} explore searches: {differing} differ in their top 1")
+    return differing
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("old")
@@ -225,8 +348,19 @@ def main():
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--no-train", action="store_true", help="skip the training runs")
     parser.add_argument("--no-recipes", action="store_true", help="skip the public recipes")
+    parser.add_argument("--explore", action="store_true",
+                        help="compare explore's top 1 on the published rows instead")
+    parser.add_argument("--explore-405b", action="store_true",
+                        help="with --explore: also the exhaustive 405b search on tpu7x-18432")
+    parser.add_argument("--explore-top5", action="store_true",
+                        help="check that the new binary's explore --top 5 rows are different "
+                             "programs on every published row (nothing else)")
     options = parser.parse_args()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
+    if options.explore_top5:
+        sys.exit(1 if check_top5_programs(new, options.jobs) else 0)
+    if options.explore:
+        sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs) else 0)
     lines = configs(options.random)
     differing = 0
     succeeded = 0

@@ -148,6 +148,9 @@ void print_human(const ExploreResult& result) {
                             "%: little margin; --min-hbm-headroom 0.05 keeps 5% free)"
                       : std::string(")"))
               << "\n";
+    if (const int same = result.same_score_as(static_cast<size_t>(rank - 2)); same > 0) {
+      std::cout << "    same step time as #" << same << ", another program\n";
+    }
     std::cout << "    mesh " << ranked.estimate["mesh"].get<std::string>() << "\n";
     std::cout << "    placement";
     for (const auto& [axis, where] : ranked.estimate["mesh_placement"].items()) {
@@ -161,6 +164,9 @@ void print_human(const ExploreResult& result) {
       }
     }
     std::cout << "\n    tpusim estimate " << ranked.args << "\n";
+    for (const std::string& spelling : ranked.same_program) {
+      std::cout << "    same program as: " << spelling << "\n";
+    }
     // tpusim's compiler switches reach a real run through libtpu flags, not MaxText keys.
     std::cout << "    MaxText: ";
     if (!ranked.libtpu_init_args.empty()) {

@@ -144,6 +144,18 @@ WorkerResult search_meshes(const ExploreContext& context, int threads, int rank,
   return merged;
 }
 
+// The overrides in which `other` differs from `kept` (its spelling of the same program).
+std::string differing_overrides(const std::vector<std::string>& kept,
+                                const std::vector<std::string>& other) {
+  std::vector<std::string> differing;
+  for (const std::string& item : other) {
+    if (std::find(kept.begin(), kept.end(), item) == kept.end()) {
+      differing.push_back(item);
+    }
+  }
+  return join(differing);
+}
+
 // A winner, estimated in full through the same path as `tpusim estimate`, with the command line
 // that reproduces it (the user's overrides the candidate does not replace, then its keys).
 RankedCandidate rank_winner(const Config& config, const SearchSpace& space, const Scored& scored) {
@@ -176,6 +188,10 @@ RankedCandidate rank_winner(const Config& config, const SearchSpace& space, cons
   ranked.hbm_capacity_bytes = estimate.memory.capacity_bytes;
   ranked.fits = estimate.memory.fits;
   ranked.objective = scored.objective;
+  for (const Candidate& spelling : scored.spellings) {
+    ranked.same_program.push_back(
+        differing_overrides(overrides, candidate_overrides(space, spelling)));
+  }
   ranked.estimate = estimate.json;
   ranked.breakdown = estimate.timing.breakdown;
   return ranked;
@@ -278,6 +294,7 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   result.samples_seen = merged.samples_seen;
   result.candidates_evaluated = merged.evaluated;
   result.programs_built = merged.programs;
+  result.phases = merged.phases;
   result.pruned = merged.pruned;
   result.smallest_peak_hbm_bytes = std::isfinite(merged.smallest_peak) ? merged.smallest_peak : 0;
   result.usable_hbm_bytes = merged.capacity;
@@ -302,6 +319,7 @@ void add_schedule(ExploreResult& merged, const ExploreResult& part,
   merged.candidates_in_space += part.candidates_in_space;
   merged.candidates_evaluated += part.candidates_evaluated;
   merged.programs_built += part.programs_built;
+  merged.phases.add(part.phases);
   for (const auto& [reason, count] : part.pruned) {
     merged.pruned[reason] += count;
   }
@@ -387,6 +405,7 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
   item["hbm_used_fraction"] = ranked.hbm_used_fraction();
   item["hbm_tight"] = ranked.hbm_used_fraction() > kTightHbmFraction;
   item["fits"] = ranked.fits;
+  item["same_program_as"] = ranked.same_program;
   item["mesh"] = ranked.estimate["mesh"];
   item["mesh_placement"] = ranked.estimate["mesh_placement"];
   item["breakdown"] = ranked.estimate["breakdown"];
@@ -395,6 +414,57 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
 }
 
 }  // namespace
+
+void ExplorePhases::add(const ExplorePhases& other) {
+  const std::vector<double> mine = as_numbers();
+  const std::vector<double> theirs = other.as_numbers();
+  std::vector<double> sum(mine.size());
+  for (size_t index = 0; index < mine.size(); ++index) {
+    sum[index] = mine[index] + theirs[index];
+  }
+  *this = from_numbers(sum);
+}
+
+std::vector<double> ExplorePhases::as_numbers() const {
+  return {partition_s,
+          memory_s,
+          bounds_s,
+          simulate_s,
+          signature_s,
+          static_cast<double>(bound_programs),
+          static_cast<double>(bounded_out_programs),
+          static_cast<double>(unfit_programs),
+          static_cast<double>(timed_programs),
+          static_cast<double>(floor_skipped_programs)};
+}
+
+ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
+  ExplorePhases phases;
+  phases.partition_s = numbers.at(0);
+  phases.memory_s = numbers.at(1);
+  phases.bounds_s = numbers.at(2);
+  phases.simulate_s = numbers.at(3);
+  phases.signature_s = numbers.at(4);
+  phases.bound_programs = static_cast<int64_t>(numbers.at(5));
+  phases.bounded_out_programs = static_cast<int64_t>(numbers.at(6));
+  phases.unfit_programs = static_cast<int64_t>(numbers.at(7));
+  phases.timed_programs = static_cast<int64_t>(numbers.at(8));
+  phases.floor_skipped_programs = static_cast<int64_t>(numbers.at(9));
+  return phases;
+}
+
+nlohmann::json ExplorePhases::to_json() const {
+  return {{"partition", partition_s},
+          {"memory", memory_s},
+          {"bounds", bounds_s},
+          {"simulate", simulate_s},
+          {"program_signatures", signature_s},
+          {"bound_programs", bound_programs},
+          {"bounded_out_programs", bounded_out_programs},
+          {"unfit_programs", unfit_programs},
+          {"timed_programs", timed_programs},
+          {"floor_skipped_programs", floor_skipped_programs}};
+}
 
 ExploreResult explore(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
@@ -448,6 +518,15 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   return merged;
 }
 
+int ExploreResult::same_score_as(size_t index) const {
+  for (size_t above = 0; above < index && index < top.size(); ++above) {
+    if (tie_key(top[above].objective) == tie_key(top[index].objective)) {
+      return static_cast<int>(above) + 1;
+    }
+  }
+  return 0;
+}
+
 nlohmann::json ExploreResult::to_json() const {
   nlohmann::json json;
   json["candidates_in_space"] = candidates_in_space;
@@ -457,6 +536,7 @@ nlohmann::json ExploreResult::to_json() const {
     json["pruned"][reason] = count;
   }
   json["programs_built"] = programs_built;
+  json["phases"] = phases.to_json();
   json["elapsed_s"] = elapsed_s;
   json["threads"] = threads;
   json["ranks"] = ranks;
@@ -474,8 +554,10 @@ nlohmann::json ExploreResult::to_json() const {
     }
   }
   json["top"] = nlohmann::json::array();
-  for (const RankedCandidate& ranked : top) {
-    json["top"].push_back(ranked_json(ranked));
+  for (size_t index = 0; index < top.size(); ++index) {
+    nlohmann::json item = ranked_json(top[index]);
+    item["same_score_as_rank"] = same_score_as(index);
+    json["top"].push_back(std::move(item));
   }
   return json;
 }

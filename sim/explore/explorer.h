@@ -8,12 +8,14 @@
 //     (sharding/divisibility.h: estimate and train refuse the same splits);
 //   - same_placement: a placement choice (mesh_placement_first) that lays the mesh's axes onto
 //     exactly the physical portions an earlier choice does, or names an axis of size 1 there;
-//   - weights_exceed_hbm: the mesh's weights and optimizer state alone exceed HBM (read from the
-//     memory model of the mesh's first program; they do not depend on batch or remat);
-//   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit);
-//     batches are tried in increasing size and memory grows with the batch, so once a batch does
-//     not fit, the larger ones of the same mesh and remat are pruned unbuilt (all of them once no
-//     policy fits);
+//   - weights_exceed_hbm: the mesh's weights and optimizer state alone exceed HBM (the memory
+//     floor's state, sim/explore/memory_floor.h: the memory model's exactly, from the step and
+//     the mesh without a program; they do not depend on batch or remat);
+//   - does_not_fit_hbm: peak HBM of the program over the usable HBM (less the headroom limit),
+//     or, before the program is built, its memory floor (state plus the activations the remat
+//     policy saves, at most the peak) already over it; batches are tried in increasing size and
+//     memory grows with the batch, so once a batch does not fit, the larger ones of the same mesh
+//     and remat are pruned unbuilt (all of them once no policy fits);
 //   - cannot_beat_top (branch and bound, sim/explore/step_bounds.h): the TensorCore runs compute
 //     ops one at a time, so the sum of their costs bounds a program's step time from below
 //     whatever the collectives and perf switches do. Per (mesh, batch), the remat_policy=none
@@ -28,7 +30,11 @@
 // variants (attention kind, flash blocks, SparseCore offload, collective matmul: the attention
 // kind changes the kernel's cost, not the program), and those are timed without trace or
 // breakdown. Meshes are spread over threads; the top N (ties broken by the order of the space, so
-// results do not depend on threads) get a full estimate.
+// results do not depend on threads) get a full estimate. The top N are N different per-device
+// programs (sim/explore/program_signature.h): of the candidates that run one program (timing
+// switches and placements, or the same program spelled with other mesh axes) the best is listed,
+// with the other spellings it timed (RankedCandidate::same_program). Where the time went is in
+// ExploreResult::phases.
 // The parts, one file each: the space (search_space.h), a candidate and its keys (candidate.h),
 // the objective (objective.h), the shared training steps (training_step_cache.h), the
 // divisibility rule (divisibility.h), one mesh's evaluation (mesh_evaluator.h), what the workers
@@ -105,6 +111,9 @@ struct RankedCandidate {
   double hbm_capacity_bytes = 0;
   bool fits = false;
   double objective = 0;  // larger is better (step time: its negative)
+  // Other candidates found to run the same per-device program (program_signature.h), each as the
+  // overrides in which it differs from this one ("ici_fsdp_parallelism=8 ici_expert_...=2").
+  std::vector<std::string> same_program;
   // The share of usable HBM the candidate's peak takes; above kTightHbmFraction it fits with
   // little margin for what the memory model does not count (fragmentation, XLA's scratch).
   double hbm_used_fraction() const {
@@ -138,6 +147,28 @@ struct PipelineOption {
   std::string args;                 // its overrides
 };
 
+// Where a search's time went, summed over worker threads (and ranks): CPU-side seconds of each
+// phase, so with T threads they add up to about T x elapsed_s (less the setup and the final full
+// estimates of the top N).
+struct ExplorePhases {
+  double partition_s = 0;            // partitioning per-device programs
+  double memory_s = 0;               // memory estimates (fit)
+  double bounds_s = 0;               // TensorCore and collective lower bounds
+  double simulate_s = 0;             // timing candidates (StepSimulator set-up and runs)
+  double signature_s = 0;            // program signatures of candidates that enter a top N
+  int64_t bound_programs = 0;        // remat_policy=none programs built to bound a batch
+  int64_t bounded_out_programs = 0;  // of them, those whose bound skipped the whole batch
+  int64_t unfit_programs = 0;        // programs built whose every attention kind exceeds HBM
+  int64_t timed_programs = 0;        // programs of which at least one candidate was timed
+  // (mesh, batch, remat) programs not built: their memory floor (memory_floor.h) exceeds HBM.
+  int64_t floor_skipped_programs = 0;
+
+  void add(const ExplorePhases& other);
+  std::vector<double> as_numbers() const;  // for merge_ranks
+  static ExplorePhases from_numbers(const std::vector<double>& numbers);
+  nlohmann::json to_json() const;
+};
+
 struct ExploreResult {
   SearchSpace space;  // the first schedule's (no pipeline unless the stage axis is pinned)
   int64_t candidates_in_space = 0;               // over every pipeline schedule searched
@@ -145,15 +176,22 @@ struct ExploreResult {
   int64_t candidates_evaluated = 0;
   std::map<std::string, int64_t> pruned;  // reason -> candidates
   int64_t programs_built = 0;
+  ExplorePhases phases;
   double elapsed_s = 0;
   int threads = 1;  // per rank
   int ranks = 1;
   ExploreObjective objective = ExploreObjective::kTokensPerSecondPerChip;
-  std::vector<RankedCandidate> top;    // best first
-  double smallest_peak_hbm_bytes = 0;  // over programs built (why nothing fits)
+  std::vector<RankedCandidate> top;  // best first
+  // Over the programs considered (why nothing fits): the least peak of those built, or the memory
+  // floor (memory_floor.h, at most the peak) of those whose floor alone exceeded HBM.
+  double smallest_peak_hbm_bytes = 0;
   double usable_hbm_bytes = 0;
   std::vector<ExploreSample> samples;  // with ExploreOptions::max_samples
   int64_t samples_seen = 0;            // candidates the samples were drawn from
+  // The rank (from 1) of the first row above top[index] that scores the same to 9 digits
+  // (tie_key): a different program that times the same (fsdp vs fsdp_transpose splits of one
+  // size, say); 0 when there is none.
+  int same_score_as(size_t index) const;
   nlohmann::json to_json() const;
 };
 

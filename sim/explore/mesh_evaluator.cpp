@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 
 #include "hw/chip_spec.h"
 #include "model/config.h"
 #include "sharding/logical_rules.h"
 #include "sim/explore/objective.h"
+#include "sim/explore/program_signature.h"
 #include "sim/memory/memory_model.h"
 
 namespace tpusim {
@@ -18,6 +20,26 @@ bool any_fits(const std::vector<bool>& by_kind) {
 
 double lowest(const std::vector<double>& bounds) {
   return *std::min_element(bounds.begin(), bounds.end());
+}
+
+// Adds the seconds from construction to destruction to `into` (ExplorePhases).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double& into) : into_(into), started_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+MemoryEstimate timed_memory(const StepProgram& program, WorkerResult& out) {
+  const PhaseTimer timer(out.phases.memory_s);
+  return estimate_memory(program);
 }
 
 }  // namespace
@@ -43,7 +65,7 @@ struct MeshEvaluator::MeshPlan {
   std::vector<int64_t> per_kind;          // a kind's candidates of one (batch, remat)
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
-  bool first_program = true;
+  uint64_t signature = 0;  // program_signature of `program`, once needed (0: not yet)
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -85,9 +107,72 @@ CostContext MeshEvaluator::cost_context(const std::string& attention,
   return cost;
 }
 
+double MeshEvaluator::usable_hbm() const {
+  const double capacity = context_.space.slice.chip->hbm_usable_bytes_per_device() *
+                          (1.0 - context_.settings.hbm_headroom_fraction);
+  return capacity * (1 - context_.options.limits.min_hbm_headroom);
+}
+
+bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
+  return perf.sparse_core_offload == "on" ||
+         (perf.sparse_core_offload == "auto" &&
+          context_.space.slice.chip->sparsecore_collective_offload_default > 0);
+}
+
+std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
+    MeshPlan& plan) const {
+  std::vector<SwitchBounds> result(plan.placed.size());
+  StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    for (const Variant& variant : variants_) {
+      const bool offload = offload_on(variant.perf);
+      std::optional<CollectiveBounds>& bounds =
+          result[which][offload][variant.perf.collective_matmul];
+      if (!bounds.has_value()) {
+        PerfOptions perf_options = context_.base_perf;
+        perf_options.record_details = false;
+        perf_options.sparse_core_offload = offload;
+        perf_options.collective_matmul = variant.perf.collective_matmul;
+        bounds = simulator.collective_bounds(perf_options);
+      }
+    }
+  }
+  plan.program.mesh = plan.placed.front();
+  return result;
+}
+
+double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
+                                       const std::vector<SwitchBounds>& collectives) const {
+  if (collectives.empty()) {
+    return lowest(compute);  // no collectives worked out: the compute bound alone
+  }
+  double least = std::numeric_limits<double>::infinity();
+  for (const SwitchBounds& placement : collectives) {
+    for (const Variant& variant : variants_) {
+      const CollectiveBounds& bounds =
+          *placement[offload_on(variant.perf)][variant.perf.collective_matmul];
+      least = std::min(least, std::max(compute[variant.context] + bounds.tensorcore_driven_seconds,
+                                       bounds.busiest_link_seconds));
+    }
+  }
+  return least;
+}
+
 void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
   MeshPlan plan;
   if (!plan_mesh(mesh_index, plan, out)) {
+    return;
+  }
+  // Weights and optimizer state do not depend on batch, remat or attention: the memory floor's
+  // state is the memory model's exactly, so no program is needed to see they do not fit.
+  const double state =
+      context_.steps.memory_floor(plan.dividing.front(), 0).bytes(*plan.mesh, context_.rules).state;
+  if (state > usable_hbm()) {
+    out.capacity = usable_hbm();
+    out.smallest_peak = std::min(out.smallest_peak, state);  // the peak is at least this
+    out.pruned[kPrunedWeightsExceedHbm] +=
+        static_cast<int64_t>(plan.dividing.size()) * plan.per_distinct_batch;
     return;
   }
   for (size_t at = 0; at < plan.dividing.size(); ++at) {
@@ -163,7 +248,11 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   plan.program.microbatch = choice.microbatch;
   plan.program.accumulation_steps = choice.accumulation_steps;
   plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
-  plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
+  {
+    const PhaseTimer timer(out.phases.partition_s);
+    plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
+  }
+  plan.signature = 0;
   ++out.programs;
 }
 
@@ -196,22 +285,49 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   batch.choice = &space.batches[batch.index];
   batch.tokens = static_cast<double>(batch.choice->microbatch * batch.choice->accumulation_steps) *
                  static_cast<double>(context_.settings.max_target_length);
+  // Memory floors first (memory_floor.h): a policy whose floor exceeds HBM does not fit here or
+  // at a larger batch, and no program is built for it.
+  std::vector<bool> floored(remats, false);
+  for (size_t remat = 0; remat < remats; ++remat) {
+    floored[remat] = any_fits(plan.fitted[remat]) && exceeds_floor(plan, batch, remat, out);
+  }
+  const bool some_fit = std::any_of(plan.fitted.begin(), plan.fitted.end(), any_fits);
   // Branch and bound over the remat policies, from the remat_policy=none program: its
   // TensorCore bound bounds every policy (skip the batch if even that cannot beat the top N),
   // and with each policy's recomputation added it bounds that policy without partitioning it.
-  std::optional<ComputeBounds> none;
-  if (remats > 1 && !plan.first_program &&
+  std::optional<NoneBounds> none;
+  if (some_fit && remats > 1 &&
       context_.threshold.get() > -std::numeric_limits<double>::infinity()) {
     build(plan, batch.index, TrainingStepCache::kNoRemat, out);
-    none = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
-    if (cannot_reach(best_possible(batch, lowest(none->step)), context_.threshold.get())) {
+    ++out.phases.bound_programs;
+    bool bounded_out = false;
+    {
+      const PhaseTimer timer(out.phases.bounds_s);
+      none.emplace();
+      none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+      bounded_out =
+          cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
+      if (!bounded_out) {
+        none->collectives = collective_bounds_by_placement(plan);
+        bounded_out = cannot_reach(
+            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
+            context_.threshold.get());
+      }
+    }
+    if (bounded_out) {
+      ++out.phases.bounded_out_programs;
       for (size_t remat = 0; remat < remats; ++remat) {
-        prune_remat(plan, remat, out);
+        if (!floored[remat]) {
+          prune_remat(plan, remat, out);
+        }
       }
       return true;
     }
   }
   for (size_t remat = 0; remat < remats; ++remat) {
+    if (floored[remat]) {
+      continue;  // counted by exceeds_floor
+    }
     if (!evaluate_remat(plan, batch, remat, none, out)) {
       return false;
     }
@@ -219,40 +335,62 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   return true;
 }
 
+bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                  WorkerResult& out) const {
+  // The floor (state and saved activations) is below the peak of every attention kind.
+  const double floor =
+      context_.steps.memory_floor(batch.index, remat).bytes(*plan.mesh, context_.rules).total();
+  if (floor <= usable_hbm()) {
+    return false;
+  }
+  ++out.phases.floor_skipped_programs;
+  out.capacity = usable_hbm();
+  out.smallest_peak = std::min(out.smallest_peak, floor);  // the peak is at least this
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    // A kind that did not fit a smaller batch is counted the same way (check_fit does too).
+    plan.fitted[remat][kind] = false;
+    out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+  }
+  return true;
+}
+
 bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                                   const std::optional<ComputeBounds>& none, WorkerResult& out) {
+                                   const std::optional<NoneBounds>& none, WorkerResult& out) {
   if (!any_fits(plan.fitted[remat])) {
     out.pruned[kPrunedDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
     return true;
   }
-  if (none.has_value() &&
-      cannot_reach(best_possible(batch, lowest(remat_bounds(
-                                            *none, context_.steps.recomputed(batch.index, remat),
-                                            batch.choice->accumulation_steps))),
-                   context_.threshold.get())) {
-    prune_remat(plan, remat, out);
-    return true;
+  if (none.has_value()) {
+    bool bounded_out = false;
+    {
+      const PhaseTimer timer(out.phases.bounds_s);
+      const std::vector<double> compute =
+          remat_bounds(none->compute, context_.steps.recomputed(batch.index, remat),
+                       batch.choice->accumulation_steps);
+      bounded_out = cannot_reach(best_possible(batch, least_step_bound(compute, none->collectives)),
+                                 context_.threshold.get());
+    }
+    if (bounded_out) {
+      prune_remat(plan, remat, out);
+      return true;
+    }
   }
   build(plan, batch.index, remat, out);
   plan.program.attention_scores_in_hbm = false;
-  const MemoryEstimate memory = estimate_memory(plan.program);
+  const MemoryEstimate memory = timed_memory(plan.program, out);
   const double usable = memory.capacity_bytes * (1 - context_.options.limits.min_hbm_headroom);
   out.capacity = usable;
   out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);  // the least of kinds
-  if (plan.first_program) {
-    plan.first_program = false;
-    const double persistent = memory.at_peak.weights + memory.at_peak.optimizer_state;
-    if (persistent > usable) {
-      // Weights and optimizer state do not depend on batch, remat or attention.
-      out.pruned[kPrunedWeightsExceedHbm] +=
-          static_cast<int64_t>(plan.dividing.size()) * plan.per_distinct_batch;
-      return false;
-    }
-  }
   std::vector<double> kind_peaks(plan.per_kind.size(), memory.peak_bytes);
   check_fit(plan, remat, memory, usable, kind_peaks, out);
-  if (any_fits(plan.fitted[remat])) {
-    time_variants(plan, batch, remat, kind_peaks, out);
+  if (!any_fits(plan.fitted[remat])) {
+    ++out.phases.unfit_programs;
+  } else {
+    // The remat_policy=none program that bounded the batch is this one: its bounds are known.
+    const bool is_none =
+        none.has_value() &&
+        plan.program.step == context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
+    time_variants(plan, batch, remat, kind_peaks, is_none ? &none->compute.step : nullptr, out);
   }
   return true;
 }
@@ -267,7 +405,7 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
     double peak = memory.peak_bytes;
     if (context_.space.attention_kinds[kind] == "dot_product") {
       plan.program.attention_scores_in_hbm = true;
-      peak = estimate_memory(plan.program).peak_bytes;
+      peak = timed_memory(plan.program, out).peak_bytes;
       plan.program.attention_scores_in_hbm = false;
     }
     kind_peaks[kind] = peak;
@@ -280,12 +418,20 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
 }
 
 void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                                  const std::vector<double>& kind_peaks, WorkerResult& out) {
+                                  const std::vector<double>& kind_peaks,
+                                  const std::vector<double>* known_bounds, WorkerResult& out) {
   const ChipSpec& chip = *context_.space.slice.chip;
   const double chips = context_.space.slice.total_chips();
   SharedThreshold& threshold = context_.threshold;
-  const std::vector<double> context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
+  std::vector<double> context_bounds;
+  if (known_bounds != nullptr) {
+    context_bounds = *known_bounds;
+  } else {
+    const PhaseTimer timer(out.phases.bounds_s);
+    context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
+  }
   std::optional<StepSimulator> simulator;  // shared by the timing variants below
+  bool simulated = false;
   for (size_t which = 0; which < plan.placed.size(); ++which) {
     plan.program.mesh = plan.placed[which];
     // The collectives' bounds depend on the placement and the perf switches, not on the
@@ -299,20 +445,20 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
       PerfOptions perf_options = context_.base_perf;
       perf_options.record_details = false;  // ranking needs the times only
       perf_options.cost = contexts_[variant.context];
-      perf_options.sparse_core_offload = variant.perf.sparse_core_offload == "on" ||
-                                         (variant.perf.sparse_core_offload == "auto" &&
-                                          chip.sparsecore_collective_offload_default > 0);
+      perf_options.sparse_core_offload = offload_on(variant.perf);
       perf_options.collective_matmul = variant.perf.collective_matmul;
       if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold.get())) {
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }
       if (!simulator.has_value()) {
+        const PhaseTimer timer(out.phases.simulate_s);
         simulator.emplace(plan.program);
       }
       std::optional<CollectiveBounds>& bounds =
           collective_bounds[perf_options.sparse_core_offload][perf_options.collective_matmul];
       if (!bounds.has_value()) {
+        const PhaseTimer timer(out.phases.bounds_s);
         bounds = simulator->collective_bounds(perf_options);
       }
       // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
@@ -323,7 +469,13 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }
-      const StepTiming timing = simulator->run(perf_options);
+      out.phases.timed_programs += simulated ? 0 : 1;
+      simulated = true;
+      StepTiming timing;
+      {
+        const PhaseTimer timer(out.phases.simulate_s);
+        timing = simulator->run(perf_options);
+      }
       ++out.evaluated;
       const double step = timing.step_seconds;
       const double per_chip = batch.tokens / step / chips;
@@ -340,6 +492,14 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
                           numbering_.order(plan.mesh_index, batch.index, remat,
                                            static_cast<size_t>(plan.placement_ids[which]), index)};
       scored.objective = objective_value(context_.options.objective, step, mfu, per_chip);
+      if (!out.would_enter(scored, top_size_)) {
+        continue;  // nor better than an entry of its own program (each is above the last)
+      }
+      if (plan.signature == 0) {
+        const PhaseTimer timer(out.phases.signature_s);
+        plan.signature = program_signature(plan.program);
+      }
+      scored.program = plan.signature;
       out.offer(std::move(scored), top_size_);
       if (out.top.size() == top_size_) {
         threshold.raise(out.top.back().objective);

@@ -15,6 +15,7 @@
 //   evaluator.evaluate(/*mesh_index=*/3, found);
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -84,8 +85,25 @@ class MeshEvaluator {
   };
   struct MeshPlan;
   struct BatchWork;
+  // Collective bounds of one program under one placement, by [SparseCore offload][collective
+  // matmul] (those the variants use).
+  using SwitchBounds = std::array<std::array<std::optional<CollectiveBounds>, 2>, 2>;
+  // The remat_policy=none program's bounds, which bound every policy of the same mesh and batch
+  // before it is partitioned: its TensorCore bounds (plus a policy's recomputation), and its
+  // collectives per placement (a policy runs at least the collectives of none: step_bounds.h).
+  struct NoneBounds {
+    ComputeBounds compute;
+    std::vector<SwitchBounds> collectives;  // per placement
+  };
 
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
+  bool offload_on(const PerfChoice& perf) const;
+  // plan.program's collective bounds under every placement of the plan.
+  std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
+  // The least step bound over the plan's placements and the variants: per variant, its context's
+  // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
+  double least_step_bound(const std::vector<double>& compute,
+                          const std::vector<SwitchBounds>& collectives) const;
   // The batches that divide and the distinct placements of the mesh; false if no batch divides.
   bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
   // Makes plan.program the program of (batch, remat), partitioning only when its training step
@@ -93,18 +111,25 @@ class MeshEvaluator {
   void build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out);
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
+  // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
+  // when its memory floor at this batch exceeds HBM: no program needs to be built.
+  bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
   bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                      const std::optional<ComputeBounds>& none, WorkerResult& out);
+                      const std::optional<NoneBounds>& none, WorkerResult& out);
   // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
   void check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate& memory, double usable,
                  std::vector<double>& kind_peaks, WorkerResult& out);
-  // Times the program's variants (placements x attention kinds x perf switches) that fit.
+  // Times the program's variants (placements x attention kinds x perf switches) that fit;
+  // `known_bounds`: the program's TensorCore bounds when already worked out (remat_policy=none's).
   void time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
-                     const std::vector<double>& kind_peaks, WorkerResult& out);
+                     const std::vector<double>& kind_peaks, const std::vector<double>* known_bounds,
+                     WorkerResult& out);
   // Prunes one remat's candidates at a batch as cannot_beat_top (the kinds that did not fit a
   // smaller batch as does_not_fit_hbm).
   static void prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out);
   double best_possible(const BatchWork& batch, double step_lower_bound) const;
+  // Usable HBM per device less the --min-hbm-headroom share (what a candidate's peak must fit).
+  double usable_hbm() const;
 
   ExploreContext context_;
   CandidateNumbering numbering_;

@@ -16,6 +16,11 @@
 //     (the same ops on the same local shapes: only where backward reads forward tensors from
 //     changes) plus clones of forward ops that it recomputes, whose local shapes and costs are the
 //     originals'. A clone whose original is not found adds nothing, so the bound stays a bound.
+//     The policy also runs at least the collectives of "none" (recomputation adds readers of the
+//     same weights and activations, not fewer collectives; an observation over random candidates
+//     in step_bounds_test, not a proof), so "none"'s collective bounds, per placement and perf
+//     switches, bound the policy's too: the explorer bounds a policy with both before
+//     partitioning it.
 //
 // Example:
 //   ComputeBounds none = tensorcore_lower_bounds(none_program, contexts, true);

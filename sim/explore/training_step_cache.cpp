@@ -29,6 +29,12 @@ const std::vector<RecomputedOp>& TrainingStepCache::recomputed(size_t batch, siz
   return found.recomputed;
 }
 
+const MemoryFloor& TrainingStepCache::memory_floor(size_t batch, size_t remat) {
+  Entry& found = entry(batch, remat);
+  std::call_once(found.floor_once, [&] { found.floor.emplace(*found.step); });
+  return *found.floor;
+}
+
 TrainingStepCache::Entry& TrainingStepCache::entry(size_t batch, size_t remat) {
   if (remat == kNoRemat && none_ != kNoRemat) {
     remat = none_;  // the space's own "none": one step, so programs can be shared

@@ -10,6 +10,7 @@
 //   std::shared_ptr<const TrainingStep> step = steps.get(/*batch=*/0, /*remat=*/1);
 //   steps.get(0, TrainingStepCache::kNoRemat);  // remat_policy=none, for the bounds
 //   steps.recomputed(0, 1);  // what remat 1 recomputes beyond none
+//   steps.memory_floor(0, 1).bytes(mesh, rules);  // its HBM floor on a mesh
 #pragma once
 
 #include <cstddef>
@@ -17,10 +18,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/autodiff/training_step.h"
+#include "sim/explore/memory_floor.h"
 #include "sim/explore/search_space.h"
 #include "sim/explore/step_bounds.h"
 
@@ -40,11 +43,16 @@ class TrainingStepCache {
   // What `remat` recomputes beyond remat_policy=none (see remat_bounds).
   const std::vector<RecomputedOp>& recomputed(size_t batch, size_t remat);
 
+  // The step's memory floor (memory_floor.h), built on first use.
+  const MemoryFloor& memory_floor(size_t batch, size_t remat);
+
  private:
   struct Entry {
     std::shared_ptr<const TrainingStep> step;
     std::once_flag recomputed_once;
     std::vector<RecomputedOp> recomputed;
+    std::once_flag floor_once;
+    std::optional<MemoryFloor> floor;
   };
 
   Entry& entry(size_t batch, size_t remat);

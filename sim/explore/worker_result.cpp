@@ -8,11 +8,50 @@
 namespace tpusim {
 namespace {
 
+// Ranks by the objective to 9 digits, then the space's order: of candidates that score the same
+// for the user the first in the space's order wins, whatever order they arrive in.
 bool better(const Scored& a, const Scored& b) {
-  if (a.objective != b.objective) {
-    return a.objective > b.objective;
+  const double key_a = tie_key(a.objective);
+  const double key_b = tie_key(b.objective);
+  if (key_a != key_b) {
+    return key_a > key_b;
   }
   return a.candidate.order < b.candidate.order;
+}
+
+// One answer for the user: the same program, or (without signatures) the same score.
+bool same_answer(const Scored& a, const Scored& b) {
+  if (a.program != 0 && b.program != 0) {
+    return a.program == b.program;
+  }
+  return tie_key(a.objective) == tie_key(b.objective);
+}
+
+bool same_spelling(const Candidate& a, const Candidate& b) {
+  return a.mesh.ici == b.mesh.ici && a.mesh.dcn == b.mesh.dcn &&
+         a.batch.per_device_batch_size == b.batch.per_device_batch_size &&
+         a.batch.accumulation_steps == b.batch.accumulation_steps && a.remat == b.remat;
+}
+
+// Adds `candidate` to `kept`'s other spellings unless it is kept's own or already listed.
+void add_spelling(Scored& kept, const Candidate& candidate) {
+  if (kept.spellings.size() >= kMaxSpellings || same_spelling(kept.candidate, candidate)) {
+    return;
+  }
+  for (const Candidate& listed : kept.spellings) {
+    if (same_spelling(listed, candidate)) {
+      return;
+    }
+  }
+  kept.spellings.push_back(candidate);
+}
+
+// The better of two entries of one answer, with the other's spellings.
+void absorb(Scored& winner, const Scored& loser) {
+  add_spelling(winner, loser.candidate);
+  for (const Candidate& spelling : loser.spellings) {
+    add_spelling(winner, spelling);
+  }
 }
 
 const std::vector<std::string>& prune_reasons() {
@@ -54,18 +93,22 @@ void WorkerResult::sample(const ExploreSample& value, size_t limit) {
   }
 }
 
+bool WorkerResult::would_enter(const Scored& scored, size_t limit) const {
+  return top.size() < limit || better(scored, top.back());
+}
+
 void WorkerResult::offer(Scored scored, size_t limit) {
-  // Candidates that score the same (tie_key) are one answer for the user: the list keeps the
-  // first in the space's order, whatever order they arrive in, and gives its other places to
-  // different answers.
-  const double key = tie_key(scored.objective);
-  const auto tie = std::find_if(
-      top.begin(), top.end(), [key](const Scored& kept) { return tie_key(kept.objective) == key; });
-  if (tie != top.end()) {
-    if (scored.candidate.order >= tie->candidate.order) {
+  // One entry per answer (same_answer): the better candidate stays, with the other's spellings,
+  // and the other places go to different answers.
+  const auto same = std::find_if(top.begin(), top.end(),
+                                 [&](const Scored& kept) { return same_answer(kept, scored); });
+  if (same != top.end()) {
+    if (!better(scored, *same)) {
+      absorb(*same, scored);
       return;
     }
-    top.erase(tie);
+    absorb(scored, *same);
+    top.erase(same);
   }
   if (top.size() == limit && !better(scored, top.back())) {
     return;
@@ -81,6 +124,7 @@ void WorkerResult::merge(WorkerResult other, size_t limit) {
   programs += other.programs;
   smallest_peak = std::min(smallest_peak, other.smallest_peak);
   capacity = std::max(capacity, other.capacity);
+  phases.add(other.phases);
   for (const auto& [reason, count] : other.pruned) {
     pruned[reason] += count;
   }
@@ -96,6 +140,8 @@ WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
   std::vector<double> encoded = {static_cast<double>(mine.evaluated),
                                  static_cast<double>(mine.programs), mine.smallest_peak,
                                  mine.capacity};
+  const std::vector<double> phases = mine.phases.as_numbers();
+  encoded.insert(encoded.end(), phases.begin(), phases.end());
   for (const std::string& reason : prune_reasons()) {
     const auto found = mine.pruned.find(reason);
     encoded.push_back(found == mine.pruned.end() ? 0.0 : static_cast<double>(found->second));
@@ -103,6 +149,7 @@ WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
   for (const Scored& scored : mine.top) {
     encoded.push_back(static_cast<double>(scored.candidate.order));
     encoded.push_back(scored.objective);
+    encoded.push_back(static_cast<double>(scored.program));  // < 2^52: exact
   }
   WorkerResult merged;
   for (const std::vector<double>& theirs : processes.all_gather(encoded)) {
@@ -111,16 +158,22 @@ WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
     merged.programs += static_cast<int64_t>(theirs[at++]);
     merged.smallest_peak = std::min(merged.smallest_peak, theirs[at++]);
     merged.capacity = std::max(merged.capacity, theirs[at++]);
+    const size_t phase_count = ExplorePhases().as_numbers().size();
+    merged.phases.add(ExplorePhases::from_numbers(
+        std::vector<double>(theirs.begin() + static_cast<std::ptrdiff_t>(at),
+                            theirs.begin() + static_cast<std::ptrdiff_t>(at + phase_count))));
+    at += phase_count;
     for (const std::string& reason : prune_reasons()) {
       const auto count = static_cast<int64_t>(theirs[at++]);
       if (count > 0) {
         merged.pruned[reason] += count;
       }
     }
-    for (; at + 1 < theirs.size(); at += 2) {
+    for (; at + 2 < theirs.size(); at += 3) {
       Scored scored;
       scored.candidate = numbering.candidate(static_cast<int64_t>(theirs[at]));
       scored.objective = theirs[at + 1];
+      scored.program = static_cast<uint64_t>(theirs[at + 2]);
       merged.offer(std::move(scored), top);
     }
   }

@@ -1,11 +1,14 @@
 // sim/explore/worker_result.h: what part of an explore search found (one worker thread's meshes,
 // or one rank's), and how the parts merge into the search's result.
 //
-// A part keeps its best N candidates of different scores (candidates that score the same are one
-// entry, the first in the space's order, so the merged top N does not depend on how the meshes
-// were split), counts of what it evaluated and pruned by reason
-// (the kPruned* names of sim/explore/explorer.h), and a uniform sample of what it evaluated for
-// plots.
+// A part keeps its best N answers: one entry per per-device program (program_signature.h; the
+// candidates of one program differ only in placement and timing switches, or spell the same
+// program with other mesh axes), the best of them, with the other spellings it saw. Entries rank
+// by the objective to 9 digits (tie_key), then the space's order, so the merged top N does not
+// depend on how the meshes were split. Candidates without a signature (0) are one entry per
+// tie_key, the first in the space's order. It also counts what it evaluated and pruned by reason
+// (the kPruned* names of sim/explore/explorer.h), the time its phases took, and keeps a uniform
+// sample of what it evaluated for plots.
 //
 // Example:
 //   WorkerResult part;
@@ -49,7 +52,13 @@ bool cannot_reach(double bound, double threshold);
 struct Scored {
   Candidate candidate;
   double objective = 0;
+  uint64_t program = 0;  // program_signature; 0: not known (one entry per tie_key)
+  // Other candidates of the same program with another mesh, batch split or remat policy (at most
+  // kMaxSpellings), not timed better than this one.
+  std::vector<Candidate> spellings;
 };
+
+inline constexpr size_t kMaxSpellings = 8;
 
 struct WorkerResult {
   std::vector<Scored> top;  // kept sorted best first, at most N
@@ -58,6 +67,7 @@ struct WorkerResult {
   std::map<std::string, int64_t> pruned;
   double smallest_peak = std::numeric_limits<double>::infinity();
   double capacity = 0;
+  ExplorePhases phases;
   // A uniform sample of what was evaluated (reservoir sampling, a fixed seed per worker).
   std::vector<ExploreSample> samples;
   int64_t samples_seen = 0;
@@ -65,15 +75,18 @@ struct WorkerResult {
 
   // Keeps `value` in the sample with the probability that keeps the sample uniform.
   void sample(const ExploreSample& value, size_t limit);
+  // True when `scored` would enter the best `limit` so far (else offer() would at most list it
+  // as another spelling of an entry).
+  bool would_enter(const Scored& scored, size_t limit) const;
   // Keeps `scored` if it is among the best `limit` so far.
   void offer(Scored scored, size_t limit);
   // Adds another part's counts, samples and top (keeping the best `limit`).
   void merge(WorkerResult other, size_t limit);
 };
 
-// Merges every rank's counts and top N (exchanged as numbers: counts, then (order, objective)
-// pairs, from which each candidate is rebuilt); every rank gets the same merged result, without
-// samples.
+// Merges every rank's counts, phase times and top N (exchanged as numbers: counts, then
+// (order, objective, program) triples, from which each candidate is rebuilt); every rank gets the
+// same merged result, without samples or other spellings.
 WorkerResult merge_ranks(const WorkerResult& mine, ProcessGroup& processes,
                          const CandidateNumbering& numbering, size_t top);
 

@@ -6,13 +6,17 @@
 //   - on v7x with the SparseCore offload off, the TensorCore bound plus the collectives the
 //     TensorCore drives still never exceeds the step, and is the tighter for them;
 //   - the busiest link's seconds never exceed the step, on every kind of link (ICI, DCN, the
-//     SparseCore queues, the host link), with and without accumulation.
+//     SparseCore queues, the host link), with and without accumulation;
+//   - the remat_policy=none program's collectives bound every policy's (a policy runs at least
+//     them), so the explorer's bound of a policy before partitioning it (its compute bound from
+//     none, with none's collectives) never exceeds the policy's step, over random candidates.
 #include "sim/explore/step_bounds.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -187,6 +191,85 @@ TEST(StepBounds, BusiestLinkNeverExceedsTheStep) {
       }
     }
   }
+}
+
+// The explorer bounds a remat policy before partitioning it from the remat_policy=none program of
+// the same mesh and batch: compute from remat_bounds, collectives from none's. Over random
+// candidates (models, slices, meshes, batches, accumulation, policies, perf switches, attention
+// contexts): none's collective bounds never exceed the policy's, and the bound never exceeds the
+// step the performance engine gives the policy's own program.
+TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
+  const std::vector<std::vector<std::string>> settings = {
+      {"model_name=llama2-7b", "compile_topology=v5p-16", "max_target_length=2048"},
+      {"model_name=llama2-7b", "compile_topology=tpu7x-16", "max_target_length=2048"},
+      {"model_name=llama3.1-8b", "compile_topology=v6e-8", "max_target_length=4096"},
+      {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024"},
+      {"model_name=llama2-7b", "compile_topology=v5e-8", "compile_topology_num_slices=2",
+       "max_target_length=1024", "dcn_data_parallelism=2"},
+  };
+  const std::vector<std::vector<std::string>> meshes = {
+      {"ici_fsdp_parallelism=-1"},
+      {"ici_fsdp_parallelism=-1", "ici_tensor_parallelism=2"},
+      {"ici_data_parallelism=2", "ici_fsdp_parallelism=-1"},
+      {"ici_fsdp_parallelism=-1", "ici_context_parallelism=2"},
+      {"ici_fsdp_parallelism=-1", "ici_expert_parallelism=2"},
+      {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=-1"},
+  };
+  std::mt19937 random(40);
+  int checked = 0;
+  for (int draw = 0; draw < 24; ++draw) {
+    std::vector<std::string> keys = settings[random() % settings.size()];
+    const std::vector<std::string>& mesh = meshes[random() % meshes.size()];
+    keys.insert(keys.end(), mesh.begin(), mesh.end());
+    keys.push_back("per_device_batch_size=" + std::to_string(1 + random() % 2));
+    keys.push_back("gradient_accumulation_steps=" + std::to_string(1 + random() % 2));
+    const std::string policy = kPolicies[random() % kPolicies.size()];
+    Config none_config = Config::load("", keys);
+    none_config.set("remat_policy", "none", "test");
+    Config config = none_config;
+    config.set("remat_policy", policy, "test");
+    StepProgram none_program;
+    StepProgram program;
+    try {
+      none_program = build_step_program(none_config);
+      program = build_step_program(config);
+    } catch (const std::exception&) {
+      continue;  // a mesh the model does not split evenly
+    }
+    const PerfOptions base = perf_options_from_config(config, *program.slice.chip);
+    const std::vector<CostContext> contexts = contexts_of(base);
+    const std::vector<double> compute = remat_bounds(
+        tensorcore_lower_bounds(none_program, contexts, true),
+        recomputed_beyond_none(*program.step, *none_program.step), program.accumulation_steps);
+    StepSimulator none_simulator(none_program);
+    StepSimulator simulator(program);
+    for (const bool offload : {false, true}) {
+      for (const bool collective_matmul : {false, true}) {
+        PerfOptions options = base;
+        options.record_details = false;
+        options.sparse_core_offload = offload;
+        options.collective_matmul = collective_matmul;
+        const CollectiveBounds from_none = none_simulator.collective_bounds(options);
+        const CollectiveBounds own = simulator.collective_bounds(options);
+        std::string where;
+        for (const std::string& key : keys) {
+          where += key + " ";
+        }
+        SCOPED_TRACE(where + policy + " offload " + std::to_string(offload) + " cm " +
+                     std::to_string(collective_matmul));
+        EXPECT_LE(from_none.tensorcore_driven_seconds, own.tensorcore_driven_seconds * (1 + 1e-12));
+        EXPECT_LE(from_none.busiest_link_seconds, own.busiest_link_seconds * (1 + 1e-12));
+        for (size_t context = 0; context < contexts.size(); ++context) {
+          options.cost = contexts[context];
+          const double bound = std::max(compute[context] + from_none.tensorcore_driven_seconds,
+                                        from_none.busiest_link_seconds);
+          EXPECT_LE(bound, simulator.run(options).step_seconds * (1 + 1e-9)) << context;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 120);
 }
 
 }  // namespace

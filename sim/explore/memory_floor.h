@@ -1,0 +1,61 @@
+// sim/explore/memory_floor.h: a lower bound on a candidate's peak HBM per device, from its
+// training step and mesh alone (no partitioned program), for the explorer to skip partitioning
+// what cannot fit.
+//
+// The partitioner gives every tensor of the step a local copy split by the logical axis rules
+// (each dim: its size over the product of its mesh axes, rounded up), and the memory model
+// (sim/memory/memory_model.h) counts, at the end of the last forward region:
+//   - the state (parameters and Adam moments no op produces), each x its region's parameter
+//     sets, at every point of the step;
+//   - the forward tensors the remat policy keeps on device, and the inputs, each x its region's
+//     repeat (saved activations pile up through the forward regions);
+// plus gathered weights, temporaries and pipeline buffers (>= 0, left out here). So
+// state + saved <= peak, and state is the memory model's weights + optimizer_state exactly.
+// Tensors with a dropless expert_tokens dim (sized at partition time) are left out, which keeps
+// the floor below the peak. explore_test checks floor <= peak over random candidates.
+//
+// Example:
+//   MemoryFloor floor(step);
+//   MemoryFloor::Bytes bytes = floor.bytes(mesh, rules);
+//   bytes.state;            // == estimate_memory(program).at_peak.weights + optimizer_state
+//   bytes.state + bytes.saved <= estimate_memory(program).peak_bytes
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/autodiff/training_step.h"
+#include "sharding/logical_rules.h"
+#include "sharding/mesh.h"
+
+namespace tpusim {
+
+class MemoryFloor {
+ public:
+  explicit MemoryFloor(const TrainingStep& step);
+
+  struct Bytes {
+    double state = 0;  // parameters and optimizer moments
+    double saved = 0;  // saved activations and inputs, at the end of the forward pass
+    double total() const { return state + saved; }
+  };
+  Bytes bytes(const MeshShape& mesh, const LogicalAxisRules& rules) const;
+
+ private:
+  // One tensor: its global dim sizes, bytes per element and how many copies are live.
+  struct Term {
+    std::vector<int64_t> sizes;
+    double bytes_per_element = 0;
+    double copies = 1;
+    bool state = false;
+  };
+  // Tensors whose dims carry the same logical names split the same way: resolved once per mesh.
+  struct Group {
+    std::vector<Dim> dims;  // a representative's (the rules read the logical names)
+    std::vector<Term> terms;
+  };
+  std::vector<Group> groups_;
+};
+
+}  // namespace tpusim
