@@ -47,6 +47,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "a sum of reduce-scattered (or all-reduced) partial sums runs as one reduction of their sum "
      "(XLA's ReduceScatterReassociate): one tensor-parallel reduce-scatter of an input gradient "
      "where q, k and v (or wi_0 and wi_1) each had one"},
+    {"gpu_attention_kernel_rates",
+     "GPU fused attention (cudnn_flash_te) runs at the kernel's measured TFLOP/s for its "
+     "sequence length and mask (the catalog's attention_kernel table), not at the GEMM rate"},
 }};
 
 }  // namespace

@@ -36,6 +36,7 @@ enum class Mechanism {
   kInPlaceBuffers,               // elementwise results written over a last-read operand (memory)
   kAttentionSubblockPipelining,  // splash overlaps one sub-block's softmax with the next's matmul
   kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
+  kGpuAttentionKernelRates,      // GPU fused attention at its measured kernel rate (catalog table)
   kCount,
 };
 

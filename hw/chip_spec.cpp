@@ -227,6 +227,9 @@ SliceRules parse_slice_rules(const YAML::Node& node, std::string_view origin) {
                     ": a switched node lists exactly one 1-D shape (its GPUs, e.g. \"8\") " +
                     "and wraparound none");
   }
+  if (rules.shape_rule == ShapeRule::kSwitched) {
+    rules.fabric = required_string(node, "fabric", where);
+  }
   return rules;
 }
 
@@ -373,6 +376,14 @@ ChipSpec parse_chip_spec(const YAML::Node& root, std::string_view origin) {
                         " must be from half to all of peak_bf16_tflops / devices_per_chip (" +
                         format_spec_number(peak_per_device) + ")",
                     "mfu_peak_bf16_tflops_per_device");
+  }
+  if (const YAML::Node kernel = root["attention_kernel"]; kernel) {
+    chip.attention_kernel =
+        parse_attention_kernel_table(kernel, std::string(origin) + ": attention_kernel");
+  } else if (chip.is_gpu()) {
+    throw UserError(std::string(origin) +
+                    ": a GPU entry needs an 'attention_kernel' section (its fused-attention "
+                    "kernel rates; see configs/hw/README.md)");
   }
   return chip;
 }

@@ -19,6 +19,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "hw/attention_kernel_table.h"
+
 namespace tpusim {
 
 // How a slice name's number counts: v4-128/v5p-128/tpu7x-128 count TensorCores, v5e-256/v6e-256
@@ -47,6 +49,9 @@ struct SliceRules {
   ShapeRule shape_rule = ShapeRule::kPlane;
   std::vector<std::vector<int>> small_shapes;  // cube: shapes below 4x4x4; plane: every legal shape
   WraparoundRule wraparound = WraparoundRule::kAxis16;
+  // A GPU node's fabric between nodes, in words ("RoCE (GPUDirect RDMA), one 400 Gb/s ConnectX-7
+  // NIC per GPU"); empty on TPUs, whose slices meet over DCN.
+  std::string fabric;
 };
 
 // Where a catalog number came from.
@@ -118,6 +123,9 @@ struct ChipSpec {
   double power_watts = 0;
 
   std::map<std::string, Provenance> provenance;  // spec key -> where its value came from
+
+  // GPU entries: the measured fused-attention kernel rates (empty on TPUs).
+  AttentionKernelTable attention_kernel;
 
   // A GPU node (NVLink domain behind a switch) rather than a TPU torus slice.
   bool is_gpu() const { return slice.shape_rule == ShapeRule::kSwitched; }

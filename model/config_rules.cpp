@@ -188,8 +188,24 @@ std::string format_number(double value) {
   return out.str();
 }
 
+// MaxText's GPU-only quantization values (Transformer Engine recipes and qwix's fp8_gpu). The
+// published MaxText GPU recipes (gpu-recipes' A3 Ultra and A4 llama3.1 configs) all set
+// quantization: fp8, so these are refused by name rather than priced by a guess.
+const std::vector<std::string> kUnmodeledGpuQuantizations = {
+    "fp8_gpu",  "te_fp8_delayedscaling", "te_fp8_currentscaling", "te_mxfp8",
+    "te_nvfp4", "te_nvfp4_no_rht"};
+
 void check_enum(const Config& config, const EnumRule& rule) {
   const std::string value = config.get_string(rule.key);
+  if (rule.key == "quantization" &&
+      std::find(kUnmodeledGpuQuantizations.begin(), kUnmodeledGpuQuantizations.end(), value) !=
+          kUnmodeledGpuQuantizations.end()) {
+    throw UserError(
+        "quantization: '" + value +
+            "' is a MaxText GPU (Transformer Engine / qwix) recipe that tpusim does not "
+            "model; the published MaxText GPU recipes (A3 Ultra, A4) use quantization=fp8",
+        rule.key);
+  }
   if (std::find(rule.values.begin(), rule.values.end(), value) == rule.values.end()) {
     throw UserError(rule.key + ": '" + value + "' is not one of " + join(rule.values) +
                     did_you_mean(value, rule.values));

@@ -2,6 +2,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +31,42 @@ nlohmann::json chip_json(const ChipSpec& chip) {
     specs[key] = entry;
   }
   json["specs"] = specs;
+  if (chip.is_gpu()) {
+    const AttentionKernelTable& table = chip.attention_kernel;
+    json["fabric"] = chip.slice.fabric;
+    json["attention_kernel"] = {
+        {"kernel", table.kernel},
+        {"source", table.source},
+        {"seq_lengths", table.seq_lengths},
+        {"forward_tflops", table.forward_tflops},
+        {"forward_causal_tflops", table.forward_causal_tflops},
+        {"backward_tflops", table.backward_tflops},
+        {"rate_scale",
+         {{"value", table.rate_scale},
+          {table.rate_scale_is_assumption ? "assumption" : "source", table.rate_scale_note}}}};
+  }
   return json;
+}
+
+// A GPU entry's fabric and fused-attention kernel table, each with its source.
+void print_gpu_tables(const ChipSpec& chip) {
+  const AttentionKernelTable& table = chip.attention_kernel;
+  std::cout << "  fabric: " << chip.slice.fabric << "\n";
+  std::cout << "  attention kernel: " << table.kernel << "\n    source: " << table.source << "\n";
+  auto row = [](const char* label, const std::vector<double>& values) {
+    std::cout << "    " << std::left << std::setw(24) << label << std::right;
+    for (const double value : values) {
+      std::cout << std::setw(7) << value;
+    }
+    std::cout << "\n";
+  };
+  row("seq_lengths", table.seq_lengths);
+  row("forward TFLOP/s", table.forward_tflops);
+  row("forward causal TFLOP/s", table.forward_causal_tflops);
+  row("backward TFLOP/s", table.backward_tflops);
+  std::cout << "    rate_scale " << table.rate_scale << "  "
+            << (table.rate_scale_is_assumption ? "assumption: " : "") << table.rate_scale_note
+            << "\n";
 }
 
 }  // namespace
@@ -101,6 +137,9 @@ void register_hw_command(CLI::App& app) {
       std::cout << "  " << std::left << std::setw(40) << key << std::right << std::setw(10)
                 << spec_value(chip, key) << "  " << (provenance.is_assumption ? "assumption: " : "")
                 << provenance.text << "\n";
+    }
+    if (chip.is_gpu()) {
+      print_gpu_tables(chip);
     }
   });
 }

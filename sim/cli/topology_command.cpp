@@ -56,6 +56,9 @@ nlohmann::json graph_json(const Topology& topology, const Slice& slice) {
   json["d2d_bandwidth_uni_gbps"] =
       slice.devices_per_chip > 1 ? slice.chip->d2d_bandwidth_uni_gbps : 0.0;
   json["dcn_bandwidth_per_slice_gbps"] = topology.dcn_bandwidth_per_slice_bytes_per_s() / kGiga;
+  if (slice.switched) {  // a GPU node: which network joins the nodes
+    json["fabric"] = slice.chip->slice.fabric;
+  }
   return json;
 }
 
@@ -94,6 +97,9 @@ void print_human(const nlohmann::json& json) {
   }
   std::cout << "DCN per slice    " << json["dcn_bandwidth_per_slice_gbps"].get<double>()
             << " GB/s\n";
+  if (json.contains("fabric")) {
+    std::cout << "fabric           " << json["fabric"].get<std::string>() << "\n";
+  }
 }
 
 }  // namespace

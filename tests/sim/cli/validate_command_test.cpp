@@ -47,9 +47,10 @@ TEST(ValidateCommand, GpuRowsValidateFromTheirOwnCsv) {
   const auto result = run_tpusim({"validate", csv, "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json json = nlohmann::json::parse(result.out);
-  ASSERT_EQ(json["rows"].size(), 4u);
+  ASSERT_EQ(json["rows"].size(), 5u);  // four H100 rows, one H200 (A3 Ultra)
   for (const auto& row : json["rows"]) {
-    EXPECT_EQ(row["hardware"], "h100-sxm-80g");
+    EXPECT_TRUE(row["hardware"] == "h100-sxm-80g" || row["hardware"] == "h200-sxm-141g")
+        << row["hardware"];
     EXPECT_TRUE(row["fits"].get<bool>()) << row["id"];
     EXPECT_FALSE(row.contains("measured_tokens_s_chip"));
   }
