@@ -43,9 +43,10 @@ def run_json(args):
 
 
 MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "bf16_logits",
-              "chip_ingress_bound",
-              "sparsecore_reduction", "tensorcore_driven_collectives", "dcn_shards_first",
-              "dcn_step_latency", "in_place_buffers", "attention_subblock_pipelining", "reduction_reassociation"]
+              "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
+              "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
+              "attention_subblock_pipelining", "reduction_reassociation",
+              "gpu_attention_kernel_rates"]
 
 
 def recipe_predictions(without=()):
@@ -425,6 +426,7 @@ MECHANISM_SUMMARIES = {
     "attention_subblock_pipelining": "splash overlaps a kv compute sub-block's softmax with the next one's matmuls",
     "reduction_reassociation": "partial sums summed before one reduce-scatter / all-reduce, not reduced each "
                                "(XLA's ReduceScatterReassociate: q, k, v input gradients under tensor parallelism)",
+    "gpu_attention_kernel_rates": "GPU fused attention at the measured cuDNN rate by sequence length (H100 table), not a fraction of the GEMM peak",
 }
 
 
