@@ -99,6 +99,8 @@ def test_explore_equals_the_cli_but_for_the_wall_clock(cli):
     for clock in ("elapsed_s", "candidates_per_s_per_core"):
         assert actual.pop(clock) > 0
         expected.pop(clock)
+    # The seconds each phase took are wall-clock too; the phases named are not.
+    assert set(actual.pop("phases")) == set(expected.pop("phases"))
     assert differences(expected, actual) == []
     assert [candidate.mesh for candidate in result.top] == [top["mesh"] for top in expected["top"]]
     # A candidate's overrides reproduce its estimate.
