@@ -15,6 +15,11 @@ Example:
 import copy
 
 
+def _json_field(key, doc):
+    """A read-only attribute that reads `key` of the result's --json object."""
+    return property(lambda self: self._json[key], doc=doc)
+
+
 class Result:
     """The --json object of one result, read through attributes."""
 
@@ -79,7 +84,22 @@ class Hbm:
                 f"GiB per device, {'fits' if self.fits else 'OUT OF MEMORY'})")
 
 
-class Estimate(Result):
+
+class _StepResult(Result):
+    """The fields an estimate and an explore candidate share."""
+
+    __slots__ = ()
+
+    step_time_s = _json_field("step_time_s", "Seconds per training step.")
+    mfu = _json_field("mfu", "Model FLOP utilization (MaxText's FLOP convention), 0..1.")
+    breakdown = _json_field(
+        "breakdown",
+        'Seconds per step by cost: {"compute_mxu": ..., "exposed_ici_fsdp": ..., ...}.')
+    fits = _json_field("fits", "Whether the peak HBM per device fits the chip's capacity.")
+    mesh = _json_field("mesh", 'The device mesh, e.g. "fsdp=4" or "data=2 fsdp=64".')
+
+
+class Estimate(_StepResult):
     """One training step of a config on a slice (`tpusim estimate --json`)."""
 
     __slots__ = ("notes",)
@@ -89,34 +109,9 @@ class Estimate(Result):
         self.notes = notes  # what the CLI prints on stderr (keys with no effect, XLA flags)
 
     @property
-    def step_time_s(self):
-        """Seconds per training step."""
-        return self._json["step_time_s"]
-
-    @property
-    def mfu(self):
-        """Model FLOP utilization (MaxText's FLOP convention), 0..1."""
-        return self._json["mfu"]
-
-    @property
-    def breakdown(self):
-        """Seconds per step by cost: {"compute_mxu": ..., "exposed_ici_fsdp": ..., ...}."""
-        return self._json["breakdown"]
-
-    @property
     def hbm(self):
         """HBM per device (Hbm)."""
         return Hbm(self._json)
-
-    @property
-    def fits(self):
-        """Whether the peak HBM per device fits the chip's capacity."""
-        return self._json["fits"]
-
-    @property
-    def mesh(self):
-        """The device mesh, e.g. "fsdp=4" or "data=2 fsdp=64"."""
-        return self._json["mesh"]
 
     def _summary(self):
         return (f"{self._json['model_name']} on {self._json['slice']}, mesh {self.mesh}: "
@@ -124,28 +119,8 @@ class Estimate(Result):
                 f"{'fits' if self.fits else 'OUT OF MEMORY'}")
 
 
-class Candidate(Result):
+class Candidate(_StepResult):
     """One ranked configuration of an explore search."""
-
-    @property
-    def step_time_s(self):
-        return self._json["step_time_s"]
-
-    @property
-    def mfu(self):
-        return self._json["mfu"]
-
-    @property
-    def breakdown(self):
-        return self._json["breakdown"]
-
-    @property
-    def fits(self):
-        return self._json["fits"]
-
-    @property
-    def mesh(self):
-        return self._json["mesh"]
 
     @property
     def overrides(self):
