@@ -36,10 +36,8 @@ std::vector<OpDetail> op_details(const Estimate& estimate) {
   const Graph& graph = estimate.program.program.graph;
   const CostContext& context = estimate.perf.cost;
   const ChipSpec& chip = *estimate.program.slice.chip;
-  const double devices = chip.devices_per_chip;
-  const double hbm_bytes_per_second =
-      chip.hbm_bandwidth_gbps * 1e9 * chip.hbm_achievable_fraction / devices;
-  const double vpu_flops_per_second = chip.vpu_tflops_per_chip * 1e12 / devices;
+  const double hbm_rate = hbm_bytes_per_second(chip);
+  const double vpu_rate = vpu_flops_per_second(chip);
   std::map<std::pair<std::string, std::string>, const Op*> by_name;
   for (const Op& op : graph.ops()) {
     by_name.emplace(std::make_pair(graph.region(op.region).name,
@@ -68,8 +66,8 @@ std::vector<OpDetail> op_details(const Estimate& estimate) {
       }
       const double efficiency = context.program_efficiency;
       detail.flops =
-          share * (cost.matmul_flops + cost.vpu_seconds * efficiency * vpu_flops_per_second);
-      detail.hbm_bytes = share * cost.hbm_seconds * efficiency * hbm_bytes_per_second;
+          share * (cost.matmul_flops + cost.vpu_seconds * efficiency * vpu_rate);
+      detail.hbm_bytes = share * cost.hbm_seconds * efficiency * hbm_rate;
       detail.shapes = shapes_of(graph, op);
       detail.recomputed = op.phase == Phase::kRecompute;
     }

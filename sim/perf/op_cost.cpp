@@ -59,14 +59,6 @@ std::optional<MatmulPass> matmul_pass(const Tensor& lhs, const Tensor& rhs, cons
   return std::nullopt;
 }
 
-double hbm_bytes_per_second(const ChipSpec& chip) {
-  return chip.hbm_bandwidth_gbps * kGiga * chip.hbm_achievable_fraction / chip.devices_per_chip;
-}
-
-double vpu_flops_per_second(const ChipSpec& chip) {
-  return chip.vpu_tflops_per_chip * kTera / chip.devices_per_chip;
-}
-
 OpCost finish(OpCost cost, const CostContext& context) {
   cost.mxu_seconds /= context.program_efficiency;
   cost.hbm_seconds /= context.program_efficiency;
@@ -488,6 +480,14 @@ OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostConte
 }
 
 }  // namespace
+
+double hbm_bytes_per_second(const ChipSpec& chip) {
+  return chip.hbm_bandwidth_gbps * kGiga * chip.hbm_achievable_fraction / chip.devices_per_chip;
+}
+
+double vpu_flops_per_second(const ChipSpec& chip) {
+  return chip.vpu_tflops_per_chip * kTera / chip.devices_per_chip;
+}
 
 double peak_flops_per_device(const CostContext& context, bool narrow) {
   const ChipSpec& chip = *context.chip;

@@ -108,6 +108,11 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
 // without that MXU mode run it at the bf16 rate), else bf16.
 double peak_flops_per_device(const CostContext& context, bool narrow);
 
+// The achievable HBM bandwidth of one device, bytes/s (a cost's hbm_seconds are bytes over it).
+double hbm_bytes_per_second(const ChipSpec& chip);
+// The VPU rate of one device, FLOP/s (a cost's vpu_seconds are vector FLOPs over it).
+double vpu_flops_per_second(const ChipSpec& chip);
+
 // MXU padding efficiency of a matmul with m rows, k contracted and n output columns.
 double mxu_padding_efficiency(const ChipSpec& chip, double m, double k, double n);
 
