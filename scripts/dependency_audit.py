@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SETUP_OPTIONS = ["--with-reference", "--with-browser"]  # what scripts/test.sh installs
+SETUP_OPTIONS = ["--with-reference", "--with-browser", "--with-reports"]  # what scripts/test.sh installs
 PYTHON = "/usr/bin/python3"
 
 

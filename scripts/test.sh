@@ -19,7 +19,7 @@ for arg in "$@"; do
   esac
 done
 
-bash scripts/setup.sh --with-reference --with-browser
+bash scripts/setup.sh --with-reference --with-browser --with-reports
 build_dir=build
 if ((sanitize)); then
   bash scripts/build.sh --sanitize
