@@ -41,7 +41,7 @@ TEXT_EDGES = ["", " ", "x", "none", "None", "NULL", "null", "~", "true", "0", "-
 SLICES_GOOD = ["v4-8", "v4-16", "v4-64", "v5e-1", "v5e-4", "v5e-8", "v5e-16", "v5e-64",
                "v5e-256", "v5p-8", "v5p-16", "v5p-128", "v5p-1024", "v6e-1", "v6e-4", "v6e-8",
                "v6e-64", "v6e-256", "tpu7x-8", "tpu7x-64", "tpu7x-256", "tpu7x-9216", "v3-8",
-               "a3"]
+               "a3", "a3high", "a3mega", "a3ultra", "a4", "h200-141gb-8", "b200-8"]
 SLICES_BAD = ["v5p-0", "v5p-3", "v5p-7", "v5e-3", "v5e-512", "v6e-257", "v9-8", "tpu7x-999999",
               "v5e-256x", "V5E-8", "v5e", "v5e-", "-8", "v5e-8-8", "v5litepod-16", "tpu7x--8",
               "v5p-18446744073709551616", "v4-2147483648", "", "\\xff", "v5e-8\\n"]
@@ -63,6 +63,7 @@ OPTIONS = {
     "program": (["--xla-flags", "--layer"], ["--global"]),
     "config": (["--xla-flags"], ["--json"]),
     "validate": (["--without", "--pairs"], ["--json"]),
+    "compare": (["--a", "--b", "--top", "--xla-flags", "--without"], ["--json"]),
     "op": ([], ["--json"]),
     "hw": ([], ["--json"]),
 }
@@ -300,6 +301,8 @@ class Generator:
             (4, self.pipeline), (3, self.int_limit_shape), (3, self.uneven_batch),
             (0.5, self.train_unbuilt), (2, self.alias_output), (0.5, self.explore_edges),
             (0.5, self.train_edges),
+            # Stop 49: compare's two sides (shared arguments, --a and --b overrides, --top).
+            (2, self.compare),
         ]
         self.total_weight = sum(weight for weight, _ in self.classes)
 
@@ -500,6 +503,21 @@ class Generator:
         if self.rng.random() < 0.3:
             args += ["--without", self.rng.choice(MECHANISMS + ["x", "", ","])]
         return "validate", args
+
+    def compare(self):
+        """`compare` with shared arguments and two sides drawn like estimate's overrides."""
+        def side():
+            if self.rng.random() < 0.2:
+                return self.rng.choice(["", "=", "x=1", "remat_policy", " "] + INT_EDGES[:4])
+            key = self.rng.choice(["remat_policy", "per_device_batch_size", "quantization",
+                                   "ici_fsdp_parallelism", "compile_topology_num_slices"])
+            return key + "=" + self.value_for(key)
+        args = ["compare"] + self.base(small=True) + ["--a", side(), "--b", side()]
+        if self.rng.random() < 0.3:
+            args += ["--top", self.rng.choice(INT_EDGES[:10])]
+        if self.rng.random() < 0.5:
+            args.append("--json")
+        return "compare", args
 
     def xla_flags(self):
         flags = " ".join(self.rng.choice(XLA_FLAGS) for _ in range(self.rng.randint(1, 3)))
