@@ -170,7 +170,8 @@ def tool_files(build):
     """The programs the build and the tests run."""
     cache = (build / "CMakeCache.txt").read_text()
     tools = set()
-    for key in ("CMAKE_CXX_COMPILER", "CMAKE_MAKE_PROGRAM", "CMAKE_COMMAND", "MPIEXEC_EXECUTABLE"):
+    for key in ("CMAKE_CXX_COMPILER", "CMAKE_MAKE_PROGRAM", "CMAKE_COMMAND", "MPIEXEC_EXECUTABLE",
+                "TPUSIM_CCACHE_PROGRAM"):
         match = re.search(rf"^{key}:\w+=(.+)$", cache, re.MULTILINE)
         if match and match.group(1).startswith("/"):
             tools.add(match.group(1))

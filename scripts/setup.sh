@@ -29,6 +29,10 @@ packages+=(pybind11-dev python3-pybind11 python3-dev python3-pytest python3-pand
 # OpenMPI (train under mpirun), tcmalloc (explore's allocator), oneDNN (train's GEMMs; found by
 # its header and library, so its OpenCL GPU runtime, which it only recommends, is not needed).
 packages+=(libopenmpi-dev openmpi-bin libgoogle-perftools-dev libdnnl-dev)
+# Optional to CMake: ccache, the compiler cache CMake puts in front of the compiler when found
+# (TPUSIM_CCACHE), so a rebuild of sources compiled before (another checkout of the same commit,
+# a CI rerun, a branch switch) reuses the objects instead of recompiling ~600 files.
+packages+=(ccache)
 list_only=0
 for option in "$@"; do
   case "$option" in
