@@ -1,5 +1,6 @@
 // fuzz/command_line_driver.cpp: runs many tpusim command lines in one process and reports every
-// outcome that breaks the CLI's contract (exit 0, or exit 2 with a one-line "tpusim: ..." message).
+// outcome that breaks the CLI's contract (exit 0; exit 2 with a one-line "tpusim: ..." message;
+// exit 3 with the "tpusim: --require-fit: ..." verdict when --require-fit was given).
 //
 // Input: a file of command lines, one per line, written by fuzz/command_lines.py. A line is
 // tab-separated tokens, the first a class label (what the generator tried), the rest argv after
@@ -112,11 +113,17 @@ std::string read_head(int fd, size_t limit) {
 }
 
 // What the contract says an outcome must look like; "" when it does. `error_tail` is stderr from
-// the last "tpusim: " on; `json_wanted`: --json was given, so stdout must end with one JSON object.
+// the last "tpusim: " on; `json_wanted`: --json was given, so stdout must end with one JSON object;
+// `require_fit`: --require-fit was given, so a run that does not fit may exit 3 with its verdict.
 std::string contract_violation(int code, const std::string& error_tail, bool json_wanted,
-                               const std::string& stdout_text) {
+                               bool require_fit, const std::string& stdout_text) {
   if (code == 0) {
     return "";
+  }
+  if (code == 3 && require_fit) {
+    return error_tail.rfind("tpusim: --require-fit: ", 0) == 0
+               ? ""
+               : "exit 3 without the 'tpusim: --require-fit: ' verdict on stderr";
   }
   if (code != 2) {
     return "exit " + std::to_string(code);
@@ -306,11 +313,14 @@ int main(int argc, char** argv) {
       const std::string tail =
           error_at == std::string::npos ? errors.substr(0, 400) : errors.substr(error_at);
       bool json_wanted = false;
+      bool require_fit = false;
       for (const std::string& token : tokens) {
         json_wanted = json_wanted || token == "--json";
+        require_fit = require_fit || token == "--require-fit";
       }
-      const std::string problem = contract_violation(
-          code, tail, json_wanted, json_wanted ? read_head(out_fd, 1 << 20) : std::string());
+      const std::string problem =
+          contract_violation(code, tail, json_wanted, require_fit,
+                             json_wanted ? read_head(out_fd, 1 << 20) : std::string());
       if (!problem.empty() && violations.size() < 1000) {
         violations.push_back({{"line", line_number},
                               {"class", label},

@@ -55,7 +55,8 @@ MESH_KEYS = ["ici_data_parallelism", "ici_fsdp_parallelism", "ici_fsdp_transpose
              "dcn_expert_parallelism", "dcn_context_parallelism"]
 # Options of each command that take a value, and their flags without one.
 OPTIONS = {
-    "estimate": (["--trace", "--html", "--profile", "--xla-flags", "--without"], ["--json"]),
+    "estimate": (["--trace", "--html", "--profile", "--xla-flags", "--without"],
+                 ["--json", "--require-fit"]),
     "explore": (["--top", "--xla-flags", "--objective", "--global-batch-size",
                  "--max-per-device-batch", "--min-hbm-headroom", "--threads", "--html"],
                 ["--json", "--csv", "--no-branch-and-bound", "--progress"]),

@@ -1,4 +1,5 @@
 // `tpusim hw [CHIP] [--json]`: the chip catalog with the source of every number.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -104,7 +105,12 @@ void register_hw_command(CLI::App& app) {
       chips.push_back(&catalog.chip(*chip_name));
     }
     if (chip_name->empty()) {
-      std::cout << std::left << std::setw(10) << "chip" << std::right << std::setw(10)
+      // The chip column is as wide as the longest name and a space.
+      int chip_width = 5;
+      for (const ChipSpec* chip : chips) {
+        chip_width = std::max(chip_width, static_cast<int>(chip->name.size()) + 1);
+      }
+      std::cout << std::left << std::setw(chip_width) << "chip" << std::right << std::setw(10)
                 << "bf16 TF/s" << std::setw(9) << "HBM GiB" << std::setw(10) << "HBM GB/s"
                 << std::setw(9) << "dev/chip" << std::setw(10) << "link GB/s" << std::setw(7)
                 << "links"
@@ -122,7 +128,7 @@ void register_hw_command(CLI::App& app) {
                                                                           : "N chips") +
                   ")";
         }
-        std::cout << std::left << std::setw(10) << chip->name << std::right << std::setw(10)
+        std::cout << std::left << std::setw(chip_width) << chip->name << std::right << std::setw(10)
                   << chip->peak_bf16_tflops << std::setw(9) << chip->hbm_capacity_gib
                   << std::setw(10) << chip->hbm_bandwidth_gbps << std::setw(9)
                   << chip->devices_per_chip << std::setw(10) << chip->ici_link_bandwidth_uni_gbps

@@ -39,8 +39,15 @@ struct StepSimulator::Analysis {
     const size_t tensors = graph.tensors().size();
     const size_t ops = graph.ops().size();
     carry_source.assign(tensors, -1);
+    entry_source.assign(tensors, -1);
     for (const Graph::Carry& carry : graph.carries()) {
-      carry_source[static_cast<size_t>(carry.to)] = carry.from;
+      // A scanned region's input has two carries: first the value entering the loop (the
+      // previous region's output), then the loop's own (the last iteration's output).
+      TensorId& source = carry_source[static_cast<size_t>(carry.to)];
+      if (source >= 0) {
+        entry_source[static_cast<size_t>(carry.to)] = source;
+      }
+      source = carry.from;
     }
     weight_only.assign(ops, false);
     region_ops.resize(graph.regions().size());
@@ -82,7 +89,8 @@ struct StepSimulator::Analysis {
     std::vector<bool> known;   // by op id
   };
   std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
-  std::vector<TensorId> carry_source;              // by tensor id
+  std::vector<TensorId> carry_source;              // by tensor id: the last carry into it
+  std::vector<TensorId> entry_source;              // by tensor id: the carry before, if two
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::vector<ContextCosts> costs;

@@ -165,6 +165,7 @@ class Simulator {
         analysis_(analysis),
         region_ops_(analysis.region_ops),
         carry_source_(analysis.carry_source),
+        entry_source_(analysis.entry_source),
         weight_only_(analysis.weight_only),
         ready_(analysis.ready),
         finish_not_before_(analysis.finish_not_before),
@@ -491,11 +492,15 @@ class Simulator {
     deferred_dcn_seconds_ = 0;
   }
 
+  // A carried input is ready when its source is: the loop's own carry, and the value entering
+  // the loop (which alone counts in the first iteration, before the loop's carry exists).
   double input_ready(TensorId id) const {
-    const int source = carry_source_[static_cast<size_t>(id)];
     double ready = ready_[static_cast<size_t>(id)];
-    if (source >= 0) {
-      ready = std::max(ready, ready_[static_cast<size_t>(source)]);
+    for (const int source :
+         {carry_source_[static_cast<size_t>(id)], entry_source_[static_cast<size_t>(id)]}) {
+      if (source >= 0) {
+        ready = std::max(ready, ready_[static_cast<size_t>(source)]);
+      }
     }
     return ready;
   }
@@ -564,8 +569,11 @@ class Simulator {
     int blocking_producer = -1;
     double ready = inputs_ready(op, blocking_producer);
     if (weight_only_[id]) {
-      // Weight preparation is issued ahead: from the previous iteration's start.
-      ready = std::min(ready, prefetch_from_);
+      // Weight preparation is issued one iteration ahead: from the previous iteration's start,
+      // not earlier (an input ready at 0, a parameter, does not let it fill link time anywhere
+      // since the step began), and not later (a weight-only producer just placed, a cast, stands
+      // for the same work done ahead).
+      ready = prefetch_from_;
     }
     const bool record = details_ && timing.trace.size() < kMaxTraceEvents;
     if (plan.matmul_producer >= 0) {
@@ -641,9 +649,11 @@ class Simulator {
       if (input_time > ready) {
         ready = input_time;
         blocking_producer = graph_.producer(input);
-        const int source = carry_source_[static_cast<size_t>(input)];
-        if (source >= 0 && ready_[static_cast<size_t>(source)] >= input_time) {
-          blocking_producer = graph_.producer(source);
+        for (const int source : {carry_source_[static_cast<size_t>(input)],
+                                 entry_source_[static_cast<size_t>(input)]}) {
+          if (source >= 0 && ready_[static_cast<size_t>(source)] >= input_time) {
+            blocking_producer = graph_.producer(source);
+          }
         }
       }
     }
@@ -764,6 +774,7 @@ class Simulator {
   StepSimulator::Analysis& analysis_;
   const std::vector<std::vector<const Op*>>& region_ops_;  // by region, in program order
   const std::vector<TensorId>& carry_source_;              // by tensor id
+  const std::vector<TensorId>& entry_source_;              // by tensor id
   const std::vector<bool>& weight_only_;                   // by op id
   std::vector<OpPlan> plans_;                              // by op id
   std::vector<double>& ready_;                             // by tensor id

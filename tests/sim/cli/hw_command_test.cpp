@@ -41,6 +41,27 @@ TEST(HwCommand, ListsCatalogWithSources) {
   EXPECT_NE(one.out.find("hbm_bandwidth_gbps"), std::string::npos);
 }
 
+// The listing's columns line up for every chip, the longest names included (h100-a3high):
+// each row's first number ends where the header's "bf16 TF/s" ends.
+TEST(HwCommand, ListingColumnsLineUp) {
+  const auto result = run_tpusim({"hw"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::istringstream lines(result.out);
+  std::string header;
+  std::getline(lines, header);
+  const size_t column_end = header.find("bf16 TF/s") + std::string("bf16 TF/s").size();
+  ASSERT_NE(header.find("bf16 TF/s"), std::string::npos) << header;
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const size_t name_end = line.find(' ');
+    const size_t number_start = line.find_first_not_of(' ', name_end);
+    const size_t number_end = line.find(' ', number_start);
+    EXPECT_EQ(number_end, column_end) << line;
+    ++rows;
+  }
+  EXPECT_GE(rows, 5);
+}
+
 // Red-team item 9: a catalog directory (TPUSIM_HW_DIR) whose v5e HBM bandwidth is 0 gave an
 // infinite step time; it is exit 2 naming the file and the key, for every command.
 TEST(RedTeam, Item9_BadCatalogNumberIsExit2NamingFileAndKey) {

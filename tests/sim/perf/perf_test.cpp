@@ -2,6 +2,7 @@
 // on small programs, and step-level properties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -350,6 +351,43 @@ TEST(Scheduler, LeanRunMatchesDetailedRun) {
     EXPECT_TRUE(lean.breakdown.empty());
     EXPECT_TRUE(lean.trace.empty());
     EXPECT_TRUE(lean.profile.empty());
+  }
+}
+
+// A lane of the trace is one resource (a link and its mesh axes, a SparseCore queue), which serves
+// one op at a time: no two events on a lane overlap. Two scheduling faults showed as overlaps: the
+// first backward iteration's incoming gradient counted as ready at 0 (the loop's entry carry was
+// dropped for its own), and a parameter's gather slipping into link time freed at the step's
+// start when the forward loop's iterations were extrapolated.
+TEST(Scheduler, NoTraceLaneServesTwoOpsAtOnce) {
+  const std::vector<std::vector<std::string>> configs = {
+      {"model_name=llama3.1-405b", "compile_topology=tpu7x-256", "ici_fsdp_parallelism=64",
+       "ici_tensor_parallelism=4"},
+      {"model_name=llama2-7b", "compile_topology=v5e-16", "compile_topology_num_slices=4",
+       "per_device_batch_size=2"},
+      {"model_name=llama3.1-8b", "compile_topology=v5p-16", "compile_topology_num_slices=2",
+       "max_target_length=2048", "remat_policy=qkv_proj_offloaded", "ici_tensor_parallelism=2"}};
+  for (const std::vector<std::string>& overrides : configs) {
+    const Config config = Config::load("", overrides);
+    const StepProgram program = build_step_program(config);
+    const PerfOptions options = perf_options_from_config(config, *program.slice.chip);
+    const StepTiming timing = simulate_step(program, options);
+    ASSERT_FALSE(timing.trace.empty());
+    std::map<int, std::vector<const TraceEvent*>> by_lane;
+    for (const TraceEvent& event : timing.trace) {
+      by_lane[event.lane].push_back(&event);
+    }
+    for (auto& [lane, events] : by_lane) {
+      std::sort(events.begin(), events.end(),
+                [](const TraceEvent* a, const TraceEvent* b) { return a->start < b->start; });
+      for (size_t i = 1; i < events.size(); ++i) {
+        const TraceEvent& before = *events[i - 1];
+        const TraceEvent& after = *events[i];
+        EXPECT_GE(after.start, before.start + before.duration - 1e-9)
+            << overrides[0] << ": lane " << lane << ", " << before.name << " (" << before.region
+            << ") and " << after.name << " (" << after.region << ")";
+      }
+    }
   }
 }
 
