@@ -304,6 +304,8 @@ class Generator:
             (0.5, self.train_edges),
             # Stop 49: compare's two sides (shared arguments, --a and --b overrides, --top).
             (2, self.compare),
+            # Stop 50: --require-fit on models that may not fit their slice (exit 3 allowed).
+            (1, self.require_fit),
         ]
         self.total_weight = sum(weight for weight, _ in self.classes)
 
@@ -542,6 +544,18 @@ class Generator:
         if flags and self.rng.random() < 0.5:
             args.append(self.rng.choice(flags))
         return "option_values", args
+
+    def require_fit(self):
+        """estimate --require-fit with a model from tiny to 405B on a small or large slice: runs
+        that fit exit 0, those that do not exit 3 with the verdict (the driver checks which)."""
+        model = self.rng.choice(["tiny-llama", "llama2-7b", "llama3.1-70b", "llama3.1-405b",
+                                 "mixtral-8x7b", "deepseek3-671b"])
+        args = ["estimate", f"model_name={model}",
+                f"compile_topology={self.rng.choice(SMALL_SLICES + ['v5p-1024', 'tpu7x-256'])}",
+                "--require-fit"]
+        if self.rng.random() < 0.3:
+            args.append("--json")
+        return "require_fit", args
 
     def noise(self):
         """Random bytes in place of a token: control characters, invalid UTF-8, long strings."""
