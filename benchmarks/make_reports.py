@@ -46,7 +46,7 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
               "attention_subblock_pipelining", "reduction_reassociation",
-              "gpu_attention_kernel_rates"]
+              "gpu_attention_kernel_rates", "routed_row_gathers"]
 
 
 def recipe_predictions(without=()):

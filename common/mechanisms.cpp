@@ -29,7 +29,8 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"chip_ingress_bound",
      "a collective over the v7x chiplet pair and torus axes is bounded by the chip's torus links"},
     {"sparsecore_reduction",
-     "offloaded reduce-scatters take 3x their ICI roofline, on a SparseCore queue of their own"},
+     "offloaded reduce-scatters run on a SparseCore queue of their own, at the catalog's "
+     "sparsecore_reduce_scatter_time_factor times their ICI roofline (1 since 2026-11-27)"},
     {"tensorcore_driven_collectives",
      "on v7x, collectives kept off the SparseCores block the TensorCore while they run"},
     {"dcn_shards_first",
@@ -50,6 +51,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"gpu_attention_kernel_rates",
      "GPU fused attention (cudnn_flash_te) runs at the kernel's measured TFLOP/s for its "
      "sequence length and mask (the catalog's attention_kernel table), not at the GEMM rate"},
+    {"routed_row_gathers",
+     "dropless MoE's dispatch and combine (and their gradients) gather and scatter routed token "
+     "rows at the catalog's routed_row_hbm_fraction of the HBM roofline, not at the roofline"},
 }};
 
 }  // namespace

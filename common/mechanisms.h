@@ -29,7 +29,7 @@ enum class Mechanism {
   kBf16Attention,                // attention kernels stay bf16 under fp8/int8 quantization
   kBf16Logits,                   // the logits matmul stays bf16 under fp8/int8 quantization
   kChipIngressBound,             // collectives over the chiplet pair bounded by the chip's links
-  kSparseCoreReduction,          // offloaded reduce-scatters at 1/3 roofline, on their own queue
+  kSparseCoreReduction,          // offloaded reduce-scatters on a SparseCore queue of their own
   kTensorCoreDrivenCollectives,  // v7x collectives kept off the SparseCores block the TensorCore
   kDcnShardsFirst,               // hierarchical gathers cross DCN with shards, then ICI
   kDcnStepLatency,               // each ring step across slices pays its message latency
@@ -37,6 +37,7 @@ enum class Mechanism {
   kAttentionSubblockPipelining,  // splash overlaps one sub-block's softmax with the next's matmul
   kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
   kGpuAttentionKernelRates,      // GPU fused attention at its measured kernel rate (catalog table)
+  kRoutedRowGathers,             // dropless MoE moves routed rows at a fraction of HBM roofline
   kCount,
 };
 

@@ -116,6 +116,9 @@ struct ChipSpec {
   // An offloaded reduce-scatter takes this many times its ICI roofline (the SparseCores reduce the
   // incoming shards); all-reduces pay it on their reduce-scatter half.
   double sparsecore_reduce_scatter_time_factor = 1;
+  // The fraction of the HBM roofline at which a dropless MoE's row gathers and scatters (dispatch,
+  // combine and their gradients) move the routed rows: XLA gathers ragged rows, not streams.
+  double routed_row_hbm_fraction = 1;
 
   // System.
   double max_slice_chips = 0;

@@ -612,6 +612,16 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     bytes = 2.0 * static_cast<double>(graph.tensor(op.outputs[0]).bytes());
   }
   cost.hbm_seconds = bytes / hbm_bytes_per_second(chip);
+  if ((op.kind == OpKind::kMoeDispatch || op.kind == OpKind::kMoeCombine) &&
+      context.mechanisms.enabled(Mechanism::kRoutedRowGathers)) {
+    // The routed rows (the dispatch's output, the combine's input: one row per token and
+    // expert it is sent to) are gathered or scattered row by row, at a fraction of the roofline.
+    const double routed = static_cast<double>(
+        (op.kind == OpKind::kMoeDispatch ? graph.tensor(op.outputs[0]) : graph.tensor(op.inputs[0]))
+            .bytes());
+    cost.hbm_seconds +=
+        routed / hbm_bytes_per_second(chip) * (1.0 / chip.routed_row_hbm_fraction - 1.0);
+  }
   if (flops.matmul > 0) {
     // use_iota_embed's one-hot matmuls, in the activation dtype (bf16) on the MXU.
     cost.matmul_flops = flops.matmul;

@@ -381,6 +381,50 @@ TEST(InPlaceBuffers, PublishedGptOssRunFits) {
           .memory.fits);
 }
 
+// A dropless MoE's dispatch of 4096 tokens (top-8) into 64 experts x 512 rows of width 2048. With
+// routed_row_gathers its routed side (64 x 512 x 2048 bf16 = 128 MiB, written row by row) moves at
+// the catalog's routed_row_hbm_fraction of the HBM roofline; the tokens it reads stream at the
+// roofline. GPUs keep the roofline (fraction 1: no MaxText MoE measurement there).
+TEST(RoutedRowGathers, RoutedRowsMoveAtTheCatalogFraction) {
+  Graph graph;
+  const int region = graph.add_region("moe", 1, Phase::kForward);
+  const TensorId tokens = graph.add_tensor(
+      "pre_mlp_norm", {Dim{"batch", 2, ""}, Dim{"length", 2048, ""}, Dim{"embed", 2048, ""}},
+      DType::kBF16, TensorKind::kActivation, region);
+  const TensorId routing = graph.add_tensor(
+      "moe/routing",
+      {Dim{"batch", 2, ""}, Dim{"length", 2048, ""}, Dim{"top_k", 8, ""}, Dim{"route", 2, ""}},
+      DType::kBF16, TensorKind::kActivation, region);
+  const TensorId dispatched = graph.add_tensor(
+      "moe/dispatched",
+      {Dim{"experts", 64, ""}, Dim{"expert_tokens", 512, ""}, Dim{"embed", 2048, ""}}, DType::kBF16,
+      TensorKind::kActivation, region);
+  const TensorId row_experts =
+      graph.add_tensor("moe/row_experts", {Dim{"experts", 64, ""}, Dim{"expert_tokens", 512, ""}},
+                       DType::kI32, TensorKind::kActivation, region);
+  graph.add_op(OpKind::kMoeDispatch, "moe/dispatch", {tokens, routing}, {dispatched, row_experts},
+               OpAttrs{}, region);
+  const Op& dispatch = graph.ops().back();
+  const double routed_bytes = 64.0 * 512 * 2048 * 2;
+  for (const char* name : {"v5p", "v7x", "h100-sxm"}) {
+    const ChipSpec& spec = chip(name);
+    CostContext context;
+    context.chip = &spec;
+    const OpCost on = cost_compute_op(graph, dispatch, context, false);
+    context.mechanisms = MechanismSet::without({"routed_row_gathers"});
+    const OpCost off = cost_compute_op(graph, dispatch, context, false);
+    const double extra =
+        routed_bytes / hbm_bytes_per_device(spec) * (1.0 / spec.routed_row_hbm_fraction - 1.0);
+    EXPECT_NEAR(on.hbm_seconds - off.hbm_seconds, extra, 1e-9 * on.hbm_seconds) << name;
+    if (spec.is_gpu()) {
+      EXPECT_EQ(on.seconds, off.seconds) << name;
+    } else {
+      EXPECT_LT(spec.routed_row_hbm_fraction, 0.5) << name;
+      EXPECT_GT(on.seconds, 5.0 * off.seconds) << name;
+    }
+  }
+}
+
 TEST(Mechanisms, UnknownNameIsAUserErrorAndSetsAreValues) {
   EXPECT_THROW(MechanismSet::without({"grouped_matmul_tile"}), UserError);
   const MechanismSet off = MechanismSet::without({"in_place_buffers"});
