@@ -22,9 +22,18 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kKiB = 1024.0;
 constexpr double kFloatBytes = 4;  // the engine's values are float32 (tensor_data.h)
 
+// "7645.66 GiB", "12.3 MiB", "96 KiB": enough digits to tell the parts of a tiny model apart.
 std::string gib(double bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
   std::ostringstream text;
-  text << std::fixed << std::setprecision(2) << bytes / kGiB << " GiB";
+  text << std::fixed;
+  if (bytes >= kGiB) {
+    text << std::setprecision(2) << bytes / kGiB << " GiB";
+  } else if (bytes >= kMiB) {
+    text << std::setprecision(1) << bytes / kMiB << " MiB";
+  } else {
+    text << std::setprecision(0) << bytes / kKiB << " KiB";
+  }
   return text.str();
 }
 
@@ -154,11 +163,18 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
       static_cast<double>(std::count(owner.begin(), owner.end(), transport.rank()));
   const MemoryBreakdown device = engine_bytes_per_device(program);
   HostMemoryNeed need;
+  const double activations =
+      device.saved_activations + device.gathered_weights + device.temporaries;
+  // Beyond the live values the memory model counts, the engine (sim/functional/executor.cpp)
+  // sums each microbatch's parameter gradients into a copy of them (Executor::accumulated_, as
+  // large as the weights in float32), and keeps released buffers for reuse up to its largest live
+  // set (Executor::recycle): about one more working set of activations.
   need.parts = {{"weights", devices * device.weights},
                 {"optimizer state", devices * device.optimizer_state},
                 {"gradients", devices * device.gradients},
-                {"activations", devices * (device.saved_activations + device.gathered_weights +
-                                           device.temporaries)}};
+                {"gradient sums", devices * device.weights},
+                {"activations", devices * activations},
+                {"buffers kept for reuse", devices * activations}};
   if (!options.verify && !options.checkpoint_staging) {
     return need;
   }

@@ -6,9 +6,12 @@
 // is what the memory model (sim/memory/memory_model.h) charges for the same per-device program with
 // every tensor made float32 and without in-place buffers (the engine writes each output to a new
 // buffer): weights, Adam moments, gradients, saved activations, gathered weights and temporaries.
-// A process executes its block of the mesh's devices, each with its own copy of that per-device
-// state. On top of that: the unsharded reference of --verify, the global copies a checkpoint is
-// staged through (gathered, then encoded), and for decoding a KV cache (kv_cache_host_bytes).
+// Beyond those live values the engine keeps a float32 sum of each parameter's gradient over the
+// microbatches and the buffers it released, for reuse, up to its largest live set (about one more
+// working set of activations). A process executes its block of the mesh's devices, each with its
+// own copy of that per-device state. On top of that: the unsharded reference of --verify, the
+// global copies a checkpoint is staged through (gathered, then encoded), and for decoding a KV
+// cache (kv_cache_host_bytes).
 //
 // What is available is the smallest of MemAvailable (/proc/meminfo), the cgroup's limit less its
 // usage (v2 memory.max - memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes) and,

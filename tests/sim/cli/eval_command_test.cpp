@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -210,7 +211,9 @@ TEST(HostMemoryPreflight, TrainThatCannotFitExitsTwoAtOnce) {
     EXPECT_NE(result.err.find("host memory: train of " + model + " on v5e-1 needs "),
               std::string::npos)
         << result.err;
-    EXPECT_NE(result.err.find(" bytes are available (RLIMIT_AS"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find(" GiB) are available (RLIMIT_AS (ulimit -v)"), std::string::npos)
+        << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
     EXPECT_EQ(result.err.find("internal error"), std::string::npos) << result.err;
     EXPECT_LT(seconds, 10.0) << model;
   }
