@@ -266,6 +266,14 @@ void register_eval_command(CLI::App& app) {
       eval_under_mpirun(*path, *args, *options);
       return;
     }
+#else
+    // As train: under mpirun every rank would run the whole job.
+    const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (ranks != nullptr && std::string_view(ranks) != "0" && std::string_view(ranks) != "1") {
+      throw UserError(
+          "this tpusim was built without MPI (TPUSIM_WITH_MPI=OFF or OpenMPI not found): run "
+          "tpusim eval without mpirun");
+    }
 #endif
     LocalTransport transport;
     run_eval(*path, *args, *options, transport);

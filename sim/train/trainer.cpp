@@ -614,21 +614,18 @@ std::unique_ptr<ShardedModel> verify_reference_model(const Config& config) {
   return std::make_unique<ShardedModel>(reference_config);
 }
 
-// The run's host memory, before anything large is allocated: its line on `report` (when given),
-// or UserError naming the bytes needed and available (sim/train/host_memory.h).
-void preflight_host_memory(const Config& config, const TrainSettings& settings,
-                           const TrainOptions& options, const Transport& transport,
-                           std::ostream* report) {
+// The run's host memory, before anything large is allocated: its line for the progress output
+// (printed once the run's other checks passed, so a bad input stays one line), or UserError
+// naming the bytes needed and available (sim/train/host_memory.h).
+std::string preflight_host_memory(const Config& config, const TrainSettings& settings,
+                                  const TrainOptions& options, const Transport& transport) {
   const HostMemoryOptions what = {.verify = options.verify,
                                   .checkpoint_staging = settings.enable_checkpointing ||
                                                         !settings.load_parameters_path.empty()};
-  const std::string line = require_host_memory(
+  return require_host_memory(
       training_host_memory(config, what, transport),
       "train of " + settings.model_name + " on " + slice_from_config(config).name,
       transport.ranks_on_host());
-  if (report != nullptr) {
-    *report << line << "\n";
-  }
 }
 
 // The mean loss over eval_steps held-out batches (sim/train/evaluation.h); with `viz`, batch 0's
@@ -659,7 +656,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
-  preflight_host_memory(config_, settings_, options, *transport_, report ? &progress : nullptr);
+  const std::string memory = preflight_host_memory(config_, settings_, options, *transport_);
   ShardedModel model(config_, transport_);
   const std::unique_ptr<ShardedModel> reference =
       options.verify && root ? verify_reference_model(config_) : nullptr;
@@ -685,7 +682,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
                                            reference.get(), metrics_text, report, progress);
   CrossProcessTraffic traffic_before = model.traffic();
   if (report) {
-    progress << "gemm: "
+    progress << memory << "\ngemm: "
              << kernels::gemm_path_line(settings_.bf16_matmul_inputs, settings_.fast_kernels)
              << "\n";
   }
