@@ -21,12 +21,42 @@
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
-#include "sim/cli/model_source.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/hf_names.h"
 
 namespace tpusim {
 namespace {
+
+// The config of the model `checkpoint` records, with `args` applied over it.
+Config recorded_config(const Checkpoint& checkpoint, const std::string& directory,
+                       const std::vector<std::string>& args) {
+  const nlohmann::json& metadata = checkpoint.metadata;
+  if (!metadata.is_object() || !metadata.contains("model_config") ||
+      !metadata["model_config"].is_object() || !metadata["model_config"].contains("model_name")) {
+    throw UserError("checkpoint '" + directory +
+                    "' records no model_config (written by an older tpusim): export-hf cannot "
+                    "tell which model it holds");
+  }
+  // A key the user's arguments set is theirs (they are applied over the checkpoint's model):
+  // passing both made "'model_name' is given twice on the command line" when it was given once.
+  std::set<std::string> user_keys;
+  for (const std::string& item : split_command_args(args).overrides) {
+    user_keys.insert(split_override(item).first);
+  }
+  std::vector<std::string> overrides;
+  if (!user_keys.contains("override_model_config")) {
+    overrides.emplace_back("override_model_config=true");
+  }
+  for (const auto& [key, value] : metadata["model_config"].items()) {
+    if (key == "query_scaling" || key == "tokenizer" || user_keys.contains(key)) {
+      continue;  // markers of the numerics and of the token ids (not config keys); a user's key
+    }
+    overrides.push_back(key + "=" + (value.is_string() ? value.get<std::string>() : value.dump()));
+  }
+  std::vector<std::string> all = args;
+  all.insert(all.begin(), overrides.begin(), overrides.end());
+  return load_command_config(all);
+}
 
 void export_hf(const std::string& checkpoint_path, const std::string& out_directory,
                const std::vector<std::string>& args) {
