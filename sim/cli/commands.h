@@ -18,6 +18,7 @@ void register_compare_command(CLI::App& app);
 void register_explore_command(CLI::App& app);
 void register_validate_command(CLI::App& app);
 void register_op_command(CLI::App& app);
+void register_eval_command(CLI::App& app);
 void register_train_command(CLI::App& app);
 void register_export_hf_command(CLI::App& app);
 

@@ -51,6 +51,7 @@ int run_cli_or_throw(int argc, char** argv) {
   register_explore_command(app);
   register_validate_command(app);
   register_op_command(app);
+  register_eval_command(app);
   register_train_command(app);
   register_export_hf_command(app);
   // Under --json an error is also one JSON object on stdout, so scripts read every outcome

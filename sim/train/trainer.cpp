@@ -19,7 +19,9 @@
 #include "common/yaml_text.h"
 #include "model/model_dims.h"
 #include "sim/functional/kernels/library_gemm.h"
+#include "sim/train/evaluation.h"
 #include "sim/train/hf_names.h"
+#include "sim/train/host_memory.h"
 #include "sim/train/model_identity.h"
 #include "sim/train/safetensors.h"
 #include "sim/train/token_cache.h"
@@ -197,6 +199,8 @@ Checkpoint load_shared_checkpoint(Transport& transport, const std::string& direc
   return deserialize_checkpoint(bytes);
 }
 
+}  // namespace
+
 // load_parameters_path names Hugging Face weights (hf_names.h) rather than a tpusim checkpoint:
 // a .safetensors file, or a directory with model.safetensors and no state.json (an export-hf
 // directory, or a public checkpoint converted to one safetensors file).
@@ -209,6 +213,8 @@ bool is_hf_weights(const std::string& path) {
   return fs::is_regular_file(fs::path(path) / "model.safetensors", error) &&
          !fs::exists(fs::path(path) / "state.json", error);
 }
+
+namespace {
 
 // The HF weights at `path` as tpusim's global weights; rank 0 reads, every rank gets them.
 Checkpoint load_shared_hf_weights(Transport& transport, const std::string& path,
@@ -244,6 +250,16 @@ Checkpoint load_shared_hf_weights(Transport& transport, const std::string& path,
 
 }  // namespace
 
+Checkpoint load_model_weights(const std::string& path, const Config& config, Transport& transport) {
+  note_input(path);
+  if (is_hf_weights(path)) {
+    return load_shared_hf_weights(transport, path, config);
+  }
+  Checkpoint checkpoint = load_shared_checkpoint(transport, path);
+  check_made_from(checkpoint, path, config, /*with_optimizer=*/false);
+  return checkpoint;
+}
+
 Config unsharded_reference_config(const Config& config) {
   Config reference = config;
   const Slice slice = slice_from_config(config);
@@ -262,9 +278,6 @@ Config unsharded_reference_config(const Config& config) {
 
 namespace {
 
-// Held-out sequences shown by the token view (fewer when the batch is smaller).
-constexpr int64_t kTokenVizSequences = 4;
-
 void check_token_viz_file(const std::string& path, int64_t eval_interval) {
   if (eval_interval <= 0) {
     throw UserError("token_viz_file: needs eval_interval > 0 (the view is drawn at evaluations)",
@@ -281,27 +294,6 @@ void check_token_viz_file(const std::string& path, int64_t eval_interval) {
     throw UserError("token_viz_file: the directory of '" + path + "' does not exist",
                     "token_viz_file");
   }
-}
-
-// Adds one evaluation's log-probabilities of the sampled sequences (and, the first time, their
-// target tokens' text).
-void add_token_viz_step(TokenViz& viz, int64_t step, const TokenLogProbs& log_probs,
-                        const Batch& batch) {
-  const int64_t shown = std::min(kTokenVizSequences, log_probs.sequences);
-  if (viz.pieces.empty()) {
-    for (int64_t sequence = 0; sequence < shown; ++sequence) {
-      const auto first = batch.targets.begin() + sequence * log_probs.length;
-      viz.pieces.push_back(
-          token_texts(viz.tokenizer_path, std::vector<int32_t>(first, first + log_probs.length)));
-    }
-  }
-  TokenViz::Step entry;
-  entry.step = step;
-  for (int64_t sequence = 0; sequence < shown; ++sequence) {
-    const auto first = log_probs.values.begin() + sequence * log_probs.length;
-    entry.log_probs.emplace_back(first, first + log_probs.length);
-  }
-  viz.steps.push_back(std::move(entry));
 }
 
 // The page, with the loss curves of the metrics so far (a resumed run's include the steps before
@@ -417,13 +409,7 @@ int64_t restore_start(const Config& config, const TrainSettings& settings, Trans
     return checkpoint.step + 1;
   }
   if (const std::string& path = settings.load_parameters_path; !path.empty()) {
-    note_input(path);
-    const bool hf = is_hf_weights(path);
-    const Checkpoint checkpoint = hf ? load_shared_hf_weights(transport, path, config)
-                                     : load_shared_checkpoint(transport, path);
-    if (!hf) {
-      check_made_from(checkpoint, path, config, /*with_optimizer=*/false);
-    }
+    const Checkpoint checkpoint = load_model_weights(path, config, transport);
     model.restore(checkpoint, /*with_optimizer=*/false);
     if (reference != nullptr) {
       reference->restore(checkpoint, false);
@@ -500,30 +486,6 @@ void write_dump(const std::string& directory, const Checkpoint& initial,
                                  {"tokens", batch.tokens},
                                  {"targets", batch.targets}};
   write_file_atomically(directory + "/step.json", dumped.dump());
-}
-
-// The mean loss over eval_steps held-out batches; with `viz`, batch 0's token log-probabilities
-// join the token view (the same sequences at every evaluation).
-double evaluate(const TrainSettings& settings, Dataset& data, ShardedModel& model, int64_t step,
-                TokenViz* viz) {
-  const StepProgram& program = model.program();
-  const int64_t eval_steps = std::max<int64_t>(1, settings.eval_steps);
-  double total = 0;
-  for (int64_t index = 0; index < eval_steps; ++index) {
-    std::vector<Batch> eval(static_cast<size_t>(program.accumulation_steps));
-    for (auto& batch : eval) {
-      batch = data.eval_batch(index, program.microbatch);
-    }
-    TokenLogProbs log_probs;
-    log_probs.sequences = program.microbatch;
-    log_probs.length = settings.max_target_length;
-    const bool sample = viz != nullptr && index == 0;
-    total += model.compute_gradients(eval, sample ? &log_probs : nullptr).loss;
-    if (sample) {
-      add_token_viz_step(*viz, step, log_probs, eval.front());
-    }
-  }
-  return total / static_cast<double>(eval_steps);
 }
 
 // One line of the metrics file (JSON keeps every bit of a double).
@@ -652,6 +614,31 @@ std::unique_ptr<ShardedModel> verify_reference_model(const Config& config) {
   return std::make_unique<ShardedModel>(reference_config);
 }
 
+// The run's host memory, before anything large is allocated: its line for the progress output
+// (printed once the run's other checks passed, so a bad input stays one line), or UserError
+// naming the bytes needed and available (sim/train/host_memory.h).
+std::string preflight_host_memory(const Config& config, const TrainSettings& settings,
+                                  const TrainOptions& options, const Transport& transport) {
+  const HostMemoryOptions what = {.verify = options.verify,
+                                  .checkpoint_staging = settings.enable_checkpointing ||
+                                                        !settings.load_parameters_path.empty()};
+  return require_host_memory(
+      training_host_memory(config, what, transport),
+      "train of " + settings.model_name + " on " + slice_from_config(config).name,
+      transport.ranks_on_host());
+}
+
+// The mean loss over eval_steps held-out batches (sim/train/evaluation.h); with `viz`, batch 0's
+// token log-probabilities join the token view (the same sequences at every evaluation).
+double evaluate(const TrainSettings& settings, const Dataset& data, ShardedModel& model,
+                int64_t step, TokenViz* viz) {
+  return held_out_loss(data, model,
+                       {.eval_steps = settings.eval_steps,
+                        .length = settings.max_target_length,
+                        .viz = viz,
+                        .step = step});
+}
+
 // The token view the run draws at its evaluations (token_viz_file), its file checked first.
 TokenViz token_viz_of(const TrainSettings& settings) {
   check_token_viz_file(settings.token_viz_file, settings.eval_interval);
@@ -666,10 +653,11 @@ TokenViz token_viz_of(const TrainSettings& settings) {
 std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream& progress) {
   // --verify does not change the run: the sharded model computes with the run's own numerics,
   // and the unsharded reference beside it with the reference numerics (double accumulation).
-  ShardedModel model(config_, transport_);
   // Under mpirun rank 0 alone reports, writes and verifies; the other ranks compute.
   const bool root = transport_->rank() == 0;
   const bool report = options.progress && root;
+  const std::string memory = preflight_host_memory(config_, settings_, options, *transport_);
+  ShardedModel model(config_, transport_);
   const std::unique_ptr<ShardedModel> reference =
       options.verify && root ? verify_reference_model(config_) : nullptr;
   const double tolerance = verify_tolerance(settings_);
@@ -694,7 +682,7 @@ std::vector<StepMetrics> Trainer::run(const TrainOptions& options, std::ostream&
                                            reference.get(), metrics_text, report, progress);
   CrossProcessTraffic traffic_before = model.traffic();
   if (report) {
-    progress << "gemm: "
+    progress << memory << "\ngemm: "
              << kernels::gemm_path_line(settings_.bf16_matmul_inputs, settings_.fast_kernels)
              << "\n";
   }

@@ -89,6 +89,15 @@ class Trainer {
   Transport* transport_;
 };
 
+// Whether `path` names Hugging Face weights (a .safetensors file, or a directory with
+// model.safetensors and no state.json) rather than a tpusim checkpoint directory.
+bool is_hf_weights(const std::string& path);
+
+// The weights at `path` for `config`'s model: a tpusim checkpoint directory (UserError naming the
+// key when it was made from another model) or Hugging Face weights (hf_names.h, checked against
+// the directory's config.json). Rank 0 reads them, every rank gets them.
+Checkpoint load_model_weights(const std::string& path, const Config& config, Transport& transport);
+
 // The config of the unsharded reference of `config`: one device, the same global batch.
 Config unsharded_reference_config(const Config& config);
 

@@ -16,6 +16,8 @@ same config: per-step loss, gradient norm and eval loss in the metrics file must
   killed_rank_timeout           the same with mpirun told not to end the job: the survivors time
                                 out (collective_timeout_seconds=6) and report, naming both
   bad_rank_count                3 ranks for 8 devices: exit 2 naming the rank count
+  eval_ranks_match_threaded R   `tpusim eval` of a threaded run's checkpoint under R ranks
+                                gives the eval_loss the run recorded at that step, bitwise
 
 Usage: mpi_train_test.py CASE [ARGS] --tpusim BIN --mpirun MPIRUN
 Exit 0 on success, 1 on failure (with what differed).
@@ -246,12 +248,28 @@ def explore_ranks_match_one_process(args, work):
     print(f"{args.ranks} ranks: same top {len(actual['top'])} and counts as one process")
 
 
+def eval_ranks_match_threaded(args, work):
+    overrides = [*model_overrides("llama"), "steps=2", "enable_checkpointing=true",
+                 "checkpoint_period=2", "eval_steps=2"]
+    train(args, work, "threaded", overrides)
+    recorded = metrics(work, "threaded")[-1]["eval_loss"]
+    keys = [item for item in overrides if not item.startswith(("steps=", "enable_checkpointing",
+                                                               "checkpoint_period"))]
+    result, _ = run(mpirun_command(args, args.ranks) +
+                    ["eval", f"{work}/threaded/checkpoints/2", *keys, "--json"])
+    loss = json.loads(result.stdout)["loss"]
+    if loss != recorded:
+        raise Failure(f"{args.ranks} ranks: eval loss {loss!r} != train's eval_loss {recorded!r}")
+    print(f"{args.ranks} ranks: tpusim eval of step 2 = train's eval_loss {loss!r}, bitwise")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=["ranks_match_threaded", "cross_resume", "killed_rank",
                                          "killed_rank_timeout", "bad_rank_count",
-                                         "explore_ranks_match_one_process"])
+                                         "explore_ranks_match_one_process",
+                                         "eval_ranks_match_threaded"])
     parser.add_argument("ranks", nargs="?", type=int, default=2)
     parser.add_argument("model", nargs="?", default="llama", choices=sorted(MODELS))
     parser.add_argument("--tpusim", required=True)
@@ -272,6 +290,8 @@ def main():
             killed_rank(args, work, timeout_mode=True)
         elif args.case == "explore_ranks_match_one_process":
             explore_ranks_match_one_process(args, work)
+        elif args.case == "eval_ranks_match_threaded":
+            eval_ranks_match_threaded(args, work)
         else:
             bad_rank_count(args, work)
     except Failure as failure:
