@@ -52,10 +52,13 @@ struct ExploreRequest {
   bool branch_and_bound = true;
   bool exact_schedules = false;
   size_t max_samples = 0;  // evaluated candidates kept for the HTML scatter
+  std::string prices;      // --prices FILE (sim/plan/prices.h), for tokens_per_dollar
+  std::string consumption = "on_demand";
 };
 
-// The search's options; UserError on a bad objective or thread count.
-ExploreOptions explore_options(const ExploreRequest& request);
+// The search's options; UserError on a bad objective or thread count. With `config`, the price of
+// its slice's chip-hour from request.prices (UserError when tokens_per_dollar has none).
+ExploreOptions explore_options(const ExploreRequest& request, const Config* config = nullptr);
 
 // The search in this process (no progress bar): what `explore --json` prints.
 nlohmann::json explore_json(const ExploreRequest& request, std::ostream& notes);
