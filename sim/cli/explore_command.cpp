@@ -16,8 +16,8 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
-#include "hw/slice.h"
 #include "model/config.h"
+#include "sharding/step_program.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
@@ -215,9 +215,7 @@ ExploreOptions explore_options(const ExploreRequest& request, const Config* conf
   }
   if (!request.prices.empty() && config != nullptr) {
     // The user's prices (sim/plan/prices.h): one chip-hour of this slice's hardware.
-    const Slice slice =
-        parse_slice(config->get_string("compile_topology"),
-                    static_cast<int>(config->get_int("compile_topology_num_slices")));
+    const Slice slice = slice_from_config(*config);
     const Consumption consumption = parse_consumption(request.consumption);
     const std::optional<double> price =
         PriceTable::read(request.prices).per_chip_hour(slice, consumption);

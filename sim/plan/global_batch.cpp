@@ -149,7 +149,7 @@ std::string tokens_text(double tokens) {
   } else if (tokens >= 1e6) {
     std::snprintf(text, sizeof(text), "%.3gM", tokens / 1e6);
   } else {
-    std::snprintf(text, sizeof(text), "%.4g", tokens);
+    std::snprintf(text, sizeof(text), "%.0f", tokens);
   }
   return text;
 }

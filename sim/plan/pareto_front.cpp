@@ -5,8 +5,7 @@
 namespace tpusim {
 
 bool dominates(const std::pair<double, double>& a, const std::pair<double, double>& b) {
-  return a.first <= b.first && a.second <= b.second &&
-         (a.first < b.first || a.second < b.second);
+  return a.first <= b.first && a.second <= b.second && (a.first < b.first || a.second < b.second);
 }
 
 std::vector<size_t> pareto_front(const std::vector<std::pair<double, double>>& costs) {

@@ -95,8 +95,8 @@ for (const index of order) {
 
 std::string plan_html(const PlanResult& result, const std::string& command_line) {
   nlohmann::json data;
-  data["title"] = "tpusim plan: " + result.model_name + ", " +
-                  tokens_text(result.request.tokens) + " tokens";
+  data["title"] =
+      "tpusim plan: " + result.model_name + ", " + tokens_text(result.request.tokens) + " tokens";
   data["command"] = command_line;
   data["plan"] = plan_json(result);
   return render_html_page({.title = data["title"], .css = kCss, .body = kBody, .script = kScript},

@@ -29,6 +29,16 @@ std::string compact(double value) {
   return text;
 }
 
+// Days with one decimal, or three significant digits below 10 (a toy budget takes minutes).
+std::string days_text(double days) {
+  if (days >= 10) {
+    return fixed(days, 1);
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g", days);
+  return text;
+}
+
 std::string cost_text(const PlanResult& result, double cost) {
   return compact(cost) + " " + result.request.prices->currency();
 }
@@ -45,12 +55,12 @@ std::string configuration_text(const PlanPoint& point) {
 }
 
 std::string point_summary(const PlanResult& result, const PlanPoint& point) {
-  std::string text = point.slice.label() + " (" + std::to_string(point.slice.chips) +
-                     " chips), " + configuration_text(point) + ": " + fixed(point.days, 1) +
-                     " days, " + compact(point.chip_hours) + " chip-hours";
+  std::string text = point.slice.label() + " (" + std::to_string(point.slice.chips) + " chips), " +
+                     configuration_text(point) + ": " + days_text(point.days) + " days, " +
+                     compact(point.chip_hours) + " chip-hours";
   if (point.cost) {
-    text += ", " + cost_text(result, *point.cost) + " " +
-            consumption_name(result.request.consumption);
+    text +=
+        ", " + cost_text(result, *point.cost) + " " + consumption_name(result.request.consumption);
   }
   return text;
 }
@@ -94,8 +104,8 @@ std::string outcome_text(const SliceRecord& record) {
       return "searched";
     case SliceOutcome::kSkippedByBound:
       return "skipped by the FLOPs bound (" + fixed(record.bound_tokens_per_s_per_chip, 0) +
-             " <= " + fixed(record.bar_tokens_per_s_per_chip, 0) + " tokens/s/chip): " +
-             record.note;
+             " <= " + fixed(record.bar_tokens_per_s_per_chip, 0) +
+             " tokens/s/chip): " + record.note;
     case SliceOutcome::kBoundedOut:
       return "searched, no configuration above " + fixed(record.bar_tokens_per_s_per_chip, 0) +
              " tokens/s/chip: " + record.note;
@@ -140,17 +150,18 @@ std::string plan_recommendation(const PlanResult& result) {
   }
   const PlanPoint& pick = result.points[*result.pick];
   text = "Recommendation (least " + std::string(plan_objective_name(request.objective)) +
-         (request.deadline_days > 0 ? " within the " + fixed(request.deadline_days, 0) +
-                                          "-day deadline"
-                                    : std::string()) +
+         (request.deadline_days > 0
+              ? " within the " + fixed(request.deadline_days, 0) + "-day deadline"
+              : std::string()) +
          "): " + point_summary(result, pick) + ".";
   if (result.fastest && *result.fastest != *result.pick) {
     const PlanPoint& fastest = result.points[*result.fastest];
-    text += " The fastest found: " + fastest.slice.label() + ", " + fixed(fastest.days, 1) +
+    text += " The fastest found: " + fastest.slice.label() + ", " + days_text(fastest.days) +
             " days for " + compact(fastest.chip_hours) + " chip-hours.";
   }
-  text += " Global batch " + tokens_text(static_cast<double>(result.global_batch_sequences) *
-                                         static_cast<double>(result.max_target_length)) +
+  text += " Global batch " +
+          tokens_text(static_cast<double>(result.global_batch_sequences) *
+                      static_cast<double>(result.max_target_length)) +
           " tokens (" + std::to_string(result.global_batch_sequences) + " x " +
           std::to_string(result.max_target_length) + "), from " + request.global_batch.source +
           ": " + tokens_text(request.global_batch.min_tokens) + "-" +
@@ -168,24 +179,25 @@ void print_plan_text(const PlanResult& result, std::ostream& out) {
       << "):\n";
   out << std::left << std::setw(16) << "slice" << std::right << std::setw(7) << "chips"
       << std::setw(9) << "days" << std::setw(12) << "chip-hours" << std::setw(12) << "cost"
-      << std::setw(10) << "tok/s/chip" << std::setw(8) << "step s" << std::setw(7) << "MFU"
-      << std::setw(9) << "HBM free" << std::setw(11) << "MWh (est)" << "\n";
+      << std::setw(12) << "tok/s/chip" << std::setw(8) << "step s" << std::setw(7) << "MFU"
+      << std::setw(9) << "HBM free" << std::setw(11) << "MWh (est)"
+      << "\n";
   for (const size_t index : result.front) {
     const PlanPoint& point = result.points[index];
     out << std::left << std::setw(16) << point.slice.label() << std::right << std::setw(7)
-        << point.slice.chips << std::setw(9) << fixed(point.days, 1) << std::setw(12)
+        << point.slice.chips << std::setw(9) << days_text(point.days) << std::setw(12)
         << compact(point.chip_hours) << std::setw(12)
-        << (point.cost ? compact(*point.cost) : std::string("-")) << std::setw(10)
+        << (point.cost ? compact(*point.cost) : std::string("-")) << std::setw(12)
         << fixed(point.best.tokens_per_s_per_chip, 0) << std::setw(8)
-        << fixed(point.best.step_time_s, 2) << std::setw(6) << fixed(100 * point.best.mfu, 1)
-        << "%" << std::setw(8) << fixed(100 * (1 - point.best.hbm_used_fraction()), 0) << "%"
+        << fixed(point.best.step_time_s, 2) << std::setw(6) << fixed(100 * point.best.mfu, 1) << "%"
+        << std::setw(8) << fixed(100 * (1 - point.best.hbm_used_fraction()), 0) << "%"
         << std::setw(11) << fixed(point.energy_mwh, 0)
         << (point.meets_deadline ? "" : "  (misses the deadline)") << "\n";
   }
-  out << "(cost: " << (request.prices ? request.prices->origin() + ", " +
-                                            consumption_name(request.consumption) + ", " +
-                                            request.prices->currency()
-                                      : std::string("no --prices given"))
+  out << "(cost: "
+      << (request.prices ? request.prices->origin() + ", " + consumption_name(request.consumption) +
+                               ", " + request.prices->currency()
+                         : std::string("no --prices given"))
       << "; MWh: an estimate from the catalog's per-chip power, configs/hw, not measured)\n";
   for (const size_t index : result.front) {
     const PlanPoint& point = result.points[index];
@@ -198,8 +210,8 @@ void print_plan_text(const PlanResult& result, std::ostream& out) {
   out << "\nSlices (" << result.slices.size() << ", best bound first; FLOPs bound "
       << compact(result.flops_per_token) << " FLOPs/token at each chip's MXU rate):\n";
   for (const SliceRecord& record : result.slices) {
-    out << "  " << std::left << std::setw(16) << record.slice.label() << std::right
-        << std::setw(8) << fixed(record.elapsed_s, 1) << " s  " << outcome_text(record) << "\n";
+    out << "  " << std::left << std::setw(16) << record.slice.label() << std::right << std::setw(8)
+        << fixed(record.elapsed_s, 1) << " s  " << outcome_text(record) << "\n";
   }
   out << "planned in " << fixed(result.elapsed_s, 1) << " s\n";
 }
@@ -215,8 +227,8 @@ void print_plan_csv(const PlanResult& result, std::ostream& out) {
         << (point.meets_deadline ? "true" : "false") << "," << point.best.tokens_per_s_per_chip
         << "," << point.best.step_time_s << "," << point.best.mfu << ","
         << 1 - point.best.hbm_used_fraction() << "," << point.energy_mwh << ","
-        << point.best.estimate.value("mesh", std::string()) << ",\"" << point.best.args
-        << "\",\"" << point.best.libtpu_init_args << "\"\n";
+        << point.best.estimate.value("mesh", std::string()) << ",\"" << point.best.args << "\",\""
+        << point.best.libtpu_init_args << "\"\n";
   }
 }
 
@@ -226,8 +238,8 @@ nlohmann::json plan_json(const PlanResult& result) {
   json["model_name"] = result.model_name;
   json["recommendation"] = plan_recommendation(result);
   json["tokens"] = request.tokens;
-  json["deadline_days"] = request.deadline_days > 0 ? nlohmann::json(request.deadline_days)
-                                                    : nlohmann::json(nullptr);
+  json["deadline_days"] =
+      request.deadline_days > 0 ? nlohmann::json(request.deadline_days) : nlohmann::json(nullptr);
   json["objective"] = plan_objective_name(request.objective);
   json["hardware"] = nlohmann::json::array();
   for (const HardwareKind& kind : request.kinds) {
@@ -241,11 +253,11 @@ nlohmann::json plan_json(const PlanResult& result) {
       {"tokens", result.global_batch_sequences * result.max_target_length},
       {"range_tokens", {request.global_batch.min_tokens, request.global_batch.max_tokens}},
       {"source", request.global_batch.source}};
-  json["prices"] = request.prices ? nlohmann::json{{"file", request.prices->origin()},
-                                                   {"currency", request.prices->currency()},
-                                                   {"consumption",
-                                                    consumption_name(request.consumption)}}
-                                  : nlohmann::json(nullptr);
+  json["prices"] = request.prices
+                       ? nlohmann::json{{"file", request.prices->origin()},
+                                        {"currency", request.prices->currency()},
+                                        {"consumption", consumption_name(request.consumption)}}
+                       : nlohmann::json(nullptr);
   json["front_against"] = result.front_by_cost ? "cost" : "chip_hours";
   json["flops_per_token"] = result.flops_per_token;
   json["points"] = nlohmann::json::array();

@@ -66,9 +66,8 @@ double tokens_per_s_per_chip_for(PlanObjective objective, const PlanRequest& req
                                  const Pending& pending, double value) {
   const double chip_hours = objective == PlanObjective::kTime
                                 ? value * 24 * static_cast<double>(pending.slice.chips)
-                            : objective == PlanObjective::kCost
-                                ? value / pending.price.value_or(0)
-                                : value;
+                            : objective == PlanObjective::kCost ? value / pending.price.value_or(0)
+                                                                : value;
   return request.tokens / (chip_hours * kSecondsPerHour);
 }
 
@@ -133,10 +132,17 @@ std::vector<Pending> pending_slices(const Config& config, const PlanRequest& req
     Pending item{slice, config, {}, std::nullopt, 0};
     item.config.set("compile_topology", slice.slice_name, kCommandLineOrigin);
     item.config.set_int("compile_topology_num_slices", slice.num_slices, kCommandLineOrigin);
+    // MaxText's `hardware` follows the kind: a GPU node runs hardware=gpu, a TPU slice tpu.
+    const std::string hardware = config.get_string("hardware");
+    const bool gpu_hardware = hardware == "gpu" || hardware == "gpu_multiprocess";
+    if (slice.kind.chip->is_gpu() != gpu_hardware) {
+      item.config.set_string("hardware", slice.kind.chip->is_gpu() ? "gpu" : "tpu",
+                             kCommandLineOrigin);
+    }
     item.bound = throughput_upper_bound(item.config);
     if (request.prices) {
-      item.price = request.prices->per_chip_hour(
-          parse_slice(slice.slice_name, slice.num_slices), request.consumption);
+      item.price = request.prices->per_chip_hour(parse_slice(slice.slice_name, slice.num_slices),
+                                                 request.consumption);
     }
     if (request.objective == PlanObjective::kCost && !item.price) {
       throw UserError("--objective cost: " + request.prices->origin() + " has no " +

@@ -78,13 +78,13 @@ const char* slice_outcome_name(SliceOutcome outcome);
 // A searched slice's best configuration and what it gives over the token budget.
 struct PlanPoint {
   SliceCandidate slice;
-  RankedCandidate best;      // explore's #1 on the slice (args, step time, MaxText, libtpu flags)
-  std::string remat;         // the remat policy's label
-  double tokens_per_s = 0;   // over all chips
-  double days = 0;           // to the token budget
+  RankedCandidate best;     // explore's #1 on the slice (args, step time, MaxText, libtpu flags)
+  std::string remat;        // the remat policy's label
+  double tokens_per_s = 0;  // over all chips
+  double days = 0;          // to the token budget
   double chip_hours = 0;
-  std::optional<double> cost;                // with a price for the kind
-  double energy_mwh = 0;                     // estimate: chip-hours x the catalog's power
+  std::optional<double> cost;  // with a price for the kind
+  double energy_mwh = 0;       // estimate: chip-hours x the catalog's power
   bool meets_deadline = true;
   double explore_s = 0;  // the slice's search
 };

@@ -78,7 +78,8 @@ PriceTable PriceTable::from_yaml(std::string_view text, const std::string& origi
   }
   const YAML::Node hardware = root["hardware"];
   if (!hardware || !hardware.IsMap() || hardware.size() == 0) {
-    throw UserError(origin + ": 'hardware' must map hardware kinds (v6e, tpu7x, a3, ...) to prices");
+    throw UserError(origin +
+                    ": 'hardware' must map hardware kinds (v6e, tpu7x, a3, ...) to prices");
   }
   for (const auto& kind : hardware) {
     const std::string name = kind.first.Scalar();
@@ -89,8 +90,9 @@ PriceTable PriceTable::from_yaml(std::string_view text, const std::string& origi
                       did_you_mean(name, catalog.slice_prefixes()));
     }
     if (!kind.second.IsMap()) {
-      throw UserError(where + ": expected {per: chip_hour|node_hour, on_demand: ..., spot: ..., "
-                              "committed: ...}");
+      throw UserError(where +
+                      ": expected {per: chip_hour|node_hour, on_demand: ..., spot: ..., "
+                      "committed: ...}");
     }
     KindPrices prices;
     for (const auto& field : kind.second) {
@@ -128,8 +130,7 @@ PriceTable PriceTable::read(const std::string& path) {
   return from_yaml(read_text_file(path), path);
 }
 
-std::optional<double> PriceTable::per_chip_hour(const Slice& slice,
-                                                Consumption consumption) const {
+std::optional<double> PriceTable::per_chip_hour(const Slice& slice, Consumption consumption) const {
   const auto kind = kinds_.find(slice.chip);
   if (kind == kinds_.end()) {
     return std::nullopt;

@@ -2,17 +2,16 @@
 
 #include <limits>
 
-#include "hw/slice.h"
 #include "model/config.h"
 #include "model/flops_maxtext.h"
+#include "sharding/step_program.h"
 #include "sim/perf/op_cost.h"
 #include "sim/perf/step_simulator.h"
 
 namespace tpusim {
 
 ThroughputBound throughput_upper_bound(const Config& config) {
-  const Slice slice = parse_slice(config.get_string("compile_topology"),
-                                  static_cast<int>(config.get_int("compile_topology_num_slices")));
+  const Slice slice = slice_from_config(config);
   const ChipSpec& chip = *slice.chip;
   const PerfOptions perf = perf_options_from_config(config, chip);
   const MaxTextFlops flops = maxtext_training_flops_per_device(config);
