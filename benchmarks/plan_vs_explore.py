@@ -31,9 +31,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("binary")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("plan_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args()
-    plan_args = [a for a in args.plan_args if a != "--"]
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    plan_args = argv[split + 1:]
     plan_command = [args.binary, "plan", *plan_args, "--json"]
     plan_times, explore_times = [], []
     result = None
