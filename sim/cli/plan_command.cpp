@@ -4,8 +4,13 @@
 //              [--global-batch-tokens 1M-16M] [--full-front] [--json|--csv] [--html FILE]`:
 // which hardware, how many chips, which configuration, and what a token budget costs
 // (sim/plan/planner.h). MaxText keys on the command line are pinned as in explore.
+#include <unistd.h>
+
 #include <cctype>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -14,6 +19,7 @@
 #include "common/error.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
+#include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
 #include "sim/plan/plan_html.h"
 #include "sim/plan/plan_output.h"
@@ -22,28 +28,13 @@
 namespace tpusim {
 namespace {
 
-// The TPU generations current for training when --hardware is not given.
-constexpr const char* kDefaultHardware = "v5e,v5p,v6e,tpu7x";
-
+// How the plan is shown, besides its options (sim/cli/command_json.h).
 struct PlanFlags {
-  std::vector<std::string> args;
-  std::string xla_flags;
-  std::string tokens;
-  std::string deadline;
-  std::string hardware = kDefaultHardware;
-  int64_t max_chips = 16384;
-  int max_slices = 64;
-  std::string prices;
-  std::string consumption = "on_demand";
-  std::string objective;  // default: cost with --prices, else chip_hours
-  std::string global_batch_tokens;
-  bool full_front = false;
+  PlanCommandRequest request;
+  bool progress = false;
   bool json = false;
   bool csv = false;
   std::string html;
-  int threads = 0;
-  double max_per_device_batch = 16;
-  double min_hbm_headroom = 0;
 };
 
 // A number with an optional K, M, G, T (powers of 1000) suffix: "2e12", "1.5T".
@@ -98,7 +89,7 @@ double parse_deadline_days(const std::string& text) {
   return value * scale;
 }
 
-PlanRequest plan_request(const PlanFlags& flags) {
+PlanRequest plan_request(const PlanCommandRequest& flags) {
   PlanRequest request;
   if (flags.tokens.empty()) {
     throw UserError("--tokens: the token budget is required (e.g. --tokens 2e12)");
@@ -133,16 +124,21 @@ void run_plan(const PlanFlags& flags) {
   if (static_cast<int>(flags.json) + static_cast<int>(flags.csv) > 1) {
     throw UserError("plan: --json and --csv exclude each other");
   }
-  PlanRequest request = plan_request(flags);
-  const Config config = load_command_config(flags.args, flags.xla_flags);
-  request.progress = [](const SliceCandidate& slice, size_t index, size_t count) {
-    std::cerr << "plan: searching " << slice.label() << " (" << index + 1 << " of " << count
-              << " slices)\n";
-  };
+  PlanRequest request = plan_request(flags.request);
+  const Config config = load_command_config(flags.request.args, flags.request.xla_flags);
+  if (flags.progress || isatty(fileno(stderr)) != 0) {
+    const auto started = std::chrono::steady_clock::now();
+    request.progress = [started](const SliceCandidate& slice, size_t index, size_t count) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      std::cerr << "plan: " << std::fixed << std::setprecision(0) << elapsed << " s, searching "
+                << slice.label() << " (" << index + 1 << " of " << count << " slices)\n";
+    };
+  }
   const PlanResult result = plan(config, request);
   if (!flags.html.empty()) {
     std::string command_line = "tpusim plan";
-    for (const std::string& arg : flags.args) {
+    for (const std::string& arg : flags.request.args) {
       command_line += " " + arg;
     }
     write_file_atomically(flags.html, plan_html(result, command_line));
@@ -158,6 +154,13 @@ void run_plan(const PlanFlags& flags) {
 
 }  // namespace
 
+nlohmann::json plan_command_json(const PlanCommandRequest& request, std::ostream& notes) {
+  const PlanRequest plan_request_value = plan_request(request);
+  const Config config =
+      load_command_config(request.args, request.xla_flags, nullptr, nullptr, notes);
+  return plan_json(plan(config, plan_request_value));
+}
+
 void register_plan_command(CLI::App& app) {
   auto flags = std::make_shared<PlanFlags>();
   CLI::App* command = app.add_subcommand(
@@ -165,42 +168,46 @@ void register_plan_command(CLI::App& app) {
       "From a model and a token budget to the hardware, slice, configuration, days and "
       "chip-hours (or cost): the explorer's best on each slice, slices that cannot win skipped "
       "by a proven bound, and the Pareto front");
-  command->add_option("args", flags->args,
+  command->add_option("args", flags->request.args,
                       "[config.yml ...] key=value ... (model_name=...; given keys are pinned)");
-  command->add_option("--tokens", flags->tokens, "Token budget to train, e.g. 2e12 or 2T")
+  command->add_option("--tokens", flags->request.tokens, "Token budget to train, e.g. 2e12 or 2T")
       ->required();
-  command->add_option("--deadline", flags->deadline, "Finish within, e.g. 30d, 720h, 8w");
-  command->add_option("--hardware", flags->hardware,
-                      std::string("Hardware kinds, comma-separated (default ") + kDefaultHardware +
-                          "; GPU nodes: a3, a3mega, ...)");
-  command->add_option("--max-chips", flags->max_chips, "Most chips (GPUs) in all (default 16384)");
-  command->add_option("--max-slices", flags->max_slices,
+  command->add_option("--deadline", flags->request.deadline, "Finish within, e.g. 30d, 720h, 8w");
+  command->add_option("--hardware", flags->request.hardware,
+                      std::string("Hardware kinds, comma-separated (default ") +
+                          PlanCommandRequest().hardware + "; GPU nodes: a3, a3mega, ...)");
+  command->add_option("--max-chips", flags->request.max_chips,
+                      "Most chips (GPUs) in all (default 16384)");
+  command->add_option("--max-slices", flags->request.max_slices,
                       "Most slices over DCN (GPU nodes) (default 64)");
-  command->add_option("--prices", flags->prices,
+  command->add_option("--prices", flags->request.prices,
                       "YAML of prices per chip-hour (TPU) or node-hour (GPU) by hardware kind "
                       "(configs/prices.example.yml; tpusim has none built in)");
-  command->add_option("--consumption", flags->consumption,
+  command->add_option("--consumption", flags->request.consumption,
                       "Which --prices column: on_demand (default), spot, committed");
-  command->add_option("--objective", flags->objective,
+  command->add_option("--objective", flags->request.objective,
                       "time, chip_hours or cost (default: cost with --prices, else chip_hours)");
-  command->add_option("--global-batch-tokens", flags->global_batch_tokens,
+  command->add_option("--global-batch-tokens", flags->request.global_batch_tokens,
                       "Global batch range in tokens, e.g. 2M-8M (default: the model's published "
                       "runs, else 1M-16M)");
-  command->add_flag("--full-front", flags->full_front,
+  command->add_flag("--full-front", flags->request.full_front,
                     "Search every slice not proven off the Pareto front (exact front, slower) "
                     "instead of only those that can beat the best on the objective");
   command->add_flag("--json", flags->json, "Print one JSON object");
+  command->add_flag("--progress", flags->progress,
+                    "Name each slice on stderr as it is searched even when stderr is not a "
+                    "terminal");
   command->add_flag("--csv", flags->csv, "Print the Pareto front as CSV");
   command->add_option("--html", flags->html,
                       "Write a self-contained HTML page: the front plotted, each point's "
                       "configuration and reproduce commands");
-  command->add_option("--threads", flags->threads, "Worker threads (default: all cores)");
-  command->add_option("--max-per-device-batch", flags->max_per_device_batch,
+  command->add_option("--threads", flags->request.threads, "Worker threads (default: all cores)");
+  command->add_option("--max-per-device-batch", flags->request.max_per_device_batch,
                       "Largest per_device_batch_size tried (default 16)");
-  command->add_option("--min-hbm-headroom", flags->min_hbm_headroom,
+  command->add_option("--min-hbm-headroom", flags->request.min_hbm_headroom,
                       "Fraction of usable HBM to leave free, e.g. 0.1");
   command->add_option(
-      "--xla-flags", flags->xla_flags,
+      "--xla-flags", flags->request.xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->callback([flags] { run_plan(*flags); });
 }

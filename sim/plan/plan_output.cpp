@@ -29,6 +29,13 @@ std::string compact(double value) {
   return text;
 }
 
+// "4.66e+10": a FLOP count.
+std::string significant(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g", value);
+  return text;
+}
+
 // Days with one decimal, or three significant digits below 10 (a toy budget takes minutes).
 std::string days_text(double days) {
   if (days >= 10) {
@@ -208,7 +215,7 @@ void print_plan_text(const PlanResult& result, std::ostream& out) {
     out << "    MaxText: " << maxtext_command(point) << "\n";
   }
   out << "\nSlices (" << result.slices.size() << ", best bound first; FLOPs bound "
-      << compact(result.flops_per_token) << " FLOPs/token at each chip's MXU rate):\n";
+      << significant(result.flops_per_token) << " FLOPs/token at each chip's MXU rate):\n";
   for (const SliceRecord& record : result.slices) {
     out << "  " << std::left << std::setw(16) << record.slice.label() << std::right << std::setw(8)
         << fixed(record.elapsed_s, 1) << " s  " << outcome_text(record) << "\n";

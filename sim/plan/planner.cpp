@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "sim/explore/worker_result.h"
 #include "sim/plan/pareto_front.h"
+#include "sim/plan/plan_settings.h"
 #include "sim/plan/throughput_bound.h"
 
 namespace tpusim {
@@ -133,7 +134,7 @@ std::vector<Pending> pending_slices(const Config& config, const PlanRequest& req
     item.config.set("compile_topology", slice.slice_name, kCommandLineOrigin);
     item.config.set_int("compile_topology_num_slices", slice.num_slices, kCommandLineOrigin);
     // MaxText's `hardware` follows the kind: a GPU node runs hardware=gpu, a TPU slice tpu.
-    const std::string hardware = config.get_string("hardware");
+    const std::string hardware = PlanSettings::from_config(config).hardware;
     const bool gpu_hardware = hardware == "gpu" || hardware == "gpu_multiprocess";
     if (slice.kind.chip->is_gpu() != gpu_hardware) {
       item.config.set_string("hardware", slice.kind.chip->is_gpu() ? "gpu" : "tpu",
@@ -283,8 +284,9 @@ PlanResult plan(const Config& config, const PlanRequest& request) {
   check_request(config, request);
   PlanResult result;
   result.request = request;
-  result.model_name = config.get_string("model_name");
-  result.max_target_length = config.get_int("max_target_length");
+  const PlanSettings settings = PlanSettings::from_config(config);
+  result.model_name = settings.model_name;
+  result.max_target_length = settings.max_target_length;
   if (result.request.global_batch.source.empty()) {
     result.request.global_batch = default_global_batch_range(result.model_name);
   }
