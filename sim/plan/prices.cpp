@@ -14,7 +14,7 @@ double price_value(const YAML::Node& node, const std::string& where) {
     throw UserError(where + ": expected a price (a number), got a " +
                     (node.IsMap() ? "mapping" : "list"));
   }
-  const std::string text = node.Scalar();
+  const std::string& text = node.Scalar();
   size_t used = 0;
   double value = 0;
   try {

@@ -73,6 +73,7 @@ std::vector<SliceCandidate> enumerate_slice_candidates(const std::vector<Hardwar
   for (const HardwareKind& kind : kinds) {
     std::vector<SliceCandidate> own;
     const std::vector<std::string> names = example_slice_names(*kind.chip, kAllSliceSizes);
+    own.reserve(names.size() + static_cast<size_t>(max_slices));
     for (const std::string& name : names) {
       own.push_back(candidate_for(kind, with_prefix(kind, name), 1));
     }
