@@ -83,6 +83,12 @@ py::tuple explore_report(const ExploreRequest& request) {
   return py::make_tuple(json_to_python(json), text_to_python(notes.str()));
 }
 
+py::tuple plan_report(const PlanCommandRequest& request) {
+  std::ostringstream notes;
+  const nlohmann::json json = run_without_gil([&] { return plan_command_json(request, notes); });
+  return py::make_tuple(json_to_python(json), text_to_python(notes.str()));
+}
+
 py::object validate_report(const std::string& path, const std::string& pairs_path,
                            const std::vector<std::string>& without) {
   return json_to_python(run_without_gil([&] { return validate_json(path, pairs_path, without); }));
@@ -133,6 +139,24 @@ PYBIND11_MODULE(_tpusim, module) {
       .def_readwrite("exact_schedules", &ExploreRequest::exact_schedules);
   module.def("explore", &tpusim::explore_report, py::arg("request"),
              "(explore --json as a dict, the notes the CLI prints on stderr)");
+  using tpusim::PlanCommandRequest;
+  py::class_<PlanCommandRequest>(module, "PlanRequest")
+      .def(py::init<>())
+      .def_readwrite("args", &PlanCommandRequest::args)
+      .def_readwrite("xla_flags", &PlanCommandRequest::xla_flags)
+      .def_readwrite("tokens", &PlanCommandRequest::tokens)
+      .def_readwrite("deadline", &PlanCommandRequest::deadline)
+      .def_readwrite("hardware", &PlanCommandRequest::hardware)
+      .def_readwrite("max_chips", &PlanCommandRequest::max_chips)
+      .def_readwrite("max_slices", &PlanCommandRequest::max_slices)
+      .def_readwrite("prices", &PlanCommandRequest::prices)
+      .def_readwrite("consumption", &PlanCommandRequest::consumption)
+      .def_readwrite("objective", &PlanCommandRequest::objective)
+      .def_readwrite("global_batch_tokens", &PlanCommandRequest::global_batch_tokens)
+      .def_readwrite("full_front", &PlanCommandRequest::full_front)
+      .def_readwrite("threads", &PlanCommandRequest::threads);
+  module.def("plan", &tpusim::plan_report, py::arg("request"),
+             "(plan --json as a dict, the notes the CLI prints on stderr)");
   module.def("validate", &tpusim::validate_report, py::arg("path"), py::arg("pairs_path"),
              py::arg("without"), "validate --json (or validate --pairs --json) as a dict");
   module.def("topology", &tpusim::topology_report, py::arg("slice_name"), py::arg("num_slices"),

@@ -1,5 +1,5 @@
 """The module's results equal the CLI's --json, field by field (floats bit for bit): every row of
-validation/published.csv, the validation of the whole file, an explore search, a topology and
+validation/published.csv, the validation of the whole file, an explore search, a plan, a topology and
 the hardware catalog."""
 
 import csv
@@ -128,3 +128,25 @@ def test_hw_equals_the_cli(cli):
     chip = tpusim.hw("v5p")
     assert differences(expected, chip.to_dict()) == []
     assert chip.specs["peak_bf16_tflops"]["value"] == expected["specs"]["peak_bf16_tflops"]["value"]
+
+
+def strip_clocks(plan):
+    """A plan's JSON without its wall-clock fields (total, per slice, per point)."""
+    plan.pop("elapsed_s")
+    for item in plan["slices"]:
+        item.pop("elapsed_s")
+    for point in plan["points"]:
+        point.pop("explore_s")
+    return plan
+
+
+def test_plan_equals_the_cli_but_for_the_wall_clock(cli):
+    args = ["model_name=tiny-llama", "remat_policy=full", "attention=dot_product"]
+    options = ["--tokens", "1e9", "--hardware", "v5e,v6e", "--max-chips", "8",
+               "--global-batch-tokens", "65536", "--threads", "1"]
+    code, expected = cli(["plan", *args, *options, "--json"])
+    assert code == 0, expected
+    actual = tpusim.plan(args, tokens="1e9", hardware="v5e,v6e", max_chips=8,
+                         global_batch_tokens="65536", threads=1)
+    assert differences(strip_clocks(expected), strip_clocks(actual)) == []
+    assert actual["pick"] is not None

@@ -27,7 +27,7 @@ from .errors import ConfigError, NotModeledWarning
 from .results import (Candidate, Chip, Estimate, ExploreResult, Hbm, Result, Row, Topology,
                       Validation, to_frame)
 
-__all__ = ["estimate", "explore", "validate", "topology", "hw", "to_frame", "ConfigError",
+__all__ = ["estimate", "explore", "plan", "validate", "topology", "hw", "to_frame", "ConfigError",
            "NotModeledWarning", "Estimate", "ExploreResult", "Candidate", "Validation", "Row",
            "Topology", "Chip", "Hbm", "Result"]
 
@@ -72,6 +72,31 @@ def explore(config=None, /, *, top=10, objective="tokens_per_s_per_chip", global
     request.exact_schedules = bool_option("exact_schedules", exact_schedules)
     report, notes = _tpusim.explore(request)
     return ExploreResult(report, notes)
+
+
+def plan(config=None, /, *, tokens, deadline=None, hardware="v5e,v5p,v6e,tpu7x", max_chips=16384,
+         max_slices=64, prices=None, consumption="on_demand", objective=None,
+         global_batch_tokens=None, full_front=False, threads=0, xla_flags=None, **overrides):
+    """From a model and a token budget to the slice, configuration, days and chip-hours (or
+    cost): `tpusim plan ARGS --json` with the options of the same names, as a dict (its
+    "recommendation", "points", "front", "pick", "slices"). tokens and deadline are text or
+    numbers as on the command line ("2e12", "60d")."""
+    request = _tpusim.PlanRequest()
+    request.args = command_args(config, overrides)
+    request.xla_flags = text_option("xla_flags", xla_flags)
+    request.tokens = text_option("tokens", str(tokens))
+    request.deadline = text_option("deadline", None if deadline is None else str(deadline))
+    request.hardware = text_option("hardware", hardware)
+    request.max_chips = int_option("max_chips", max_chips, -INT64_MAX - 1, INT64_MAX)
+    request.max_slices = int_option("max_slices", max_slices, -INT32_MAX - 1, INT32_MAX)
+    request.prices = text_option("prices", prices)
+    request.consumption = text_option("consumption", consumption)
+    request.objective = text_option("objective", objective)
+    request.global_batch_tokens = text_option("global_batch_tokens", global_batch_tokens)
+    request.full_front = bool_option("full_front", full_front)
+    request.threads = int_option("threads", threads, -INT32_MAX - 1, INT32_MAX)
+    report, _notes = _tpusim.plan(request)
+    return report
 
 
 def validate(csv=None, /, *, pairs=None, without=None):

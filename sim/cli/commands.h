@@ -16,6 +16,7 @@ void register_program_command(CLI::App& app);
 void register_estimate_command(CLI::App& app);
 void register_compare_command(CLI::App& app);
 void register_explore_command(CLI::App& app);
+void register_plan_command(CLI::App& app);
 void register_validate_command(CLI::App& app);
 void register_op_command(CLI::App& app);
 void register_eval_command(CLI::App& app);

@@ -11,16 +11,19 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "model/config.h"
+#include "sharding/step_program.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
 #include "sim/explore/explore_html.h"
 #include "sim/explore/explorer.h"
+#include "sim/plan/prices.h"
 #ifdef TPUSIM_WITH_MPI
 #include "sim/transport/mpi_transport.h"
 #endif
@@ -148,6 +151,10 @@ void print_human(const ExploreResult& result) {
                             "%: little margin; --min-hbm-headroom 0.05 keeps 5% free)"
                       : std::string(")"))
               << "\n";
+    if (result.objective == ExploreObjective::kTokensPerDollar) {
+      std::cout << "    " << std::setprecision(0) << ranked.objective
+                << " tokens per unit of currency (--prices)\n";
+    }
     if (const int same = result.same_score_as(static_cast<size_t>(rank - 2)); same > 0) {
       std::cout << "    same step time as #" << same << ", another program\n";
     }
@@ -192,7 +199,7 @@ void print_result(const ExploreResult& result, const ExploreFlags& flags) {
 
 }  // namespace
 
-ExploreOptions explore_options(const ExploreRequest& request) {
+ExploreOptions explore_options(const ExploreRequest& request, const Config* config) {
   ExploreOptions options;
   options.limits.global_batch_size = request.global_batch_size;
   options.limits.max_per_device_batch = request.max_per_device_batch;
@@ -206,13 +213,25 @@ ExploreOptions explore_options(const ExploreRequest& request) {
   if (request.threads < 0) {
     throw UserError("--threads: " + std::to_string(request.threads) + " must be 0 (all) or more");
   }
+  if (!request.prices.empty() && config != nullptr) {
+    // The user's prices (sim/plan/prices.h): one chip-hour of this slice's hardware.
+    const Slice slice = slice_from_config(*config);
+    const Consumption consumption = parse_consumption(request.consumption);
+    const std::optional<double> price =
+        PriceTable::read(request.prices).per_chip_hour(slice, consumption);
+    if (!price && options.objective == ExploreObjective::kTokensPerDollar) {
+      throw UserError("--prices: " + request.prices + " has no " + consumption_name(consumption) +
+                      " price for " + slice.chip->name + " (" + slice.name + ")");
+    }
+    options.price_per_chip_hour = price.value_or(0);
+  }
   return options;
 }
 
 nlohmann::json explore_json(const ExploreRequest& request, std::ostream& notes) {
   const Config config =
       load_command_config(request.args, request.xla_flags, nullptr, nullptr, notes);
-  return explore(config, explore_options(request)).to_json();
+  return explore(config, explore_options(request, &config)).to_json();
 }
 
 void register_explore_command(CLI::App& app) {
@@ -230,7 +249,12 @@ void register_explore_command(CLI::App& app) {
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   command->add_flag("--csv", flags->csv, "Print the top candidates as CSV");
   command->add_option("--objective", flags->request.objective,
-                      "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar");
+                      "tokens_per_s_per_chip (default), mfu, step_time, tokens_per_dollar (needs "
+                      "--prices)");
+  command->add_option("--prices", flags->request.prices,
+                      "YAML of prices per chip-hour by hardware kind (configs/prices.example.yml)");
+  command->add_option("--consumption", flags->request.consumption,
+                      "Which --prices column: on_demand (default), spot, committed");
   command->add_option("--global-batch-size", flags->request.global_batch_size,
                       "Fixed sequences per optimizer step (searches gradient accumulation)");
   command->add_option("--max-per-device-batch", flags->request.max_per_device_batch,
@@ -257,7 +281,7 @@ void register_explore_command(CLI::App& app) {
     const Config config = load_command_config(flags->request.args, flags->request.xla_flags);
     flags->request.branch_and_bound = !flags->no_branch_and_bound;
     flags->request.max_samples = flags->html.empty() ? 0 : kHtmlSamples;
-    ExploreOptions options = explore_options(flags->request);
+    ExploreOptions options = explore_options(flags->request, &config);
     const auto started = std::chrono::steady_clock::now();
     if (flags->progress || isatty(fileno(stderr)) != 0) {
       options.progress = [started](int64_t done, int64_t total) {

@@ -49,6 +49,7 @@ int run_cli_or_throw(int argc, char** argv) {
   register_estimate_command(app);
   register_compare_command(app);
   register_explore_command(app);
+  register_plan_command(app);
   register_validate_command(app);
   register_op_command(app);
   register_eval_command(app);

@@ -64,10 +64,11 @@ void thin_samples(std::vector<ExploreSample>& samples, size_t most) {
 }
 
 void check_options(const ExploreOptions& options) {
-  if (options.objective == ExploreObjective::kTokensPerDollar) {
+  if (options.objective == ExploreObjective::kTokensPerDollar &&
+      !(options.price_per_chip_hour > 0 && std::isfinite(options.price_per_chip_hour))) {
     throw UserError(
-        "--objective tokens_per_dollar: the hardware catalog (configs/hw) has no chip prices; "
-        "use tokens_per_s_per_chip, mfu or step_time");
+        "--objective tokens_per_dollar: needs --prices FILE with a price for this hardware (the "
+        "hardware catalog has no prices; configs/prices.example.yml shows the format)");
   }
   // Each listed candidate is estimated again in full for its breakdown (~1.5 ms): --top 65536
   // ran for minutes (found by the command-line fuzz). A ranking longer than this is not read.
@@ -466,12 +467,28 @@ nlohmann::json ExplorePhases::to_json() const {
           {"floor_skipped_programs", floor_skipped_programs}};
 }
 
+// tokens_per_dollar ranks by tokens/s/chip (one price per slice); its listed objectives are
+// tokens per unit of currency: tokens/s/chip x 3600 s / the price of a chip-hour.
+void objectives_per_dollar(ExploreResult& result, const ExploreOptions& options) {
+  if (options.objective != ExploreObjective::kTokensPerDollar) {
+    return;
+  }
+  const double per_dollar = 3600.0 / options.price_per_chip_hour;
+  for (RankedCandidate& ranked : result.top) {
+    ranked.objective *= per_dollar;
+  }
+  for (PipelineOption& option : result.pipeline_options) {
+    option.objective *= per_dollar;
+  }
+}
+
 ExploreResult explore(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::string> schedule_keys;
   const std::vector<ScheduleChoice> choices = pipeline_schedule_choices(config, schedule_keys);
   if (choices.size() == 1 && choices.front().stages == 1) {
-    ExploreResult result = explore_one_schedule(config, options);
+    ExploreResult result = explore_one_schedule(config, options, options.initial_bar);
+    objectives_per_dollar(result, options);
     return result;
   }
   ExploreResult merged;
@@ -479,7 +496,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   std::optional<UserError> first_error;
   for (const ScheduleChoice& choice : choices) {
     const Config scheduled = with_schedule(config, choice);
-    const double bar = top_bar(everything, options);
+    const double bar = std::max(top_bar(everything, options), options.initial_bar);
     ExploreResult part;
     try {
       part = explore_one_schedule(scheduled, options, bar, schedule_stretch(scheduled, choice));
@@ -515,6 +532,7 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   thin_samples(merged.samples, options.max_samples);
   merged.elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  objectives_per_dollar(merged, options);
   return merged;
 }
 

@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -85,6 +86,14 @@ struct ExploreOptions {
   // Keep up to this many samples of what was evaluated (a uniform sample per worker thread, for
   // explore's HTML scatter); 0 keeps none. Under mpirun only this rank's samples are kept.
   size_t max_samples = 0;
+  // A bar from outside the search (tpusim plan's incumbent on another slice), in the objective's
+  // units (tokens_per_dollar: tokens/s/chip, the order it ranks by): candidates that cannot exceed
+  // it are skipped as if it were the N-th best already found, so the result may list fewer than
+  // `top` (none when nothing beats it), and a listed one below it is not the slice's best.
+  double initial_bar = -std::numeric_limits<double>::infinity();
+  // --objective tokens_per_dollar: what one chip-hour of the slice costs (--prices). One price per
+  // slice ranks like tokens/s/chip; the objectives listed are tokens per unit of currency.
+  double price_per_chip_hour = 0;
 };
 
 // One evaluated candidate, for plots: timed (it fits) or built and found not to fit (no time).

@@ -7,6 +7,7 @@ sim/ is built as one static library per layer (sim/CMakeLists.txt):
     tpusim_perf       accounting/ memory/ perf/ estimate/    html
     tpusim_processes  transport/process_group.h              nothing else of sim/
     tpusim_explore    explore/                               perf, processes, html
+    tpusim_plan       plan/                                  explore, perf, processes, html
     tpusim_functional functional/ transport/                 perf, processes
     tpusim_train      train/                                 functional, perf, processes, html
     tpusim_cli_lib    cli/                                   everything
@@ -38,6 +39,7 @@ LIBRARY_OF = {
     "estimate": "tpusim_perf",
     "transport/process_group.h": "tpusim_processes",
     "explore": "tpusim_explore",
+    "plan": "tpusim_plan",
     "functional": "tpusim_functional", "transport": "tpusim_functional",
     "train": "tpusim_train",
     "cli": "tpusim_cli_lib",
@@ -47,12 +49,13 @@ MAY_USE = {
     "tpusim_perf": {"tpusim_html"},
     "tpusim_processes": set(),
     "tpusim_explore": {"tpusim_perf", "tpusim_processes", "tpusim_html"},
+    "tpusim_plan": {"tpusim_explore", "tpusim_perf", "tpusim_processes", "tpusim_html"},
     "tpusim_functional": {"tpusim_perf", "tpusim_processes"},
     "tpusim_train": {"tpusim_functional", "tpusim_perf", "tpusim_processes", "tpusim_html"},
     "tpusim_cli_lib": set(LIBRARY_OF.values()),
 }
 # Libraries that must build without the functional engine's third-party code.
-LEAN = {"tpusim_html", "tpusim_perf", "tpusim_explore"}
+LEAN = {"tpusim_html", "tpusim_perf", "tpusim_explore", "tpusim_plan"}
 HEAVY_HEADERS = re.compile(r"/(eigen3|sentencepiece[^/]*|oneapi|openmpi|mpich)/|/mpi\.h$|"
                            r"/sentencepiece_processor\.h$|/dnnl[^/]*\.h(pp)?$")
 HEAVY_FLAGS = re.compile(r"eigen3|sentencepiece|oneapi|openmpi|TPUSIM_WITH_MPI|TPUSIM_WITH_DNNL")
