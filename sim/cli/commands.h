@@ -20,5 +20,6 @@ void register_validate_command(CLI::App& app);
 void register_op_command(CLI::App& app);
 void register_train_command(CLI::App& app);
 void register_export_hf_command(CLI::App& app);
+void register_generate_command(CLI::App& app);
 
 }  // namespace tpusim
