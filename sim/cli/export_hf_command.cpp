@@ -4,7 +4,7 @@
 //                            (sim/train/hf_names.h), float32 or (--dtype bfloat16) bfloat16
 //   config.json              LlamaConfig / MistralConfig / Qwen3Config / GPT2Config fields, with
 //                            the tokenizer's bos/eos/pad ids and torch_dtype
-//   generation_config.json   the same ids, greedy decoding, the trained length
+//   generation_config.json   the same ids, greedy decoding
 //   tokenizer files          sim/train/hf_tokenizer.h: tokenizer.model (SentencePiece),
 //                            tokenizer.json, tokenizer_config.json, special_tokens_map.json
 //   tpusim_model.json        the model the checkpoint records, so that tpusim (generate,
@@ -45,10 +45,10 @@ std::pair<std::string, std::string> hf_configs(const Config& config, const TextT
   const nlohmann::json ids = hf_special_token_ids(tokenizer);
   model.update(ids);
   model["torch_dtype"] = dtype;
-  // GenerationConfig: tpusim generate's default (greedy) up to the trained length.
+  // GenerationConfig: tpusim generate's default (greedy). No max_length: a checkpoint does not
+  // record the length it was trained on.
   nlohmann::json generation = ids;
   generation["do_sample"] = false;
-  generation["max_length"] = config.get_int("max_target_length");
   return {model.dump(2) + "\n", generation.dump(2) + "\n"};
 }
 
@@ -76,7 +76,7 @@ void export_hf(const std::string& checkpoint_path, const std::string& out_direct
   auto [model_json, generation_json] = hf_configs(config, tokenizer, dtype);
   files.emplace_back((out / "config.json").string(), std::move(model_json));
   files.emplace_back((out / "generation_config.json").string(), std::move(generation_json));
-  for (auto& [name, text] : hf_tokenizer_files(tokenizer, config.get_int("max_target_length"))) {
+  for (auto& [name, text] : hf_tokenizer_files(tokenizer)) {
     files.emplace_back((out / name).string(), std::move(text));
   }
   const nlohmann::json identity = {{"model_config", model_identity_from_config(config)}};

@@ -16,8 +16,11 @@
 namespace tpusim {
 namespace {
 
-std::string layer_name(const std::string& tensor, int64_t layer) {
-  return "layer/" + tensor + "#" + std::to_string(layer);
+// A layer's parameter: "<region>/<tensor>#<layer>" (a MoE model's layers are the "moe_layer"
+// region).
+std::string layer_name(const std::string& tensor, int64_t layer,
+                       const std::string& region = "layer") {
+  return region + "/" + tensor + "#" + std::to_string(layer);
 }
 
 int64_t product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
@@ -217,15 +220,15 @@ void add_moe_layer(const ModelDims& dims, HfMoe moe, int64_t layer, const std::s
   const int64_t mlp = dims.moe_mlp_dim;
   const bool mixtral = moe == HfMoe::kMixtral;
   const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
-  add(layer_name("moe/gate", layer), {embed, experts}, 1, block + "gate.weight", {experts, embed},
-      true, 0, 1.0, -1);
+  add(layer_name("moe/gate", layer, "moe_layer"), {embed, experts}, 1, block + "gate.weight",
+      {experts, embed}, true, 0, 1.0, -1);
   for (int64_t expert = 0; expert < experts; ++expert) {
     const std::string prefix = block + "experts." + std::to_string(expert) + ".";
-    add(layer_name("moe/experts/wi_0", layer), {experts, embed, mlp}, 2,
+    add(layer_name("moe/experts/wi_0", layer, "moe_layer"), {experts, embed, mlp}, 2,
         prefix + (mixtral ? "w1" : "gate_proj") + ".weight", {mlp, embed}, true, 0, 1.0, expert);
-    add(layer_name("moe/experts/wi_1", layer), {experts, embed, mlp}, 2,
+    add(layer_name("moe/experts/wi_1", layer, "moe_layer"), {experts, embed, mlp}, 2,
         prefix + (mixtral ? "w3" : "up_proj") + ".weight", {mlp, embed}, true, 0, 1.0, expert);
-    add(layer_name("moe/experts/wo", layer), {experts, mlp, embed}, 2,
+    add(layer_name("moe/experts/wo", layer, "moe_layer"), {experts, mlp, embed}, 2,
         prefix + (mixtral ? "w2" : "down_proj") + ".weight", {embed, mlp}, true, 0, 1.0, expert);
   }
 }
@@ -320,37 +323,38 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
   }
   add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "model.embed_tokens.weight",
       {dims.vocab_size, embed}, false);
+  const std::string region = moe != HfMoe::kNone ? "moe_layer" : "layer";
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
     const std::string hf = "model.layers." + std::to_string(layer) + ".";
-    add(layer_name("pre_attention_norm/scale", layer), {embed}, 1, hf + "input_layernorm.weight",
-        {embed}, false);
-    add(layer_name("pre_mlp_norm/scale", layer), {embed}, 1, hf + "post_attention_layernorm.weight",
-        {embed}, false);
-    add(layer_name("attention/query", layer), {embed, heads, head_dim}, 1,
+    add(layer_name("pre_attention_norm/scale", layer, region), {embed}, 1,
+        hf + "input_layernorm.weight", {embed}, false);
+    add(layer_name("pre_mlp_norm/scale", layer, region), {embed}, 1,
+        hf + "post_attention_layernorm.weight", {embed}, false);
+    add(layer_name("attention/query", layer, region), {embed, heads, head_dim}, 1,
         hf + "self_attn.q_proj.weight", {heads * head_dim, embed}, true, 0, query_scale);
-    add(layer_name("attention/key", layer), {embed, kv_heads, head_dim}, 1,
+    add(layer_name("attention/key", layer, region), {embed, kv_heads, head_dim}, 1,
         hf + "self_attn.k_proj.weight", {kv_heads * head_dim, embed}, true);
-    add(layer_name("attention/value", layer), {embed, kv_heads, head_dim}, 1,
+    add(layer_name("attention/value", layer, region), {embed, kv_heads, head_dim}, 1,
         hf + "self_attn.v_proj.weight", {kv_heads * head_dim, embed}, true);
-    add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
+    add(layer_name("attention/out", layer, region), {heads, head_dim, embed}, 2,
         hf + "self_attn.o_proj.weight", {embed, heads * head_dim}, true);
     if (scheme == HfNameScheme::kQwen3) {
       // Qwen3Attention's RMSNorms over head_dim, shared by the heads: MaxText's query_norm and
       // key_norm scales, the same [head_dim] vectors.
-      add(layer_name("attention/query_norm/scale", layer), {head_dim}, 1,
+      add(layer_name("attention/query_norm/scale", layer, region), {head_dim}, 1,
           hf + "self_attn.q_norm.weight", {head_dim}, false);
-      add(layer_name("attention/key_norm/scale", layer), {head_dim}, 1,
+      add(layer_name("attention/key_norm/scale", layer, region), {head_dim}, 1,
           hf + "self_attn.k_norm.weight", {head_dim}, false);
     }
     if (moe != HfMoe::kNone) {
       add_moe_layer(dims, moe, layer, hf, add);
       continue;
     }
-    add(layer_name("mlp/wi_0", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.gate_proj.weight",
+    add(layer_name("mlp/wi_0", layer, region), {embed, dims.mlp_dim}, 1,
+        hf + "mlp.gate_proj.weight", {dims.mlp_dim, embed}, true);
+    add(layer_name("mlp/wi_1", layer, region), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
         {dims.mlp_dim, embed}, true);
-    add(layer_name("mlp/wi_1", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
-        {dims.mlp_dim, embed}, true);
-    add(layer_name("mlp/wo", layer), {dims.mlp_dim, embed}, 1, hf + "mlp.down_proj.weight",
+    add(layer_name("mlp/wo", layer, region), {dims.mlp_dim, embed}, 1, hf + "mlp.down_proj.weight",
         {embed, dims.mlp_dim}, true);
   }
   add("head/final_norm/scale#0", {embed}, 1, "model.norm.weight", {embed}, false);

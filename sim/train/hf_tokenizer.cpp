@@ -217,12 +217,10 @@ Json special_tokens_map(const TextTokenizer& tokenizer) {
 
 }  // namespace
 
-std::map<std::string, std::string> hf_tokenizer_files(const TextTokenizer& tokenizer,
-                                                      int64_t model_max_length) {
+std::map<std::string, std::string> hf_tokenizer_files(const TextTokenizer& tokenizer) {
   std::map<std::string, std::string> files;
   const Json special = special_tokens_map(tokenizer);
   Json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                 {"model_max_length", model_max_length},
                  {"add_bos_token", false},
                  {"add_eos_token", false},
                  {"clean_up_tokenization_spaces", false}};

@@ -13,7 +13,7 @@
 //
 // Example:
 //   const TextTokenizer tokenizer("runs/text.model");
-//   for (const auto& [name, text] : hf_tokenizer_files(tokenizer, 2048)) { ...write name... }
+//   for (const auto& [name, text] : hf_tokenizer_files(tokenizer)) { ...write name... }
 //   hf_special_token_ids(tokenizer);  // {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id":
 //                                     //  null}
 #pragma once
@@ -28,9 +28,8 @@
 
 namespace tpusim {
 
-// File name -> content; `model_max_length` is the longest sequence the model was trained on.
-std::map<std::string, std::string> hf_tokenizer_files(const TextTokenizer& tokenizer,
-                                                      int64_t model_max_length);
+// File name -> content.
+std::map<std::string, std::string> hf_tokenizer_files(const TextTokenizer& tokenizer);
 
 // bos_token_id, eos_token_id and pad_token_id of config.json and generation_config.json (null
 // where the tokenizer has none).

@@ -225,7 +225,7 @@ TEST(ExportHfCommand, WritesACompleteBundle) {
   const nlohmann::json generation = json_file(out + "/generation_config.json");
   expect_keys_within(generation, kGenerationConfig, "GenerationConfig");
   EXPECT_EQ(generation.at("do_sample"), false);
-  EXPECT_EQ(generation.at("max_length"), 16);
+  EXPECT_FALSE(generation.contains("max_length"));  // a checkpoint does not record its length
   const nlohmann::json tokenizer = json_file(out + "/tokenizer.json");
   EXPECT_EQ(tokenizer.at("pre_tokenizer").at("type"), "ByteLevel");
   EXPECT_EQ(tokenizer.at("model").at("vocab").size(), 256u);
@@ -250,7 +250,7 @@ TEST(ExportHfCommand, WritesACompleteBundle) {
   const std::string half_weights = file_bytes(half + "/model.safetensors");
   EXPECT_NE(half_weights.find("\"BF16\""), std::string::npos);
   EXPECT_EQ(half_weights.find("\"F32\""), std::string::npos);
-  EXPECT_LT(half_weights.size(), file_bytes(out + "/model.safetensors").size() * 0.51);
+  EXPECT_LT(100 * half_weights.size(), 51 * file_bytes(out + "/model.safetensors").size());
   EXPECT_EQ(json_file(half + "/config.json").at("torch_dtype"), "bfloat16");
   load = train;
   load.push_back("load_parameters_path=" + half);
