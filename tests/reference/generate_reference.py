@@ -12,8 +12,8 @@ prefix recomputed each step, the argmax appended. For every `tpusim generate` re
   * where the reference's two largest logits differ by more than 1e-3 the tokens must be equal;
   * where they are within 1e-3 (a near tie that fp32 rounding may break either way) the logits
     are compared instead, and decoding goes on from tpusim's token;
-  * at every step the logits must agree within --logit-tolerance (max |difference|; tpusim
-    computes in fp32).
+  * at every step the logits must agree within --logit-tolerance (max |difference| over the
+    step's largest |logit|, at least 1; tpusim computes in fp32).
 
 With --sentencepiece, HF_DIR/tokenizer.model is loaded through Debian's python3-sentencepiece:
 its encoding of --prompt must be tpusim's prompt tokens and its decoding of the generated tokens
@@ -52,7 +52,9 @@ def compare(weights, config, result, tolerance, label):
     for step, token in enumerate(result["tokens"]):
         expected = reference_step(weights, config, prefix)
         got = torch.tensor(result["logits"][step], dtype=torch.float64)
-        worst = max(worst, (expected - got).abs().max().item())
+        # Relative to the step's largest logit: fp32 rounds a logit of size L by about L 6e-8.
+        scale = max(1.0, expected.abs().max().item())
+        worst = max(worst, (expected - got).abs().max().item() / scale)
         top2 = torch.topk(expected, 2).values
         if (top2[0] - top2[1]).item() <= TIE:
             ties += 1  # a near tie: the logits were compared (above), tokens are not
@@ -67,7 +69,8 @@ def compare(weights, config, result, tolerance, label):
     ok = worst <= tolerance
     failures += 0 if ok else 1
     print(f"{'ok  ' if not failures else 'FAIL'} {label}: {len(result['tokens'])} tokens "
-          f"({compared} compared by id, {ties} near ties by logits), max |logit difference| "
+          f"({compared} compared by id, {ties} near ties by logits), max |logit difference| / "
+          f"max(1, max |logit|) "
           f"{worst:.3e} (tol {tolerance:.0e}), devices {result.get('devices')}")
     return failures
 
