@@ -16,6 +16,7 @@
 // Example:
 //   tpusim generate runs/a/checkpoints/200 --prompt "Once upon a time" --max-tokens 64
 //   tpusim generate /tmp/tiny-llama-hf --prompt "abc" compile_topology=v5e-4 ici_fsdp_parallelism=4
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -106,6 +107,12 @@ void generate(GenerateRequest request) {
   if (prompt.empty()) {
     throw UserError("generate: --prompt encodes to no tokens with tokenizer_path '" +
                     tokenizer.path() + "'");
+  }
+  const int64_t vocab = config.get_int("vocab_size");
+  if (const auto largest = *std::max_element(prompt.begin(), prompt.end()); largest >= vocab) {
+    throw UserError("vocab_size: " + std::to_string(vocab) + " has no token " +
+                        std::to_string(largest) + ", which the prompt encodes to",
+                    "vocab_size");
   }
   const auto prompt_size = static_cast<int64_t>(prompt.size());
   if (!sets_key(request.args, "max_target_length")) {
