@@ -34,6 +34,7 @@
 #include "sim/train/hf_names.h"
 #include "sim/train/hf_tokenizer.h"
 #include "sim/train/model_identity.h"
+#include "sim/train/text_tokenizer.h"
 
 namespace tpusim {
 namespace {
@@ -65,7 +66,7 @@ void export_hf(const std::string& checkpoint_path, const std::string& out_direct
   const Config config = recorded_config(recorded, checkpoint_path, args);
   // The tokenizer must be the checkpoint's (its recorded content); its files join the bundle.
   check_made_from(checkpoint, checkpoint_path, config, /*with_optimizer=*/false);
-  const TextTokenizer tokenizer(config.get_string("tokenizer_path"));
+  const TextTokenizer tokenizer(tokenizer_path_from_config(config));
   const std::map<std::string, CheckpointTensor> tensors = to_hf(config, checkpoint.weights);
   // Every file's content is made before anything is written, and renamed into place only when
   // all are complete: a failed export leaves the previous one whole.

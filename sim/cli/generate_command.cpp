@@ -102,13 +102,13 @@ void generate(GenerateRequest request) {
                                          {"compile_topology=v5e-1", "per_device_batch_size=1"},
                                          "generate", check_functional_support);
   Config& config = source.config;
-  const TextTokenizer tokenizer(config.get_string("tokenizer_path"));
+  const TextTokenizer tokenizer(tokenizer_path_from_config(config));
   const std::vector<int32_t> prompt = tokenizer.encode(request.prompt);
   if (prompt.empty()) {
     throw UserError("generate: --prompt encodes to no tokens with tokenizer_path '" +
                     tokenizer.path() + "'");
   }
-  const int64_t vocab = config.get_int("vocab_size");
+  const int64_t vocab = GenerateLimits::from_config(config).vocab_size;
   if (const auto largest = *std::max_element(prompt.begin(), prompt.end()); largest >= vocab) {
     throw UserError("vocab_size: " + std::to_string(vocab) + " has no token " +
                         std::to_string(largest) + ", which the prompt encodes to",
@@ -119,7 +119,8 @@ void generate(GenerateRequest request) {
     config.set("max_target_length",
                std::to_string(std::max<int64_t>(1, prompt_size + request.options.max_tokens - 1)),
                "generate: prompt + --max-tokens");
-  } else if (const int64_t length = config.get_int("max_target_length"); prompt_size > length) {
+  } else if (const int64_t length = GenerateLimits::from_config(config).max_target_length;
+             prompt_size > length) {
     throw UserError("max_target_length: " + std::to_string(length) + " is shorter than the " +
                         std::to_string(prompt_size) + "-token prompt",
                     "max_target_length");

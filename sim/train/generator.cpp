@@ -48,10 +48,14 @@ int32_t choose_token(const std::vector<float>& logits, const GenerateOptions& op
   return order.back();
 }
 
+GenerateLimits GenerateLimits::from_config(const Config& config) {
+  return {config.get_int("max_target_length"), ModelDims::from_config(config).vocab_size};
+}
+
 Generator::Generator(const Config& config, const Checkpoint& weights)
     : model_(std::make_unique<ShardedModel>(config)),
-      length_(config.get_int("max_target_length")),
-      vocab_(ModelDims::from_config(config).vocab_size) {
+      length_(GenerateLimits::from_config(config).max_target_length),
+      vocab_(GenerateLimits::from_config(config).vocab_size) {
   model_->restore(weights, /*with_optimizer=*/false);
 }
 

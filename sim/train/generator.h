@@ -42,6 +42,14 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 
+// What generation reads from the config: the longest prefix and the vocabulary.
+struct GenerateLimits {
+  int64_t max_target_length = 0;
+  int64_t vocab_size = 0;
+
+  static GenerateLimits from_config(const Config& config);
+};
+
 struct GeneratedToken {
   int32_t id = 0;
   std::vector<float> logits;  // of the position that chose it, [vocab]

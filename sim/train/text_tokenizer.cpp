@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "model/config.h"
 
 namespace tpusim {
 namespace {
@@ -107,6 +108,10 @@ ProtoFields read_proto_fields(std::string_view model) {
 }
 
 }  // namespace
+
+std::string tokenizer_path_from_config(const Config& config) {
+  return config.get_string("tokenizer_path");
+}
 
 struct TextTokenizer::Model {
   sentencepiece::SentencePieceProcessor processor;

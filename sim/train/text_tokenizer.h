@@ -22,6 +22,11 @@
 
 namespace tpusim {
 
+class Config;
+
+// The tokenizer_path key ("" = the byte-level tokenizer).
+std::string tokenizer_path_from_config(const Config& config);
+
 class TextTokenizer {
  public:
   struct Special {
