@@ -5,8 +5,9 @@
 // chosen. Greedy by default; with --temperature > 0 tokens are drawn (over the --top-k largest
 // logits), the same for the same --seed. The mesh is one v5e device unless the arguments name
 // another (compile_topology=v5e-4 ici_tensor_parallelism=2 ...): every mesh gives the same tokens.
-// max_target_length is the prompt plus --max-tokens unless set. The prompt is encoded as training
-// encoded its data (no BOS); generation stops at the tokenizer's EOS.
+// max_target_length is the prompt plus --max-tokens - 1 unless set (the last token is chosen at
+// the last position). Each token recomputes the whole prefix (no KV cache yet). The prompt is
+// encoded as training encoded its data (no BOS); generation stops at the tokenizer's EOS.
 //
 // --json prints one object instead: {"prompt_tokens", "tokens", "text", "stop", "devices"} and,
 // with --with-logits, the logits each token was chosen from ("logits": [[...], ...]).
@@ -125,9 +126,9 @@ void generate(GenerateRequest request) {
                         std::to_string(prompt_size) + "-token prompt",
                     "max_target_length");
   }
-  // Host memory pre-flight (issue 43): the check of the bytes the functional engine allocates
-  // for this model (weights, activations of one max_target_length batch) goes here, before the
-  // Generator allocates them.
+  // TODO(issue 43, host memory pre-flight): call the check of the bytes the functional engine
+  // allocates for this model (weights, gradients, activations of one max_target_length batch)
+  // here, before the Generator allocates them.
   Generator generator(config, source.checkpoint);
   std::vector<int32_t> tokens;
   nlohmann::json logits = nlohmann::json::array();
