@@ -97,6 +97,12 @@ HfMoe hf_moe_of(const DecoderFamily& family) {
   return family.block == DecoderBlock::kQwen3Moe ? HfMoe::kQwen3Moe : HfMoe::kNone;
 }
 
+// The MoE decoder blocks with Transformers names ("mixtral, qwen3_moe").
+std::string hf_moe_families() {
+  return std::string(decoder_block_name(DecoderBlock::kMixtral)) + ", " +
+         decoder_block_name(DecoderBlock::kQwen3Moe);
+}
+
 // UserError naming the key when Transformers' MoE block would route otherwise than tpusim.
 void check_hf_moe(const ModelDims& dims, const HfKeys& keys, HfMoe moe) {
   const auto refuse = [](const std::string& key, const std::string& why) {
@@ -155,12 +161,12 @@ HfNameScheme hf_scheme(const Config& config) {
   if (scheme == HfNameScheme::kNone) {
     refuse("decoder_block", "decoder_block '" + std::string(family.name) +
                                 "' has no Transformers mapping in tpusim (" + hf_mapped_families() +
-                                ", mixtral, qwen3_moe)");
+                                ", " + hf_moe_families() + ")");
   }
   if (dims.is_moe() && moe == HfMoe::kNone) {
     refuse("num_experts", "decoder_block '" + std::string(family.name) +
-                              "' with experts has no Transformers mapping in tpusim (MoE: "
-                              "mixtral, qwen3_moe)");
+                              "' with experts has no Transformers mapping in tpusim (MoE: " +
+                              hf_moe_families() + ")");
   }
   if (keys.attention_bias) {
     refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
@@ -207,8 +213,10 @@ HfMoe hf_moe(const Config& config) {
   return hf_moe_of(ModelDims::from_config(config).family());
 }
 
+// Transformers' model_type of the MoE families is the decoder block's own name.
 const char* hf_moe_model_type(HfMoe moe) {
-  return moe == HfMoe::kMixtral ? "mixtral" : "qwen3_moe";
+  return decoder_block_name(moe == HfMoe::kMixtral ? DecoderBlock::kMixtral
+                                                   : DecoderBlock::kQwen3Moe);
 }
 
 // The MoE layer's entries: the router and every expert's three kernels.
@@ -243,7 +251,7 @@ void add_moe_config(nlohmann::json& json, const ModelDims& dims, const HfKeys& k
   json.erase("mlp_bias");
   if (moe == HfMoe::kMixtral) {
     json["architectures"] = {"MixtralForCausalLM"};
-    json["model_type"] = "mixtral";
+    json["model_type"] = hf_moe_model_type(moe);
     json["intermediate_size"] = dims.moe_mlp_dim;  // each expert's
     json["num_local_experts"] = dims.num_experts;
     json["router_jitter_noise"] = 0.0;
@@ -251,7 +259,7 @@ void add_moe_config(nlohmann::json& json, const ModelDims& dims, const HfKeys& k
     return;
   }
   json["architectures"] = {"Qwen3MoeForCausalLM"};
-  json["model_type"] = "qwen3_moe";
+  json["model_type"] = hf_moe_model_type(moe);
   json["moe_intermediate_size"] = dims.moe_mlp_dim;
   json["num_experts"] = dims.num_experts;
   json["norm_topk_prob"] = keys.norm_topk_prob;
