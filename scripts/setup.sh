@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Installs what tpusim needs from Debian's packages, only what is missing (quick when all present).
 # Usage (as root): bash scripts/setup.sh [--with-reference] [--with-reports] [--with-browser]
-#                                        [--list-packages]
+#                                        [--with-npm] [--list-packages]
 #   --with-reference  also installs python3-torch (with OpenBLAS), the independent numerical
-#                     reference of the tests.
+#                     reference of the tests, and python3-sentencepiece, which loads the
+#                     tokenizer of an export-hf bundle in them.
 #   --with-reports    also installs python3-matplotlib, for the plots of
 #                     benchmarks/make_reports.py.
 #   --with-browser    also installs Debian's chromium, which loads the HTML step pages in the
 #                     test suite (tests/browser).
+#   --with-npm        also installs node and npm (Debian's nodejs and npm, unless a node with npm
+#                     is there already) and npm's @huggingface/transformers, pinned, into
+#                     /var/cache/tpusim/npm (TPUSIM_NPM_CACHE), outside the checkout, without its
+#                     install scripts (about 0.5 GB, mostly onnxruntime): the slow test that loads an export-hf
+#                     tokenizer with its AutoTokenizer (tests/reference/transformers_js_tokenizer.mjs).
 #   --list-packages   prints the packages these options name, one a line, and installs nothing
 #                     (read by scripts/dependency_audit.py).
 #
@@ -34,15 +40,42 @@ packages+=(libopenmpi-dev openmpi-bin libgoogle-perftools-dev libdnnl-dev)
 # a CI rerun, a branch switch) reuses the objects instead of recompiling ~600 files.
 packages+=(ccache)
 list_only=0
+with_npm=0
+# The transformers.js release the tokenizer test was written against (npm registry, pinned).
+npm_transformers="@huggingface/transformers@4.3.1"
+npm_cache="${TPUSIM_NPM_CACHE:-/var/cache/tpusim/npm}"
 for option in "$@"; do
   case "$option" in
-    --with-reference) packages+=(python3-torch python3-numpy libopenblas0) ;;
+    --with-reference) packages+=(python3-torch python3-numpy libopenblas0 python3-sentencepiece) ;;
     --with-reports) packages+=(python3-matplotlib) ;;
     --with-browser) packages+=(chromium) ;;
+    --with-npm)
+      with_npm=1
+      # A node that brings its own npm (e.g. NodeSource's nodejs) conflicts with Debian's npm.
+      if ! command -v npm >/dev/null 2>&1; then
+        packages+=(nodejs npm)
+      fi
+      ;;
     --list-packages) list_only=1 ;;
-    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports, --with-browser, --list-packages)" >&2; exit 2 ;;
+    *) echo "setup: unknown option '$option' (known: --with-reference, --with-reports, --with-browser, --with-npm, --list-packages)" >&2; exit 2 ;;
   esac
 done
+
+# npm's @huggingface/transformers into the cache directory (after the packages: needs npm).
+install_npm_module() {
+  if [[ -f "$npm_cache/node_modules/@huggingface/transformers/package.json" ]] &&
+     grep -q "\"version\": \"${npm_transformers##*@}\"" \
+       "$npm_cache/node_modules/@huggingface/transformers/package.json"; then
+    echo "setup: $npm_transformers present in $npm_cache"
+    return
+  fi
+  echo "setup: npm install $npm_transformers into $npm_cache"
+  mkdir -p "$npm_cache"
+  # Optional dependencies stay: sharp's prebuilt binary is one, and the module does not load
+  # without it.
+  npm install --prefix "$npm_cache" --no-save --no-audit --no-fund --ignore-scripts \
+    "$npm_transformers"
+}
 if ((list_only)); then
   printf '%s\n' "${packages[@]}"
   exit 0
@@ -57,6 +90,9 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
+  if ((with_npm)); then
+    install_npm_module
+  fi
   exit 0
 fi
 
@@ -68,3 +104,6 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if ((with_npm)); then
+  install_npm_module
+fi

@@ -22,5 +22,6 @@ void register_op_command(CLI::App& app);
 void register_eval_command(CLI::App& app);
 void register_train_command(CLI::App& app);
 void register_export_hf_command(CLI::App& app);
+void register_generate_command(CLI::App& app);
 
 }  // namespace tpusim

@@ -55,6 +55,7 @@ int run_cli_or_throw(int argc, char** argv) {
   register_eval_command(app);
   register_train_command(app);
   register_export_hf_command(app);
+  register_generate_command(app);
   // Under --json an error is also one JSON object on stdout, so scripts read every outcome
   // from one stream: {"error": message, "key": the config key or null, "exit": 2}.
   const bool json_errors = std::any_of(

@@ -32,6 +32,12 @@ struct TokenLogProbs {
   int64_t current_microbatch = 0;
   int64_t chunk = 0;  // a chunked head (num_vocab_tiling): positions [chunk L/T, (chunk+1) L/T)
   std::vector<float> values;
+  // With logits_position >= 0 (`tpusim generate`): also every logit the loss sees (after its
+  // multiplier and soft cap) at that position, [sequences, vocab] by global vocab index, NaN for
+  // the entries this device does not compute.
+  int64_t logits_position = -1;
+  int64_t vocab = 0;
+  std::vector<float> logits;
 };
 
 struct DeviceContext {

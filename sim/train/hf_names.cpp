@@ -16,8 +16,11 @@
 namespace tpusim {
 namespace {
 
-std::string layer_name(const std::string& tensor, int64_t layer) {
-  return "layer/" + tensor + "#" + std::to_string(layer);
+// A layer's parameter: "<region>/<tensor>#<layer>" (a MoE model's layers are the "moe_layer"
+// region).
+std::string layer_name(const std::string& tensor, int64_t layer,
+                       const std::string& region = "layer") {
+  return region + "/" + tensor + "#" + std::to_string(layer);
 }
 
 int64_t product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
@@ -39,8 +42,14 @@ struct Views {
 
 Views views(const HfTensor& entry) {
   const auto split = static_cast<size_t>(entry.split);
-  return {product(entry.shape, 0, split), product(entry.shape, split, entry.shape.size()),
+  return {product(entry.shape, entry.block >= 0 ? 1 : 0, split),
+          product(entry.shape, split, entry.shape.size()),
           entry.hf_shape.size() <= 1 ? 1 : product(entry.hf_shape, 1, entry.hf_shape.size())};
+}
+
+// Where the entry's matrix starts in the tpusim tensor's values (its block's first element).
+int64_t source_offset(const HfTensor& entry, const Views& view) {
+  return entry.block >= 0 ? entry.block * view.rows * view.cols : 0;
 }
 
 // Flat HF index of tpusim matrix element (row, col).
@@ -58,6 +67,9 @@ struct HfKeys {
   double rope_max_timescale = 0;
   bool attention_bias = false;
   bool normalize_embedding_logits = false;
+  double capacity_factor = 0;
+  double routed_scaling_factor = 1;
+  bool norm_topk_prob = false;
 };
 
 HfKeys hf_keys_from_config(const Config& config) {
@@ -69,7 +81,61 @@ HfKeys hf_keys_from_config(const Config& config) {
   keys.rope_max_timescale = config.get_float("rope_max_timescale");
   keys.attention_bias = config.get_bool("attention_bias");
   keys.normalize_embedding_logits = config.get_bool("normalize_embedding_logits");
+  keys.capacity_factor = config.get_float("capacity_factor");
+  keys.routed_scaling_factor = config.get_float("routed_scaling_factor");
+  keys.norm_topk_prob = config.get_bool("norm_topk_prob");
   return keys;
+}
+
+// The Transformers MoE family of a decoder block (its attention is Mistral's or Qwen3's).
+enum class HfMoe { kNone, kMixtral, kQwen3Moe };
+
+HfMoe hf_moe_of(const DecoderFamily& family) {
+  if (family.block == DecoderBlock::kMixtral) {
+    return HfMoe::kMixtral;
+  }
+  return family.block == DecoderBlock::kQwen3Moe ? HfMoe::kQwen3Moe : HfMoe::kNone;
+}
+
+// The MoE decoder blocks with Transformers names ("mixtral, qwen3_moe").
+std::string hf_moe_families() {
+  return std::string(decoder_block_name(DecoderBlock::kMixtral)) + ", " +
+         decoder_block_name(DecoderBlock::kQwen3Moe);
+}
+
+// UserError naming the key when Transformers' MoE block would route otherwise than tpusim.
+void check_hf_moe(const ModelDims& dims, const HfKeys& keys, HfMoe moe) {
+  const auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError("Hugging Face conversion: " + why, key);
+  };
+  if (!dims.is_moe()) {
+    refuse("num_experts", "decoder_block '" + std::string(dims.family().name) +
+                              "' maps to a Transformers MoE, which needs num_experts > 1");
+  }
+  if (dims.first_num_dense_layers > 0 || dims.interleave_moe_layer_step != 1) {
+    refuse(dims.first_num_dense_layers > 0 ? "first_num_dense_layers" : "interleave_moe_layer_step",
+           "Transformers' Mixtral and Qwen3-MoE names need every layer MoE");
+  }
+  if (dims.shared_experts > 0) {
+    refuse("shared_experts", "Transformers' Mixtral and Qwen3-MoE have no shared expert");
+  }
+  if (dims.expert_input_dim() != dims.emb_dim) {
+    refuse("moe_expert_input_dim", "the experts must read and write emb_dim");
+  }
+  if (keys.capacity_factor > 0) {
+    refuse("capacity_factor",
+           "Transformers' MoE is dropless; capacity_factor > 0 drops tokens (set it <= 0)");
+  }
+  if (keys.routed_scaling_factor != 1.0) {
+    refuse("routed_scaling_factor",
+           "Transformers' Mixtral and Qwen3-MoE do not scale the routed "
+           "weights (routed_scaling_factor must be 1)");
+  }
+  if (moe == HfMoe::kMixtral && !keys.norm_topk_prob) {
+    refuse("norm_topk_prob",
+           "Transformers' Mixtral renormalizes the top-k routing weights to sum to 1 "
+           "(MixtralSparseMoeBlock): set norm_topk_prob=true to train the same model");
+  }
 }
 
 }  // namespace
@@ -85,19 +151,28 @@ HfNameScheme hf_scheme(const Config& config) {
   const auto refuse = [](const std::string& key, const std::string& why) {
     throw UserError("Hugging Face conversion: " + why, key);
   };
-  if (family.hf_names == HfNameScheme::kNone) {
+  // A MoE family's attention is named as its dense sibling's.
+  const HfMoe moe = hf_moe_of(family);
+  HfNameScheme scheme = family.hf_names;
+  if (moe != HfMoe::kNone) {
+    scheme = moe == HfMoe::kMixtral ? HfNameScheme::kMistral : HfNameScheme::kQwen3;
+    check_hf_moe(dims, keys, moe);
+  }
+  if (scheme == HfNameScheme::kNone) {
     refuse("decoder_block", "decoder_block '" + std::string(family.name) +
                                 "' has no Transformers mapping in tpusim (" + hf_mapped_families() +
-                                ")");
+                                ", " + hf_moe_families() + ")");
   }
-  if (dims.is_moe()) {
-    refuse("num_experts", "a mixture of experts has no Transformers mapping in tpusim yet");
+  if (dims.is_moe() && moe == HfMoe::kNone) {
+    refuse("num_experts", "decoder_block '" + std::string(family.name) +
+                              "' with experts has no Transformers mapping in tpusim (MoE: " +
+                              hf_moe_families() + ")");
   }
   if (keys.attention_bias) {
     refuse("attention_bias", "the attention biases have no Transformers mapping in tpusim yet");
   }
   // Transformers' Qwen3 always has q_norm/k_norm; Llama, Mistral and GPT-2 never do.
-  const bool qwen3 = family.hf_names == HfNameScheme::kQwen3;
+  const bool qwen3 = scheme == HfNameScheme::kQwen3;
   if (qwen3 && !qk_norm_from_config(config, family)) {
     refuse("use_qk_norm", "Qwen3's names need use_qk_norm true (its q_norm and k_norm)");
   }
@@ -106,7 +181,7 @@ HfNameScheme hf_scheme(const Config& config) {
                               std::string(decoder_block_name(DecoderBlock::kQwen3)) + ")");
   }
   const std::vector<std::string> gated = {"silu", "linear"};
-  if (family.hf_names == HfNameScheme::kGpt2) {
+  if (scheme == HfNameScheme::kGpt2) {
     if (dims.mlp_activations != std::vector<std::string>{"gelu"}) {
       refuse("mlp_activations", "GPT-2 names need mlp_activations [\"gelu\"]");
     }
@@ -122,7 +197,7 @@ HfNameScheme hf_scheme(const Config& config) {
     if (keys.trainable_position_size <= 0) {
       refuse("trainable_position_size", "GPT-2 needs learned positions");
     }
-    return family.hf_names;
+    return scheme;
   }
   if (dims.mlp_activations != gated) {
     refuse("mlp_activations", "Llama/Mistral names need mlp_activations [\"silu\", \"linear\"]");
@@ -131,13 +206,75 @@ HfNameScheme hf_scheme(const Config& config) {
     refuse("normalize_embedding_logits",
            "Transformers' tied logits are not divided by sqrt(emb_dim)");
   }
-  return family.hf_names;
+  return scheme;
+}
+
+HfMoe hf_moe(const Config& config) {
+  return hf_moe_of(ModelDims::from_config(config).family());
+}
+
+// Transformers' model_type of the MoE families is the decoder block's own name.
+const char* hf_moe_model_type(HfMoe moe) {
+  return decoder_block_name(moe == HfMoe::kMixtral ? DecoderBlock::kMixtral
+                                                   : DecoderBlock::kQwen3Moe);
+}
+
+// The MoE layer's entries: the router and every expert's three kernels.
+template <typename Add>
+void add_moe_layer(const ModelDims& dims, HfMoe moe, int64_t layer, const std::string& hf,
+                   const Add& add) {
+  const int64_t embed = dims.emb_dim;
+  const int64_t experts = dims.num_experts;
+  const int64_t mlp = dims.moe_mlp_dim;
+  const bool mixtral = moe == HfMoe::kMixtral;
+  const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+  add(layer_name("moe/gate", layer, "moe_layer"), {embed, experts}, 1, block + "gate.weight",
+      {experts, embed}, true, 0, 1.0, -1);
+  for (int64_t expert = 0; expert < experts; ++expert) {
+    const std::string prefix = block + "experts." + std::to_string(expert) + ".";
+    add(layer_name("moe/experts/wi_0", layer, "moe_layer"), {experts, embed, mlp}, 2,
+        prefix + (mixtral ? "w1" : "gate_proj") + ".weight", {mlp, embed}, true, 0, 1.0, expert);
+    add(layer_name("moe/experts/wi_1", layer, "moe_layer"), {experts, embed, mlp}, 2,
+        prefix + (mixtral ? "w3" : "up_proj") + ".weight", {mlp, embed}, true, 0, 1.0, expert);
+    add(layer_name("moe/experts/wo", layer, "moe_layer"), {experts, mlp, embed}, 2,
+        prefix + (mixtral ? "w2" : "down_proj") + ".weight", {embed, mlp}, true, 0, 1.0, expert);
+  }
+}
+
+// MixtralConfig's / Qwen3MoeConfig's fields over the Llama-like ones of `json`.
+void add_moe_config(nlohmann::json& json, const ModelDims& dims, const HfKeys& keys, HfMoe moe) {
+  json["num_experts_per_tok"] = dims.num_experts_per_tok;
+  json["output_router_logits"] = false;
+  json["router_aux_loss_coef"] = 0.0;  // tpusim trains without the load-balance loss
+  json["attention_dropout"] = 0.0;
+  json["sliding_window"] = nullptr;
+  json.erase("mlp_bias");
+  if (moe == HfMoe::kMixtral) {
+    json["architectures"] = {"MixtralForCausalLM"};
+    json["model_type"] = hf_moe_model_type(moe);
+    json["intermediate_size"] = dims.moe_mlp_dim;  // each expert's
+    json["num_local_experts"] = dims.num_experts;
+    json["router_jitter_noise"] = 0.0;
+    json.erase("attention_bias");
+    return;
+  }
+  json["architectures"] = {"Qwen3MoeForCausalLM"};
+  json["model_type"] = hf_moe_model_type(moe);
+  json["moe_intermediate_size"] = dims.moe_mlp_dim;
+  json["num_experts"] = dims.num_experts;
+  json["norm_topk_prob"] = keys.norm_topk_prob;
+  json["decoder_sparse_step"] = 1;
+  json["mlp_only_layers"] = nlohmann::json::array();
+  json["use_sliding_window"] = false;
+  json["rope_scaling"] = nullptr;
 }
 
 }  // namespace
 
 std::string hf_family(const Config& config) {
-  return hf_model_type(hf_scheme(config));
+  const HfNameScheme scheme = hf_scheme(config);
+  const HfMoe moe = hf_moe(config);
+  return moe == HfMoe::kNone ? hf_model_type(scheme) : hf_moe_model_type(moe);
 }
 
 std::vector<HfTensor> hf_tensor_map(const Config& config) {
@@ -154,10 +291,11 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
   std::vector<HfTensor> map;
   const auto add = [&](std::string name, std::vector<int64_t> shape, int64_t split,
                        std::string hf_name, std::vector<int64_t> hf_shape, bool transposed,
-                       int64_t column_offset = 0, double scale = 1) {
+                       int64_t column_offset = 0, double scale = 1, int64_t block = -1) {
     map.push_back({std::move(name), std::move(shape), split, std::move(hf_name),
-                   std::move(hf_shape), transposed, column_offset, scale});
+                   std::move(hf_shape), transposed, column_offset, scale, block});
   };
+  const HfMoe moe = hf_moe(config);
   if (scheme == HfNameScheme::kGpt2) {
     const int64_t positions = hf_keys_from_config(config).trainable_position_size;
     add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "transformer.wte.weight",
@@ -193,33 +331,38 @@ std::vector<HfTensor> hf_tensor_map(const Config& config) {
   }
   add("embed/token_embedding#0", {dims.vocab_size, embed}, 1, "model.embed_tokens.weight",
       {dims.vocab_size, embed}, false);
+  const std::string region = moe != HfMoe::kNone ? "moe_layer" : "layer";
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
     const std::string hf = "model.layers." + std::to_string(layer) + ".";
-    add(layer_name("pre_attention_norm/scale", layer), {embed}, 1, hf + "input_layernorm.weight",
-        {embed}, false);
-    add(layer_name("pre_mlp_norm/scale", layer), {embed}, 1, hf + "post_attention_layernorm.weight",
-        {embed}, false);
-    add(layer_name("attention/query", layer), {embed, heads, head_dim}, 1,
+    add(layer_name("pre_attention_norm/scale", layer, region), {embed}, 1,
+        hf + "input_layernorm.weight", {embed}, false);
+    add(layer_name("pre_mlp_norm/scale", layer, region), {embed}, 1,
+        hf + "post_attention_layernorm.weight", {embed}, false);
+    add(layer_name("attention/query", layer, region), {embed, heads, head_dim}, 1,
         hf + "self_attn.q_proj.weight", {heads * head_dim, embed}, true, 0, query_scale);
-    add(layer_name("attention/key", layer), {embed, kv_heads, head_dim}, 1,
+    add(layer_name("attention/key", layer, region), {embed, kv_heads, head_dim}, 1,
         hf + "self_attn.k_proj.weight", {kv_heads * head_dim, embed}, true);
-    add(layer_name("attention/value", layer), {embed, kv_heads, head_dim}, 1,
+    add(layer_name("attention/value", layer, region), {embed, kv_heads, head_dim}, 1,
         hf + "self_attn.v_proj.weight", {kv_heads * head_dim, embed}, true);
-    add(layer_name("attention/out", layer), {heads, head_dim, embed}, 2,
+    add(layer_name("attention/out", layer, region), {heads, head_dim, embed}, 2,
         hf + "self_attn.o_proj.weight", {embed, heads * head_dim}, true);
     if (scheme == HfNameScheme::kQwen3) {
       // Qwen3Attention's RMSNorms over head_dim, shared by the heads: MaxText's query_norm and
       // key_norm scales, the same [head_dim] vectors.
-      add(layer_name("attention/query_norm/scale", layer), {head_dim}, 1,
+      add(layer_name("attention/query_norm/scale", layer, region), {head_dim}, 1,
           hf + "self_attn.q_norm.weight", {head_dim}, false);
-      add(layer_name("attention/key_norm/scale", layer), {head_dim}, 1,
+      add(layer_name("attention/key_norm/scale", layer, region), {head_dim}, 1,
           hf + "self_attn.k_norm.weight", {head_dim}, false);
     }
-    add(layer_name("mlp/wi_0", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.gate_proj.weight",
+    if (moe != HfMoe::kNone) {
+      add_moe_layer(dims, moe, layer, hf, add);
+      continue;
+    }
+    add(layer_name("mlp/wi_0", layer, region), {embed, dims.mlp_dim}, 1,
+        hf + "mlp.gate_proj.weight", {dims.mlp_dim, embed}, true);
+    add(layer_name("mlp/wi_1", layer, region), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
         {dims.mlp_dim, embed}, true);
-    add(layer_name("mlp/wi_1", layer), {embed, dims.mlp_dim}, 1, hf + "mlp.up_proj.weight",
-        {dims.mlp_dim, embed}, true);
-    add(layer_name("mlp/wo", layer), {dims.mlp_dim, embed}, 1, hf + "mlp.down_proj.weight",
+    add(layer_name("mlp/wo", layer, region), {dims.mlp_dim, embed}, 1, hf + "mlp.down_proj.weight",
         {embed, dims.mlp_dim}, true);
   }
   add("head/final_norm/scale#0", {embed}, 1, "model.norm.weight", {embed}, false);
@@ -265,11 +408,11 @@ std::map<std::string, CheckpointTensor> to_hf(
                            0.0f);
     }
     const Views view = views(entry);
-    const std::vector<float>& values = found->second.values;
+    const float* values = found->second.values.data() + source_offset(entry, view);
     for (int64_t row = 0; row < view.rows; ++row) {
       for (int64_t col = 0; col < view.cols; ++col) {
-        target.values[static_cast<size_t>(hf_index(entry, view, row, col))] = static_cast<float>(
-            static_cast<double>(values[static_cast<size_t>(row * view.cols + col)]) / entry.scale);
+        target.values[static_cast<size_t>(hf_index(entry, view, row, col))] =
+            static_cast<float>(static_cast<double>(values[row * view.cols + col]) / entry.scale);
       }
     }
   }
@@ -299,10 +442,11 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
     const Views view = views(entry);
     CheckpointTensor& target = weights[entry.name];
     target.shape = entry.shape;
-    target.values.resize(static_cast<size_t>(view.rows * view.cols));
+    target.values.resize(static_cast<size_t>(product(entry.shape, 0, entry.shape.size())));
+    const int64_t offset = source_offset(entry, view);
     for (int64_t row = 0; row < view.rows; ++row) {
       for (int64_t col = 0; col < view.cols; ++col) {
-        target.values[static_cast<size_t>(row * view.cols + col)] = static_cast<float>(
+        target.values[static_cast<size_t>(offset + row * view.cols + col)] = static_cast<float>(
             static_cast<double>(
                 source.values[static_cast<size_t>(hf_index(entry, view, row, col))]) *
             entry.scale);
@@ -356,7 +500,9 @@ nlohmann::json hf_config_json(const Config& config) {
                          {"tie_word_embeddings", dims.logits_via_embedding},
                          {"attention_bias", false},
                          {"torch_dtype", "float32"}};
-  if (scheme == HfNameScheme::kMistral) {
+  if (const HfMoe moe = hf_moe(config); moe != HfMoe::kNone) {
+    add_moe_config(json, dims, keys, moe);
+  } else if (scheme == HfNameScheme::kMistral) {
     json["sliding_window"] = nullptr;  // MaxText trains Mistral with full causal attention
   } else if (scheme == HfNameScheme::kQwen3) {
     // Qwen3Config: full causal attention in every layer (MaxText's qwen3 block has no window).
@@ -380,9 +526,10 @@ void check_hf_config(const Config& config, const nlohmann::json& hf_config,
   // Fields that do not change the math of a sequence tpusim trains (names, dtypes, the longest
   // position, windows longer than any sequence here) are not compared.
   static const std::set<std::string> kNotMath = {
-      "architectures",  "torch_dtype",       "max_position_embeddings",
-      "n_positions",    "attention_dropout", "use_sliding_window",
-      "sliding_window", "max_window_layers", "scale_attn_weights"};
+      "architectures",        "torch_dtype",          "max_position_embeddings",
+      "n_positions",          "attention_dropout",    "use_sliding_window",
+      "sliding_window",       "max_window_layers",    "scale_attn_weights",
+      "router_aux_loss_coef", "output_router_logits", "router_jitter_noise"};
   const nlohmann::json expected = hf_config_json(config);
   // The family first (its message is the clearest), then every other field.
   std::vector<std::string> fields = {"model_type"};

@@ -7,6 +7,14 @@
 //   decoder_block qwen3 (dense, use_qk_norm) -> Qwen3ForCausalLM names (Llama's plus
 //                                               self_attn.q_norm / k_norm, [head_dim] each)
 //   decoder_block gpt3                       -> GPT2LMHeadModel names
+//   decoder_block mixtral (MoE)              -> MixtralForCausalLM names (block_sparse_moe.gate,
+//                                               experts.E.w1 / w3 / w2)
+//   decoder_block qwen3_moe (MoE, qk-norm)   -> Qwen3MoeForCausalLM names (mlp.gate,
+//                                               mlp.experts.E.gate_proj / up_proj / down_proj)
+// A MoE maps only when Transformers computes the same routing: every layer MoE, no shared
+// expert, dropless (capacity_factor <= 0), routed_scaling_factor 1, and for Mixtral the top-k
+// weights renormalized (norm_topk_prob true: MixtralSparseMoeBlock divides them by their sum;
+// Qwen3-MoE's config carries norm_topk_prob either way).
 // Layouts: a torch Linear weight is [out, in], MaxText's kernel [in, out] (with the heads axes
 // split out: query [embed, heads, head_dim] <-> q_proj [heads*head_dim, embed]); GPT-2's Conv1D
 // weights are already [in, out], and its c_attn holds query, key and value side by side. The query
@@ -52,9 +60,14 @@ struct HfTensor {
   bool transposed = false;
   int64_t column_offset = 0;
   double scale = 1;  // tpusim value = HF value x scale
+  // >= 0: the entry is this block of the tpusim tensor's first dim (one expert of an
+  // [experts, ...] kernel); the matrix view is then of the block, rows = the product of dims
+  // [1, split).
+  int64_t block = -1;
 };
 
-// The Transformers family of a config: "llama", "mistral", "qwen3" or "gpt2". UserError naming
+// The Transformers family of a config: "llama", "mistral", "qwen3", "gpt2", "mixtral" or
+// "qwen3_moe". UserError naming
 // decoder_block (or the key that rules the family out) otherwise; exit code 2.
 std::string hf_family(const Config& config);
 
@@ -75,7 +88,7 @@ std::map<std::string, CheckpointTensor> from_hf(const Config& config,
                                                 const std::map<std::string, CheckpointTensor>& hf);
 
 // config.json for the export: the fields of Transformers' LlamaConfig / MistralConfig /
-// Qwen3Config / GPT2Config.
+// Qwen3Config / GPT2Config / MixtralConfig / Qwen3MoeConfig.
 nlohmann::json hf_config_json(const Config& config);
 
 // UserError naming the field when a Hugging Face config.json (read from `path`) describes another

@@ -78,7 +78,23 @@ uint64_t element_count(const std::string& name, const CheckpointTensor& tensor) 
 
 }  // namespace
 
-std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& tensors) {
+namespace {
+
+// float -> bfloat16 bits, rounded to nearest even (torch's rounding); NaN stays a quiet NaN.
+uint16_t float_to_bf16(float value) {
+  const auto bits = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  }
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace
+
+std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& tensors,
+                               bool bfloat16) {
+  const uint64_t width = bfloat16 ? 2 : sizeof(float);
   // The JSON lists the tensors in map order and the data follows in the same order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header["__metadata__"] = {{"format", "pt"}};
@@ -92,9 +108,10 @@ std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& te
                              std::to_string(tensor.values.size()) +
                              " values, which does not match its shape");
     }
-    const uint64_t bytes = tensor.values.size() * sizeof(float);
-    header[name] = {
-        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = tensor.values.size() * width;
+    header[name] = {{"dtype", bfloat16 ? "BF16" : "F32"},
+                    {"shape", tensor.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header_text;
@@ -114,8 +131,16 @@ std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& te
   }
   out += header_text;
   for (const auto& [name, tensor] : tensors) {
-    out.append(reinterpret_cast<const char*>(tensor.values.data()),
-               tensor.values.size() * sizeof(float));
+    if (!bfloat16) {
+      out.append(reinterpret_cast<const char*>(tensor.values.data()),
+                 tensor.values.size() * sizeof(float));
+      continue;
+    }
+    for (const float value : tensor.values) {
+      const uint16_t half = float_to_bf16(value);
+      out += static_cast<char>(half & 0xffu);
+      out += static_cast<char>(half >> 8);
+    }
   }
   return out;
 }

@@ -2,8 +2,9 @@
 //
 // A little-endian uint64 header size, a JSON header ({"name": {"dtype", "shape", "data_offsets"},
 // optional "__metadata__"}) padded with spaces to a multiple of 8 bytes, then the tensors
-// contiguous in header order. tpusim writes F32 and reads F32, BF16 and F16 (converted to float),
-// so a public checkpoint saved in half precision loads as is. Names are kept exactly as given.
+// contiguous in header order. tpusim writes F32 (or BF16 for export-hf --dtype bfloat16) and reads
+// F32, BF16 and F16 (converted to float), so a public checkpoint saved in half precision loads as
+// is. Names are kept exactly as given.
 //
 // Example:
 //   std::map<std::string, CheckpointTensor> tensors;
@@ -26,9 +27,11 @@ struct CheckpointTensor {
   std::vector<float> values;
 };
 
-// The file's bytes, tensors in map order, dtype F32, metadata {"format": "pt"}. Throws
-// std::logic_error for a tensor whose values do not match its shape, or an empty or reserved name.
-std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& tensors);
+// The file's bytes, tensors in map order, dtype F32 (BF16, rounded to nearest even, with
+// `bfloat16`), metadata {"format": "pt"}. Throws std::logic_error for a tensor whose values do not
+// match its shape, or an empty or reserved name.
+std::string encode_safetensors(const std::map<std::string, CheckpointTensor>& tensors,
+                               bool bfloat16 = false);
 
 // Decodes a whole file's `bytes`; `path` names it in errors. Throws UserError naming the file and
 // the problem: truncated, bad header, tensors that do not tile the data, unsupported dtype.

@@ -189,6 +189,7 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
   for (size_t index = 0; index < sinks.size(); ++index) {
     sinks[index] = *log_probs;
     sinks[index].values.clear();
+    sinks[index].logits.clear();
     executors_[index]->record_token_log_probs(&sinks[index]);
   }
   on_every_device([&](Executor& executor, int device) {
@@ -196,7 +197,9 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
     results[static_cast<size_t>(device)] = executor.compute_gradients();
   });
   if (log_probs != nullptr) {
-    // Every token some device of some rank computed, as (index, value) pairs on every rank.
+    // Every token (and logit) some device of some rank computed, as (index, value) pairs on
+    // every rank; a logit's index follows the tokens'.
+    const auto tokens_count = static_cast<size_t>(log_probs->sequences * log_probs->length);
     std::vector<double> mine;
     for (size_t index = 0; index < sinks.size(); ++index) {
       executors_[index]->record_token_log_probs(nullptr);
@@ -205,12 +208,22 @@ StepResult ShardedModel::compute_gradients(const std::vector<Batch>& microbatche
           mine.insert(mine.end(), {static_cast<double>(token), sinks[index].values[token]});
         }
       }
+      for (size_t logit = 0; logit < sinks[index].logits.size(); ++logit) {
+        if (!std::isnan(sinks[index].logits[logit])) {
+          mine.insert(mine.end(),
+                      {static_cast<double>(tokens_count + logit), sinks[index].logits[logit]});
+        }
+      }
     }
-    log_probs->values.assign(static_cast<size_t>(log_probs->sequences * log_probs->length),
-                             std::numeric_limits<float>::quiet_NaN());
+    log_probs->values.assign(tokens_count, std::numeric_limits<float>::quiet_NaN());
+    if (log_probs->logits_position >= 0) {
+      log_probs->logits.assign(static_cast<size_t>(log_probs->sequences * log_probs->vocab),
+                               std::numeric_limits<float>::quiet_NaN());
+    }
     for (const std::vector<double>& rank : transport_->all_gather(mine)) {
       for (size_t entry = 0; entry + 2 <= rank.size(); entry += 2) {
-        log_probs->values.at(static_cast<size_t>(rank[entry])) =
+        const auto at = static_cast<size_t>(rank[entry]);
+        (at < tokens_count ? log_probs->values.at(at) : log_probs->logits.at(at - tokens_count)) =
             static_cast<float>(rank[entry + 1]);
       }
     }

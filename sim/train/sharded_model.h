@@ -56,7 +56,8 @@ class ShardedModel {
   // the global gradient norm (every device's sum of squares, added in device order), with the
   // counters of this process's first device (device 0 on rank 0).
   // With `log_probs` (sequences and length set, the microbatch to record): also the
-  // log-probability of every target token of that microbatch, [sequences, length], on every rank.
+  // log-probability of every target token of that microbatch, [sequences, length], on every rank;
+  // with its logits_position and vocab set, also every logit at that position, [sequences, vocab].
   StepResult compute_gradients(const std::vector<Batch>& microbatches,
                                TokenLogProbs* log_probs = nullptr);
   void apply_update(const DeviceContext::Optimizer& optimizer);

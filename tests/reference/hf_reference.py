@@ -1,4 +1,4 @@
-"""fp64 PyTorch model read by Hugging Face Transformers' tensor names (Llama/Mistral, Qwen3, GPT-2).
+"""fp64 PyTorch model read by Hugging Face Transformers' tensor names (Llama/Mistral, Qwen3, GPT-2, Mixtral, Qwen3-MoE).
 
 What it checks
 --------------
@@ -80,12 +80,38 @@ def llama_logits(w, config, tokens):
         context = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, -1)
         x = x + context @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
+        if p + "block_sparse_moe.gate.weight" in w or p + "mlp.gate.weight" in w:
+            x = x + moe_block(w, config, p, h)
+            continue
         gate = h @ w[p + "mlp.gate_proj.weight"].T
         x = x + (gate * torch.sigmoid(gate) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
             w[p + "mlp.down_proj.weight"].T
     x = rms(x, w["model.norm.weight"])
     head = w["model.embed_tokens.weight"] if config["tie_word_embeddings"] else w["lm_head.weight"]
     return x @ head.T
+
+
+def moe_block(w, config, p, h):
+    """Transformers' MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: a softmax over every
+    expert's router logit, the top num_experts_per_tok (renormalized to sum to one always for
+    Mixtral, with norm_topk_prob for Qwen3-MoE), each chosen expert's SwiGLU weighted by it."""
+    mixtral = p + "block_sparse_moe.gate.weight" in w
+    block = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    experts = config["num_local_experts" if mixtral else "num_experts"]
+    probs = torch.softmax(h @ w[block + "gate.weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, config["num_experts_per_tok"], dim=-1)
+    if mixtral or config.get("norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for expert in range(experts):
+        e = f"{block}experts.{expert}."
+        gate = h @ w[e + names[0] + ".weight"].T
+        y = (gate * torch.sigmoid(gate) * (h @ w[e + names[1] + ".weight"].T)) @ \
+            w[e + names[2] + ".weight"].T
+        weight = (weights * (chosen == expert)).sum(dim=-1, keepdim=True)
+        out = out + weight * y
+    return out
 
 
 def gpt2_logits(w, config, tokens):

@@ -23,6 +23,8 @@
 //   no valid local entries the max is the lowest float and the sum 0.
 // kCrossEntropyGrad(logits, targets[, stats]) -> dlogits = (softmax - onehot(target)) / T, the
 //   softmax over the global vocab from the stats when given (padding entries get 0).
+// With a sink whose logits_position is set (`tpusim generate`), kCrossEntropy also records every
+//   transformed logit of that position (below) by global vocab index.
 // Logit transform (MaxText's tied output head, decoders.py: normalize_embedding_logits divides
 //   the logits by sqrt(emb_dim), then final_logits_soft_cap c maps them to c tanh(logits / c)):
 //   every op above reads each logit x as z = c tanh(m x / c) (z = m x when c = attrs.
@@ -139,6 +141,8 @@ class CrossEntropyKernel {
     // By the targets' local element: -(lse - target logit).
     std::vector<float> log_probs(record ? static_cast<size_t>(ctx_.in_tensor(1).num_elements())
                                         : 0);
+    // By the targets' local element: where its logits row starts (for the logits sink).
+    std::vector<int64_t> rows(record && sink->logits_position >= 0 ? log_probs.size() : 0);
     double total = 0;
     for_each_token(stats_tokens, [&](int64_t logits_at, int64_t target_at, int64_t stats_at) {
       Row row;
@@ -154,11 +158,44 @@ class CrossEntropyKernel {
       if (record) {
         log_probs[static_cast<size_t>(target_at)] = static_cast<float>(-token_loss);
       }
+      if (!rows.empty()) {
+        rows[static_cast<size_t>(target_at)] = logits_at;
+      }
     });
     ctx_.out(0)[0] = static_cast<float>(total / static_cast<double>(token_count_));
     if (record) {
       record_log_probs(*sink, log_probs);
     }
+    if (!rows.empty()) {
+      record_logits(*sink, logits, rows);
+    }
+  }
+
+  // Copies this device's (transformed) logits at sink.logits_position into sink.logits
+  // [sequences, vocab], by global sequence and vocab index.
+  void record_logits(TokenLogProbs& sink, const float* logits,
+                     const std::vector<int64_t>& rows) const {
+    const Tensor& targets = ctx_.in_tensor(1);
+    const int64_t chunk_length = targets.dims.at(1).whole_size();
+    if (vocab_offset_ + valid_ > sink.vocab) {
+      ctx_.fail("the logits sink holds " + std::to_string(sink.vocab) +
+                " vocab entries, fewer "
+                "than the head's");
+    }
+    sink.logits.resize(static_cast<size_t>(sink.sequences * sink.vocab),
+                       std::numeric_limits<float>::quiet_NaN());
+    ctx_.device().for_each_global_element(targets, [&](int64_t local, int64_t global) {
+      const int64_t sequence = global / chunk_length;
+      const int64_t position = sink.chunk * chunk_length + global % chunk_length;
+      if (global < 0 || sequence >= sink.sequences || position != sink.logits_position) {
+        return;
+      }
+      const float* row = logits + rows[static_cast<size_t>(local)];
+      for (int64_t j = 0; j < valid_; ++j) {
+        sink.logits[static_cast<size_t>(sequence * sink.vocab + vocab_offset_ + j)] =
+            static_cast<float>(transformed(row[j * vocab_stride_]));
+      }
+    });
   }
 
   // Places this device's per-token log-probabilities at their global [sequence, position].

@@ -159,9 +159,19 @@ TEST(HfNames, BadInputNamesTheTensorOrKey) {
   auto biased = to_hf(gpt3, initial_weights(gpt3));
   biased.at("transformer.h.0.mlp.c_fc.bias").values[3] = 0.5f;
   expect_user_error([&] { from_hf(gpt3, biased); }, "'transformer.h.0.mlp.c_fc.bias' is not zero");
-  expect_user_error([&] { hf_family(tiny("tiny-moe")); }, "decoder_block 'mixtral'");
+  // Mixtral's names need the renormalized top-k Transformers computes, and every layer MoE,
+  // dropless; a dense family with experts has none.
+  expect_user_error([&] { hf_family(tiny("tiny-moe")); }, "norm_topk_prob");
+  EXPECT_EQ(hf_family(tiny("tiny-moe", {"override_model_config=true", "norm_topk_prob=true"})),
+            "mixtral");
+  expect_user_error(
+      [&] {
+        hf_family(tiny("tiny-moe", {"override_model_config=true", "norm_topk_prob=true",
+                                    "capacity_factor=1.25"}));
+      },
+      "capacity_factor");
   expect_user_error([&] { hf_family(tiny("tiny-llama", {"num_experts=4"})); },
-                    "mixture of experts");
+                    "decoder_block 'llama2' with experts");
   expect_user_error([&] { hf_family(tiny("tiny-mla")); }, "decoder_block 'deepseek'");
   // Only Qwen3's names have q_norm / k_norm, and Qwen3 always has them.
   expect_user_error([&] { hf_family(tiny("tiny-llama", {"use_qk_norm=true"})); }, "only Qwen3");
