@@ -12,7 +12,9 @@
 // --json prints one object instead: {"prompt_tokens", "tokens", "text", "stop", "devices"} and,
 // with --with-logits, the logits each token was chosen from ("logits": [[...], ...]).
 // Exit 0 on success, 2 on bad input (an unknown model directory, an empty prompt, --max-tokens
-// <= 0 or above 65536, --temperature < 0, --top-k < 0, a prompt longer than max_target_length).
+// <= 0 or above 65536, --temperature < 0, --top-k < 0, a prompt longer than max_target_length)
+// and when the run would not fit in host memory (the pre-flight of sim/train/host_memory.h,
+// checked before the engine allocates; its line goes to stderr).
 //
 // Example:
 //   tpusim generate runs/a/checkpoints/200 --prompt "Once upon a time" --max-tokens 64
@@ -31,8 +33,10 @@
 #include "sim/cli/commands.h"
 #include "sim/cli/model_source.h"
 #include "sim/train/generator.h"
+#include "sim/train/host_memory.h"
 #include "sim/train/text_tokenizer.h"
 #include "sim/train/trainer.h"
+#include "sim/transport/transport.h"
 
 namespace tpusim {
 namespace {
@@ -126,9 +130,14 @@ void generate(GenerateRequest request) {
                         std::to_string(prompt_size) + "-token prompt",
                     "max_target_length");
   }
-  // TODO(issue 43, host memory pre-flight): call the check of the bytes the functional engine
-  // allocates for this model (weights, gradients, activations of one max_target_length batch)
-  // here, before the Generator allocates them.
+  // The host-memory pre-flight: the Generator runs the step program of one max_target_length
+  // batch on every device of the mesh in this process (no KV cache yet), with the checkpoint's
+  // weights staged; exit 2 naming the need and what is available before allocating it.
+  const LocalTransport in_process;
+  const std::string memory = require_host_memory(
+      training_host_memory(config, {.checkpoint_staging = true, .optimizer_in_checkpoint = false},
+                           in_process),
+      "generate of " + request.model);
   Generator generator(config, source.checkpoint);
   std::vector<int32_t> tokens;
   nlohmann::json logits = nlohmann::json::array();
@@ -164,6 +173,7 @@ void generate(GenerateRequest request) {
   } else {
     std::cout << "\n";
   }
+  std::cerr << memory << "\n";
   std::cerr << "generate: " << prompt_size << " prompt tokens, " << tokens.size() << " generated ("
             << (request.options.temperature > 0 ? "sampled" : "greedy") << ", stopped by "
             << stop_name(stop) << ") on " << generator.num_devices()
