@@ -136,9 +136,11 @@ TensorId ForwardBuilder::grouped_out_projection(int region, TensorId context) {
   const int64_t groups = dims_.o_groups;
   const int64_t per_group = dims_.num_query_heads * dims_.head_dim / groups;
   const int64_t rank = dims_.o_lora_rank;
+  // A group is heads / G whole heads, so the heads' split carries over to the groups (as XLA
+  // propagates it through the reshape): the shard of heads a device holds is its shard of groups.
   const std::vector<Dim> grouped_dims =
       with_last(activation_dims(),
-                {act("o_groups", groups, ""), act("o_group_in", per_group, "activation_heads")});
+                {act("o_groups", groups, "activation_heads"), act("o_group_in", per_group, "")});
   const TensorId grouped = reshape("attention/o_grouped", context, grouped_dims, region);
   const TensorId w_a =
       weight("attention/o_a_proj",

@@ -105,7 +105,6 @@ class ForwardBuilder {
   TensorId reshape(const std::string& name, TensorId x, std::vector<Dim> dims, int region) {
     return elementwise_to(name, ElementwiseFn::kReshape, {x}, std::move(dims), region);
   }
-  // RMSNorm over the last dim (LayerNorm with a bias for gpt3), with its learned scale.
   // An RMSNorm (LayerNorm by family) over x's last dim; with_scale false: DeepSeek-V4's
   // unweighted RMSNorm (no scale parameter).
   TensorId norm(const std::string& name, TensorId x, int region, bool with_scale = true);

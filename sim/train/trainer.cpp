@@ -140,17 +140,20 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
   // (routed_score_func '') that is the engine's softmax router renormalized (norm_topk_prob).
   if (!numerics.routed_score_func.empty()) {
     refuse("routed_score_func", numerics.routed_score_func,
-           "deepseek4's router is computed on raw logits only (routed_score_func '', whose top-k "
-           "MaxText weights by a softmax over them)");
+           std::string(dims.family().name) +
+               "'s router is computed on raw logits only (routed_score_func '', whose top-k "
+               "MaxText weights by a softmax over them)");
   }
   if (!options.norm_topk_prob) {
     refuse("norm_topk_prob", "false",
-           "MaxText's deepseek4 router renormalizes its top-k weights (a softmax over their "
-           "logits); the engine computes that with norm_topk_prob true");
+           "MaxText's " + std::string(dims.family().name) +
+               " router renormalizes its top-k weights (a softmax over their logits); the engine "
+               "computes that with norm_topk_prob true");
   }
   if (options.routed_scaling_factor != 1) {
     refuse("routed_scaling_factor", number_text(options.routed_scaling_factor),
-           "MaxText's deepseek4 router does not scale its top-k weights");
+           "MaxText's " + std::string(dims.family().name) +
+               " router does not scale its top-k weights");
   }
 }
 

@@ -129,6 +129,24 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
     EXPECT_NE(refused.err.find(refusal + " is not computed by tpusim train"), std::string::npos)
         << key << "=" << value << ": " << refused.err;
   }
+  // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
+  // heads split in two) is refused by key.
+  std::vector<std::string> split_groups = {"train",
+                                           "model_name=deepseek4-tiny",
+                                           "compile_topology=v5e-4",
+                                           "steps=1",
+                                           "ici_fsdp_parallelism=2",
+                                           "ici_tensor_parallelism=2",
+                                           "per_device_batch_size=1",
+                                           "base_num_kv_heads=2",
+                                           "o_groups=1"};
+  for (const auto& [name, value] : trainable) {
+    split_groups.push_back(name + "=" + value);
+  }
+  const auto uneven = run_tpusim(split_groups);
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
+  EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
+      << uneven.err;
   // The preset itself: its activation clip is the first key refused.
   const auto preset =
       run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
