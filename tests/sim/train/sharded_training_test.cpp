@@ -234,64 +234,6 @@ std::vector<Case> decoder_block_cases() {
   };
 }
 
-// What train computes of deepseek4 (docs/reference/deepseek4.md): deepseek4-tiny with every
-// layer's compress_ratios entry 0 (sliding-window attention, here a window of 8 in 32 tokens, with
-// sinks, the unweighted q_up_norm and the output's rotation undone), mHC off, no hash layers, and
-// the router on raw logits, its top-k weights renormalized as MaxText's deepseek4 router does (the
-// preset's sqrtsoftplus, selection bias, load-balance loss and activation clip are refused by
-// key); 3 of its 43 layers.
-std::vector<std::string> deepseek4_tiny_subset(std::vector<std::string> mesh) {
-  std::vector<std::string> overrides = {
-      "override_model_config=true", "base_num_decoder_layers=3", "compress_ratios=[0,0,0]",
-      "mhc_expansion_rate=1",       "first_num_hash_layers=0",   "routed_score_func=''",
-      "norm_topk_prob=true",        "routed_bias=false",         "load_balance_loss_weight=0",
-      "mlp_activations_limit=-1",   "sliding_window_size=8"};
-  overrides.insert(overrides.end(), mesh.begin(), mesh.end());
-  return overrides;
-}
-
-// qwen3-custom-30b-a3b's layer at tiny size: 4 heads of 16 (2 kv heads) out to an
-// attention_output_dim of 32, 4 experts (top 2) at that width, up to emb_dim 64.
-std::vector<std::string> qwen3_custom_tiny(std::vector<std::string> mesh) {
-  std::vector<std::string> overrides = {"override_model_config=true",
-                                        "base_emb_dim=64",
-                                        "base_num_query_heads=4",
-                                        "base_num_kv_heads=2",
-                                        "head_dim=16",
-                                        "base_num_decoder_layers=2",
-                                        "attention_output_dim=32",
-                                        "moe_expert_input_dim=32",
-                                        "num_experts=4",
-                                        "num_experts_per_tok=2",
-                                        "base_moe_mlp_dim=32",
-                                        "base_mlp_dim=32",
-                                        "vocab_size=256"};
-  overrides.insert(overrides.end(), mesh.begin(), mesh.end());
-  return overrides;
-}
-
-TEST(ShardedTraining, Deepseek4AndQwen3CustomMatchUnsharded) {
-  expect_each_matches_unsharded({
-      {"deepseek4-tiny",
-       deepseek4_tiny_subset({"compile_topology=v5e-4", "per_device_batch_size=1",
-                              "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"})},
-      {"deepseek4-tiny",
-       deepseek4_tiny_subset({"compile_topology=v5e-4", "per_device_batch_size=1",
-                              "ici_fsdp_parallelism=2", "ici_context_parallelism=2"})},
-      // Its single kv head does not split over tensor parallelism (refused, as JAX would); with
-      // 2 kv heads the query heads, and the sinks with them, split over tensor=2.
-      {"deepseek4-tiny", deepseek4_tiny_subset({"base_num_kv_heads=2", "compile_topology=v5e-4",
-                                                "per_device_batch_size=1", "ici_fsdp_parallelism=2",
-                                                "ici_tensor_parallelism=2"})},
-      {"qwen3-custom-30b-a3b",
-       qwen3_custom_tiny({"compile_topology=v5e-4", "per_device_batch_size=1",
-                          "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"})},
-      {"qwen3-custom-30b-a3b",
-       qwen3_custom_tiny({"compile_topology=v5e-4", "per_device_batch_size=1",
-                          "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"})},
-  });
-}
-
 TEST(ShardedTraining, MatchesUnshardedAcrossMeshes) {
   std::vector<Case> cases = mesh_cases();
   for (const std::vector<Case>& more :
