@@ -93,7 +93,10 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
     EXPECT_NE(gdn.err.find("decoder_block: qwen3_"), std::string::npos) << gdn.err;
     EXPECT_NE(gdn.err.find("is not computed by tpusim train"), std::string::npos) << gdn.err;
   }
-  // deepseek4 trains with sliding-window attention, one residual stream and a softmax router;
+}
+
+TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
+  // deepseek4 trains with sliding-window attention, one residual stream and the router on logits;
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
   // trainable set below with one key changed.
   const std::vector<std::pair<std::string, std::string>> trainable = {
