@@ -34,14 +34,21 @@ constexpr AttentionPattern kGatedDeltaNetPattern = {kGatedDeltaNet, kCycle, 1};
 constexpr const char* kGatedDeltaNetRefusal =
     "its Gated DeltaNet layers are modeled for estimate and explore only, not computed";
 
-// qwen3_custom_moe and deepseek4 are built for estimate and explore; the functional engine has no
-// kernels checked against a reference for their layers (docs/reference/deepseek4.md).
-constexpr const char* kLatentMoeRefusal =
-    "its attention_output_dim / moe_expert_input_dim latent MoE layer is modeled for estimate and "
-    "explore only, not computed";
-constexpr const char* kDeepseek4Refusal =
-    "its compressed attention (compress_ratios, the indexer), mHC streams (mhc_expansion_rate) and "
-    "hash routing (first_num_hash_layers) are modeled for estimate and explore only, not computed";
+// The MaxText keys (not in tpusim's base.yml) the deepseek4 builder reads: the mHC streams and
+// the CSA indexer's shape and top-k (model/builder/hyper_connections.cpp,
+// compressed_attention.cpp).
+constexpr std::array<std::string_view, 4> kDeepseek4MaxTextKeys = {
+    "mhc_expansion_rate", "indexer_n_heads", "indexer_head_dim", "indexer_topk"};
+
+// The keys train_keys.tsv refuses for every family that train checks itself for deepseek4 (the
+// compressed attention's shape, built at ratio 0; the rest refused by key when turned on) and
+// computes for qwen3_custom_moe (its latent widths).
+constexpr std::array<std::string_view, 9> kDeepseek4TrainKeys = {
+    "compress_ratios",       "o_groups",           "o_lora_rank",
+    "first_num_hash_layers", "mhc_expansion_rate", "indexer_n_heads",
+    "indexer_head_dim",      "indexer_topk",       "routed_bias_update_rate"};
+constexpr std::array<std::string_view, 2> kLatentMoeTrainKeys = {"attention_output_dim",
+                                                                 "moe_expert_input_dim"};
 
 // clang-format off
 constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
@@ -125,11 +132,12 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
     {.block = DecoderBlock::kSimple, .name = "simple",
      .program_attention = kUniformPattern, .maxtext_attention = kUniformPattern},
     // MaxText's Qwen3CustomMoeDecoderLayer (models/qwen3_custom.py): GQA attention projecting to
-    // attention_output_dim, a latent RMSNorm, routed experts at that width, an up projection.
+    // attention_output_dim, a latent RMSNorm, routed experts at that width, an up projection. Its
+    // attention always gets query_pre_attn_scalar = head_dim^-0.5 (qk-norm or not).
     {.block = DecoderBlock::kQwen3CustomMoe, .name = "qwen3_custom_moe",
      .program_attention = kUniformPattern, .maxtext_attention = kUniformPattern,
-     .latent_moe = true,
-     .train_refusal = kLatentMoeRefusal},
+     .latent_moe = true, .query_scale = QueryScale::kRuntimePreAttnScalar,
+     .train_checked_keys = kLatentMoeTrainKeys},
     // MaxText's DeepSeek4DecoderLayer (models/deepseek4.py, layers/attention_compressed.py,
     // layers/mhc.py). MaxText's logged TFLOP/s count it by the generic path: every layer's
     // attention as global causal attention of num_query_heads x head_dim with Q, K, V and out
@@ -139,7 +147,7 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
      .program_attention = {kCompressed}, .maxtext_attention = kUniformPattern,
      .moe_shared_experts = true, .maxtext_counts_shared_experts = false,
      .hyper_connections = true, .hash_routing = true,
-     .train_refusal = kDeepseek4Refusal},
+     .builder_maxtext_keys = kDeepseek4MaxTextKeys, .train_checked_keys = kDeepseek4TrainKeys},
 }};
 // clang-format on
 

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -163,6 +164,12 @@ struct DecoderFamily {
   // Why `tpusim train` refuses the family (nullptr: train builds it); estimate and explore model
   // every family.
   const char* train_refusal = nullptr;
+  // MaxText keys outside tpusim's base.yml that the family's builder reads (ModelDims), so they
+  // are not reported as "not modeled" for it (deepseek4: mhc_expansion_rate, indexer_*).
+  std::span<const std::string_view> builder_maxtext_keys = {};
+  // Keys configs/maxtext/train_keys.tsv refuses for every family that `train` computes for this
+  // one, or refuses by its own checks (sim/train/trainer.cpp check_functional_support).
+  std::span<const std::string_view> train_checked_keys = {};
 
   bool has_gated_delta_net() const {
     return program_attention.layout == AttentionLayout::kGatedDeltaNet;

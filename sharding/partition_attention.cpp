@@ -3,7 +3,8 @@
 namespace tpusim::partitioner_internal {
 
 void Partitioner::partition_attention(const Op& op, bool gradient) {
-  // Forward inputs: q, k, v, [k_rope]; gradient inputs: dout, q, k, v, [k_rope], out.
+  // Forward inputs: q, k, v, [k_rope], [sinks]; gradient inputs: dout, q, k, v, [k_rope],
+  // [sinks], out. The sinks ([heads], one logit per query head) follow the query's heads.
   const size_t first_forward = gradient ? 1 : 0;
   const TensorId query = op.inputs[first_forward];
   const AxesByName reference = by_name(query, layout(query));
@@ -24,7 +25,13 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
     }
   }
   const size_t key_begin = first_forward + 1;
-  const size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
+  size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
+  const Tensor& last_forward = global_.tensor(op.inputs[key_end - 1]);
+  const bool sinks = key_end - first_forward > 3 && last_forward.dims.size() == 1 &&
+                     last_forward.dims[0].name == "heads";
+  if (sinks) {
+    --key_end;
+  }
   std::vector<TensorId> inputs;
   inputs.reserve(op.inputs.size());
   for (size_t index = 0; index < op.inputs.size(); ++index) {
@@ -45,6 +52,8 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   const AxisList context =
       length_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(length_dim)];
   const AxisList heads = heads_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(heads_dim)];
+  const int batch_dim = query_tensor.dim_index("batch");
+  const AxisList batch = batch_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(batch_dim)];
   std::vector<TensorId> outputs;
   std::vector<std::pair<size_t, AxisList>> pending;
   std::vector<Layout> computed_layouts;
@@ -52,7 +61,12 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
     const TensorId global = op.outputs[index];
     const Tensor& output = global_.tensor(global);
     AxisList partial;
-    if (index > 0) {
+    const bool dsinks = sinks && index + 1 == op.outputs.size();
+    if (dsinks) {
+      // Summed over this device's sequences and queries: partial over the axes splitting them.
+      partial = batch;
+      partial.append(context);
+    } else if (index > 0) {
       partial = context;
       const bool shared_across_heads =
           output.dim_index("heads") < 0 && (output.dim_index("kv_heads") < 0 || kv_gathered);
@@ -61,7 +75,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
       }
     }
     const Layout computed =
-        index == 0 ? follow(global, reference) : follow(global, {}, whole_length);
+        index == 0 || dsinks ? follow(global, reference) : follow(global, {}, whole_length);
     computed_layouts.push_back(computed);
     if (computed == layout(global) && partial.empty()) {
       outputs.push_back(local(global));

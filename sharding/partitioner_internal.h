@@ -125,8 +125,9 @@ inline int norm_statistics_count(const Op& op) {
       return 1;
     case OpKind::kLayerNorm:
       return 2;
-    case OpKind::kNormGrad:  // inputs dy, x, scale (RMS) or dy, x, scale, bias (LayerNorm)
-      return op.inputs.size() == 3 ? 2 : 4;
+    // inputs dy, x[, scale] (RMS, scale-free without it) or dy, x, scale, bias (LayerNorm)
+    case OpKind::kNormGrad:
+      return op.inputs.size() >= 4 ? 4 : 2;
     case OpKind::kEinsum:
     case OpKind::kElementwise:
     case OpKind::kRope:

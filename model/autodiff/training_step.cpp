@@ -525,6 +525,13 @@ class BackwardBuilder {
       }
       const TensorId grad = parameter_grads_.find(parameter.id);
       if (grad < 0) {
+        // No gradient reaches it (DeepSeek-V4's indexer, whose scores end in top-k indices):
+        // MaxText's optimizer still holds its Adam moments (zero gradients each step), so they
+        // are kept as state no op reads.
+        for (const char* moment : {"/mu", "/nu"}) {
+          graph_.add_tensor(parameter.name + moment, parameter.dims, dtypes_.moment,
+                            TensorKind::kOptimizerState, parameter.region);
+        }
         continue;
       }
       if (!optimizer_region_for.contains(parameter.region)) {

@@ -82,10 +82,11 @@ TensorId ForwardBuilder::build_attention(const LayerGroup& group, int region, Te
                         dims_.family().latent_moe ? dims_.attention_output_dim : 0);
 }
 
-TensorId ForwardBuilder::rope(const std::string& name, TensorId x, int region) {
+TensorId ForwardBuilder::rope(const std::string& name, TensorId x, int region, bool reverse) {
   const TensorId out = activation(name, graph().tensor(x).dims, region);
   OpAttrs attrs;
   attrs.rope_max_timescale = static_cast<double>(options_.rope_max_timescale);
+  attrs.reverse_rotation = reverse;
   graph().add_op(OpKind::kRope, name, {x}, {out}, attrs, region);
   return out;
 }

@@ -136,9 +136,11 @@ TensorId ForwardBuilder::grouped_out_projection(int region, TensorId context) {
   const int64_t groups = dims_.o_groups;
   const int64_t per_group = dims_.num_query_heads * dims_.head_dim / groups;
   const int64_t rank = dims_.o_lora_rank;
+  // A group is heads / G whole heads, so the heads' split carries over to the groups (as XLA
+  // propagates it through the reshape): the shard of heads a device holds is its shard of groups.
   const std::vector<Dim> grouped_dims =
       with_last(activation_dims(),
-                {act("o_groups", groups, ""), act("o_group_in", per_group, "activation_heads")});
+                {act("o_groups", groups, "activation_heads"), act("o_group_in", per_group, "")});
   const TensorId grouped = reshape("attention/o_grouped", context, grouped_dims, region);
   const TensorId w_a =
       weight("attention/o_a_proj",
@@ -184,7 +186,7 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
   TensorId query = einsum("attention/query", q_latent, wq_b, {"q_lora"},
                           head_dims(heads, "heads", "activation_heads", "head_dim", head_dim),
                           region, "query_proj");
-  query = norm("attention/q_up_norm", query, region);
+  query = norm("attention/q_up_norm", query, region, /*with_scale=*/false);  // unweighted
   query = rope("attention/query_rope", query, region);
   const TensorId wkv = weight(
       "attention/wkv",
@@ -197,8 +199,12 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
   kv = rope("attention/kv_rope", kv, region);
   // MaxText: the query is scaled by head_dim^-0.5 before the attention.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // The attention sinks: one learned logit per query head in every softmax (zeros at init,
+  // replicated as MaxText's sharding (None,) has them).
+  const TensorId sinks =
+      parameter_tensor("attention/sinks", {Dim{"heads", heads, ""}}, region, constant_init(0));
   TensorId context =
-      compressed_attention_op("attention/window_context", region, {query, kv, kv},
+      compressed_attention_op("attention/window_context", region, {query, kv, kv, sinks},
                               AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
   if (ratio >= kCompressedSparseRatio) {
     if (ratio == kCompressedSparseRatio) {
@@ -222,7 +228,7 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
         elementwise("attention/context", ElementwiseFn::kAdd, {context, block_context}, region);
   }
   // MaxText undoes the values' rotation on the attention output before the out projection.
-  context = rope("attention/context_unrope", context, region);
+  context = rope("attention/context_unrope", context, region, /*reverse=*/true);
   return grouped_out_projection(region, context);
 }
 

@@ -168,6 +168,11 @@ TensorId ForwardBuilder::build_latent_moe_layer(const LayerGroup& group, int reg
   latent = norm("latent_norm", latent, region);
   latent = build_moe(region, latent);
   const int64_t width = dims_.attention_output_dim;
+  if (width == dims_.emb_dim) {
+    // MaxText builds no layer_up_projection when the latent width is emb_dim.
+    latent = reshape("layer_output", latent, activation_dims(), region);
+    return elementwise("layer_residual", ElementwiseFn::kAdd, {x, latent}, region);
+  }
   latent = reshape("layer_up_projection/input", latent,
                    with_last(activation_dims(), {act("latent", width, "activation_mlp")}), region);
   const TensorId w_up = weight("layer_up_projection",

@@ -105,8 +105,9 @@ class ForwardBuilder {
   TensorId reshape(const std::string& name, TensorId x, std::vector<Dim> dims, int region) {
     return elementwise_to(name, ElementwiseFn::kReshape, {x}, std::move(dims), region);
   }
-  // RMSNorm over the last dim (LayerNorm with a bias for gpt3), with its learned scale.
-  TensorId norm(const std::string& name, TensorId x, int region);
+  // An RMSNorm (LayerNorm by family) over x's last dim; with_scale false: DeepSeek-V4's
+  // unweighted RMSNorm (no scale parameter).
+  TensorId norm(const std::string& name, TensorId x, int region, bool with_scale = true);
 
   // The model's ends and the decoder layer (forward_builder.cpp).
 
@@ -132,7 +133,8 @@ class ForwardBuilder {
                           int64_t head_dim_size, int64_t out_width = 0);
   TensorId with_bias(const std::string& name, TensorId x, std::vector<Dim> bias_dims, int region);
   TensorId build_attention(const LayerGroup& group, int region, TensorId x);
-  TensorId rope(const std::string& name, TensorId x, int region);
+  // RoPE on x's last dim; reverse: the rotation undone (DeepSeek-V4's attention output).
+  TensorId rope(const std::string& name, TensorId x, int region, bool reverse = false);
 
   // DeepSeek-V4's compressed attention (compressed_attention.cpp).
 

@@ -73,14 +73,16 @@ TensorId ForwardBuilder::elementwise_to(const std::string& name, ElementwiseFn f
   return out;
 }
 
-TensorId ForwardBuilder::norm(const std::string& name, TensorId x, int region) {
+TensorId ForwardBuilder::norm(const std::string& name, TensorId x, int region, bool with_scale) {
   // Copies: adding tensors below may move the graph's storage.
   const std::vector<Dim> input_dims = graph().tensor(x).dims;
   const Dim& last = input_dims.back();
   const bool layer_norm = dims_.family().norm == NormKind::kLayerNorm;
-  std::vector<TensorId> inputs = {
-      x, parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region,
-                          constant_init(1))};
+  std::vector<TensorId> inputs = {x};
+  if (with_scale || layer_norm) {
+    inputs.push_back(parameter_tensor(name + "/scale", {Dim{last.name, last.size, "norm"}}, region,
+                                      constant_init(1)));
+  }
   if (layer_norm) {
     inputs.push_back(parameter_tensor(name + "/bias", {Dim{last.name, last.size, "norm"}}, region,
                                       constant_init(0)));

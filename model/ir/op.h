@@ -32,8 +32,8 @@ enum class OpKind {
                      // kReshape: one input, the same elements under other dims
   kRmsNorm,          // x, scale -> y (over attrs.reduced dims)
   kLayerNorm,        // x, scale, bias -> y
-  kRope,             // rotary position embedding on head_dim
-  kAttention,        // q, k, v -> out (fused softmax(q k^T) v, mask in attrs)
+  kRope,             // rotary position embedding on head_dim (attrs.reverse_rotation: undone)
+  kAttention,        // q, k, v[, k_rope][, sinks] -> out (fused softmax(q k^T) v, mask in attrs)
   kEmbeddingLookup,  // tokens, table -> x
   kCrossEntropy,     // logits, targets -> loss (mean over tokens)
   kMoeRouter,        // router logits -> top-k weights and expert assignment
@@ -123,6 +123,8 @@ struct OpAttrs {
   ReduceOp reduce = ReduceOp::kSum;    // all-reduce / reduce-scatter combination
   double epsilon = 1e-6;               // norms: added to the variance
   double rope_max_timescale = 10000;   // rope: the longest wavelength (MaxText rope_max_timescale)
+  // Rope: rotate by -angle (DeepSeek-V4 undoes the values' rotation on the attention output).
+  bool reverse_rotation = false;
   // Embedding lookup and its gradient: MaxText's use_iota_embed, the lookup as a one-hot matmul
   // on the MXU (one_hot(tokens, vocab) . table; the gradient one_hot^T . dy), 2.T.V.D FLOPs each,
   // the same values as the gather.

@@ -1,8 +1,12 @@
 #include "sim/cli/command_args.h"
 
+#include <algorithm>
 #include <iostream>
+#include <span>
+#include <string_view>
 
 #include "common/error.h"
+#include "model/decoder_family.h"
 
 namespace tpusim {
 
@@ -67,13 +71,32 @@ Config load_recipe_config(const std::vector<std::string>& args, const std::strin
   return config;
 }
 
+namespace {
+
+// The MaxText keys the config's decoder family reads (DecoderFamily::builder_maxtext_keys): they
+// are modeled for it, so listed neither as ignored nor as not modeled.
+std::span<const std::string_view> family_keys_from_config(const Config& config) {
+  return decoder_family(parse_decoder_block(config.get_string("decoder_block")))
+      .builder_maxtext_keys;
+}
+
+bool read_by_family(std::span<const std::string_view> keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+}  // namespace
+
 void report_passthrough_keys(const Config& config, std::ostream& out) {
   // A whole MaxText base.yml sets hundreds of keys: name the first few, count the rest (--json
   // lists them all).
   constexpr size_t kNamedIgnoredKeys = 12;
   std::vector<std::string> ignored;
   std::string not_modeled;
+  const std::span<const std::string_view> family_keys = family_keys_from_config(config);
   for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (read_by_family(family_keys, key.key)) {
+      continue;
+    }
     if (key.effect == MaxTextKeyEffect::kNotModeled && !key.is_maxtext_default) {
       not_modeled += (not_modeled.empty() ? "" : ", ") + key.key + "=" + key.value;
     } else {
@@ -100,7 +123,11 @@ void report_passthrough_keys(const Config& config, std::ostream& out) {
 nlohmann::json passthrough_keys_json(const Config& config) {
   nlohmann::json json = {{"ignored_keys", nlohmann::json::array()},
                          {"not_modeled_keys", nlohmann::json::object()}};
+  const std::span<const std::string_view> family_keys = family_keys_from_config(config);
   for (const Config::PassthroughKey& key : config.passthrough_keys()) {
+    if (read_by_family(family_keys, key.key)) {
+      continue;
+    }
     if (key.effect == MaxTextKeyEffect::kNotModeled && !key.is_maxtext_default) {
       json["not_modeled_keys"][key.key] = key.value;
     } else {

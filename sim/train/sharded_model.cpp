@@ -35,6 +35,34 @@ namespace {
 
 constexpr uint64_t kDefaultSeed = 0;
 
+// A reshape copies a device's local elements in order, which is right only when the input's and
+// the output's shards hold the same elements. deepseek4's grouped out projection
+// (attention/o_grouped, heads -> o_groups x their features) does when the axes splitting the
+// heads split o_groups evenly; otherwise it is refused by key (estimate models it).
+void refuse_reshapes_across_shards(const Graph& program) {
+  for (const Op& op : program.ops()) {
+    if (op.kind != OpKind::kElementwise || op.attrs.function != ElementwiseFn::kReshape) {
+      continue;
+    }
+    const int64_t in = program.tensor(op.inputs.at(0)).num_elements();
+    const int64_t out = program.tensor(op.outputs.at(0)).num_elements();
+    if (in == out) {
+      continue;
+    }
+    if (op.name.ends_with("o_grouped")) {
+      const Tensor& grouped = program.tensor(op.outputs.at(0));
+      const int64_t groups = grouped.dims.at(grouped.dim_index("o_groups")).whole_size();
+      throw UserError("o_groups: " + std::to_string(groups) +
+                          " is not computed by tpusim train on this mesh: the mesh axes that split "
+                          "the attention heads must split o_groups evenly (each device then holds "
+                          "whole groups)",
+                      "o_groups");
+    }
+    throw std::logic_error("reshape '" + op.name + "': " + std::to_string(in) +
+                           " local elements into " + std::to_string(out));
+  }
+}
+
 // Writes a device's local block into the global row-major array of its tensor.
 void place_block(const Tensor& tensor, const float* local, const DeviceContext& device,
                  std::vector<float>& global) {
@@ -72,6 +100,7 @@ ShardedModel::ShardedModel(const Config& config, const FunctionalSettings& setti
                                    plan_batch(per_device_batch, program_.slice.total_devices(),
                                               settings.gradient_accumulation_steps),
                                    per_device_batch);
+  refuse_reshapes_across_shards(program_.program.graph);
   if (const PipelineSchedule& pipeline = program_.step->forward_info.pipeline; pipeline.active()) {
     // The functional engine runs MaxText's loop (sim/functional/pipeline_loop.cpp), threads and
     // MPI ranks alike, without delayed forwarding or a chunked head.

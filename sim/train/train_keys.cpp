@@ -1,5 +1,6 @@
 #include "sim/train/train_keys.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -163,9 +164,14 @@ std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,
   return settings;
 }
 
-void refuse_keys_train_does_not_build(const Config& config) {
-  const std::vector<TrainKeySetting> refused =
+void refuse_keys_train_does_not_build(const Config& config,
+                                      std::span<const std::string_view> checked_by_family) {
+  std::vector<TrainKeySetting> refused =
       train_keys_away_from_default(config, TrainKeyClass::kRefused);
+  std::erase_if(refused, [&](const TrainKeySetting& setting) {
+    return std::find(checked_by_family.begin(), checked_by_family.end(), setting.row->name) !=
+           checked_by_family.end();
+  });
   if (refused.empty()) {
     return;
   }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ostream>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,8 +62,10 @@ std::vector<TrainKeySetting> train_keys_away_from_default(const Config& config,
                                                           TrainKeyClass key_class);
 
 // UserError naming every refused key the config sets away from MaxText's default (the first one
-// is the error's key), with its value and the table's note.
-void refuse_keys_train_does_not_build(const Config& config);
+// is the error's key), with its value and the table's note. `checked_by_family`: refused keys the
+// config's decoder family computes or refuses itself (DecoderFamily::train_checked_keys), skipped.
+void refuse_keys_train_does_not_build(const Config& config,
+                                      std::span<const std::string_view> checked_by_family = {});
 
 // One line "tpusim: accepted, no effect on train's numbers: a=1, b=2" when the config sets
 // performance keys away from their defaults; nothing otherwise.

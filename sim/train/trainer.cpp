@@ -17,6 +17,8 @@
 #include "common/error.h"
 #include "common/input_files.h"
 #include "common/yaml_text.h"
+#include "model/builder/build_options.h"
+#include "model/builder/layer_plan.h"
 #include "model/model_dims.h"
 #include "sim/functional/kernels/library_gemm.h"
 #include "sim/train/evaluation.h"
@@ -99,6 +101,64 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse
   }
 }
 
+// deepseek4 (docs/reference/deepseek4.md, "What train computes"): the functional engine builds
+// its layers with sliding-window attention only (every compress_ratios entry 0), one residual
+// stream and learned routing; what it does not build is refused by the key that turns it on.
+template <typename Refuse>
+void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
+                              const TrainNumerics& numerics, const Refuse& refuse) {
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    if (const int64_t ratio = dims.compress_ratio(layer); ratio != 0) {
+      refuse("compress_ratios", "layer " + std::to_string(layer) + ": " + std::to_string(ratio),
+             ratio == kCompressedSparseRatio
+                 ? "compressed sparse attention (pooled blocks of 4 and the indexer's "
+                   "indexer_topk selection) is not computed; every entry 0 gives sliding-window "
+                   "attention"
+                 : "heavily compressed attention (pooled blocks) is not computed; every entry 0 "
+                   "gives sliding-window attention");
+    }
+  }
+  if (dims.residual_streams() > 1) {
+    refuse("mhc_expansion_rate", std::to_string(dims.mhc_expansion_rate),
+           "manifold-constrained hyper-connections (Sinkhorn-mixed residual streams) are not "
+           "computed; 1 gives a plain residual stream");
+  }
+  if (dims.is_moe() && dims.first_num_hash_layers > 0) {
+    refuse("first_num_hash_layers", std::to_string(dims.first_num_hash_layers),
+           "hash routing by token id (tid2eid) is not computed; 0 routes every MoE layer by the "
+           "router");
+  }
+  if (dims.qk_rope_head_dim != dims.head_dim) {
+    refuse("qk_rope_head_dim", std::to_string(dims.qk_rope_head_dim),
+           "partial RoPE is not computed; it must equal head_dim (" +
+               std::to_string(dims.head_dim) + ")");
+  }
+  if (!dims.is_moe()) {
+    return;
+  }
+  // MaxText's RoutedMoE for deepseek4 (moe.py get_topk, docs/reference/deepseek4.md) picks the
+  // top-k of the gate's scores and weights them by a softmax over those scores, without
+  // routed_scaling_factor (its DEEPSEEK-only deepseek_scale_weights). With raw logits as scores
+  // (routed_score_func '') that is the engine's softmax router renormalized (norm_topk_prob).
+  if (!numerics.routed_score_func.empty()) {
+    refuse("routed_score_func", numerics.routed_score_func,
+           std::string(dims.family().name) +
+               "'s router is computed on raw logits only (routed_score_func '', whose top-k "
+               "MaxText weights by a softmax over them)");
+  }
+  if (!options.norm_topk_prob) {
+    refuse("norm_topk_prob", "false",
+           "MaxText's " + std::string(dims.family().name) +
+               " router renormalizes its top-k weights (a softmax over their logits); the engine "
+               "computes that with norm_topk_prob true");
+  }
+  if (options.routed_scaling_factor != 1) {
+    refuse("routed_scaling_factor", number_text(options.routed_scaling_factor),
+           "MaxText's " + std::string(dims.family().name) +
+               " router does not scale its top-k weights");
+  }
+}
+
 }  // namespace
 
 void check_functional_support(const Config& config) {
@@ -127,6 +187,17 @@ void check_functional_support(const Config& config) {
   }
   const TrainNumerics numerics = TrainNumerics::from_config(config);
   refuse_unbuilt_numerics(numerics, refuse);
+  if (family.has_compressed_attention()) {
+    refuse_unbuilt_deepseek4(dims, BuildOptions::from_config(config), numerics, refuse);
+  }
+  // qwen3_custom_moe's RoutedMoE weights its top-k experts by a softmax over their logits
+  // (MaxText moe.py get_topk), which is the engine's router with norm_topk_prob.
+  if (family.latent_moe && dims.is_moe() && !BuildOptions::from_config(config).norm_topk_prob) {
+    refuse("norm_topk_prob", "false",
+           std::string(family.name) +
+               "'s router renormalizes its top-k weights (a softmax over them); the engine "
+               "computes that with norm_topk_prob true");
+  }
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
   // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on
   // untied logits would be silently ignored there, so it is refused here rather than guessed.
@@ -135,7 +206,7 @@ void check_functional_support(const Config& config) {
            "MaxText caps only logits tied to the token embedding (logits_via_embedding true)");
   }
   // Every other key train does not build, from configs/maxtext/train_keys.tsv (issue 35).
-  refuse_keys_train_does_not_build(config);
+  refuse_keys_train_does_not_build(config, family.train_checked_keys);
 }
 
 namespace {

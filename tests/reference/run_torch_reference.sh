@@ -4,7 +4,8 @@
 # llama, gpt3 (also with a chunked head, num_vocab_tiling) and moe presets (capacity and dropless,
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
 # query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
-# import of tiny-llama, tiny-gpt3 and tiny-qwen3; and one step of a circular pipeline (2 stages).
+# import of tiny-llama, tiny-gpt3 and tiny-qwen3; one step of a circular pipeline (2 stages); and
+# deepseek4-tiny and qwen3-custom-30b-a3b (tiny) as train computes them.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
@@ -96,6 +97,20 @@ else
   echo "=== tiny-moe-dropless-unbalanced: could not make the unbalanced checkpoint"
   failed+=(tiny-moe-dropless-unbalanced)
 fi
+
+# deepseek4-tiny as train computes it (docs/reference/deepseek4.md): 2 layers of sliding-window
+# attention (window 8 of 16 tokens) with sinks, mHC off, no hash layers, the router on raw logits;
+# and qwen3-custom-30b-a3b's latent MoE layer at tiny size. Both against MaxText's definitions.
+check deepseek4-tiny "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=2 compress_ratios=[0,0] mhc_expansion_rate=1 first_num_hash_layers=0 \
+  routed_score_func='' norm_topk_prob=true routed_bias=false load_balance_loss_weight=0 \
+  mlp_activations_limit=-1 sliding_window_size=8 vocab_size=256" \
+  "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k"
+check qwen3-custom-tiny "model_name=qwen3-custom-30b-a3b override_model_config=true \
+  base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 \
+  base_num_decoder_layers=2 attention_output_dim=32 moe_expert_input_dim=32 num_experts=4 \
+  num_experts_per_tok=2 base_moe_mlp_dim=32 base_mlp_dim=32 vocab_size=256" \
+  "--eps 1e-6 --rope-max-timescale 1e7 --top-k 2 --renormalize-top-k"
 
 # Hugging Face export and import (sim/train/hf_names.h): the weights of a --dump written by
 # export-hf, read back by Transformers' names in torch (hf_reference.py), give tpusim's loss and

@@ -37,6 +37,17 @@ Model families (detected from the tensor names), as MaxText computes them:
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
+  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0, mHC off
+         (mhc_expansion_rate 1) and no hash layers: CompressedAttention's sliding-window path
+         (low-rank query, unweighted q_up_norm, one shared key/value head, sinks, the output's
+         rotation undone, grouped output projection) and RoutedAndSharedMoE (routed_score_func
+         '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
+         i.e. --renormalize-top-k; plus the shared experts); the loss is also computed with
+         DeepSeek-V4's interleaved RoPE on head_dim-reordered weights (the same function). Pass
+         --eps 1e-6 --sliding-window W --top-k K --renormalize-top-k.
+  qwen3_custom  MaxText's Qwen3CustomMoeDecoderLayer: qwen3 attention (qk-norm, d^-0.5 at run
+         time) out to attention_output_dim, latent_norm, RoutedMoE at that width
+         (--renormalize-top-k), layer_up_projection, one residual.
   moe    llama attention (no run-time query scale) with a Mixtral MoE block: softmax router over experts, top-k experts
          per token weighted by their (unrenormalized) softmax probabilities, SwiGLU experts;
          with --capacity-factor > 0 each expert takes at most ceil(tokens*k/E*factor) token
@@ -124,13 +135,16 @@ def layer_norm(x, scale, bias, eps):
     return centered * torch.rsqrt(variance + eps) * scale + bias
 
 
-def rope(x, max_timescale, min_timescale=1.0):
-    """Rotary embedding of x[batch, length, heads, d], pairs (i, i + d/2)."""
+def rope(x, max_timescale, min_timescale=1.0, inverse=False):
+    """Rotary embedding of x[batch, length, heads, d], pairs (i, i + d/2); inverse rotates by
+    -angle (DeepSeek-V4 undoes the values' rotation on the attention output)."""
     length, d = x.shape[1], x.shape[-1]
     half = d // 2
     fraction = 2.0 * torch.arange(half, dtype=torch.float64) / d
     timescale = min_timescale * (max_timescale / min_timescale) ** fraction
     angle = torch.arange(length, dtype=torch.float64)[:, None] / timescale[None, :]
+    if inverse:
+        angle = -angle
     cos = torch.cos(angle)[None, :, None, :]
     sin = torch.sin(angle)[None, :, None, :]
     first, second = x[..., :half], x[..., half:]
@@ -163,6 +177,38 @@ def causal_attention(q, k, v, scale, cap=0.0):
     return torch.einsum("bhqk,bkhd->bqhd", probabilities, v)
 
 
+def rope_interleaved(x, max_timescale, inverse=False):
+    """RoPE on pairs (2i, 2i + 1) (DeepSeek-V4's published layout), angles as rope(); inverse
+    rotates by -angle."""
+    length, d = x.shape[1], x.shape[-1]
+    fraction = 2.0 * torch.arange(d // 2, dtype=torch.float64) / d
+    angle = torch.arange(length, dtype=torch.float64)[:, None] / max_timescale**fraction[None, :]
+    if inverse:
+        angle = -angle
+    cos = torch.cos(angle)[None, :, None, :]
+    sin = torch.sin(angle)[None, :, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def window_attention_with_sinks(q, kv, sinks, window):
+    """MaxText's local sliding attention with DeepSeek-V4's sinks (attention_compressed.py,
+    CompressedAttention with compress_ratio 0): q[b, l, H, d] (already scaled by d^-0.5),
+    kv[b, l, 1, d] as both key and value; query i sees keys j with j <= i and i - j < window; the
+    per-head sink logit joins the softmax with a zero value."""
+    heads = q.shape[2]
+    kv = kv.expand(-1, -1, heads, -1)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kv)
+    length = q.shape[1]
+    i = torch.arange(length)[:, None]
+    j = torch.arange(length)[None, :]
+    allowed = (j <= i) & (i - j < window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks[None, :, None, None].expand(scores.shape[0], -1, length, 1)
+    probabilities = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", probabilities, kv)
+
+
 def silu(x):
     return x * torch.sigmoid(x)
 
@@ -185,6 +231,7 @@ class Reference:
             raise ValueError(f"expected one decoder region, found {regions}")
         self.region = regions[0]
         self.layers = 1 + max(split_name(n)[1] for n in params if n.startswith(self.region + "/"))
+        self.interleaved = False  # deepseek4: the equivalent model with interleaved RoPE
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
 
@@ -199,6 +246,8 @@ class Reference:
 
     def attention(self, x, layer):
         r = self.region
+        if self.family == "deepseek4":
+            return self.compressed_attention(x, layer, self.interleaved)
         q = torch.einsum("ble,ehd->blhd", x, self.w(f"{r}/attention/query", layer))
         k = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/key", layer))
         v = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/value", layer))
@@ -213,15 +262,57 @@ class Reference:
             k = rope(k, self.args.rope_max_timescale)
         # Where MaxText scales the logits: GPT-3 at run time (query / sqrt(d)), qk-norm at run time
         # (query_pre_attn_scalar = d^-0.5), the others not at all (folded into the query init).
-        scale = 1.0 / math.sqrt(q.shape[-1]) if self.family == "gpt3" or qk_norm else 1.0
+        runtime = self.family in ("gpt3", "qwen3_custom") or qk_norm
+        scale = 1.0 / math.sqrt(q.shape[-1]) if runtime else 1.0
         context = causal_attention(q, k, v, scale, self.args.attn_logits_soft_cap)
         return torch.einsum("blhd,hde->ble", context, self.w(f"{r}/attention/out", layer))
+
+    def compressed_attention(self, x, layer, interleaved=False):
+        """DeepSeek-V4's CompressedAttention at compress_ratio 0 (attention_compressed.py): the
+        low-rank query wq_a -> RMSNorm (q_norm) -> wq_b -> unweighted RMSNorm over head_dim ->
+        RoPE -> times head_dim^-0.5; one projection wkv as key and value -> RMSNorm (kv_norm) ->
+        RoPE; sliding-window attention with sinks; the output's rotation undone; the grouped
+        output projection o_a_proj (block-diagonal over o_groups) then o_b_proj."""
+        r, eps, theta = self.region, self.args.eps, self.args.rope_max_timescale
+        turn = rope_interleaved if interleaved else rope
+        w = self.permuted if interleaved else self.w
+        latent = rms_norm(x @ w(f"{r}/attention/wq_a", layer),
+                          w(f"{r}/attention/q_norm/scale", layer), eps)
+        q = torch.einsum("blr,rhd->blhd", latent, w(f"{r}/attention/wq_b", layer))
+        q = q * torch.rsqrt((q * q).mean(dim=-1, keepdim=True) + eps)  # with_scale=False
+        head_dim = q.shape[-1]
+        q = turn(q, theta) * head_dim**-0.5
+        kv = torch.einsum("ble,ekd->blkd", x, w(f"{r}/attention/wkv", layer))
+        kv = turn(rms_norm(kv, w(f"{r}/attention/kv_norm/scale", layer), eps), theta)
+        context = window_attention_with_sinks(q, kv, w(f"{r}/attention/sinks", layer),
+                                              self.args.sliding_window)
+        context = (rope_interleaved(context, theta, inverse=True) if interleaved
+                   else rope(context, theta, inverse=True))
+        batch, length = context.shape[:2]
+        o_a = w(f"{r}/attention/o_a_proj", layer)  # [groups, heads*head_dim/groups, o_lora]
+        grouped = context.reshape(batch, length, o_a.shape[0], o_a.shape[1])
+        latent_out = torch.einsum("blgi,gir->blgr", grouped, o_a)
+        return torch.einsum("blgr,gre->ble", latent_out, w(f"{r}/attention/o_b_proj", layer))
+
+    def permuted(self, name, layer=0):
+        """The weights of the model with interleaved RoPE that computes the same function: head_dim
+        reordered (halves -> pairs) in wq_b, wkv, kv_norm and o_a_proj's rows."""
+        tensor = self.w(name, layer)
+        d = self.w(f"{self.region}/attention/wq_b", layer).shape[-1]
+        order = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], -1).flatten()
+        if name.endswith(("/wq_b", "/wkv", "/kv_norm/scale")):
+            return tensor[..., order]
+        if name.endswith("/o_a_proj"):
+            groups, per_group, rank = tensor.shape
+            heads = per_group // d
+            return tensor.reshape(groups, heads, d, rank)[:, :, order].reshape(tensor.shape)
+        return tensor
 
     def mlp(self, x, layer):
         r = self.region
         if self.family == "gpt3":
             return gelu_tanh(x @ self.w(f"{r}/mlp/wi", layer)) @ self.w(f"{r}/mlp/wo", layer)
-        if self.family == "moe":
+        if f"{r}/moe/gate#{layer}" in self.p:
             return self.moe(x, layer)
         return swiglu(x, self.w(f"{r}/mlp/wi_0", layer), self.w(f"{r}/mlp/wi_1", layer),
                       self.w(f"{r}/mlp/wo", layer))
@@ -241,6 +332,12 @@ class Reference:
         order = np.argsort(-probabilities.detach().numpy(), axis=-1, kind="stable")[:, :top_k]
         chosen = torch.from_numpy(order.copy())
         weights = probabilities.gather(1, chosen)  # [T, k]
+        if self.args.renormalize_top_k:
+            # MaxText's RoutedMoE (moe.py get_topk) outside DeepSeek: a softmax over the top-k
+            # logits, i.e. the top-k probabilities renormalized.
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        # DeepSeek's deepseek_scale_weights: times routed_scaling_factor.
+        weights = weights * self.args.routed_scaling_factor
         # Capacity: token choices in (token, choice) order take an expert's free slots.
         keep = torch.ones_like(weights)
         if self.args.capacity_factor > 0:
@@ -264,7 +361,23 @@ class Reference:
         token_index = torch.arange(batch * length)[:, None].expand(-1, top_k)
         picked = expert_out[chosen, token_index]  # [T, k, embed]
         combined = (picked * (weights * keep)[..., None]).sum(dim=1)
+        if f"{r}/moe/shared/wi_0#{layer}" in self.p:
+            # RoutedAndSharedMoE: the shared experts (one SwiGLU of shared_experts x moe_mlp_dim)
+            # on every token, added to the routed output.
+            combined = combined + swiglu(tokens, self.w(f"{r}/moe/shared/wi_0", layer),
+                                         self.w(f"{r}/moe/shared/wi_1", layer),
+                                         self.w(f"{r}/moe/shared/wo", layer))
         return combined.reshape(batch, length, embed)
+
+    def latent_moe_layer(self, x, layer):
+        """MaxText's Qwen3CustomMoeDecoderLayer (models/qwen3_custom.py): the input RMSNorm, Qwen3
+        attention (qk-norm, query_pre_attn_scalar head_dim^-0.5) whose out projection ends at
+        attention_output_dim, latent_norm, RoutedMoE at that width, layer_up_projection to
+        emb_dim; the caller adds the one residual."""
+        r = self.region
+        latent = self.attention(self.norm(x, f"{r}/pre_attention_norm", layer), layer)
+        latent = self.norm(latent, f"{r}/latent_norm", layer)
+        return self.moe(latent, layer) @ self.w(f"{r}/layer_up_projection", layer)
 
     def logits(self, tokens):
         batch, length = tokens.shape
@@ -272,6 +385,9 @@ class Reference:
         if self.family == "gpt3":
             x = x + self.w("embed/position_embedding")[torch.arange(length)][None]
         for layer in range(self.layers):
+            if self.family == "qwen3_custom":
+                x = x + self.latent_moe_layer(x, layer)
+                continue
             x = x + self.attention(self.norm(x, f"{self.region}/pre_attention_norm", layer), layer)
             x = x + self.mlp(self.norm(x, f"{self.region}/pre_mlp_norm", layer), layer)
         x = self.norm(x, "head/final_norm")
@@ -293,6 +409,10 @@ class Reference:
 
 def detect_family(names):
     bases = {split_name(n)[0] for n in names}
+    if any(b.endswith("/attention/wq_a") for b in bases):
+        return "deepseek4"
+    if any(b.endswith("/layer_up_projection") for b in bases):
+        return "qwen3_custom"
     if any(b.endswith("/moe/gate") for b in bases):
         return "moe"
     if "embed/position_embedding" in bases or "head/final_norm/bias" in bases:
@@ -344,6 +464,12 @@ def main():
     parser.add_argument("--final-logits-soft-cap", type=float, default=0.0,
                         help="tied logits -> cap tanh(logits / cap) after the normalization")
     parser.add_argument("--top-k", type=int, default=2, help="num_experts_per_tok (MoE)")
+    parser.add_argument("--renormalize-top-k", action="store_true",
+                        help="MoE: the top-k weights renormalized to sum to 1 (norm_topk_prob)")
+    parser.add_argument("--routed-scaling-factor", type=float, default=1.0,
+                        help="MoE: the top-k weights times this (routed_scaling_factor)")
+    parser.add_argument("--sliding-window", type=int, default=0,
+                        help="deepseek4: sliding_window_size")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
                         help="MoE expert capacity factor; <= 0: dropless")
     parser.add_argument("--expect-expert-load", type=float, default=None,
@@ -384,6 +510,16 @@ def main():
 
     # Forward and backward.
     loss = model.loss(tokens, targets)
+    if family == "deepseek4":
+        # The same model with DeepSeek-V4's interleaved RoPE layout and head_dim reordered in the
+        # weights computes the same loss: the layout does not change what trains.
+        routing = (list(model.dropped), list(model.loads))
+        model.interleaved = True
+        with torch.no_grad():
+            other = model.loss(tokens, targets)
+        model.interleaved = False
+        model.dropped, model.loads = routing
+        report.check("layout", "loss with interleaved RoPE", other.item(), loss.item(), 1e-12)
     names = sorted(params)
     grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
     grads = {n: (g if g is not None else torch.zeros_like(params[n])).detach().numpy()

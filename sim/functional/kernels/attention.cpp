@@ -7,7 +7,7 @@
 //              v[...same as k]) -> out[batch, length, heads=8, head_dim]
 //   (query heads 0-3 read kv head 0, heads 4-7 kv head 1)
 //
-// kAttention(q, k, v[, k_rope]) -> out
+// kAttention(q, k, v[, k_rope][, sinks]) -> out
 //   Dims by name: q (batch, length, heads, D_qk), k (batch, length, kv_heads or heads, D_k),
 //   v (batch, length, kv_heads or heads, D_v), out (batch, length, heads, D_v), k_rope (batch,
 //   length, R); the feature dim of each is its one dim that is none of those names.
@@ -22,12 +22,16 @@
 //   kSlidingWindow also needs p - j < attrs.window; kChunked needs j / attrs.window == p /
 //   attrs.window (llama4's chunks); kNone allows all. Softmax in fp32 over the allowed keys (a row
 //   with none gives zeros); out = P v. With bf16_matmul_inputs, q, k, v, k_rope and P are rounded
-//   to bf16 before their matmuls.
-// kAttentionGrad(dout, q, k, v, [k_rope], out) -> dq, dk, dv, [dk_rope]: exact VJP. P is
+//   to bf16 before their matmuls. sinks (a 1-D [heads] input, the same heads slice as q;
+//   DeepSeek-V4 and gpt-oss's attention sinks): one more logit per query head in every row's
+//   softmax, with a zero value: P_ij = exp(s_ij) / (exp(sink_h) + sum_j' exp(s_ij')).
+// kAttentionGrad(dout, q, k, v, [k_rope], [sinks], out) -> dq, dk, dv, [dk_rope], [dsinks]: exact
+//   VJP. P is
 //   recomputed from q and k; D_i = sum(dout_i * out_i); dS = P * (dout v^T - D) (times
 //   1 - tanh^2(scaled scores / cap) under a soft cap); dq = scale dS k
 //   (and scale dS k_rope for q's rope part); dk = scale dS^T q; dv = P^T dout; dk_rope = scale
-//   sum over heads of dS^T q_rope. dk, dv, dk_rope hold the contribution of THIS device's queries
+//   sum over heads of dS^T q_rope; dsinks_h = -sum over batch and queries of p_sink D_i, p_sink the
+//   sink's probability. dk, dv, dk_rope and dsinks hold the contribution of THIS device's queries
 //   (partial sums the engine reduces). With bf16_matmul_inputs, dout, q, k, v, k_rope, P and dS
 //   are rounded to bf16 before their matmuls.
 #include <algorithm>
@@ -148,18 +152,23 @@ template <typename Scalar>
 class AttentionKernel {
  public:
   using RowMatrix = Matrix<Scalar>;
+  using Column = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
 
   AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
     const size_t first = gradient ? 1 : 0;
     if (gradient) {
-      ctx.expect_counts(5, 6, 3, 4);
-      mla_ = ctx.num_inputs() == 6;
-      if (ctx.num_outputs() != (mla_ ? 4u : 3u)) {
-        ctx.fail("attention gradient outputs are dq, dk, dv[, dk_rope]");
-      }
+      ctx.expect_counts(5, 7, 3, 5);
     } else {
-      ctx.expect_counts(3, 4, 1, 1);
-      mla_ = ctx.num_inputs() == 4;
+      ctx.expect_counts(3, 5, 1, 1);
+    }
+    // The forward's inputs q, k, v[, k_rope][, sinks]: sinks is the 1-D [heads] one.
+    const size_t forward_inputs = ctx.num_inputs() - (gradient ? 2 : 0);
+    const Tensor& last = ctx.in_tensor(first + forward_inputs - 1);
+    sinks_ = forward_inputs > 3 && last.dims.size() == 1 && last.dims[0].name == "heads";
+    sinks_index_ = first + forward_inputs - 1;
+    mla_ = forward_inputs - (sinks_ ? 1 : 0) == 4;
+    if (gradient && ctx.num_outputs() != 3u + (mla_ ? 1u : 0u) + (sinks_ ? 1u : 0u)) {
+      ctx.fail("attention gradient outputs are dq, dk, dv[, dk_rope][, dsinks]");
     }
     q_ = attention_view(ctx, ctx.in_tensor(first), false, true);
     k_ = attention_view(ctx, ctx.in_tensor(first + 1), true, true);
@@ -169,6 +178,9 @@ class AttentionKernel {
     }
     if (q_.heads_dim->name != "heads") {
       ctx.fail("the query's heads dim must be named 'heads'");
+    }
+    if (sinks_ && last.dims[0].size != q_.heads) {
+      ctx.fail("the sinks must hold one logit per query head of this device");
     }
     if (k_.heads_dim->name != v_.heads_dim->name || k_.heads != v_.heads) {
       ctx.fail("key and value heads differ");
@@ -239,6 +251,9 @@ class AttentionKernel {
         dkr_ = attention_view(ctx, ctx.out_tensor(3), true, false);
         check_same(dkr_, kr_.batch, kr_.length, 1, kr_.features, "dk_rope");
       }
+      if (sinks_ && ctx.out_tensor(ctx.num_outputs() - 1).dims.size() != 1) {
+        ctx.fail("dsinks must be 1-D [heads]");
+      }
     }
   }
 
@@ -260,7 +275,7 @@ class AttentionKernel {
       const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
       const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
       const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
-      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope);
+      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, h);
       const RowMatrix result = product(round_matrix(ctx_, probabilities), false, v_matrix, false);
       scatter(out, o_, b, h, result, false);
     });
@@ -277,6 +292,9 @@ class AttentionKernel {
     float* dk = ctx_.out(1);
     float* dv = ctx_.out(2);
     float* dkr = mla_ ? ctx_.out(3) : nullptr;
+    // dsinks per (batch, query head), each written by the one item that owns the pair and summed
+    // over the batch in order afterwards.
+    std::vector<Scalar> dsink_parts(sinks_ ? static_cast<size_t>(q_.batch * q_.heads) : 0, 0);
     // One item per (batch, kv head) (per batch index with MLA, whose dk_rope sums over every
     // head): each sums its query heads in ascending order and writes its own blocks.
     const int64_t groups = mla_ ? 1 : k_.heads;
@@ -305,13 +323,17 @@ class AttentionKernel {
         const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
         const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
         RowMatrix cap_slope;
-        const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, &cap_slope);
+        Column sink_probability;
+        const RowMatrix probabilities =
+            softmax(q_matrix, k_matrix, k_rope, h, &cap_slope, &sink_probability);
         const RowMatrix dv_matrix =
             product(round_matrix(ctx_, probabilities), true, dout_matrix, false);
         const RowMatrix dp = product(dout_matrix, false, v_matrix, true);
         // D_i = sum_j dout_ij out_ij (= sum_j P_ij dP_ij for the exact output).
-        const Eigen::Matrix<Scalar, Eigen::Dynamic, 1> delta =
-            dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
+        const Column delta = dout_matrix.cwiseProduct(out_matrix).rowwise().sum();
+        if (sinks_) {
+          dsink_parts[static_cast<size_t>(b * q_.heads + h)] = -sink_probability.dot(delta);
+        }
         RowMatrix ds = probabilities.cwiseProduct(dp.colwise() - delta) * scale_;
         if (soft_cap_ > 0) {
           ds = ds.cwiseProduct(cap_slope);
@@ -343,6 +365,16 @@ class AttentionKernel {
         scatter(dkr, dkr_, b, 0, dk_rope, false);
       }
     });
+    if (sinks_) {
+      float* dsinks = ctx_.out(ctx_.num_outputs() - 1);
+      for (int64_t h = 0; h < q_.heads; ++h) {
+        Scalar sum = 0;
+        for (int64_t b = 0; b < q_.batch; ++b) {
+          sum += dsink_parts[static_cast<size_t>(b * q_.heads + h)];
+        }
+        dsinks[h] = static_cast<float>(sum);
+      }
+    }
   }
 
  private:
@@ -415,9 +447,11 @@ class AttentionKernel {
   }
 
   // Masked softmax(scale q k^T) in Scalar, soft-capped first when soft_cap_ > 0; masked entries
-  // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap).
-  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope,
-                    RowMatrix* cap_slope = nullptr) const {
+  // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap). With
+  // sinks, query head h's sink logit joins every row's softmax and `sink_probability` (when
+  // given) receives its probability per row.
+  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope, int64_t h,
+                    RowMatrix* cap_slope = nullptr, Column* sink_probability = nullptr) const {
     RowMatrix scores =
         mla_ ? RowMatrix(q.leftCols(d_k_) * k.transpose()) : product(q, false, k, true);
     if (mla_) {
@@ -434,12 +468,17 @@ class AttentionKernel {
         *cap_slope = (Scalar(1) - tanh.array().square()).matrix();
       }
     }
+    const bool sink = sinks_;
+    const Scalar sink_logit = sink ? static_cast<Scalar>(ctx_.in(sinks_index_)[h]) : Scalar(0);
+    if (sink_probability != nullptr) {
+      *sink_probability = Column::Zero(scores.rows());
+    }
     for (int64_t i = 0; i < scores.rows(); ++i) {
       // Every mask allows one contiguous range of keys [first, last).
       const auto [first_key, last_key] = allowed_keys(q_position_ + i);
       const int64_t first = std::clamp<int64_t>(first_key - k_position_, 0, scores.cols());
       const int64_t last = std::clamp<int64_t>(last_key - k_position_, first, scores.cols());
-      Scalar max = -std::numeric_limits<Scalar>::infinity();
+      Scalar max = sink ? sink_logit : -std::numeric_limits<Scalar>::infinity();
       for (int64_t j = first; j < last; ++j) {
         max = std::max(max, scores(i, j));
       }
@@ -461,8 +500,13 @@ class AttentionKernel {
       for (int64_t j = last; j < scores.cols(); ++j) {
         scores(i, j) = 0;
       }
+      const Scalar sink_weight = sink ? std::exp(sink_logit - max) : Scalar(0);
+      sum += sink_weight;
       if (sum > 0) {
         scores.row(i) /= sum;
+        if (sink_probability != nullptr) {
+          (*sink_probability)(i) = sink_weight / sum;
+        }
       }
     }
     return scores;
@@ -470,6 +514,8 @@ class AttentionKernel {
 
   const Ctx& ctx_;
   bool mla_ = false;
+  bool sinks_ = false;
+  size_t sinks_index_ = 0;
   AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
   int64_t d_k_ = 0;
   Scalar scale_ = 1;

@@ -11,6 +11,9 @@
 // all-reduced sums). scale (and bias) are 1-D over r, the same slice as x. g = dy * scale.
 //
 // kRmsNorm(x, scale[, stats]) -> y = x * rsqrt(mean(x^2) + eps) * scale, eps = attrs.epsilon.
+//   Scale-free (x[, stats]), DeepSeek-V4's unweighted RMSNorm: y = x * rsqrt(mean(x^2) + eps);
+//   its gradient kNormGrad(dy, x[, stats]) -> dx alone, and its statistics read (x) or (dy, x);
+//   g = dy then.
 // kLayerNorm(x, scale, bias[, stats]) -> y = (x - mu) * rsqrt(var + eps) * scale + bias, with
 //   the biased variance var = mean(x^2) - mu^2 (computed two-pass when local).
 // kNormStatistics: per-row sums over the LOCAL part of r (the engine all-reduces them), in the
@@ -76,12 +79,13 @@ struct RowMoments {
 
 class NormKernel {
  public:
-  NormKernel(const Ctx& ctx, NormForm form, bool statistics_op) : ctx_(ctx), form_(form) {
+  NormKernel(const Ctx& ctx, NormForm form, bool statistics_op, bool scaled = true)
+      : ctx_(ctx), form_(form), scaled_(scaled) {
     const bool grad = norm_is_grad(form);
     const size_t base = grad ? 1 : 0;  // index of x
     x_index_ = base;
     scale_index_ = base + 1;
-    const size_t forward_inputs = base + (norm_is_layer(form) ? 3 : 2);
+    const size_t forward_inputs = base + (norm_is_layer(form) ? 3 : scaled ? 2 : 1);
     if (statistics_op) {
       ctx.expect_counts(forward_inputs, forward_inputs, 1, 1);
     } else {
@@ -150,7 +154,7 @@ class NormKernel {
     all.add(reduced_, n_local_);
     ctx_.strides_in(y_tensor, all, true, true);
     const float* x = ctx_.in(x_index_);
-    const float* scale = ctx_.in(scale_index_);
+    const float* scale = scaled_ ? ctx_.in(scale_index_) : nullptr;
     const float* bias = norm_is_layer(form_) ? ctx_.in(scale_index_ + 1) : nullptr;
     float* y = ctx_.out(0);
     for_each_rows(y_strides, [&](int64_t x_at, int64_t, int64_t stats_at, int64_t y_at) {
@@ -159,7 +163,7 @@ class NormKernel {
         const double value = x[x_at + index * x_step_];
         const double normalized = bias ? (value - row.mu) * row.rstd : value * row.rstd;
         y[y_at + index * y_step] =
-            static_cast<float>(normalized * scale[index] + (bias ? bias[index] : 0.0));
+            static_cast<float>(normalized * scale_at(scale, index) + (bias ? bias[index] : 0.0));
       }
     });
   }
@@ -167,8 +171,8 @@ class NormKernel {
   // kNormGrad.
   void backward() const {
     const bool layer = norm_is_layer(form_);
-    if (ctx_.num_outputs() != (layer ? 3u : 2u)) {
-      ctx_.fail("a norm gradient has outputs dx, dscale[, dbias]");
+    if (ctx_.num_outputs() != (layer ? 3u : scaled_ ? 2u : 1u)) {
+      ctx_.fail("a norm gradient has outputs dx[, dscale[, dbias]]");
     }
     const Tensor& dx_tensor = ctx_.out_tensor(0);
     const std::vector<int64_t> dx_strides = ctx_.strides_in(dx_tensor, rows_, true, false);
@@ -183,7 +187,7 @@ class NormKernel {
     }
     const float* dy = ctx_.in(0);
     const float* x = ctx_.in(x_index_);
-    const float* scale = ctx_.in(scale_index_);
+    const float* scale = scaled_ ? ctx_.in(scale_index_) : nullptr;
     float* dx = ctx_.out(0);
     std::vector<double> dscale(static_cast<size_t>(n_local_), 0.0);
     std::vector<double> dbias(static_cast<size_t>(n_local_), 0.0);
@@ -192,7 +196,7 @@ class NormKernel {
       for (int64_t index = 0; index < n_local_; ++index) {
         const double value = x[x_at + index * x_step_];
         const double d = dy[dy_at + index * dy_step_];
-        const double g = d * scale[index];
+        const double g = d * scale_at(scale, index);
         double grad = 0;
         if (layer) {
           const double xhat = (value - row.mu) * row.rstd;
@@ -206,6 +210,9 @@ class NormKernel {
         dx[dx_at + index * dx_step] = static_cast<float>(grad);
       }
     });
+    if (!scaled_) {
+      return;
+    }
     float* dscale_out = ctx_.out(1);
     for (int64_t index = 0; index < n_local_; ++index) {
       dscale_out[index] = static_cast<float>(dscale[static_cast<size_t>(index)]);
@@ -219,6 +226,11 @@ class NormKernel {
   }
 
  private:
+  // The scale at `index`, 1 for a scale-free norm (no scale input).
+  static double scale_at(const float* scale, int64_t index) {
+    return scale == nullptr ? 1.0 : static_cast<double>(scale[index]);
+  }
+
   void check_stats_tensor(const Tensor& stats) const {
     if (stats.dims.size() != rows_.names.size() + 1 ||
         stats.dims.back().size != static_cast<int64_t>(norm_values(form_))) {
@@ -244,7 +256,7 @@ class NormKernel {
 
   std::array<double, 4> local_sums(int64_t x_at, int64_t dy_at) const {
     const float* x = ctx_.in(x_index_);
-    const float* scale = ctx_.in(scale_index_);
+    const float* scale = scaled_ ? ctx_.in(scale_index_) : nullptr;
     const float* dy = norm_is_grad(form_) ? ctx_.in(0) : nullptr;
     double sum_x = 0;
     double sum_xx = 0;
@@ -255,7 +267,7 @@ class NormKernel {
       sum_x += value;
       sum_xx += value * value;
       if (dy != nullptr) {
-        const double g = static_cast<double>(dy[dy_at + index * dy_step_]) * scale[index];
+        const double g = static_cast<double>(dy[dy_at + index * dy_step_]) * scale_at(scale, index);
         sum_g += g;
         sum_gx += g * value;
       }
@@ -342,6 +354,7 @@ class NormKernel {
 
   const Ctx& ctx_;
   NormForm form_;
+  bool scaled_ = true;
   size_t x_index_ = 0;
   size_t scale_index_ = 1;
   bool has_stats_ = false;
@@ -367,8 +380,11 @@ NormForm statistics_form(const Ctx& ctx) {
     case 4:
       return NormForm::kLayerGrad;
     case 2: {
+      if (ctx.num_inputs() == 2) {
+        return NormForm::kRmsGrad;  // scale-free: dy, x
+      }
       if (ctx.num_inputs() != 3) {
-        ctx.fail("2 statistics values need 3 inputs");
+        ctx.fail("2 statistics values need 2 or 3 inputs");
       }
       const Tensor& first = ctx.in_tensor(0);
       const Tensor& second = ctx.in_tensor(1);
@@ -388,7 +404,12 @@ NormForm statistics_form(const Ctx& ctx) {
 }  // namespace
 
 void run_rms_norm(const Ctx& ctx) {
-  NormKernel(ctx, NormForm::kRms, false).forward();
+  // Scale-free: x alone, or x and a statistics input (rows and values: x's rank, where a scale
+  // has one dim).
+  const bool scaled =
+      ctx.num_inputs() == 3 || (ctx.num_inputs() == 2 && ctx.in_tensor(1).dims.size() == 1 &&
+                                ctx.in_tensor(0).dims.size() > 1);
+  NormKernel(ctx, NormForm::kRms, false, scaled).forward();
 }
 
 void run_layer_norm(const Ctx& ctx) {
@@ -396,14 +417,19 @@ void run_layer_norm(const Ctx& ctx) {
 }
 
 void run_norm_grad(const Ctx& ctx) {
-  // LayerNorm's gradient is the one with a third output, dbias.
-  NormKernel(ctx, ctx.op().outputs.size() == 3 ? NormForm::kLayerGrad : NormForm::kRmsGrad, false)
+  // LayerNorm's gradient is the one with a third output, dbias; a scale-free RMSNorm's has dx
+  // alone.
+  const size_t outputs = ctx.op().outputs.size();
+  NormKernel(ctx, outputs == 3 ? NormForm::kLayerGrad : NormForm::kRmsGrad, false, outputs != 1)
       .backward();
 }
 
 void run_norm_statistics(const Ctx& ctx) {
-  ctx.expect_counts(2, 4, 1, 1);
-  NormKernel(ctx, statistics_form(ctx), true).statistics();
+  ctx.expect_counts(1, 4, 1, 1);
+  const NormForm form = statistics_form(ctx);
+  // Scale-free RMSNorm: (x) forward, (dy, x) gradient.
+  const bool scaled = ctx.num_inputs() > (form == NormForm::kRms ? 1u : 2u) || norm_is_layer(form);
+  NormKernel(ctx, form, true, scaled).statistics();
 }
 
 }  // namespace tpusim::kernels

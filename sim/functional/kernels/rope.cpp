@@ -11,7 +11,8 @@
 //   timescale_i, with position the GLOBAL index along the dim named "length"
 //   (device.offset + local index):
 //     y_first = first cos - second sin;  y_second = second cos + first sin.
-//   op.phase == kBackward: the VJP, i.e. the rotation by -angle.
+//   attrs.reverse_rotation: the rotation by -angle (DeepSeek-V4's attention output).
+//   op.phase == kBackward: the VJP, i.e. the rotation the other way (+angle when reversed).
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -50,7 +51,8 @@ void run_rope(const Ctx& ctx) {
       position_strides[index] = 1;
     }
   }
-  const double sign = ctx.op().phase == Phase::kBackward ? -1.0 : 1.0;
+  const bool backward = ctx.op().phase == Phase::kBackward;
+  const double sign = backward != ctx.op().attrs.reverse_rotation ? -1.0 : 1.0;
   const int64_t first_position = ctx.device().offset(length);
   // cos/sin per (local position, i).
   std::vector<double> cosines(static_cast<size_t>(length.size * half));

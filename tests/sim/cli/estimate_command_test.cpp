@@ -12,6 +12,10 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -89,19 +93,78 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
     EXPECT_NE(gdn.err.find("decoder_block: qwen3_"), std::string::npos) << gdn.err;
     EXPECT_NE(gdn.err.find("is not computed by tpusim train"), std::string::npos) << gdn.err;
   }
-  // So are deepseek4 (compressed attention, mHC, hash routing; its tiny preset too) and
-  // qwen3_custom_moe (the latent MoE layer): exit 2 naming decoder_block and the block.
-  for (const auto& [preset, block] :
-       {std::pair<const char*, const char*>{"deepseek4-tiny", "deepseek4"},
-        {"qwen3-custom-30b-a3b", "qwen3_custom_moe"}}) {
-    const auto refused = run_tpusim(
-        {"train", std::string("model_name=") + preset, "compile_topology=v5e-4", "steps=1"});
-    EXPECT_EQ(refused.exit_code, 2) << preset << refused.err;
-    EXPECT_NE(refused.err.find(std::string("decoder_block: ") + block +
-                               " is not computed by tpusim train"),
-              std::string::npos)
-        << refused.err;
+}
+
+TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
+  // deepseek4 trains with sliding-window attention, one residual stream and the router on logits;
+  // each piece it does not compute is refused by the key that turns it on (exit 2), from the
+  // trainable set below with one key changed.
+  const std::vector<std::pair<std::string, std::string>> trainable = {
+      {"override_model_config", "true"}, {"base_num_decoder_layers", "2"},
+      {"compress_ratios", "[0,0]"},      {"mhc_expansion_rate", "1"},
+      {"first_num_hash_layers", "0"},    {"routed_score_func", "''"},
+      {"norm_topk_prob", "true"},        {"routed_bias", "false"},
+      {"load_balance_loss_weight", "0"}, {"mlp_activations_limit", "-1"}};
+  // (key, value, the refusal's start)
+  for (const auto& [key, value, refusal] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"compress_ratios", "[0,4]", "compress_ratios: layer 1: 4"},
+           {"compress_ratios", "[128,0]", "compress_ratios: layer 0: 128"},
+           {"mhc_expansion_rate", "4", "mhc_expansion_rate: 4"},
+           {"first_num_hash_layers", "1", "first_num_hash_layers: 1"},
+           {"routed_score_func", "sqrtsoftplus", "routed_score_func: sqrtsoftplus"},
+           {"routed_score_func", "softmax", "routed_score_func: softmax"},
+           {"norm_topk_prob", "false", "norm_topk_prob: false"},
+           {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
+           {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"}}) {
+    std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1",
+                                     "steps=1"};
+    bool replaced = false;
+    for (const auto& [name, base_value] : trainable) {
+      replaced = replaced || name == key;
+      args.push_back(name + "=" + (name == key ? value : base_value));
+    }
+    if (!replaced) {
+      args.push_back(key + "=" + value);
+    }
+    const auto refused = run_tpusim(args);
+    EXPECT_EQ(refused.exit_code, 2) << key << "=" << value << refused.err;
+    EXPECT_NE(refused.err.find(refusal + " is not computed by tpusim train"), std::string::npos)
+        << key << "=" << value << ": " << refused.err;
   }
+  // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
+  // heads split in two) is refused by key.
+  std::vector<std::string> split_groups = {"train",
+                                           "model_name=deepseek4-tiny",
+                                           "compile_topology=v5e-4",
+                                           "steps=1",
+                                           "ici_fsdp_parallelism=2",
+                                           "ici_tensor_parallelism=2",
+                                           "per_device_batch_size=1",
+                                           "base_num_kv_heads=2",
+                                           "o_groups=1"};
+  for (const auto& [name, value] : trainable) {
+    split_groups.push_back(name + "=" + value);
+  }
+  const auto uneven = run_tpusim(split_groups);
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
+  EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
+      << uneven.err;
+  // The preset itself: its activation clip is the first key refused.
+  const auto preset =
+      run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
+  EXPECT_EQ(preset.exit_code, 2) << preset.err;
+  EXPECT_NE(preset.err.find("mlp_activations_limit: 10 is not computed by tpusim train"),
+            std::string::npos)
+      << preset.err;
+  // qwen3_custom_moe's router renormalizes its top-k weights: norm_topk_prob false is refused.
+  const auto qwen3_custom =
+      run_tpusim({"train", "model_name=qwen3-custom-30b-a3b", "compile_topology=v5e-4", "steps=1",
+                  "override_model_config=true", "norm_topk_prob=false"});
+  EXPECT_EQ(qwen3_custom.exit_code, 2) << qwen3_custom.err;
+  EXPECT_NE(qwen3_custom.err.find("norm_topk_prob: false is not computed by tpusim train"),
+            std::string::npos)
+      << qwen3_custom.err;
 }
 
 TEST(EstimateCommand, JsonContract) {

@@ -31,6 +31,7 @@ struct AttentionCase {
   int64_t rope_dim = 0;   // MLA: R
   int64_t value_dim = 4;  // D_v
   double soft_cap = 0;    // attn_logits_soft_cap: scaled logits s -> cap tanh(s / cap)
+  bool sinks = false;     // a [heads] sink logit in every row's softmax (DeepSeek-V4)
 };
 
 std::vector<AttentionCase> attention_cases() {
@@ -42,17 +43,23 @@ std::vector<AttentionCase> attention_cases() {
       {"mla_causal", 2, 2, AttentionMask::kCausal, 0, true, 3, 2, 3},
       // A cap of 0.5 against scaled logits up to ~2: tanh far from linear.
       {"gqa_soft_cap", 4, 2, AttentionMask::kCausal, 0, false, 4, 0, 4, 0.5},
+      // DeepSeek-V4's window attention: one shared kv head, a sink logit per query head.
+      {"sliding_window_sinks", 4, 1, AttentionMask::kSlidingWindow, 2, false, 4, 0, 4, 0, true},
+      {"causal_sinks", 2, 2, AttentionMask::kCausal, 0, false, 4, 0, 4, 0, true},
   };
 }
 
 // Tensors of an attention case; `query_length` may be a split dim.
 struct AttentionGraph {
   Case c;
-  TensorId q, k, v, k_rope = -1, out;
+  TensorId q, k, v, k_rope = -1, sinks = -1, out;
   std::vector<TensorId> inputs() const {
     std::vector<TensorId> ids = {q, k, v};
     if (k_rope >= 0) {
       ids.push_back(k_rope);
+    }
+    if (sinks >= 0) {
+      ids.push_back(sinks);
     }
     return ids;
   }
@@ -75,6 +82,9 @@ void add_attention_tensors(AttentionGraph& g, const AttentionCase& test, const D
   if (test.mla) {
     g.k_rope = c.tensor(prefix + "k_rope",
                         {dim("batch", 2), dim("length", length), dim("qk_rope", test.rope_dim)});
+  }
+  if (test.sinks) {
+    g.sinks = c.tensor(prefix + "sinks", {dim("heads", test.heads)});
   }
   g.out = c.tensor(prefix + "out", {dim("batch", 2), query_length, dim("heads", test.heads),
                                     dim(v_name, test.value_dim)});
@@ -109,7 +119,9 @@ std::vector<double> reference_attention(const AttentionCase& test,
       const int64_t kv = h / group;
       for (int64_t i = 0; i < length; ++i) {
         std::vector<double> scores(static_cast<size_t>(length), -kInfinity);
-        double max = -kInfinity;
+        // The sink: one more logit in the softmax, with a zero value.
+        const double sink = test.sinks ? double{in.back().at({h})} : -kInfinity;
+        double max = sink;
         for (int64_t j = 0; j < length; ++j) {
           const bool in_window =
               test.mask == AttentionMask::kCausal ||
@@ -133,7 +145,7 @@ std::vector<double> reference_attention(const AttentionCase& test,
           scores[static_cast<size_t>(j)] = logit;
           max = std::max(max, logit);
         }
-        double sum = 0;
+        double sum = test.sinks ? std::exp(sink - max) : 0.0;
         for (double& score : scores) {
           score = std::exp(score - max);
           sum += score;
@@ -247,7 +259,13 @@ TEST(KernelAttention, GradientsMatchFiniteDifferences) {
     grad_values.insert(grad_values.end(), inputs.begin(), inputs.end());
     grad_values.push_back(run(g.c.graph, forward, inputs)[0]);
     const std::vector<TensorData> analytic = run(g.c.graph, grad, grad_values);
-    const std::vector<std::string> names = {"dq", "dk", "dv", "dk_rope"};
+    std::vector<std::string> names = {"dq", "dk", "dv"};
+    if (test.mla) {
+      names.emplace_back("dk_rope");
+    }
+    if (test.sinks) {
+      names.emplace_back("dsinks");
+    }
     for (size_t index = 0; index < analytic.size(); ++index) {
       expect_fd(std::string("attention ") + (test.mla ? "mla " : "") + names[index], g.c.graph,
                 forward, inputs, weights, index, analytic[index]);

@@ -209,5 +209,77 @@ TEST(KernelNorm, SplitReducedDimWithStatisticsMatchesWhole) {
   }
 }
 
+// DeepSeek-V4's unweighted RMSNorm (q_up_norm): kRmsNorm(x) without a scale input, its gradient
+// kNormGrad(dy, x) -> dx alone; the formula, finite differences, and the reduced dim split in two
+// with statistics (x) forward and (dy, x) backward.
+TEST(KernelNorm, ScaleFreeRmsNormMatchesFormulaGradientAndSplit) {
+  std::mt19937 rng(33);
+  const int64_t embed = 8;
+  const int64_t half = embed / 2;
+  const std::vector<Dim> whole_dims = {dim("batch", 2), dim("length", 3), dim("embed", embed)};
+  const std::vector<Dim> local_dims = {dim("batch", 2), dim("length", 3),
+                                       split("embed", half, embed, "tensor")};
+  Case c;
+  OpAttrs attrs;
+  attrs.contracted = {"embed"};
+  attrs.epsilon = kNormEpsilon;
+  const TensorId x = c.tensor("x", whole_dims);
+  const TensorId y = c.tensor("y", whole_dims);
+  const TensorId dy = c.tensor("dy", whole_dims);
+  const TensorId dx = c.tensor("dx", whole_dims);
+  const Op& forward = c.op(OpKind::kRmsNorm, {x}, {y}, attrs);
+  const Op& grad = c.op(OpKind::kNormGrad, {dy, x}, {dx}, attrs, true);
+  const TensorData input = random_data(c.info(x), rng, -0.5f, 1.5f);
+  TensorData ones = TensorData::zeros(std::vector<int64_t>{embed});
+  std::fill(ones.values.begin(), ones.values.end(), 1.0f);
+  expect_close(run(c.graph, forward, {input})[0], reference_norm(input, ones, nullptr));
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  const TensorData analytic = run(c.graph, grad, {weights[0], input})[0];
+  expect_fd("scale-free rms_norm dx", c.graph, forward, {input}, weights, 0, analytic, {}, 3e-3);
+
+  for (const bool gradient : {false, true}) {
+    SCOPED_TRACE(gradient ? "split grad" : "split forward");
+    const TensorId local_x = c.tensor("local_x", local_dims);
+    const TensorId local_dy = c.tensor("local_dy", local_dims);
+    const TensorId local_out = c.tensor("local_out", local_dims);
+    const TensorId stats =
+        c.tensor("stats", {dim("batch", 2), dim("length", 3), dim("statistics", gradient ? 2 : 1)});
+    std::vector<TensorId> local_in = {local_x};
+    if (gradient) {
+      local_in.insert(local_in.begin(), local_dy);
+    }
+    OpAttrs stat_attrs;
+    stat_attrs.contracted = {"embed"};
+    const Op& statistics = c.op(OpKind::kNormStatistics, local_in, {stats}, stat_attrs, gradient);
+    std::vector<TensorId> with_stats = local_in;
+    with_stats.push_back(stats);
+    const Op& local = c.op(gradient ? OpKind::kNormGrad : OpKind::kRmsNorm, with_stats, {local_out},
+                           attrs, gradient);
+    std::vector<TensorData> whole_inputs = {input};
+    if (gradient) {
+      whole_inputs.insert(whole_inputs.begin(), weights[0]);
+    }
+    const TensorData expected = run(c.graph, gradient ? grad : forward, whole_inputs)[0];
+    TensorData total = TensorData::zeros(c.info(stats));
+    std::vector<std::vector<TensorData>> parts(2);
+    for (int device = 0; device < 2; ++device) {
+      for (const TensorData& value : whole_inputs) {
+        parts[static_cast<size_t>(device)].push_back(slice(value, 2, device * half, half));
+      }
+      const TensorData partial = run(c.graph, statistics, parts[static_cast<size_t>(device)],
+                                     device_on("tensor", device, 2))[0];
+      for (size_t index = 0; index < total.values.size(); ++index) {
+        total.values[index] += partial.values[index];
+      }
+    }
+    for (int device = 0; device < 2; ++device) {
+      std::vector<TensorData> with_total = parts[static_cast<size_t>(device)];
+      with_total.push_back(total);
+      expect_close(run(c.graph, local, with_total, device_on("tensor", device, 2))[0],
+                   slice(expected, 2, device * half, half), 1e-5);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpusim::kernel_test

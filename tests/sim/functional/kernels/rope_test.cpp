@@ -98,5 +98,48 @@ TEST(KernelRope, SplitLengthUsesGlobalPositions) {
   }
 }
 
+// reverse_rotation (DeepSeek-V4 undoes the values' rotation on the attention output): the
+// rotation by -angle, so it undoes the forward rotation, and its VJP is the forward rotation.
+TEST(KernelRope, ReverseRotationUndoesTheForwardOne) {
+  std::mt19937 rng(31);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(6));
+  const TensorId y = c.tensor("y", rope_dims(6));
+  const TensorId back = c.tensor("back", rope_dims(6));
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  OpAttrs reverse = attrs;
+  reverse.reverse_rotation = true;
+  const Op& forward = c.op(OpKind::kRope, {x}, {y}, attrs);
+  const Op& undo = c.op(OpKind::kRope, {y}, {back}, reverse);
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData rotated = run(c.graph, forward, {input})[0];
+  expect_close(run(c.graph, undo, {rotated})[0], input);
+  // Position 0 has angle 0 (nothing moves); position 1's first pair turns by -1 radian.
+  const TensorData reversed = run(c.graph, undo, {input})[0];
+  EXPECT_NEAR(reversed.at({0, 0, 0, 0}), input.at({0, 0, 0, 0}), 1e-6);
+  EXPECT_NEAR(reversed.at({0, 1, 0, 0}),
+              input.at({0, 1, 0, 0}) * std::cos(1.0) + input.at({0, 1, 0, 4}) * std::sin(1.0),
+              1e-6);
+}
+
+TEST(KernelRope, ReverseRotationBackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(32);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(5));
+  const TensorId y = c.tensor("y", rope_dims(5));
+  const TensorId dy = c.tensor("dy", rope_dims(5));
+  const TensorId dx = c.tensor("dx", rope_dims(5));
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  attrs.reverse_rotation = true;
+  const Op& forward = c.op(OpKind::kRope, {x}, {y}, attrs);
+  const Op& backward = c.op(OpKind::kRope, {dy}, {dx}, attrs, true);
+  const std::vector<TensorData> inputs = {random_data(c.info(x), rng)};
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  expect_fd("reversed rope backward", c.graph, forward, inputs, weights, 0,
+            run(c.graph, backward, {weights[0]})[0]);
+}
+
 }  // namespace
 }  // namespace tpusim::kernel_test
