@@ -44,6 +44,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLISHED = os.path.join(ROOT, "validation", "published.csv")
@@ -256,7 +257,41 @@ def explore_rows():
     return rows
 
 
+EXPLORE_CACHE = {"path": None}
+
+
+def binary_identity(binary):
+    """The binary's path, size and modification time: a rebuilt binary is another binary."""
+    stat = os.stat(binary)
+    return f"{binary}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def explore_top(binary, args):
+    """explore_top_uncached, read from or stored in the --explore-cache file when one is given (a
+    slow parent's searches run once, e.g. while the new binary builds)."""
+    path = EXPLORE_CACHE["path"]
+    if path is None:
+        return explore_top_uncached(binary, args)
+    key = binary_identity(binary) + " " + " ".join(args)
+    stored = {}
+    if os.path.exists(path):
+        with open(path) as cache:
+            stored = json.load(cache)
+    if key in stored:
+        return tuple(stored[key])
+    found = explore_top_uncached(binary, args)
+    with EXPLORE_CACHE["lock"]:
+        if os.path.exists(path):
+            with open(path) as cache:
+                stored = json.load(cache)
+        stored[key] = list(found)
+        with open(path + ".tmp", "w") as cache:
+            json.dump(stored, cache)
+        os.replace(path + ".tmp", path)
+    return found
+
+
+def explore_top_uncached(binary, args):
     """explore --top 1 of `args`: (step time, program text without axis names, seconds, json)."""
     result = subprocess.run([binary, "explore", *args, "--top", "1", "--json"], capture_output=True,
                             text=True)
@@ -314,13 +349,14 @@ def explore_work(binary, with_405b):
     return work
 
 
-def compare_explore(old, new, with_405b, jobs):
+def compare_explore(old, new, with_405b, jobs, only_old=False):
     """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
     work = explore_work(new, with_405b)
 
     def both(item):
         label, args = item
-        return label, explore_top(old, args), explore_top(new, args)
+        first = explore_top(old, args)
+        return label, first, first if only_old else explore_top(new, args)
 
     differing = 0
     print(f"{'row':44} {'old s':>8} {'new s':>8} {'ratio':>6}  top 1")
@@ -355,12 +391,21 @@ def main():
     parser.add_argument("--explore-top5", action="store_true",
                         help="check that the new binary's explore --top 5 rows are different "
                              "programs on every published row (nothing else)")
+    parser.add_argument("--explore-cache", metavar="FILE",
+                        help="with --explore: keep each binary's explore results in FILE and "
+                             "reuse them (keyed by the binary's path, size and mtime, and the "
+                             "args); --explore-only-old fills it for the old binary alone")
+    parser.add_argument("--explore-only-old", action="store_true",
+                        help="with --explore and --explore-cache: run the old binary only")
     options = parser.parse_args()
+    EXPLORE_CACHE["path"] = options.explore_cache
+    EXPLORE_CACHE["lock"] = threading.Lock()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
     if options.explore_top5:
         sys.exit(1 if check_top5_programs(new, options.jobs) else 0)
     if options.explore:
-        sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs) else 0)
+        sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs,
+                                      options.explore_only_old) else 0)
     lines = configs(options.random)
     differing = 0
     succeeded = 0
