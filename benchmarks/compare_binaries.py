@@ -258,6 +258,7 @@ def explore_rows():
 
 
 EXPLORE_CACHE = {"path": None}
+EXPLORE_ROWS = {"only": []}  # --explore-rows: these published rows only
 
 
 def binary_identity(binary):
@@ -340,6 +341,8 @@ def explore_work(binary, with_405b):
     """(label, explore arguments) per published row (and the 405b search)."""
     work = []
     for label, args, kept, per_device in explore_rows():
+        if EXPLORE_ROWS["only"] and label not in EXPLORE_ROWS["only"]:
+            continue
         estimate = subprocess.run([binary, "estimate", *args, "--json"], capture_output=True,
                                   text=True, check=True)
         devices = json.loads(estimate.stdout)["devices"]
@@ -397,7 +400,10 @@ def main():
                              "args); --explore-only-old fills it for the old binary alone")
     parser.add_argument("--explore-only-old", action="store_true",
                         help="with --explore and --explore-cache: run the old binary only")
+    parser.add_argument("--explore-rows", default="",
+                        help="with --explore: only these published rows (ids, comma-separated)")
     options = parser.parse_args()
+    EXPLORE_ROWS["only"] = [row for row in options.explore_rows.split(",") if row]
     EXPLORE_CACHE["path"] = options.explore_cache
     EXPLORE_CACHE["lock"] = threading.Lock()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)

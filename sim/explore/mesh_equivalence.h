@@ -6,8 +6,8 @@
 // rule is chosen by the axes it names, and a mesh only drops its axes of size 1, which split
 // nothing), and the partitioner reads a mesh only through the sizes of the axes of those sets
 // (and the pipeline's stage axis by name). Call an "atom" a largest group of axes that every
-// resolved set holds all together or not at all (on a dense model under MaxText's rules, fsdp and
-// expert: both split activation_batch and embed, nothing splits one without the other). Every
+// resolved set holds all together or not at all (e.g. the axes that no rule of the model uses).
+// Every
 // dim's split, and every collective group formed from those sets (their unions, intersections
 // and differences), is then a product of whole atoms, so two meshes with the same product of
 // sizes per atom have the same local shapes, compute ops and memory per device; their collectives
@@ -17,8 +17,8 @@
 //
 // Example:
 //   MeshEquivalence same({&step}, rules);
-//   same.key(fsdp=16) == same.key(fsdp=8 x expert=2)   // dense model: one atom {fsdp, expert}
-//   same.key(fsdp=16) != same.key(fsdp=8 x tensor=2)
+//   same.key(fsdp=16) != same.key(fsdp=8 x tensor=2)  // tensor splits other dims than fsdp
+//   same.key(a) == same.key(b)  // a and b give the same per-device program
 #pragma once
 
 #include <cstdint>
