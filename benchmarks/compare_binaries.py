@@ -24,6 +24,9 @@ names, so two spellings of one program agree) with the same step time, bit for b
 search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
 tpu7x-18432 (minutes on a loaded machine). --explore-top5 instead checks the new binary alone: on
 each published row no two of `explore --top 5`'s rows print the same program (as above).
+--explore-rows V4-1,R-12 limits either to those rows; --explore-cache FILE keeps each binary's
+results (keyed by its path, size and mtime), so a slow parent runs once (--explore-only-old fills
+the file for the parent alone, e.g. while the new binary builds).
 
 Example:
   python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim [--random 300] [--jobs 2]
