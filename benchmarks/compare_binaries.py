@@ -24,6 +24,9 @@ names, so two spellings of one program agree) with the same step time, bit for b
 search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
 tpu7x-18432 (minutes on a loaded machine). --explore-top5 instead checks the new binary alone: on
 each published row no two of `explore --top 5`'s rows print the same program (as above).
+--explore-rows V4-1,R-12 limits either to those rows; --explore-cache FILE keeps each binary's
+results (keyed by its path, size and mtime), so a slow parent runs once (--explore-only-old fills
+the file for the parent alone, e.g. while the new binary builds).
 
 Example:
   python3 benchmarks/compare_binaries.py old/tpusim build/sim/tpusim [--random 300] [--jobs 2]
@@ -44,6 +47,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLISHED = os.path.join(ROOT, "validation", "published.csv")
@@ -256,7 +260,42 @@ def explore_rows():
     return rows
 
 
+EXPLORE_CACHE = {"path": None}
+EXPLORE_ROWS = {"only": []}  # --explore-rows: these published rows only
+
+
+def binary_identity(binary):
+    """The binary's path, size and modification time: a rebuilt binary is another binary."""
+    stat = os.stat(binary)
+    return f"{binary}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def explore_top(binary, args):
+    """explore_top_uncached, read from or stored in the --explore-cache file when one is given (a
+    slow parent's searches run once, e.g. while the new binary builds)."""
+    path = EXPLORE_CACHE["path"]
+    if path is None:
+        return explore_top_uncached(binary, args)
+    key = binary_identity(binary) + " " + " ".join(args)
+    stored = {}
+    if os.path.exists(path):
+        with open(path) as cache:
+            stored = json.load(cache)
+    if key in stored:
+        return tuple(stored[key])
+    found = explore_top_uncached(binary, args)
+    with EXPLORE_CACHE["lock"]:
+        if os.path.exists(path):
+            with open(path) as cache:
+                stored = json.load(cache)
+        stored[key] = list(found)
+        with open(path + ".tmp", "w") as cache:
+            json.dump(stored, cache)
+        os.replace(path + ".tmp", path)
+    return found
+
+
+def explore_top_uncached(binary, args):
     """explore --top 1 of `args`: (step time, program text without axis names, seconds, json)."""
     result = subprocess.run([binary, "explore", *args, "--top", "1", "--json"], capture_output=True,
                             text=True)
@@ -305,6 +344,8 @@ def explore_work(binary, with_405b):
     """(label, explore arguments) per published row (and the 405b search)."""
     work = []
     for label, args, kept, per_device in explore_rows():
+        if EXPLORE_ROWS["only"] and label not in EXPLORE_ROWS["only"]:
+            continue
         estimate = subprocess.run([binary, "estimate", *args, "--json"], capture_output=True,
                                   text=True, check=True)
         devices = json.loads(estimate.stdout)["devices"]
@@ -314,13 +355,14 @@ def explore_work(binary, with_405b):
     return work
 
 
-def compare_explore(old, new, with_405b, jobs):
+def compare_explore(old, new, with_405b, jobs, only_old=False):
     """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
     work = explore_work(new, with_405b)
 
     def both(item):
         label, args = item
-        return label, explore_top(old, args), explore_top(new, args)
+        first = explore_top(old, args)
+        return label, first, first if only_old else explore_top(new, args)
 
     differing = 0
     print(f"{'row':44} {'old s':>8} {'new s':>8} {'ratio':>6}  top 1")
@@ -355,12 +397,24 @@ def main():
     parser.add_argument("--explore-top5", action="store_true",
                         help="check that the new binary's explore --top 5 rows are different "
                              "programs on every published row (nothing else)")
+    parser.add_argument("--explore-cache", metavar="FILE",
+                        help="with --explore: keep each binary's explore results in FILE and "
+                             "reuse them (keyed by the binary's path, size and mtime, and the "
+                             "args); --explore-only-old fills it for the old binary alone")
+    parser.add_argument("--explore-only-old", action="store_true",
+                        help="with --explore and --explore-cache: run the old binary only")
+    parser.add_argument("--explore-rows", default="",
+                        help="with --explore: only these published rows (ids, comma-separated)")
     options = parser.parse_args()
+    EXPLORE_ROWS["only"] = [row for row in options.explore_rows.split(",") if row]
+    EXPLORE_CACHE["path"] = options.explore_cache
+    EXPLORE_CACHE["lock"] = threading.Lock()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
     if options.explore_top5:
         sys.exit(1 if check_top5_programs(new, options.jobs) else 0)
     if options.explore:
-        sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs) else 0)
+        sys.exit(1 if compare_explore(old, new, options.explore_405b, options.jobs,
+                                      options.explore_only_old) else 0)
     lines = configs(options.random)
     differing = 0
     succeeded = 0

@@ -19,6 +19,7 @@
 #include "sharding/logical_rules.h"
 #include "sim/estimate/estimate.h"
 #include "sim/explore/candidate.h"
+#include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/mesh_evaluator.h"
 #include "sim/explore/pipeline_schedules.h"
 #include "sim/explore/training_step_cache.h"
@@ -278,8 +279,15 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
     return result;
   }
   const Divisibility divisibility(*steps.get(0, 0), rules);
-  const ExploreContext context{config, settings,        space,     options,   rules,
-                               steps,  flops_per_batch, base_perf, threshold, divisibility};
+  // The tensors' dims name the sets of axes the rules give: the batch changes their sizes and a
+  // remat policy which are saved or recomputed (clones keep their dims), not their names.
+  const std::shared_ptr<const TrainingStep> none_step = steps.get(0, TrainingStepCache::kNoRemat);
+  const std::shared_ptr<const TrainingStep> first_step = steps.get(0, 0);
+  const MeshEquivalence equivalence({none_step.get(), first_step.get()}, rules);
+  SharedProgramFacts facts(options.check_equivalent_meshes);
+  const ExploreContext context{config,    settings,     space,           options,
+                               rules,     steps,        flops_per_batch, base_perf,
+                               threshold, divisibility, equivalence,     facts};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);
@@ -436,7 +444,9 @@ std::vector<double> ExplorePhases::as_numbers() const {
           static_cast<double>(bounded_out_programs),
           static_cast<double>(unfit_programs),
           static_cast<double>(timed_programs),
-          static_cast<double>(floor_skipped_programs)};
+          static_cast<double>(floor_skipped_programs),
+          static_cast<double>(below_own_program),
+          static_cast<double>(equivalent_mesh_skips)};
 }
 
 ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
@@ -451,6 +461,8 @@ ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
   phases.unfit_programs = static_cast<int64_t>(numbers.at(7));
   phases.timed_programs = static_cast<int64_t>(numbers.at(8));
   phases.floor_skipped_programs = static_cast<int64_t>(numbers.at(9));
+  phases.below_own_program = static_cast<int64_t>(numbers.at(10));
+  phases.equivalent_mesh_skips = static_cast<int64_t>(numbers.at(11));
   return phases;
 }
 
@@ -464,7 +476,9 @@ nlohmann::json ExplorePhases::to_json() const {
           {"bounded_out_programs", bounded_out_programs},
           {"unfit_programs", unfit_programs},
           {"timed_programs", timed_programs},
-          {"floor_skipped_programs", floor_skipped_programs}};
+          {"floor_skipped_programs", floor_skipped_programs},
+          {"below_own_program", below_own_program},
+          {"equivalent_mesh_skips", equivalent_mesh_skips}};
 }
 
 // tokens_per_dollar ranks by tokens/s/chip (one price per slice); its listed objectives are

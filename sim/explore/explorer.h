@@ -94,6 +94,9 @@ struct ExploreOptions {
   // --objective tokens_per_dollar: what one chip-hour of the slice costs (--prices). One price per
   // slice ranks like tokens/s/chip; the objectives listed are tokens per unit of currency.
   double price_per_chip_hour = 0;
+  // Tests: build every program even where an equivalent mesh's (mesh_equivalence.h) memory and
+  // compute bounds would skip it, and check that they agree bit for bit (std::logic_error else).
+  bool check_equivalent_meshes = false;
 };
 
 // One evaluated candidate, for plots: timed (it fits) or built and found not to fit (no time).
@@ -171,6 +174,12 @@ struct ExplorePhases {
   int64_t timed_programs = 0;        // programs of which at least one candidate was timed
   // (mesh, batch, remat) programs not built: their memory floor (memory_floor.h) exceeds HBM.
   int64_t floor_skipped_programs = 0;
+  // Variants not timed because their bound cannot reach a variant of the same program (mesh,
+  // batch, remat) timed before them (counted in cannot_beat_top too).
+  int64_t below_own_program = 0;
+  // Programs not built: the same program on an equivalent mesh (mesh_equivalence.h) showed that it
+  // does not fit or cannot beat the top N.
+  int64_t equivalent_mesh_skips = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

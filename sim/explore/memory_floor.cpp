@@ -1,6 +1,7 @@
 #include "sim/explore/memory_floor.h"
 
 #include <map>
+#include <utility>
 
 #include "model/autodiff/remat_policy.h"
 #include "model/ir/dtype.h"
@@ -19,7 +20,7 @@ bool has_dropless_dim(const Tensor& tensor) {
 
 }  // namespace
 
-MemoryFloor::MemoryFloor(const TrainingStep& step) {
+MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules) {
   const Graph& graph = step.graph;
   std::map<std::string, size_t> group_of_names;
   for (const Tensor& tensor : graph.tensors()) {
@@ -43,7 +44,9 @@ MemoryFloor::MemoryFloor(const TrainingStep& step) {
     }
     const auto [found, added] = group_of_names.try_emplace(names, groups_.size());
     if (added) {
-      groups_.push_back({tensor.dims, {}});
+      Group group;
+      group.dims = tensor.dims;
+      groups_.push_back(std::move(group));
     }
     Term term;
     for (const Dim& dim : tensor.dims) {
@@ -54,13 +57,24 @@ MemoryFloor::MemoryFloor(const TrainingStep& step) {
     term.state = state;
     groups_[found->second].terms.push_back(std::move(term));
   }
+  if (rules != nullptr) {
+    MeshShape every_axis;  // every axis larger than 1: shard_dims drops none of its axes
+    every_axis.ici.fill(2);
+    every_axis.dcn.fill(1);
+    for (Group& group : groups_) {
+      group.axes = rules->shard_dims(group.dims, every_axis);
+      group.resolved = true;
+    }
+  }
 }
 
 MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh, const LogicalAxisRules& rules) const {
   Bytes total;
   std::vector<int64_t> splits;
   for (const Group& group : groups_) {
-    const std::vector<std::vector<int>> axes = rules.shard_dims(group.dims, mesh);
+    std::vector<std::vector<int>> resolved_now;
+    const std::vector<std::vector<int>>& axes =
+        group.resolved ? group.axes : (resolved_now = rules.shard_dims(group.dims, mesh));
     splits.assign(axes.size(), 1);
     for (size_t dim = 0; dim < axes.size(); ++dim) {
       for (const int axis : axes[dim]) {

@@ -33,7 +33,10 @@ namespace tpusim {
 
 class MemoryFloor {
  public:
-  explicit MemoryFloor(const TrainingStep& step);
+  // With `rules`, every tensor's mesh axes are resolved here once: the rules pick a dim's axes
+  // whatever the mesh (logical_rules.h: a mesh only drops its axes of size 1, which split
+  // nothing), so bytes() then only multiplies a mesh's axis sizes (the same integers).
+  explicit MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules = nullptr);
 
   struct Bytes {
     double state = 0;  // parameters and optimizer moments
@@ -53,6 +56,8 @@ class MemoryFloor {
   // Tensors whose dims carry the same logical names split the same way: resolved once per mesh.
   struct Group {
     std::vector<Dim> dims;  // a representative's (the rules read the logical names)
+    bool resolved = false;  // axes below are the rules' for dims (constructed with rules)
+    std::vector<std::vector<int>> axes;
     std::vector<Term> terms;
   };
   std::vector<Group> groups_;

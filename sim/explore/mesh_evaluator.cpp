@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
+#include <stdexcept>
 
 #include "hw/chip_spec.h"
 #include "model/config.h"
@@ -13,6 +15,8 @@
 
 namespace tpusim {
 namespace {
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
 
 bool any_fits(const std::vector<bool>& by_kind) {
   return std::any_of(by_kind.begin(), by_kind.end(), [](bool fits) { return fits; });
@@ -53,6 +57,64 @@ void SharedThreshold::raise(double value) {
   }
 }
 
+std::optional<ProgramFacts> SharedProgramFacts::find(const std::vector<int64_t>& key) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = facts_.find(key);
+  if (found == facts_.end()) {
+    return std::nullopt;
+  }
+  return found->second;
+}
+
+namespace {
+
+// Same value, or one of them unknown (NaN; an empty list).
+bool agree(double a, double b) {
+  return std::isnan(a) || std::isnan(b) || a == b;
+}
+
+bool agree(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.empty() || b.empty()) {
+    return true;
+  }
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](double x, double y) { return agree(x, y); });
+}
+
+// Fills what `into` does not know yet from `from`.
+void fill(std::vector<double>& into, const std::vector<double>& from) {
+  if (into.empty()) {
+    into = from;
+    return;
+  }
+  for (size_t index = 0; index < into.size() && index < from.size(); ++index) {
+    if (std::isnan(into[index])) {
+      into[index] = from[index];
+    }
+  }
+}
+
+}  // namespace
+
+void SharedProgramFacts::offer(const std::vector<int64_t>& key, const ProgramFacts& facts) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto [found, added] = facts_.try_emplace(key, facts);
+  if (added) {
+    return;
+  }
+  ProgramFacts& kept = found->second;
+  if (check_ && (!agree(kept.compute, facts.compute) || !agree(kept.kind_peaks, facts.kind_peaks) ||
+                 !agree(kept.peak, facts.peak) ||
+                 (kept.capacity != 0 && facts.capacity != 0 && kept.capacity != facts.capacity))) {
+    throw std::logic_error(
+        "explore: two meshes of one equivalence key gave different compute bounds or memory");
+  }
+  fill(kept.compute, facts.compute);
+  fill(kept.kind_peaks, facts.kind_peaks);
+  kept.capacity = kept.capacity != 0 ? kept.capacity : facts.capacity;
+  kept.peak = std::isnan(kept.peak) ? facts.peak : kept.peak;
+}
+
 // The work on one mesh: what divides, where it is placed, what still fits, the current program.
 struct MeshEvaluator::MeshPlan {
   size_t mesh_index = 0;
@@ -65,7 +127,8 @@ struct MeshEvaluator::MeshPlan {
   std::vector<int64_t> per_kind;          // a kind's candidates of one (batch, remat)
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
-  uint64_t signature = 0;  // program_signature of `program`, once needed (0: not yet)
+  uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
+  std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -187,6 +250,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   const MeshShape& mesh = space.meshes[mesh_index];
   plan.mesh_index = mesh_index;
   plan.mesh = &mesh;
+  plan.key = context_.equivalence.key(mesh);
   const int64_t per_batch = space.candidates_per_mesh_and_batch();
   const auto per_placement = static_cast<int64_t>(variants_.size());
   const bool parameters_divide = context_.divisibility.parameters_divide(mesh);
@@ -298,13 +362,23 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   std::optional<NoneBounds> none;
   if (some_fit && remats > 1 &&
       context_.threshold.get() > -std::numeric_limits<double>::infinity()) {
-    build(plan, batch.index, TrainingStepCache::kNoRemat, out);
-    ++out.phases.bound_programs;
-    bool bounded_out = false;
-    {
+    // The none program of an equivalent mesh has the same TensorCore bound: if that alone cannot
+    // beat the top N, this none program need not be built.
+    const std::vector<int64_t> none_key = facts_key(plan, batch.index, TrainingStepCache::kNoRemat);
+    const std::optional<ProgramFacts> known =
+        context_.facts.checking() ? std::nullopt : context_.facts.find(none_key);
+    bool bounded_out =
+        known.has_value() && !known->compute.empty() &&
+        cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
+    if (bounded_out) {
+      ++out.phases.equivalent_mesh_skips;
+    } else {
+      build(plan, batch.index, TrainingStepCache::kNoRemat, out);
+      ++out.phases.bound_programs;
       const PhaseTimer timer(out.phases.bounds_s);
       none.emplace();
       none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+      context_.facts.offer(none_key, {none->compute.step, 0, kUnknown, {}});
       bounded_out =
           cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
       if (!bounded_out) {
@@ -375,6 +449,9 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
       return true;
     }
   }
+  if (skip_by_facts(plan, batch, remat, out)) {
+    return true;
+  }
   build(plan, batch.index, remat, out);
   plan.program.attention_scores_in_hbm = false;
   const MemoryEstimate memory = timed_memory(plan.program, out);
@@ -382,7 +459,15 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
   out.capacity = usable;
   out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);  // the least of kinds
   std::vector<double> kind_peaks(plan.per_kind.size(), memory.peak_bytes);
+  const std::vector<bool> fitted_before = plan.fitted[remat];
   check_fit(plan, remat, memory, usable, kind_peaks, out);
+  ProgramFacts facts{{}, memory.capacity_bytes, memory.peak_bytes, kind_peaks};
+  for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
+    if (!fitted_before[kind] && context_.space.attention_kinds[kind] == "dot_product") {
+      facts.kind_peaks[kind] = std::numeric_limits<double>::quiet_NaN();  // not estimated
+    }
+  }
+  context_.facts.offer(facts_key(plan, batch.index, remat), facts);
   if (!any_fits(plan.fitted[remat])) {
     ++out.phases.unfit_programs;
   } else {
@@ -391,6 +476,63 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
         none.has_value() &&
         plan.program.step == context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
     time_variants(plan, batch, remat, kind_peaks, is_none ? &none->compute.step : nullptr, out);
+  }
+  return true;
+}
+
+std::vector<int64_t> MeshEvaluator::facts_key(const MeshPlan& plan, size_t batch,
+                                              size_t remat) const {
+  std::vector<int64_t> key = plan.key;
+  key.push_back(static_cast<int64_t>(batch));
+  // The step, not the remat index: the none bound program is the space's own none candidate.
+  key.push_back(static_cast<int64_t>(
+      reinterpret_cast<intptr_t>(context_.steps.get(batch, remat).get())));  // NOLINT
+  return key;
+}
+
+bool MeshEvaluator::skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                  WorkerResult& out) {
+  if (context_.facts.checking()) {
+    return false;
+  }
+  const std::optional<ProgramFacts> known =
+      context_.facts.find(facts_key(plan, batch.index, remat));
+  if (!known.has_value() || known->kind_peaks.empty()) {
+    return false;
+  }
+  const double usable = known->capacity * (1 - context_.options.limits.min_hbm_headroom);
+  bool some_fit = false;
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    if (plan.fitted[remat][kind]) {
+      if (std::isnan(known->kind_peaks[kind])) {
+        return false;  // not estimated there: build it here
+      }
+      some_fit = some_fit || known->kind_peaks[kind] <= usable;
+    }
+  }
+  const bool compute_prunes =
+      !known->compute.empty() &&
+      cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
+  if (some_fit && !compute_prunes) {
+    return false;
+  }
+  // What evaluate_remat, check_fit and time_variants count for this program.
+  ++out.phases.equivalent_mesh_skips;
+  out.capacity = usable;
+  out.smallest_peak = std::min(out.smallest_peak, known->peak);
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    const double peak = known->kind_peaks[kind];
+    if (plan.fitted[remat][kind] && peak > usable) {
+      plan.fitted[remat][kind] = false;
+      out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+    } else {
+      out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
+          plan.per_kind[kind];
+    }
+  }
+  if (!some_fit) {
+    ++out.phases.unfit_programs;
   }
   return true;
 }
@@ -417,6 +559,66 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
   }
 }
 
+std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
+    MeshPlan& plan, const BatchWork& batch, size_t remat, const std::vector<double>& context_bounds,
+    StepSimulator& simulator, WorkerResult& out) const {
+  std::vector<Bounded> open;
+  const double threshold = context_.threshold.get();
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    // The collectives' bounds depend on the placement and the perf switches, not on the
+    // attention kernel: worked out on first need, by [offload][collective_matmul].
+    SwitchBounds collective_bounds;
+    for (size_t index = 0; index < variants_.size(); ++index) {
+      const Variant& variant = variants_[index];
+      if (!plan.fitted[remat][variant.kind]) {
+        continue;  // counted in check_fit
+      }
+      if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold)) {
+        out.pruned[kPrunedCannotBeatTop] += 1;
+        continue;
+      }
+      const bool offload = offload_on(variant.perf);
+      std::optional<CollectiveBounds>& bounds =
+          collective_bounds[offload][variant.perf.collective_matmul];
+      if (!bounds.has_value()) {
+        const PhaseTimer timer(out.phases.bounds_s);
+        PerfOptions perf_options = context_.base_perf;
+        perf_options.record_details = false;
+        perf_options.sparse_core_offload = offload;
+        perf_options.collective_matmul = variant.perf.collective_matmul;
+        bounds = simulator.collective_bounds(perf_options);
+      }
+      // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
+      const double step_bound =
+          std::max(context_bounds[variant.context] + bounds->tensorcore_driven_seconds,
+                   bounds->busiest_link_seconds);
+      const double best = best_possible(batch, step_bound);
+      if (cannot_reach(best, threshold)) {
+        out.pruned[kPrunedCannotBeatTop] += 1;
+        continue;
+      }
+      open.push_back({which, index, best});
+    }
+  }
+  // The most promising first (the space's order among equals), placement by placement (the
+  // simulator keeps one placement's collective times): the placement whose best variant promises
+  // most, then its variants best first.
+  std::vector<double> placement_best(plan.placed.size(), -std::numeric_limits<double>::infinity());
+  for (const Bounded& item : open) {
+    placement_best[item.placement] = std::max(placement_best[item.placement], item.best);
+  }
+  std::stable_sort(open.begin(), open.end(), [&](const Bounded& a, const Bounded& b) {
+    if (a.placement != b.placement) {
+      return placement_best[a.placement] > placement_best[b.placement] ||
+             (placement_best[a.placement] == placement_best[b.placement] &&
+              a.placement < b.placement);
+    }
+    return a.best > b.best;
+  });
+  return open;
+}
+
 void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                   const std::vector<double>& kind_peaks,
                                   const std::vector<double>* known_bounds, WorkerResult& out) {
@@ -430,82 +632,82 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     const PhaseTimer timer(out.phases.bounds_s);
     context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
   }
+  context_.facts.offer(facts_key(plan, batch.index, remat), {context_bounds, 0, kUnknown, {}});
+  if (cannot_reach(best_possible(batch, lowest(context_bounds)), threshold.get())) {
+    // No variant's compute bound can beat the top N (the kinds that do not fit are counted).
+    for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+      out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+    }
+    return;
+  }
   std::optional<StepSimulator> simulator;  // shared by the timing variants below
+  {
+    const PhaseTimer timer(out.phases.simulate_s);
+    simulator.emplace(plan.program);
+  }
+  const std::vector<Bounded> open =
+      bound_variants(plan, batch, remat, context_bounds, *simulator, out);
+  // Every variant times this same per-device program, and a top N keeps one entry per program
+  // (the best, worker_result.h): a variant that cannot reach the best variant timed already
+  // cannot be that entry, whatever the top N holds.
+  double program_best = -std::numeric_limits<double>::infinity();
   bool simulated = false;
-  for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
-    // The collectives' bounds depend on the placement and the perf switches, not on the
-    // attention kernel: worked out on first need, by [offload][collective_matmul].
-    std::array<std::array<std::optional<CollectiveBounds>, 2>, 2> collective_bounds;
-    for (size_t index = 0; index < variants_.size(); ++index) {
-      const Variant& variant = variants_[index];
-      if (!plan.fitted[remat][variant.kind]) {
-        continue;  // counted in check_fit
-      }
-      PerfOptions perf_options = context_.base_perf;
-      perf_options.record_details = false;  // ranking needs the times only
-      perf_options.cost = contexts_[variant.context];
-      perf_options.sparse_core_offload = offload_on(variant.perf);
-      perf_options.collective_matmul = variant.perf.collective_matmul;
-      if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold.get())) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
-        continue;
-      }
-      if (!simulator.has_value()) {
-        const PhaseTimer timer(out.phases.simulate_s);
-        simulator.emplace(plan.program);
-      }
-      std::optional<CollectiveBounds>& bounds =
-          collective_bounds[perf_options.sparse_core_offload][perf_options.collective_matmul];
-      if (!bounds.has_value()) {
-        const PhaseTimer timer(out.phases.bounds_s);
-        bounds = simulator->collective_bounds(perf_options);
-      }
-      // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
-      const double step_bound =
-          std::max(context_bounds[variant.context] + bounds->tensorcore_driven_seconds,
-                   bounds->busiest_link_seconds);
-      if (cannot_reach(best_possible(batch, step_bound), threshold.get())) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
-        continue;
-      }
-      out.phases.timed_programs += simulated ? 0 : 1;
-      simulated = true;
-      StepTiming timing;
-      {
-        const PhaseTimer timer(out.phases.simulate_s);
-        timing = simulator->run(perf_options);
-      }
-      ++out.evaluated;
-      const double step = timing.step_seconds;
-      const double per_chip = batch.tokens / step / chips;
-      out.sample({step, per_chip, kind_peaks[variant.kind], true}, context_.options.max_samples);
-      const double mfu = context_.maxtext_flops_per_batch[batch.index].total_tflops() / step /
-                         chip.mfu_peak_bf16_tflops_per_device;
-      Scored scored;
-      scored.candidate = {*plan.mesh,
-                          *batch.choice,
-                          static_cast<int>(remat),
-                          context_.space.attention_kinds[variant.kind],
-                          variant.perf,
-                          plan.placement_ids[which],
-                          numbering_.order(plan.mesh_index, batch.index, remat,
-                                           static_cast<size_t>(plan.placement_ids[which]), index)};
-      scored.objective = objective_value(context_.options.objective, step, mfu, per_chip);
-      if (!out.would_enter(scored, top_size_)) {
-        continue;  // nor better than an entry of its own program (each is above the last)
-      }
-      if (plan.signature == 0) {
-        const PhaseTimer timer(out.phases.signature_s);
-        plan.signature = program_signature(plan.program);
-      }
-      scored.program = plan.signature;
-      out.offer(std::move(scored), top_size_);
-      if (out.top.size() == top_size_) {
-        threshold.raise(out.top.back().objective);
-      }
+  for (const Bounded& item : open) {
+    if (cannot_reach(item.best, threshold.get())) {
+      out.pruned[kPrunedCannotBeatTop] += 1;
+      continue;
+    }
+    if (cannot_reach(item.best, program_best)) {
+      out.pruned[kPrunedCannotBeatTop] += 1;
+      ++out.phases.below_own_program;
+      continue;
+    }
+    const Variant& variant = variants_[item.variant];
+    plan.program.mesh = plan.placed[item.placement];
+    PerfOptions perf_options = context_.base_perf;
+    perf_options.record_details = false;  // ranking needs the times only
+    perf_options.cost = contexts_[variant.context];
+    perf_options.sparse_core_offload = offload_on(variant.perf);
+    perf_options.collective_matmul = variant.perf.collective_matmul;
+    out.phases.timed_programs += simulated ? 0 : 1;
+    simulated = true;
+    StepTiming timing;
+    {
+      const PhaseTimer timer(out.phases.simulate_s);
+      timing = simulator->run(perf_options);
+    }
+    ++out.evaluated;
+    const double step = timing.step_seconds;
+    const double per_chip = batch.tokens / step / chips;
+    out.sample({step, per_chip, kind_peaks[variant.kind], true}, context_.options.max_samples);
+    const double mfu = context_.maxtext_flops_per_batch[batch.index].total_tflops() / step /
+                       chip.mfu_peak_bf16_tflops_per_device;
+    Scored scored;
+    scored.candidate = {
+        *plan.mesh,
+        *batch.choice,
+        static_cast<int>(remat),
+        context_.space.attention_kinds[variant.kind],
+        variant.perf,
+        plan.placement_ids[item.placement],
+        numbering_.order(plan.mesh_index, batch.index, remat,
+                         static_cast<size_t>(plan.placement_ids[item.placement]), item.variant)};
+    scored.objective = objective_value(context_.options.objective, step, mfu, per_chip);
+    program_best = std::max(program_best, scored.objective);
+    if (!out.would_enter(scored, top_size_)) {
+      continue;  // nor better than an entry of its own program (each is above the last)
+    }
+    if (plan.signature == 0) {
+      const PhaseTimer timer(out.phases.signature_s);
+      plan.signature = program_signature(plan.program);
+    }
+    scored.program = plan.signature;
+    out.offer(std::move(scored), top_size_);
+    if (out.top.size() == top_size_) {
+      threshold.raise(out.top.back().objective);
     }
   }
+  plan.program.mesh = plan.placed.front();
 }
 
 }  // namespace tpusim

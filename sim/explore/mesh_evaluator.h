@@ -5,12 +5,17 @@
 // lay the mesh out differently, then per batch (ascending, so once one does not fit the larger
 // ones are skipped) and remat policy one partitioned program, its memory per attention kind, and
 // its timing variants (placement x attention kind x perf switches), each skipped when its step's
-// lower bound cannot beat the top N found so far (SharedThreshold).
+// lower bound cannot beat the top N found so far (SharedThreshold), or the best variant of the same
+// program timed already (a top N keeps one entry per program): the variants are timed best bound
+// first. A program whose equivalent mesh (mesh_equivalence.h: same per-device program) showed
+// that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
+// (SharedProgramFacts).
 //
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
+//   SharedProgramFacts facts(/*check=*/false);
 //   MeshEvaluator evaluator({config, space, options, rules, steps, maxtext_flops, base_perf,
-//                            threshold, divisibility});
+//                            threshold, divisibility, equivalence, facts});
 //   WorkerResult found;
 //   evaluator.evaluate(/*mesh_index=*/3, found);
 #pragma once
@@ -20,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +36,7 @@
 #include "sharding/step_program.h"
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
+#include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/explore/worker_result.h"
@@ -55,6 +63,32 @@ class SharedThreshold {
   std::atomic<double> value_{-std::numeric_limits<double>::infinity()};
 };
 
+// What one (mesh, batch, remat) program showed, kept for the meshes of the same equivalence key
+// (mesh_equivalence.h: the same per-device program), shared by the worker threads: they need not
+// partition the program again to see that it does not fit or cannot beat the top N.
+struct ProgramFacts {
+  std::vector<double> compute;  // TensorCore step bounds per cost context
+  double capacity = 0;          // the memory model's usable bytes per device (0: not estimated)
+  double peak = 0;              // its peak without attention scores in HBM (NaN: not estimated)
+  // Peak bytes per attention kind (NaN: not estimated, the kind did not fit a smaller batch).
+  std::vector<double> kind_peaks;
+};
+
+class SharedProgramFacts {
+ public:
+  // `check`: every fact offered again is compared with the one kept (std::logic_error when they
+  // differ) and none is used to skip a program (TPUSIM_EXPLORE_CHECK_FACTS=1, for tests).
+  explicit SharedProgramFacts(bool check) : check_(check) {}
+  bool checking() const { return check_; }
+  std::optional<ProgramFacts> find(const std::vector<int64_t>& key) const;
+  void offer(const std::vector<int64_t>& key, const ProgramFacts& facts);
+
+ private:
+  bool check_ = false;
+  mutable std::mutex mutex_;
+  std::map<std::vector<int64_t>, ProgramFacts> facts_;
+};
+
 // What every mesh's evaluation reads (and the threshold and step cache the workers share).
 struct ExploreContext {
   const Config& config;
@@ -67,6 +101,8 @@ struct ExploreContext {
   const PerfOptions& base_perf;
   SharedThreshold& threshold;
   const Divisibility& divisibility;
+  const MeshEquivalence& equivalence;
+  SharedProgramFacts& facts;
 };
 
 class MeshEvaluator {
@@ -82,6 +118,13 @@ class MeshEvaluator {
     size_t kind = 0;  // index into SearchSpace::attention_kinds
     PerfChoice perf;
     size_t context = 0;  // index into contexts_
+  };
+  // A variant of the program under one placement that its bounds leave open: the best objective
+  // it could reach.
+  struct Bounded {
+    size_t placement = 0;  // index into MeshPlan::placed
+    size_t variant = 0;    // index into variants_
+    double best = 0;
   };
   struct MeshPlan;
   struct BatchWork;
@@ -124,6 +167,16 @@ class MeshEvaluator {
   void time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
                      const std::vector<double>& kind_peaks, const std::vector<double>* known_bounds,
                      WorkerResult& out);
+  // The variants of plan.program (under every placement) that fit and whose step bounds can
+  // still beat the top N, the most promising placement first and, within it, best first.
+  std::vector<Bounded> bound_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                      const std::vector<double>& context_bounds,
+                                      StepSimulator& simulator, WorkerResult& out) const;
+  // The facts key of (batch, remat) on the plan's mesh (kNoRemat: the none program's).
+  std::vector<int64_t> facts_key(const MeshPlan& plan, size_t batch, size_t remat) const;
+  // With the facts of the same program on an equivalent mesh: true (and the candidates counted)
+  // when they show that no attention kind fits or that the compute bound cannot beat the top N.
+  bool skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out);
   // Prunes one remat's candidates at a batch as cannot_beat_top (the kinds that did not fit a
   // smaller batch as does_not_fit_hbm).
   static void prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out);

@@ -6,7 +6,7 @@
 namespace tpusim {
 
 TrainingStepCache::TrainingStepCache(const Config& config, const SearchSpace& space)
-    : config_(config), space_(space) {
+    : config_(config), space_(space), rules_(LogicalAxisRules::from_config(config)) {
   for (size_t remat = 0; remat < space.remats.size(); ++remat) {
     if (space.remats[remat].policy == "none" && space.remats[remat].tensors.empty()) {
       none_ = remat;
@@ -31,7 +31,7 @@ const std::vector<RecomputedOp>& TrainingStepCache::recomputed(size_t batch, siz
 
 const MemoryFloor& TrainingStepCache::memory_floor(size_t batch, size_t remat) {
   Entry& found = entry(batch, remat);
-  std::call_once(found.floor_once, [&] { found.floor.emplace(*found.step); });
+  std::call_once(found.floor_once, [&] { found.floor.emplace(*found.step, &rules_); });
   return *found.floor;
 }
 

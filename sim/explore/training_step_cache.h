@@ -43,7 +43,8 @@ class TrainingStepCache {
   // What `remat` recomputes beyond remat_policy=none (see remat_bounds).
   const std::vector<RecomputedOp>& recomputed(size_t batch, size_t remat);
 
-  // The step's memory floor (memory_floor.h), built on first use.
+  // The step's memory floor (memory_floor.h), built on first use with the config's logical axis
+  // rules resolved (pass the same rules to its bytes()).
   const MemoryFloor& memory_floor(size_t batch, size_t remat);
 
  private:
@@ -59,6 +60,7 @@ class TrainingStepCache {
 
   const Config& config_;
   const SearchSpace& space_;
+  LogicalAxisRules rules_;  // the floors resolve their tensors' axes with them once
   size_t none_ = kNoRemat;
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Entry>> steps_;

@@ -1,0 +1,69 @@
+#include "sim/explore/mesh_equivalence.h"
+
+#include <map>
+#include <set>
+#include <string>
+
+namespace tpusim {
+
+MeshEquivalence::MeshEquivalence(const std::vector<const TrainingStep*>& steps,
+                                 const LogicalAxisRules& rules) {
+  MeshShape every_axis;  // every axis larger than 1: shard_dims drops none of the rules' axes
+  every_axis.ici.fill(2);
+  every_axis.dcn.fill(1);
+  std::set<uint32_t> sets;
+  // The pipeline's stage axis is read by name (sharding/partition_pipeline.cpp): its own set.
+  sets.insert(1U << static_cast<unsigned>(mesh_axis_index("stage")));
+  std::set<std::string> seen;  // tensors whose dims carry the same logical names split alike
+  for (const TrainingStep* step : steps) {
+    for (const Tensor& tensor : step->graph.tensors()) {
+      std::string names;
+      for (const Dim& dim : tensor.dims) {
+        names += dim.logical;
+        names += '\0';
+      }
+      if (!seen.insert(names).second) {
+        continue;
+      }
+      for (const std::vector<int>& axes : rules.shard_dims(tensor.dims, every_axis)) {
+        uint32_t bits = 0;
+        for (const int axis : axes) {
+          bits |= 1U << static_cast<unsigned>(axis);
+        }
+        if (bits != 0) {
+          sets.insert(bits);
+        }
+      }
+    }
+  }
+  // An axis's membership: which sets hold it. Axes of one membership form an atom.
+  std::map<std::vector<bool>, uint32_t> atom_of_membership;
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    std::vector<bool> membership;
+    membership.reserve(sets.size());
+    for (const uint32_t bits : sets) {
+      membership.push_back((bits >> static_cast<unsigned>(axis) & 1U) != 0);
+    }
+    atom_of_membership[membership] |= 1U << static_cast<unsigned>(axis);
+  }
+  for (const auto& [membership, bits] : atom_of_membership) {
+    atoms_.push_back(bits);
+  }
+}
+
+std::vector<int64_t> MeshEquivalence::key(const MeshShape& mesh) const {
+  std::vector<int64_t> products;
+  products.reserve(atoms_.size());
+  for (const uint32_t bits : atoms_) {
+    int64_t product = 1;
+    for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+      if ((bits >> static_cast<unsigned>(axis) & 1U) != 0) {
+        product *= mesh.size(axis);
+      }
+    }
+    products.push_back(product);
+  }
+  return products;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,155 @@
+// Mesh equivalence (sim/explore/mesh_equivalence.h) against the partitioner: meshes of one key,
+// drawn at random over dense, MoE and multislice settings, are partitioned apart and must give
+// the same TensorCore bounds, memory and per-device program (program_signature), bit for bit. And
+// an explore run that partitions every program and checks what an equivalent mesh showed
+// (check_equivalent_meshes) finds the same top N as the ordinary run, which skips those programs
+// (llama2-7b on v5p-32, the search; a multislice search took minutes on a loaded machine).
+#include "sim/explore/mesh_equivalence.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "sharding/device_mesh.h"
+#include "sharding/divisibility.h"
+#include "sharding/partitioner.h"
+#include "sim/explore/explorer.h"
+#include "sim/explore/program_signature.h"
+#include "sim/explore/search_space.h"
+#include "sim/explore/step_bounds.h"
+#include "sim/explore/training_step_cache.h"
+#include "sim/memory/memory_model.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+namespace {
+
+const std::vector<std::vector<std::string>> kSettings = {
+    {"model_name=tiny-llama", "compile_topology=v5e-8", "max_target_length=256"},
+    {"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=2048"},
+    {"model_name=llama3.1-8b", "compile_topology=tpu7x-16", "max_target_length=4096"},
+    {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024"},
+    {"model_name=qwen3-30b-a3b", "compile_topology=v6e-8", "max_target_length=1024"},
+    {"model_name=tiny-moe", "compile_topology=v5e-8", "max_target_length=256"},
+    {"model_name=llama2-7b", "compile_topology=v5e-8", "compile_topology_num_slices=2",
+     "max_target_length=1024"},
+};
+
+StepProgram partitioned(const SearchSpace& space, TrainingStepCache& steps,
+                        const LogicalAxisRules& rules, const MeshShape& mesh, size_t batch,
+                        size_t remat) {
+  StepProgram program;
+  program.slice = space.slice;
+  program.mesh = place_mesh(mesh, space.slice);
+  program.step = steps.get(batch, remat);
+  program.microbatch = space.batches[batch].microbatch;
+  program.accumulation_steps = space.batches[batch].accumulation_steps;
+  program.global_batch = program.microbatch * program.accumulation_steps;
+  program.program = partition(*program.step, rules, program.mesh);
+  return program;
+}
+
+TEST(MeshEquivalence, MeshesOfOneKeyGiveTheSameProgramBoundsAndMemory) {
+  std::mt19937 random(40);
+  int compared = 0;
+  for (const std::vector<std::string>& overrides : kSettings) {
+    const Config config = Config::load("", overrides);
+    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
+    const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+    TrainingStepCache steps(config, space);
+    const Divisibility divisibility(*steps.get(0, 0), rules);
+    const MeshEquivalence equivalence(
+        {steps.get(0, TrainingStepCache::kNoRemat).get(), steps.get(0, 0).get()}, rules);
+    std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups;
+    for (const MeshShape& mesh : space.meshes) {
+      if (divisibility.parameters_divide(mesh)) {
+        groups[equivalence.key(mesh)].push_back(&mesh);
+      }
+    }
+    const CostContext base = perf_options_from_config(config, *space.slice.chip).cost;
+    std::vector<CostContext> contexts = {base, base};
+    contexts[0].flash_attention = true;
+    contexts[1].flash_attention = false;
+    int in_setting = 0;
+    for (const auto& [key, meshes] : groups) {
+      if (meshes.size() < 2 || in_setting >= 6) {
+        continue;
+      }
+      const size_t batch = random() % space.batches.size();
+      const size_t remat = random() % space.remats.size();
+      const MeshShape& first = *meshes.front();
+      const MeshShape& other = *meshes[1 + random() % (meshes.size() - 1)];
+      if (!divisibility.batch_divides(first, space.batches[batch].loaded_microbatch)) {
+        continue;
+      }
+      ASSERT_TRUE(divisibility.batch_divides(other, space.batches[batch].loaded_microbatch));
+      ++in_setting;
+      StepProgram a = partitioned(space, steps, rules, first, batch, remat);
+      StepProgram b = partitioned(space, steps, rules, other, batch, remat);
+      const std::string where = overrides[0] + " " + first.describe() + " vs " + other.describe() +
+                                " " + space.remats[remat].label();
+      EXPECT_EQ(program_signature(a), program_signature(b)) << where;
+      EXPECT_EQ(tensorcore_lower_bounds(a, contexts).step,
+                tensorcore_lower_bounds(b, contexts).step)
+          << where;
+      for (const bool scores_in_hbm : {false, true}) {
+        a.attention_scores_in_hbm = scores_in_hbm;
+        b.attention_scores_in_hbm = scores_in_hbm;
+        EXPECT_EQ(estimate_memory(a).peak_bytes, estimate_memory(b).peak_bytes) << where;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 12);  // groups of two or more meshes exist on most settings (18 here)
+}
+
+TEST(MeshEquivalence, AtomsHoldEveryAxisOnceAndKeepSplitsApart) {
+  const Config config = Config::load("", {"model_name=mixtral-8x7b", "compile_topology=v5p-32"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  TrainingStepCache steps(config, space);
+  const MeshEquivalence equivalence({steps.get(0, 0).get()}, rules);
+  uint32_t seen = 0;
+  for (const uint32_t atom : equivalence.atoms()) {
+    EXPECT_EQ(seen & atom, 0U);
+    seen |= atom;
+  }
+  EXPECT_EQ(seen, (1U << kNumMeshAxes) - 1);
+  auto key_of = [&](int fsdp, const std::string& other, int size) {
+    MeshShape mesh;
+    mesh.ici.fill(1);
+    mesh.dcn.fill(1);
+    mesh.ici[static_cast<size_t>(mesh_axis_index("fsdp"))] = fsdp;
+    mesh.ici[static_cast<size_t>(mesh_axis_index(other))] = size;
+    return equivalence.key(mesh);
+  };
+  EXPECT_NE(key_of(16, "expert", 1), key_of(8, "expert", 2));  // expert splits the experts
+  EXPECT_NE(key_of(16, "tensor", 1), key_of(8, "tensor", 2));
+  EXPECT_EQ(key_of(16, "tensor", 1), key_of(16, "expert", 1));
+}
+
+TEST(MeshEquivalence, ExploreFindsTheSameTopWhetherItSkipsOrChecksEquivalentMeshes) {
+  for (const std::vector<std::string>& overrides : {kSettings[1]}) {
+    const Config config = Config::load("", overrides);
+    ExploreOptions options;
+    options.top = 5;
+    options.threads = 2;
+    options.limits.max_per_device_batch = 2;
+    const ExploreResult skipping = explore(config, options);
+    options.check_equivalent_meshes = true;  // throws std::logic_error on a disagreement
+    const ExploreResult checking = explore(config, options);
+    EXPECT_EQ(checking.phases.equivalent_mesh_skips, 0);
+    ASSERT_EQ(skipping.top.size(), checking.top.size()) << overrides[0];
+    for (size_t index = 0; index < skipping.top.size(); ++index) {
+      EXPECT_EQ(skipping.top[index].args, checking.top[index].args) << overrides[0];
+      EXPECT_EQ(skipping.top[index].step_time_s, checking.top[index].step_time_s);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpusim
