@@ -417,7 +417,7 @@ MECHANISM_SUMMARIES = {
     "bf16_attention": "splash attention stays bf16 under fp8/int8",
     "bf16_logits": "the logits matmul and its gradients stay bf16 under fp8/int8 (MaxText quantizes the decoder layers only)",
     "chip_ingress_bound": "a gather over the v7x chiplet pair + torus is bounded by the chip's torus links",
-    "sparsecore_reduction": "SparseCore reduce-scatters at 1/3 of the ICI roofline, on their own queue",
+    "sparsecore_reduction": "SparseCore reduce-scatters on a queue of their own (at their ICI roofline since 2026-11-27; 3x before)",
     "tensorcore_driven_collectives": "v7x collectives kept off the SparseCores block the TensorCore",
     "dcn_shards_first": "gathers across slices move shards over DCN, then the full array over ICI",
     "dcn_step_latency": "each ring step across slices pays the DCN message latency on top of its bytes, "
@@ -427,6 +427,7 @@ MECHANISM_SUMMARIES = {
     "reduction_reassociation": "partial sums summed before one reduce-scatter / all-reduce, not reduced each "
                                "(XLA's ReduceScatterReassociate: q, k, v input gradients under tensor parallelism)",
     "gpu_attention_kernel_rates": "GPU fused attention at the measured cuDNN rate by sequence length (H100 table), not a fraction of the GEMM peak",
+    "routed_row_gathers": "dropless MoE dispatch/combine move their routed rows at 7% of the HBM roofline (routed_row_hbm_fraction, fitted to the MoE recipes), not at the roofline",
 }
 
 
