@@ -10,25 +10,7 @@
 # Usage: bash tests/reference/run_generate_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
 
-here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-tpusim="${1:-build/sim/tpusim}"
-if [[ ! -x "$tpusim" && -x "$root/$tpusim" ]]; then
-  tpusim="$root/$tpusim"
-fi
-if [[ ! -x "$tpusim" ]]; then
-  echo "run_generate_reference: no tpusim binary at '$tpusim'" >&2
-  exit 2
-fi
-python="${TPUSIM_REFERENCE_PYTHON:-/usr/bin/python3}"
-if ! OPENBLAS_NUM_THREADS=1 "$python" -c "import torch, numpy, sentencepiece" 2>/dev/null; then
-  echo "run_generate_reference: SKIPPED, $python cannot import torch, numpy and sentencepiece" \
-       "(install them with: bash scripts/setup.sh --with-reference)"
-  exit 77
-fi
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/tpusim_generate_reference.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/reference_setup.sh" run_generate_reference "${1:-}" "torch, numpy, sentencepiece"
 text=/usr/share/common-licenses/GPL-3  # on every Debian machine
 prompt="This program is free software"
 failed=()

@@ -11,26 +11,7 @@
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
 
-here="$(cd "$(dirname "$0")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-tpusim="${1:-build/sim/tpusim}"
-if [[ ! -x "$tpusim" && -x "$root/$tpusim" ]]; then
-  tpusim="$root/$tpusim"
-fi
-if [[ ! -x "$tpusim" ]]; then
-  echo "run_torch_reference: no tpusim binary at '$tpusim' (build with bash scripts/build.sh)" >&2
-  exit 2
-fi
-# Only Debian's interpreter sees python3-torch (not a pyenv python3 on PATH).
-python="${TPUSIM_REFERENCE_PYTHON:-/usr/bin/python3}"
-if ! OPENBLAS_NUM_THREADS=1 "$python" -c "import torch, numpy" 2>/dev/null; then
-  echo "run_torch_reference: SKIPPED, $python cannot import torch and numpy" \
-       "(install them with: bash scripts/setup.sh --with-reference)"
-  exit 77
-fi
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/tpusim_torch_reference.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/reference_setup.sh" run_torch_reference "${1:-}" "torch, numpy"
 
 # The reference numerics (double accumulation), which the 1e-5 tolerance against fp64 is for; the
 # default fast kernels are checked against them in tests/sim/functional/fast_kernels_test.cpp.
