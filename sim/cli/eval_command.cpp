@@ -47,6 +47,7 @@
 #include "sim/train/train_settings.h"
 #include "sim/train/trainer.h"
 #ifdef TPUSIM_WITH_MPI
+#include "sim/cli/mpi_run.h"
 #include "sim/transport/mpi_transport.h"
 #endif
 
@@ -318,15 +319,7 @@ void run_eval(const std::string& path, const std::vector<std::string>& args,
 void eval_under_mpirun(const std::string& path, const std::vector<std::string>& args,
                        const EvalOptions& options) {
   MpiTransport transport;
-  try {
-    run_eval(path, args, options, transport);
-  } catch (const UserError& error) {
-    transport.abort_run(error.what(), kUserErrorExitCode);
-  } catch (const YAML::Exception& error) {
-    transport.abort_run(std::string("malformed value: ") + error.what(), kUserErrorExitCode);
-  } catch (const std::exception& error) {
-    transport.abort_run(error.what(), 1);
-  }
+  run_rank_or_abort(transport, [&] { run_eval(path, args, options, transport); });
 }
 #endif
 

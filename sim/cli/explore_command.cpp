@@ -25,6 +25,7 @@
 #include "sim/explore/explorer.h"
 #include "sim/plan/prices.h"
 #ifdef TPUSIM_WITH_MPI
+#include "sim/cli/mpi_run.h"
 #include "sim/transport/mpi_transport.h"
 #endif
 
@@ -294,13 +295,7 @@ void register_explore_command(CLI::App& app) {
       // Under mpirun the meshes are split over the ranks; rank 0 prints the merged result.
       MpiTransport transport;
       options.processes = &transport;
-      try {
-        result = explore(config, options);
-      } catch (const UserError& error) {
-        transport.abort_run(error.what(), kUserErrorExitCode);
-      } catch (const std::exception& error) {
-        transport.abort_run(error.what(), 1);
-      }
+      run_rank_or_abort(transport, [&] { result = explore(config, options); });
       if (transport.rank() != 0) {
         return;
       }

@@ -21,6 +21,7 @@
 #include "sim/train/train_keys.h"
 #include "sim/train/trainer.h"
 #ifdef TPUSIM_WITH_MPI
+#include "sim/cli/mpi_run.h"
 #include "sim/transport/mpi_transport.h"
 #endif
 
@@ -42,17 +43,7 @@ void train(const std::vector<std::string>& args, const TrainOptions& options,
 #ifdef TPUSIM_WITH_MPI
 void train_under_mpirun(const std::vector<std::string>& args, const TrainOptions& options) {
   MpiTransport transport;
-  try {
-    train(args, options, &transport);
-  } catch (const UserError& error) {
-    transport.abort_run(error.what(), kUserErrorExitCode);
-  } catch (const VerifyFailure& failure) {
-    transport.abort_run(failure.what(), kVerifyFailedExitCode);
-  } catch (const YAML::Exception& error) {
-    transport.abort_run(std::string("malformed value: ") + error.what(), kUserErrorExitCode);
-  } catch (const std::exception& error) {
-    transport.abort_run(error.what(), 1);
-  }
+  run_rank_or_abort(transport, [&] { train(args, options, &transport); });
 }
 #endif
 
