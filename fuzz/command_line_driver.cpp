@@ -211,9 +211,8 @@ bool parse_flags(int argc, char** argv, DriverFlags& flags) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The driver itself (main below only turns what escapes it into exit 70).
+int run_driver(int argc, char** argv) {
   DriverFlags flags;
   if (!parse_flags(argc, argv, flags)) {
     return 64;
@@ -264,6 +263,7 @@ int main(int argc, char** argv) {
     const std::string label = tokens.front();
     tokens.front() = "tpusim";
     std::vector<char*> args;
+    args.reserve(tokens.size() + 1);
     for (std::string& token : tokens) {
       args.push_back(token.data());
     }
@@ -335,4 +335,15 @@ int main(int argc, char** argv) {
       summary.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   (void)!write(summary_fd, text.data(), text.size());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_driver(argc, argv);
+  } catch (const std::exception& error) {
+    std::cerr << "command_line_driver: " << error.what() << "\n";
+    return 70;
+  }
 }
