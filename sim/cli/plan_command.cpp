@@ -21,6 +21,7 @@
 #include "sim/cli/command_args.h"
 #include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
+#include "sim/plan/global_batch.h"
 #include "sim/plan/plan_html.h"
 #include "sim/plan/plan_output.h"
 #include "sim/plan/planner.h"
@@ -39,28 +40,14 @@ struct PlanFlags {
 
 // A number with an optional K, M, G, T (powers of 1000) suffix: "2e12", "1.5T".
 double parse_count(const std::string& text, const std::string& option) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::map<char, double> suffixes = {{'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
-  if (used > 0 && used + 1 == text.size()) {
-    const auto suffix = suffixes.find(static_cast<char>(std::toupper(text.back())));
-    if (suffix != suffixes.end()) {
-      value *= suffix->second;
-      ++used;
-    }
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(value)) {
+  const std::optional<double> value = parse_suffixed_count(text, "KMGT");
+  if (!value) {
     throw UserError(option + ": '" + text + "' is not a number (e.g. 2e12, 1.5T)");
   }
-  if (value <= 0) {
+  if (*value <= 0) {
     throw UserError(option + ": " + text + " must be positive");
   }
-  return value;
+  return *value;
 }
 
 // "60d", "12h", "8w", or days alone ("60"); UserError naming the value.

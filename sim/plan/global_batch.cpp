@@ -22,27 +22,12 @@ constexpr double kFallbackMinTokens = 1e6;
 constexpr double kFallbackMaxTokens = 16e6;
 
 double parse_tokens(const std::string& text, const std::string& whole) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  double scale = 1;
-  if (used > 0 && used + 1 == text.size()) {
-    const std::map<char, double> suffixes = {{'K', 1e3}, {'M', 1e6}, {'G', 1e9}};
-    const auto suffix = suffixes.find(static_cast<char>(std::toupper(text.back())));
-    if (suffix != suffixes.end()) {
-      scale = suffix->second;
-      ++used;
-    }
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(value) || value <= 0) {
+  const std::optional<double> value = parse_suffixed_count(text, "KMG");
+  if (!value || *value <= 0) {
     throw UserError("--global-batch-tokens: '" + whole +
                     "' is not a positive token count or range (e.g. 1M-16M, 4194304)");
   }
-  return value * scale;
+  return *value;
 }
 
 std::map<std::string, std::string> keys_of(const std::string& args) {
@@ -75,6 +60,29 @@ double row_batch_tokens(const std::string& args) {
 }
 
 }  // namespace
+
+std::optional<double> parse_suffixed_count(const std::string& text, std::string_view suffixes) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used + 1 == text.size()) {
+    const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+    const size_t power = std::string_view("KMGT").find(suffix);
+    if (power != std::string_view::npos && suffixes.find(suffix) != std::string_view::npos) {
+      constexpr double kScale[] = {1e3, 1e6, 1e9, 1e12};
+      value *= kScale[power];
+      ++used;
+    }
+  }
+  if (used != text.size() || !std::isfinite(value)) {
+    return std::nullopt;
+  }
+  return value;
+}
 
 GlobalBatchRange parse_global_batch_range(const std::string& text) {
   const size_t dash = text.find('-', 1);
