@@ -307,6 +307,8 @@ class Generator:
             (2, self.compare),
             # Stop 50: --require-fit on models that may not fit their slice (exit 3 allowed).
             (1, self.require_fit),
+            # plan's options, and eval / generate / export-hf on paths that hold no model.
+            (1, self.plan_edges), (1, self.model_path_edges),
         ]
         self.total_weight = sum(weight for weight, _ in self.classes)
 
@@ -545,6 +547,46 @@ class Generator:
         if flags and self.rng.random() < 0.5:
             args.append(self.rng.choice(flags))
         return "option_values", args
+
+    def plan_edges(self):
+        """`plan` on a tiny model and at most 8 chips, one option drawn from its edges."""
+        edges = {
+            "--tokens": ["2e12", "1.5T", "4M", "0", "-1", "x", "1Q", "inf", "nan", ""],
+            "--deadline": ["30d", "12h", "8w", "0d", "-1d", "5y", "x", ""],
+            "--hardware": ["v5e", "v5e,v6e", "v9", "", "a3", "v5e,,v6e", "tpu7x"],
+            "--max-slices": INT_EDGES[:8],
+            "--global-batch-tokens": ["1M-16M", "16M-1M", "0", "1T", "x-y", "4194304", "-"],
+            "--objective": ["time", "chip_hours", "cost", "nope", ""],
+            "--consumption": ["on_demand", "spot", "committed", "free"],
+            "--prices": ["configs/prices.example.yml", "/nonexistent/prices.yml", "/etc/hostname"],
+        }
+        option = self.rng.choice(sorted(edges))
+        args = ["plan", "model_name=tiny-llama", "--max-chips", "8"]
+        if option != "--tokens":
+            args += ["--tokens", "1e9"]
+        if option != "--hardware":
+            args += ["--hardware", "v5e"]
+        args += [option, self.rng.choice(edges[option])]
+        if self.rng.random() < 0.3:
+            args.append("--json")
+        return "plan_edges", args
+
+    def model_path_edges(self):
+        """eval, generate and export-hf of paths that are no checkpoint, or with bad options."""
+        path = self.rng.choice(["/nonexistent/checkpoints/8", "/", "/etc/hostname", "", "."])
+        command = self.rng.choice(["eval", "generate", "export-hf"])
+        args = [command, path]
+        if command == "eval":
+            args += [self.rng.choice(["dataset_path=/nonexistent.txt", "eval_steps=0",
+                                      "eval_steps=-1", "model_name=tiny-llama"])]
+        elif command == "generate":
+            args += ["--prompt", self.rng.choice(["", "abc", "a b"])]
+            option = self.rng.choice(["--max-tokens", "--temperature", "--top-k", "--seed"])
+            args += [option, self.rng.choice(["0", "-1", "70000", "0.5", "x"])]
+        else:
+            args += [str(self.sandbox.work / "out" / "hf"),
+                     *self.rng.choice([[], ["--dtype", "bfloat16"], ["--dtype", "int4"]])]
+        return "model_path_edges", args
 
     def require_fit(self):
         """estimate --require-fit with a model from tiny to 405B on a small or large slice: runs
