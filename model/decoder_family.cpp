@@ -75,7 +75,7 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
     {.block = DecoderBlock::kGemma4, .name = "gemma4",
      .program_attention = kGemma3Pattern, .maxtext_attention = kGemma3Pattern,
      .moe_shared_experts = true, .shared_expert_width = SharedExpertWidth::kMlpDim,
-     .global_layers_own_shape = true,
+     .router_weights = RouterWeights::kChosenProbabilities, .global_layers_own_shape = true,
      .query_scale = QueryScale::kRuntimePreAttnScalar},
     {.block = DecoderBlock::kGemma4Small, .name = "gemma4_small",
      .program_attention = kGemma4SmallPattern, .maxtext_attention = kGemma4SmallPattern,
@@ -106,7 +106,7 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
     // attention_type is mla).
     {.block = DecoderBlock::kDeepseek, .name = "deepseek",
      .program_attention = {kMla}, .maxtext_attention = kUniformPattern,
-     .moe_shared_experts = true},
+     .moe_shared_experts = true, .router_weights = RouterWeights::kChosenProbabilities},
     // The program alternates (local, global) as gemma2 does; MaxText counts one global layer per
     // inhomogeneous_layer_cycle_interval (the same for the preset's 2).
     {.block = DecoderBlock::kGptOss, .name = "gpt_oss",
@@ -114,7 +114,8 @@ constexpr std::array<DecoderFamily, kDecoderBlockCount> kFamilies = {{
      .maxtext_attention = {kGlobalEveryN, kCycle}},
     {.block = DecoderBlock::kLlama4, .name = "llama4",
      .program_attention = {kChunkedNopeGlobal}, .maxtext_attention = {kChunkedNopeGlobal},
-     .moe_shared_experts = true, .qk_norm = QkNormKind::kL2AfterRope,
+     .moe_shared_experts = true, .router_weights = RouterWeights::kSigmoidScalesInput,
+     .qk_norm = QkNormKind::kL2AfterRope,
      .positions = PositionEncoding::kRopeExceptGlobal},
     // OLMo 3 (Hugging Face Olmo3Config.layer_types): sliding-window attention except in every
     // inhomogeneous_layer_cycle_interval-th layer (MaxText's preset: 4), which is global. MaxText's

@@ -115,6 +115,20 @@ enum class NormPlacement { kPreNorm, kPostNormOnly };
 // or llama4's scale-free L2 norm after RoPE.
 enum class QkNormKind { kRmsBeforeRope, kL2AfterRope };
 
+// How MaxText's RoutedMoE.get_topk (layers/moe.py) weights a token's chosen experts. Example:
+// chosen probabilities 0.3 and 0.1 weigh 0.75 and 0.25 under kSoftmaxOfChosen whatever
+// norm_topk_prob says, and 0.3 and 0.1 under kChosenProbabilities unless norm_topk_prob is true.
+enum class RouterWeights {
+  // A softmax over the chosen experts' logits, i.e. the chosen probabilities renormalized to sum
+  // to 1 (every block but the ones below).
+  kSoftmaxOfChosen,
+  // The chosen experts' probabilities (deepseek: times routed_scaling_factor; gemma4: gathered
+  // from the softmax over all experts), renormalized only when norm_topk_prob is true.
+  kChosenProbabilities,
+  // llama4: the sigmoid of each chosen logit scales the token before its expert.
+  kSigmoidScalesInput,
+};
+
 // The Hugging Face Transformers names a family's parameters map to (sim/train/hf_names.h).
 enum class HfNameScheme { kNone, kLlama, kMistral, kQwen3, kGpt2 };
 
@@ -145,6 +159,7 @@ struct DecoderFamily {
   // layers pick their experts by token id (hash routing).
   bool hyper_connections = false;
   bool hash_routing = false;
+  RouterWeights router_weights = RouterWeights::kSoftmaxOfChosen;
   // Global layers with their own head width, kv heads and shared K/V (global_head_dim, ...).
   bool global_layers_own_shape = false;
   // Per-layer inputs (hidden_size_per_layer_input) and the last num_kv_shared_layers layers

@@ -1,6 +1,7 @@
 #include "model/builder/build_options.h"
 
 #include "model/config.h"
+#include "model/decoder_family.h"
 
 namespace tpusim {
 
@@ -30,7 +31,10 @@ BuildOptions BuildOptions::from_config(const Config& config) {
   options.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
   options.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
   options.v_head_dim = config.get_int("v_head_dim");
-  options.norm_topk_prob = config.get_bool("norm_topk_prob");
+  const DecoderFamily& family =
+      decoder_family(parse_decoder_block(config.get_string("decoder_block")));
+  options.normalize_router_top_k =
+      config.get_bool("norm_topk_prob") || family.router_weights == RouterWeights::kSoftmaxOfChosen;
   options.routed_scaling_factor = config.get_float("routed_scaling_factor");
   options.capacity_factor = config.get_float("capacity_factor");
   options.sparse_matmul = config.get_bool("sparse_matmul");

@@ -42,8 +42,10 @@ struct BuildOptions {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
-  // Mixture of experts.
-  bool norm_topk_prob = false;
+  // Mixture of experts. The router's top-k weights are renormalized to sum to 1 when
+  // norm_topk_prob is true or the decoder block always does so (RouterWeights::kSoftmaxOfChosen:
+  // MaxText's softmax over the chosen logits, e.g. mixtral with norm_topk_prob false).
+  bool normalize_router_top_k = false;
   double routed_scaling_factor = 1;
   double capacity_factor = 0;
   bool sparse_matmul = false;

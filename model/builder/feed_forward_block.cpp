@@ -89,7 +89,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
       "moe/routing", with_last(moe_dims, {act("top_k", top_k, ""), act("route", 2, "")}), region);
   OpAttrs router_attrs;
   router_attrs.top_k = top_k;
-  router_attrs.normalize_top_k = options_.norm_topk_prob;
+  router_attrs.normalize_top_k = options_.normalize_router_top_k;
   router_attrs.route_scale = options_.routed_scaling_factor;
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
                  {router_logits}, {routing}, router_attrs, region);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "model/builder/build_options.h"
 #include "model/builder/initializers.h"
 #include "model/config.h"
 #include "model/decoder_family.h"
@@ -69,6 +70,8 @@ struct HfKeys {
   bool normalize_embedding_logits = false;
   double capacity_factor = 0;
   double routed_scaling_factor = 1;
+  // The router's top-k weights renormalized, as MaxText's block computes them (true for mixtral
+  // and qwen3_moe whatever norm_topk_prob says: BuildOptions::normalize_router_top_k).
   bool norm_topk_prob = false;
 };
 
@@ -83,7 +86,7 @@ HfKeys hf_keys_from_config(const Config& config) {
   keys.normalize_embedding_logits = config.get_bool("normalize_embedding_logits");
   keys.capacity_factor = config.get_float("capacity_factor");
   keys.routed_scaling_factor = config.get_float("routed_scaling_factor");
-  keys.norm_topk_prob = config.get_bool("norm_topk_prob");
+  keys.norm_topk_prob = BuildOptions::from_config(config).normalize_router_top_k;
   return keys;
 }
 
@@ -104,7 +107,7 @@ std::string hf_moe_families() {
 }
 
 // UserError naming the key when Transformers' MoE block would route otherwise than tpusim.
-void check_hf_moe(const ModelDims& dims, const HfKeys& keys, HfMoe moe) {
+void check_hf_moe(const ModelDims& dims, const HfKeys& keys) {
   const auto refuse = [](const std::string& key, const std::string& why) {
     throw UserError("Hugging Face conversion: " + why, key);
   };
@@ -126,15 +129,13 @@ void check_hf_moe(const ModelDims& dims, const HfKeys& keys, HfMoe moe) {
     refuse("capacity_factor",
            "Transformers' MoE is dropless; capacity_factor > 0 drops tokens (set it <= 0)");
   }
+  // Transformers' Mixtral always renormalizes the top-k weights (MixtralSparseMoeBlock), as
+  // MaxText's mixtral block does whatever norm_topk_prob says; Qwen3-MoE's config.json carries
+  // the normalization tpusim computed (keys.norm_topk_prob).
   if (keys.routed_scaling_factor != 1.0) {
     refuse("routed_scaling_factor",
            "Transformers' Mixtral and Qwen3-MoE do not scale the routed "
            "weights (routed_scaling_factor must be 1)");
-  }
-  if (moe == HfMoe::kMixtral && !keys.norm_topk_prob) {
-    refuse("norm_topk_prob",
-           "Transformers' Mixtral renormalizes the top-k routing weights to sum to 1 "
-           "(MixtralSparseMoeBlock): set norm_topk_prob=true to train the same model");
   }
 }
 
@@ -156,7 +157,7 @@ HfNameScheme hf_scheme(const Config& config) {
   HfNameScheme scheme = family.hf_names;
   if (moe != HfMoe::kNone) {
     scheme = moe == HfMoe::kMixtral ? HfNameScheme::kMistral : HfNameScheme::kQwen3;
-    check_hf_moe(dims, keys, moe);
+    check_hf_moe(dims, keys);
   }
   if (scheme == HfNameScheme::kNone) {
     refuse("decoder_block", "decoder_block '" + std::string(family.name) +

@@ -12,9 +12,9 @@
 //   decoder_block qwen3_moe (MoE, qk-norm)   -> Qwen3MoeForCausalLM names (mlp.gate,
 //                                               mlp.experts.E.gate_proj / up_proj / down_proj)
 // A MoE maps only when Transformers computes the same routing: every layer MoE, no shared
-// expert, dropless (capacity_factor <= 0), routed_scaling_factor 1, and for Mixtral the top-k
-// weights renormalized (norm_topk_prob true: MixtralSparseMoeBlock divides them by their sum;
-// Qwen3-MoE's config carries norm_topk_prob either way).
+// expert, dropless (capacity_factor <= 0), routed_scaling_factor 1. Both blocks renormalize the
+// top-k weights in MaxText whatever norm_topk_prob says (a softmax over the chosen logits), as
+// MixtralSparseMoeBlock does; the exported Qwen3-MoE config says norm_topk_prob true.
 // Layouts: a torch Linear weight is [out, in], MaxText's kernel [in, out] (with the heads axes
 // split out: query [embed, heads, head_dim] <-> q_proj [heads*head_dim, embed]); GPT-2's Conv1D
 // weights are already [in, out], and its c_attn holds query, key and value side by side. The query

@@ -68,8 +68,9 @@ std::string number_text(double value) {
 // Keys that change only the numbers a step computes (the estimate does not read them,
 // configs/maxtext/base_keys.tsv lists them as "none"): set away from the math the functional
 // engine builds, they are refused rather than ignored. Its router is a softmax over all experts
-// whose top-k probabilities are the weights (renormalized with norm_topk_prob, scaled by
-// routed_scaling_factor); its RoPE is the plain one.
+// whose top-k probabilities are the weights (renormalized as MaxText's block does it:
+// BuildOptions::normalize_router_top_k; scaled by routed_scaling_factor); its RoPE is the plain
+// one.
 template <typename Refuse>
 void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse) {
   if (const std::string& rope = numerics.rope_type; !rope.empty() && rope != "default") {
@@ -139,18 +140,13 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
   // MaxText's RoutedMoE for deepseek4 (moe.py get_topk, docs/reference/deepseek4.md) picks the
   // top-k of the gate's scores and weights them by a softmax over those scores, without
   // routed_scaling_factor (its DEEPSEEK-only deepseek_scale_weights). With raw logits as scores
-  // (routed_score_func '') that is the engine's softmax router renormalized (norm_topk_prob).
+  // (routed_score_func '') that is the engine's softmax router renormalized, as the family's
+  // RouterWeights::kSoftmaxOfChosen makes it whatever norm_topk_prob says.
   if (!numerics.routed_score_func.empty()) {
     refuse("routed_score_func", numerics.routed_score_func,
            std::string(dims.family().name) +
                "'s router is computed on raw logits only (routed_score_func '', whose top-k "
                "MaxText weights by a softmax over them)");
-  }
-  if (!options.norm_topk_prob) {
-    refuse("norm_topk_prob", "false",
-           "MaxText's " + std::string(dims.family().name) +
-               " router renormalizes its top-k weights (a softmax over their logits); the engine "
-               "computes that with norm_topk_prob true");
   }
   if (options.routed_scaling_factor != 1) {
     refuse("routed_scaling_factor", number_text(options.routed_scaling_factor),
@@ -190,13 +186,12 @@ void check_functional_support(const Config& config) {
   if (family.has_compressed_attention()) {
     refuse_unbuilt_deepseek4(dims, BuildOptions::from_config(config), numerics, refuse);
   }
-  // qwen3_custom_moe's RoutedMoE weights its top-k experts by a softmax over their logits
-  // (MaxText moe.py get_topk), which is the engine's router with norm_topk_prob.
-  if (family.latent_moe && dims.is_moe() && !BuildOptions::from_config(config).norm_topk_prob) {
-    refuse("norm_topk_prob", "false",
-           std::string(family.name) +
-               "'s router renormalizes its top-k weights (a softmax over them); the engine "
-               "computes that with norm_topk_prob true");
+  // llama4's router scales each token by the sigmoid of its chosen logits before the experts
+  // (MaxText moe.py permute); the engine weights the experts' outputs by softmax probabilities.
+  if (family.router_weights == RouterWeights::kSigmoidScalesInput && dims.is_moe()) {
+    refuse("decoder_block", family.name,
+           "its router (the sigmoid of each chosen logit scaling the token before its expert) is "
+           "not built");
   }
   // Soft caps and normalize_embedding_logits are built (model/builder/forward_builder.cpp). MaxText
   // applies the final cap and the division by sqrt(emb_dim) only to tied logits; a final cap on

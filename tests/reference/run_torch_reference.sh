@@ -65,15 +65,17 @@ check tiny-llama-soft-caps-vocab-tiling "model_name=tiny-llama override_model_co
 # The chunked head (num_vocab_tiling) against the same unchunked reference.
 check tiny-gpt3-vocab-tiling "model_name=tiny-gpt3 num_vocab_tiling=4" ""
 # MoE, dense dispatch with capacity: each expert takes at most tokens*k/E choices, the rest drop.
+# tiny-moe's mixtral block weights its chosen experts by a softmax over their logits (MaxText
+# moe.py get_topk), i.e. renormalized, whatever norm_topk_prob says.
 check tiny-moe-capacity "model_name=tiny-moe sparse_matmul=false capacity_factor=1.0" \
-  "--top-k 2 --capacity-factor 1.0"
+  "--top-k 2 --renormalize-top-k --capacity-factor 1.0"
 # MoE dropless (the default, sparse_matmul): every choice counts, from the initial router ...
-check tiny-moe-dropless "model_name=tiny-moe" "--top-k 2"
+check tiny-moe-dropless "model_name=tiny-moe" "--top-k 2 --renormalize-top-k"
 # ... and from a router that sends every token to experts 0 and 1 (2x their balanced share).
 if "$tpusim" train model_name=tiny-moe "${placement[@]}" "${common[@]}" --dump "$work/moe-initial" --quiet &&
   "$python" "$here/imbalance_router.py" "$work/moe-initial/initial" "$work/moe-unbalanced"; then
   check tiny-moe-dropless-unbalanced "model_name=tiny-moe load_parameters_path=$work/moe-unbalanced" \
-    "--top-k 2 --expect-expert-load 2.0"
+    "--top-k 2 --renormalize-top-k --expect-expert-load 2.0"
 else
   echo "=== tiny-moe-dropless-unbalanced: could not make the unbalanced checkpoint"
   failed+=(tiny-moe-dropless-unbalanced)

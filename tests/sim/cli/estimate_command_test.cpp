@@ -114,7 +114,6 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
            {"first_num_hash_layers", "1", "first_num_hash_layers: 1"},
            {"routed_score_func", "sqrtsoftplus", "routed_score_func: sqrtsoftplus"},
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
-           {"norm_topk_prob", "false", "norm_topk_prob: false"},
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
            {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"}}) {
     std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1",
@@ -157,14 +156,6 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   EXPECT_NE(preset.err.find("mlp_activations_limit: 10 is not computed by tpusim train"),
             std::string::npos)
       << preset.err;
-  // qwen3_custom_moe's router renormalizes its top-k weights: norm_topk_prob false is refused.
-  const auto qwen3_custom =
-      run_tpusim({"train", "model_name=qwen3-custom-30b-a3b", "compile_topology=v5e-4", "steps=1",
-                  "override_model_config=true", "norm_topk_prob=false"});
-  EXPECT_EQ(qwen3_custom.exit_code, 2) << qwen3_custom.err;
-  EXPECT_NE(qwen3_custom.err.find("norm_topk_prob: false is not computed by tpusim train"),
-            std::string::npos)
-      << qwen3_custom.err;
 }
 
 TEST(EstimateCommand, JsonContract) {

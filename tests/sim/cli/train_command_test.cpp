@@ -117,6 +117,10 @@ TEST(TrainCommand, RefusesSwitchesTheEngineDoesNotBuild) {
                      "decoder_block=llama4", "use_qk_norm=true"},
                     "use_qk_norm");
   expect_user_error({"train", "model_name=tiny-mla", "use_qk_norm=true"}, "use_qk_norm");
+  // llama4's router scales each token by the sigmoid of its chosen logits before the experts.
+  expect_user_error(
+      {"train", "model_name=tiny-moe", "override_model_config=true", "decoder_block=llama4"},
+      "decoder_block");
   // MaxText soft-caps only tied logits: a final cap on tiny-llama's untied ones is refused.
   expect_user_error({"train", "model_name=tiny-llama", "final_logits_soft_cap=30"},
                     "final_logits_soft_cap");

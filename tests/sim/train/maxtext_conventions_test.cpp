@@ -10,6 +10,9 @@
 //      token's softmax weights over the two keys, worked out by hand.
 //  (4) qk-norm (qwen3): where the per-head query/key RMSNorm sits and what it computes.
 //  (5) gemma2's soft caps and the tied logits' normalization, as the builder configures them.
+//  (6) The MoE router's top-k weights per decoder block (MaxText moe.py RoutedMoE.get_topk): a
+//      softmax over the chosen logits (renormalized whatever norm_topk_prob says) for mixtral, the
+//      chosen probabilities renormalized only by norm_topk_prob for deepseek.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +24,7 @@
 #include "model/config.h"
 #include "sim/functional/kernels.h"
 #include "sim/train/trainer.h"
+#include "tests/support/one_step.h"
 
 namespace tpusim {
 namespace {
@@ -351,6 +355,30 @@ TEST(MaxTextSoftCaps, Gemma2AttentionAndTiedLogits) {
       1);
   EXPECT_EQ(op_named(untied.graph, "cross_entropy").attrs.logit_soft_cap, 0.0);
   EXPECT_EQ(attention_op(untied).attrs.logit_soft_cap, 20.0);
+}
+
+// (6) One step on one device with norm_topk_prob false and true: mixtral's router renormalizes
+// either way, so the two steps are the same step bit for bit; deepseek's does so only with the
+// key, so its two steps differ.
+testing::OneStep router_step(const std::string& model, const std::string& norm_topk_prob) {
+  return testing::run_one_step(
+      Config::load("", {"model_name=" + model, "max_target_length=16", "dataset_type=synthetic",
+                        "functional_precision=reference", "compile_topology=v5e-1",
+                        "per_device_batch_size=2", "norm_topk_prob=" + norm_topk_prob}));
+}
+
+TEST(MaxTextRouter, TopKWeightsFollowTheDecoderBlock) {
+  const testing::OneStep mixtral_keyed_off = router_step("tiny-moe", "false");
+  const testing::OneStep mixtral_keyed_on = router_step("tiny-moe", "true");
+  EXPECT_EQ(mixtral_keyed_off.loss, mixtral_keyed_on.loss);
+  EXPECT_EQ(
+      testing::worst_relative_difference(mixtral_keyed_off.gradients, mixtral_keyed_on.gradients),
+      0.0);
+  const testing::OneStep deepseek_keyed_off = router_step("tiny-mla", "false");
+  const testing::OneStep deepseek_keyed_on = router_step("tiny-mla", "true");
+  EXPECT_GT(
+      testing::worst_relative_difference(deepseek_keyed_off.gradients, deepseek_keyed_on.gradients),
+      1e-3);
 }
 
 }  // namespace
