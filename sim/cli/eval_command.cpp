@@ -29,7 +29,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +39,7 @@
 #include "common/yaml_text.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
+#include "sim/cli/model_source.h"
 #include "sim/train/evaluation.h"
 #include "sim/train/host_memory.h"
 #include "sim/train/model_identity.h"
@@ -53,38 +53,6 @@
 
 namespace tpusim {
 namespace {
-
-// The config of the model `metadata` (a checkpoint's, read from `directory`) records, with `args`
-// applied over it (a key the user gives replaces the recorded one), as export-hf makes it.
-Config recorded_eval_config(const nlohmann::json& metadata, const std::string& directory,
-                            const std::vector<std::string>& args,
-                            const std::function<void(const Config&)>& check) {
-  if (!metadata.is_object() || !metadata.contains("model_config") ||
-      !metadata["model_config"].is_object() || !metadata["model_config"].contains("model_name")) {
-    throw UserError("checkpoint '" + directory +
-                    "' records no model_config (written by an older tpusim): cannot tell which "
-                    "model it holds");
-  }
-  // A key the user's arguments set is theirs (they are applied over the checkpoint's model):
-  // passing both made "'model_name' is given twice on the command line" when it was given once.
-  std::set<std::string> user_keys;
-  for (const std::string& item : split_command_args(args).overrides) {
-    user_keys.insert(split_override(item).first);
-  }
-  std::vector<std::string> overrides;
-  if (!user_keys.contains("override_model_config")) {
-    overrides.emplace_back("override_model_config=true");
-  }
-  for (const auto& [key, value] : metadata["model_config"].items()) {
-    if (key == "query_scaling" || key == "tokenizer" || user_keys.contains(key)) {
-      continue;  // markers of the numerics and of the token ids (not config keys); a user's key
-    }
-    overrides.push_back(key + "=" + (value.is_string() ? value.get<std::string>() : value.dump()));
-  }
-  std::vector<std::string> all = args;
-  all.insert(all.begin(), overrides.begin(), overrides.end());
-  return load_command_config(all, "", nullptr, check);
-}
 
 // The config for the weights at `path`: a tpusim checkpoint's recorded model (rank 0 reads its
 // state.json, every rank gets the metadata; the model is checked before anything is loaded), or,
@@ -122,7 +90,10 @@ Config weights_config(const std::string& path, const std::vector<std::string>& a
     }
     Checkpoint recorded;  // the metadata alone: the model is checked before anything is loaded
     recorded.metadata = parsed.value("metadata", nlohmann::json());
-    Config config = recorded_eval_config(recorded.metadata, path, args, check);
+    Config config = recorded_config(recorded.metadata.is_object()
+                                        ? recorded.metadata.value("model_config", nlohmann::json())
+                                        : nlohmann::json(),
+                                    path, args, {}, check);
     check_made_from(recorded, path, config, /*with_optimizer=*/false);
     return config;
   }
