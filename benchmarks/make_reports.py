@@ -92,6 +92,42 @@ def recipe_of_row(row, recipes, models):
     return None
 
 
+def run_classes():
+    """{published row id or recipe id: the classes of its run}: "moe" when its model has more than
+    one expert, "low precision" when it quantizes (quantization set), from `tpusim config` of the
+    row's or recipe's args."""
+    import csv
+    runs = {}
+    with open(VALIDATION / "published.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            runs[row["id"]] = row["args"].split()
+    with open(VALIDATION / "recipes_public.json") as handle:
+        for recipe in json.load(handle):
+            runs[recipe["id"]] = [f"compile_topology={recipe['topology']}",
+                                  f"compile_topology_num_slices={recipe['num_slices']}",
+                                  *recipe["args"]]
+    classes = {}
+    for run_id, args in runs.items():
+        completed = subprocess.run([str(BINARY), "config", *args, "--json"], capture_output=True,
+                                   text=True)
+        config = json.loads(completed.stdout)["config"] if completed.returncode == 0 else {}
+        classes[run_id] = set()
+        if int(config.get("num_experts", 1)) > 1:
+            classes[run_id].add("moe")
+        if str(config.get("quantization", "")) not in ("", "none"):
+            classes[run_id].add("low precision")
+    return classes
+
+
+CLASSES = ("moe", "low precision")
+
+
+def class_cell(errors, classes, name):
+    """median / max |error| over the runs of class `name` (errors: {run id: error})."""
+    picked = [abs(error) for run_id, error in errors.items() if name in classes.get(run_id, ())]
+    return error_summary(picked) if picked else "-"
+
+
 def scatter_plot(rows, recipes, path, gpu_rows=()):
     """predicted vs measured step time, log-log; returns False when matplotlib is missing."""
     plt = pyplot()
@@ -335,6 +371,11 @@ def validation():
     # Ablation: each mechanism switched off, over the published rows and the recipes.
     baseline = {row["id"]: row["error"] for row in result["rows"]}
     baseline_fits = {row["id"]: row.get("fits", True) for row in result["rows"]}
+    classes = run_classes()
+    run_errors_on = dict(baseline)
+    run_errors_on.update({recipe_id: predicted / measured - 1
+                          for recipe_id, (predicted, measured, _, _) in recipes.items()})
+    class_lines = []
     lines += ["## What each mechanism contributes (ablation)", "",
               "Each line switches one mechanism off (`tpusim validate --without NAME`, the same for "
               "every recipe) and keeps everything else. *Rows it moves* lists the published rows "
@@ -360,11 +401,27 @@ def validation():
             if abs((1 + after) / (1 + before) - 1) > 0.005:
                 moved.append(f"{recipe_id} {100 * before:+.0f}→{100 * after:+.0f}%")
         off_recipe_errors = [abs(p / m - 1) for p, m, _, _ in ablated_recipes.values()]
+        run_errors_off = {row["id"]: row["error"] for row in ablated["rows"]}
+        run_errors_off.update({recipe_id: p / m - 1
+                               for recipe_id, (p, m, _, _) in ablated_recipes.items()})
+        class_lines.append(f"| `{name}` | " + " | ".join(
+            f"{class_cell(run_errors_on, classes, cls)} | {class_cell(run_errors_off, classes, cls)}"
+            for cls in CLASSES) + " |")
         lines.append(f"| `{name}` | {MECHANISM_SUMMARIES[name]} | "
                      f"{error_summary([abs(e) for e in baseline.values()])} | {error_summary(off_errors)} | "
                      f"{error_summary(recipe_errors)} | {error_summary(off_recipe_errors)} | "
                      f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/perf/mechanisms_test.cpp)'} |")
     lines += [""]
+    counts = {cls: sum(1 for run_id in run_errors_on if cls in classes.get(run_id, ()))
+              for cls in CLASSES}
+    lines += ["The same switches by class of run: the MoE runs (num_experts > 1) and the "
+              "low-precision runs (quantization set: fp8, fp8_full, int8, ...), over the published "
+              "rows and the public recipes together (a recipe and the abbreviated published row of "
+              f"the same measurement both count): {counts['moe']} MoE runs, "
+              f"{counts['low precision']} low-precision runs. Median / max |step error|, with the "
+              "mechanism on and off.", "",
+              "| mechanism | MoE, on | MoE, off | low precision, on | low precision, off |",
+              "|---|---|---|---|---|", *class_lines, ""]
     # The same ablation on the step-level A/B pairs.
     step_points = {pair["id"]: pair["error_points"] for pair in pairs["pairs"]
                    if pair["level"] == "step"}
