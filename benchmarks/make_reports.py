@@ -475,7 +475,7 @@ MECHANISM_SUMMARIES = {
     "bf16_logits": "the logits matmul and its gradients stay bf16 under fp8/int8 (MaxText quantizes the decoder layers only)",
     "chip_ingress_bound": "a gather over the v7x chiplet pair + torus is bounded by the chip's torus links",
     "sparsecore_reduction": "SparseCore reduce-scatters on a queue of their own (at their ICI roofline since 2026-11-27; 3x before)",
-    "tensorcore_driven_collectives": "v7x collectives kept off the SparseCores block the TensorCore",
+    "tensorcore_driven_collectives": "v7x collectives kept off the SparseCores run as continuation fusion: XLA fusions (not Pallas kernels) take 0.43 longer (fitted to the guide's dense offload ablations)",
     "dcn_shards_first": "gathers across slices move shards over DCN, then the full array over ICI",
     "dcn_step_latency": "each ring step across slices pays the DCN message latency on top of its bytes, "
                         "and the TensorCore waits it out per layer (the fitted 80 µs latency stays)",

@@ -32,7 +32,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "offloaded reduce-scatters run on a SparseCore queue of their own, at the catalog's "
      "sparsecore_reduce_scatter_time_factor times their ICI roofline (1 since 2026-11-27)"},
     {"tensorcore_driven_collectives",
-     "on v7x, collectives kept off the SparseCores block the TensorCore while they run"},
+     "on v7x, collectives kept off the SparseCores run as continuation fusion: the XLA fusions "
+     "carrying their steps take the catalog's continuation_fusion_tensorcore_share longer (Pallas "
+     "kernels carry none)"},
     {"dcn_shards_first",
      "a gather across slices moves shards over DCN, then the full array over ICI"},
     {"dcn_step_latency",

@@ -116,6 +116,10 @@ struct ChipSpec {
   // An offloaded reduce-scatter takes this many times its ICI roofline (the SparseCores reduce the
   // incoming shards); all-reduces pay it on their reduce-scatter half.
   double sparsecore_reduce_scatter_time_factor = 1;
+  // Where collectives kept off the SparseCores run as continuation fusion (v7x with the offload
+  // off): the share of an XLA fusion's time the TensorCore adds for the collective steps it
+  // carries (Pallas kernels carry none). 0 where no such path is modelled.
+  double continuation_fusion_tensorcore_share = 0;
   // The fraction of the HBM roofline at which a dropless MoE's row gathers and scatters (dispatch,
   // combine and their gradients) move the routed rows: XLA gathers ragged rows, not streams.
   double routed_row_hbm_fraction = 1;

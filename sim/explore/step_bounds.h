@@ -8,8 +8,9 @@
 //     matmul do (elementwise ops that may fuse into a matmul are charged as fused, their cheaper
 //     case). One bound per cost context (attention kernel and splash block sizes); only attention
 //     ops depend on the context, so the others are costed once.
-//   - StepSimulator::collective_bounds (v7x with the SparseCore offload off: collectives that run
-//     on the TensorCore add to the compute bound; and each link runs one collective at a time),
+//   - StepSimulator::collective_bounds (v7x with the SparseCore offload off: the TensorCore time
+//     of continuation-fused collective steps adds to the compute bound; and each link runs one
+//     collective at a time),
 //     per placement and perf switches; the explorer takes the larger of the two bounds.
 //   - remat_bounds: a remat policy's bound from the remat_policy=none program of the same mesh and
 //     batch, without partitioning the policy's step. The policy runs every compute op of "none"

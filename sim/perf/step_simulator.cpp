@@ -125,6 +125,9 @@ struct OpPlan {
   // A reduction across slices: its ring steps' message latency, which the TensorCore driving
   // the steps waits out when it issues the collective (dcn_step_latency; 0 otherwise).
   double tensorcore_wait = 0;
+  // Of a compute op's seconds, what the TensorCore spends on continuation-fused collective steps
+  // (tensorcore_driven_collectives; 0 otherwise).
+  double collective_steps_seconds = 0;
 };
 
 // Data-parallel gradient all-reduces across slices are combined and run after the backward pass
@@ -142,16 +145,30 @@ bool overlapped_with_matmul(const Op& op, bool collective_matmul, bool weight_on
 }
 
 // On a chip whose asynchronous path for all-gather / reduce-scatter / all-reduce is the
-// SparseCores (v7x), such a collective kept off them and not fused into a matmul
-// (collective_matmul's continuation fusion of tensor-parallel activations) is driven by the
-// TensorCore: it blocks compute while it runs (docs/reference/hardware.md §4: the v7x report's
-// -22% for dense models with the offload is this exposure going away).
-bool driven_by_tensorcore(const Op& op, bool offloaded, bool on_ici, bool overlapped,
-                          const ChipSpec& chip, const MechanismSet& mechanisms) {
-  return !offloaded && on_ici && op.kind != OpKind::kAllToAll &&
-         op.kind != OpKind::kCollectivePermute && !overlapped &&
+// SparseCores (v7x), such a collective kept off them runs as XLA's continuation fusion instead:
+// its steps are fused into the XLA fusions that run meanwhile, so it still overlaps compute on
+// the links, but the TensorCore issues and waits for its steps (docs/reference/hardware.md §4:
+// the v7x guide's -22% for a dense model with the offload is this TensorCore time going away).
+bool driven_by_tensorcore(const Op& op, bool offloaded, const ChipSpec& chip,
+                          const MechanismSet& mechanisms) {
+  return !offloaded && is_collective(op.kind) && op.kind != OpKind::kAllToAll &&
+         op.kind != OpKind::kCollectivePermute &&
          mechanisms.enabled(Mechanism::kTensorCoreDrivenCollectives) &&
          chip.sparsecore_collective_offload_default > 0;
+}
+
+// An op that runs as a Pallas kernel (splash attention, a megablox grouped matmul), not as an
+// XLA fusion: continuation fusion cannot put collective steps into it.
+bool runs_as_pallas_kernel(const Graph& graph, const Op& op, const CostContext& context) {
+  if (op.kind == OpKind::kAttention || op.kind == OpKind::kAttentionGrad) {
+    return context.flash_attention;
+  }
+  if (op.kind != OpKind::kEinsum || !context.megablox) {
+    return false;
+  }
+  return std::any_of(op.inputs.begin(), op.inputs.end(), [&](TensorId input) {
+    return graph.tensor(input).dim_index("expert_tokens") >= 0;
+  });
 }
 
 class Simulator {
@@ -192,6 +209,15 @@ class Simulator {
             labels_.intern(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives));
       }
     }
+    continuation_fusion_ = std::any_of(graph_.ops().begin(), graph_.ops().end(), [&](const Op& op) {
+      return driven_by_tensorcore(op, options.sparse_core_offload, *program.slice.chip,
+                                  options.cost.mechanisms) &&
+             analysis_.collective(graph_, op, program.mesh, program.slice).ici_seconds > 0;
+    });
+    if (continuation_fusion_ && details_ && shared_compute_label_ < 0) {
+      shared_compute_label_ =
+          labels_.intern(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives));
+    }
     OpPlan unplanned;
     unplanned.wait_label = idle_label_;
     plans_.assign(ops, unplanned);
@@ -209,16 +235,17 @@ class Simulator {
     double driven_microbatch = 0;
     double driven_optimizer = 0;
     for (const Op& op : graph_.ops()) {
-      if (is_compute(op.kind)) {
+      if (is_compute(op.kind) && !continuation_fusion_) {
         continue;
       }
       const OpPlan plan = plan_op(op);
       const Region& region = graph_.region(op.region);
-      const double seconds = plan.seconds * static_cast<double>(region.repeat);
+      const double repeat = static_cast<double>(region.repeat);
       if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
-        busy[static_cast<size_t>(plan.resource)] += seconds;
-      } else if (plan.kind == OpPlan::Kind::kCompute) {  // driven by the TensorCore
-        (region.phase == Phase::kOptimizer ? driven_optimizer : driven_microbatch) += seconds;
+        busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
+      } else if (plan.kind == OpPlan::Kind::kCompute) {  // the collective steps a fusion carries
+        (region.phase == Phase::kOptimizer ? driven_optimizer : driven_microbatch) +=
+            plan.collective_steps_seconds * repeat;
       }
     }
     return {driven_microbatch * static_cast<double>(program_.accumulation_steps) + driven_optimizer,
@@ -345,6 +372,7 @@ class Simulator {
     if (share != 1) {
       plan.seconds *= share;
       plan.matmul_flops *= share;
+      plan.collective_steps_seconds *= share;
       plan.tensorcore_wait *= share;
       plan.trace_dcn_seconds *= share;
     }
@@ -424,16 +452,6 @@ class Simulator {
         }
         plan.trace_detail = op_kind_name(op.kind);
       }
-      if (driven_by_tensorcore(op, offloaded, plan.resource == Resource::kIci,
-                               plan.overlapped_with_matmul, *program_.slice.chip,
-                               options_.cost.mechanisms)) {
-        plan.kind = OpPlan::Kind::kCompute;
-        plan.bound = CostCategory::kOverhead;
-        if (details_) {
-          plan.compute_label = plan.wait_label;
-          plan.trace_lane = lanes_.intern(compute_lane());
-        }
-      }
       return plan;
     }
     if (op_kind_traits(op.kind).host_transfer) {
@@ -452,6 +470,11 @@ class Simulator {
     const OpCost& cost = analysis_.compute_cost(graph_, op, options_.cost);
     plan.kind = OpPlan::Kind::kCompute;
     plan.seconds = cost.seconds;
+    if (continuation_fusion_ && !runs_as_pallas_kernel(graph_, op, options_.cost)) {
+      plan.collective_steps_seconds =
+          cost.seconds * program_.slice.chip->continuation_fusion_tensorcore_share;
+      plan.seconds += plan.collective_steps_seconds;
+    }
     plan.matmul_flops = cost.matmul_flops;
     plan.bound = cost.bound;
     if (details_) {
@@ -723,7 +746,10 @@ class Simulator {
     tensorcore_free_ = end;
     accounting.matmul_flops += plan.matmul_flops;
     if (details_) {
-      accounting.seconds.add(plan.compute_label, plan.seconds);
+      accounting.seconds.add(plan.compute_label, plan.seconds - plan.collective_steps_seconds);
+      if (plan.collective_steps_seconds > 0) {
+        accounting.seconds.add(shared_compute_label_, plan.collective_steps_seconds);
+      }
       if (lost > 0) {
         accounting.seconds.add(shared_compute_label_, lost);
       }
@@ -800,6 +826,9 @@ class Simulator {
   double iteration_weight_ = 1;
   double deferred_dcn_seconds_ = 0;
   double slowdown_per_shared_second_ = 0;  // collective_compute_share / (1 - share)
+  // Collectives run as continuation fusion on the TensorCore (tensorcore_driven_collectives):
+  // the XLA fusions carry their steps.
+  bool continuation_fusion_ = false;
   int shared_compute_label_ = -1;
 };
 

@@ -11,7 +11,9 @@
 // path unless collective_matmul overlaps them with the matmul they feed. On v7x, SparseCores run
 // all-gather / reduce-scatter / all-reduce (sparse_core_collective_offload): gathers on one queue,
 // reductions on another at 1/sparsecore_reduce_scatter_time_factor of the ICI roofline; with the
-// offload off, v7x's collectives are driven by the TensorCore and block its compute. On a GPU,
+// offload off, v7x's collectives run as continuation fusion: still asynchronous on the links, but
+// the XLA fusions carrying their steps take continuation_fusion_tensorcore_share longer (Pallas
+// kernels carry none; tensorcore_driven_collectives). On a GPU,
 // NCCL collectives are kernels that hold some SMs (collective_compute_share): compute that
 // overlaps one runs on the other SMs, and the breakdown charges the difference to
 // compute_shared_with_collectives.
@@ -111,10 +113,10 @@ StepTiming simulate_step(const StepProgram& program, const PerfOptions& options)
 //   StepSimulator simulator(program);
 //   for (const PerfOptions& variant : variants) { simulator.run(variant).step_seconds; }
 // What the collectives of a program alone force on its step, under one set of perf options:
-//   tensorcore_driven_seconds: on v7x, each all-gather / reduce-scatter / all-reduce over ICI that
-//     is neither offloaded to the SparseCores nor overlapped with its matmul runs on the
-//     TensorCore, so these seconds (over the whole step) add to the compute ops' time; 0 on chips
-//     whose collectives are asynchronous, or with the offload on.
+//   tensorcore_driven_seconds: on v7x with the SparseCore offload off, the XLA fusions carry the
+//     steps of the collectives (continuation fusion) and take continuation_fusion_tensorcore_share
+//     of their time longer: these seconds (over the whole step) add to the compute ops' time; 0
+//     on chips without that path, or with the offload on.
 //   busiest_link_seconds: the busiest link's occupied seconds (ICI, DCN, each SparseCore queue,
 //     the host link) over one microbatch and the optimizer; a link runs one collective or
 //     transfer at a time, so the step takes at least this long.

@@ -310,30 +310,65 @@ TEST(DcnStepLatency, MoreSlicesWaitOutMoreSteps) {
   EXPECT_GT(many, step_seconds(with_slices(32), off));
 }
 
-// The v7x guide (64-chip slice): SparseCore offload -22% for a dense model under 20B at 8k
-// and -15% for a ~110B MoE; TP=2 on the chiplet pair with CP=2 beats CP=4 by ~4%. tpusim gets
-// the direction of each and about half the size or less (reports/validation.md lists the
-// figures); these tests hold the direction and a floor.
-TEST(V7xGuideAblations, SparseCoreOffloadHelpsDenseAndMoe) {
+// The v7x guide (64-chip slice, docs/reference/hardware.md §4 [MT-7]): SparseCore collective
+// offload -22% for a dense model under 20B at 8k, -5% at 128k and -15% for a 110B MoE. With the
+// offload off the collectives run as continuation fusion and the XLA fusions that carry their
+// steps take continuation_fusion_tensorcore_share longer; that share was fitted to the two dense
+// figures, the MoE one held out. The configurations are validation/pairs.csv's, fixed before the
+// mechanism was measured against them; the bar is 5 points of the guide's figure each.
+TEST(V7xGuideAblations, SparseCoreOffloadWithinFivePointsOfTheGuide) {
   const std::vector<std::string> dense = {"model_name=llama3.1-8b", "compile_topology=tpu7x-128",
-                                          "max_target_length=8192", "per_device_batch_size=1",
-                                          "remat_policy=full"};
-  auto with = [](std::vector<std::string> overrides, const char* offload) {
-    overrides.emplace_back(std::string("sparse_core_collective_offload=") + offload);
-    return overrides;
+                                          "remat_policy=full", "attention=flash"};
+  auto with = [](std::vector<std::string> keys, const std::vector<std::string>& more) {
+    keys.insert(keys.end(), more.begin(), more.end());
+    return keys;
   };
-  const double dense_on = step_seconds(with(dense, "on"));
-  const double dense_off = step_seconds(with(dense, "off"));
-  EXPECT_LT(dense_on, 0.97 * dense_off);
-  const std::vector<std::string> moe = {"model_name=mixtral-8x22b", "compile_topology=tpu7x-128",
-                                        "max_target_length=8192", "per_device_batch_size=2",
-                                        "remat_policy=full"};
-  const double moe_on = step_seconds(with(moe, "on"));
-  const double moe_off = step_seconds(with(moe, "off"));
-  EXPECT_LT(moe_on, 0.95 * moe_off);
-  // Without the TensorCore-driven mechanism, offload would change nothing but the reductions.
-  const MechanismSet off = MechanismSet::without({"tensorcore_driven_collectives"});
-  EXPECT_GT(step_seconds(with(dense, "on"), off), 0.99 * step_seconds(with(dense, "off"), off));
+  struct Ablation {
+    std::vector<std::string> keys;
+    double guide_ratio;  // step time with the offload over step time without
+  };
+  const std::vector<Ablation> ablations = {
+      {with(dense,
+            {"max_target_length=8192", "per_device_batch_size=2", "ici_fsdp_parallelism=-1"}),
+       0.78},
+      {with(dense, {"max_target_length=131072", "per_device_batch_size=0.25",
+                    "ici_context_parallelism=4", "ici_fsdp_parallelism=-1"}),
+       0.95},
+      {{"model_name=llama4-17b-16e", "compile_topology=tpu7x-128", "max_target_length=8192",
+        "per_device_batch_size=1", "ici_fsdp_parallelism=-1", "remat_policy=full",
+        "attention=flash", "sparse_matmul=true", "megablox=true"},
+       0.85},
+  };
+  const MechanismSet without = MechanismSet::without({"tensorcore_driven_collectives"});
+  for (const Ablation& ablation : ablations) {
+    SCOPED_TRACE(ablation.keys[0] + " " + ablation.keys[4]);
+    const auto on = with(ablation.keys, {"sparse_core_collective_offload=on"});
+    const auto off = with(ablation.keys, {"sparse_core_collective_offload=off"});
+    EXPECT_NEAR(step_seconds(on) / step_seconds(off), ablation.guide_ratio, 0.05);
+    // Without the mechanism the offload moves these steps by under 1%: it is what moves them.
+    EXPECT_NEAR(step_seconds(on, without) / step_seconds(off, without), 1.0, 0.01);
+  }
+}
+
+// Continuation fusion puts collective steps into XLA fusions only: splash attention (a Pallas
+// kernel) takes as long with the offload off, a matmul fusion longer.
+TEST(TensorCoreDrivenCollectives, PallasKernelsCarryNoCollectiveSteps) {
+  const std::vector<std::string> keys = {"model_name=llama3.1-8b",  "compile_topology=tpu7x-16",
+                                         "max_target_length=8192",  "per_device_batch_size=1",
+                                         "ici_fsdp_parallelism=-1", "attention=flash"};
+  auto seconds_of = [&](const char* offload, const char* op) {
+    std::vector<std::string> run = keys;
+    run.emplace_back(std::string("sparse_core_collective_offload=") + offload);
+    double seconds = 0;
+    for (const OpProfile& profile : estimate_config(Config::load("", run)).timing.profile) {
+      seconds += profile.op == op ? profile.seconds : 0.0;
+    }
+    return seconds;
+  };
+  EXPECT_GT(seconds_of("on", "attention attention"), 0);
+  EXPECT_DOUBLE_EQ(seconds_of("off", "attention attention"),
+                   seconds_of("on", "attention attention"));
+  EXPECT_GT(seconds_of("off", "einsum mlp/wi_0"), 1.2 * seconds_of("on", "einsum mlp/wi_0"));
 }
 
 TEST(V7xGuideAblations, TensorParallelOnTheChipletPairBeatsMoreContext) {
