@@ -216,6 +216,21 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   return work;
 }
 
+// AQT's int8 backward matmuls round their gradient operand stochastically (aqt config_v3:
+// vjp_lhs stochastic rounding with jax.uniform): the noise is a float32 tensor of the gradient's
+// shape from jax.random.uniform, whose generator output XLA writes to HBM and the quantize fusion
+// reads back (4 + 4 bytes per element), in series with the matmul. Operands already 1 byte wide
+// were quantized before; only gradients (TensorKind::kGradient) get noise.
+double stochastic_rounding_noise_bytes(const Tensor& lhs, const Tensor& rhs, double lhs_elements,
+                                       double rhs_elements) {
+  constexpr double kNoiseBytesPerElement = 2 * 4.0;  // float32 noise written, then read
+  auto noisy = [](const Tensor& operand) {
+    return operand.kind == TensorKind::kGradient && dtype_bytes(operand.dtype) > 1;
+  };
+  return kNoiseBytesPerElement *
+         ((noisy(lhs) ? lhs_elements : 0.0) + (noisy(rhs) ? rhs_elements : 0.0));
+}
+
 OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
   const Tensor& lhs = graph.tensor(op.inputs[0]);
   const Tensor& rhs = graph.tensor(op.inputs[1]);
@@ -295,6 +310,14 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
     result.seconds += quantize_seconds;
     result.hbm_seconds += quantize_seconds;
+  }
+  if (quantized && context.stochastic_rounding_gradients &&
+      context.mechanisms.enabled(Mechanism::kAqtStochasticRounding)) {
+    const double noise_seconds =
+        stochastic_rounding_noise_bytes(lhs, rhs, loops * m * k, loops * k * n) /
+        hbm_bytes_per_second(chip) / context.program_efficiency;
+    result.seconds += noise_seconds;
+    result.hbm_seconds += noise_seconds;
   }
   return result;
 }

@@ -29,14 +29,23 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
-  // AQT int8 quantizes the forward and dlhs matmuls (the weight gradient stays bf16); fp8 runs
-  // all three passes in fp8 (e4m3 forward, e5m2 gradients).
+  // fp8 runs all three passes in fp8 (e4m3 forward, e5m2 gradients). MaxText's AQT int8
+  // (quantizations.py _get_int8_quant_config) quantizes forward and dlhs, and the weight gradient
+  // (drhs) too unless quantization_local_shard_count is 0 (its default -1 becomes the number of
+  // slices, pyconfig.py); qwix int8 quantizes every backward matmul. intmp keeps its old reading
+  // (forward and dlhs).
+  const bool aqt_int8 = quantization == "int8" && !config.get_bool("use_qwix_quantization");
+  const bool int8_weight_grad =
+      quantization == "int8" &&
+      (!aqt_int8 || config.get_int("quantization_local_shard_count") != 0);
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
       options.cost.int8_matmuls || options.cost.fp8_matmuls;
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] =
       options.cost.int8_matmuls || options.cost.fp8_matmuls;
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] =
-      options.cost.fp8_matmuls;
+      options.cost.fp8_matmuls || int8_weight_grad;
+  // AQT int8 rounds gradients stochastically (config_v3 with rng_type="jax.uniform").
+  options.cost.stochastic_rounding_gradients = aqt_int8;
   auto dynamic = [&config](const char* key) {
     return config.get_string(key).rfind("fixed", 0) != 0;
   };
