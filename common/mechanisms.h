@@ -39,6 +39,7 @@ enum class Mechanism {
   kGpuAttentionKernelRates,      // GPU fused attention at its measured kernel rate (catalog table)
   kRoutedRowGathers,             // dropless MoE moves routed rows at a fraction of HBM roofline
   kAqtStochasticRounding,        // AQT int8 writes and reads a 32-bit noise tensor per gradient
+  kWeightScaleOnShard,           // a weight's absmax scale is found on its FSDP shard
   kCount,
 };
 

@@ -52,6 +52,15 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
   options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
   options.cost.dynamic_scale_gradients = dynamic("bwd_quantization_calibration_method");
+  // On GPUs quantization=fp8 is MaxText's Fp8Quantization (flax's Fp8DotGeneralOp): delayed
+  // scaling, each operand quantized with the scale its amax history kept from earlier steps
+  // (fp8_ops.in_qdq), its new amax taken in the same pass as the cast. No pass runs before the
+  // matmul, whatever the calibration keys say (they are read by the TPU paths only).
+  if (chip.is_gpu() && quantization == "fp8" && !config.get_bool("use_qwix_quantization")) {
+    options.cost.dynamic_scale_weights = false;
+    options.cost.dynamic_scale_activations = false;
+    options.cost.dynamic_scale_gradients = false;
+  }
   // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
