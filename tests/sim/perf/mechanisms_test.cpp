@@ -180,8 +180,7 @@ TEST(AqtStochasticRounding, NoiseWrittenAndReadPerGradientElement) {
   const OpCost plain = cost_compute_op(graph, graph.ops().front(), context, false);
   context.stochastic_rounding_gradients = true;
   const OpCost noisy = cost_compute_op(graph, graph.ops().front(), context, false);
-  EXPECT_NEAR((noisy.seconds - plain.seconds) * hbm_bytes_per_device(v6e), 8.0 * 8192 * 4096,
-              1.0);
+  EXPECT_NEAR((noisy.seconds - plain.seconds) * hbm_bytes_per_device(v6e), 8.0 * 8192 * 4096, 1.0);
   context.mechanisms = MechanismSet::without({"aqt_stochastic_rounding"});
   EXPECT_DOUBLE_EQ(cost_compute_op(graph, graph.ops().front(), context, false).seconds,
                    plain.seconds);
@@ -221,8 +220,38 @@ TEST(WeightScaleOnShard, ScalePassReadsTheWeightShard) {
               activation_bytes + activation_bytes / 8, 1.0);
   context.mechanisms = MechanismSet::without({"weight_scale_on_shard"});
   const OpCost gathered = cost_compute_op(graph, einsum, context, false);
-  EXPECT_NEAR((gathered.seconds - fixed.seconds) * hbm_bytes_per_device(v7x),
-              2 * activation_bytes, 1.0);
+  EXPECT_NEAR((gathered.seconds - fixed.seconds) * hbm_bytes_per_device(v7x), 2 * activation_bytes,
+              1.0);
+}
+
+// How each quantization mode is read (MaxText quantizations.py, pyconfig.py, fp8_ops): AQT int8
+// runs all three passes int8 and rounds gradients stochastically; quantization_local_shard_count=0
+// keeps its weight gradient bf16; qwix int8 has no noise; GPU fp8's delayed scaling has no pass
+// before the matmul.
+TEST(QuantizationModes, WhichPassesRunNarrowAndWhatTheyPay) {
+  auto options = [](std::vector<std::string> overrides) {
+    overrides.emplace_back("model_name=llama3.1-8b");
+    const Config config = Config::load("", overrides);
+    return perf_options_from_config(config, *build_step_program(config).slice.chip).cost;
+  };
+  const size_t drhs = static_cast<size_t>(MatmulPass::kWeightGrad);
+  const CostContext aqt = options({"compile_topology=v6e-8", "quantization=int8"});
+  EXPECT_TRUE(aqt.quantized_pass[drhs]);
+  EXPECT_TRUE(aqt.stochastic_rounding_gradients);
+  const CostContext local =
+      options({"compile_topology=v6e-8", "quantization=int8", "quantization_local_shard_count=0"});
+  EXPECT_FALSE(local.quantized_pass[drhs]);
+  EXPECT_TRUE(local.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)]);
+  const CostContext qwix =
+      options({"compile_topology=v6e-8", "quantization=int8", "use_qwix_quantization=true"});
+  EXPECT_TRUE(qwix.quantized_pass[drhs]);
+  EXPECT_FALSE(qwix.stochastic_rounding_gradients);
+  const CostContext tpu_fp8 = options({"compile_topology=tpu7x-16", "quantization=fp8_full"});
+  EXPECT_FALSE(tpu_fp8.stochastic_rounding_gradients);
+  EXPECT_TRUE(tpu_fp8.dynamic_scale_weights && tpu_fp8.dynamic_scale_gradients);
+  const CostContext gpu_fp8 = options({"hardware=gpu", "compile_topology=a3", "quantization=fp8"});
+  EXPECT_FALSE(gpu_fp8.dynamic_scale_weights || gpu_fp8.dynamic_scale_activations ||
+               gpu_fp8.dynamic_scale_gradients);
 }
 
 double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) {
