@@ -46,7 +46,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
               "attention_subblock_pipelining", "reduction_reassociation",
-              "gpu_attention_kernel_rates", "routed_row_gathers"]
+              "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
+              "weight_scale_on_shard"]
 
 
 def recipe_predictions(without=()):
@@ -485,6 +486,8 @@ MECHANISM_SUMMARIES = {
                                "(XLA's ReduceScatterReassociate: q, k, v input gradients under tensor parallelism)",
     "gpu_attention_kernel_rates": "GPU fused attention at the measured cuDNN rate by sequence length (H100 table), not a fraction of the GEMM peak",
     "routed_row_gathers": "dropless MoE dispatch/combine move their routed rows at 7% of the HBM roofline (routed_row_hbm_fraction, fitted to the MoE recipes), not at the roofline",
+    "aqt_stochastic_rounding": "AQT int8 writes and reads a float32 stochastic-rounding noise tensor for the gradient operand of each backward matmul (MaxText rng_type=jax.uniform)",
+    "weight_scale_on_shard": "an absmax-scaled weight finds its scale on its FSDP shard, before the all-gather, not on the gathered weight",
 }
 
 

@@ -56,6 +56,14 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"routed_row_gathers",
      "dropless MoE's dispatch and combine (and their gradients) gather and scatter routed token "
      "rows at the catalog's routed_row_hbm_fraction of the HBM roofline, not at the roofline"},
+    {"aqt_stochastic_rounding",
+     "AQT int8 (quantization=int8 without qwix) rounds the gradient operand of each quantized "
+     "backward matmul stochastically: a 32-bit uniform noise tensor of the gradient's shape is "
+     "written to HBM and read back before the matmul"},
+    {"weight_scale_on_shard",
+     "the absmax scale of an FSDP-gathered weight is found on the device's shard before the "
+     "all-gather (XLA keeps the max reduction in the operand's sharding), so its scale pass "
+     "reads the shard, not the gathered weight"},
 }};
 
 }  // namespace

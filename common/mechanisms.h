@@ -38,6 +38,8 @@ enum class Mechanism {
   kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
   kGpuAttentionKernelRates,      // GPU fused attention at its measured kernel rate (catalog table)
   kRoutedRowGathers,             // dropless MoE moves routed rows at a fraction of HBM roofline
+  kAqtStochasticRounding,        // AQT int8 writes and reads a 32-bit noise tensor per gradient
+  kWeightScaleOnShard,           // a weight's absmax scale is found on its FSDP shard
   kCount,
 };
 

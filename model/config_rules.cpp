@@ -134,7 +134,8 @@ const std::vector<RangeRule>& range_rules() {
       // parse_slice's bound (hw/slice.cpp); 4294967298 was narrowed to 2 slices.
       {"compile_topology_num_slices", -1, 10000, false},
       {"num_slices", -1, 10000, false},
-      {"hbm_headroom_fraction", 0, 0.99, false},  // 1 would leave no HBM at all
+      {"quantization_local_shard_count", -1, 1e6, false},  // -1: the number of slices
+      {"hbm_headroom_fraction", 0, 0.99, false},           // 1 would leave no HBM at all
       {"num_threads", 0, 4096, false},
       {"collective_timeout_seconds", 0, 1e6, true},
       {"verify_tolerance", 0, 1, false},

@@ -22,22 +22,26 @@
 namespace tpusim {
 namespace {
 
-// The runs a pair may name by id: published.csv's rows and recipes_public.json's recipes, read
-// from the pairs file's folder when a pair first names one.
+// The runs a pair may name by id: published.csv's and gpu_published.csv's rows and
+// recipes_public.json's recipes, read from the pairs file's folder when a pair first names one.
 class NamedRuns {
  public:
   explicit NamedRuns(std::filesystem::path folder) : folder_(std::move(folder)) {}
 
-  // The config of `published:ID` or `recipe:ID`; nullopt for plain overrides.
+  // The config of `published:ID`, `gpu_published:ID` or `recipe:ID`; nullopt for plain
+  // overrides.
   std::optional<Config> config_of(const std::string& run, const std::string& where) {
-    if (run.starts_with("published:")) {
-      const std::string id = run.substr(std::string("published:").size());
-      const auto& rows = published();
-      const auto found = rows.find(id);
-      if (found == rows.end()) {
-        throw UserError(where + ": no row '" + id + "' in " + (folder_ / "published.csv").string());
+    for (const std::string file : {"published", "gpu_published"}) {
+      if (run.starts_with(file + ":")) {
+        const std::string id = run.substr(file.size() + 1);
+        const auto& rows = published(file);
+        const auto found = rows.find(id);
+        if (found == rows.end()) {
+          throw UserError(where + ": no row '" + id + "' in " +
+                          (folder_ / (file + ".csv")).string());
+        }
+        return Config::load("", split_words(found->second));
       }
-      return Config::load("", split_words(found->second));
     }
     if (run.starts_with("recipe:")) {
       const std::string id = run.substr(std::string("recipe:").size());
@@ -58,19 +62,22 @@ class NamedRuns {
     std::string xla_flags;
   };
 
-  const std::map<std::string, std::string>& published() {
-    if (!published_) {
-      const std::string path = (folder_ / "published.csv").string();
+  // The args of each row of `file`.csv (published.csv, gpu_published.csv) by id.
+  const std::map<std::string, std::string>& published(const std::string& file) {
+    auto cached = published_.find(file);
+    if (cached == published_.end()) {
+      const std::string path = (folder_ / (file + ".csv")).string();
       note_input(path);
       const CsvTable table = parse_csv(read_text_file(path), path);
       const size_t id = table.column("id");
       const size_t args = table.column("args");
-      published_.emplace();
+      std::map<std::string, std::string> rows;
       for (const auto& row : table.rows) {
-        (*published_)[row[id]] = row[args];
+        rows[row[id]] = row[args];
       }
+      cached = published_.emplace(file, std::move(rows)).first;
     }
-    return *published_;
+    return cached->second;
   }
 
   const std::map<std::string, Recipe>& recipes() {
@@ -104,7 +111,7 @@ class NamedRuns {
   }
 
   std::filesystem::path folder_;
-  std::optional<std::map<std::string, std::string>> published_;
+  std::map<std::string, std::map<std::string, std::string>> published_;  // by file
   std::optional<std::map<std::string, Recipe>> recipes_;
 };
 

@@ -11,8 +11,9 @@
 // Columns: id, level (step | op), quantity (step_s | mfu for step pairs; seconds |
 // percent_of_peak for op pairs), a, b, measured_a, measured_b, source, config_note.
 // A step run is key=value overrides, or `published:ID` (the args of row ID of published.csv
-// beside the pairs file) or `recipe:ID` (the recipe of recipes_public.json beside it: its args,
-// topology and XLA flags). An op run is `KIND key=value ...`, as `tpusim op` takes it.
+// beside the pairs file), `gpu_published:ID` (the same of gpu_published.csv) or `recipe:ID` (the
+// recipe of recipes_public.json beside it: its args, topology and XLA flags). An op run is `KIND
+// key=value ...`, as `tpusim op` takes it.
 //
 // Example:
 //   nlohmann::json result = validate_pairs("validation/pairs.csv", MechanismSet());

@@ -216,6 +216,87 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   return work;
 }
 
+// The fraction of a weight operand one device reads to find its absmax scale: the scale is a max
+// over the weight, which XLA's sharding propagation computes where the weight is still sharded
+// (a local max and an all-reduce of the scalar or per-channel maxima), before the FSDP all-gather
+// that makes the operand whole. Walks back from the operand through all-gathers and one-input
+// elementwise ops (the cast from the float32 master copy) to the shard.
+double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
+  constexpr int kMaxHops = 4;
+  const double whole = static_cast<double>(graph.tensor(operand).num_elements());
+  double smallest = whole;
+  TensorId value = operand;
+  for (int hop = 0; hop < kMaxHops; ++hop) {
+    const int producer = graph.producer(value);
+    if (producer < 0) {
+      break;
+    }
+    const Op& op = graph.ops().at(static_cast<size_t>(producer));
+    const bool passes_through =
+        op.kind == OpKind::kAllGather || (op.kind == OpKind::kElementwise && op.inputs.size() == 1);
+    if (!passes_through) {
+      break;
+    }
+    value = op.inputs[0];
+    smallest = std::min(smallest, static_cast<double>(graph.tensor(value).num_elements()));
+  }
+  return whole > 0 ? smallest / whole : 1.0;
+}
+
+// AQT's int8 backward matmuls round their gradient operand stochastically (aqt config_v3:
+// vjp_lhs stochastic rounding with jax.uniform): the noise is a float32 tensor of the gradient's
+// shape from jax.random.uniform, whose generator output XLA writes to HBM and the quantize fusion
+// reads back (4 + 4 bytes per element), in series with the matmul. Operands already 1 byte wide
+// were quantized before; only gradients (TensorKind::kGradient) get noise.
+double stochastic_rounding_noise_bytes(const Tensor& lhs, const Tensor& rhs, double lhs_elements,
+                                       double rhs_elements) {
+  constexpr double kNoiseBytesPerElement = 2 * 4.0;  // float32 noise written, then read
+  auto noisy = [](const Tensor& operand) {
+    return operand.kind == TensorKind::kGradient && dtype_bytes(operand.dtype) > 1;
+  };
+  return kNoiseBytesPerElement *
+         ((noisy(lhs) ? lhs_elements : 0.0) + (noisy(rhs) ? rhs_elements : 0.0));
+}
+
+// Under quantization MaxText's dense MoE path sends its dispatch and combine einsums through the
+// quantized einsum too (moe.py get_einsum: only inference keeps them plain), so each pays the
+// scale pass of its two operands (the token-side operand and the [batch, length, experts,
+// capacity] mask) and, under AQT int8, the stochastic-rounding noise of a gradient operand.
+// Seconds added to the exchange's cost, in series; its MXU time is left as costed.
+double dense_moe_exchange_quantize_seconds(const Graph& graph, const Op& op,
+                                           const CostContext& context) {
+  if (!context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)]) {
+    return 0;
+  }
+  const bool dispatch = op.kind == OpKind::kMoeDispatch;
+  const Tensor& tokens = graph.tensor(dispatch ? op.inputs[0] : op.outputs[0]);
+  const Tensor& grouped = graph.tensor(dispatch ? op.outputs[0] : op.inputs[0]);
+  const Tensor& operand = graph.tensor(op.inputs[0]);
+  auto size_of = [&tokens](const char* name) {
+    const int index = tokens.dim_index(name);
+    return index < 0 ? 1.0 : static_cast<double>(tokens.dims[static_cast<size_t>(index)].size);
+  };
+  const double embed = size_of("embed");
+  const double length = size_of("length");
+  const double mask_elements = static_cast<double>(grouped.num_elements()) / embed * length;
+  const auto operand_elements = static_cast<double>(operand.num_elements());
+  constexpr double kMaskBytesPerElement = 2;  // the one-hot mask in the activation dtype
+  double bytes = 0;
+  if (context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
+    const bool gradient = operand.kind == TensorKind::kGradient;
+    const bool dynamic =
+        gradient ? context.dynamic_scale_gradients : context.dynamic_scale_activations;
+    bytes += (dynamic ? static_cast<double>(operand.bytes()) : 0.0) +
+             (context.dynamic_scale_activations ? mask_elements * kMaskBytesPerElement : 0.0);
+  }
+  if (context.stochastic_rounding_gradients &&
+      context.mechanisms.enabled(Mechanism::kAqtStochasticRounding)) {
+    // Only the first operand can be a gradient; the mask is not one.
+    bytes += stochastic_rounding_noise_bytes(operand, operand, operand_elements, 0.0);
+  }
+  return bytes / hbm_bytes_per_second(*context.chip) / context.program_efficiency;
+}
+
 OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
   const Tensor& lhs = graph.tensor(op.inputs[0]);
   const Tensor& rhs = graph.tensor(op.inputs[1]);
@@ -279,22 +360,39 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
     // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
     // Operands already 1 byte wide, or with a fixed scale, need no pass.
-    auto needs_scale_pass = [&context](const Tensor& operand) {
+    // The fraction of each operand the scale pass reads: 0 without a pass.
+    auto scale_read_fraction = [&](const Tensor& operand, TensorId id) {
       if (dtype_bytes(operand.dtype) <= 1) {
-        return false;
+        return 0.0;
       }
       if (!has_token_dims(operand)) {
-        return context.dynamic_scale_weights;
+        if (!context.dynamic_scale_weights) {
+          return 0.0;
+        }
+        return context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
+                   ? weight_scale_read_fraction(graph, id)
+                   : 1.0;
       }
-      return operand.kind == TensorKind::kGradient ? context.dynamic_scale_gradients
-                                                   : context.dynamic_scale_activations;
+      const bool dynamic = operand.kind == TensorKind::kGradient
+                               ? context.dynamic_scale_gradients
+                               : context.dynamic_scale_activations;
+      return dynamic ? 1.0 : 0.0;
     };
-    const double operand_bytes = loops * ((needs_scale_pass(lhs) ? m * k * lhs_bytes : 0.0) +
-                                          (needs_scale_pass(rhs) ? k * n * rhs_bytes : 0.0));
+    const double operand_bytes =
+        loops * (scale_read_fraction(lhs, op.inputs[0]) * m * k * lhs_bytes +
+                 scale_read_fraction(rhs, op.inputs[1]) * k * n * rhs_bytes);
     const double quantize_seconds =
         operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
     result.seconds += quantize_seconds;
     result.hbm_seconds += quantize_seconds;
+  }
+  if (quantized && context.stochastic_rounding_gradients &&
+      context.mechanisms.enabled(Mechanism::kAqtStochasticRounding)) {
+    const double noise_seconds =
+        stochastic_rounding_noise_bytes(lhs, rhs, loops * m * k, loops * k * n) /
+        hbm_bytes_per_second(chip) / context.program_efficiency;
+    result.seconds += noise_seconds;
+    result.hbm_seconds += noise_seconds;
   }
   return result;
 }
@@ -560,7 +658,11 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     case OpKind::kMoeDispatch:
     case OpKind::kMoeCombine:
       if (op.attrs.capacity_factor > 0) {
-        return dense_moe_exchange_cost(graph, op, context);
+        OpCost cost = dense_moe_exchange_cost(graph, op, context);
+        const double quantize_seconds = dense_moe_exchange_quantize_seconds(graph, op, context);
+        cost.seconds += quantize_seconds;
+        cost.hbm_seconds += quantize_seconds;
+        return cost;
       }
       break;
     // Costed below by their vector FLOPs and the bytes they read and write.

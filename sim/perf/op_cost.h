@@ -16,8 +16,10 @@
 // Dropless MoE grouped matmuls under megablox/tokamax are costed as the tiled kernel runs them
 // (MaxText's wi_tile_* / wo_tile_* keys): ceil(rows / tm) + experts - 1 row tiles, embed and mlp
 // padded to whole tiles, the expert's weight refetched per row tile unless the contraction is one
-// tile. Quantized matmuls (int8: forward and dlhs; fp8: also the weight gradient) run at the
-// narrow MXU rate and, with absmax calibration, first read each bf16 operand for its scale.
+// tile. Quantized matmuls (fp8 and AQT int8: forward, dlhs and drhs; int8 with
+// quantization_local_shard_count=0: forward and dlhs) run at the narrow MXU rate and, with absmax
+// calibration, first read each bf16 operand for its scale; AQT int8 also writes and reads a 32-bit
+// stochastic-rounding noise tensor for each gradient operand of a backward matmul.
 //
 // Example:
 //   OpCost cost = cost_compute_op(graph, op, context);
@@ -72,13 +74,18 @@ struct CostContext {
   bool int8_matmuls = false;  // quantization=int8 on chips with int8 MXUs
   bool fp8_matmuls = false;   // quantization=fp8* on chips with fp8 MXUs
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by
-  // MatmulPass: AQT int8 quantizes forward and dlhs, fp8 all three. Attention kernels stay bf16.
+  // MatmulPass: fp8 and AQT int8 all three (int8 leaves drhs bf16 when
+  // quantization_local_shard_count=0). Attention kernels stay bf16.
   bool quantized_pass[3] = {false, false, false};
   // Whose scales are found at run time ("absmax" calibration: an extra read of the operand before
   // each quantized matmul) rather than fixed: weights, forward activations, gradients.
   bool dynamic_scale_weights = true;
   bool dynamic_scale_activations = true;
   bool dynamic_scale_gradients = true;
+  // AQT int8 rounds the gradient operand of its backward matmuls stochastically (MaxText's
+  // rng_type="jax.uniform"): one 32-bit noise element per gradient element, generated to HBM and
+  // read back by the quantize fusion.
+  bool stochastic_rounding_gradients = false;
   // Dropless grouped matmuls run as megablox kernels (sparse_matmul and megablox): tiles by
   // weight (0: wi, 1: wo) and MatmulPass.
   bool megablox = false;

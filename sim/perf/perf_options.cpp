@@ -29,20 +29,38 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   const std::string quantization = config.get_string("quantization");
   options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
   options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
-  // AQT int8 quantizes the forward and dlhs matmuls (the weight gradient stays bf16); fp8 runs
-  // all three passes in fp8 (e4m3 forward, e5m2 gradients).
+  // fp8 runs all three passes in fp8 (e4m3 forward, e5m2 gradients). MaxText's AQT int8
+  // (quantizations.py _get_int8_quant_config) quantizes forward and dlhs, and the weight gradient
+  // (drhs) too unless quantization_local_shard_count is 0 (its default -1 becomes the number of
+  // slices, pyconfig.py); qwix int8 quantizes every backward matmul. intmp keeps its old reading
+  // (forward and dlhs).
+  const bool aqt_int8 = quantization == "int8" && !config.get_bool("use_qwix_quantization");
+  const bool int8_weight_grad =
+      quantization == "int8" &&
+      (!aqt_int8 || config.get_int("quantization_local_shard_count") != 0);
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
       options.cost.int8_matmuls || options.cost.fp8_matmuls;
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] =
       options.cost.int8_matmuls || options.cost.fp8_matmuls;
   options.cost.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] =
-      options.cost.fp8_matmuls;
+      options.cost.fp8_matmuls || int8_weight_grad;
+  // AQT int8 rounds gradients stochastically (config_v3 with rng_type="jax.uniform").
+  options.cost.stochastic_rounding_gradients = aqt_int8;
   auto dynamic = [&config](const char* key) {
     return config.get_string(key).rfind("fixed", 0) != 0;
   };
   options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
   options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
   options.cost.dynamic_scale_gradients = dynamic("bwd_quantization_calibration_method");
+  // On GPUs quantization=fp8 is MaxText's Fp8Quantization (flax's Fp8DotGeneralOp): delayed
+  // scaling, each operand quantized with the scale its amax history kept from earlier steps
+  // (fp8_ops.in_qdq), its new amax taken in the same pass as the cast. No pass runs before the
+  // matmul, whatever the calibration keys say (they are read by the TPU paths only).
+  if (chip.is_gpu() && quantization == "fp8" && !config.get_bool("use_qwix_quantization")) {
+    options.cost.dynamic_scale_weights = false;
+    options.cost.dynamic_scale_activations = false;
+    options.cost.dynamic_scale_gradients = false;
+  }
   // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));

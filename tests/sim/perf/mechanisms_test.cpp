@@ -157,6 +157,103 @@ TEST(QuantizeScalePass, AbsmaxReadsEachOperandOnce) {
                    fixed.seconds);
 }
 
+// The input-gradient matmul of a weight under AQT int8 on v6e: dx[batch, k] = dy[batch, n] x
+// w[k, n]. With stochastic rounding the gradient dy gets a float32 noise tensor, written and read
+// back (8 bytes per element of dy); the weight (no token dims, not a gradient) gets none.
+TEST(AqtStochasticRounding, NoiseWrittenAndReadPerGradientElement) {
+  const ChipSpec& v6e = chip("v6e");
+  Graph graph;
+  const int region = graph.add_region("r", 1, Phase::kBackward);
+  const TensorId dy = graph.add_tensor("dy", {Dim{"batch", 8192, ""}, Dim{"n", 4096, ""}},
+                                       DType::kBF16, TensorKind::kGradient, region);
+  const TensorId w = graph.add_tensor("w", {Dim{"k", 2048, ""}, Dim{"n", 4096, ""}}, DType::kBF16,
+                                      TensorKind::kActivation, region);
+  const TensorId dx = graph.add_tensor("dx", {Dim{"batch", 8192, ""}, Dim{"k", 2048, ""}},
+                                       DType::kBF16, TensorKind::kGradient, region);
+  OpAttrs attrs;
+  attrs.contracted = {"n"};
+  graph.add_op(OpKind::kEinsum, "dx", {dy, w}, {dx}, attrs, region);
+  CostContext context;
+  context.chip = &v6e;
+  context.int8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)] = true;
+  const OpCost plain = cost_compute_op(graph, graph.ops().front(), context, false);
+  context.stochastic_rounding_gradients = true;
+  const OpCost noisy = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR((noisy.seconds - plain.seconds) * hbm_bytes_per_device(v6e), 8.0 * 8192 * 4096, 1.0);
+  context.mechanisms = MechanismSet::without({"aqt_stochastic_rounding"});
+  EXPECT_DOUBLE_EQ(cost_compute_op(graph, graph.ops().front(), context, false).seconds,
+                   plain.seconds);
+}
+
+// A forward weight matmul whose bf16 weight is all-gathered from a 1/8 shard: its absmax scale
+// pass reads the activation whole but only the weight's shard.
+TEST(WeightScaleOnShard, ScalePassReadsTheWeightShard) {
+  const ChipSpec& v7x = chip("v7x");
+  Graph graph;
+  const int region = graph.add_region("r", 1, Phase::kForward);
+  const TensorId x = graph.add_tensor("x", {Dim{"batch", 8192, ""}, Dim{"k", 8192, ""}},
+                                      DType::kBF16, TensorKind::kActivation, region);
+  const TensorId shard = graph.add_tensor("w_shard", {Dim{"k", 1024, ""}, Dim{"n", 8192, ""}},
+                                          DType::kBF16, TensorKind::kActivation, region);
+  const TensorId w = graph.add_tensor("w", {Dim{"k", 8192, ""}, Dim{"n", 8192, ""}}, DType::kBF16,
+                                      TensorKind::kActivation, region);
+  const TensorId y = graph.add_tensor("y", {Dim{"batch", 8192, ""}, Dim{"n", 8192, ""}},
+                                      DType::kBF16, TensorKind::kActivation, region);
+  graph.add_op(OpKind::kAllGather, "w", {shard}, {w}, OpAttrs{}, region);
+  OpAttrs attrs;
+  attrs.contracted = {"k"};
+  graph.add_op(OpKind::kEinsum, "y", {x, w}, {y}, attrs, region);
+  const Op& einsum = graph.ops().back();
+  CostContext context;
+  context.chip = &v7x;
+  context.fp8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
+  context.dynamic_scale_weights = false;
+  context.dynamic_scale_activations = false;
+  const OpCost fixed = cost_compute_op(graph, einsum, context, false);
+  context.dynamic_scale_weights = true;
+  context.dynamic_scale_activations = true;
+  const OpCost on_shard = cost_compute_op(graph, einsum, context, false);
+  const double activation_bytes = 8192.0 * 8192 * 2;
+  EXPECT_NEAR((on_shard.seconds - fixed.seconds) * hbm_bytes_per_device(v7x),
+              activation_bytes + activation_bytes / 8, 1.0);
+  context.mechanisms = MechanismSet::without({"weight_scale_on_shard"});
+  const OpCost gathered = cost_compute_op(graph, einsum, context, false);
+  EXPECT_NEAR((gathered.seconds - fixed.seconds) * hbm_bytes_per_device(v7x), 2 * activation_bytes,
+              1.0);
+}
+
+// How each quantization mode is read (MaxText quantizations.py, pyconfig.py, fp8_ops): AQT int8
+// runs all three passes int8 and rounds gradients stochastically; quantization_local_shard_count=0
+// keeps its weight gradient bf16; qwix int8 has no noise; GPU fp8's delayed scaling has no pass
+// before the matmul.
+TEST(QuantizationModes, WhichPassesRunNarrowAndWhatTheyPay) {
+  auto options = [](std::vector<std::string> overrides) {
+    overrides.emplace_back("model_name=llama3.1-8b");
+    const Config config = Config::load("", overrides);
+    return perf_options_from_config(config, *build_step_program(config).slice.chip).cost;
+  };
+  const size_t drhs = static_cast<size_t>(MatmulPass::kWeightGrad);
+  const CostContext aqt = options({"compile_topology=v6e-8", "quantization=int8"});
+  EXPECT_TRUE(aqt.quantized_pass[drhs]);
+  EXPECT_TRUE(aqt.stochastic_rounding_gradients);
+  const CostContext local =
+      options({"compile_topology=v6e-8", "quantization=int8", "quantization_local_shard_count=0"});
+  EXPECT_FALSE(local.quantized_pass[drhs]);
+  EXPECT_TRUE(local.quantized_pass[static_cast<size_t>(MatmulPass::kInputGrad)]);
+  const CostContext qwix =
+      options({"compile_topology=v6e-8", "quantization=int8", "use_qwix_quantization=true"});
+  EXPECT_TRUE(qwix.quantized_pass[drhs]);
+  EXPECT_FALSE(qwix.stochastic_rounding_gradients);
+  const CostContext tpu_fp8 = options({"compile_topology=tpu7x-16", "quantization=fp8_full"});
+  EXPECT_FALSE(tpu_fp8.stochastic_rounding_gradients);
+  EXPECT_TRUE(tpu_fp8.dynamic_scale_weights && tpu_fp8.dynamic_scale_gradients);
+  const CostContext gpu_fp8 = options({"hardware=gpu", "compile_topology=a3", "quantization=fp8"});
+  EXPECT_FALSE(gpu_fp8.dynamic_scale_weights || gpu_fp8.dynamic_scale_activations ||
+               gpu_fp8.dynamic_scale_gradients);
+}
+
 double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) {
   double seconds = 0;
   for (const OpProfile& op : estimate.timing.profile) {
