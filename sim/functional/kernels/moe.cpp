@@ -13,7 +13,11 @@
 // kMoeRouter(router_logits[token dims, experts]) -> routing: softmax over "experts" (whole), the
 //   attrs.top_k largest probabilities in descending order (ties: lower index first); their
 //   weights are those probabilities, divided by their sum when attrs.normalize_top_k (MaxText's
-//   norm_topk_prob), times attrs.route_scale (routed_scaling_factor).
+//   norm_topk_prob), times attrs.route_scale (routed_scaling_factor). attrs.hash_routing
+//   (DeepSeek-V4's first layers, MaxText RoutedMoE with is_hash_routing): the choices are
+//   MaxText's tid2eid row of the token, all zeros from initialization, so every choice is expert
+//   0 with the weight of its probability (with normalize_top_k: 1 / top_k each, and no gradient
+//   reaches the logits).
 // kRouterGrad, by input count:
 //   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
@@ -297,7 +301,9 @@ RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int6
            row.probabilities[static_cast<size_t>(rhs)];
   });
   order.resize(static_cast<size_t>(top_k));
-  row.chosen = order;
+  // Hash routing (model/ir/op.h hash_routing): MaxText's tid2eid table, all zeros from its
+  // initialization, picks expert 0 for every choice.
+  row.chosen = attrs.hash_routing ? std::vector<int64_t>(static_cast<size_t>(top_k), 0) : order;
   for (const int64_t e : row.chosen) {
     row.chosen_sum += row.probabilities[static_cast<size_t>(e)];
   }
