@@ -87,8 +87,9 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
                         dims.mlp_activations == std::vector<std::string>{"swish", "linear"};
     if (dims.family().block != DecoderBlock::kDeepseek4 || !swiglu) {
       refuse("mlp_activations_limit", number_text(numerics.mlp_activations_limit),
-             "the clipped activations are built for deepseek4's routed SwiGLU experts only "
-             "(gpt-oss's clamped sigmoid gating is not built)");
+             "the clipped activations are built for the routed SwiGLU experts of " +
+                 std::string(decoder_family(DecoderBlock::kDeepseek4).name) +
+                 " only (gpt-oss's clamped sigmoid gating is not built)");
     }
   }
   if (numerics.num_experts <= 1) {
