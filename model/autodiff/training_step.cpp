@@ -333,17 +333,25 @@ class BackwardBuilder {
       return;
     }
     if (fn == ElementwiseFn::kMul) {
+      // A product clipping its second input b (model/ir/op.h activation_limit): a gets
+      // dy clip(b), b gets dy a [|b| < L], which reads b as well.
+      const double limit = op.attrs.activation_limit;
       for (size_t index = 0; index < 2; ++index) {
         OpAttrs attrs;
         attrs.function = ElementwiseFn::kMul;
-        const TensorId grad = simple_op(OpKind::kElementwise, grad_name(),
-                                        {dy, available(op.inputs[1 - index], region)},
+        attrs.activation_limit = limit;
+        std::vector<TensorId> inputs = {dy, available(op.inputs[1 - index], region)};
+        if (limit > 0 && index == 1) {
+          inputs.push_back(available(op.inputs[1], region));
+        }
+        const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), std::move(inputs),
                                         graph_.tensor(op.inputs[index]), region, attrs);
         accumulate(op.inputs[index], grad, region);
       }
       return;
     }
     OpAttrs attrs;
+    attrs.activation_limit = op.attrs.activation_limit;  // kSilu's clip, for kSiluGrad
     attrs.function = fn == ElementwiseFn::kSilu      ? ElementwiseFn::kSiluGrad
                      : fn == ElementwiseFn::kRelu    ? ElementwiseFn::kReluGrad
                      : fn == ElementwiseFn::kSigmoid ? ElementwiseFn::kSigmoidGrad

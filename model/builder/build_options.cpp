@@ -39,6 +39,7 @@ BuildOptions BuildOptions::from_config(const Config& config) {
   options.capacity_factor = config.get_float("capacity_factor");
   options.sparse_matmul = config.get_bool("sparse_matmul");
   options.ragged_buffer_factor = config.get_float("ragged_buffer_factor");
+  options.mlp_activations_limit = config.get_float("mlp_activations_limit");
   return options;
 }
 

@@ -50,6 +50,9 @@ struct BuildOptions {
   double capacity_factor = 0;
   bool sparse_matmul = false;
   double ragged_buffer_factor = 0;
+  // MaxText's mlp_activations_limit: > 0 clips the SwiGLU of deepseek's and deepseek4's routed
+  // experts (moe.py apply_ffn_activation); <= 0 (its -1 default) clips nothing.
+  double mlp_activations_limit = 0;
 
   static BuildOptions from_config(const Config& config);
 };

@@ -37,6 +37,18 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
   const int64_t wo_fan_in = moe ? dims_.num_experts * in_width : mlp_dim;
   TensorId gated = -1;
   const auto& activations = dims_.mlp_activations;
+  // MaxText clips the SwiGLU of deepseek's and deepseek4's routed experts at
+  // mlp_activations_limit (moe.py apply_ffn_activation: the gate projection at most L before
+  // the SiLU, the up projection within [-L, L]); its shared experts and dense MLPs (MlpBlock)
+  // are not clipped. The clip rides on the activation and the gating product (OpAttrs).
+  const DecoderBlock block = dims_.family().block;
+  const double limit =
+      moe && options_.mlp_activations_limit > 0 &&
+              (block == DecoderBlock::kDeepseek || block == DecoderBlock::kDeepseek4) &&
+              activations.size() == 2 && (activations[0] == "silu" || activations[0] == "swish") &&
+              activations[1] == "linear"
+          ? options_.mlp_activations_limit
+          : 0.0;
   for (size_t index = 0; index < activations.size(); ++index) {
     std::vector<Dim> w_dims = weight_lead;
     w_dims.emplace_back("embed", in_width, embed_logical);
@@ -52,9 +64,15 @@ TensorId ForwardBuilder::build_mlp(const std::string& prefix, int region, Tensor
                                : function == "sigmoid"                   ? ElementwiseFn::kSigmoid
                                                                          : ElementwiseFn::kGelu;
       hidden = elementwise(prefix + "/" + function + suffix, fn, {hidden}, region);
+      if (limit > 0 && index == 0) {
+        graph().mutable_op(graph().producer(hidden)).attrs.activation_limit = limit;
+      }
     }
     gated = gated < 0 ? hidden
                       : elementwise(prefix + "/gate", ElementwiseFn::kMul, {gated, hidden}, region);
+    if (limit > 0 && index == 1) {
+      graph().mutable_op(graph().producer(gated)).attrs.activation_limit = limit;
+    }
   }
   std::vector<Dim> wo_dims = weight_lead;
   wo_dims.emplace_back("mlp", mlp_dim, mlp_logical);
@@ -91,6 +109,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
   router_attrs.top_k = top_k;
   router_attrs.normalize_top_k = options_.normalize_router_top_k;
   router_attrs.route_scale = options_.routed_scaling_factor;
+  router_attrs.hash_routing = hash_routing;
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
                  {router_logits}, {routing}, router_attrs, region);
   const double tokens = static_cast<double>(batch_ * length_);

@@ -133,6 +133,16 @@ struct OpAttrs {
   // multiplied by route_scale (routed_scaling_factor).
   bool normalize_top_k = false;
   double route_scale = 1;
+  // MoE router: hash routing (DeepSeek-V4's first first_num_hash_layers layers): each token's
+  // top_k choices come from MaxText's tid2eid table at its token id instead of the top-k of the
+  // scores. That table is all zeros from initialization (nothing trains it), so every choice is
+  // expert 0; the weights still come from the chosen scores.
+  bool hash_routing = false;
+  // The SwiGLU of deepseek's routed experts clipped at MaxText's mlp_activations_limit L (> 0;
+  // 0 = no clip): kSilu(x) = silu(min(x, L)); kMul(a, b) = a clip(b, -L, L) (b: the up
+  // projection). Their VJPs carry it: kSiluGrad(dy, x) = dy silu'(x) [x < L]; kMul(dy, b) =
+  // dy clip(b, -L, L); kMul(dy, a, b) = dy a [|b| < L] (the up projection's gradient).
+  double activation_limit = 0;
   // Attention: multiplies the logits q.k. MaxText's default Attention uses 1 (its query kernel's
   // initializer carries 1/sqrt(head_dim)); see model/builder/initializers.h for each family.
   double attention_scale = 1;

@@ -702,9 +702,16 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     cost.bound = CostCategory::kVpu;
     return cost;
   }
+  // The gradient of a clipped SwiGLU's up projection, kMul(dy, a, b) with activation_limit
+  // (model/ir/op.h), reads b for its mask only: its sibling dy clip(b) reads b in the same XLA
+  // fusion of the SwiGLU's backward, where b is charged once.
+  const size_t charged_inputs =
+      op.kind == OpKind::kElementwise && op.attrs.activation_limit > 0 && op.inputs.size() == 3
+          ? 2
+          : op.inputs.size();
   double bytes = 0;
-  for (const TensorId input : op.inputs) {
-    bytes += static_cast<double>(graph.tensor(input).bytes());
+  for (size_t input = 0; input < charged_inputs; ++input) {
+    bytes += static_cast<double>(graph.tensor(op.inputs[input]).bytes());
   }
   for (const TensorId output : op.outputs) {
     bytes += static_cast<double>(graph.tensor(output).bytes());

@@ -72,16 +72,26 @@ std::string number_text(double value) {
 // BuildOptions::normalize_router_top_k; scaled by routed_scaling_factor); its RoPE is the plain
 // one.
 template <typename Refuse>
-void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse) {
+void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dims,
+                             const Refuse& refuse) {
   if (const std::string& rope = numerics.rope_type; !rope.empty() && rope != "default") {
     refuse("rope_type", rope, "the functional engine builds plain RoPE, without frequency scaling");
   }
   if (numerics.enable_dropout && numerics.dropout_rate > 0) {
     refuse("dropout_rate", number_text(numerics.dropout_rate), "dropout is not built");
   }
+  // The clip is built as MaxText computes it for deepseek4's routed experts (SwiGLU,
+  // model/builder/feed_forward_block.cpp); gpt-oss clips another gating (sigmoid of 1.702 x,
+  // times up + 1), and the other blocks MaxText does not clip at all.
   if (numerics.mlp_activations_limit > 0) {
-    refuse("mlp_activations_limit", number_text(numerics.mlp_activations_limit),
-           "gpt-oss's clamped activations are not built");
+    const bool swiglu = dims.mlp_activations == std::vector<std::string>{"silu", "linear"} ||
+                        dims.mlp_activations == std::vector<std::string>{"swish", "linear"};
+    if (dims.family().block != DecoderBlock::kDeepseek4 || !swiglu) {
+      refuse("mlp_activations_limit", number_text(numerics.mlp_activations_limit),
+             "the clipped activations are built for the routed SwiGLU experts of " +
+                 std::string(decoder_family(DecoderBlock::kDeepseek4).name) +
+                 " only (gpt-oss's clamped sigmoid gating is not built)");
+    }
   }
   if (numerics.num_experts <= 1) {
     return;
@@ -103,8 +113,9 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const Refuse& refuse
 }
 
 // deepseek4 (docs/reference/deepseek4.md, "What train computes"): the functional engine builds
-// its layers with sliding-window attention only (every compress_ratios entry 0), one residual
-// stream and learned routing; what it does not build is refused by the key that turns it on.
+// its layers with sliding-window attention only (every compress_ratios entry 0) and one residual
+// stream, routing by the router or, in the first first_num_hash_layers layers, by MaxText's
+// tid2eid table; what it does not build is refused by the key that turns it on.
 template <typename Refuse>
 void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
                               const TrainNumerics& numerics, const Refuse& refuse) {
@@ -123,11 +134,6 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
     refuse("mhc_expansion_rate", std::to_string(dims.mhc_expansion_rate),
            "manifold-constrained hyper-connections (Sinkhorn-mixed residual streams) are not "
            "computed; 1 gives a plain residual stream");
-  }
-  if (dims.is_moe() && dims.first_num_hash_layers > 0) {
-    refuse("first_num_hash_layers", std::to_string(dims.first_num_hash_layers),
-           "hash routing by token id (tid2eid) is not computed; 0 routes every MoE layer by the "
-           "router");
   }
   if (dims.qk_rope_head_dim != dims.head_dim) {
     refuse("qk_rope_head_dim", std::to_string(dims.qk_rope_head_dim),
@@ -182,7 +188,7 @@ void check_functional_support(const Config& config) {
     refuse("decoder_block", family.name, family.train_refusal);
   }
   const TrainNumerics numerics = TrainNumerics::from_config(config);
-  refuse_unbuilt_numerics(numerics, refuse);
+  refuse_unbuilt_numerics(numerics, dims, refuse);
   if (family.has_compressed_attention()) {
     refuse_unbuilt_deepseek4(dims, BuildOptions::from_config(config), numerics, refuse);
   }

@@ -89,6 +89,16 @@ check deepseek4-tiny "model_name=deepseek4-tiny override_model_config=true \
   routed_score_func='' norm_topk_prob=true routed_bias=false load_balance_loss_weight=0 \
   mlp_activations_limit=-1 sliding_window_size=8 vocab_size=256" \
   "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k"
+# ... and with the preset's SwiGLU clip (mlp_activations_limit, here 0.3, which cuts about 12% of
+# the routed experts' gate entries and 23% of their up entries; the reference prints the shares)
+# and its first layer hash-routed (first_num_hash_layers: MaxText's tid2eid table, zeros from
+# initialization, so every choice goes to expert 0).
+check deepseek4-tiny-clip-hash "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
+  routed_score_func='' norm_topk_prob=true routed_bias=false load_balance_loss_weight=0 \
+  mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256" \
+  "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+  --first-num-hash-layers 1"
 check qwen3-custom-tiny "model_name=qwen3-custom-30b-a3b override_model_config=true \
   base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 \
   base_num_decoder_layers=2 attention_output_dim=32 moe_expert_input_dim=32 num_experts=4 \

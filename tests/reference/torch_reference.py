@@ -37,12 +37,16 @@ Model families (detected from the tensor names), as MaxText computes them:
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
-  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0, mHC off
-         (mhc_expansion_rate 1) and no hash layers: CompressedAttention's sliding-window path
+  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0 and mHC off
+         (mhc_expansion_rate 1): CompressedAttention's sliding-window path
          (low-rank query, unweighted q_up_norm, one shared key/value head, sinks, the output's
          rotation undone, grouped output projection) and RoutedAndSharedMoE (routed_score_func
          '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
-         i.e. --renormalize-top-k; plus the shared experts); the loss is also computed with
+         i.e. --renormalize-top-k; plus the shared experts). --mlp-activations-limit L clips
+         the routed experts' SwiGLU (gate <= L, up in [-L, L]; not the shared experts');
+         --first-num-hash-layers N routes the first N layers by MaxText's tid2eid table (zeros
+         from initialization: expert 0 for every choice, weights a softmax over the chosen
+         logits). The loss is also computed with
          DeepSeek-V4's interleaved RoPE on head_dim-reordered weights (the same function). Pass
          --eps 1e-6 --sliding-window W --top-k K --renormalize-top-k.
   qwen3_custom  MaxText's Qwen3CustomMoeDecoderLayer: qwen3 attention (qk-norm, d^-0.5 at run
@@ -227,16 +231,44 @@ class Reference:
         self.family = family
         self.args = args
         regions = sorted({split_name(n)[0].split("/")[0] for n in params} - {"embed", "head"})
-        if len(regions) != 1:
+
+        def count(region):
+            return 1 + max(split_name(n)[1] for n in params if n.startswith(region + "/"))
+
+        # Decoder layer i's tensors: (region, index) in self.slots[i]. One region holds every
+        # layer; deepseek4 with hash layers stores its first --first-num-hash-layers layers in a
+        # region of their own (the one named *hash*), the others after them.
+        hashed = [r for r in regions if "hash" in r]
+        if len(regions) == 1:
+            self.slots = [(regions[0], i) for i in range(count(regions[0]))]
+        elif family == "deepseek4" and len(regions) == 2 and len(hashed) == 1:
+            other = next(r for r in regions if r != hashed[0])
+            if count(hashed[0]) != args.first_num_hash_layers:
+                raise ValueError(f"{count(hashed[0])} hash-routed layers in the dump, "
+                                 f"--first-num-hash-layers {args.first_num_hash_layers}")
+            self.slots = ([(hashed[0], i) for i in range(count(hashed[0]))] +
+                          [(other, i) for i in range(count(other))])
+        else:
             raise ValueError(f"expected one decoder region, found {regions}")
-        self.region = regions[0]
-        self.layers = 1 + max(split_name(n)[1] for n in params if n.startswith(self.region + "/"))
+        self.region = "decoder"  # names below say decoder/...; w() maps them through slots
+        self.layers = len(self.slots)
         self.interleaved = False  # deepseek4: the equivalent model with interleaved RoPE
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
+        self.clipped = []  # per MoE layer with a SwiGLU clip: shares of gate and up entries cut
+
+    def stored(self, name, layer=0):
+        """The dump's name of `name` in decoder layer `layer` (other names: as given)."""
+        if name.startswith(self.region + "/"):
+            region, index = self.slots[layer]
+            return f"{region}/{name[len(self.region) + 1:]}#{index}"
+        return f"{name}#{layer}"
 
     def w(self, name, layer=0):
-        return self.p[f"{name}#{layer}"]
+        return self.p[self.stored(name, layer)]
+
+    def has(self, name, layer=0):
+        return self.stored(name, layer) in self.p
 
     def norm(self, x, name, layer=0):
         eps = self.args.eps
@@ -251,7 +283,7 @@ class Reference:
         q = torch.einsum("ble,ehd->blhd", x, self.w(f"{r}/attention/query", layer))
         k = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/key", layer))
         v = torch.einsum("ble,ekd->blkd", x, self.w(f"{r}/attention/value", layer))
-        qk_norm = f"{r}/attention/query_norm/scale#{layer}" in self.p
+        qk_norm = self.has(f"{r}/attention/query_norm/scale", layer)
         if qk_norm:
             # MaxText's use_qk_norm (qwen3): each head's query and key RMS-normalized over head_dim
             # with their own [head_dim] scales, before RoPE; values untouched.
@@ -312,7 +344,7 @@ class Reference:
         r = self.region
         if self.family == "gpt3":
             return gelu_tanh(x @ self.w(f"{r}/mlp/wi", layer)) @ self.w(f"{r}/mlp/wo", layer)
-        if f"{r}/moe/gate#{layer}" in self.p:
+        if self.has(f"{r}/moe/gate", layer):
             return self.moe(x, layer)
         return swiglu(x, self.w(f"{r}/mlp/wi_0", layer), self.w(f"{r}/mlp/wi_1", layer),
                       self.w(f"{r}/mlp/wo", layer))
@@ -330,8 +362,17 @@ class Reference:
         probabilities = torch.softmax(tokens @ gate, dim=-1)  # [T, E]
         # Top-k by probability, descending, ties to the lower expert index (a stable sort).
         order = np.argsort(-probabilities.detach().numpy(), axis=-1, kind="stable")[:, :top_k]
+        hashed = layer < self.args.first_num_hash_layers
+        if hashed:
+            # DeepSeek-V4's hash routing (moe.py RoutedMoE.get_topk with is_hash_routing): the
+            # experts are the token's row of tid2eid, a [vocab, top_k] table MaxText creates as
+            # zeros and never trains, so expert 0 k times; the weights are the chosen gate logits
+            # (take_along_axis of the pre-bias logits), then a softmax over them.
+            order = np.zeros_like(order)
         chosen = torch.from_numpy(order.copy())
         weights = probabilities.gather(1, chosen)  # [T, k]
+        if hashed:
+            weights = torch.softmax((tokens @ gate).gather(1, chosen), dim=-1)
         if self.args.renormalize_top_k:
             # MaxText's RoutedMoE (moe.py get_topk) outside DeepSeek: a softmax over the top-k
             # logits, i.e. the top-k probabilities renormalized.
@@ -355,13 +396,22 @@ class Reference:
         counts = np.bincount(order.reshape(-1), minlength=experts)
         self.loads.append(counts / (batch * length * top_k / experts))
         # Every expert on every token (tiny sizes), then pick the chosen ones.
-        hidden = silu(torch.einsum("te,xem->xtm", tokens, wi_0)) * torch.einsum(
-            "te,xem->xtm", tokens, wi_1)
+        gate_in = torch.einsum("te,xem->xtm", tokens, wi_0)
+        up = torch.einsum("te,xem->xtm", tokens, wi_1)
+        limit = self.args.mlp_activations_limit
+        if limit > 0:
+            # DeepSeek(-V4)'s clipped SwiGLU of the routed experts (moe.py apply_ffn_activation):
+            # the gate projection at most L, the up projection within [-L, L].
+            self.clipped.append(((gate_in > limit).double().mean().item(),
+                                 (up.abs() > limit).double().mean().item()))
+            gate_in = torch.clamp(gate_in, max=limit)
+            up = torch.clamp(up, min=-limit, max=limit)
+        hidden = silu(gate_in) * up
         expert_out = torch.einsum("xtm,xme->xte", hidden, wo)  # [E, T, embed]
         token_index = torch.arange(batch * length)[:, None].expand(-1, top_k)
         picked = expert_out[chosen, token_index]  # [T, k, embed]
         combined = (picked * (weights * keep)[..., None]).sum(dim=1)
-        if f"{r}/moe/shared/wi_0#{layer}" in self.p:
+        if self.has(f"{r}/moe/shared/wi_0", layer):
             # RoutedAndSharedMoE: the shared experts (one SwiGLU of shared_experts x moe_mlp_dim)
             # on every token, added to the routed output.
             combined = combined + swiglu(tokens, self.w(f"{r}/moe/shared/wi_0", layer),
@@ -470,6 +520,10 @@ def main():
                         help="MoE: the top-k weights times this (routed_scaling_factor)")
     parser.add_argument("--sliding-window", type=int, default=0,
                         help="deepseek4: sliding_window_size")
+    parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,
+                        help="deepseek4: the routed experts' SwiGLU clip; <= 0: none")
+    parser.add_argument("--first-num-hash-layers", type=int, default=0,
+                        help="deepseek4: the first N MoE layers route by MaxText's tid2eid table")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
                         help="MoE expert capacity factor; <= 0: dropless")
     parser.add_argument("--expect-expert-load", type=float, default=None,
@@ -513,12 +567,12 @@ def main():
     if family == "deepseek4":
         # The same model with DeepSeek-V4's interleaved RoPE layout and head_dim reordered in the
         # weights computes the same loss: the layout does not change what trains.
-        routing = (list(model.dropped), list(model.loads))
+        routing = (list(model.dropped), list(model.loads), list(model.clipped))
         model.interleaved = True
         with torch.no_grad():
             other = model.loss(tokens, targets)
         model.interleaved = False
-        model.dropped, model.loads = routing
+        model.dropped, model.loads, model.clipped = routing
         report.check("layout", "loss with interleaved RoPE", other.item(), loss.item(), 1e-12)
     names = sorted(params)
     grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
@@ -529,6 +583,9 @@ def main():
         for layer, load in enumerate(model.loads):
             shares = " ".join(f"{share:.2f}" for share in load)
             print(f"# MoE layer {layer}: token choices per expert / balanced share: {shares}")
+    for layer, (gate_share, up_share) in enumerate(model.clipped):
+        print(f"# MoE layer {layer}: SwiGLU entries clipped (all experts x tokens): gate "
+              f"{gate_share:.1%}, up {up_share:.1%}")
     if args.expect_expert_load is not None:
         if not model.loads:
             print("FAIL routing   --expect-expert-load given for a model without MoE layers")

@@ -193,5 +193,24 @@ TEST(InterpretersAgree, DroplessMoeOnUnbalancedRouting) {
                    false, "fsdp=2 x expert=2");
 }
 
+// deepseek4 with the preset's SwiGLU clip and a hash-routed first layer (docs/reference/
+// deepseek4.md, section 6): the clip rides on the SiLU and the gating product, and the up
+// projection's gradient reads the up projection as a third input, all ops of the program; the
+// hash layer routes every token's choices to expert 0, which on one device is still B*S*k rows.
+TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
+  const std::vector<std::string> tiny = {
+      "override_model_config=true", "base_num_decoder_layers=2", "compress_ratios=[0,0]",
+      "mhc_expansion_rate=1",       "first_num_hash_layers=1",   "routed_score_func=''",
+      "norm_topk_prob=true",        "routed_bias=false",         "load_balance_loss_weight=0",
+      "mlp_activations_limit=0.3",  "sliding_window_size=8",     "vocab_size=256"};
+  std::vector<std::string> one_device = tiny;
+  one_device.emplace_back("compile_topology=v5e-1");
+  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 one device");
+  std::vector<std::string> sharded = tiny;
+  sharded.insert(sharded.end(), {"compile_topology=v5e-4", "ici_fsdp_parallelism=2",
+                                 "ici_tensor_parallelism=2", "base_num_kv_heads=2"});
+  expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 fsdp=2 x tensor=2");
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -18,6 +18,10 @@
 //   Gradients take (dy, x) and give dy * f'(x): kSiluGrad f' = s (1 + x (1 - s)) with
 //   s = sigmoid(x); kGeluGrad f' = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
 //   with t = tanh(...) as above; kReluGrad f' = [x > 0]; kSigmoidGrad f' = s (1 - s).
+// With attrs.activation_limit L > 0 (the clipped SwiGLU of deepseek's routed experts, MaxText
+//   moe.py apply_ffn_activation): kSilu(x) = silu(min(x, L)), kSiluGrad(dy, x) = dy silu'(x)
+//   [x < L]; kMul(a, b) = a clip(b, -L, L), and the up projection's gradient kMul(dy, a, b) =
+//   dy a [|b| < L] (three inputs, the only three-input elementwise op).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -82,10 +86,51 @@ double apply_elementwise(ElementwiseFn fn, double a, double b) {
   return 0.0;
 }
 
+// apply_elementwise with the clip of attrs.activation_limit (limit > 0; see the header).
+double apply_clipped(ElementwiseFn fn, double a, double b, double limit) {
+  switch (fn) {
+    case ElementwiseFn::kSilu:
+      return apply_elementwise(fn, std::min(a, limit), b);
+    case ElementwiseFn::kSiluGrad:
+      return b < limit ? apply_elementwise(fn, a, b) : 0.0;
+    case ElementwiseFn::kMul:
+      return a * std::clamp(b, -limit, limit);
+    default:
+      return apply_elementwise(fn, a, b);
+  }
+}
+
+// kMul(dy, a, b) = dy a [|b| < L]: the gradient of a clipped product's second input.
+void run_clipped_product_grad(const Ctx& ctx, double limit) {
+  ctx.expect_counts(3, 3, 1, 1);
+  const Tensor& out_tensor = ctx.out_tensor(0);
+  Space space;
+  for (const Dim& dim : out_tensor.dims) {
+    space.add(dim.name, dim.size);
+  }
+  const std::array<std::vector<int64_t>, 4> all = {
+      strides_of(out_tensor), ctx.strides_in(ctx.in_tensor(0), space, false, true),
+      ctx.strides_in(ctx.in_tensor(1), space, false, true),
+      ctx.strides_in(ctx.in_tensor(2), space, false, true)};
+  const float* dy = ctx.in(0);
+  const float* a = ctx.in(1);
+  const float* b = ctx.in(2);
+  float* out = ctx.out(0);
+  for_each_index(space.sizes, all, [&](const std::array<int64_t, 4>& at) {
+    const double inside = std::abs(static_cast<double>(b[at[3]])) < limit ? 1.0 : 0.0;
+    out[at[0]] = static_cast<float>(static_cast<double>(dy[at[1]]) * a[at[2]] * inside);
+  });
+}
+
 }  // namespace
 
 void run_elementwise(const Ctx& ctx) {
   const ElementwiseFn fn = ctx.op().attrs.function;
+  const double limit = ctx.op().attrs.activation_limit;
+  if (limit > 0 && fn == ElementwiseFn::kMul && ctx.num_inputs() == 3) {
+    run_clipped_product_grad(ctx, limit);
+    return;
+  }
   if (fn == ElementwiseFn::kReshape) {
     ctx.expect_counts(1, 1, 1, 1);
     const int64_t count = ctx.out_tensor(0).num_elements();
@@ -129,7 +174,7 @@ void run_elementwise(const Ctx& ctx) {
   const float* a = ctx.in(0);
   const float* b = arity == 2 ? ctx.in(1) : ctx.in(0);
   const std::vector<int64_t> out_strides = strides_of(out_tensor);
-  if (ctx.device().fast_kernels && a_strides == out_strides &&
+  if (ctx.device().fast_kernels && limit <= 0 && a_strides == out_strides &&
       (arity == 1 || b_strides == out_strides)) {
     // functional_precision=fast, no broadcasting: one flat loop in fp32.
     float* out = ctx.out_unfilled(0);
@@ -172,6 +217,12 @@ void run_elementwise(const Ctx& ctx) {
   }
   float* out = ctx.out(0);
   const std::array<std::vector<int64_t>, 3> all = {out_strides, a_strides, b_strides};
+  if (limit > 0) {
+    for_each_index(space.sizes, all, [&](const std::array<int64_t, 3>& at) {
+      out[at[0]] = static_cast<float>(apply_clipped(fn, a[at[1]], b[at[2]], limit));
+    });
+    return;
+  }
   for_each_index(space.sizes, all, [&](const std::array<int64_t, 3>& at) {
     out[at[0]] = static_cast<float>(apply_elementwise(fn, a[at[1]], b[at[2]]));
   });

@@ -13,7 +13,11 @@
 // kMoeRouter(router_logits[token dims, experts]) -> routing: softmax over "experts" (whole), the
 //   attrs.top_k largest probabilities in descending order (ties: lower index first); their
 //   weights are those probabilities, divided by their sum when attrs.normalize_top_k (MaxText's
-//   norm_topk_prob), times attrs.route_scale (routed_scaling_factor).
+//   norm_topk_prob), times attrs.route_scale (routed_scaling_factor). attrs.hash_routing
+//   (DeepSeek-V4's first layers, MaxText RoutedMoE with is_hash_routing): the choices are
+//   MaxText's tid2eid row of the token, all zeros from initialization, so every choice is expert
+//   0, weighted by a softmax over the chosen scores: route_scale / top_k each, and kRouterGrad
+//   gives the logits no gradient (exactly 0).
 // kRouterGrad, by input count:
 //   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
@@ -297,11 +301,18 @@ RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int6
            row.probabilities[static_cast<size_t>(rhs)];
   });
   order.resize(static_cast<size_t>(top_k));
-  row.chosen = order;
+  // Hash routing (model/ir/op.h hash_routing): MaxText's tid2eid table, all zeros from its
+  // initialization, picks expert 0 for every choice.
+  row.chosen = attrs.hash_routing ? std::vector<int64_t>(static_cast<size_t>(top_k), 0) : order;
   for (const int64_t e : row.chosen) {
     row.chosen_sum += row.probabilities[static_cast<size_t>(e)];
   }
   row.weight_scale = attrs.route_scale / (attrs.normalize_top_k ? row.chosen_sum : 1.0);
+  if (attrs.hash_routing) {
+    // A softmax over top_k copies of one score: 1 / top_k each, whatever the logits.
+    row.weight_scale = attrs.route_scale /
+                       (static_cast<double>(top_k) * row.probabilities[static_cast<size_t>(0)]);
+  }
   return row;
 }
 
@@ -345,6 +356,16 @@ void run_router(const Ctx& ctx, bool gradient) {
   const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
+  if (ctx.op().attrs.hash_routing) {
+    // Hash-routed weights are constant (1 / top_k): no gradient reaches the logits. (Computed
+    // through the softmax it is 0 only up to rounding, which sharding would change.)
+    for (size_t token = 0; token < logits_at.size(); ++token) {
+      for (int64_t e = 0; e < experts.size; ++e) {
+        d_logits[d_at[token] + e * d_stride] = 0.0f;
+      }
+    }
+    return;
+  }
   for (size_t token = 0; token < logits_at.size(); ++token) {
     const RouterRow row = route_token(logit_values + logits_at[token], experts.size, stride,
                                       layout.top_k, ctx.op().attrs);

@@ -20,10 +20,10 @@ constexpr double kTolerance = 1e-5;
 
 // deepseek4-tiny with every layer's compress_ratios entry 0 (sliding-window attention, a window of
 // 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off,
-// no hash layers, the router on raw logits with its top-k weights renormalized as MaxText's
-// deepseek4 router does (the preset's sqrtsoftplus, selection bias, load-balance loss and
-// activation clip are refused by key); 3 of its 43 layers and a 256-token vocabulary instead of
-// its 129280 (the head is not what is tested).
+// no hash layers, no activation clip, the router on raw logits with its top-k weights
+// renormalized as MaxText's deepseek4 router does (the preset's sqrtsoftplus, selection bias and
+// load-balance loss are refused by key); 3 of its 43 layers and a 256-token vocabulary instead
+// of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
   return {"model_name=deepseek4-tiny",
           "override_model_config=true",
@@ -104,6 +104,24 @@ TEST(DecoderBlocksTraining, Deepseek4ShardedMatchesOneDevice) {
   two_kv_heads.emplace_back("base_num_kv_heads=2");
   expect_sharded_matches_one_device(two_kv_heads,
                                     {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
+}
+
+// With the preset's SwiGLU clip (mlp_activations_limit at 0.3, which cuts about 12% of the routed
+// experts' gate entries and 23% of their up entries, as tests/reference/run_torch_reference.sh
+// prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every
+// choice to expert 0, so under expert=2 one shard's experts get every token).
+TEST(DecoderBlocksTraining, Deepseek4ClipAndHashRoutingShardedMatchesOneDevice) {
+  std::vector<std::string> model = deepseek4_tiny();
+  for (std::string& item : model) {
+    if (item == "first_num_hash_layers=0") {
+      item = "first_num_hash_layers=1";
+    } else if (item == "mlp_activations_limit=-1") {
+      item = "mlp_activations_limit=0.3";
+    }
+  }
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  model.emplace_back("base_num_kv_heads=2");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
 }
 
 TEST(DecoderBlocksTraining, Qwen3CustomShardedMatchesOneDevice) {

@@ -146,6 +146,74 @@ TEST(KernelElementwise, GradientsMatchFiniteDifferences) {
             run(c.graph, vjp, {weights[0], inputs[0]})[0]);
 }
 
+// The clipped SwiGLU of deepseek's routed experts (attrs.activation_limit L, MaxText moe.py
+// apply_ffn_activation): silu(min(g, L)) and s clip(u, -L, L) against those formulas written
+// out, and the VJPs autodiff emits (kSiluGrad and kMul carrying L; the up projection's gradient
+// kMul(dy, s, u)) against finite differences, with values kept 0.05 off the kinks at +-L.
+TEST(KernelElementwise, ClippedSwigluMatchesFormulasAndFiniteDifferences) {
+  constexpr double kLimit = 1.0;
+  std::mt19937 rng(5);
+  Case c;
+  const TensorId gate = c.tensor("gate", activation_dims());
+  const TensorId up = c.tensor("up", activation_dims());
+  const TensorId silu = c.tensor("silu", activation_dims());
+  const TensorId product = c.tensor("product", activation_dims());
+  const TensorId dy = c.tensor("dy", activation_dims());
+  const TensorId d_gate = c.tensor("d_gate", activation_dims());
+  const TensorId d_silu = c.tensor("d_silu", activation_dims());
+  const TensorId d_up = c.tensor("d_up", activation_dims());
+  const auto off_kinks = [&](const Tensor& tensor) {
+    TensorData data = random_data(tensor, rng, -3, 3);
+    for (float& value : data.values) {
+      if (std::abs(std::abs(value) - kLimit) < 0.05) {
+        value += value < 0 ? -0.1f : 0.1f;
+      }
+    }
+    return data;
+  };
+  const TensorData gate_values = off_kinks(c.info(gate));
+  const TensorData up_values = off_kinks(c.info(up));
+  const TensorData silu_values = random_data(c.info(silu), rng);
+  OpAttrs silu_attrs;
+  silu_attrs.function = ElementwiseFn::kSilu;
+  silu_attrs.activation_limit = kLimit;
+  OpAttrs mul_attrs;
+  mul_attrs.function = ElementwiseFn::kMul;
+  mul_attrs.activation_limit = kLimit;
+  OpAttrs silu_grad_attrs = silu_attrs;
+  silu_grad_attrs.function = ElementwiseFn::kSiluGrad;
+  const Op& silu_op = c.op(OpKind::kElementwise, {gate}, {silu}, silu_attrs);
+  const Op& mul_op = c.op(OpKind::kElementwise, {silu, up}, {product}, mul_attrs);
+  std::vector<double> expected_silu;
+  std::vector<double> expected_product;
+  int64_t clipped_gates = 0;
+  int64_t clipped_ups = 0;
+  for (size_t index = 0; index < gate_values.values.size(); ++index) {
+    const double g = std::min(double{gate_values.values[index]}, kLimit);
+    const double u = std::clamp(double{up_values.values[index]}, -kLimit, kLimit);
+    clipped_gates += gate_values.values[index] > kLimit ? 1 : 0;
+    clipped_ups += std::abs(up_values.values[index]) > kLimit ? 1 : 0;
+    expected_silu.push_back(g * reference_sigmoid(g));
+    expected_product.push_back(double{silu_values.values[index]} * u);
+  }
+  // The random values cross the limit on both sides, or the test would not test the clip.
+  ASSERT_GT(clipped_gates, 0);
+  ASSERT_GT(clipped_ups, 0);
+  expect_close(run(c.graph, silu_op, {gate_values})[0], expected_silu);
+  expect_close(run(c.graph, mul_op, {silu_values, up_values})[0], expected_product);
+  const Op& silu_grad = c.op(OpKind::kElementwise, {dy, gate}, {d_gate}, silu_grad_attrs, true);
+  const Op& silu_side = c.op(OpKind::kElementwise, {dy, up}, {d_silu}, mul_attrs, true);
+  const Op& up_side = c.op(OpKind::kElementwise, {dy, silu, up}, {d_up}, mul_attrs, true);
+  const std::vector<TensorData> silu_weights = random_weights(c.graph, silu_op, rng);
+  expect_fd("clipped silu", c.graph, silu_op, {gate_values}, silu_weights, 0,
+            run(c.graph, silu_grad, {silu_weights[0], gate_values})[0], {}, 1e-2);
+  const std::vector<TensorData> mul_weights = random_weights(c.graph, mul_op, rng);
+  expect_fd("clipped product d silu", c.graph, mul_op, {silu_values, up_values}, mul_weights, 0,
+            run(c.graph, silu_side, {mul_weights[0], up_values})[0], {}, 1e-2);
+  expect_fd("clipped product d up", c.graph, mul_op, {silu_values, up_values}, mul_weights, 1,
+            run(c.graph, up_side, {mul_weights[0], silu_values, up_values})[0], {}, 1e-2);
+}
+
 // kReshape (the Gated DeltaNet layer's split of length into chunks): the same values in the same
 // row-major order under the new dims, and its VJP, the reshape back, returns dy unchanged.
 TEST(KernelElementwise, ReshapeKeepsRowMajorOrder) {
