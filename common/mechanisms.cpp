@@ -54,6 +54,12 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"routed_row_gathers",
      "dropless MoE's dispatch and combine (and their gradients) gather and scatter routed token "
      "rows at the catalog's routed_row_hbm_fraction of the HBM roofline, not at the roofline"},
+    {"grouped_matmul_mxu_rows",
+     "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide "
+     "MXU) takes the MXU as long as a full-width tile"},
+    {"routing_scatter_gradients",
+     "with use_custom_sort_vjp=false the backward of the routing gathers is XLA's generic gather "
+     "transpose, a scatter-add about 3x as slow as the gather (Marin v5p measurement)"},
 }};
 
 }  // namespace

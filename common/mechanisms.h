@@ -38,6 +38,8 @@ enum class Mechanism {
   kReductionReassociation,       // add(reduce(a), reduce(b)) runs as reduce(add(a, b)), as in XLA
   kGpuAttentionKernelRates,      // GPU fused attention at its measured kernel rate (catalog table)
   kRoutedRowGathers,             // dropless MoE moves routed rows at a fraction of HBM roofline
+  kGroupedMatmulMxuRows,         // a grouped-matmul row tile narrower than the MXU fills it anyway
+  kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
   kCount,
 };
 
