@@ -663,8 +663,10 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     // Without MaxText's custom sort VJP the backward of each routing gather is JAX's transpose
     // of a gather, a scatter-add into the rows it read (XLA cannot know the indices are a
     // permutation), kRoutingScatterSlowdown times as long as the gather.
+    // (A rematerialized forward dispatch or combine in the backward pass writes an activation,
+    // not a gradient, and stays a gather.)
     const bool scatter = !context.custom_sort_vjp &&
-                         graph.region(op.region).phase == Phase::kBackward &&
+                         graph.tensor(op.outputs[0]).kind == TensorKind::kGradient &&
                          context.mechanisms.enabled(Mechanism::kRoutingScatterGradients);
     const double slowdown = scatter ? kRoutingScatterSlowdown : 1.0;
     cost.hbm_seconds +=
