@@ -301,8 +301,12 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         static_cast<double>(tiles.batch_seq),
         context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) ? chip.mxu_dim : 0.0,
         context.balanced_groups};
+    // Quantized (qwix/AQT) expert weights reach the kernel already narrowed: it reads one byte
+    // per weight element (tokamax's fp8 gmm reads an fp8 rhs and quantizes its lhs rows in the
+    // kernel, from bf16).
+    const double weight_bytes = quantized && !has_token_dims(rhs) ? 1.0 : rhs_bytes;
     const GroupedMatmulWork work =
-        grouped_matmul_work(shape, tiles, tiling, routed, lhs_bytes, rhs_bytes, out_bytes);
+        grouped_matmul_work(shape, tiles, tiling, routed, lhs_bytes, weight_bytes, out_bytes);
     cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
   } else {
