@@ -256,7 +256,9 @@ void register_op_command(CLI::App& app) {
     std::cout << std::fixed << std::setprecision(1);
     if (*kind == "matmul") {
       std::cout << "matmul " << json["m"] << "x" << json["k"] << " @ " << json["k"] << "x"
-                << json["n"] << " on " << json["chip"].get<std::string>() << ": "
+                << json["n"]
+                << (json.contains("groups") ? " in " + json["groups"].dump() + " groups" : "")
+                << " on " << json["chip"].get<std::string>() << ": "
                 << json["seconds"].get<double>() * 1e6 << " us (" << json["tflops"].get<double>()
                 << " TFLOP/s, " << json["percent_of_peak"].get<double>() << "% of peak, "
                 << json["bound"].get<std::string>() << "-bound, incl. "
