@@ -50,6 +50,21 @@ int64_t positive_integer(const std::string& key, const std::string& text) {
   throw UserError(key + ": '" + text + "' must be a positive integer (at most 2^40)");
 }
 
+// The operands' dtype, the matmul quantization, and the forward megablox tiles
+// (wi_tile_fwd_*) a lone matmul is timed with.
+struct MatmulSettings {
+  std::string dtype;
+  std::string quantization;
+  GroupedMatmulTiles tiles;
+};
+
+MatmulSettings matmul_settings_from_config(const Config& config) {
+  return {config.get_string("dtype"),
+          config.get_string("quantization"),
+          {config.get_int("wi_tile_fwd_batch_seq"), config.get_int("wi_tile_fwd_embed_dim"),
+           config.get_int("wi_tile_fwd_mlp_dim")}};
+}
+
 // A lone matmul's sizes: m x k @ k x n, as `groups` experts of m / groups rows each when a
 // grouped (megablox) matmul.
 struct MatmulSize {
@@ -137,13 +152,13 @@ nlohmann::json matmul_json(const ChipSpec& chip, const std::string& quantization
 
 nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, const Config& config,
                            const MechanismSet& mechanisms) {
-  const std::string dtype_name = config.get_string("dtype");
-  const std::string quantization = config.get_string("quantization");
+  const MatmulSettings settings = matmul_settings_from_config(config);
+  const std::string& quantization = settings.quantization;
   const MatmulSize size = matmul_size_from_keys(op_keys);
   const Slice slice = slice_from_config(config);
   const ChipSpec& chip = *slice.chip;
   Graph graph;
-  const int id = add_matmul_op(graph, size, parse_dtype(dtype_name, "dtype"));
+  const int id = add_matmul_op(graph, size, parse_dtype(settings.dtype, "dtype"));
   CostContext context;
   context.chip = &chip;
   context.mechanisms = mechanisms;
@@ -155,11 +170,7 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, co
   if (size.groups > 0) {
     context.megablox = true;
     context.balanced_groups = true;
-    GroupedMatmulTiles& tiles =
-        context.megablox_tiles[0][static_cast<size_t>(MatmulPass::kForward)];
-    tiles.batch_seq = config.get_int("wi_tile_fwd_batch_seq");
-    tiles.embed = config.get_int("wi_tile_fwd_embed_dim");
-    tiles.mlp = config.get_int("wi_tile_fwd_mlp_dim");
+    context.megablox_tiles[0][static_cast<size_t>(MatmulPass::kForward)] = settings.tiles;
   }
   const OpCost cost = cost_compute_op(graph, graph.ops()[static_cast<size_t>(id)], context, false);
   return matmul_json(chip, quantization, size, cost);

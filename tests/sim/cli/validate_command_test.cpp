@@ -139,8 +139,12 @@ TEST(ValidatePairs, PublicPairsAreTheRatiosOfTheirRuns) {
   ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(estimate.out)["step_time_s"].get<double>(),
                    offload["predicted_b"].get<double>());
-  // The last op pair, timed on its own.
-  const auto& gather = json["pairs"].back();
+  // The all-gather op pair, timed on its own.
+  const auto gathers =
+      std::find_if(json["pairs"].begin(), json["pairs"].end(),
+                   [](const auto& pair) { return pair["id"] == "all-gather-small-large"; });
+  ASSERT_NE(gathers, json["pairs"].end());
+  const auto& gather = *gathers;
   ASSERT_EQ(gather["level"], "op");
   const auto op =
       run_tpusim({"op", "all_gather", "bytes=33554432", "axes=fsdp", "compile_topology=v5e-32",
