@@ -64,6 +64,12 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "the absmax scale of an FSDP-gathered weight is found on the device's shard before the "
      "all-gather (XLA keeps the max reduction in the operand's sharding), so its scale pass "
      "reads the shard, not the gathered weight"},
+    {"grouped_matmul_mxu_rows",
+     "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide "
+     "MXU) takes the MXU as long as a full-width tile"},
+    {"routing_scatter_gradients",
+     "with use_custom_sort_vjp=false the backward of the routing gathers is XLA's generic gather "
+     "transpose, a scatter-add about 3x as slow as the gather (Marin v5p measurement)"},
 }};
 
 }  // namespace

@@ -40,6 +40,8 @@ enum class Mechanism {
   kRoutedRowGathers,             // dropless MoE moves routed rows at a fraction of HBM roofline
   kAqtStochasticRounding,        // AQT int8 writes and reads a 32-bit noise tensor per gradient
   kWeightScaleOnShard,           // a weight's absmax scale is found on its FSDP shard
+  kGroupedMatmulMxuRows,         // a grouped-matmul row tile narrower than the MXU fills it anyway
+  kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
   kCount,
 };
 

@@ -2,9 +2,13 @@
 //   tpusim op matmul m=8192 n=8192 k=8192 compile_topology=v5e-1 [dtype=bfloat16]
 //   tpusim op all_gather bytes=33554432 axes=fsdp compile_topology=v5e-32 ici_fsdp_parallelism=4
 //             ici_data_parallelism=-1
-// KIND is matmul, all_gather, reduce_scatter, all_reduce or all_to_all. Op keys (m, n, k, bytes,
-// axes) are read first; every other key=value is a MaxText config override (the slice, the mesh).
-// A standalone op also pays the chip's dispatch_overhead_us, as a timed jitted call does.
+//   tpusim op matmul m=65536 k=3072 n=2048 groups=128 wi_tile_fwd_batch_seq=256
+//             compile_topology=v7x-1
+// KIND is matmul, all_gather, reduce_scatter, all_reduce or all_to_all. Op keys (m, n, k, groups,
+// bytes, axes) are read first; groups=G makes the matmul a dropless MoE grouped matmul (megablox,
+// G experts of m / G rows, tiled by the config's wi_tile_fwd_* keys); every other key=value is a
+// MaxText config override (the slice, the mesh). A standalone op also pays the chip's
+// dispatch_overhead_us, as a timed jitted call does.
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -46,68 +50,130 @@ int64_t positive_integer(const std::string& key, const std::string& text) {
   throw UserError(key + ": '" + text + "' must be a positive integer (at most 2^40)");
 }
 
-// The operands' dtype and the matmul quantization a lone matmul is timed with.
+// The operands' dtype, the matmul quantization, and the forward megablox tiles
+// (wi_tile_fwd_*) a lone matmul is timed with.
 struct MatmulSettings {
   std::string dtype;
   std::string quantization;
+  GroupedMatmulTiles tiles;
 };
 
 MatmulSettings matmul_settings_from_config(const Config& config) {
-  return {config.get_string("dtype"), config.get_string("quantization")};
+  return {config.get_string("dtype"),
+          config.get_string("quantization"),
+          {config.get_int("wi_tile_fwd_batch_seq"), config.get_int("wi_tile_fwd_embed_dim"),
+           config.get_int("wi_tile_fwd_mlp_dim")}};
 }
 
-nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, const Config& config,
-                           const MechanismSet& mechanisms) {
-  const MatmulSettings settings = matmul_settings_from_config(config);
+// A lone matmul's sizes: m x k @ k x n, as `groups` experts of m / groups rows each when a
+// grouped (megablox) matmul.
+struct MatmulSize {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t groups = 0;  // 0: a plain matmul
+};
+
+MatmulSize matmul_size_from_keys(const std::map<std::string, std::string>& op_keys) {
   for (const char* key : {"m", "n", "k"}) {
     if (!op_keys.contains(key)) {
       throw UserError(std::string("op matmul: missing ") + key + "=...");
     }
   }
-  const int64_t m = positive_integer("m", op_keys.at("m"));
-  const int64_t n = positive_integer("n", op_keys.at("n"));
-  const int64_t k = positive_integer("k", op_keys.at("k"));
+  MatmulSize size{positive_integer("m", op_keys.at("m")), positive_integer("n", op_keys.at("n")),
+                  positive_integer("k", op_keys.at("k"))};
+  if (op_keys.contains("groups")) {
+    size.groups = positive_integer("groups", op_keys.at("groups"));
+    if (size.groups > size.m) {
+      throw UserError("groups: '" + op_keys.at("groups") +
+                      "' is more than m=" + std::to_string(size.m) + " (every group needs a row)");
+    }
+  }
+  return size;
+}
+
+// The einsum of a plain matmul (dims m, k, n), or the forward grouped matmul of dropless MoE:
+// lhs[experts, expert_tokens, embed] x rhs[experts, embed, mlp], the m rows split evenly over the
+// groups (balanced routing), timed as megablox runs it with the config's wi_tile_fwd_* tiles.
+int add_matmul_op(Graph& graph, const MatmulSize& size, DType dtype) {
+  const int region = graph.add_region("op", 1, Phase::kForward);
+  OpAttrs attrs;
+  auto add = [&](const char* name, std::vector<Dim> dims, TensorKind kind) {
+    return graph.add_tensor(name, std::move(dims), dtype, kind, region);
+  };
+  if (size.groups == 0) {
+    attrs.contracted = {"k"};
+    const TensorId lhs =
+        add("lhs", {Dim{"m", size.m, ""}, Dim{"k", size.k, ""}}, TensorKind::kActivation);
+    const TensorId rhs =
+        add("rhs", {Dim{"k", size.k, ""}, Dim{"n", size.n, ""}}, TensorKind::kActivation);
+    const TensorId out =
+        add("out", {Dim{"m", size.m, ""}, Dim{"n", size.n, ""}}, TensorKind::kActivation);
+    return graph.add_op(OpKind::kEinsum, "matmul", {lhs, rhs}, {out}, attrs, region);
+  }
+  const int64_t rows = (size.m + size.groups - 1) / size.groups;
+  attrs.contracted = {"embed"};
+  attrs.routed_fraction = static_cast<double>(size.m) / static_cast<double>(rows * size.groups);
+  const Dim experts{"experts", size.groups, ""};
+  const TensorId lhs =
+      add("lhs", {experts, Dim{"expert_tokens", rows, ""}, Dim{"embed", size.k, ""}},
+          TensorKind::kActivation);
+  const TensorId rhs = add("rhs", {experts, Dim{"embed", size.k, ""}, Dim{"mlp", size.n, ""}},
+                           TensorKind::kParameter);
+  const TensorId out = add("out", {experts, Dim{"expert_tokens", rows, ""}, Dim{"mlp", size.n, ""}},
+                           TensorKind::kActivation);
+  return graph.add_op(OpKind::kEinsum, "moe/experts/wi", {lhs, rhs}, {out}, attrs, region);
+}
+
+nlohmann::json matmul_json(const ChipSpec& chip, const std::string& quantization,
+                           const MatmulSize& size, const OpCost& cost) {
+  const double seconds = cost.seconds + chip.dispatch_overhead_us * 1e-6;
+  const double flops =
+      2.0 * static_cast<double>(size.m) * static_cast<double>(size.n) * static_cast<double>(size.k);
+  const double peak = chip.peak_flops_for_quantization(quantization) / chip.devices_per_chip;
+  nlohmann::json json = {{"op", "matmul"},
+                         {"chip", chip.name},
+                         {"m", size.m},
+                         {"n", size.n},
+                         {"k", size.k},
+                         {"seconds", seconds},
+                         {"kernel_seconds", cost.seconds},
+                         {"dispatch_seconds", chip.dispatch_overhead_us * 1e-6},
+                         {"tflops", flops / seconds / 1e12},
+                         {"percent_of_peak", 100.0 * flops / seconds / peak},
+                         {"bound", cost_category_name(cost.bound)},
+                         {"mxu_seconds", cost.mxu_seconds},
+                         {"hbm_seconds", cost.hbm_seconds}};
+  if (size.groups > 0) {
+    json["groups"] = size.groups;
+  }
+  return json;
+}
+
+nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, const Config& config,
+                           const MechanismSet& mechanisms) {
+  const MatmulSettings settings = matmul_settings_from_config(config);
+  const std::string& quantization = settings.quantization;
+  const MatmulSize size = matmul_size_from_keys(op_keys);
   const Slice slice = slice_from_config(config);
   const ChipSpec& chip = *slice.chip;
-  const DType dtype = parse_dtype(settings.dtype, "dtype");
   Graph graph;
-  const int region = graph.add_region("op", 1, Phase::kForward);
-  const TensorId lhs = graph.add_tensor("lhs", {Dim{"m", m, ""}, Dim{"k", k, ""}}, dtype,
-                                        TensorKind::kActivation, region);
-  const TensorId rhs = graph.add_tensor("rhs", {Dim{"k", k, ""}, Dim{"n", n, ""}}, dtype,
-                                        TensorKind::kActivation, region);
-  const TensorId out = graph.add_tensor("out", {Dim{"m", m, ""}, Dim{"n", n, ""}}, dtype,
-                                        TensorKind::kActivation, region);
-  OpAttrs attrs;
-  attrs.contracted = {"k"};
-  const int id = graph.add_op(OpKind::kEinsum, "matmul", {lhs, rhs}, {out}, attrs, region);
+  const int id = add_matmul_op(graph, size, parse_dtype(settings.dtype, "dtype"));
   CostContext context;
   context.chip = &chip;
   context.mechanisms = mechanisms;
-  const std::string& quantization = settings.quantization;
   context.int8_matmuls = quantization == "int8";
   context.fp8_matmuls = quantization.rfind("fp8", 0) == 0;
   // A lone matmul is a forward pass; with a bf16 dtype its operands pay the quantize pass.
   context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
       context.int8_matmuls || context.fp8_matmuls;
+  if (size.groups > 0) {
+    context.megablox = true;
+    context.balanced_groups = true;
+    context.megablox_tiles[0][static_cast<size_t>(MatmulPass::kForward)] = settings.tiles;
+  }
   const OpCost cost = cost_compute_op(graph, graph.ops()[static_cast<size_t>(id)], context, false);
-  const double seconds = cost.seconds + chip.dispatch_overhead_us * 1e-6;
-  const double flops =
-      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const double peak = chip.peak_flops_for_quantization(quantization) / chip.devices_per_chip;
-  return {{"op", "matmul"},
-          {"chip", chip.name},
-          {"m", m},
-          {"n", n},
-          {"k", k},
-          {"seconds", seconds},
-          {"kernel_seconds", cost.seconds},
-          {"dispatch_seconds", chip.dispatch_overhead_us * 1e-6},
-          {"tflops", flops / seconds / 1e12},
-          {"percent_of_peak", 100.0 * flops / seconds / peak},
-          {"bound", cost_category_name(cost.bound)},
-          {"mxu_seconds", cost.mxu_seconds},
-          {"hbm_seconds", cost.hbm_seconds}};
+  return matmul_json(chip, quantization, size, cost);
 }
 
 nlohmann::json time_collective(const std::string& kind,
@@ -167,7 +233,7 @@ nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& 
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
     throw UserError("op: unknown kind '" + kind + "'" + did_you_mean(kind, kinds));
   }
-  static const std::vector<std::string> kOpKeys = {"m", "n", "k", "bytes", "axes"};
+  static const std::vector<std::string> kOpKeys = {"m", "n", "k", "groups", "bytes", "axes"};
   std::map<std::string, std::string> op_keys;
   std::vector<std::string> overrides;
   for (const std::string& arg : args) {
@@ -190,7 +256,7 @@ void register_op_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand("op", "Time one op alone (matmul or a collective)");
   command->add_option("kind", *kind, "matmul, all_gather, reduce_scatter, all_reduce, all_to_all")
       ->required();
-  command->add_option("args", *args, "op keys (m n k | bytes axes) and config key=value");
+  command->add_option("args", *args, "op keys (m n k [groups] | bytes axes) and config key=value");
   command->add_flag("--json", *json_output, "Print JSON");
   command->callback([kind, args, json_output] {
     const nlohmann::json json = time_op(*kind, *args, MechanismSet());
@@ -201,7 +267,9 @@ void register_op_command(CLI::App& app) {
     std::cout << std::fixed << std::setprecision(1);
     if (*kind == "matmul") {
       std::cout << "matmul " << json["m"] << "x" << json["k"] << " @ " << json["k"] << "x"
-                << json["n"] << " on " << json["chip"].get<std::string>() << ": "
+                << json["n"]
+                << (json.contains("groups") ? " in " + json["groups"].dump() + " groups" : "")
+                << " on " << json["chip"].get<std::string>() << ": "
                 << json["seconds"].get<double>() * 1e6 << " us (" << json["tflops"].get<double>()
                 << " TFLOP/s, " << json["percent_of_peak"].get<double>() << "% of peak, "
                 << json["bound"].get<std::string>() << "-bound, incl. "

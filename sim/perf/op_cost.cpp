@@ -33,6 +33,15 @@ constexpr double kFlashBackwardMatmulRatio = 2.5;
 // probabilities: 4 passes over the S x S matrix in bf16 (f32 softmax stays in VMEM).
 constexpr double kDotProductScorePasses = 4;
 
+// A scatter-add of routed rows against a gather of the same rows, on one v5p chip: Marin's
+// Levanter MoE block benchmark (tokens 32768, hidden 2048, mlp 768, 128 experts top-8, forward)
+// takes 23.70 ms when the unpermute gathers by the inverse permutation and 36.68 ms when it
+// scatter-adds (marin .agents/projects/moe_hillclimb_harness.md, rows baseline and scatter). The
+// 12.98 ms difference over the 1.07 GB of routed bf16 rows, added to that gather's modeled 6.27
+// ms (routed_row_hbm_fraction 0.0704 of the v5p roofline), is 3.07x the gather; assumed the same
+// on every TPU (docs/reference/hardware.md §5.14).
+constexpr double kRoutingScatterSlowdown = 3.07;
+
 double roundup(double value, double tile) {
   return std::ceil(value / tile) * tile;
 }
@@ -166,16 +175,41 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
 // A megablox grouped matmul (gmm for the forward and dlhs, tgmm for the weight gradient) walks
 // tiles of tm rows x tk x tn: a tile that straddles two experts' rows is visited once per expert,
 // so `rows` rows of `groups` experts take ceil(rows / tm) + groups - 1 row tiles (jax's megablox
-// make_group_metadata), and the embed/mlp dims pad up to whole tiles. Each row tile re-reads the
+// make_group_metadata: routed groups are ragged, so nearly every boundary between two experts
+// falls inside a tile), and the embed/mlp dims pad up to whole tiles. Balanced groups (a kernel
+// benchmark's) straddle only where a boundary is not a multiple of tm. Each row tile re-reads the
 // expert's weight tile; the left operand is re-read once per output column tile.
 struct GroupedMatmulWork {
   double executed_flops = 0;
   double hbm_bytes = 0;
 };
 
+// How the kernel walks its row tiles: the tile rows, the rows the MXU takes per tile (at least
+// its width under grouped_matmul_mxu_rows), and whether the groups are balanced.
+struct RowTiling {
+  double batch_seq = 512;
+  double mxu_rows = 0;
+  bool balanced = false;
+};
+
+// The row tiles visited for `rows` rows in `groups` groups of tm-row tiles.
+double row_tile_visits(double rows, double groups, double tm, bool balanced) {
+  if (!balanced) {
+    return std::ceil(rows / tm) + groups - 1;
+  }
+  const double per_group = rows / groups;
+  const auto count = static_cast<int64_t>(groups);
+  double visits = 0;
+  for (int64_t group = 0; group < count; ++group) {
+    const auto start = static_cast<double>(group) * per_group;
+    visits += std::ceil((start + per_group) / tm) - std::floor(start / tm);
+  }
+  return visits;
+}
+
 GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMatmulTiles& tiles,
-                                      double routed, double lhs_bytes, double rhs_bytes,
-                                      double out_bytes) {
+                                      const RowTiling& tiling, double routed, double lhs_bytes,
+                                      double rhs_bytes, double out_bytes) {
   auto tile_of = [&tiles](const std::string& name) {
     return static_cast<double>(name == "embed" ? tiles.embed : tiles.mlp);
   };
@@ -184,13 +218,13 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   if (shape.expert_tokens_in == 'k') {
     // tgmm: out[expert, m, n] = sum over the expert's rows of lhs[row, m] x rhs[row, n].
     const double rows = groups * shape.k * routed;
-    const double tm = std::min(static_cast<double>(tiles.batch_seq), rows);
+    const double tm = std::min(tiling.batch_seq, rows);
     const double ta = std::min(tile_of(shape.m_name), shape.m);
     const double tb = std::min(tile_of(shape.n_name), shape.n);
     const double padded_m = roundup(shape.m, ta);
     const double padded_n = roundup(shape.n, tb);
-    const double visits = std::ceil(rows / tm) + groups - 1;
-    work.executed_flops = 2.0 * visits * tm * padded_m * padded_n;
+    const double visits = row_tile_visits(rows, groups, tm, tiling.balanced);
+    work.executed_flops = 2.0 * visits * std::max(tm, tiling.mxu_rows) * padded_m * padded_n;
     work.hbm_bytes =
         visits * tm *
             (padded_m * (padded_n / tb) * lhs_bytes + padded_n * (padded_m / ta) * rhs_bytes) +
@@ -199,13 +233,13 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   }
   // gmm: out[row, n] = lhs[row, k] x rhs[expert(row), k, n].
   const double rows = groups * shape.m * routed;
-  const double tm = std::min(static_cast<double>(tiles.batch_seq), rows);
+  const double tm = std::min(tiling.batch_seq, rows);
   const double tk = std::min(tile_of(shape.k_name), shape.k);
   const double tn = std::min(tile_of(shape.n_name), shape.n);
   const double padded_k = roundup(shape.k, tk);
   const double padded_n = roundup(shape.n, tn);
-  const double visits = std::ceil(rows / tm) + groups - 1;
-  work.executed_flops = 2.0 * visits * tm * padded_k * padded_n;
+  const double visits = row_tile_visits(rows, groups, tm, tiling.balanced);
+  work.executed_flops = 2.0 * visits * std::max(tm, tiling.mxu_rows) * padded_k * padded_n;
   // The grid walks (column tile, row tile, contraction tile). Pallas fetches a block only when
   // its index changes between steps, so with the whole contraction in one tile an expert's
   // weight column stays in VMEM across that expert's row tiles: fetched once per expert.
@@ -341,8 +375,19 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
       (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
     const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
     const GroupedMatmulTiles& tiles = context.megablox_tiles[weight][static_cast<size_t>(*pass)];
+    // A row tile streams its rows through weights held in the MXU; with fewer rows than the
+    // array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
+    // tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13).
+    const RowTiling tiling{
+        static_cast<double>(tiles.batch_seq),
+        context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) ? chip.mxu_dim : 0.0,
+        context.balanced_groups};
+    // Quantized (qwix/AQT) expert weights reach the kernel already narrowed: it reads one byte
+    // per weight element (tokamax's fp8 gmm reads an fp8 rhs and quantizes its lhs rows in the
+    // kernel, from bf16).
+    const double weight_bytes = quantized && !has_token_dims(rhs) ? 1.0 : rhs_bytes;
     const GroupedMatmulWork work =
-        grouped_matmul_work(shape, tiles, routed, lhs_bytes, rhs_bytes, out_bytes);
+        grouped_matmul_work(shape, tiles, tiling, routed, lhs_bytes, weight_bytes, out_bytes);
     cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
   } else {
@@ -728,8 +773,17 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     const double routed = static_cast<double>(
         (op.kind == OpKind::kMoeDispatch ? graph.tensor(op.outputs[0]) : graph.tensor(op.inputs[0]))
             .bytes());
+    // Without MaxText's custom sort VJP the backward of each routing gather is JAX's transpose
+    // of a gather, a scatter-add into the rows it read (XLA cannot know the indices are a
+    // permutation), kRoutingScatterSlowdown times as long as the gather.
+    // (A rematerialized forward dispatch or combine in the backward pass writes an activation,
+    // not a gradient, and stays a gather.)
+    const bool scatter = !context.custom_sort_vjp &&
+                         graph.tensor(op.outputs[0]).kind == TensorKind::kGradient &&
+                         context.mechanisms.enabled(Mechanism::kRoutingScatterGradients);
+    const double slowdown = scatter ? kRoutingScatterSlowdown : 1.0;
     cost.hbm_seconds +=
-        routed / hbm_bytes_per_second(chip) * (1.0 / chip.routed_row_hbm_fraction - 1.0);
+        routed / hbm_bytes_per_second(chip) * (slowdown / chip.routed_row_hbm_fraction - 1.0);
   }
   if (flops.matmul > 0) {
     // use_iota_embed's one-hot matmuls, in the activation dtype (bf16) on the MXU.

@@ -90,6 +90,14 @@ struct CostContext {
   // weight (0: wi, 1: wo) and MatmulPass.
   bool megablox = false;
   GroupedMatmulTiles megablox_tiles[2][3];
+  // Every expert gets the same number of rows, laid out back to back (a kernel benchmark's
+  // balanced groups; `tpusim op matmul groups=G`): a row tile straddles two experts only where
+  // their boundary falls inside it. Routed tokens in training are ragged: nearly every boundary
+  // does.
+  bool balanced_groups = false;
+  // MaxText's use_custom_sort_vjp: the backward of the routing gathers applies the inverse
+  // permutation (a gather) rather than XLA's scatter-add transpose of a gather.
+  bool custom_sort_vjp = true;
   // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
   // program_efficiency); 1 for a single op timed alone (`tpusim op`).
   double program_efficiency = 1.0;

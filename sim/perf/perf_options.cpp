@@ -64,6 +64,7 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   // Megablox and tokamax's grouped matmul are both tiled kernels driven by the same tile keys.
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
+  options.cost.custom_sort_vjp = config.get_bool("use_custom_sort_vjp");
   const char* const weights[] = {"wi", "wo"};
   const char* const passes[] = {"fwd", "dlhs", "drhs"};
   for (size_t weight = 0; weight < 2; ++weight) {

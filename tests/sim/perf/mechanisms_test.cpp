@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -555,6 +557,105 @@ TEST(RoutedRowGathers, RoutedRowsMoveAtTheCatalogFraction) {
       EXPECT_GT(on.seconds, 5.0 * off.seconds) << name;
     }
   }
+}
+
+// Under fp8 quantization the expert weights reach the grouped matmul as fp8 (qwix quantizes them
+// before the kernel): the weight reads of WholeContractionTileFetchesWeightsOnce at one byte.
+TEST(GroupedMatmulTiles, QuantizedWeightsAreReadNarrow) {
+  const ChipSpec& v7x = chip("v7x");
+  const Graph graph = grouped_matmul_graph(8, 1024, 2048, 1024);
+  const double visits = 8192.0 / 256 + 8 - 1;
+  CostContext context = megablox_context(v7x, 256, 2048, 1024);
+  context.fp8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
+  context.dynamic_scale_weights = false;
+  context.dynamic_scale_activations = false;
+  const OpCost cost = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(cost.hbm_seconds * hbm_bytes_per_device(v7x),
+              visits * 256 * 2048 * 2 + visits * 256 * 1024 * 2 + 8.0 * 2048 * 1024 * 1, 1.0);
+}
+
+// A 128-row tile on v7x's 256-wide MXU takes it as long as a 256-row tile: 16 experts x 512
+// balanced rows in 128-row tiles are 64 visits, each costed as 2 x 256 x 1024 x 1024. On v5p
+// (128-wide) a 128-row tile fills the array and nothing changes.
+TEST(GroupedMatmulMxuRows, RowTilesNarrowerThanTheMxuTakeAFullWidthPass) {
+  const Graph graph = grouped_matmul_graph(16, 512, 1024, 1024);
+  for (const char* name : {"v7x", "v5p"}) {
+    const ChipSpec& spec = chip(name);
+    CostContext context = megablox_context(spec, 128, 1024, 1024);
+    context.balanced_groups = true;
+    const double fill = spec.mxu_fill_drain_cycles / (spec.clock_ghz * 1e9);
+    const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
+    const double rows_per_pass = std::max(128.0, spec.mxu_dim);
+    const double executed = 2.0 * 64 * rows_per_pass * 1024 * 1024;
+    EXPECT_NEAR((on.mxu_seconds - fill) / (executed / bf16_flops_per_device(spec)), 1.0, 1e-9)
+        << name;
+    context.mechanisms = MechanismSet::without({"grouped_matmul_mxu_rows"});
+    const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR((on.mxu_seconds - fill) / (off.mxu_seconds - fill), rows_per_pass / 128.0, 1e-9)
+        << name;
+  }
+}
+
+// Balanced groups (a kernel benchmark's) visit a tile twice only where a group boundary falls
+// inside it: 8 x 1024 rows in 512-row tiles are 16 visits, not the ragged 16 + 8 - 1 = 23; in
+// 768-row tiles 5 of the 7 boundaries (all but 3072 and 6144) fall inside a tile: 11 + 5 = 16
+// visits of 768 rows.
+TEST(GroupedMatmulTiles, BalancedGroupsStraddleOnlyUnalignedBoundaries) {
+  const ChipSpec& v7x = chip("v7x");
+  const Graph graph = grouped_matmul_graph(8, 1024, 1024, 1024);
+  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double per_visit = 2.0 * 1024 * 1024 / bf16_flops_per_device(v7x);
+  for (const auto& [tile, visits] : {std::pair{512.0, 16.0}, std::pair{768.0, 16.0}}) {
+    CostContext context = megablox_context(v7x, static_cast<int64_t>(tile), 1024, 1024);
+    context.balanced_groups = true;
+    const OpCost cost = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR((cost.mxu_seconds - fill) / (visits * tile * per_visit), 1.0, 1e-9) << tile;
+  }
+}
+
+// Without MaxText's custom sort VJP the gradient of a routing gather is a scatter-add: its
+// routed rows cost 3.07x the gather's (the Marin v5p pair in op_cost.cpp). A forward gather, a
+// gradient with the custom VJP, and the mechanism switched off are all costed as the gather.
+TEST(RoutingScatterGradients, GradientsOfTheRoutingGathersScatterAdd) {
+  Graph graph;
+  const int region = graph.add_region("moe/grad", 1, Phase::kBackward);
+  const TensorId grad_out = graph.add_tensor(
+      "moe/combined/grad", {Dim{"batch", 2, ""}, Dim{"length", 2048, ""}, Dim{"embed", 2048, ""}},
+      DType::kBF16, TensorKind::kGradient, region);
+  const TensorId routing = graph.add_tensor(
+      "moe/routing",
+      {Dim{"batch", 2, ""}, Dim{"length", 2048, ""}, Dim{"top_k", 8, ""}, Dim{"route", 2, ""}},
+      DType::kBF16, TensorKind::kActivation, region);
+  const std::vector<Dim> grouped = {Dim{"experts", 64, ""}, Dim{"expert_tokens", 512, ""},
+                                    Dim{"embed", 2048, ""}};
+  const TensorId grad_rows =
+      graph.add_tensor("moe/experts/wo/grad", grouped, DType::kBF16, TensorKind::kGradient, region);
+  const TensorId rows =
+      graph.add_tensor("moe/dispatched", grouped, DType::kBF16, TensorKind::kActivation, region);
+  graph.add_op(OpKind::kMoeDispatch, "moe/combine/grad", {grad_out, routing}, {grad_rows},
+               OpAttrs{}, region);
+  graph.add_op(OpKind::kMoeDispatch, "moe/dispatch", {grad_out, routing}, {rows}, OpAttrs{},
+               region);
+  const Op& gradient = graph.ops()[0];
+  const Op& recomputed = graph.ops()[1];
+  const ChipSpec& v5p = chip("v5p");
+  CostContext context;
+  context.chip = &v5p;
+  const OpCost gather = cost_compute_op(graph, gradient, context, false);
+  context.custom_sort_vjp = false;
+  const OpCost scatter = cost_compute_op(graph, gradient, context, false);
+  const double routed_bytes = 64.0 * 512 * 2048 * 2;
+  const double gather_row_seconds =
+      routed_bytes / hbm_bytes_per_device(v5p) / v5p.routed_row_hbm_fraction;
+  EXPECT_NEAR(scatter.hbm_seconds - gather.hbm_seconds, 2.07 * gather_row_seconds,
+              1e-9 * scatter.hbm_seconds);
+  CostContext with_vjp;
+  with_vjp.chip = &v5p;
+  EXPECT_EQ(cost_compute_op(graph, recomputed, context, false).seconds,
+            cost_compute_op(graph, recomputed, with_vjp, false).seconds);
+  context.mechanisms = MechanismSet::without({"routing_scatter_gradients"});
+  EXPECT_EQ(cost_compute_op(graph, gradient, context, false).seconds, gather.seconds);
 }
 
 TEST(Mechanisms, UnknownNameIsAUserErrorAndSetsAreValues) {
