@@ -91,7 +91,7 @@ TRAIN_UNBUILT = ["quantization=int8", "quantization=fp8", "quantization=int4",
 MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "bf16_logits",
               "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
-              "attention_subblock_pipelining", "gpu_attention_kernel_rates",
+              "attention_subblock_pipelining", "reduction_reassociation", "gpu_attention_kernel_rates",
               "routed_row_gathers", "aqt_stochastic_rounding", "weight_scale_on_shard",
               "grouped_matmul_mxu_rows", "routing_scatter_gradients"]
 XLA_FLAGS = ["--xla_tpu_enable_async_collective_fusion=true",
