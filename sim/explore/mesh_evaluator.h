@@ -7,8 +7,11 @@
 // its timing variants (placement x attention kind x perf switches), each skipped when its step's
 // lower bound cannot beat the top N found so far (SharedThreshold), or the best variant of the same
 // program timed already (a top N keeps one entry per program): the variants are timed best bound
-// first. A program whose equivalent mesh (mesh_equivalence.h: same per-device program) showed
-// that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
+// first. The step bound of a variant is the largest of its TensorCore compute, the collectives
+// (those the TensorCore drives, the busiest link) and its dependency chains
+// (StepSimulator::chain_bound: within a per cent of the step for most variants, so that most are
+// never timed). A program whose equivalent mesh (mesh_equivalence.h: same per-device program)
+// showed that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
 // (SharedProgramFacts).
 //
 // Example:
@@ -125,6 +128,7 @@ class MeshEvaluator {
     size_t placement = 0;  // index into MeshPlan::placed
     size_t variant = 0;    // index into variants_
     double best = 0;
+    size_t group = 0;  // the placement's place in the timing order
   };
   struct MeshPlan;
   struct BatchWork;
@@ -172,6 +176,12 @@ class MeshEvaluator {
   std::vector<Bounded> bound_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                       const std::vector<double>& context_bounds,
                                       StepSimulator& simulator, WorkerResult& out) const;
+  // A variant's perf options for timing (no details).
+  PerfOptions variant_options(const Variant& variant) const;
+  // Tightens each open variant's best with StepSimulator::chain_bound, drops those that cannot
+  // beat the top N, and puts the rest best first within each placement.
+  void tighten_by_chains(MeshPlan& plan, const BatchWork& batch, StepSimulator& simulator,
+                         std::vector<Bounded>& open, WorkerResult& out) const;
   // The facts key of (batch, remat) on the plan's mesh (kNoRemat: the none program's).
   std::vector<int64_t> facts_key(const MeshPlan& plan, size_t batch, size_t remat) const;
   // With the facts of the same program on an equivalent mesh: true (and the candidates counted)

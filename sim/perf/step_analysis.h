@@ -98,6 +98,9 @@ struct StepSimulator::Analysis {
   MechanismSet collective_mechanisms;         // and the mechanisms
   std::vector<CollectiveTime> collective_times;
   std::vector<bool> collective_known;
+  // StepSimulator::chain_bound over several contexts: each compute op's least cost over them.
+  std::vector<CostContext> cheapest_of;
+  std::vector<double> cheapest;  // by op id
   // A run's working state, kept between runs so that its storage is reused.
   std::vector<double> ready;                       // by tensor id
   std::vector<double> finish_not_before;           // by tensor id
