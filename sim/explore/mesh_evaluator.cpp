@@ -187,8 +187,12 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
 }
 
 std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
-    MeshPlan& plan) const {
+    MeshPlan& plan, const std::vector<double>* chain_costs,
+    std::vector<SwitchChains>* chains) const {
   std::vector<SwitchBounds> result(plan.placed.size());
+  if (chains != nullptr) {
+    chains->assign(plan.placed.size(), SwitchChains{});
+  }
   StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
   for (size_t which = 0; which < plan.placed.size(); ++which) {
     plan.program.mesh = plan.placed[which];
@@ -202,6 +206,10 @@ std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_pla
         perf_options.sparse_core_offload = offload;
         perf_options.collective_matmul = variant.perf.collective_matmul;
         bounds = simulator.collective_bounds(perf_options);
+        if (chains != nullptr) {
+          (*chains)[which][offload][variant.perf.collective_matmul] =
+              simulator.chain_bound(perf_options, *chain_costs) * kRoundingMargin;
+        }
       }
     }
   }
@@ -210,17 +218,22 @@ std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_pla
 }
 
 double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
-                                       const std::vector<SwitchBounds>& collectives) const {
+                                       const std::vector<SwitchBounds>& collectives,
+                                       const std::vector<SwitchChains>* chains) const {
   if (collectives.empty()) {
     return lowest(compute);  // no collectives worked out: the compute bound alone
   }
   double least = std::numeric_limits<double>::infinity();
-  for (const SwitchBounds& placement : collectives) {
+  for (size_t which = 0; which < collectives.size(); ++which) {
     for (const Variant& variant : variants_) {
-      const CollectiveBounds& bounds =
-          *placement[offload_on(variant.perf)][variant.perf.collective_matmul];
-      least = std::min(least, std::max(compute[variant.context] + bounds.tensorcore_driven_seconds,
-                                       bounds.busiest_link_seconds));
+      const bool offload = offload_on(variant.perf);
+      const bool collective_matmul = variant.perf.collective_matmul;
+      const CollectiveBounds& bounds = *collectives[which][offload][collective_matmul];
+      const double chain = chains != nullptr && !chains->empty()
+                               ? (*chains)[which][offload][collective_matmul]
+                               : 0.0;
+      least = std::min(least, std::max({compute[variant.context] + bounds.tensorcore_driven_seconds,
+                                        bounds.busiest_link_seconds, chain}));
     }
   }
   return least;
@@ -386,9 +399,11 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       bounded_out =
           cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
       if (!bounded_out) {
-        none->collectives = collective_bounds_by_placement(plan);
+        none->collectives =
+            collective_bounds_by_placement(plan, &none->compute.op_seconds, &none->chains);
         bounded_out = cannot_reach(
-            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
+            best_possible(batch,
+                          least_step_bound(none->compute.step, none->collectives, &none->chains)),
             context_.threshold.get());
       }
     }
@@ -445,8 +460,9 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
       const std::vector<double> compute =
           remat_bounds(none->compute, context_.steps.recomputed(batch.index, remat),
                        batch.choice->accumulation_steps);
-      bounded_out = cannot_reach(best_possible(batch, least_step_bound(compute, none->collectives)),
-                                 context_.threshold.get());
+      bounded_out = cannot_reach(
+          best_possible(batch, least_step_bound(compute, none->collectives, &none->chains)),
+          context_.threshold.get());
     }
     if (bounded_out) {
       prune_remat(plan, remat, out);

@@ -135,22 +135,34 @@ class MeshEvaluator {
   // Collective bounds of one program under one placement, by [SparseCore offload][collective
   // matmul] (those the variants use).
   using SwitchBounds = std::array<std::array<std::optional<CollectiveBounds>, 2>, 2>;
+  // Dependency-chain bounds of one program under one placement, by [offload][collective matmul]
+  // (StepSimulator::chain_bound with the TensorCore bounds' op costs: the least over every cost
+  // context, fusible ops charged as fused).
+  using SwitchChains = std::array<std::array<double, 2>, 2>;
   // The remat_policy=none program's bounds, which bound every policy of the same mesh and batch
-  // before it is partitioned: its TensorCore bounds (plus a policy's recomputation), and its
-  // collectives per placement (a policy runs at least the collectives of none: step_bounds.h).
+  // before it is partitioned: its TensorCore bounds (plus a policy's recomputation), its
+  // collectives per placement (a policy runs at least the collectives of none: step_bounds.h),
+  // and its dependency chains per placement (a policy runs the same chains with recomputation
+  // inserted; fusible ops are charged as fused, as a policy may fuse what none cannot).
   struct NoneBounds {
     ComputeBounds compute;
     std::vector<SwitchBounds> collectives;  // per placement
+    std::vector<SwitchChains> chains;       // per placement
   };
 
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
   // plan.program's collective bounds under every placement of the plan.
-  std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
+  // With `chains`: the program's dependency-chain bounds too (SwitchChains), per placement, with
+  // its compute ops costing chain_costs (by op id).
+  std::vector<SwitchBounds> collective_bounds_by_placement(
+      MeshPlan& plan, const std::vector<double>* chain_costs = nullptr,
+      std::vector<SwitchChains>* chains = nullptr) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
   // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
   double least_step_bound(const std::vector<double>& compute,
-                          const std::vector<SwitchBounds>& collectives) const;
+                          const std::vector<SwitchBounds>& collectives,
+                          const std::vector<SwitchChains>* chains = nullptr) const;
   // The batches that divide and the distinct placements of the mesh; false if no batch divides.
   bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
   // Makes plan.program the program of (batch, remat), partitioning only when its training step

@@ -534,7 +534,10 @@ class Simulator {
       }
       return plan;
     }
-    const OpCost& cost = analysis_.compute_cost(graph_, op, options_.cost);
+    if (context_costs_ == nullptr) {
+      context_costs_ = &analysis_.context_costs(graph_, options_.cost);
+    }
+    const OpCost& cost = analysis_.compute_cost(graph_, op, *context_costs_);
     plan.kind = OpPlan::Kind::kCompute;
     plan.seconds = cost.seconds;
     plan.matmul_flops = cost.matmul_flops;
@@ -887,6 +890,8 @@ class Simulator {
   double slowdown_per_shared_second_ = 0;  // collective_compute_share / (1 - share)
   int shared_compute_label_ = -1;
   const std::vector<double>* cheapest_ = nullptr;  // chain_bound's compute costs, if given
+  // The analysis' costs of options_.cost, looked up on first need.
+  StepSimulator::Analysis::ContextCosts* context_costs_ = nullptr;
 };
 
 }  // namespace
@@ -920,21 +925,25 @@ double StepSimulator::chain_bound(const PerfOptions& options,
   if (analysis.cheapest_of != contexts) {
     const Graph& graph = program_.program.graph;
     analysis.cheapest_of = contexts;
-    analysis.cheapest.assign(graph.ops().size(), 0.0);
-    for (const Op& op : graph.ops()) {
-      if (!is_compute(op.kind)) {
-        continue;
+    analysis.cheapest.assign(graph.ops().size(), std::numeric_limits<double>::infinity());
+    for (const CostContext& context : contexts) {
+      Analysis::ContextCosts& costs = analysis.context_costs(graph, context);
+      for (const Op& op : graph.ops()) {
+        if (is_compute(op.kind)) {
+          double& least = analysis.cheapest[static_cast<size_t>(op.id)];
+          least = std::min(least, analysis.compute_cost(graph, op, costs).seconds);
+        }
       }
-      double least = std::numeric_limits<double>::infinity();
-      for (const CostContext& context : contexts) {
-        least = std::min(least, analysis.compute_cost(graph, op, context).seconds);
-      }
-      analysis.cheapest[static_cast<size_t>(op.id)] = least;
     }
   }
+  return chain_bound(options, analysis.cheapest);
+}
+
+double StepSimulator::chain_bound(const PerfOptions& options,
+                                  const std::vector<double>& op_seconds) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, analysis).chain_bound(&analysis.cheapest);
+  return Simulator(program_, lean, *analysis_).chain_bound(&op_seconds);
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {

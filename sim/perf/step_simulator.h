@@ -145,6 +145,10 @@ class StepSimulator {
   // not used): each compute op costs its least over them, and the chains are monotone in the
   // costs, so this is at most chain_bound under any one of them.
   double chain_bound(const PerfOptions& options, const std::vector<CostContext>& contexts);
+  // The same bound with each compute op costing op_seconds[op id], which must not exceed what
+  // run() charges it (the explorer's TensorCore bounds of a remat_policy=none program, which
+  // charge fusible ops as fused, to bound other policies' programs).
+  double chain_bound(const PerfOptions& options, const std::vector<double>& op_seconds);
 
   struct Analysis;
 
