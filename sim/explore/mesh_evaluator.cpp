@@ -187,12 +187,8 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
 }
 
 std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
-    MeshPlan& plan, const std::vector<double>* chain_costs,
-    std::vector<SwitchChains>* chains) const {
+    MeshPlan& plan) const {
   std::vector<SwitchBounds> result(plan.placed.size());
-  if (chains != nullptr) {
-    chains->assign(plan.placed.size(), SwitchChains{});
-  }
   StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
   for (size_t which = 0; which < plan.placed.size(); ++which) {
     plan.program.mesh = plan.placed[which];
@@ -206,10 +202,28 @@ std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_pla
         perf_options.sparse_core_offload = offload;
         perf_options.collective_matmul = variant.perf.collective_matmul;
         bounds = simulator.collective_bounds(perf_options);
-        if (chains != nullptr) {
-          (*chains)[which][offload][variant.perf.collective_matmul] =
-              simulator.chain_bound(perf_options, *chain_costs) * kRoundingMargin;
-        }
+      }
+    }
+  }
+  plan.program.mesh = plan.placed.front();
+  return result;
+}
+
+std::vector<MeshEvaluator::SwitchChains> MeshEvaluator::chain_bounds_by_placement(
+    MeshPlan& plan, const std::vector<double>& op_seconds) const {
+  std::vector<SwitchChains> result(plan.placed.size());
+  StepSimulator simulator(plan.program);
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    for (const Variant& variant : variants_) {
+      const bool offload = offload_on(variant.perf);
+      double& chain = result[which][offload][variant.perf.collective_matmul];
+      if (chain == 0) {
+        PerfOptions perf_options = context_.base_perf;
+        perf_options.record_details = false;
+        perf_options.sparse_core_offload = offload;
+        perf_options.collective_matmul = variant.perf.collective_matmul;
+        chain = simulator.chain_bound(perf_options, op_seconds) * kRoundingMargin;
       }
     }
   }
@@ -399,8 +413,14 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       bounded_out =
           cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
       if (!bounded_out) {
-        none->collectives =
-            collective_bounds_by_placement(plan, &none->compute.op_seconds, &none->chains);
+        none->collectives = collective_bounds_by_placement(plan);
+        bounded_out = cannot_reach(
+            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
+            context_.threshold.get());
+      }
+      if (!bounded_out) {
+        // The chains cost more than the bounds above: only for the batches those leave open.
+        none->chains = chain_bounds_by_placement(plan, none->compute.op_seconds);
         bounded_out = cannot_reach(
             best_possible(batch,
                           least_step_bound(none->compute.step, none->collectives, &none->chains)),

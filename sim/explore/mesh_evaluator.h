@@ -153,11 +153,11 @@ class MeshEvaluator {
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
   // plan.program's collective bounds under every placement of the plan.
-  // With `chains`: the program's dependency-chain bounds too (SwitchChains), per placement, with
-  // its compute ops costing chain_costs (by op id).
-  std::vector<SwitchBounds> collective_bounds_by_placement(
-      MeshPlan& plan, const std::vector<double>* chain_costs = nullptr,
-      std::vector<SwitchChains>* chains = nullptr) const;
+  std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
+  // plan.program's dependency-chain bounds (SwitchChains) under every placement of the plan and
+  // the switches the variants use, its compute ops costing op_seconds (by op id).
+  std::vector<SwitchChains> chain_bounds_by_placement(MeshPlan& plan,
+                                                      const std::vector<double>& op_seconds) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
   // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
   double least_step_bound(const std::vector<double>& compute,
