@@ -446,7 +446,8 @@ std::vector<double> ExplorePhases::as_numbers() const {
           static_cast<double>(timed_programs),
           static_cast<double>(floor_skipped_programs),
           static_cast<double>(below_own_program),
-          static_cast<double>(equivalent_mesh_skips)};
+          static_cast<double>(equivalent_mesh_skips),
+          static_cast<double>(chain_bounded)};
 }
 
 ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
@@ -463,6 +464,7 @@ ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
   phases.floor_skipped_programs = static_cast<int64_t>(numbers.at(9));
   phases.below_own_program = static_cast<int64_t>(numbers.at(10));
   phases.equivalent_mesh_skips = static_cast<int64_t>(numbers.at(11));
+  phases.chain_bounded = static_cast<int64_t>(numbers.at(12));
   return phases;
 }
 
@@ -478,7 +480,8 @@ nlohmann::json ExplorePhases::to_json() const {
           {"timed_programs", timed_programs},
           {"floor_skipped_programs", floor_skipped_programs},
           {"below_own_program", below_own_program},
-          {"equivalent_mesh_skips", equivalent_mesh_skips}};
+          {"equivalent_mesh_skips", equivalent_mesh_skips},
+          {"chain_bounded", chain_bounded}};
 }
 
 // tokens_per_dollar ranks by tokens/s/chip (one price per slice); its listed objectives are

@@ -180,6 +180,9 @@ struct ExplorePhases {
   // Programs not built: the same program on an equivalent mesh (mesh_equivalence.h) showed that it
   // does not fit or cannot beat the top N.
   int64_t equivalent_mesh_skips = 0;
+  // Variants not timed because their dependency-chain bound (StepSimulator::chain_bound) cannot
+  // beat the top N (counted in cannot_beat_top too).
+  int64_t chain_bounded = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -18,6 +18,10 @@ namespace {
 
 constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
 
+// The chain bound adds the same times as the scheduler in another order; a bound a rounding error
+// above the step it equals must not prune that step's candidate.
+constexpr double kRoundingMargin = 1 - 1e-12;
+
 bool any_fits(const std::vector<bool>& by_kind) {
   return std::any_of(by_kind.begin(), by_kind.end(), [](bool fits) { return fits; });
 }
@@ -205,18 +209,45 @@ std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_pla
   return result;
 }
 
+std::vector<MeshEvaluator::SwitchChains> MeshEvaluator::chain_bounds_by_placement(
+    MeshPlan& plan, const std::vector<double>& op_seconds) const {
+  std::vector<SwitchChains> result(plan.placed.size());
+  StepSimulator simulator(plan.program);
+  for (size_t which = 0; which < plan.placed.size(); ++which) {
+    plan.program.mesh = plan.placed[which];
+    for (const Variant& variant : variants_) {
+      const bool offload = offload_on(variant.perf);
+      double& chain = result[which][offload][variant.perf.collective_matmul];
+      if (chain == 0) {
+        PerfOptions perf_options = context_.base_perf;
+        perf_options.record_details = false;
+        perf_options.sparse_core_offload = offload;
+        perf_options.collective_matmul = variant.perf.collective_matmul;
+        chain = simulator.chain_bound(perf_options, op_seconds) * kRoundingMargin;
+      }
+    }
+  }
+  plan.program.mesh = plan.placed.front();
+  return result;
+}
+
 double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
-                                       const std::vector<SwitchBounds>& collectives) const {
+                                       const std::vector<SwitchBounds>& collectives,
+                                       const std::vector<SwitchChains>* chains) const {
   if (collectives.empty()) {
     return lowest(compute);  // no collectives worked out: the compute bound alone
   }
   double least = std::numeric_limits<double>::infinity();
-  for (const SwitchBounds& placement : collectives) {
+  for (size_t which = 0; which < collectives.size(); ++which) {
     for (const Variant& variant : variants_) {
-      const CollectiveBounds& bounds =
-          *placement[offload_on(variant.perf)][variant.perf.collective_matmul];
-      least = std::min(least, std::max(compute[variant.context] + bounds.tensorcore_driven_seconds,
-                                       bounds.busiest_link_seconds));
+      const bool offload = offload_on(variant.perf);
+      const bool collective_matmul = variant.perf.collective_matmul;
+      const CollectiveBounds& bounds = *collectives[which][offload][collective_matmul];
+      const double chain = chains != nullptr && !chains->empty()
+                               ? (*chains)[which][offload][collective_matmul]
+                               : 0.0;
+      least = std::min(least, std::max({compute[variant.context] + bounds.tensorcore_driven_seconds,
+                                        bounds.busiest_link_seconds, chain}));
     }
   }
   return least;
@@ -387,6 +418,14 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
             best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
             context_.threshold.get());
       }
+      if (!bounded_out) {
+        // The chains cost more than the bounds above: only for the batches those leave open.
+        none->chains = chain_bounds_by_placement(plan, none->compute.op_seconds);
+        bounded_out = cannot_reach(
+            best_possible(batch,
+                          least_step_bound(none->compute.step, none->collectives, &none->chains)),
+            context_.threshold.get());
+      }
     }
     if (bounded_out) {
       ++out.phases.bounded_out_programs;
@@ -441,8 +480,9 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
       const std::vector<double> compute =
           remat_bounds(none->compute, context_.steps.recomputed(batch.index, remat),
                        batch.choice->accumulation_steps);
-      bounded_out = cannot_reach(best_possible(batch, least_step_bound(compute, none->collectives)),
-                                 context_.threshold.get());
+      bounded_out = cannot_reach(
+          best_possible(batch, least_step_bound(compute, none->collectives, &none->chains)),
+          context_.threshold.get());
     }
     if (bounded_out) {
       prune_remat(plan, remat, out);
@@ -616,7 +656,65 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
     }
     return a.best > b.best;
   });
+  for (size_t index = 0; index < open.size(); ++index) {
+    open[index].group = index == 0 ? 0
+                        : open[index].placement == open[index - 1].placement
+                            ? open[index - 1].group
+                            : open[index - 1].group + 1;
+  }
   return open;
+}
+
+PerfOptions MeshEvaluator::variant_options(const Variant& variant) const {
+  PerfOptions options = context_.base_perf;
+  options.record_details = false;  // ranking needs the times only
+  options.cost = contexts_[variant.context];
+  options.sparse_core_offload = offload_on(variant.perf);
+  options.collective_matmul = variant.perf.collective_matmul;
+  return options;
+}
+
+void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
+                                      StepSimulator& simulator, std::vector<Bounded>& open,
+                                      WorkerResult& out) const {
+  if (open.size() < 2 && context_.threshold.get() == -std::numeric_limits<double>::infinity()) {
+    return;  // it is timed whatever its bound
+  }
+  const PhaseTimer timer(out.phases.bounds_s);
+  const double threshold = context_.threshold.get();
+  std::vector<Bounded> kept;
+  kept.reserve(open.size());
+  // First the bound over every cost context at once, per placement and switches (it prunes most
+  // variants), then each variant's own.
+  std::map<std::array<size_t, 3>, double> any_context;
+  for (Bounded item : open) {
+    plan.program.mesh = plan.placed[item.placement];
+    const Variant& variant = variants_[item.variant];
+    const PerfOptions options = variant_options(variant);
+    const std::array<size_t, 3> switches{item.placement, options.sparse_core_offload ? 1U : 0U,
+                                         options.collective_matmul ? 1U : 0U};
+    auto found = any_context.find(switches);
+    if (found == any_context.end()) {
+      found = any_context.emplace(switches, simulator.chain_bound(options, contexts_)).first;
+    }
+    item.best = std::min(item.best, best_possible(batch, found->second * kRoundingMargin));
+    if (!cannot_reach(item.best, threshold)) {
+      item.best = std::min(item.best,
+                           best_possible(batch, simulator.chain_bound(options) * kRoundingMargin));
+    }
+    if (cannot_reach(item.best, threshold)) {
+      out.pruned[kPrunedCannotBeatTop] += 1;
+      ++out.phases.chain_bounded;
+      continue;
+    }
+    kept.push_back(item);
+  }
+  // Best first within each placement, the placements in the order bound_variants chose.
+  std::stable_sort(kept.begin(), kept.end(), [](const Bounded& a, const Bounded& b) {
+    return a.group == b.group ? a.best > b.best : a.group < b.group;
+  });
+  open = std::move(kept);
+  plan.program.mesh = plan.placed.front();
 }
 
 void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
@@ -645,8 +743,8 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     const PhaseTimer timer(out.phases.simulate_s);
     simulator.emplace(plan.program);
   }
-  const std::vector<Bounded> open =
-      bound_variants(plan, batch, remat, context_bounds, *simulator, out);
+  std::vector<Bounded> open = bound_variants(plan, batch, remat, context_bounds, *simulator, out);
+  tighten_by_chains(plan, batch, *simulator, open, out);
   // Every variant times this same per-device program, and a top N keeps one entry per program
   // (the best, worker_result.h): a variant that cannot reach the best variant timed already
   // cannot be that entry, whatever the top N holds.
@@ -664,11 +762,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     }
     const Variant& variant = variants_[item.variant];
     plan.program.mesh = plan.placed[item.placement];
-    PerfOptions perf_options = context_.base_perf;
-    perf_options.record_details = false;  // ranking needs the times only
-    perf_options.cost = contexts_[variant.context];
-    perf_options.sparse_core_offload = offload_on(variant.perf);
-    perf_options.collective_matmul = variant.perf.collective_matmul;
+    const PerfOptions perf_options = variant_options(variant);
     out.phases.timed_programs += simulated ? 0 : 1;
     simulated = true;
     StepTiming timing;

@@ -7,8 +7,11 @@
 // its timing variants (placement x attention kind x perf switches), each skipped when its step's
 // lower bound cannot beat the top N found so far (SharedThreshold), or the best variant of the same
 // program timed already (a top N keeps one entry per program): the variants are timed best bound
-// first. A program whose equivalent mesh (mesh_equivalence.h: same per-device program) showed
-// that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
+// first. The step bound of a variant is the largest of its TensorCore compute, the collectives
+// (those the TensorCore drives, the busiest link) and its dependency chains
+// (StepSimulator::chain_bound: within a per cent of the step for most variants, so that most are
+// never timed). A program whose equivalent mesh (mesh_equivalence.h: same per-device program)
+// showed that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
 // (SharedProgramFacts).
 //
 // Example:
@@ -125,28 +128,41 @@ class MeshEvaluator {
     size_t placement = 0;  // index into MeshPlan::placed
     size_t variant = 0;    // index into variants_
     double best = 0;
+    size_t group = 0;  // the placement's place in the timing order
   };
   struct MeshPlan;
   struct BatchWork;
   // Collective bounds of one program under one placement, by [SparseCore offload][collective
   // matmul] (those the variants use).
   using SwitchBounds = std::array<std::array<std::optional<CollectiveBounds>, 2>, 2>;
+  // Dependency-chain bounds of one program under one placement, by [offload][collective matmul]
+  // (StepSimulator::chain_bound with the TensorCore bounds' op costs: the least over every cost
+  // context, fusible ops charged as fused).
+  using SwitchChains = std::array<std::array<double, 2>, 2>;
   // The remat_policy=none program's bounds, which bound every policy of the same mesh and batch
-  // before it is partitioned: its TensorCore bounds (plus a policy's recomputation), and its
-  // collectives per placement (a policy runs at least the collectives of none: step_bounds.h).
+  // before it is partitioned: its TensorCore bounds (plus a policy's recomputation), its
+  // collectives per placement (a policy runs at least the collectives of none: step_bounds.h),
+  // and its dependency chains per placement (a policy runs the same chains with recomputation
+  // inserted; fusible ops are charged as fused, as a policy may fuse what none cannot).
   struct NoneBounds {
     ComputeBounds compute;
     std::vector<SwitchBounds> collectives;  // per placement
+    std::vector<SwitchChains> chains;       // per placement
   };
 
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
   // plan.program's collective bounds under every placement of the plan.
   std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
+  // plan.program's dependency-chain bounds (SwitchChains) under every placement of the plan and
+  // the switches the variants use, its compute ops costing op_seconds (by op id).
+  std::vector<SwitchChains> chain_bounds_by_placement(MeshPlan& plan,
+                                                      const std::vector<double>& op_seconds) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
   // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
   double least_step_bound(const std::vector<double>& compute,
-                          const std::vector<SwitchBounds>& collectives) const;
+                          const std::vector<SwitchBounds>& collectives,
+                          const std::vector<SwitchChains>* chains = nullptr) const;
   // The batches that divide and the distinct placements of the mesh; false if no batch divides.
   bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
   // Makes plan.program the program of (batch, remat), partitioning only when its training step
@@ -172,6 +188,12 @@ class MeshEvaluator {
   std::vector<Bounded> bound_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                       const std::vector<double>& context_bounds,
                                       StepSimulator& simulator, WorkerResult& out) const;
+  // A variant's perf options for timing (no details).
+  PerfOptions variant_options(const Variant& variant) const;
+  // Tightens each open variant's best with StepSimulator::chain_bound, drops those that cannot
+  // beat the top N, and puts the rest best first within each placement.
+  void tighten_by_chains(MeshPlan& plan, const BatchWork& batch, StepSimulator& simulator,
+                         std::vector<Bounded>& open, WorkerResult& out) const;
   // The facts key of (batch, remat) on the plan's mesh (kNoRemat: the none program's).
   std::vector<int64_t> facts_key(const MeshPlan& plan, size_t batch, size_t remat) const;
   // With the facts of the same program on an equivalent mesh: true (and the candidates counted)

@@ -18,6 +18,9 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
   std::vector<double> shared(regions, 0.0);
   std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
   std::vector<double> seconds(contexts.size());
+  if (keep_forward_ops) {
+    result.op_seconds.assign(graph.ops().size(), 0.0);
+  }
   for (const Op& op : graph.ops()) {
     if (!is_compute(op.kind)) {
       continue;
@@ -32,6 +35,10 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
       seconds.assign(contexts.size(),
                      cost_compute_op(graph, op, contexts.front(), may_fuse(op.kind)).seconds);
       shared[region] += seconds.front();
+    }
+    if (keep_forward_ops) {
+      result.op_seconds[static_cast<size_t>(op.id)] =
+          *std::min_element(seconds.begin(), seconds.end());
     }
     if (keep_forward_ops && op.phase == Phase::kForward) {
       // A name seen twice in a region keeps its cheaper cost (the bound stays a lower bound).

@@ -45,6 +45,9 @@ struct ComputeBounds {
   // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
   // an op name seen twice in a region keeps its cheaper cost.
   std::map<std::pair<int, std::string>, std::vector<double>> forward_ops;
+  // With keep_forward_ops: each compute op's least cost over the contexts, by op id (fusible ops
+  // charged as fused), for StepSimulator::chain_bound.
+  std::vector<double> op_seconds;
 };
 
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,

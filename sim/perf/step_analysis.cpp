@@ -37,8 +37,8 @@ void StepSimulator::Analysis::find_fusions(const Graph& graph, bool matmul_outpu
   }
 }
 
-const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,
-                                                    const CostContext& context) {
+StepSimulator::Analysis::ContextCosts& StepSimulator::Analysis::context_costs(
+    const Graph& graph, const CostContext& context) {
   auto found = std::find_if(costs.begin(), costs.end(),
                             [&](const ContextCosts& entry) { return entry.context == context; });
   if (found == costs.end()) {
@@ -46,12 +46,22 @@ const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op
                      std::vector<bool>(graph.ops().size(), false)});
     found = costs.end() - 1;
   }
+  return *found;
+}
+
+const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,
+                                                    ContextCosts& context) {
   const auto id = static_cast<size_t>(op.id);
-  if (!found->known[id]) {
-    found->cost[id] = cost_compute_op(graph, op, context, fused[id]);
-    found->known[id] = true;
+  if (!context.known[id]) {
+    context.cost[id] = cost_compute_op(graph, op, context.context, fused[id]);
+    context.known[id] = true;
   }
-  return found->cost[id];
+  return context.cost[id];
+}
+
+const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,
+                                                    const CostContext& context) {
+  return compute_cost(graph, op, context_costs(graph, context));
 }
 
 void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mesh,

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstddef>
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -72,8 +73,13 @@ struct StepSimulator::Analysis {
   // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
   void find_fusions(const Graph& graph, bool matmul_output_fusion);
 
+  struct ContextCosts;
   // cost_compute_op of `op` under `context`, computed once per (op, context).
   const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context);
+  // The same with the context's costs looked up once (context_costs) for many ops.
+  const OpCost& compute_cost(const Graph& graph, const Op& op, ContextCosts& context);
+  // The costs kept for `context` (added on first use; the reference stays valid).
+  ContextCosts& context_costs(const Graph& graph, const CostContext& context);
 
   // Before a run on `mesh` under `mechanisms`: the cached collective times stay valid only on the
   // same placement and mechanisms.
@@ -93,11 +99,14 @@ struct StepSimulator::Analysis {
   std::vector<TensorId> entry_source;              // by tensor id: the carry before, if two
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
-  std::vector<ContextCosts> costs;
+  std::deque<ContextCosts> costs;
   std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
   MechanismSet collective_mechanisms;         // and the mechanisms
   std::vector<CollectiveTime> collective_times;
   std::vector<bool> collective_known;
+  // StepSimulator::chain_bound over several contexts: each compute op's least cost over them.
+  std::vector<CostContext> cheapest_of;
+  std::vector<double> cheapest;  // by op id
   // A run's working state, kept between runs so that its storage is reused.
   std::vector<double> ready;                       // by tensor id
   std::vector<double> finish_not_before;           // by tensor id

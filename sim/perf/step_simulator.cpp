@@ -252,6 +252,22 @@ class Simulator {
             *std::max_element(busy.begin(), busy.end())};
   }
 
+  // StepSimulator::chain_bound, from the same plans the scheduler runs; with `cheapest`, each
+  // compute op (not a collective the TensorCore drives) costs its entry instead, by op id.
+  double chain_bound(const std::vector<double>* cheapest = nullptr) {
+    cheapest_ = cheapest;
+    double microbatch = 0;
+    double optimizer = 0;
+    double deferred = 0;
+    for (int region = 0; region < static_cast<int>(graph_.regions().size()); ++region) {
+      const Region& info = graph_.region(region);
+      const double iteration = chain_iteration(region, deferred);
+      (info.phase == Phase::kOptimizer ? optimizer : microbatch) +=
+          iteration * static_cast<double>(info.repeat);
+    }
+    return microbatch * static_cast<double>(program_.accumulation_steps) + deferred + optimizer;
+  }
+
   StepTiming run() {
     StepTiming timing;
     Accounting total;
@@ -354,6 +370,75 @@ class Simulator {
         run_start = slot + 1;
       }
     }
+  }
+
+  // The TensorCore's time in one iteration of `region` when every collective and transfer starts
+  // the moment its input is ready (no link is ever busy) and every input from outside the
+  // iteration (an earlier region, the previous iteration, the prefetched weights) is ready when
+  // the iteration starts; adds the region's deferred gradient reductions to `deferred`.
+  // schedule() waits at least this long in each iteration: the same ops in the same order on the
+  // TensorCore, each ready no earlier (a timeline only delays a transfer).
+  double chain_iteration(int region, double& deferred) {
+    constexpr double kLongAgo = -1e300;  // finite, so that spans stay free of inf - inf
+    plan_region(region);
+    const Region& info = graph_.region(region);
+    double tensorcore = 0;
+    for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
+      const auto id = static_cast<size_t>(op->id);
+      OpPlan& plan = plans_[id];
+      if (cheapest_ != nullptr && is_compute(op->kind)) {
+        plan.seconds = (*cheapest_)[id] * share_of_iterations(*op);
+      }
+      double ready = kLongAgo;
+      double finish_not_before = kLongAgo;  // an overlapped all-gather's last chunk
+      for (const TensorId input : op->inputs) {
+        const int producer = graph_.producer(input);
+        if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].region == region) {
+          ready = std::max(ready, ready_[static_cast<size_t>(input)]);
+          finish_not_before =
+              std::max(finish_not_before, finish_not_before_[static_cast<size_t>(input)]);
+        }
+      }
+      if (weight_only_[id]) {
+        ready = kLongAgo;  // issued ahead
+      }
+      if (plan.matmul_producer >= 0) {
+        const Op& producer = graph_.ops()[static_cast<size_t>(plan.matmul_producer)];
+        const auto& [producer_start, producer_end] =
+            op_span_[static_cast<size_t>(plan.matmul_producer)];
+        ready = producer.region != region
+                    ? kLongAgo
+                    : producer_start +
+                          (producer_end - producer_start) /
+                              static_cast<double>(std::max<int64_t>(1, op->attrs.group_size));
+      }
+      if (plan.tensorcore_wait > 0) {
+        tensorcore = std::max(ready, tensorcore) + plan.tensorcore_wait;
+      }
+      double start = ready;
+      double end = ready + plan.seconds;
+      if (plan.kind == OpPlan::Kind::kDeferredGradient) {
+        deferred += plan.seconds * static_cast<double>(info.repeat);
+        end = ready;
+      } else if (plan.kind == OpPlan::Kind::kCompute) {
+        start = std::max(ready, tensorcore);
+        end = std::max(start + plan.seconds, finish_not_before);
+        tensorcore = end;
+      }
+      op_span_[id] = {start, end};
+      double output_ready = end;
+      if (plan.overlapped_with_matmul && op->kind == OpKind::kAllGather) {
+        output_ready =
+            start + (end - start) / static_cast<double>(std::max<int64_t>(1, op->attrs.group_size));
+        for (const TensorId output : op->outputs) {
+          finish_not_before_[static_cast<size_t>(output)] = end;
+        }
+      }
+      for (const TensorId output : op->outputs) {
+        ready_[static_cast<size_t>(output)] = output_ready;
+      }
+    }
+    return tensorcore;
   }
 
   // Works out the cost of every op of a region, before its first iteration.
@@ -467,7 +552,10 @@ class Simulator {
       }
       return plan;
     }
-    const OpCost& cost = analysis_.compute_cost(graph_, op, options_.cost);
+    if (context_costs_ == nullptr) {
+      context_costs_ = &analysis_.context_costs(graph_, options_.cost);
+    }
+    const OpCost& cost = analysis_.compute_cost(graph_, op, *context_costs_);
     plan.kind = OpPlan::Kind::kCompute;
     plan.seconds = cost.seconds;
     if (continuation_fusion_ && !runs_as_pallas_kernel(graph_, op, options_.cost)) {
@@ -830,6 +918,9 @@ class Simulator {
   // the XLA fusions carry their steps.
   bool continuation_fusion_ = false;
   int shared_compute_label_ = -1;
+  const std::vector<double>* cheapest_ = nullptr;  // chain_bound's compute costs, if given
+  // The analysis' costs of options_.cost, looked up on first need.
+  StepSimulator::Analysis::ContextCosts* context_costs_ = nullptr;
 };
 
 }  // namespace
@@ -849,6 +940,39 @@ CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
   PerfOptions lean = options;
   lean.record_details = false;
   return Simulator(program_, lean, *analysis_).collective_bounds();
+}
+
+double StepSimulator::chain_bound(const PerfOptions& options) {
+  PerfOptions lean = options;
+  lean.record_details = false;
+  return Simulator(program_, lean, *analysis_).chain_bound();
+}
+
+double StepSimulator::chain_bound(const PerfOptions& options,
+                                  const std::vector<CostContext>& contexts) {
+  Analysis& analysis = *analysis_;
+  if (analysis.cheapest_of != contexts) {
+    const Graph& graph = program_.program.graph;
+    analysis.cheapest_of = contexts;
+    analysis.cheapest.assign(graph.ops().size(), std::numeric_limits<double>::infinity());
+    for (const CostContext& context : contexts) {
+      Analysis::ContextCosts& costs = analysis.context_costs(graph, context);
+      for (const Op& op : graph.ops()) {
+        if (is_compute(op.kind)) {
+          double& least = analysis.cheapest[static_cast<size_t>(op.id)];
+          least = std::min(least, analysis.compute_cost(graph, op, costs).seconds);
+        }
+      }
+    }
+  }
+  return chain_bound(options, analysis.cheapest);
+}
+
+double StepSimulator::chain_bound(const PerfOptions& options,
+                                  const std::vector<double>& op_seconds) {
+  PerfOptions lean = options;
+  lean.record_details = false;
+  return Simulator(program_, lean, *analysis_).chain_bound(&op_seconds);
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {

@@ -135,6 +135,22 @@ class StepSimulator {
   // Lower bounds on the step from the collectives under `options` (the explorer's branch and
   // bound); see CollectiveBounds.
   CollectiveBounds collective_bounds(const PerfOptions& options);
+  // A lower bound on run(options).step_seconds from the dependency chains alone: each region's
+  // iteration on the TensorCore in program order, with every collective and transfer taking its
+  // own time from the moment its input is ready (no link contention) and inputs from outside the
+  // iteration ready at its start, x the region's repeat (x the accumulation steps for a
+  // microbatch), plus the deferred gradient reductions. Covers the compute ops as run() costs
+  // them, the collectives the TensorCore drives, and the collectives exposed on a chain (a
+  // tensor-parallel activation all-gather between two matmuls).
+  double chain_bound(const PerfOptions& options);
+  // The same bound for every cost context of `contexts` at once (options.cost's own context is
+  // not used): each compute op costs its least over them, and the chains are monotone in the
+  // costs, so this is at most chain_bound under any one of them.
+  double chain_bound(const PerfOptions& options, const std::vector<CostContext>& contexts);
+  // The same bound with each compute op costing op_seconds[op id], which must not exceed what
+  // run() charges it (the explorer's TensorCore bounds of a remat_policy=none program, which
+  // charge fusible ops as fused, to bound other policies' programs).
+  double chain_bound(const PerfOptions& options, const std::vector<double>& op_seconds);
 
   struct Analysis;
 
