@@ -199,14 +199,10 @@ TEST(StepBounds, BusiestLinkNeverExceedsTheStep) {
   }
 }
 
-// The explorer bounds a remat policy before partitioning it from the remat_policy=none program of
-// the same mesh and batch: compute from remat_bounds, collectives and dependency chains from
-// none's (a policy runs none's chains with recomputation inserted, an observation). Over random
-// candidates (models, slices, meshes, batches, accumulation, policies, perf switches, attention
-// contexts): none's collective bounds never exceed the policy's, and the bound never exceeds the
-// step the performance engine gives the policy's own program.
-TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
-  const std::vector<std::vector<std::string>> settings = {
+// The model/slice settings and meshes the random-candidate bound checks below draw from: dense
+// and MoE, v5p, v6e, v7x, multislice over DCN, pipeline stages and a GPU node.
+const std::vector<std::vector<std::string>>& random_candidate_settings() {
+  static const std::vector<std::vector<std::string>> settings = {
       {"model_name=llama2-7b", "compile_topology=v5p-16", "max_target_length=2048"},
       {"model_name=llama2-7b", "compile_topology=tpu7x-16", "max_target_length=2048"},
       {"model_name=llama3.1-8b", "compile_topology=v6e-8", "max_target_length=4096"},
@@ -217,7 +213,11 @@ TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
        "ici_pipeline_parallelism=2", "num_pipeline_microbatches=4"},
       {"model_name=llama2-7b", "hardware=gpu", "compile_topology=a3", "max_target_length=1024"},
   };
-  const std::vector<std::vector<std::string>> meshes = {
+  return settings;
+}
+
+std::vector<std::vector<std::string>> random_candidate_meshes() {
+  return {
       {"ici_fsdp_parallelism=-1"},
       {"ici_fsdp_parallelism=-1", "ici_tensor_parallelism=2"},
       {"ici_data_parallelism=2", "ici_fsdp_parallelism=-1"},
@@ -225,6 +225,17 @@ TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
       {"ici_fsdp_parallelism=-1", "ici_expert_parallelism=2"},
       {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=-1"},
   };
+}
+
+// The explorer bounds a remat policy before partitioning it from the remat_policy=none program of
+// the same mesh and batch: compute from remat_bounds, collectives and dependency chains from
+// none's (a policy runs none's chains with recomputation inserted, an observation). Over random
+// candidates (models, slices, meshes, batches, accumulation, policies, perf switches, attention
+// contexts): none's collective bounds never exceed the policy's, and the bound never exceeds the
+// step the performance engine gives the policy's own program.
+TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
+  const std::vector<std::vector<std::string>>& settings = random_candidate_settings();
+  const std::vector<std::vector<std::string>> meshes = random_candidate_meshes();
   std::mt19937 random(40);
   int checked = 0;
   for (int draw = 0; draw < 48; ++draw) {
@@ -292,26 +303,9 @@ TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
 // accumulation, all remat policies, perf switches, attention contexts). It must also cover what
 // it replaces: the TensorCore bound of the same context.
 TEST(StepBounds, ChainBoundNeverExceedsTheStep) {
-  const std::vector<std::vector<std::string>> settings = {
-      {"model_name=llama2-7b", "compile_topology=v5p-16", "max_target_length=2048"},
-      {"model_name=llama2-7b", "compile_topology=tpu7x-16", "max_target_length=2048"},
-      {"model_name=llama3.1-8b", "compile_topology=v6e-8", "max_target_length=4096"},
-      {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024"},
-      {"model_name=llama2-7b", "compile_topology=v5e-8", "compile_topology_num_slices=2",
-       "max_target_length=1024", "dcn_data_parallelism=2"},
-      {"model_name=llama2-7b", "compile_topology=v5p-16", "max_target_length=1024",
-       "ici_pipeline_parallelism=2", "num_pipeline_microbatches=4"},
-      {"model_name=llama2-7b", "hardware=gpu", "compile_topology=a3", "max_target_length=1024"},
-  };
-  const std::vector<std::vector<std::string>> meshes = {
-      {"ici_fsdp_parallelism=-1"},
-      {"ici_fsdp_parallelism=-1", "ici_tensor_parallelism=2"},
-      {"ici_data_parallelism=2", "ici_fsdp_parallelism=-1"},
-      {"ici_fsdp_parallelism=-1", "ici_context_parallelism=2"},
-      {"ici_fsdp_parallelism=-1", "ici_expert_parallelism=2"},
-      {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=-1"},
-      {"ici_fsdp_parallelism=-1", "ici_tensor_sequence_parallelism=2"},
-  };
+  const std::vector<std::vector<std::string>>& settings = random_candidate_settings();
+  std::vector<std::vector<std::string>> meshes = random_candidate_meshes();
+  meshes.push_back({"ici_fsdp_parallelism=-1", "ici_tensor_sequence_parallelism=2"});
   std::vector<std::string> policies = kPolicies;
   policies.push_back("none");
   std::mt19937 random(51);
