@@ -92,7 +92,10 @@ TEST(ExploreCommand, TopCandidatesNearTheHbmLimitAreFlagged) {
   with_margin.insert(with_margin.end(), {"--min-hbm-headroom", "0.05"});
   const auto margin = run_tpusim(with_margin);
   ASSERT_EQ(margin.exit_code, 0) << margin.err;
-  for (const auto& item : nlohmann::json::parse(margin.out)["top"]) {
+  // The parsed document is kept in a variable: a range-for over parse(...)["top"] would iterate a
+  // member of a temporary destroyed before the loop runs (ASan: heap-use-after-free).
+  const nlohmann::json margin_json = nlohmann::json::parse(margin.out);
+  for (const auto& item : margin_json.at("top")) {
     EXPECT_FALSE(item["hbm_tight"].get<bool>());
   }
 }
