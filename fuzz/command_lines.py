@@ -478,6 +478,14 @@ class Generator:
                                 "all_to_all", "conv", ""])
         args = ["op", kind] + [self.rng.choice(INT_EDGES[:12] + ["fsdp", "data", "x"])
                                for _ in range(self.rng.randint(0, 4))]
+        if kind == "matmul" and self.rng.random() < 0.4:
+            # A grouped (megablox) matmul: groups at and past the row count, and its tile keys.
+            args += ["m=" + self.rng.choice(["4096", "65536", "1", "x"]),
+                     "groups=" + self.rng.choice(["1", "8", "128", "4096", "65537", "0", "-1",
+                                                  "2147483648", "1.5", "x", ""])]
+            if self.rng.random() < 0.5:
+                args.append("wi_tile_fwd_batch_seq=" + self.rng.choice(["128", "256", "0", "-8",
+                                                                        "100000000000"]))
         args.append("compile_topology=" + self.rng.choice(SMALL_SLICES + SLICES_BAD[:4]))
         return "hardware_and_op", args
 
