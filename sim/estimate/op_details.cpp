@@ -65,8 +65,7 @@ std::vector<OpDetail> op_details(const Estimate& estimate) {
         cost = fused;
       }
       const double efficiency = context.program_efficiency;
-      detail.flops =
-          share * (cost.matmul_flops + cost.vpu_seconds * efficiency * vpu_rate);
+      detail.flops = share * (cost.matmul_flops + cost.vpu_seconds * efficiency * vpu_rate);
       detail.hbm_bytes = share * cost.hbm_seconds * efficiency * hbm_rate;
       detail.shapes = shapes_of(graph, op);
       detail.recomputed = op.phase == Phase::kRecompute;
