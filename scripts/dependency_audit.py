@@ -8,7 +8,8 @@ reads what a finished build actually used and maps each file to the Debian packa
   - the headers every object was compiled with (Ninja's dependency log: `ninja -t deps`),
   - the libraries on every link line (absolute paths and -lNAME, as the linker would find them),
   - the shared libraries the executables and the Python module (build/python) load (ldd),
-  - the tools the build and the tests run (compiler, ninja, cmake, mpirun, chromium, python3),
+  - the tools the build and the tests run (compiler, ninja, cmake, mpirun, chromium, clang-format,
+    python3),
   - the Python modules the tests, the fuzz runs and the Python package import (tests/, fuzz/,
     python/), as Debian's /usr/bin/python3 finds them.
 
@@ -98,8 +99,9 @@ def header_files(build):
     files = set()
     for line in run(["ninja", "-C", str(build), "-t", "deps"]).splitlines():
         if line.startswith("    "):
-            path = os.path.realpath(line.strip()) if not line.strip().startswith("/") else line.strip()
-            files.add(path)
+            # Relative paths (ccache's base_dir rewrites them so) are relative to the build
+            # directory, where Ninja runs the compiler, not to this script's working directory.
+            files.add(os.path.realpath(os.path.join(build, line.strip())))
     return {path for path in files if not within_project(path, build)}
 
 
@@ -175,7 +177,7 @@ def tool_files(build):
         match = re.search(rf"^{key}:\w+=(.+)$", cache, re.MULTILINE)
         if match and match.group(1).startswith("/"):
             tools.add(match.group(1))
-    for program in ("chromium", "bash"):
+    for program in ("chromium", "bash", "clang-format"):
         found = shutil.which(program, path="/usr/bin:/bin")
         if found:
             tools.add(found)

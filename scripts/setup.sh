@@ -39,6 +39,9 @@ packages+=(libopenmpi-dev openmpi-bin libgoogle-perftools-dev libdnnl-dev)
 # (TPUSIM_CCACHE), so a rebuild of sources compiled before (another checkout of the same commit,
 # a CI rerun, a branch switch) reuses the objects instead of recompiling ~600 files.
 packages+=(ccache)
+# Required by the tests: clang-format checks that every C++ file keeps the repository's style
+# (tests/repository/clang_format.sh).
+packages+=(clang-format)
 list_only=0
 with_npm=0
 # The transformers.js release the tokenizer test was written against (npm registry, pinned).
