@@ -47,6 +47,9 @@ struct BuildOptions {
   // MaxText's softmax over the chosen logits, e.g. mixtral with norm_topk_prob false).
   bool normalize_router_top_k = false;
   double routed_scaling_factor = 1;
+  // routed_score_func "sqrtsoftplus" (DeepSeek-V4): the router scores experts by
+  // sqrt(softplus(logit)) (OpAttrs::sqrt_softplus_scores).
+  bool sqrt_softplus_router_scores = false;
   double capacity_factor = 0;
   bool sparse_matmul = false;
   double ragged_buffer_factor = 0;

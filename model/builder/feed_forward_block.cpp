@@ -110,6 +110,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
   router_attrs.normalize_top_k = options_.normalize_router_top_k;
   router_attrs.route_scale = options_.routed_scaling_factor;
   router_attrs.hash_routing = hash_routing;
+  router_attrs.sqrt_softplus_scores = options_.sqrt_softplus_router_scores;
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
                  {router_logits}, {routing}, router_attrs, region);
   const double tokens = static_cast<double>(batch_ * length_);

@@ -138,6 +138,10 @@ struct OpAttrs {
   // scores. That table is all zeros from initialization (nothing trains it), so every choice is
   // expert 0; the weights still come from the chosen scores.
   bool hash_routing = false;
+  // MoE router: the experts' scores are sqrt(softplus(logit)) instead of the logits (MaxText's
+  // routed_score_func "sqrtsoftplus", DeepSeek-V4): the top-k and the softmax over the chosen
+  // take those scores. Same cost as the logits' pass (the router op is one VPU pass).
+  bool sqrt_softplus_scores = false;
   // The SwiGLU of deepseek's routed experts clipped at MaxText's mlp_activations_limit L (> 0;
   // 0 = no clip): kSilu(x) = silu(min(x, L)); kMul(a, b) = a clip(b, -L, L) (b: the up
   // projection). Their VJPs carry it: kSiluGrad(dy, x) = dy silu'(x) [x < L]; kMul(dy, b) =

@@ -96,7 +96,9 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
   if (numerics.num_experts <= 1) {
     return;
   }
-  if (const std::string& score = numerics.routed_score_func; !score.empty() && score != "softmax") {
+  // deepseek4's score functions are checked with its block (refuse_unbuilt_deepseek4).
+  if (const std::string& score = numerics.routed_score_func;
+      !score.empty() && score != "softmax" && dims.family().block != DecoderBlock::kDeepseek4) {
     refuse("routed_score_func", score, "the router scores experts with a softmax only");
   }
   if (numerics.routed_bias) {
@@ -147,12 +149,15 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
   // top-k of the gate's scores and weights them by a softmax over those scores, without
   // routed_scaling_factor (its DEEPSEEK-only deepseek_scale_weights). With raw logits as scores
   // (routed_score_func '') that is the engine's softmax router renormalized, as the family's
-  // RouterWeights::kSoftmaxOfChosen makes it whatever norm_topk_prob says.
-  if (!numerics.routed_score_func.empty()) {
-    refuse("routed_score_func", numerics.routed_score_func,
+  // RouterWeights::kSoftmaxOfChosen makes it whatever norm_topk_prob says; with the preset's
+  // sqrtsoftplus the router reads sqrt(softplus(logit)) as the scores
+  // (OpAttrs::sqrt_softplus_scores).
+  if (const std::string& score = numerics.routed_score_func;
+      !score.empty() && score != "sqrtsoftplus") {
+    refuse("routed_score_func", score,
            std::string(dims.family().name) +
-               "'s router is computed on raw logits only (routed_score_func '', whose top-k "
-               "MaxText weights by a softmax over them)");
+               "'s router is computed on raw logits ('') or sqrtsoftplus scores only, whose "
+               "top-k MaxText weights by a softmax over them");
   }
   if (options.routed_scaling_factor != 1) {
     refuse("routed_scaling_factor", number_text(options.routed_scaling_factor),

@@ -99,6 +99,15 @@ check deepseek4-tiny-clip-hash "model_name=deepseek4-tiny override_model_config=
   mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256" \
   "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
   --first-num-hash-layers 1"
+# ... and with the preset's router score, routed_score_func sqrtsoftplus (MaxText's GateLogit:
+# the top-k of sqrt(softplus(logit)), weighted by a softmax over the chosen scores), with the clip
+# and a hash-routed first layer as above.
+check deepseek4-tiny-sqrtsoftplus "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
+  routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=false \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256" \
+  "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+  --first-num-hash-layers 1 --routed-score-func sqrtsoftplus"
 check qwen3-custom-tiny "model_name=qwen3-custom-30b-a3b override_model_config=true \
   base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 \
   base_num_decoder_layers=2 attention_output_dim=32 moe_expert_input_dim=32 num_experts=4 \

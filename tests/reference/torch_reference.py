@@ -42,7 +42,8 @@ Model families (detected from the tensor names), as MaxText computes them:
          (low-rank query, unweighted q_up_norm, one shared key/value head, sinks, the output's
          rotation undone, grouped output projection) and RoutedAndSharedMoE (routed_score_func
          '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
-         i.e. --renormalize-top-k; plus the shared experts). --mlp-activations-limit L clips
+         i.e. --renormalize-top-k; --routed-score-func sqrtsoftplus: the same of the scores
+         sqrt(softplus(logit)) as GateLogit computes them; plus the shared experts). --mlp-activations-limit L clips
          the routed experts' SwiGLU (gate <= L, up in [-L, L]; not the shared experts');
          --first-num-hash-layers N routes the first N layers by MaxText's tid2eid table (zeros
          from initialization: expert 0 for every choice, weights a softmax over the chosen
@@ -359,7 +360,13 @@ class Reference:
         wo = self.w(f"{r}/moe/experts/wo", layer)  # [experts, mlp, embed]
         experts = gate.shape[1]
         top_k = self.args.top_k
-        probabilities = torch.softmax(tokens @ gate, dim=-1)  # [T, E]
+        scores = tokens @ gate  # MaxText's GateLogit: the logits, then routed_score_func
+        if self.args.routed_score_func == "sqrtsoftplus":
+            # DeepSeek-V4's score (linears._convert_to_activation_function): sqrt(softplus(x)).
+            scores = torch.sqrt(torch.nn.functional.softplus(scores))
+        elif self.args.routed_score_func not in ("", "softmax"):
+            raise ValueError(f"routed_score_func {self.args.routed_score_func} is not written here")
+        probabilities = torch.softmax(scores, dim=-1)  # [T, E]
         # Top-k by probability, descending, ties to the lower expert index (a stable sort).
         order = np.argsort(-probabilities.detach().numpy(), axis=-1, kind="stable")[:, :top_k]
         hashed = layer < self.args.first_num_hash_layers
@@ -371,8 +378,9 @@ class Reference:
             order = np.zeros_like(order)
         chosen = torch.from_numpy(order.copy())
         weights = probabilities.gather(1, chosen)  # [T, k]
-        if hashed:
-            weights = torch.softmax((tokens @ gate).gather(1, chosen), dim=-1)
+        if hashed or self.args.routed_score_func == "sqrtsoftplus":
+            # moe.py get_topk for deepseek4: the chosen experts' pre-bias scores, softmaxed.
+            weights = torch.softmax(scores.gather(1, chosen), dim=-1)
         if self.args.renormalize_top_k:
             # MaxText's RoutedMoE (moe.py get_topk) outside DeepSeek: a softmax over the top-k
             # logits, i.e. the top-k probabilities renormalized.
@@ -518,6 +526,9 @@ def main():
                         help="MoE: the top-k weights renormalized to sum to 1 (norm_topk_prob)")
     parser.add_argument("--routed-scaling-factor", type=float, default=1.0,
                         help="MoE: the top-k weights times this (routed_scaling_factor)")
+    parser.add_argument("--routed-score-func", default="",
+                        help="MoE: the gate's score function (routed_score_func): '' or "
+                             "sqrtsoftplus (deepseek4)")
     parser.add_argument("--sliding-window", type=int, default=0,
                         help="deepseek4: sliding_window_size")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,

@@ -17,7 +17,10 @@
 //   (DeepSeek-V4's first layers, MaxText RoutedMoE with is_hash_routing): the choices are
 //   MaxText's tid2eid row of the token, all zeros from initialization, so every choice is expert
 //   0, weighted by a softmax over the chosen scores: route_scale / top_k each, and kRouterGrad
-//   gives the logits no gradient (exactly 0).
+//   gives the logits no gradient (exactly 0). attrs.sqrt_softplus_scores (MaxText's
+//   routed_score_func "sqrtsoftplus", DeepSeek-V4): all of the above reads the scores
+//   sqrt(softplus(logit)) instead of the logits (the softmax, the top-k, the weights), and
+//   kRouterGrad's result is multiplied by d score / d logit.
 // kRouterGrad, by input count:
 //   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
@@ -267,26 +270,47 @@ class MoeKernel {
   std::vector<Assignment> assignments_;
 };
 
-// Softmax probabilities of one token's router logits, its top-k experts, and what turns a chosen
+// Softmax probabilities of one token's router scores, its top-k experts, and what turns a chosen
 // probability into its weight: route_scale, over the chosen probabilities' sum when normalized.
+// score_slopes: d score / d logit per expert (empty when the scores are the logits).
 struct RouterRow {
   std::vector<double> probabilities;
   std::vector<int64_t> chosen;
   double chosen_sum = 0;
   double weight_scale = 1;
+  std::vector<double> score_slopes;
 };
+
+// The router's score of a logit l under attrs.sqrt_softplus_scores: sqrt(softplus(l)), softplus
+// written so that e^l cannot overflow; `slope` gets its derivative sigmoid(l) / (2 score).
+double sqrt_softplus_score(double logit, double& slope) {
+  const double softplus =
+      logit > 0 ? logit + std::log1p(std::exp(-logit)) : std::log1p(std::exp(logit));
+  const double score = std::sqrt(softplus);
+  const double sigmoid = 1.0 / (1.0 + std::exp(-logit));
+  slope = score > 0 ? sigmoid / (2.0 * score) : 0.0;
+  return score;
+}
 
 RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int64_t top_k,
                       const OpAttrs& attrs) {
   RouterRow row;
   row.probabilities.resize(static_cast<size_t>(experts));
+  std::vector<double> scores(static_cast<size_t>(experts));
+  if (attrs.sqrt_softplus_scores) {
+    row.score_slopes.resize(static_cast<size_t>(experts));
+  }
   double max = -std::numeric_limits<double>::infinity();
   for (int64_t e = 0; e < experts; ++e) {
-    max = std::max(max, static_cast<double>(logits[e * stride]));
+    const auto at = static_cast<size_t>(e);
+    scores[at] = attrs.sqrt_softplus_scores
+                     ? sqrt_softplus_score(logits[e * stride], row.score_slopes[at])
+                     : static_cast<double>(logits[e * stride]);
+    max = std::max(max, scores[at]);
   }
   double sum = 0;
   for (int64_t e = 0; e < experts; ++e) {
-    row.probabilities[static_cast<size_t>(e)] = std::exp(logits[e * stride] - max);
+    row.probabilities[static_cast<size_t>(e)] = std::exp(scores[static_cast<size_t>(e)] - max);
     sum += row.probabilities[static_cast<size_t>(e)];
   }
   for (double& p : row.probabilities) {
@@ -389,8 +413,10 @@ void run_router(const Ctx& ctx, bool gradient) {
       inner += row.probabilities[static_cast<size_t>(e)] * dp[static_cast<size_t>(e)];
     }
     for (int64_t e = 0; e < experts.size; ++e) {
-      d_logits[d_at[token] + e * d_stride] = static_cast<float>(
-          row.probabilities[static_cast<size_t>(e)] * (dp[static_cast<size_t>(e)] - inner));
+      const auto at = static_cast<size_t>(e);
+      const double d_score = row.probabilities[at] * (dp[at] - inner);
+      d_logits[d_at[token] + e * d_stride] =
+          static_cast<float>(row.score_slopes.empty() ? d_score : d_score * row.score_slopes[at]);
     }
   }
 }

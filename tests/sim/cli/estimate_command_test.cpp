@@ -97,7 +97,7 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
 
 TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   // deepseek4 trains with sliding-window attention, one residual stream and the router on logits
-  // (or hash routing in its first layers);
+  // or sqrtsoftplus scores (or hash routing in its first layers);
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
   // trainable set below with one key changed.
   const std::vector<std::pair<std::string, std::string>> trainable = {
@@ -112,7 +112,7 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
            {"compress_ratios", "[0,4]", "compress_ratios: layer 1: 4"},
            {"compress_ratios", "[128,0]", "compress_ratios: layer 0: 128"},
            {"mhc_expansion_rate", "4", "mhc_expansion_rate: 4"},
-           {"routed_score_func", "sqrtsoftplus", "routed_score_func: sqrtsoftplus"},
+           {"routed_score_func", "sigmoid", "routed_score_func: sigmoid"},
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
            {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"}}) {
@@ -149,13 +149,12 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
   EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
       << uneven.err;
-  // The preset itself: its activation clip and hash layers are built, its sqrtsoftplus router
-  // scores are the first key refused.
+  // The preset itself: its activation clip, hash layers and sqrtsoftplus router scores are
+  // built, its router's selection bias is the first key refused.
   const auto preset =
       run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
   EXPECT_EQ(preset.exit_code, 2) << preset.err;
-  EXPECT_NE(preset.err.find("routed_score_func: sqrtsoftplus is not computed by tpusim train"),
-            std::string::npos)
+  EXPECT_NE(preset.err.find("routed_bias: true is not computed by tpusim train"), std::string::npos)
       << preset.err;
   // The clip is built for deepseek4's SwiGLU experts only: with another gate activation (which
   // MaxText would clip too) it is refused by key.

@@ -21,9 +21,9 @@ constexpr double kTolerance = 1e-5;
 // deepseek4-tiny with every layer's compress_ratios entry 0 (sliding-window attention, a window of
 // 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off,
 // no hash layers, no activation clip, the router on raw logits with its top-k weights
-// renormalized as MaxText's deepseek4 router does (the preset's sqrtsoftplus, selection bias and
-// load-balance loss are refused by key); 3 of its 43 layers and a 256-token vocabulary instead
-// of its 129280 (the head is not what is tested).
+// renormalized as MaxText's deepseek4 router does (the preset's selection bias and load-balance
+// loss are refused by key; its sqrtsoftplus scores are tested below); 3 of its 43 layers and a
+// 256-token vocabulary instead of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
   return {"model_name=deepseek4-tiny",
           "override_model_config=true",
@@ -117,6 +117,25 @@ TEST(DecoderBlocksTraining, Deepseek4ClipAndHashRoutingShardedMatchesOneDevice) 
       item = "first_num_hash_layers=1";
     } else if (item == "mlp_activations_limit=-1") {
       item = "mlp_activations_limit=0.3";
+    }
+  }
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  model.emplace_back("base_num_kv_heads=2");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
+}
+
+// With the preset's router score (routed_score_func sqrtsoftplus: the top-k of
+// sqrt(softplus(logit)) weighted by a softmax over the chosen scores), the clip and a hash-routed
+// first layer as above.
+TEST(DecoderBlocksTraining, Deepseek4SqrtSoftplusRouterShardedMatchesOneDevice) {
+  std::vector<std::string> model = deepseek4_tiny();
+  for (std::string& item : model) {
+    if (item == "first_num_hash_layers=0") {
+      item = "first_num_hash_layers=1";
+    } else if (item == "mlp_activations_limit=-1") {
+      item = "mlp_activations_limit=0.3";
+    } else if (item == "routed_score_func=''") {
+      item = "routed_score_func=sqrtsoftplus";
     }
   }
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});

@@ -181,6 +181,61 @@ TEST(KernelMoe, RouterRenormalizesAndScalesTheTopK) {
   }
 }
 
+// DeepSeek-V4's sqrtsoftplus scores (MaxText routed_score_func, GateLogit then get_topk's softmax
+// over the chosen scores): the top-k of s = sqrt(log(1 + e^l)) and weights e^s_c / sum over the
+// chosen of e^s, here worked in the test from the logits.
+TEST(KernelMoe, RouterSqrtSoftplusScoresPickAndWeightTheTopK) {
+  std::mt19937 rng(22);
+  RouterGraph g;
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  attrs.sqrt_softplus_scores = true;
+  const Op& forward = g.c.op(OpKind::kMoeRouter, {g.logits}, {g.routing}, attrs);
+  const TensorData logits = random_data(g.c.info(g.logits), rng, -3, 3);
+  const TensorData result = run(g.c.graph, forward, {logits})[0];
+  for (int64_t t = 0; t < 6; ++t) {
+    std::vector<double> score(4);
+    for (int64_t e = 0; e < 4; ++e) {
+      score[static_cast<size_t>(e)] = std::sqrt(
+          std::log(1.0 + std::exp(double{logits.values[static_cast<size_t>(t * 4 + e)]})));
+    }
+    std::vector<size_t> order = {0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return score[a] > score[b]; });
+    const double chosen_sum = std::exp(score[order[0]]) + std::exp(score[order[1]]);
+    for (int64_t choice = 0; choice < kTopK; ++choice) {
+      const size_t expert = order[static_cast<size_t>(choice)];
+      EXPECT_EQ(result.values[static_cast<size_t>((t * kTopK + choice) * 2)],
+                static_cast<float>(expert));
+      EXPECT_NEAR(result.values[static_cast<size_t>((t * kTopK + choice) * 2 + 1)],
+                  std::exp(score[expert]) / chosen_sum, 1e-6);
+    }
+  }
+}
+
+// The sqrtsoftplus router's gradient (through the softmax over the chosen scores, then
+// d score / d logit = sigmoid(l) / (2 score)) matches finite differences, at logits of both signs.
+TEST(KernelMoe, RouterSqrtSoftplusGradientMatchesFiniteDifferences) {
+  std::mt19937 rng(23);
+  RouterGraph g;
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  attrs.sqrt_softplus_scores = true;
+  g.c.op(OpKind::kMoeRouter, {g.logits}, {g.routing}, attrs);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits}, {g.d_logits}, attrs, true);
+  const Op& forward = g.c.graph.ops()[0];
+  const Op& grad = g.c.graph.ops()[1];
+  TensorData logits = separated_logits(g.c.info(g.logits), rng);
+  for (float& value : logits.values) {
+    value = 2.0f * value - 1.8f;  // in [-1.9, 1.9], 1.2 apart within a token
+  }
+  const std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
+  expect_fd("sqrtsoftplus router d_logits", g.c.graph, forward, {logits}, weights, 0,
+            run(g.c.graph, grad, {weights[0], logits})[0]);
+}
+
 struct MoeGraph {
   Case c;
   TensorId x = c.tensor("x", activation_dims());
