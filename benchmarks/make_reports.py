@@ -47,7 +47,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
               "attention_subblock_pipelining", "reduction_reassociation",
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
-              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients"]
+              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
+              "tokamax_gmm_tiles"]
 
 
 def recipe_predictions(without=()):
