@@ -47,7 +47,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
               "attention_subblock_pipelining", "reduction_reassociation",
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
-              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients"]
+              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
+              "tokamax_gmm_tiles"]
 
 
 def recipe_predictions(without=()):
@@ -490,6 +491,7 @@ MECHANISM_SUMMARIES = {
     "weight_scale_on_shard": "an absmax-scaled weight finds its scale on its FSDP shard, before the all-gather, not on the gathered weight",
     "grouped_matmul_mxu_rows": "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide MXU) takes the MXU as long as a full-width tile",
     "routing_scatter_gradients": "with use_custom_sort_vjp=false the routing gathers' gradients are scatter-adds, 3.07x the gather (Marin v5p measurement)",
+    "tokamax_gmm_tiles": "unquantized use_tokamax_gmm runs tokamax.ragged_dot with tokamax's own tiles (its tuned table, else 128x128x128), not the wi/wo_tile keys",
 }
 
 

@@ -70,6 +70,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"routing_scatter_gradients",
      "with use_custom_sort_vjp=false the backward of the routing gathers is XLA's generic gather "
      "transpose, a scatter-add about 3x as slow as the gather (Marin v5p measurement)"},
+    {"tokamax_gmm_tiles",
+     "unquantized use_tokamax_gmm calls tokamax.ragged_dot without MaxText's tile keys: tokamax's "
+     "tuned tile table for its shape, else 128 x 128 x 128 tiles"},
 }};
 
 }  // namespace

@@ -42,6 +42,7 @@ enum class Mechanism {
   kWeightScaleOnShard,           // a weight's absmax scale is found on its FSDP shard
   kGroupedMatmulMxuRows,         // a grouped-matmul row tile narrower than the MXU fills it anyway
   kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
+  kTokamaxGmmTiles,              // unquantized tokamax gmm tiles itself (tuned table, else 128^3)
   kCount,
 };
 

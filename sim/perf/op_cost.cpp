@@ -9,6 +9,7 @@
 #include "common/mechanisms.h"
 #include "hw/attention_kernel_table.h"
 #include "model/ir/op_flops.h"
+#include "sim/perf/tokamax_gmm_tiling.h"
 
 namespace tpusim {
 namespace {
@@ -250,6 +251,40 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   return work;
 }
 
+// The tiles tokamax picks for itself when MaxText calls it with none (CostContext's
+// tokamax_own_tiles; docs/reference/hardware.md §5.15), as megablox tiles by dim name: the row
+// tile, the tile over the contraction and the tile over the output columns (a weight gradient's
+// two weight dims). tokamax keys its tables on the call's rows and widths: the input gradient's
+// key names its output width before its contraction.
+GroupedMatmulTiles tokamax_tiles(const EinsumShape& shape, MatmulPass pass, double routed) {
+  GroupedMatmulTiles tiles;
+  auto tile_of = [&tiles](const std::string& name) -> int64_t& {
+    return name == "embed" ? tiles.embed : tiles.mlp;
+  };
+  auto whole = [](double size) { return static_cast<int64_t>(std::llround(size)); };
+  const auto groups = whole(shape.loops);
+  if (shape.expert_tokens_in == 'k') {
+    const TokamaxTiling tiling =
+        tokamax_heuristic_tiling(TokamaxKernel::kTgmm, whole(shape.loops * shape.k * routed),
+                                 whole(shape.m), whole(shape.n), groups);
+    tiles.batch_seq = tiling.tile_m;
+    tile_of(shape.m_name) = tiling.tile_k;
+    tile_of(shape.n_name) = tiling.tile_n;
+    return tiles;
+  }
+  const int64_t rows = whole(shape.loops * shape.m * routed);
+  const TokamaxTiling tiling =
+      pass == MatmulPass::kInputGrad
+          ? tokamax_heuristic_tiling(TokamaxKernel::kGmmTransposeRhs, rows, whole(shape.n),
+                                     whole(shape.k), groups)
+          : tokamax_heuristic_tiling(TokamaxKernel::kGmm, rows, whole(shape.k), whole(shape.n),
+                                     groups);
+  tiles.batch_seq = tiling.tile_m;
+  tile_of(shape.k_name) = tiling.tile_k;
+  tile_of(shape.n_name) = tiling.tile_n;
+  return tiles;
+}
+
 // The fraction of a weight operand one device reads to find its absmax scale: the scale is a max
 // over the weight, which XLA's sharding propagation computes where the weight is still sharded
 // (a local max and an all-reduce of the scalar or per-channel maxima), before the FSDP all-gather
@@ -374,7 +409,10 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
       context.mechanisms.enabled(Mechanism::kGroupedMatmulTiles) &&
       (shape.expert_tokens_in == 'm' || shape.expert_tokens_in == 'k')) {
     const int weight = op.name.find("/wo") != std::string::npos ? 1 : 0;
-    const GroupedMatmulTiles& tiles = context.megablox_tiles[weight][static_cast<size_t>(*pass)];
+    const GroupedMatmulTiles tiles =
+        context.tokamax_own_tiles && context.mechanisms.enabled(Mechanism::kTokamaxGmmTiles)
+            ? tokamax_tiles(shape, *pass, routed)
+            : context.megablox_tiles[weight][static_cast<size_t>(*pass)];
     // A row tile streams its rows through weights held in the MXU; with fewer rows than the
     // array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
     // tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13).

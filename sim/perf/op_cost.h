@@ -14,12 +14,13 @@
 // (VPU) and matmuls (MXU) add, unless the kv block is split into compute sub-blocks
 // (sa_block_kv_compute), which pipelines them: max + min / sub-blocks.
 // Dropless MoE grouped matmuls under megablox/tokamax are costed as the tiled kernel runs them
-// (MaxText's wi_tile_* / wo_tile_* keys): ceil(rows / tm) + experts - 1 row tiles, embed and mlp
-// padded to whole tiles, the expert's weight refetched per row tile unless the contraction is one
-// tile. Quantized matmuls (fp8 and AQT int8: forward, dlhs and drhs; int8 with
-// quantization_local_shard_count=0: forward and dlhs) run at the narrow MXU rate and, with absmax
-// calibration, first read each bf16 operand for its scale; AQT int8 also writes and reads a 32-bit
-// stochastic-rounding noise tensor for each gradient operand of a backward matmul.
+// (MaxText's wi_tile_* / wo_tile_* keys, or tokamax's own tiles when MaxText passes none):
+// ceil(rows / tm) + experts - 1 row tiles, embed and mlp padded to whole tiles, the expert's
+// weight refetched per row tile unless the contraction is one tile. Quantized matmuls (fp8 and
+// AQT int8: forward, dlhs and drhs; int8 with quantization_local_shard_count=0: forward and dlhs)
+// run at the narrow MXU rate and, with absmax calibration, first read each bf16 operand for its
+// scale; AQT int8 also writes and reads a 32-bit stochastic-rounding noise tensor for each
+// gradient operand of a backward matmul.
 //
 // Example:
 //   OpCost cost = cost_compute_op(graph, op, context);
@@ -98,6 +99,10 @@ struct CostContext {
   // MaxText's use_custom_sort_vjp: the backward of the routing gathers applies the inverse
   // permutation (a gather) rather than XLA's scatter-add transpose of a gather.
   bool custom_sort_vjp = true;
+  // MaxText's unquantized tokamax path (use_tokamax_gmm, no quantization, use_gmm_v2=false) calls
+  // tokamax.ragged_dot without a tiling: tokamax's own tiles (sim/perf/tokamax_gmm_tiling.h), not
+  // megablox_tiles, under the tokamax_gmm_tiles mechanism.
+  bool tokamax_own_tiles = false;
   // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
   // program_efficiency); 1 for a single op timed alone (`tpusim op`).
   double program_efficiency = 1.0;

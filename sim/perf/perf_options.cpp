@@ -65,6 +65,10 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
   options.cost.custom_sort_vjp = config.get_bool("use_custom_sort_vjp");
+  // MaxText (moe.py gmm) sends unquantized tokamax calls to tokamax.ragged_dot with no tiling;
+  // quantized ones, and use_gmm_v2, go through its megablox wrapper with the tile keys.
+  options.cost.tokamax_own_tiles = options.cost.megablox && config.get_bool("use_tokamax_gmm") &&
+                                   quantization.empty() && !config.get_bool("use_gmm_v2");
   const char* const weights[] = {"wi", "wo"};
   const char* const passes[] = {"fwd", "dlhs", "drhs"};
   for (size_t weight = 0; weight < 2; ++weight) {

@@ -658,6 +658,53 @@ TEST(RoutingScatterGradients, GradientsOfTheRoutingGathersScatterAdd) {
   EXPECT_EQ(cost_compute_op(graph, gradient, context, false).seconds, gather.seconds);
 }
 
+// MaxText's unquantized tokamax path passes no tiling, so tokamax's own tiles apply whatever the
+// tile keys say: its tuned (512, 2944, 1536) for gpt-oss-120b's forward wi on v7x (327680 rows of
+// 128 experts, 2880 x 2880), tokamax's 128 x 128 x 128 default for a shape its table lacks.
+// Switched off, the tile keys are used as for megablox.
+TEST(TokamaxGmmTiles, UnquantizedTokamaxCallsIgnoreTheTileKeys) {
+  const ChipSpec& v7x = chip("v7x");
+  const Graph gpt_oss = grouped_matmul_graph(128, 2560, 2880, 2880);
+  const Op& op = gpt_oss.ops().front();
+  CostContext context = megablox_context(v7x, 512, 1024, 1024);
+  context.tokamax_own_tiles = true;
+  const OpCost own = cost_compute_op(gpt_oss, op, context, false);
+  const OpCost tuned = cost_compute_op(gpt_oss, op, megablox_context(v7x, 512, 2944, 1536), false);
+  EXPECT_EQ(own.seconds, tuned.seconds);
+  EXPECT_EQ(own.hbm_seconds, tuned.hbm_seconds);
+  CostContext other_keys = megablox_context(v7x, 256, 7168, 512);
+  other_keys.tokamax_own_tiles = true;
+  EXPECT_EQ(cost_compute_op(gpt_oss, op, other_keys, false).seconds, own.seconds);
+  context.mechanisms = MechanismSet::without({"tokamax_gmm_tiles"});
+  const OpCost keys = cost_compute_op(gpt_oss, op, context, false);
+  EXPECT_EQ(keys.seconds,
+            cost_compute_op(gpt_oss, op, megablox_context(v7x, 512, 1024, 1024), false).seconds);
+  EXPECT_NE(keys.seconds, own.seconds);
+
+  const Graph untuned = grouped_matmul_graph(8, 1024, 1024, 1024);
+  CostContext fallback = megablox_context(v7x, 512, 1024, 1024);
+  fallback.tokamax_own_tiles = true;
+  EXPECT_EQ(
+      cost_compute_op(untuned, untuned.ops().front(), fallback, false).seconds,
+      cost_compute_op(untuned, untuned.ops().front(), megablox_context(v7x, 128, 128, 128), false)
+          .seconds);
+}
+
+// Which calls take tokamax's own tiles (moe.py gmm): use_tokamax_gmm without quantization or
+// use_gmm_v2. Quantized calls and use_gmm_v2 go through the megablox wrapper with the tile keys.
+TEST(TokamaxGmmTiles, OnlyUnquantizedTokamaxCallsWithoutGmmV2) {
+  auto own_tiles = [](std::vector<std::string> keys) {
+    keys.insert(keys.end(), {"model_name=gpt-oss-120b", "compile_topology=tpu7x-128"});
+    const Config config = Config::load("", keys);
+    return perf_options_from_config(config, chip("v7x")).cost.tokamax_own_tiles;
+  };
+  EXPECT_TRUE(own_tiles({"use_tokamax_gmm=true"}));
+  EXPECT_FALSE(own_tiles({}));
+  EXPECT_FALSE(own_tiles({"use_tokamax_gmm=true", "use_gmm_v2=true"}));
+  EXPECT_FALSE(own_tiles({"use_tokamax_gmm=true", "quantization=fp8_full"}));
+  EXPECT_FALSE(own_tiles({"use_tokamax_gmm=true", "sparse_matmul=false"}));
+}
+
 TEST(Mechanisms, UnknownNameIsAUserErrorAndSetsAreValues) {
   EXPECT_THROW(MechanismSet::without({"grouped_matmul_tile"}), UserError);
   const MechanismSet off = MechanismSet::without({"in_place_buffers"});
