@@ -123,6 +123,16 @@ TEST(Planner, SkippedSlicesCannotBeatTheirBar) {
   const PlanResult result = plan(Config::load("", kToyArgs), request);
   int skipped = 0;
   for (const SliceRecord& record : result.slices) {
+    // What each search cost: nothing for a slice the FLOPs bound skipped, at least the program
+    // of its best for a slice with a point.
+    if (record.outcome == SliceOutcome::kSkippedByBound) {
+      EXPECT_EQ(record.programs_built, 0) << record.slice.label();
+      EXPECT_EQ(record.candidates_evaluated, 0) << record.slice.label();
+    }
+    if (record.point) {
+      EXPECT_GT(record.programs_built, 0) << record.slice.label();
+      EXPECT_GT(record.candidates_evaluated, 0) << record.slice.label();
+    }
     if (record.outcome != SliceOutcome::kSkippedByBound &&
         record.outcome != SliceOutcome::kBoundedOut) {
       continue;
