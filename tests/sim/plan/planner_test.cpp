@@ -200,7 +200,7 @@ TEST(Planner, BadRequestsAreRefused) {
   EXPECT_THROW(plan(config, request), UserError);
   request = toy_request(PlanObjective::kChipHours, false);
   std::vector<std::string> pinned = kToyArgs;
-  pinned.push_back("compile_topology=v5e-8");
+  pinned.emplace_back("compile_topology=v5e-8");
   EXPECT_THROW(plan(Config::load("", pinned), request), UserError);
   request = toy_request(PlanObjective::kCost, false);
   request.kinds = parse_hardware_kinds("v5e,v5p");  // no price for v5p
