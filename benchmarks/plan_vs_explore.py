@@ -64,9 +64,12 @@ def main():
     print(f"median of {args.runs}: plan {plan_median:.1f} s, explore {explore_median:.1f} s, "
           f"ratio {plan_median / explore_median:.2f} (bar: 3)")
     print(f"recommendation: {result['recommendation']}")
-    print("\nslice            outcome            seconds")
+    # Programs built and candidates evaluated per slice (absent from binaries before they were
+    # reported): what each slice's search cost besides its seconds.
+    print("\nslice            outcome            seconds  programs  evaluated")
     for item in result["slices"]:
-        print(f"{item['slice']:<16} {item['outcome']:<18} {item['elapsed_s']:7.1f}")
+        print(f"{item['slice']:<16} {item['outcome']:<18} {item['elapsed_s']:7.1f} "
+              f"{item.get('programs_built', '-'):>9} {item.get('candidates_evaluated', '-'):>10}")
 
 
 if __name__ == "__main__":

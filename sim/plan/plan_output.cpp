@@ -284,7 +284,9 @@ nlohmann::json plan_json(const PlanResult& result) {
          {"bar_tokens_per_s_per_chip", record.bar_tokens_per_s_per_chip},
          {"point", record.point ? nlohmann::json(*record.point) : nlohmann::json(nullptr)},
          {"note", record.note},
-         {"elapsed_s", record.elapsed_s}});
+         {"elapsed_s", record.elapsed_s},
+         {"programs_built", record.programs_built},
+         {"candidates_evaluated", record.candidates_evaluated}});
   }
   json["elapsed_s"] = result.elapsed_s;
   return json;

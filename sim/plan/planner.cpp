@@ -202,6 +202,8 @@ void search_slice(const PlanRequest& request, const Pending& pending, int64_t se
     record.note = error.what();
     return;
   }
+  record.programs_built = explored.programs_built;
+  record.candidates_evaluated = explored.candidates_evaluated;
   const bool beats_bar = !explored.top.empty() &&
                          explored.top.front().tokens_per_s_per_chip > bar.tokens_per_s_per_chip;
   if (beats_bar) {

@@ -97,6 +97,12 @@ struct SliceRecord {
   std::optional<size_t> point;             // into PlanResult::points
   std::string note;                        // why refused, or the smallest peak when none fits
   double elapsed_s = 0;
+  // What the slice's search cost (0 when skipped by the FLOPs bound): per-device programs
+  // partitioned (explorer.h: mostly remat_policy=none programs built only to bound a batch) and
+  // candidates evaluated (ExploreResult::candidates_evaluated). A bounded-out slice with none
+  // evaluated was ruled out by the TensorCore bound of every program, each still built.
+  int64_t programs_built = 0;
+  int64_t candidates_evaluated = 0;
 };
 
 struct PlanResult {

@@ -123,6 +123,16 @@ TEST(Planner, SkippedSlicesCannotBeatTheirBar) {
   const PlanResult result = plan(Config::load("", kToyArgs), request);
   int skipped = 0;
   for (const SliceRecord& record : result.slices) {
+    // What each search cost: nothing for a slice the FLOPs bound skipped, at least the program
+    // of its best for a slice with a point.
+    if (record.outcome == SliceOutcome::kSkippedByBound) {
+      EXPECT_EQ(record.programs_built, 0) << record.slice.label();
+      EXPECT_EQ(record.candidates_evaluated, 0) << record.slice.label();
+    }
+    if (record.point) {
+      EXPECT_GT(record.programs_built, 0) << record.slice.label();
+      EXPECT_GT(record.candidates_evaluated, 0) << record.slice.label();
+    }
     if (record.outcome != SliceOutcome::kSkippedByBound &&
         record.outcome != SliceOutcome::kBoundedOut) {
       continue;
@@ -190,7 +200,7 @@ TEST(Planner, BadRequestsAreRefused) {
   EXPECT_THROW(plan(config, request), UserError);
   request = toy_request(PlanObjective::kChipHours, false);
   std::vector<std::string> pinned = kToyArgs;
-  pinned.push_back("compile_topology=v5e-8");
+  pinned.emplace_back("compile_topology=v5e-8");
   EXPECT_THROW(plan(Config::load("", pinned), request), UserError);
   request = toy_request(PlanObjective::kCost, false);
   request.kinds = parse_hardware_kinds("v5e,v5p");  // no price for v5p
