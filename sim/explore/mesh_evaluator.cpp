@@ -186,49 +186,58 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
           context_.space.slice.chip->sparsecore_collective_offload_default > 0);
 }
 
-std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
-    MeshPlan& plan) const {
-  std::vector<SwitchBounds> result(plan.placed.size());
+void MeshEvaluator::bound_none_by_placement(MeshPlan& plan, const BatchWork& batch,
+                                            NoneBounds& none) const {
+  // A policy's bound adds recomputation to none's compute and the threshold only rises, so a
+  // (placement, switches) whose variants none's cheaper bounds already cannot lift over the
+  // threshold never decides anything: its collectives or chains are not worked out (0 in
+  // least_step_bound, which leaves its bound at what already cannot reach).
+  const double threshold = context_.threshold.get();
+  const std::vector<double>& compute = none.compute.step;
+  none.collectives.assign(plan.placed.size(), SwitchBounds{});
+  none.chains.assign(plan.placed.size(), SwitchChains{});
   StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
   for (size_t which = 0; which < plan.placed.size(); ++which) {
     plan.program.mesh = plan.placed[which];
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
+      if (cannot_reach(best_possible(batch, compute[variant.context]), threshold)) {
+        continue;
+      }
+      const PerfOptions perf_options = switch_options(variant);
       std::optional<CollectiveBounds>& bounds =
-          result[which][offload][variant.perf.collective_matmul];
+          none.collectives[which][perf_options.sparse_core_offload][perf_options.collective_matmul];
       if (!bounds.has_value()) {
-        PerfOptions perf_options = context_.base_perf;
-        perf_options.record_details = false;
-        perf_options.sparse_core_offload = offload;
-        perf_options.collective_matmul = variant.perf.collective_matmul;
         bounds = simulator.collective_bounds(perf_options);
       }
     }
-  }
-  plan.program.mesh = plan.placed.front();
-  return result;
-}
-
-std::vector<MeshEvaluator::SwitchChains> MeshEvaluator::chain_bounds_by_placement(
-    MeshPlan& plan, const std::vector<double>& op_seconds) const {
-  std::vector<SwitchChains> result(plan.placed.size());
-  StepSimulator simulator(plan.program);
-  for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
-      double& chain = result[which][offload][variant.perf.collective_matmul];
+      const PerfOptions perf_options = switch_options(variant);
+      const bool offload = perf_options.sparse_core_offload;
+      const bool collective_matmul = perf_options.collective_matmul;
+      const std::optional<CollectiveBounds>& bounds =
+          none.collectives[which][offload][collective_matmul];
+      if (!bounds.has_value() ||
+          cannot_reach(best_possible(batch, std::max(compute[variant.context] +
+                                                         bounds->tensorcore_driven_seconds,
+                                                     bounds->busiest_link_seconds)),
+                       threshold)) {
+        continue;
+      }
+      double& chain = none.chains[which][offload][collective_matmul];
       if (chain == 0) {
-        PerfOptions perf_options = context_.base_perf;
-        perf_options.record_details = false;
-        perf_options.sparse_core_offload = offload;
-        perf_options.collective_matmul = variant.perf.collective_matmul;
-        chain = simulator.chain_bound(perf_options, op_seconds) * kRoundingMargin;
+        chain = simulator.chain_bound(perf_options, none.compute.op_seconds) * kRoundingMargin;
       }
     }
   }
   plan.program.mesh = plan.placed.front();
-  return result;
+}
+
+PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
+  PerfOptions perf_options = context_.base_perf;
+  perf_options.record_details = false;
+  perf_options.sparse_core_offload = offload_on(variant.perf);
+  perf_options.collective_matmul = variant.perf.collective_matmul;
+  return perf_options;
 }
 
 double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
@@ -242,7 +251,9 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
     for (const Variant& variant : variants_) {
       const bool offload = offload_on(variant.perf);
       const bool collective_matmul = variant.perf.collective_matmul;
-      const CollectiveBounds& bounds = *collectives[which][offload][collective_matmul];
+      // Not worked out (bound_none_by_placement): nothing above the compute bound.
+      const CollectiveBounds bounds =
+          collectives[which][offload][collective_matmul].value_or(CollectiveBounds{});
       const double chain = chains != nullptr && !chains->empty()
                                ? (*chains)[which][offload][collective_matmul]
                                : 0.0;
@@ -260,8 +271,7 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
   }
   // Weights and optimizer state do not depend on batch, remat or attention: the memory floor's
   // state is the memory model's exactly, so no program is needed to see they do not fit.
-  const double state =
-      context_.steps.memory_floor(plan.dividing.front(), 0).bytes(*plan.mesh, context_.rules).state;
+  const double state = memory_floor(plan, plan.dividing.front(), 0).state;
   if (state > usable_hbm()) {
     out.capacity = usable_hbm();
     out.smallest_peak = std::min(out.smallest_peak, state);  // the peak is at least this
@@ -413,14 +423,9 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       bounded_out =
           cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
       if (!bounded_out) {
-        none->collectives = collective_bounds_by_placement(plan);
-        bounded_out = cannot_reach(
-            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
-            context_.threshold.get());
-      }
-      if (!bounded_out) {
-        // The chains cost more than the bounds above: only for the batches those leave open.
-        none->chains = chain_bounds_by_placement(plan, none->compute.op_seconds);
+        // Collectives and chains only where the compute bound leaves a variant open, chains
+        // only where the collectives do too (they cost more).
+        bound_none_by_placement(plan, batch, *none);
         bounded_out = cannot_reach(
             best_possible(batch,
                           least_step_bound(none->compute.step, none->collectives, &none->chains)),
@@ -448,11 +453,30 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   return true;
 }
 
+MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batch,
+                                               size_t remat) const {
+  // Equivalent meshes split every tensor alike (mesh_equivalence.h), and the floor only sums the
+  // tensors' local sizes, in the same order: the same bytes bit for bit.
+  std::vector<int64_t> key = plan.key;
+  key.push_back(static_cast<int64_t>(batch));
+  key.push_back(static_cast<int64_t>(remat));
+  const auto found = floors_.find(key);
+  if (found != floors_.end()) {
+    return found->second;
+  }
+  if (floors_.size() >= kMaxKeptFloors) {
+    floors_.clear();  // bounded memory on the largest spaces
+  }
+  const MemoryFloor::Bytes bytes =
+      context_.steps.memory_floor(batch, remat).bytes(*plan.mesh, context_.rules);
+  floors_.emplace(std::move(key), bytes);
+  return bytes;
+}
+
 bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                   WorkerResult& out) const {
   // The floor (state and saved activations) is below the peak of every attention kind.
-  const double floor =
-      context_.steps.memory_floor(batch.index, remat).bytes(*plan.mesh, context_.rules).total();
+  const double floor = memory_floor(plan, batch.index, remat).total();
   if (floor <= usable_hbm()) {
     return false;
   }

@@ -152,14 +152,15 @@ class MeshEvaluator {
 
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
-  // plan.program's collective bounds under every placement of the plan.
-  std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
-  // plan.program's dependency-chain bounds (SwitchChains) under every placement of the plan and
-  // the switches the variants use, its compute ops costing op_seconds (by op id).
-  std::vector<SwitchChains> chain_bounds_by_placement(MeshPlan& plan,
-                                                      const std::vector<double>& op_seconds) const;
+  // The remat_policy=none program's collective bounds and then dependency chains (SwitchChains,
+  // its compute ops costing none.compute.op_seconds) under every placement of the plan and the
+  // switches of the variants that the cheaper bounds before them leave open at this batch.
+  void bound_none_by_placement(MeshPlan& plan, const BatchWork& batch, NoneBounds& none) const;
+  // base_perf with the variant's SparseCore offload and collective matmul, no details.
+  PerfOptions switch_options(const Variant& variant) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
-  // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
+  // compute bound plus the collectives the TensorCore drives, or the busiest link, or its chains
+  // if larger (collectives or chains not worked out count as 0).
   double least_step_bound(const std::vector<double>& compute,
                           const std::vector<SwitchBounds>& collectives,
                           const std::vector<SwitchChains>* chains = nullptr) const;
@@ -173,6 +174,9 @@ class MeshEvaluator {
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
   // when its memory floor at this batch exceeds HBM: no program needs to be built.
   bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
+  // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
+  // every mesh of one key: mesh_equivalence.h).
+  MemoryFloor::Bytes memory_floor(const MeshPlan& plan, size_t batch, size_t remat) const;
   bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                       const std::optional<NoneBounds>& none, WorkerResult& out);
   // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
@@ -211,6 +215,9 @@ class MeshEvaluator {
   std::vector<CostContext> contexts_;  // the distinct attention cost contexts
   std::vector<Variant> variants_;      // per program, in the space's order
   size_t top_size_ = 1;
+  // memory_floor's results by (equivalence key, batch, remat), this worker's own.
+  static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
+  mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
 };
 
 }  // namespace tpusim
