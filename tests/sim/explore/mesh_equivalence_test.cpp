@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -105,6 +107,82 @@ TEST(MeshEquivalence, MeshesOfOneKeyGiveTheSameProgramBoundsAndMemory) {
     }
   }
   EXPECT_GE(compared, 12);  // groups of two or more meshes exist on most settings (18 here)
+}
+
+// The program partitioned on one mesh, timed on another mesh of its key relabeled onto it, gives
+// the other mesh's collective bounds, chains and step (within rounding: sums over several atoms'
+// links may run in another order), under every placement choice and perf switch.
+TEST(MeshEquivalence, RelabeledMeshTimesAnEquivalentMeshsProgram) {
+  std::mt19937 random(45);
+  int compared = 0;
+  int exact = 0;
+  double worst = 0;
+  for (const std::vector<std::string>& overrides : kSettings) {
+    const Config config = Config::load("", overrides);
+    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
+    const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+    TrainingStepCache steps(config, space);
+    const Divisibility divisibility(*steps.get(0, 0), rules);
+    const MeshEquivalence equivalence(
+        {steps.get(0, TrainingStepCache::kNoRemat).get(), steps.get(0, 0).get()}, rules);
+    std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups;
+    for (const MeshShape& mesh : space.meshes) {
+      if (divisibility.parameters_divide(mesh)) {
+        groups[equivalence.key(mesh)].push_back(&mesh);
+      }
+    }
+    const PerfOptions base = perf_options_from_config(config, *space.slice.chip);
+    int in_setting = 0;
+    for (const auto& [key, meshes] : groups) {
+      if (meshes.size() < 2 || in_setting >= 6) {
+        continue;
+      }
+      const size_t batch = random() % space.batches.size();
+      const size_t remat = random() % space.remats.size();
+      const MeshShape& first = *meshes.front();
+      const MeshShape& other = *meshes[1 + random() % (meshes.size() - 1)];
+      if (!divisibility.batch_divides(first, space.batches[batch].loaded_microbatch)) {
+        continue;
+      }
+      ++in_setting;
+      StepProgram a = partitioned(space, steps, rules, first, batch, remat);
+      StepProgram b = partitioned(space, steps, rules, other, batch, remat);
+      StepSimulator on_a(a);
+      StepSimulator on_b(b);
+      for (const std::vector<int>& placement : space.placements) {
+        b.mesh = place_mesh(other, space.slice, placement);
+        a.mesh = equivalence.relabeled(b.mesh, first);
+        for (const bool offload : {false, true}) {
+          for (const bool collective_matmul : {false, true}) {
+            PerfOptions options = base;
+            options.record_details = false;
+            options.sparse_core_offload = offload;
+            options.collective_matmul = collective_matmul;
+            const std::string where = overrides[0] + " " + first.describe() + " as " +
+                                      other.describe() + " offload " + std::to_string(offload) +
+                                      " cm " + std::to_string(collective_matmul);
+            const CollectiveBounds want = on_b.collective_bounds(options);
+            const CollectiveBounds got = on_a.collective_bounds(options);
+            const std::vector<std::pair<double, double>> pairs = {
+                {want.tensorcore_driven_seconds, got.tensorcore_driven_seconds},
+                {want.busiest_link_seconds, got.busiest_link_seconds},
+                {on_b.chain_bound(options), on_a.chain_bound(options)},
+                {on_b.run(options).step_seconds, on_a.run(options).step_seconds}};
+            for (const auto& [expected, actual] : pairs) {
+              const double error = std::abs(actual - expected) / std::max(1e-300, expected);
+              EXPECT_LE(error, 1e-12) << where << ": " << expected << " vs " << actual;
+              worst = std::max(worst, error);
+              exact += actual == expected ? 1 : 0;
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(compared, 12 * 4);
+  std::printf("relabeled: %d of %d equal bit for bit, largest relative difference %.3g\n", exact,
+              compared, worst);
 }
 
 TEST(MeshEquivalence, AtomsHoldEveryAxisOnceAndKeepSplitsApart) {
