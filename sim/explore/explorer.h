@@ -183,6 +183,10 @@ struct ExplorePhases {
   // Variants not timed because their dependency-chain bound (StepSimulator::chain_bound) cannot
   // beat the top N (counted in cannot_beat_top too).
   int64_t chain_bounded = 0;
+  // remat_policy=none programs not built to bound a batch: the one an equivalent mesh built just
+  // before (meshes are searched by equivalence key) bounds it on this mesh's layout
+  // (MeshEquivalence::relabeled).
+  int64_t borrowed_programs = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -186,7 +186,8 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
           context_.space.slice.chip->sparsecore_collective_offload_default > 0);
 }
 
-void MeshEvaluator::bound_none_by_placement(MeshPlan& plan, const BatchWork& batch,
+void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch,
+                                            StepProgram& program, const MeshShape& program_mesh,
                                             NoneBounds& none) const {
   // A policy's bound adds recomputation to none's compute and the threshold only rises, so a
   // (placement, switches) whose variants none's cheaper bounds already cannot lift over the
@@ -196,9 +197,11 @@ void MeshEvaluator::bound_none_by_placement(MeshPlan& plan, const BatchWork& bat
   const std::vector<double>& compute = none.compute.step;
   none.collectives.assign(plan.placed.size(), SwitchBounds{});
   none.chains.assign(plan.placed.size(), SwitchChains{});
-  StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
+  const bool own = &program == &plan.program;
+  StepSimulator simulator(program);  // reads the program's mesh when bounding
   for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
+    program.mesh =
+        own ? plan.placed[which] : context_.equivalence.relabeled(plan.placed[which], program_mesh);
     for (const Variant& variant : variants_) {
       if (cannot_reach(best_possible(batch, compute[variant.context]), threshold)) {
         continue;
@@ -229,7 +232,9 @@ void MeshEvaluator::bound_none_by_placement(MeshPlan& plan, const BatchWork& bat
       }
     }
   }
-  plan.program.mesh = plan.placed.front();
+  if (own) {
+    program.mesh = plan.placed.front();
+  }
 }
 
 PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
@@ -284,6 +289,16 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
       return;
     }
   }
+}
+
+void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out) {
+  kept_none_.clear();
+  for (size_t at = 0; at < mesh_indices.size(); ++at) {
+    more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
+    evaluate(mesh_indices[at], out);
+  }
+  kept_none_.clear();
+  more_of_key_ = false;
 }
 
 bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const {
@@ -414,23 +429,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
     } else {
-      build(plan, batch.index, TrainingStepCache::kNoRemat, out);
-      ++out.phases.bound_programs;
-      const PhaseTimer timer(out.phases.bounds_s);
-      none.emplace();
-      none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
-      context_.facts.offer(none_key, {none->compute.step, 0, kUnknown, {}});
-      bounded_out =
-          cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
-      if (!bounded_out) {
-        // Collectives and chains only where the compute bound leaves a variant open, chains
-        // only where the collectives do too (they cost more).
-        bound_none_by_placement(plan, batch, *none);
-        bounded_out = cannot_reach(
-            best_possible(batch,
-                          least_step_bound(none->compute.step, none->collectives, &none->chains)),
-            context_.threshold.get());
-      }
+      bounded_out = none_bounds_out(plan, batch, none, out);
     }
     if (bounded_out) {
       ++out.phases.bounded_out_programs;
@@ -471,6 +470,45 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batc
       context_.steps.memory_floor(batch, remat).bytes(*plan.mesh, context_.rules);
   floors_.emplace(std::move(key), bytes);
   return bytes;
+}
+
+bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
+                                    std::optional<NoneBounds>& none, WorkerResult& out) {
+  none.emplace();
+  // The none program of an equivalent mesh evaluated just before is this mesh's program with
+  // other axis names: it bounds this batch on this mesh's layouts without a partition.
+  auto kept = kept_none_.find(batch.index);
+  StepProgram* program = &plan.program;
+  const MeshShape* program_mesh = plan.mesh;
+  if (kept != kept_none_.end()) {
+    ++out.phases.borrowed_programs;
+    none->compute = kept->second.compute;
+    program = &kept->second.program;
+    program_mesh = &kept->second.mesh;
+  } else {
+    build(plan, batch.index, TrainingStepCache::kNoRemat, out);
+    ++out.phases.bound_programs;
+    const PhaseTimer timer(out.phases.bounds_s);
+    none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+  }
+  const PhaseTimer timer(out.phases.bounds_s);
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {none->compute.step, 0, kUnknown, {}});
+  bool bounded_out =
+      cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
+  if (!bounded_out) {
+    // Collectives and chains only where the compute bound leaves a variant open, chains only
+    // where the collectives do too (they cost more).
+    bound_none_by_placement(plan, batch, *program, *program_mesh, *none);
+    bounded_out = cannot_reach(
+        best_possible(batch,
+                      least_step_bound(none->compute.step, none->collectives, &none->chains)),
+        context_.threshold.get());
+  }
+  if (more_of_key_ && kept == kept_none_.end()) {
+    kept_none_[batch.index] = {*plan.mesh, plan.program, none->compute};
+  }
+  return bounded_out;
 }
 
 bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat,

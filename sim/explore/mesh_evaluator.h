@@ -114,6 +114,9 @@ class MeshEvaluator {
 
   // Evaluates every candidate of space.meshes[mesh_index] into `out`.
   void evaluate(size_t mesh_index, WorkerResult& out);
+  // The same for meshes of one equivalence key, in order: the remat_policy=none programs built
+  // for the first bound the others (on their layouts, MeshEquivalence::relabeled) unbuilt.
+  void evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out);
 
  private:
   // One timing variant of a program: attention kind, perf switches and their cost context.
@@ -155,7 +158,13 @@ class MeshEvaluator {
   // The remat_policy=none program's collective bounds and then dependency chains (SwitchChains,
   // its compute ops costing none.compute.op_seconds) under every placement of the plan and the
   // switches of the variants that the cheaper bounds before them leave open at this batch.
-  void bound_none_by_placement(MeshPlan& plan, const BatchWork& batch, NoneBounds& none) const;
+  // `program` is plan.program, or one of `program_mesh`'s key partitioned on that mesh.
+  void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
+                               const MeshShape& program_mesh, NoneBounds& none) const;
+  // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
+  // true when no policy can beat the top N; `none` gets its bounds.
+  bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
+                       WorkerResult& out);
   // base_perf with the variant's SparseCore offload and collective matmul, no details.
   PerfOptions switch_options(const Variant& variant) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
@@ -218,6 +227,15 @@ class MeshEvaluator {
   // memory_floor's results by (equivalence key, batch, remat), this worker's own.
   static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
   mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
+  // evaluate_group: the remat_policy=none programs of the group's first meshes, by batch index,
+  // with the mesh they were partitioned on and their TensorCore bounds.
+  struct KeptNone {
+    MeshShape mesh;
+    StepProgram program;
+    ComputeBounds compute;
+  };
+  std::map<size_t, KeptNone> kept_none_;
+  bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows
 };
 
 }  // namespace tpusim
