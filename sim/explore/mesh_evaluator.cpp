@@ -237,6 +237,12 @@ void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWor
   }
 }
 
+void MeshEvaluator::place(const MeshPlan& plan, const Bounding& target, size_t which) const {
+  target.program->mesh = target.program == &plan.program
+                             ? plan.placed[which]
+                             : context_.equivalence.relabeled(plan.placed[which], *target.mesh);
+}
+
 PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
   PerfOptions perf_options = context_.base_perf;
   perf_options.record_details = false;
@@ -292,12 +298,12 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
 }
 
 void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out) {
-  kept_none_.clear();
+  kept_.clear();
   for (size_t at = 0; at < mesh_indices.size(); ++at) {
     more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
     evaluate(mesh_indices[at], out);
   }
-  kept_none_.clear();
+  kept_.clear();
   more_of_key_ = false;
 }
 
@@ -477,10 +483,11 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
   none.emplace();
   // The none program of an equivalent mesh evaluated just before is this mesh's program with
   // other axis names: it bounds this batch on this mesh's layouts without a partition.
-  auto kept = kept_none_.find(batch.index);
+  const TrainingStep* step = context_.steps.get(batch.index, TrainingStepCache::kNoRemat).get();
+  auto kept = kept_.find(step);
   StepProgram* program = &plan.program;
   const MeshShape* program_mesh = plan.mesh;
-  if (kept != kept_none_.end()) {
+  if (kept != kept_.end()) {
     ++out.phases.borrowed_programs;
     none->compute = kept->second.compute;
     program = &kept->second.program;
@@ -505,8 +512,8 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
                       least_step_bound(none->compute.step, none->collectives, &none->chains)),
         context_.threshold.get());
   }
-  if (more_of_key_ && kept == kept_none_.end()) {
-    kept_none_[batch.index] = {*plan.mesh, plan.program, none->compute};
+  if (more_of_key_ && kept == kept_.end()) {
+    kept_[step] = {*plan.mesh, plan.program, none->compute, {}, 0, 0, {}};
   }
   return bounded_out;
 }
@@ -551,7 +558,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
       return true;
     }
   }
-  if (skip_by_facts(plan, batch, remat, out)) {
+  if (skip_by_facts(plan, batch, remat, out) || bound_with_kept(plan, batch, remat, out)) {
     return true;
   }
   build(plan, batch.index, remat, out);
@@ -570,6 +577,16 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
     }
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), facts);
+  if (more_of_key_) {
+    auto [kept, added] = kept_.try_emplace(plan.program.step.get());
+    if (added) {
+      kept->second.mesh = *plan.mesh;
+      kept->second.program = plan.program;
+    }
+    kept->second.capacity = memory.capacity_bytes;
+    kept->second.peak = memory.peak_bytes;
+    kept->second.kind_peaks = facts.kind_peaks;
+  }
   if (!any_fits(plan.fitted[remat])) {
     ++out.phases.unfit_programs;
   } else {
@@ -579,6 +596,72 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
         plan.program.step == context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
     time_variants(plan, batch, remat, kind_peaks, is_none ? &none->compute.step : nullptr, out);
   }
+  return true;
+}
+
+bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                    WorkerResult& out) {
+  const auto found = kept_.find(context_.steps.get(batch.index, remat).get());
+  if (found == kept_.end() || found->second.kind_peaks.empty()) {
+    return false;
+  }
+  KeptProgram& kept = found->second;
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    if (plan.fitted[remat][kind] && std::isnan(kept.kind_peaks[kind])) {
+      return false;  // not estimated there: build it here
+    }
+  }
+  // The memory of equivalent meshes is the same (mesh_equivalence.h): what check_fit counts.
+  const double usable = kept.capacity * (1 - context_.options.limits.min_hbm_headroom);
+  out.capacity = usable;
+  out.smallest_peak = std::min(out.smallest_peak, kept.peak);
+  std::vector<double> kind_peaks(plan.per_kind.size(), kept.peak);
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    if (!plan.fitted[remat][kind]) {
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      continue;
+    }
+    kind_peaks[kind] = kept.kind_peaks[kind];
+    if (kind_peaks[kind] > usable) {
+      plan.fitted[remat][kind] = false;
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      out.sample({0.0, 0.0, kind_peaks[kind], false}, context_.options.max_samples);
+    }
+  }
+  ++out.phases.borrowed_programs;
+  if (!any_fits(plan.fitted[remat])) {
+    ++out.phases.unfit_programs;
+    return true;
+  }
+  if (kept.context_bounds.empty()) {
+    const PhaseTimer timer(out.phases.bounds_s);
+    kept.context_bounds = tensorcore_lower_bounds(kept.program, contexts_).step;
+  }
+  const std::vector<double> context_bounds = kept.context_bounds;
+  if (cannot_reach(best_possible(batch, lowest(context_bounds)), context_.threshold.get())) {
+    for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {  // as time_variants counts
+      out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+    }
+    return true;
+  }
+  // time_variants' bounds on this mesh's layouts, counted only when they leave nothing open.
+  const int64_t cannot_beat_top = out.pruned[kPrunedCannotBeatTop];
+  const int64_t chain_bounded = out.phases.chain_bounded;
+  {
+    StepSimulator simulator(kept.program);
+    const Bounding target{&kept.program, &kept.mesh};
+    std::vector<Bounded> open =
+        bound_variants(plan, target, batch, remat, context_bounds, simulator, out);
+    tighten_by_chains(plan, target, batch, simulator, open, out);
+    if (open.empty()) {
+      return true;
+    }
+  }
+  out.pruned[kPrunedCannotBeatTop] = cannot_beat_top;
+  out.phases.chain_bounded = chain_bounded;
+  --out.phases.borrowed_programs;
+  build(plan, batch.index, remat, out);
+  time_variants(plan, batch, remat, kind_peaks, &context_bounds, out);
   return true;
 }
 
@@ -662,12 +745,12 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
 }
 
 std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
-    MeshPlan& plan, const BatchWork& batch, size_t remat, const std::vector<double>& context_bounds,
-    StepSimulator& simulator, WorkerResult& out) const {
+    MeshPlan& plan, const Bounding& target, const BatchWork& batch, size_t remat,
+    const std::vector<double>& context_bounds, StepSimulator& simulator, WorkerResult& out) const {
   std::vector<Bounded> open;
   const double threshold = context_.threshold.get();
   for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
+    place(plan, target, which);
     // The collectives' bounds depend on the placement and the perf switches, not on the
     // attention kernel: worked out on first need, by [offload][collective_matmul].
     SwitchBounds collective_bounds;
@@ -736,9 +819,9 @@ PerfOptions MeshEvaluator::variant_options(const Variant& variant) const {
   return options;
 }
 
-void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
-                                      StepSimulator& simulator, std::vector<Bounded>& open,
-                                      WorkerResult& out) const {
+void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const Bounding& target,
+                                      const BatchWork& batch, StepSimulator& simulator,
+                                      std::vector<Bounded>& open, WorkerResult& out) const {
   if (open.size() < 2 && context_.threshold.get() == -std::numeric_limits<double>::infinity()) {
     return;  // it is timed whatever its bound
   }
@@ -750,7 +833,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
   // variants), then each variant's own.
   std::map<std::array<size_t, 3>, double> any_context;
   for (Bounded item : open) {
-    plan.program.mesh = plan.placed[item.placement];
+    place(plan, target, item.placement);
     const Variant& variant = variants_[item.variant];
     const PerfOptions options = variant_options(variant);
     const std::array<size_t, 3> switches{item.placement, options.sparse_core_offload ? 1U : 0U,
@@ -776,7 +859,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
     return a.group == b.group ? a.best > b.best : a.group < b.group;
   });
   open = std::move(kept);
-  plan.program.mesh = plan.placed.front();
+  place(plan, target, 0);
 }
 
 void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
@@ -793,6 +876,9 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), {context_bounds, 0, kUnknown, {}});
+  if (const auto kept = kept_.find(plan.program.step.get()); kept != kept_.end()) {
+    kept->second.context_bounds = context_bounds;
+  }
   if (cannot_reach(best_possible(batch, lowest(context_bounds)), threshold.get())) {
     // No variant's compute bound can beat the top N (the kinds that do not fit are counted).
     for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
@@ -805,8 +891,10 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     const PhaseTimer timer(out.phases.simulate_s);
     simulator.emplace(plan.program);
   }
-  std::vector<Bounded> open = bound_variants(plan, batch, remat, context_bounds, *simulator, out);
-  tighten_by_chains(plan, batch, *simulator, open, out);
+  const Bounding own{&plan.program, plan.mesh};
+  std::vector<Bounded> open =
+      bound_variants(plan, own, batch, remat, context_bounds, *simulator, out);
+  tighten_by_chains(plan, own, batch, *simulator, open, out);
   // Every variant times this same per-device program, and a top N keeps one entry per program
   // (the best, worker_result.h): a variant that cannot reach the best variant timed already
   // cannot be that entry, whatever the top N holds.

@@ -135,6 +135,12 @@ class MeshEvaluator {
   };
   struct MeshPlan;
   struct BatchWork;
+  // The program bounds are worked out on: the plan's own, or one of its key partitioned on
+  // `mesh`, an equivalent mesh (MeshEquivalence::relabeled lays it out as the plan's mesh).
+  struct Bounding {
+    StepProgram* program = nullptr;
+    const MeshShape* mesh = nullptr;
+  };
   // Collective bounds of one program under one placement, by [SparseCore offload][collective
   // matmul] (those the variants use).
   using SwitchBounds = std::array<std::array<std::optional<CollectiveBounds>, 2>, 2>;
@@ -186,6 +192,10 @@ class MeshEvaluator {
   // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
   // every mesh of one key: mesh_equivalence.h).
   MemoryFloor::Bytes memory_floor(const MeshPlan& plan, size_t batch, size_t remat) const;
+  // With the program of (batch, remat) kept from an equivalent mesh (evaluate_group): its memory
+  // and bounds on this mesh's layouts; true when they show that no candidate need be timed (all
+  // counted), else the program is built and timed. False: nothing kept, nothing done.
+  bool bound_with_kept(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out);
   bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                       const std::optional<NoneBounds>& none, WorkerResult& out);
   // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
@@ -198,15 +208,20 @@ class MeshEvaluator {
                      WorkerResult& out);
   // The variants of plan.program (under every placement) that fit and whose step bounds can
   // still beat the top N, the most promising placement first and, within it, best first.
-  std::vector<Bounded> bound_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
+  std::vector<Bounded> bound_variants(MeshPlan& plan, const Bounding& target,
+                                      const BatchWork& batch, size_t remat,
                                       const std::vector<double>& context_bounds,
                                       StepSimulator& simulator, WorkerResult& out) const;
   // A variant's perf options for timing (no details).
   PerfOptions variant_options(const Variant& variant) const;
   // Tightens each open variant's best with StepSimulator::chain_bound, drops those that cannot
   // beat the top N, and puts the rest best first within each placement.
-  void tighten_by_chains(MeshPlan& plan, const BatchWork& batch, StepSimulator& simulator,
-                         std::vector<Bounded>& open, WorkerResult& out) const;
+  void tighten_by_chains(MeshPlan& plan, const Bounding& target, const BatchWork& batch,
+                         StepSimulator& simulator, std::vector<Bounded>& open,
+                         WorkerResult& out) const;
+  // Lays `target`'s program out as the plan's placement `which` (relabeled when it was
+  // partitioned on another mesh of the key).
+  void place(const MeshPlan& plan, const Bounding& target, size_t which) const;
   // The facts key of (batch, remat) on the plan's mesh (kNoRemat: the none program's).
   std::vector<int64_t> facts_key(const MeshPlan& plan, size_t batch, size_t remat) const;
   // With the facts of the same program on an equivalent mesh: true (and the candidates counted)
@@ -227,14 +242,18 @@ class MeshEvaluator {
   // memory_floor's results by (equivalence key, batch, remat), this worker's own.
   static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
   mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
-  // evaluate_group: the remat_policy=none programs of the group's first meshes, by batch index,
-  // with the mesh they were partitioned on and their TensorCore bounds.
-  struct KeptNone {
+  // evaluate_group: programs built on the group's earlier meshes, by training step (batch and
+  // remat), with the mesh they were partitioned on, their TensorCore bounds and memory.
+  struct KeptProgram {
     MeshShape mesh;
     StepProgram program;
-    ComputeBounds compute;
+    ComputeBounds compute;               // remat_policy=none's (empty otherwise)
+    std::vector<double> context_bounds;  // TensorCore bounds per cost context (empty: not yet)
+    double capacity = 0;
+    double peak = 0;
+    std::vector<double> kind_peaks;  // empty: memory not estimated; NaN: this kind's not
   };
-  std::map<size_t, KeptNone> kept_none_;
+  std::map<const TrainingStep*, KeptProgram> kept_;
   bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows
 };
 
