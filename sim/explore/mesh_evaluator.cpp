@@ -188,7 +188,7 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
 
 void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch,
                                             StepProgram& program, const MeshShape& program_mesh,
-                                            NoneBounds& none) const {
+                                            StepSimulator& simulator, NoneBounds& none) const {
   // A policy's bound adds recomputation to none's compute and the threshold only rises, so a
   // (placement, switches) whose variants none's cheaper bounds already cannot lift over the
   // threshold never decides anything: its collectives or chains are not worked out (0 in
@@ -198,7 +198,6 @@ void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWor
   none.collectives.assign(plan.placed.size(), SwitchBounds{});
   none.chains.assign(plan.placed.size(), SwitchChains{});
   const bool own = &program == &plan.program;
-  StepSimulator simulator(program);  // reads the program's mesh when bounding
   for (size_t which = 0; which < plan.placed.size(); ++which) {
     program.mesh =
         own ? plan.placed[which] : context_.equivalence.relabeled(plan.placed[which], program_mesh);
@@ -506,14 +505,20 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
   if (!bounded_out) {
     // Collectives and chains only where the compute bound leaves a variant open, chains only
     // where the collectives do too (they cost more).
-    bound_none_by_placement(plan, batch, *program, *program_mesh, *none);
+    std::optional<StepSimulator> own;  // the kept program's simulator is kept with it
+    StepSimulator& simulator =
+        kept != kept_.end() ? kept->second.bounds_simulator() : own.emplace(plan.program);
+    bound_none_by_placement(plan, batch, *program, *program_mesh, simulator, *none);
     bounded_out = cannot_reach(
         best_possible(batch,
                       least_step_bound(none->compute.step, none->collectives, &none->chains)),
         context_.threshold.get());
   }
   if (more_of_key_ && kept == kept_.end()) {
-    kept_[step] = {*plan.mesh, plan.program, none->compute, {}, 0, 0, {}};
+    KeptProgram& keep = kept_[step];
+    keep.mesh = *plan.mesh;
+    keep.program = plan.program;
+    keep.compute = none->compute;
   }
   return bounded_out;
 }
@@ -648,7 +653,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
   const int64_t cannot_beat_top = out.pruned[kPrunedCannotBeatTop];
   const int64_t chain_bounded = out.phases.chain_bounded;
   {
-    StepSimulator simulator(kept.program);
+    StepSimulator& simulator = kept.bounds_simulator();
     const Bounding target{&kept.program, &kept.mesh};
     std::vector<Bounded> open =
         bound_variants(plan, target, batch, remat, context_bounds, simulator, out);

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -166,7 +167,8 @@ class MeshEvaluator {
   // switches of the variants that the cheaper bounds before them leave open at this batch.
   // `program` is plan.program, or one of `program_mesh`'s key partitioned on that mesh.
   void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
-                               const MeshShape& program_mesh, NoneBounds& none) const;
+                               const MeshShape& program_mesh, StepSimulator& simulator,
+                               NoneBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
@@ -252,6 +254,15 @@ class MeshEvaluator {
     double capacity = 0;
     double peak = 0;
     std::vector<double> kind_peaks;  // empty: memory not estimated; NaN: this kind's not
+    // Bounds the later meshes of the group (kept: its compute costs per context are worked out
+    // once for all of them; only the collectives depend on the layout).
+    std::unique_ptr<StepSimulator> simulator;
+    StepSimulator& bounds_simulator() {
+      if (simulator == nullptr) {
+        simulator = std::make_unique<StepSimulator>(program);
+      }
+      return *simulator;
+    }
   };
   std::map<const TrainingStep*, KeptProgram> kept_;
   bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows
