@@ -12,7 +12,10 @@
 // (StepSimulator::chain_bound: within a per cent of the step for most variants, so that most are
 // never timed). A program whose equivalent mesh (mesh_equivalence.h: same per-device program)
 // showed that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
-// (SharedProgramFacts).
+// (SharedProgramFacts). Meshes of one key evaluated in a row (evaluate_group) keep the programs
+// built for the first: the later ones take their memory and TensorCore bounds from them and their
+// collectives and chains on their own layouts (MeshEquivalence::relabeled: the same bounds bit
+// for bit), and build a program only to time a variant.
 //
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
