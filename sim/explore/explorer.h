@@ -29,17 +29,19 @@
 // partitioned program and memory estimate per (mesh, batch, remat) is shared by its timing
 // variants (attention kind, flash blocks, SparseCore offload, collective matmul: the attention
 // kind changes the kernel's cost, not the program), and those are timed without trace or
-// breakdown. Meshes are spread over threads; the top N (ties broken by the order of the space, so
-// results do not depend on threads) get a full estimate. The top N are N different per-device
-// programs (sim/explore/program_signature.h): of the candidates that run one program (timing
-// switches and placements, or the same program spelled with other mesh axes) the best is listed,
-// with the other spellings it timed (RankedCandidate::same_program). Where the time went is in
-// ExploreResult::phases.
-// The parts, one file each: the space (search_space.h), a candidate and its keys (candidate.h),
-// the objective (objective.h), the shared training steps (training_step_cache.h), the
-// divisibility rule (divisibility.h), one mesh's evaluation (mesh_evaluator.h), what the workers
-// and ranks found (worker_result.h), the bounds (step_bounds.h) and pipeline schedules
-// (pipeline_schedules.h); this file runs them and merges the schedules.
+// breakdown. Meshes are spread over threads, those of one equivalence key (mesh_equivalence.h) in
+// a row on one thread past the first 5% of the space's order, so that the programs built for the
+// first bound the others unbuilt (MeshEvaluator::evaluate_group); the top N (ties broken by the
+// order of the space, so results do not depend on threads or this grouping) get a full estimate.
+// The top N are N different per-device programs (sim/explore/program_signature.h): of the
+// candidates that run one program (timing switches and placements, or the same program spelled with
+// other mesh axes) the best is listed, with the other spellings it timed
+// (RankedCandidate::same_program). Where the time went is in ExploreResult::phases. The parts, one
+// file each: the space (search_space.h), a candidate and its keys (candidate.h), the objective
+// (objective.h), the shared training steps (training_step_cache.h), the divisibility rule
+// (divisibility.h), one mesh's evaluation (mesh_evaluator.h), what the workers and ranks found
+// (worker_result.h), the bounds (step_bounds.h) and pipeline schedules (pipeline_schedules.h); this
+// file runs them and merges the schedules.
 //
 // Example:
 //   Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32"});
@@ -183,6 +185,10 @@ struct ExplorePhases {
   // Variants not timed because their dependency-chain bound (StepSimulator::chain_bound) cannot
   // beat the top N (counted in cannot_beat_top too).
   int64_t chain_bounded = 0;
+  // remat_policy=none programs not built to bound a batch: the one an equivalent mesh built just
+  // before (meshes are searched by equivalence key) bounds it on this mesh's layout
+  // (MeshEquivalence::relabeled).
+  int64_t borrowed_programs = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -66,4 +66,37 @@ std::vector<int64_t> MeshEquivalence::key(const MeshShape& mesh) const {
   return products;
 }
 
+DeviceMesh MeshEquivalence::relabeled(const DeviceMesh& placed, const MeshShape& onto) const {
+  DeviceMesh result;
+  result.shape = onto;
+  result.placement_order = placed.placement_order;
+  result.axes.resize(placed.axes.size());
+  for (size_t axis = 0; axis < result.axes.size(); ++axis) {
+    result.axes[axis].mesh_axis = static_cast<int>(axis);
+  }
+  for (const uint32_t bits : atoms_) {
+    int representative = -1;
+    for (int axis = 0; axis < kNumMeshAxes && representative < 0; ++axis) {
+      if ((bits >> static_cast<unsigned>(axis) & 1U) != 0 && onto.size(axis) > 1) {
+        representative = axis;
+      }
+    }
+    if (representative < 0) {
+      continue;  // the atom splits nothing (a product of 1 on every mesh of the key)
+    }
+    MeshAxisPlacement& into = result.axes[static_cast<size_t>(representative)];
+    for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+      if ((bits >> static_cast<unsigned>(axis) & 1U) == 0) {
+        continue;
+      }
+      const MeshAxisPlacement& from = placed.axes[static_cast<size_t>(axis)];
+      into.ici_size *= from.ici_size;
+      into.dcn_size *= from.dcn_size;
+      into.portions.insert(into.portions.end(), from.portions.begin(), from.portions.end());
+      into.split = into.split || from.split;
+    }
+  }
+  return result;
+}
+
 }  // namespace tpusim

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/autodiff/training_step.h"
+#include "sharding/device_mesh.h"
 #include "sharding/logical_rules.h"
 #include "sharding/mesh.h"
 
@@ -38,6 +39,15 @@ class MeshEquivalence {
   // The product of the mesh's axis sizes (ICI x DCN) per atom: equal keys, same per-device
   // program.
   std::vector<int64_t> key(const MeshShape& mesh) const;
+
+  // `placed` (a placement of a mesh B) laid onto the axis names of `onto`, a mesh of B's key, so
+  // that the program partitioned on `onto` times its collectives as B's program does on `placed`:
+  // every collective spans whole atoms, so each atom's devices, ICI portions and DCN size go to
+  // one axis of that atom, the lowest larger than 1 on `onto` (its other axes get none). The sums
+  // over a collective's portions may run in another order than on B (bandwidths of several
+  // atoms: the same within rounding). Timing reads a mesh only through its collectives
+  // (sim/perf/collective_cost.h), so B's bounds come without partitioning B.
+  DeviceMesh relabeled(const DeviceMesh& placed, const MeshShape& onto) const;
 
   // The atoms, each a bit set of mesh axis indices (1 << axis); together they hold every axis.
   const std::vector<uint32_t>& atoms() const { return atoms_; }

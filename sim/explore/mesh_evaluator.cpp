@@ -186,49 +186,68 @@ bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
           context_.space.slice.chip->sparsecore_collective_offload_default > 0);
 }
 
-std::vector<MeshEvaluator::SwitchBounds> MeshEvaluator::collective_bounds_by_placement(
-    MeshPlan& plan) const {
-  std::vector<SwitchBounds> result(plan.placed.size());
-  StepSimulator simulator(plan.program);  // reads the program's mesh when bounding
+void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch,
+                                            StepProgram& program, const MeshShape& program_mesh,
+                                            StepSimulator& simulator, NoneBounds& none) const {
+  // A policy's bound adds recomputation to none's compute and the threshold only rises, so a
+  // (placement, switches) whose variants none's cheaper bounds already cannot lift over the
+  // threshold never decides anything: its collectives or chains are not worked out (0 in
+  // least_step_bound, which leaves its bound at what already cannot reach).
+  const double threshold = context_.threshold.get();
+  const std::vector<double>& compute = none.compute.step;
+  none.collectives.assign(plan.placed.size(), SwitchBounds{});
+  none.chains.assign(plan.placed.size(), SwitchChains{});
+  const bool own = &program == &plan.program;
   for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
+    program.mesh =
+        own ? plan.placed[which] : context_.equivalence.relabeled(plan.placed[which], program_mesh);
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
+      if (cannot_reach(best_possible(batch, compute[variant.context]), threshold)) {
+        continue;
+      }
+      const PerfOptions perf_options = switch_options(variant);
       std::optional<CollectiveBounds>& bounds =
-          result[which][offload][variant.perf.collective_matmul];
+          none.collectives[which][perf_options.sparse_core_offload][perf_options.collective_matmul];
       if (!bounds.has_value()) {
-        PerfOptions perf_options = context_.base_perf;
-        perf_options.record_details = false;
-        perf_options.sparse_core_offload = offload;
-        perf_options.collective_matmul = variant.perf.collective_matmul;
         bounds = simulator.collective_bounds(perf_options);
       }
     }
-  }
-  plan.program.mesh = plan.placed.front();
-  return result;
-}
-
-std::vector<MeshEvaluator::SwitchChains> MeshEvaluator::chain_bounds_by_placement(
-    MeshPlan& plan, const std::vector<double>& op_seconds) const {
-  std::vector<SwitchChains> result(plan.placed.size());
-  StepSimulator simulator(plan.program);
-  for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
-      double& chain = result[which][offload][variant.perf.collective_matmul];
+      const PerfOptions perf_options = switch_options(variant);
+      const bool offload = perf_options.sparse_core_offload;
+      const bool collective_matmul = perf_options.collective_matmul;
+      const std::optional<CollectiveBounds>& bounds =
+          none.collectives[which][offload][collective_matmul];
+      if (!bounds.has_value() ||
+          cannot_reach(best_possible(batch, std::max(compute[variant.context] +
+                                                         bounds->tensorcore_driven_seconds,
+                                                     bounds->busiest_link_seconds)),
+                       threshold)) {
+        continue;
+      }
+      double& chain = none.chains[which][offload][collective_matmul];
       if (chain == 0) {
-        PerfOptions perf_options = context_.base_perf;
-        perf_options.record_details = false;
-        perf_options.sparse_core_offload = offload;
-        perf_options.collective_matmul = variant.perf.collective_matmul;
-        chain = simulator.chain_bound(perf_options, op_seconds) * kRoundingMargin;
+        chain = simulator.chain_bound(perf_options, none.compute.op_seconds) * kRoundingMargin;
       }
     }
   }
-  plan.program.mesh = plan.placed.front();
-  return result;
+  if (own) {
+    program.mesh = plan.placed.front();
+  }
+}
+
+void MeshEvaluator::place(const MeshPlan& plan, const Bounding& target, size_t which) const {
+  target.program->mesh = target.program == &plan.program
+                             ? plan.placed[which]
+                             : context_.equivalence.relabeled(plan.placed[which], *target.mesh);
+}
+
+PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
+  PerfOptions perf_options = context_.base_perf;
+  perf_options.record_details = false;
+  perf_options.sparse_core_offload = offload_on(variant.perf);
+  perf_options.collective_matmul = variant.perf.collective_matmul;
+  return perf_options;
 }
 
 double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
@@ -242,7 +261,9 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
     for (const Variant& variant : variants_) {
       const bool offload = offload_on(variant.perf);
       const bool collective_matmul = variant.perf.collective_matmul;
-      const CollectiveBounds& bounds = *collectives[which][offload][collective_matmul];
+      // Not worked out (bound_none_by_placement): nothing above the compute bound.
+      const CollectiveBounds bounds =
+          collectives[which][offload][collective_matmul].value_or(CollectiveBounds{});
       const double chain = chains != nullptr && !chains->empty()
                                ? (*chains)[which][offload][collective_matmul]
                                : 0.0;
@@ -260,8 +281,7 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
   }
   // Weights and optimizer state do not depend on batch, remat or attention: the memory floor's
   // state is the memory model's exactly, so no program is needed to see they do not fit.
-  const double state =
-      context_.steps.memory_floor(plan.dividing.front(), 0).bytes(*plan.mesh, context_.rules).state;
+  const double state = memory_floor(plan, plan.dividing.front(), 0).state;
   if (state > usable_hbm()) {
     out.capacity = usable_hbm();
     out.smallest_peak = std::min(out.smallest_peak, state);  // the peak is at least this
@@ -274,6 +294,16 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
       return;
     }
   }
+}
+
+void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out) {
+  kept_.clear();
+  for (size_t at = 0; at < mesh_indices.size(); ++at) {
+    more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
+    evaluate(mesh_indices[at], out);
+  }
+  kept_.clear();
+  more_of_key_ = false;
 }
 
 bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const {
@@ -404,28 +434,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
     } else {
-      build(plan, batch.index, TrainingStepCache::kNoRemat, out);
-      ++out.phases.bound_programs;
-      const PhaseTimer timer(out.phases.bounds_s);
-      none.emplace();
-      none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
-      context_.facts.offer(none_key, {none->compute.step, 0, kUnknown, {}});
-      bounded_out =
-          cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
-      if (!bounded_out) {
-        none->collectives = collective_bounds_by_placement(plan);
-        bounded_out = cannot_reach(
-            best_possible(batch, least_step_bound(none->compute.step, none->collectives)),
-            context_.threshold.get());
-      }
-      if (!bounded_out) {
-        // The chains cost more than the bounds above: only for the batches those leave open.
-        none->chains = chain_bounds_by_placement(plan, none->compute.op_seconds);
-        bounded_out = cannot_reach(
-            best_possible(batch,
-                          least_step_bound(none->compute.step, none->collectives, &none->chains)),
-            context_.threshold.get());
-      }
+      bounded_out = none_bounds_out(plan, batch, none, out);
     }
     if (bounded_out) {
       ++out.phases.bounded_out_programs;
@@ -448,11 +457,76 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   return true;
 }
 
+MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batch,
+                                               size_t remat) const {
+  // Equivalent meshes split every tensor alike (mesh_equivalence.h), and the floor only sums the
+  // tensors' local sizes, in the same order: the same bytes bit for bit.
+  std::vector<int64_t> key = plan.key;
+  key.push_back(static_cast<int64_t>(batch));
+  key.push_back(static_cast<int64_t>(remat));
+  const auto found = floors_.find(key);
+  if (found != floors_.end()) {
+    return found->second;
+  }
+  if (floors_.size() >= kMaxKeptFloors) {
+    floors_.clear();  // bounded memory on the largest spaces
+  }
+  const MemoryFloor::Bytes bytes =
+      context_.steps.memory_floor(batch, remat).bytes(*plan.mesh, context_.rules);
+  floors_.emplace(std::move(key), bytes);
+  return bytes;
+}
+
+bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
+                                    std::optional<NoneBounds>& none, WorkerResult& out) {
+  none.emplace();
+  // The none program of an equivalent mesh evaluated just before is this mesh's program with
+  // other axis names: it bounds this batch on this mesh's layouts without a partition.
+  const TrainingStep* step = context_.steps.get(batch.index, TrainingStepCache::kNoRemat).get();
+  auto kept = kept_.find(step);
+  StepProgram* program = &plan.program;
+  const MeshShape* program_mesh = plan.mesh;
+  if (kept != kept_.end()) {
+    ++out.phases.borrowed_programs;
+    none->compute = kept->second.compute;
+    program = &kept->second.program;
+    program_mesh = &kept->second.mesh;
+  } else {
+    build(plan, batch.index, TrainingStepCache::kNoRemat, out);
+    ++out.phases.bound_programs;
+    const PhaseTimer timer(out.phases.bounds_s);
+    none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+  }
+  const PhaseTimer timer(out.phases.bounds_s);
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {none->compute.step, 0, kUnknown, {}});
+  bool bounded_out =
+      cannot_reach(best_possible(batch, lowest(none->compute.step)), context_.threshold.get());
+  if (!bounded_out) {
+    // Collectives and chains only where the compute bound leaves a variant open, chains only
+    // where the collectives do too (they cost more).
+    std::optional<StepSimulator> own;  // the kept program's simulator is kept with it
+    StepSimulator& simulator =
+        kept != kept_.end() ? kept->second.bounds_simulator() : own.emplace(plan.program);
+    bound_none_by_placement(plan, batch, *program, *program_mesh, simulator, *none);
+    bounded_out = cannot_reach(
+        best_possible(batch,
+                      least_step_bound(none->compute.step, none->collectives, &none->chains)),
+        context_.threshold.get());
+  }
+  if (more_of_key_ && kept == kept_.end()) {
+    KeptProgram& keep = kept_[step];
+    keep.mesh = *plan.mesh;
+    keep.program = plan.program;
+    keep.compute = none->compute;
+  }
+  return bounded_out;
+}
+
 bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                   WorkerResult& out) const {
   // The floor (state and saved activations) is below the peak of every attention kind.
-  const double floor =
-      context_.steps.memory_floor(batch.index, remat).bytes(*plan.mesh, context_.rules).total();
+  const double floor = memory_floor(plan, batch.index, remat).total();
   if (floor <= usable_hbm()) {
     return false;
   }
@@ -489,7 +563,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
       return true;
     }
   }
-  if (skip_by_facts(plan, batch, remat, out)) {
+  if (skip_by_facts(plan, batch, remat, out) || bound_with_kept(plan, batch, remat, out)) {
     return true;
   }
   build(plan, batch.index, remat, out);
@@ -508,6 +582,16 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
     }
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), facts);
+  if (more_of_key_) {
+    auto [kept, added] = kept_.try_emplace(plan.program.step.get());
+    if (added) {
+      kept->second.mesh = *plan.mesh;
+      kept->second.program = plan.program;
+    }
+    kept->second.capacity = memory.capacity_bytes;
+    kept->second.peak = memory.peak_bytes;
+    kept->second.kind_peaks = facts.kind_peaks;
+  }
   if (!any_fits(plan.fitted[remat])) {
     ++out.phases.unfit_programs;
   } else {
@@ -517,6 +601,72 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
         plan.program.step == context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
     time_variants(plan, batch, remat, kind_peaks, is_none ? &none->compute.step : nullptr, out);
   }
+  return true;
+}
+
+bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size_t remat,
+                                    WorkerResult& out) {
+  const auto found = kept_.find(context_.steps.get(batch.index, remat).get());
+  if (found == kept_.end() || found->second.kind_peaks.empty()) {
+    return false;
+  }
+  KeptProgram& kept = found->second;
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    if (plan.fitted[remat][kind] && std::isnan(kept.kind_peaks[kind])) {
+      return false;  // not estimated there: build it here
+    }
+  }
+  // The memory of equivalent meshes is the same (mesh_equivalence.h): what check_fit counts.
+  const double usable = kept.capacity * (1 - context_.options.limits.min_hbm_headroom);
+  out.capacity = usable;
+  out.smallest_peak = std::min(out.smallest_peak, kept.peak);
+  std::vector<double> kind_peaks(plan.per_kind.size(), kept.peak);
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    if (!plan.fitted[remat][kind]) {
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      continue;
+    }
+    kind_peaks[kind] = kept.kind_peaks[kind];
+    if (kind_peaks[kind] > usable) {
+      plan.fitted[remat][kind] = false;
+      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      out.sample({0.0, 0.0, kind_peaks[kind], false}, context_.options.max_samples);
+    }
+  }
+  ++out.phases.borrowed_programs;
+  if (!any_fits(plan.fitted[remat])) {
+    ++out.phases.unfit_programs;
+    return true;
+  }
+  if (kept.context_bounds.empty()) {
+    const PhaseTimer timer(out.phases.bounds_s);
+    kept.context_bounds = tensorcore_lower_bounds(kept.program, contexts_).step;
+  }
+  const std::vector<double> context_bounds = kept.context_bounds;
+  if (cannot_reach(best_possible(batch, lowest(context_bounds)), context_.threshold.get())) {
+    for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {  // as time_variants counts
+      out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+    }
+    return true;
+  }
+  // time_variants' bounds on this mesh's layouts, counted only when they leave nothing open.
+  const int64_t cannot_beat_top = out.pruned[kPrunedCannotBeatTop];
+  const int64_t chain_bounded = out.phases.chain_bounded;
+  {
+    StepSimulator& simulator = kept.bounds_simulator();
+    const Bounding target{&kept.program, &kept.mesh};
+    std::vector<Bounded> open =
+        bound_variants(plan, target, batch, remat, context_bounds, simulator, out);
+    tighten_by_chains(plan, target, batch, simulator, open, out);
+    if (open.empty()) {
+      return true;
+    }
+  }
+  out.pruned[kPrunedCannotBeatTop] = cannot_beat_top;
+  out.phases.chain_bounded = chain_bounded;
+  --out.phases.borrowed_programs;
+  build(plan, batch.index, remat, out);
+  time_variants(plan, batch, remat, kind_peaks, &context_bounds, out);
   return true;
 }
 
@@ -600,12 +750,12 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
 }
 
 std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
-    MeshPlan& plan, const BatchWork& batch, size_t remat, const std::vector<double>& context_bounds,
-    StepSimulator& simulator, WorkerResult& out) const {
+    MeshPlan& plan, const Bounding& target, const BatchWork& batch, size_t remat,
+    const std::vector<double>& context_bounds, StepSimulator& simulator, WorkerResult& out) const {
   std::vector<Bounded> open;
   const double threshold = context_.threshold.get();
   for (size_t which = 0; which < plan.placed.size(); ++which) {
-    plan.program.mesh = plan.placed[which];
+    place(plan, target, which);
     // The collectives' bounds depend on the placement and the perf switches, not on the
     // attention kernel: worked out on first need, by [offload][collective_matmul].
     SwitchBounds collective_bounds;
@@ -674,9 +824,9 @@ PerfOptions MeshEvaluator::variant_options(const Variant& variant) const {
   return options;
 }
 
-void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
-                                      StepSimulator& simulator, std::vector<Bounded>& open,
-                                      WorkerResult& out) const {
+void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const Bounding& target,
+                                      const BatchWork& batch, StepSimulator& simulator,
+                                      std::vector<Bounded>& open, WorkerResult& out) const {
   if (open.size() < 2 && context_.threshold.get() == -std::numeric_limits<double>::infinity()) {
     return;  // it is timed whatever its bound
   }
@@ -688,7 +838,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
   // variants), then each variant's own.
   std::map<std::array<size_t, 3>, double> any_context;
   for (Bounded item : open) {
-    plan.program.mesh = plan.placed[item.placement];
+    place(plan, target, item.placement);
     const Variant& variant = variants_[item.variant];
     const PerfOptions options = variant_options(variant);
     const std::array<size_t, 3> switches{item.placement, options.sparse_core_offload ? 1U : 0U,
@@ -714,7 +864,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const BatchWork& batch,
     return a.group == b.group ? a.best > b.best : a.group < b.group;
   });
   open = std::move(kept);
-  plan.program.mesh = plan.placed.front();
+  place(plan, target, 0);
 }
 
 void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
@@ -731,6 +881,9 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     context_bounds = tensorcore_lower_bounds(plan.program, contexts_).step;
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), {context_bounds, 0, kUnknown, {}});
+  if (const auto kept = kept_.find(plan.program.step.get()); kept != kept_.end()) {
+    kept->second.context_bounds = context_bounds;
+  }
   if (cannot_reach(best_possible(batch, lowest(context_bounds)), threshold.get())) {
     // No variant's compute bound can beat the top N (the kinds that do not fit are counted).
     for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
@@ -743,8 +896,10 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
     const PhaseTimer timer(out.phases.simulate_s);
     simulator.emplace(plan.program);
   }
-  std::vector<Bounded> open = bound_variants(plan, batch, remat, context_bounds, *simulator, out);
-  tighten_by_chains(plan, batch, *simulator, open, out);
+  const Bounding own{&plan.program, plan.mesh};
+  std::vector<Bounded> open =
+      bound_variants(plan, own, batch, remat, context_bounds, *simulator, out);
+  tighten_by_chains(plan, own, batch, *simulator, open, out);
   // Every variant times this same per-device program, and a top N keeps one entry per program
   // (the best, worker_result.h): a variant that cannot reach the best variant timed already
   // cannot be that entry, whatever the top N holds.

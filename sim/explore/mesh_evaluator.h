@@ -12,7 +12,10 @@
 // (StepSimulator::chain_bound: within a per cent of the step for most variants, so that most are
 // never timed). A program whose equivalent mesh (mesh_equivalence.h: same per-device program)
 // showed that it does not fit, or that its TensorCore bound cannot beat the top N, is not built
-// (SharedProgramFacts).
+// (SharedProgramFacts). Meshes of one key evaluated in a row (evaluate_group) keep the programs
+// built for the first: the later ones take their memory and TensorCore bounds from them and their
+// collectives and chains on their own layouts (MeshEquivalence::relabeled: the same bounds bit
+// for bit), and build a program only to time a variant.
 //
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
@@ -29,6 +32,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -114,6 +118,9 @@ class MeshEvaluator {
 
   // Evaluates every candidate of space.meshes[mesh_index] into `out`.
   void evaluate(size_t mesh_index, WorkerResult& out);
+  // The same for meshes of one equivalence key, in order: the remat_policy=none programs built
+  // for the first bound the others (on their layouts, MeshEquivalence::relabeled) unbuilt.
+  void evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out);
 
  private:
   // One timing variant of a program: attention kind, perf switches and their cost context.
@@ -132,6 +139,12 @@ class MeshEvaluator {
   };
   struct MeshPlan;
   struct BatchWork;
+  // The program bounds are worked out on: the plan's own, or one of its key partitioned on
+  // `mesh`, an equivalent mesh (MeshEquivalence::relabeled lays it out as the plan's mesh).
+  struct Bounding {
+    StepProgram* program = nullptr;
+    const MeshShape* mesh = nullptr;
+  };
   // Collective bounds of one program under one placement, by [SparseCore offload][collective
   // matmul] (those the variants use).
   using SwitchBounds = std::array<std::array<std::optional<CollectiveBounds>, 2>, 2>;
@@ -152,14 +165,22 @@ class MeshEvaluator {
 
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
-  // plan.program's collective bounds under every placement of the plan.
-  std::vector<SwitchBounds> collective_bounds_by_placement(MeshPlan& plan) const;
-  // plan.program's dependency-chain bounds (SwitchChains) under every placement of the plan and
-  // the switches the variants use, its compute ops costing op_seconds (by op id).
-  std::vector<SwitchChains> chain_bounds_by_placement(MeshPlan& plan,
-                                                      const std::vector<double>& op_seconds) const;
+  // The remat_policy=none program's collective bounds and then dependency chains (SwitchChains,
+  // its compute ops costing none.compute.op_seconds) under every placement of the plan and the
+  // switches of the variants that the cheaper bounds before them leave open at this batch.
+  // `program` is plan.program, or one of `program_mesh`'s key partitioned on that mesh.
+  void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
+                               const MeshShape& program_mesh, StepSimulator& simulator,
+                               NoneBounds& none) const;
+  // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
+  // true when no policy can beat the top N; `none` gets its bounds.
+  bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
+                       WorkerResult& out);
+  // base_perf with the variant's SparseCore offload and collective matmul, no details.
+  PerfOptions switch_options(const Variant& variant) const;
   // The least step bound over the plan's placements and the variants: per variant, its context's
-  // compute bound plus the collectives the TensorCore drives, or the busiest link if larger.
+  // compute bound plus the collectives the TensorCore drives, or the busiest link, or its chains
+  // if larger (collectives or chains not worked out count as 0).
   double least_step_bound(const std::vector<double>& compute,
                           const std::vector<SwitchBounds>& collectives,
                           const std::vector<SwitchChains>* chains = nullptr) const;
@@ -173,6 +194,13 @@ class MeshEvaluator {
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
   // when its memory floor at this batch exceeds HBM: no program needs to be built.
   bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
+  // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
+  // every mesh of one key: mesh_equivalence.h).
+  MemoryFloor::Bytes memory_floor(const MeshPlan& plan, size_t batch, size_t remat) const;
+  // With the program of (batch, remat) kept from an equivalent mesh (evaluate_group): its memory
+  // and bounds on this mesh's layouts; true when they show that no candidate need be timed (all
+  // counted), else the program is built and timed. False: nothing kept, nothing done.
+  bool bound_with_kept(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out);
   bool evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                       const std::optional<NoneBounds>& none, WorkerResult& out);
   // Marks the attention kinds that do not fit this remat's program; their peaks in kind_peaks.
@@ -185,15 +213,20 @@ class MeshEvaluator {
                      WorkerResult& out);
   // The variants of plan.program (under every placement) that fit and whose step bounds can
   // still beat the top N, the most promising placement first and, within it, best first.
-  std::vector<Bounded> bound_variants(MeshPlan& plan, const BatchWork& batch, size_t remat,
+  std::vector<Bounded> bound_variants(MeshPlan& plan, const Bounding& target,
+                                      const BatchWork& batch, size_t remat,
                                       const std::vector<double>& context_bounds,
                                       StepSimulator& simulator, WorkerResult& out) const;
   // A variant's perf options for timing (no details).
   PerfOptions variant_options(const Variant& variant) const;
   // Tightens each open variant's best with StepSimulator::chain_bound, drops those that cannot
   // beat the top N, and puts the rest best first within each placement.
-  void tighten_by_chains(MeshPlan& plan, const BatchWork& batch, StepSimulator& simulator,
-                         std::vector<Bounded>& open, WorkerResult& out) const;
+  void tighten_by_chains(MeshPlan& plan, const Bounding& target, const BatchWork& batch,
+                         StepSimulator& simulator, std::vector<Bounded>& open,
+                         WorkerResult& out) const;
+  // Lays `target`'s program out as the plan's placement `which` (relabeled when it was
+  // partitioned on another mesh of the key).
+  void place(const MeshPlan& plan, const Bounding& target, size_t which) const;
   // The facts key of (batch, remat) on the plan's mesh (kNoRemat: the none program's).
   std::vector<int64_t> facts_key(const MeshPlan& plan, size_t batch, size_t remat) const;
   // With the facts of the same program on an equivalent mesh: true (and the candidates counted)
@@ -211,6 +244,31 @@ class MeshEvaluator {
   std::vector<CostContext> contexts_;  // the distinct attention cost contexts
   std::vector<Variant> variants_;      // per program, in the space's order
   size_t top_size_ = 1;
+  // memory_floor's results by (equivalence key, batch, remat), this worker's own.
+  static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
+  mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
+  // evaluate_group: programs built on the group's earlier meshes, by training step (batch and
+  // remat), with the mesh they were partitioned on, their TensorCore bounds and memory.
+  struct KeptProgram {
+    MeshShape mesh;
+    StepProgram program;
+    ComputeBounds compute;               // remat_policy=none's (empty otherwise)
+    std::vector<double> context_bounds;  // TensorCore bounds per cost context (empty: not yet)
+    double capacity = 0;
+    double peak = 0;
+    std::vector<double> kind_peaks;  // empty: memory not estimated; NaN: this kind's not
+    // Bounds the later meshes of the group (kept: its compute costs per context are worked out
+    // once for all of them; only the collectives depend on the layout).
+    std::unique_ptr<StepSimulator> simulator;
+    StepSimulator& bounds_simulator() {
+      if (simulator == nullptr) {
+        simulator = std::make_unique<StepSimulator>(program);
+      }
+      return *simulator;
+    }
+  };
+  std::map<const TrainingStep*, KeptProgram> kept_;
+  bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows
 };
 
 }  // namespace tpusim
