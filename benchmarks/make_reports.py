@@ -47,7 +47,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
               "attention_subblock_pipelining", "reduction_reassociation",
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
-              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients"]
+              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
+              "bf16_expert_matmuls", "grouped_matmul_quantize_pass", "absmax_in_producer"]
 
 
 def recipe_predictions(without=()):
@@ -490,6 +491,9 @@ MECHANISM_SUMMARIES = {
     "weight_scale_on_shard": "an absmax-scaled weight finds its scale on its FSDP shard, before the all-gather, not on the gathered weight",
     "grouped_matmul_mxu_rows": "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide MXU) takes the MXU as long as a full-width tile",
     "routing_scatter_gradients": "with use_custom_sort_vjp=false the routing gathers' gradients are scatter-adds, 3.07x the gather (Marin v5p measurement)",
+    "bf16_expert_matmuls": "dropless MoE experts MaxText does not quantize stay bf16: jax.lax.ragged_dot (no megablox/tokamax) without qwix (quantized only when serving); qwix grouped matmuls unless fp8_full",
+    "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
+    "absmax_in_producer": "the absmax scale of an activation or gradient made by an elementwise or norm fusion is reduced in that fusion (XLA multi-output fusion), not in a pass of its own",
 }
 
 

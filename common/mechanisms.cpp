@@ -70,6 +70,17 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"routing_scatter_gradients",
      "with use_custom_sort_vjp=false the backward of the routing gathers is XLA's generic gather "
      "transpose, a scatter-add about 3x as slow as the gather (Marin v5p measurement)"},
+    {"bf16_expert_matmuls",
+     "dropless MoE expert matmuls that MaxText's quantization does not reach run at the bf16 "
+     "rate: jax.lax.ragged_dot (no megablox/tokamax) without qwix takes a quantized kernel only "
+     "when serving, and under qwix only fp8_full has a rule for the grouped matmul"},
+    {"grouped_matmul_quantize_pass",
+     "an operand a quantized megablox/tokamax grouped matmul reads narrow is cast by an XLA "
+     "fusion of its own first (bf16 read, 1-byte copy written, the copy read by the kernel); a "
+     "weight gathered already quantized (QAG) is cast on its shard"},
+    {"absmax_in_producer",
+     "the absmax reduction that scales an activation or gradient produced by an elementwise or "
+     "norm fusion runs in that fusion (XLA multi-output fusion), not as a pass of its own"},
 }};
 
 }  // namespace

@@ -42,6 +42,9 @@ enum class Mechanism {
   kWeightScaleOnShard,           // a weight's absmax scale is found on its FSDP shard
   kGroupedMatmulMxuRows,         // a grouped-matmul row tile narrower than the MXU fills it anyway
   kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
+  kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
+  kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
+  kAbsmaxInProducer,             // an activation's absmax reduction fuses into its producer
   kCount,
 };
 
