@@ -301,6 +301,33 @@ bool made_by_vector_fusion(const Graph& graph, TensorId id) {
   }
 }
 
+// Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction that
+// reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into the
+// matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul. Operands
+// already 1 byte wide, or with a fixed scale, need no pass. The fraction of the operand the
+// scale pass reads: 0 without a pass.
+double scale_read_fraction(const Graph& graph, TensorId id, const CostContext& context) {
+  const Tensor& operand = graph.tensor(id);
+  if (dtype_bytes(operand.dtype) <= 1) {
+    return 0.0;
+  }
+  if (!has_token_dims(operand)) {
+    if (!context.dynamic_scale_weights) {
+      return 0.0;
+    }
+    return context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
+               ? weight_scale_read_fraction(graph, id)
+               : 1.0;
+  }
+  const bool dynamic = operand.kind == TensorKind::kGradient ? context.dynamic_scale_gradients
+                                                             : context.dynamic_scale_activations;
+  if (dynamic && context.mechanisms.enabled(Mechanism::kAbsmaxInProducer) &&
+      made_by_vector_fusion(graph, id)) {
+    return 0.0;
+  }
+  return dynamic ? 1.0 : 0.0;
+}
+
 // Bytes of the XLA fusions that quantize the operands of a quantized megablox/tokamax grouped
 // matmul before the kernel runs (MaxText megablox/ops.py: qpl.quantize of lhs and rhs in _gmm_fwd,
 // of the incoming gradient twice in _gmm_bwd, once scaled for dlhs and once for drhs; the forward
@@ -490,35 +517,9 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     result.hbm_seconds += cast_seconds;
   }
   if (quantized && context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
-    // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction
-    // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
-    // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
-    // Operands already 1 byte wide, or with a fixed scale, need no pass.
-    // The fraction of each operand the scale pass reads: 0 without a pass.
-    auto scale_read_fraction = [&](const Tensor& operand, TensorId id) {
-      if (dtype_bytes(operand.dtype) <= 1) {
-        return 0.0;
-      }
-      if (!has_token_dims(operand)) {
-        if (!context.dynamic_scale_weights) {
-          return 0.0;
-        }
-        return context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
-                   ? weight_scale_read_fraction(graph, id)
-                   : 1.0;
-      }
-      const bool dynamic = operand.kind == TensorKind::kGradient
-                               ? context.dynamic_scale_gradients
-                               : context.dynamic_scale_activations;
-      if (dynamic && context.mechanisms.enabled(Mechanism::kAbsmaxInProducer) &&
-          made_by_vector_fusion(graph, id)) {
-        return 0.0;
-      }
-      return dynamic ? 1.0 : 0.0;
-    };
     const double operand_bytes =
-        loops * (scale_read_fraction(lhs, op.inputs[0]) * m * k * lhs_bytes +
-                 scale_read_fraction(rhs, op.inputs[1]) * k * n * rhs_bytes);
+        loops * (scale_read_fraction(graph, op.inputs[0], context) * m * k * lhs_bytes +
+                 scale_read_fraction(graph, op.inputs[1], context) * k * n * rhs_bytes);
     const double quantize_seconds =
         operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
     result.seconds += quantize_seconds;
