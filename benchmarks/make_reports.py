@@ -48,7 +48,7 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "attention_subblock_pipelining", "reduction_reassociation",
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
               "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
-              "bf16_expert_matmuls", "grouped_matmul_quantize_pass", "absmax_in_producer"]
+              "bf16_expert_matmuls", "grouped_matmul_quantize_pass"]
 
 
 def recipe_predictions(without=()):
@@ -493,7 +493,6 @@ MECHANISM_SUMMARIES = {
     "routing_scatter_gradients": "with use_custom_sort_vjp=false the routing gathers' gradients are scatter-adds, 3.07x the gather (Marin v5p measurement)",
     "bf16_expert_matmuls": "dropless MoE experts MaxText does not quantize stay bf16: jax.lax.ragged_dot (no megablox/tokamax) without qwix (quantized only when serving); qwix grouped matmuls unless fp8_full",
     "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
-    "absmax_in_producer": "the absmax scale of an activation or gradient made by an elementwise or norm fusion is reduced in that fusion (XLA multi-output fusion), not in a pass of its own",
 }
 
 

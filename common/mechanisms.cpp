@@ -78,9 +78,6 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "an operand a quantized megablox/tokamax grouped matmul reads narrow is cast by an XLA "
      "fusion of its own first (bf16 read, 1-byte copy written, the copy read by the kernel); a "
      "weight gathered already quantized (QAG) is cast on its shard"},
-    {"absmax_in_producer",
-     "the absmax reduction that scales an activation or gradient produced by an elementwise or "
-     "norm fusion runs in that fusion (XLA multi-output fusion), not as a pass of its own"},
 }};
 
 }  // namespace

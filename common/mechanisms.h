@@ -44,7 +44,6 @@ enum class Mechanism {
   kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
   kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
   kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
-  kAbsmaxInProducer,             // an activation's absmax reduction fuses into its producer
   kCount,
 };
 

@@ -278,12 +278,10 @@ double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
   return whole > 0 ? smallest / whole : 1.0;
 }
 
-// Whether a tensor is written by an elementwise, norm or rotary fusion. XLA's multi-output
-// fusion merges a reduction of such a result into the fusion that writes it, so the absmax that
-// scales a quantized operand is taken as the operand is written, with no read of its own
-// (assumption: XLA's producer-consumer multi-output fusion, docs/reference/maxtext.md "Quantize
-// passes as they run"). Operands written by matmuls, Pallas kernels (attention), collectives or
-// reloaded from the host still need a pass.
+// Whether a tensor is written by an elementwise, norm or rotary fusion, into which XLA fuses an
+// elementwise consumer such as a fixed-scale cast (producer-consumer fusion). Operands written by
+// matmuls, Pallas kernels, collectives or gathers (offloaded to the SparseCores in the recipes
+// that quantize grouped matmuls) are not.
 bool made_by_vector_fusion(const Graph& graph, TensorId id) {
   const int producer = graph.producer(id);
   if (producer < 0) {
@@ -321,10 +319,6 @@ double scale_read_fraction(const Graph& graph, TensorId id, const CostContext& c
   }
   const bool dynamic = operand.kind == TensorKind::kGradient ? context.dynamic_scale_gradients
                                                              : context.dynamic_scale_activations;
-  if (dynamic && context.mechanisms.enabled(Mechanism::kAbsmaxInProducer) &&
-      made_by_vector_fusion(graph, id)) {
-    return 0.0;
-  }
   return dynamic ? 1.0 : 0.0;
 }
 

@@ -88,8 +88,8 @@ struct CostContext {
   bool stochastic_rounding_gradients = false;
   // The dropless MoE expert matmuls are left unquantized by MaxText (bf16 at any quantization):
   // jax.lax.ragged_dot (sparse_matmul without megablox/tokamax) under AQT, whose kernel is
-  // quantized only when serving, and megablox/tokamax under qwix other than fp8_full (the only
-  // mode with a rule for the grouped matmul).
+  // quantized only when serving, and any grouped matmul under qwix other than fp8_full (the only
+  // mode whose rule names gmm and ragged_dot).
   bool unquantized_experts = false;
   // Dropless grouped matmuls run as megablox kernels (sparse_matmul and megablox): tiles by
   // weight (0: wi, 1: wo) and MatmulPass.

@@ -65,14 +65,15 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
   options.cost.custom_sort_vjp = config.get_bool("use_custom_sort_vjp");
-  // Which quantized runs leave the dropless experts in bf16 (MaxText moe.py gmm: without
-  // megablox/tokamax the experts are jax.lax.ragged_dot, given an AQT QTensor kernel only in
-  // serve mode; megablox/ops.py gmm: under qwix only fp8_full defines the "gmm" rule).
+  // Which quantized runs leave the dropless experts in bf16. Without qwix: megablox/tokamax
+  // quantize in the kernel (megablox/ops.py builds an AQT-like rule), while jax.lax.ragged_dot
+  // (no megablox/tokamax) is given an AQT QTensor kernel only in serve mode (moe.py). Under qwix,
+  // only fp8_full's rule names the grouped matmuls (quantizations.py get_fp8_full_qwix_rule:
+  // op_names dot_general, gmm, ragged_dot; the int8 and fp8 rules name dot_general only).
   const bool qwix = config.get_bool("use_qwix_quantization");
   const bool grouped_kernel = config.get_bool("megablox") || config.get_bool("use_tokamax_gmm");
-  options.cost.unquantized_experts =
-      !quantization.empty() && config.get_bool("sparse_matmul") &&
-      (grouped_kernel ? (qwix && quantization != "fp8_full") : !qwix);
+  options.cost.unquantized_experts = !quantization.empty() && config.get_bool("sparse_matmul") &&
+                                     (qwix ? quantization != "fp8_full" : !grouped_kernel);
   const char* const weights[] = {"wi", "wo"};
   const char* const passes[] = {"fwd", "dlhs", "drhs"};
   for (size_t weight = 0; weight < 2; ++weight) {

@@ -272,6 +272,10 @@ TEST(Bf16ExpertMatmuls, WhichQuantizationsReachTheExperts) {
   EXPECT_FALSE(
       options({"quantization=int8", "megablox=false", "sparse_matmul=false"}).unquantized_experts);
   EXPECT_TRUE(options({"quantization=fp8", "use_qwix_quantization=true"}).unquantized_experts);
+  EXPECT_FALSE(options({"quantization=fp8_full", "use_qwix_quantization=true", "megablox=false"})
+                   .unquantized_experts);
+  EXPECT_TRUE(options({"quantization=int8", "use_qwix_quantization=true", "megablox=false"})
+                  .unquantized_experts);
   EXPECT_FALSE(
       options({"quantization=fp8_full", "use_qwix_quantization=true"}).unquantized_experts);
   EXPECT_FALSE(options({"megablox=false"}).unquantized_experts);
@@ -326,45 +330,6 @@ TEST(GroupedMatmulQuantizePass, CastsEachOperandBeforeTheKernel) {
       (cast.hbm_seconds - cost_compute_op(wi_1, wi_1.ops().front(), context, false).hbm_seconds) *
           hbm_bytes_per_device(v7x),
       3 * rows, 1.0);
-}
-
-// An activation written by a norm gets its absmax in the norm's fusion: the scale pass of a
-// dynamic-scale fp8 matmul then reads the weight only; switched off, both operands.
-TEST(AbsmaxInProducer, NormOutputNeedsNoScaleRead) {
-  const ChipSpec& v7x = chip("v7x");
-  Graph graph;
-  const int region = graph.add_region("r", 1, Phase::kForward);
-  const TensorId residual = graph.add_tensor("h", {Dim{"batch", 8192, ""}, Dim{"k", 8192, ""}},
-                                             DType::kBF16, TensorKind::kActivation, region);
-  const TensorId scale = graph.add_tensor("norm_scale", {Dim{"k", 8192, ""}}, DType::kBF16,
-                                          TensorKind::kParameter, region);
-  const TensorId x = graph.add_tensor("x", {Dim{"batch", 8192, ""}, Dim{"k", 8192, ""}},
-                                      DType::kBF16, TensorKind::kActivation, region);
-  const TensorId w = graph.add_tensor("w", {Dim{"k", 8192, ""}, Dim{"n", 4096, ""}}, DType::kBF16,
-                                      TensorKind::kActivation, region);
-  const TensorId y = graph.add_tensor("y", {Dim{"batch", 8192, ""}, Dim{"n", 4096, ""}},
-                                      DType::kBF16, TensorKind::kActivation, region);
-  OpAttrs norm;
-  norm.contracted = {"k"};
-  graph.add_op(OpKind::kRmsNorm, "norm", {residual, scale}, {x}, norm, region);
-  OpAttrs attrs;
-  attrs.contracted = {"k"};
-  graph.add_op(OpKind::kEinsum, "y", {x, w}, {y}, attrs, region);
-  const Op& einsum = graph.ops().back();
-  CostContext context;
-  context.chip = &v7x;
-  context.fp8_matmuls = true;
-  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
-  context.mechanisms = MechanismSet::without({"quantize_scale_pass"});
-  const OpCost no_pass = cost_compute_op(graph, einsum, context, false);
-  context.mechanisms = MechanismSet();
-  const OpCost fused = cost_compute_op(graph, einsum, context, false);
-  EXPECT_NEAR((fused.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x), 8192.0 * 4096 * 2,
-              1.0);
-  context.mechanisms = MechanismSet::without({"absmax_in_producer"});
-  const OpCost separate = cost_compute_op(graph, einsum, context, false);
-  EXPECT_NEAR((separate.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x),
-              8192.0 * 8192 * 2 + 8192.0 * 4096 * 2, 1.0);
 }
 
 double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) {
