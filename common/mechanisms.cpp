@@ -78,6 +78,9 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "an operand a quantized megablox/tokamax grouped matmul reads narrow is cast by an XLA "
      "fusion of its own first (bf16 read, 1-byte copy written, the copy read by the kernel); a "
      "weight gathered already quantized (QAG) is cast on its shard"},
+    {"quantized_residuals",
+     "under qwix fp8_full the backward matmuls reuse the forward's quantized activation and "
+     "weight (QtRule bwd_use_original_residuals=False): only the incoming gradient is scaled"},
 }};
 
 }  // namespace

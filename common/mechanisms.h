@@ -44,6 +44,7 @@ enum class Mechanism {
   kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
   kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
   kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
+  kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
   kCount,
 };
 

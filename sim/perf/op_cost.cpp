@@ -303,10 +303,16 @@ bool made_by_vector_fusion(const Graph& graph, TensorId id) {
 // reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into the
 // matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul. Operands
 // already 1 byte wide, or with a fixed scale, need no pass. The fraction of the operand the
-// scale pass reads: 0 without a pass.
-double scale_read_fraction(const Graph& graph, TensorId id, const CostContext& context) {
+// scale pass reads: 0 without a pass. A backward matmul that reuses the forward's quantized
+// operands (quantized_residuals) scales only its incoming gradient.
+double scale_read_fraction(const Graph& graph, TensorId id, MatmulPass pass,
+                           const CostContext& context) {
   const Tensor& operand = graph.tensor(id);
   if (dtype_bytes(operand.dtype) <= 1) {
+    return 0.0;
+  }
+  if (pass != MatmulPass::kForward && operand.kind != TensorKind::kGradient &&
+      context.quantized_residuals && context.mechanisms.enabled(Mechanism::kQuantizedResiduals)) {
     return 0.0;
   }
   if (!has_token_dims(operand)) {
@@ -512,8 +518,8 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   }
   if (quantized && context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
     const double operand_bytes =
-        loops * (scale_read_fraction(graph, op.inputs[0], context) * m * k * lhs_bytes +
-                 scale_read_fraction(graph, op.inputs[1], context) * k * n * rhs_bytes);
+        loops * (scale_read_fraction(graph, op.inputs[0], *pass, context) * m * k * lhs_bytes +
+                 scale_read_fraction(graph, op.inputs[1], *pass, context) * k * n * rhs_bytes);
     const double quantize_seconds =
         operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
     result.seconds += quantize_seconds;

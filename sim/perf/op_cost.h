@@ -91,6 +91,9 @@ struct CostContext {
   // quantized only when serving, and any grouped matmul under qwix other than fp8_full (the only
   // mode whose rule names gmm and ragged_dot).
   bool unquantized_experts = false;
+  // The backward matmuls take the forward's quantized activation and weight as residuals (qwix
+  // fp8_full: QtRule.bwd_use_original_residuals is False), so only the gradient is scaled there.
+  bool quantized_residuals = false;
   // Dropless grouped matmuls run as megablox kernels (sparse_matmul and megablox): tiles by
   // weight (0: wi, 1: wo) and MatmulPass.
   bool megablox = false;

@@ -72,6 +72,8 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   // op_names dot_general, gmm, ragged_dot; the int8 and fp8 rules name dot_general only).
   const bool qwix = config.get_bool("use_qwix_quantization");
   const bool grouped_kernel = config.get_bool("megablox") || config.get_bool("use_tokamax_gmm");
+  // quantizations.py get_fp8_full_qwix_rule leaves bwd_use_original_residuals at qwix's False.
+  options.cost.quantized_residuals = qwix && quantization == "fp8_full";
   options.cost.unquantized_experts = !quantization.empty() && config.get_bool("sparse_matmul") &&
                                      (qwix ? quantization != "fp8_full" : !grouped_kernel);
   const char* const weights[] = {"wi", "wo"};

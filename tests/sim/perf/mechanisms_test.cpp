@@ -279,6 +279,8 @@ TEST(Bf16ExpertMatmuls, WhichQuantizationsReachTheExperts) {
   EXPECT_FALSE(
       options({"quantization=fp8_full", "use_qwix_quantization=true"}).unquantized_experts);
   EXPECT_FALSE(options({"megablox=false"}).unquantized_experts);
+  EXPECT_TRUE(options({"quantization=fp8_full", "use_qwix_quantization=true"}).quantized_residuals);
+  EXPECT_FALSE(options({"quantization=fp8_full"}).quantized_residuals);
 }
 
 // An expert matmul left unquantized costs what it does in bf16: no int8 rate, no scale pass;
@@ -330,6 +332,39 @@ TEST(GroupedMatmulQuantizePass, CastsEachOperandBeforeTheKernel) {
       (cast.hbm_seconds - cost_compute_op(wi_1, wi_1.ops().front(), context, false).hbm_seconds) *
           hbm_bytes_per_device(v7x),
       3 * rows, 1.0);
+}
+
+// The weight-gradient matmul of a dense layer under qwix fp8_full with absmax scales: dW = x^T dy.
+// The forward's quantized x is its residual (qwix bwd_use_original_residuals=False), so the
+// absmax pass reads dy only; switched off, x as well.
+TEST(QuantizedResiduals, WeightGradientScalesOnlyTheGradient) {
+  const ChipSpec& v7x = chip("v7x");
+  Graph graph;
+  const int region = graph.add_region("r", 1, Phase::kBackward);
+  const TensorId x = graph.add_tensor("x", {Dim{"batch", 8192, ""}, Dim{"k", 4096, ""}},
+                                      DType::kBF16, TensorKind::kActivation, region);
+  const TensorId dy = graph.add_tensor("dy", {Dim{"batch", 8192, ""}, Dim{"n", 2048, ""}},
+                                       DType::kBF16, TensorKind::kGradient, region);
+  const TensorId dw = graph.add_tensor("dw", {Dim{"k", 4096, ""}, Dim{"n", 2048, ""}}, DType::kBF16,
+                                       TensorKind::kParameterGrad, region);
+  OpAttrs attrs;
+  attrs.contracted = {"batch"};
+  graph.add_op(OpKind::kEinsum, "dw", {x, dy}, {dw}, attrs, region);
+  CostContext context;
+  context.chip = &v7x;
+  context.fp8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] = true;
+  context.quantized_residuals = true;
+  context.mechanisms = MechanismSet::without({"quantize_scale_pass"});
+  const OpCost no_pass = cost_compute_op(graph, graph.ops().front(), context, false);
+  context.mechanisms = MechanismSet();
+  const OpCost reused = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR((reused.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x), 8192.0 * 2048 * 2,
+              1.0);
+  context.mechanisms = MechanismSet::without({"quantized_residuals"});
+  const OpCost rescaled = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR((rescaled.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x),
+              8192.0 * 2048 * 2 + 8192.0 * 4096 * 2, 1.0);
 }
 
 double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) {
