@@ -287,16 +287,9 @@ bool made_by_vector_fusion(const Graph& graph, TensorId id) {
   if (producer < 0) {
     return false;
   }
-  switch (graph.ops().at(static_cast<size_t>(producer)).kind) {
-    case OpKind::kElementwise:
-    case OpKind::kRmsNorm:
-    case OpKind::kLayerNorm:
-    case OpKind::kRope:
-    case OpKind::kNormGrad:
-      return true;
-    default:
-      return false;
-  }
+  const OpKind kind = graph.ops().at(static_cast<size_t>(producer)).kind;
+  return kind == OpKind::kElementwise || kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm ||
+         kind == OpKind::kRope || kind == OpKind::kNormGrad;
 }
 
 // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction that
