@@ -48,7 +48,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "attention_subblock_pipelining", "reduction_reassociation",
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
               "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
-              "tokamax_gmm_tiles"]
+              "tokamax_gmm_tiles", "bf16_expert_matmuls", "grouped_matmul_quantize_pass",
+              "quantized_residuals"]
 
 
 def recipe_predictions(without=()):
@@ -492,6 +493,9 @@ MECHANISM_SUMMARIES = {
     "grouped_matmul_mxu_rows": "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide MXU) takes the MXU as long as a full-width tile",
     "routing_scatter_gradients": "with use_custom_sort_vjp=false the routing gathers' gradients are scatter-adds, 3.07x the gather (Marin v5p measurement)",
     "tokamax_gmm_tiles": "unquantized use_tokamax_gmm runs tokamax.ragged_dot with tokamax's own tiles (its tuned table, else 128x128x128), not the wi/wo_tile keys",
+    "bf16_expert_matmuls": "dropless MoE experts MaxText does not quantize stay bf16: jax.lax.ragged_dot (no megablox/tokamax) without qwix (quantized only when serving); qwix grouped matmuls unless fp8_full",
+    "quantized_residuals": "under qwix fp8_full the backward reuses the forward's quantized operands (qwix bwd_use_original_residuals=False): only the gradient gets an absmax pass",
+    "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
 }
 
 

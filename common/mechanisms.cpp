@@ -73,6 +73,17 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"tokamax_gmm_tiles",
      "unquantized use_tokamax_gmm calls tokamax.ragged_dot without MaxText's tile keys: tokamax's "
      "tuned tile table for its shape, else 128 x 128 x 128 tiles"},
+    {"bf16_expert_matmuls",
+     "dropless MoE expert matmuls that MaxText's quantization does not reach run at the bf16 "
+     "rate: jax.lax.ragged_dot (no megablox/tokamax) without qwix takes a quantized kernel only "
+     "when serving, and under qwix only fp8_full has a rule for the grouped matmul"},
+    {"grouped_matmul_quantize_pass",
+     "an operand a quantized megablox/tokamax grouped matmul reads narrow is cast by an XLA "
+     "fusion of its own first (bf16 read, 1-byte copy written, the copy read by the kernel); a "
+     "weight gathered already quantized (QAG) is cast on its shard"},
+    {"quantized_residuals",
+     "under qwix fp8_full the backward matmuls reuse the forward's quantized activation and "
+     "weight (QtRule bwd_use_original_residuals=False): only the incoming gradient is scaled"},
 }};
 
 }  // namespace

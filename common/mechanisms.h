@@ -43,6 +43,9 @@ enum class Mechanism {
   kGroupedMatmulMxuRows,         // a grouped-matmul row tile narrower than the MXU fills it anyway
   kRoutingScatterGradients,      // without MaxText's custom sort VJP, routing gradients scatter-add
   kTokamaxGmmTiles,              // unquantized tokamax gmm tiles itself (tuned table, else 128^3)
+  kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
+  kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
+  kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
   kCount,
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/mechanisms.h"
@@ -312,6 +313,93 @@ double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
   return whole > 0 ? smallest / whole : 1.0;
 }
 
+// Whether a tensor is written by an elementwise, norm or rotary fusion, into which XLA fuses an
+// elementwise consumer such as a fixed-scale cast (producer-consumer fusion). Operands written by
+// matmuls, Pallas kernels, collectives or gathers (offloaded to the SparseCores in the recipes
+// that quantize grouped matmuls) are not.
+bool made_by_vector_fusion(const Graph& graph, TensorId id) {
+  const int producer = graph.producer(id);
+  if (producer < 0) {
+    return false;
+  }
+  const OpKind kind = graph.ops().at(static_cast<size_t>(producer)).kind;
+  return kind == OpKind::kElementwise || kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm ||
+         kind == OpKind::kRope || kind == OpKind::kNormGrad;
+}
+
+// Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction that
+// reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into the
+// matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul. Operands
+// already 1 byte wide, or with a fixed scale, need no pass. The fraction of the operand the
+// scale pass reads: 0 without a pass. A backward matmul that reuses the forward's quantized
+// operands (quantized_residuals) scales only its incoming gradient.
+double scale_read_fraction(const Graph& graph, TensorId id, MatmulPass pass,
+                           const CostContext& context) {
+  const Tensor& operand = graph.tensor(id);
+  if (dtype_bytes(operand.dtype) <= 1) {
+    return 0.0;
+  }
+  if (pass != MatmulPass::kForward && operand.kind != TensorKind::kGradient &&
+      context.quantized_residuals && context.mechanisms.enabled(Mechanism::kQuantizedResiduals)) {
+    return 0.0;
+  }
+  if (!has_token_dims(operand)) {
+    if (!context.dynamic_scale_weights) {
+      return 0.0;
+    }
+    return context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
+               ? weight_scale_read_fraction(graph, id)
+               : 1.0;
+  }
+  const bool dynamic = operand.kind == TensorKind::kGradient ? context.dynamic_scale_gradients
+                                                             : context.dynamic_scale_activations;
+  return dynamic ? 1.0 : 0.0;
+}
+
+// Bytes of the XLA fusions that quantize the operands of a quantized megablox/tokamax grouped
+// matmul before the kernel runs (MaxText megablox/ops.py: qpl.quantize of lhs and rhs in _gmm_fwd,
+// of the incoming gradient twice in _gmm_bwd, once scaled for dlhs and once for drhs; the forward
+// operands are kept quantized as residuals, so dlhs and drhs cast only the gradient). A cast
+// reads the operand and writes its 1-byte copy, with these exceptions, all XLA fusion:
+//  * wi_0 and wi_1 read one input: it is cast once (charged to wi_0);
+//  * the drhs cast of a gradient shares the dlhs cast's read (sibling multi-output fusion);
+//  * with a fixed scale, an operand written by an elementwise or norm fusion is cast in that
+//    fusion (an elementwise consumer fused into its producer): only the copy is written;
+//  * a weight is cast where its scale is found (weight_scale_on_shard): on its FSDP shard.
+double grouped_matmul_cast_bytes(const Graph& graph, const Op& op, MatmulPass pass,
+                                 double lhs_elements, double rhs_elements,
+                                 const CostContext& context) {
+  constexpr double kNarrowBytes = 1.0;
+  double bytes = 0;
+  const std::pair<size_t, double> operands[] = {{0, lhs_elements}, {1, rhs_elements}};
+  for (const auto& [index, elements] : operands) {
+    const TensorId id = op.inputs[index];
+    const Tensor& operand = graph.tensor(id);
+    const double width = dtype_bytes(operand.dtype);
+    if (width <= kNarrowBytes) {
+      continue;
+    }
+    const bool gradient = operand.kind == TensorKind::kGradient;
+    if (!gradient && (pass != MatmulPass::kForward ||
+                      (has_token_dims(operand) && op.name.find("/wi_1") != std::string::npos))) {
+      continue;  // the forward's quantized residual, or wi_0's cast of the same input
+    }
+    if (!has_token_dims(operand)) {
+      const double fraction = context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
+                                  ? weight_scale_read_fraction(graph, id)
+                                  : 1.0;
+      bytes += fraction * elements * (width + kNarrowBytes);
+      continue;
+    }
+    const bool fixed_scale =
+        gradient ? !context.dynamic_scale_gradients : !context.dynamic_scale_activations;
+    const bool read_elsewhere = (gradient && pass == MatmulPass::kWeightGrad) ||
+                                (fixed_scale && made_by_vector_fusion(graph, id));
+    bytes += elements * ((read_elsewhere ? 0.0 : width) + kNarrowBytes);
+  }
+  return bytes;
+}
+
 // AQT's int8 backward matmuls round their gradient operand stochastically (aqt config_v3:
 // vjp_lhs stochastic rounding with jax.uniform): the noise is a float32 tensor of the gradient's
 // shape from jax.random.uniform, whose generator output XLA writes to HBM and the quantize fusion
@@ -393,10 +481,15 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   const bool logits =
       context.mechanisms.enabled(Mechanism::kBf16Logits) &&
       (lhs.dim_index("vocab") >= 0 || rhs.dim_index("vocab") >= 0 || out.dim_index("vocab") >= 0);
-  const bool quantized =
-      pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)] && !logits;
+  // Dropless expert matmuls MaxText's quantization does not reach (CostContext::
+  // unquantized_experts) stay bf16, with no scale pass or noise.
+  const bool unquantized_expert = shape.expert_tokens_in != 0 && context.unquantized_experts &&
+                                  context.mechanisms.enabled(Mechanism::kBf16ExpertMatmuls);
+  const bool quantized = pass.has_value() && context.quantized_pass[static_cast<size_t>(*pass)] &&
+                         !logits && !unquantized_expert;
   OpCost cost;
   cost.matmul_flops = 2.0 * loops * m * k * n;
+  double cast_bytes = 0;  // XLA's quantize fusions before a grouped-matmul kernel
   const ChipSpec& chip = *context.chip;
   const double peak = peak_flops_per_device(context, quantized) * chip.mxu_achievable_fraction;
   // Pipeline fill and drain of the systolic array, once per op: weights are double-buffered, so
@@ -421,13 +514,23 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) ? chip.mxu_dim : 0.0,
         context.balanced_groups};
     // Quantized (qwix/AQT) expert weights reach the kernel already narrowed: it reads one byte
-    // per weight element (tokamax's fp8 gmm reads an fp8 rhs and quantizes its lhs rows in the
-    // kernel, from bf16).
-    const double weight_bytes = quantized && !has_token_dims(rhs) ? 1.0 : rhs_bytes;
-    const GroupedMatmulWork work =
-        grouped_matmul_work(shape, tiles, tiling, routed, lhs_bytes, weight_bytes, out_bytes);
+    // per weight element. With grouped_matmul_quantize_pass every operand does: MaxText's
+    // megablox/ops.py quantizes each one (qpl.quantize) in XLA before the kernel, and the cast
+    // is charged below (grouped_matmul_cast_bytes).
+    const bool narrow_operands =
+        quantized && context.mechanisms.enabled(Mechanism::kGroupedMatmulQuantizePass);
+    const double kernel_lhs_bytes = narrow_operands ? std::min(lhs_bytes, 1.0) : lhs_bytes;
+    const double weight_bytes = (quantized && !has_token_dims(rhs)) || narrow_operands
+                                    ? std::min(rhs_bytes, 1.0)
+                                    : rhs_bytes;
+    const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, tiling, routed,
+                                                       kernel_lhs_bytes, weight_bytes, out_bytes);
     cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
+    if (narrow_operands) {
+      cast_bytes =
+          grouped_matmul_cast_bytes(graph, op, *pass, loops * m * k, loops * k * n, context);
+    }
   } else {
     // The MXU streams the larger of the two free dims as rows (XLA picks the layout).
     const double efficiency =
@@ -438,32 +541,16 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
                        hbm_bytes_per_second(chip);
   }
   OpCost result = finish(cost, context);
+  if (cast_bytes > 0) {
+    const double cast_seconds =
+        cast_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
+    result.seconds += cast_seconds;
+    result.hbm_seconds += cast_seconds;
+  }
   if (quantized && context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
-    // Quantizing an operand with a dynamic (absmax) scale needs the scale first: a reduction
-    // that reads the whole bf16 operand before the matmul (the scale-and-cast itself fuses into
-    // the matmul's operand read). It runs as its own HBM-bound pass, in series with the matmul.
-    // Operands already 1 byte wide, or with a fixed scale, need no pass.
-    // The fraction of each operand the scale pass reads: 0 without a pass.
-    auto scale_read_fraction = [&](const Tensor& operand, TensorId id) {
-      if (dtype_bytes(operand.dtype) <= 1) {
-        return 0.0;
-      }
-      if (!has_token_dims(operand)) {
-        if (!context.dynamic_scale_weights) {
-          return 0.0;
-        }
-        return context.mechanisms.enabled(Mechanism::kWeightScaleOnShard)
-                   ? weight_scale_read_fraction(graph, id)
-                   : 1.0;
-      }
-      const bool dynamic = operand.kind == TensorKind::kGradient
-                               ? context.dynamic_scale_gradients
-                               : context.dynamic_scale_activations;
-      return dynamic ? 1.0 : 0.0;
-    };
     const double operand_bytes =
-        loops * (scale_read_fraction(lhs, op.inputs[0]) * m * k * lhs_bytes +
-                 scale_read_fraction(rhs, op.inputs[1]) * k * n * rhs_bytes);
+        loops * (scale_read_fraction(graph, op.inputs[0], *pass, context) * m * k * lhs_bytes +
+                 scale_read_fraction(graph, op.inputs[1], *pass, context) * k * n * rhs_bytes);
     const double quantize_seconds =
         operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
     result.seconds += quantize_seconds;

@@ -87,6 +87,14 @@ struct CostContext {
   // rng_type="jax.uniform"): one 32-bit noise element per gradient element, generated to HBM and
   // read back by the quantize fusion.
   bool stochastic_rounding_gradients = false;
+  // The dropless MoE expert matmuls are left unquantized by MaxText (bf16 at any quantization):
+  // jax.lax.ragged_dot (sparse_matmul without megablox/tokamax) under AQT, whose kernel is
+  // quantized only when serving, and any grouped matmul under qwix other than fp8_full (the only
+  // mode whose rule names gmm and ragged_dot).
+  bool unquantized_experts = false;
+  // The backward matmuls take the forward's quantized activation and weight as residuals (qwix
+  // fp8_full: QtRule.bwd_use_original_residuals is False), so only the gradient is scaled there.
+  bool quantized_residuals = false;
   // Dropless grouped matmuls run as megablox kernels (sparse_matmul and megablox): tiles by
   // weight (0: wi, 1: wo) and MatmulPass.
   bool megablox = false;

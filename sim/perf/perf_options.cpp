@@ -69,6 +69,17 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   // quantized ones, and use_gmm_v2, go through its megablox wrapper with the tile keys.
   options.cost.tokamax_own_tiles = options.cost.megablox && config.get_bool("use_tokamax_gmm") &&
                                    quantization.empty() && !config.get_bool("use_gmm_v2");
+  // Which quantized runs leave the dropless experts in bf16. Without qwix: megablox/tokamax
+  // quantize in the kernel (megablox/ops.py builds an AQT-like rule), while jax.lax.ragged_dot
+  // (no megablox/tokamax) is given an AQT QTensor kernel only in serve mode (moe.py). Under qwix,
+  // only fp8_full's rule names the grouped matmuls (quantizations.py get_fp8_full_qwix_rule:
+  // op_names dot_general, gmm, ragged_dot; the int8 and fp8 rules name dot_general only).
+  const bool qwix = config.get_bool("use_qwix_quantization");
+  const bool grouped_kernel = config.get_bool("megablox") || config.get_bool("use_tokamax_gmm");
+  // quantizations.py get_fp8_full_qwix_rule leaves bwd_use_original_residuals at qwix's False.
+  options.cost.quantized_residuals = qwix && quantization == "fp8_full";
+  options.cost.unquantized_experts = !quantization.empty() && config.get_bool("sparse_matmul") &&
+                                     (qwix ? quantization != "fp8_full" : !grouped_kernel);
   const char* const weights[] = {"wi", "wo"};
   const char* const passes[] = {"fwd", "dlhs", "drhs"};
   for (size_t weight = 0; weight < 2; ++weight) {

@@ -37,8 +37,9 @@ double hbm_bytes_per_device(const ChipSpec& spec) {
 }
 
 // The forward grouped matmul of a dropless MoE: rows[experts, expert_tokens, embed] x
-// wi[experts, embed, mlp], every expert's `rows_per_expert` rows routed.
-Graph grouped_matmul_graph(int64_t experts, int64_t rows_per_expert, int64_t embed, int64_t mlp) {
+// wi[experts, embed, mlp], every expert's `rows_per_expert` rows routed; the op is named `name`.
+Graph grouped_matmul_graph(int64_t experts, int64_t rows_per_expert, int64_t embed, int64_t mlp,
+                           const std::string& name = "moe/experts/wi_0") {
   Graph graph;
   const int region = graph.add_region("moe", 1, Phase::kForward);
   const TensorId rows =
@@ -57,7 +58,7 @@ Graph grouped_matmul_graph(int64_t experts, int64_t rows_per_expert, int64_t emb
   OpAttrs attrs;
   attrs.contracted = {"embed"};
   attrs.routed_fraction = 1.0;
-  graph.add_op(OpKind::kEinsum, "moe/experts/wi_0", {rows, weight}, {out}, attrs, region);
+  graph.add_op(OpKind::kEinsum, name, {rows, weight}, {out}, attrs, region);
   return graph;
 }
 
@@ -254,6 +255,116 @@ TEST(QuantizationModes, WhichPassesRunNarrowAndWhatTheyPay) {
   const CostContext gpu_fp8 = options({"hardware=gpu", "compile_topology=a3", "quantization=fp8"});
   EXPECT_FALSE(gpu_fp8.dynamic_scale_weights || gpu_fp8.dynamic_scale_activations ||
                gpu_fp8.dynamic_scale_gradients);
+}
+
+// Which dropless expert matmuls MaxText quantizes (moe.py gmm, megablox/ops.py): AQT leaves
+// jax.lax.ragged_dot (no megablox/tokamax) bf16 in training; under qwix only fp8_full has a rule
+// for the grouped matmul; AQT through megablox quantizes in the kernel.
+TEST(Bf16ExpertMatmuls, WhichQuantizationsReachTheExperts) {
+  auto options = [](std::vector<std::string> overrides) {
+    overrides.emplace_back("model_name=mixtral-8x7b");
+    overrides.emplace_back("compile_topology=v6e-256");
+    const Config config = Config::load("", overrides);
+    return perf_options_from_config(config, *build_step_program(config).slice.chip).cost;
+  };
+  EXPECT_TRUE(options({"quantization=int8", "megablox=false"}).unquantized_experts);
+  EXPECT_FALSE(options({"quantization=int8", "megablox=true"}).unquantized_experts);
+  EXPECT_FALSE(
+      options({"quantization=int8", "megablox=false", "sparse_matmul=false"}).unquantized_experts);
+  EXPECT_TRUE(options({"quantization=fp8", "use_qwix_quantization=true"}).unquantized_experts);
+  EXPECT_FALSE(options({"quantization=fp8_full", "use_qwix_quantization=true", "megablox=false"})
+                   .unquantized_experts);
+  EXPECT_TRUE(options({"quantization=int8", "use_qwix_quantization=true", "megablox=false"})
+                  .unquantized_experts);
+  EXPECT_FALSE(
+      options({"quantization=fp8_full", "use_qwix_quantization=true"}).unquantized_experts);
+  EXPECT_FALSE(options({"megablox=false"}).unquantized_experts);
+  EXPECT_TRUE(options({"quantization=fp8_full", "use_qwix_quantization=true"}).quantized_residuals);
+  EXPECT_FALSE(options({"quantization=fp8_full"}).quantized_residuals);
+}
+
+// An expert matmul left unquantized costs what it does in bf16: no int8 rate, no scale pass;
+// switched off, it runs int8 and pays the scale pass.
+TEST(Bf16ExpertMatmuls, UnquantizedExpertsCostTheirBf16Time) {
+  const ChipSpec& v6e = chip("v6e");
+  const Graph graph = grouped_matmul_graph(8, 4096, 4096, 14336);
+  CostContext context;
+  context.chip = &v6e;
+  const OpCost bf16 = cost_compute_op(graph, graph.ops().front(), context, false);
+  context.int8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
+  context.unquantized_experts = true;
+  EXPECT_DOUBLE_EQ(cost_compute_op(graph, graph.ops().front(), context, false).seconds,
+                   bf16.seconds);
+  context.mechanisms = MechanismSet::without({"bf16_expert_matmuls"});
+  const OpCost narrow = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(narrow.mxu_seconds - v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9),
+              (bf16.mxu_seconds - v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9)) *
+                  v6e.peak_bf16_tflops / v6e.peak_int8_tops,
+              1e-12);
+}
+
+// A forward fp8 grouped matmul with fixed scales (no absmax pass): XLA casts the bf16 rows and
+// the gathered weight to 1 byte before the kernel (read 2, write 1 per element) and the kernel
+// reads both at 1 byte. wi_1 shares wi_0's input, so only its weight is cast.
+TEST(GroupedMatmulQuantizePass, CastsEachOperandBeforeTheKernel) {
+  const ChipSpec& v7x = chip("v7x");
+  const Graph graph = grouped_matmul_graph(8, 1024, 2048, 1024);
+  CostContext context = megablox_context(v7x, 256, 2048, 1024);
+  context.fp8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
+  context.dynamic_scale_weights = false;
+  context.dynamic_scale_activations = false;
+  const double visits = 8192.0 / 256 + 8 - 1;
+  const double out_written = visits * 256 * 1024 * 2;
+  const double rows = 8.0 * 1024 * 2048;
+  const double weights = 8.0 * 2048 * 1024;
+  const OpCost cast = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(cast.hbm_seconds * hbm_bytes_per_device(v7x),
+              visits * 256 * 2048 * 1 + out_written + weights * 1 + 3 * rows + 3 * weights, 1.0);
+  context.mechanisms = MechanismSet::without({"grouped_matmul_quantize_pass"});
+  const OpCost uncast = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(uncast.hbm_seconds * hbm_bytes_per_device(v7x),
+              visits * 256 * 2048 * 2 + out_written + weights * 1, 1.0);
+  const Graph wi_1 = grouped_matmul_graph(8, 1024, 2048, 1024, "moe/experts/wi_1");
+  context.mechanisms = MechanismSet();
+  EXPECT_NEAR(
+      (cast.hbm_seconds - cost_compute_op(wi_1, wi_1.ops().front(), context, false).hbm_seconds) *
+          hbm_bytes_per_device(v7x),
+      3 * rows, 1.0);
+}
+
+// The weight-gradient matmul of a dense layer under qwix fp8_full with absmax scales: dW = x^T dy.
+// The forward's quantized x is its residual (qwix bwd_use_original_residuals=False), so the
+// absmax pass reads dy only; switched off, x as well.
+TEST(QuantizedResiduals, WeightGradientScalesOnlyTheGradient) {
+  const ChipSpec& v7x = chip("v7x");
+  Graph graph;
+  const int region = graph.add_region("r", 1, Phase::kBackward);
+  const TensorId x = graph.add_tensor("x", {Dim{"batch", 8192, ""}, Dim{"k", 4096, ""}},
+                                      DType::kBF16, TensorKind::kActivation, region);
+  const TensorId dy = graph.add_tensor("dy", {Dim{"batch", 8192, ""}, Dim{"n", 2048, ""}},
+                                       DType::kBF16, TensorKind::kGradient, region);
+  const TensorId dw = graph.add_tensor("dw", {Dim{"k", 4096, ""}, Dim{"n", 2048, ""}}, DType::kBF16,
+                                       TensorKind::kParameterGrad, region);
+  OpAttrs attrs;
+  attrs.contracted = {"batch"};
+  graph.add_op(OpKind::kEinsum, "dw", {x, dy}, {dw}, attrs, region);
+  CostContext context;
+  context.chip = &v7x;
+  context.fp8_matmuls = true;
+  context.quantized_pass[static_cast<size_t>(MatmulPass::kWeightGrad)] = true;
+  context.quantized_residuals = true;
+  context.mechanisms = MechanismSet::without({"quantize_scale_pass"});
+  const OpCost no_pass = cost_compute_op(graph, graph.ops().front(), context, false);
+  context.mechanisms = MechanismSet();
+  const OpCost reused = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR((reused.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x), 8192.0 * 2048 * 2,
+              1.0);
+  context.mechanisms = MechanismSet::without({"quantized_residuals"});
+  const OpCost rescaled = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR((rescaled.seconds - no_pass.seconds) * hbm_bytes_per_device(v7x),
+              8192.0 * 2048 * 2 + 8192.0 * 4096 * 2, 1.0);
 }
 
 double profiled_seconds(const Estimate& estimate, const std::string& op_prefix) {
@@ -561,11 +672,14 @@ TEST(RoutedRowGathers, RoutedRowsMoveAtTheCatalogFraction) {
 
 // Under fp8 quantization the expert weights reach the grouped matmul as fp8 (qwix quantizes them
 // before the kernel): the weight reads of WholeContractionTileFetchesWeightsOnce at one byte.
+// Without grouped_matmul_quantize_pass (GroupedMatmulQuantizePass below adds the casts and the
+// narrow rows), only the weights are narrow.
 TEST(GroupedMatmulTiles, QuantizedWeightsAreReadNarrow) {
   const ChipSpec& v7x = chip("v7x");
   const Graph graph = grouped_matmul_graph(8, 1024, 2048, 1024);
   const double visits = 8192.0 / 256 + 8 - 1;
   CostContext context = megablox_context(v7x, 256, 2048, 1024);
+  context.mechanisms = MechanismSet::without({"grouped_matmul_quantize_pass"});
   context.fp8_matmuls = true;
   context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] = true;
   context.dynamic_scale_weights = false;
