@@ -483,10 +483,13 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
   // The none program of an equivalent mesh evaluated just before is this mesh's program with
   // other axis names: it bounds this batch on this mesh's layouts without a partition.
   const TrainingStep* step = context_.steps.get(batch.index, TrainingStepCache::kNoRemat).get();
+  // A kept program holds none's bounds only if this function kept it: when the space itself has
+  // remat_policy=none, evaluate_remat keeps the same step's program for its memory alone.
   auto kept = kept_.find(step);
+  const bool borrowed = kept != kept_.end() && !kept->second.compute.step.empty();
   StepProgram* program = &plan.program;
   const MeshShape* program_mesh = plan.mesh;
-  if (kept != kept_.end()) {
+  if (borrowed) {
     ++out.phases.borrowed_programs;
     none->compute = kept->second.compute;
     program = &kept->second.program;
@@ -507,18 +510,22 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     // where the collectives do too (they cost more).
     std::optional<StepSimulator> own;  // the kept program's simulator is kept with it
     StepSimulator& simulator =
-        kept != kept_.end() ? kept->second.bounds_simulator() : own.emplace(plan.program);
+        borrowed ? kept->second.bounds_simulator() : own.emplace(plan.program);
     bound_none_by_placement(plan, batch, *program, *program_mesh, simulator, *none);
     bounded_out = cannot_reach(
         best_possible(batch,
                       least_step_bound(none->compute.step, none->collectives, &none->chains)),
         context_.threshold.get());
   }
-  if (more_of_key_ && kept == kept_.end()) {
-    KeptProgram& keep = kept_[step];
-    keep.mesh = *plan.mesh;
-    keep.program = plan.program;
-    keep.compute = none->compute;
+  if (more_of_key_ && !borrowed) {
+    auto [keep, added] = kept_.try_emplace(step);
+    if (added) {
+      keep->second.mesh = *plan.mesh;
+      keep->second.program = plan.program;
+    }
+    // An entry evaluate_remat made holds an equivalent mesh's program of the same step: the
+    // compute bounds are the same there (they do not depend on the layout).
+    keep->second.compute = none->compute;
   }
   return bounded_out;
 }
