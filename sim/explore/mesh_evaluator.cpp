@@ -199,8 +199,7 @@ void MeshEvaluator::bound_none_by_placement(const MeshPlan& plan, const BatchWor
   none.chains.assign(plan.placed.size(), SwitchChains{});
   const bool own = &program == &plan.program;
   for (size_t which = 0; which < plan.placed.size(); ++which) {
-    program.mesh =
-        own ? plan.placed[which] : context_.equivalence.relabeled(plan.placed[which], program_mesh);
+    place(plan, Bounding{&program, &program_mesh}, which);
     for (const Variant& variant : variants_) {
       if (cannot_reach(best_possible(batch, compute[variant.context]), threshold)) {
         continue;
