@@ -267,7 +267,7 @@ TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
   std::ifstream file(testing::source_dir() + "/validation/recipes_public.json");
   ASSERT_TRUE(file.good());
   const nlohmann::json recipes = nlohmann::json::parse(file);
-  ASSERT_EQ(recipes.size(), 22u);
+  ASSERT_EQ(recipes.size(), 24u);
   int ran = 0;
   for (const auto& recipe : recipes) {
     SCOPED_TRACE(recipe["id"].get<std::string>());
@@ -293,8 +293,8 @@ TEST(EstimateCommand, PublishedRecipesRunAsPasted) {
           << result.err;
     }
   }
-  // All 22 at this revision (gemma4-e2b since the gemma4_small block).
-  EXPECT_EQ(ran, 22);
+  // All 24 at this revision (gemma4-e2b since the gemma4_small block).
+  EXPECT_EQ(ran, 24);
 }
 
 // MaxText's own base.yml (rebuilt from the key/value fixture) as the config file gives the
