@@ -49,7 +49,7 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
               "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
               "tokamax_gmm_tiles", "bf16_expert_matmuls", "grouped_matmul_quantize_pass",
-              "quantized_residuals"]
+              "quantized_residuals", "narrow_dense_moe_exchange"]
 
 
 def recipe_predictions(without=()):
@@ -495,6 +495,7 @@ MECHANISM_SUMMARIES = {
     "tokamax_gmm_tiles": "unquantized use_tokamax_gmm runs tokamax.ragged_dot with tokamax's own tiles (its tuned table, else 128x128x128), not the wi/wo_tile keys",
     "bf16_expert_matmuls": "dropless MoE experts MaxText does not quantize stay bf16: jax.lax.ragged_dot (no megablox/tokamax) without qwix (quantized only when serving); qwix grouped matmuls unless fp8_full",
     "quantized_residuals": "under qwix fp8_full the backward reuses the forward's quantized operands (qwix bwd_use_original_residuals=False): only the gradient gets an absmax pass",
+    "narrow_dense_moe_exchange": "quantized, the dense MoE path's dispatch and combine are AQT/fp8 einsums (MaxText moe get_einsum) whose one-hot matmuls run at the int8/fp8 rate, after their quantize passes",
     "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
 }
 

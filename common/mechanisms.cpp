@@ -84,6 +84,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"quantized_residuals",
      "under qwix fp8_full the backward matmuls reuse the forward's quantized activation and "
      "weight (QtRule bwd_use_original_residuals=False): only the incoming gradient is scaled"},
+    {"narrow_dense_moe_exchange",
+     "under quantization the dense MoE path's dispatch and combine are quantized einsums like "
+     "the experts' (MaxText moe get_einsum): their one-hot matmuls run at the int8/fp8 MXU rate, "
+     "after the passes that quantize their operands"},
 }};
 
 }  // namespace

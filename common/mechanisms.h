@@ -46,6 +46,7 @@ enum class Mechanism {
   kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
   kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
   kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
+  kNarrowDenseMoeExchange,       // quantized dense-MoE dispatch/combine einsums at the narrow rate
   kCount,
 };
 

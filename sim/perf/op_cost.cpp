@@ -740,8 +740,12 @@ OpCost dense_moe_exchange_cost(const Graph& graph, const Op& op, const CostConte
   const ChipSpec& chip = *context.chip;
   OpCost cost;
   cost.matmul_flops = 2.0 * static_cast<double>(grouped.num_elements()) * length;
+  // Quantized, they are AQT/fp8 einsums at the narrow rate (narrow_dense_moe_exchange; their
+  // quantize passes: dense_moe_exchange_quantize_seconds).
+  const bool narrow = context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] &&
+                      context.mechanisms.enabled(Mechanism::kNarrowDenseMoeExchange);
   cost.mxu_seconds =
-      cost.matmul_flops / (peak_flops_per_device(context, false) * chip.mxu_achievable_fraction);
+      cost.matmul_flops / (peak_flops_per_device(context, narrow) * chip.mxu_achievable_fraction);
   cost.hbm_seconds =
       static_cast<double>(tokens.bytes() + grouped.bytes()) / hbm_bytes_per_second(chip);
   return finish(cost, context);
