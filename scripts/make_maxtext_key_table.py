@@ -58,11 +58,12 @@ for proj in ('wi','wo'):
 # as "none" (cannot change the estimate; `tpusim train` refuses the ones whose numerics it does not
 # build) or "not_modeled" (changes the step; a warning when it differs from MaxText's default).
 SCHEMA_NOT_READ = {
- # Numerics only: the router's scoring, bias, scale, renormalization and group limit, the
+ # Numerics only: the router's scoring, scale, renormalization and group limit, the
  # activation clamp, the dropout rate, the RoPE variant and YaRN's ramp. `train` refuses what it
  # does not build (enable_dropout stays "modeled": without a dropout_rate it changes nothing, most
- # presets set it, and train reads it).
- 'routed_score_func': 'none', 'routed_bias': 'none', 'routed_scaling_factor': 'none',
+ # presets set it, and train reads it). routed_bias is "modeled": its [experts] bias per routed
+ # layer is a parameter with optimizer state (model/builder/feed_forward_block.cpp).
+ 'routed_score_func': 'none', 'routed_scaling_factor': 'none',
  'norm_topk_prob': 'none', 'n_routing_groups': 'none', 'topk_routing_group': 'none',
  'mlp_activations_limit': 'none', 'dropout_rate': 'none',
  'beta_fast': 'none', 'beta_slow': 'none',

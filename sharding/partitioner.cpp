@@ -338,7 +338,9 @@ void Partitioner::partition_following_output(const Op& op,
   partials.reserve(op.outputs.size());
   for (const TensorId output : op.outputs) {
     computed.push_back(follow(output, reference, must_be_whole));
-    partials.push_back(op.kind == OpKind::kNormGrad && output != first
+    // A norm's scale gradient and a router's bias gradient sum over the tokens input 0 splits.
+    const bool token_sum = op.kind == OpKind::kNormGrad || op.kind == OpKind::kRouterGrad;
+    partials.push_back(token_sum && output != first
                            ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
                            : AxisList{});
   }
@@ -430,7 +432,8 @@ void Partitioner::partition_op(const Op& op) {
       partition_moe_exchange(op);
       return;
     case OpKind::kRouterGrad:
-      if (op.inputs.size() == 3) {  // d routing weights from (d combined, expert out, routing)
+      // d routing weights from (d combined, expert out, routing); d_routing has a "route" dim.
+      if (global_.tensor(op.inputs[0]).dim_index("route") < 0) {
         partition_moe_exchange(op, 1);
         return;
       }

@@ -364,6 +364,22 @@ class BackwardBuilder {
     return;
   }
 
+  // A VJP op `kind` of (dy, op's inputs) giving every input's gradient: a norm's (x and its scale
+  // and bias) and the router's (its logits and, with routed_bias, its bias, which only picks the
+  // experts: the op reads it to pick the same ones and sums its gradient over the tokens).
+  void emit_with_input_grads(OpKind kind, const Op& op, TensorId dy, int region) {
+    std::vector<TensorId> inputs = {dy};
+    std::vector<TensorId> outputs;
+    for (const TensorId input : op.inputs) {
+      inputs.push_back(available(input, region));
+      outputs.push_back(new_grad(graph_.tensor(input), region));
+    }
+    graph_.add_op(kind, op.name + "/grad", inputs, outputs, op.attrs, region);
+    for (size_t index = 0; index < op.inputs.size(); ++index) {
+      accumulate(op.inputs[index], outputs[index], region);
+    }
+  }
+
   void emit_vjp(const Op& op, int region) {
     std::vector<TensorId> grad_outs;
     bool any = false;
@@ -385,19 +401,9 @@ class BackwardBuilder {
         emit_elementwise_grad(op, dy, region);
         return;
       case OpKind::kRmsNorm:
-      case OpKind::kLayerNorm: {
-        std::vector<TensorId> inputs = {dy};
-        std::vector<TensorId> outputs;
-        for (const TensorId input : op.inputs) {
-          inputs.push_back(available(input, region));
-          outputs.push_back(new_grad(graph_.tensor(input), region));
-        }
-        graph_.add_op(OpKind::kNormGrad, grad_name(), inputs, outputs, op.attrs, region);
-        for (size_t index = 0; index < op.inputs.size(); ++index) {
-          accumulate(op.inputs[index], outputs[index], region);
-        }
+      case OpKind::kLayerNorm:
+        emit_with_input_grads(OpKind::kNormGrad, op, dy, region);
         return;
-      }
       case OpKind::kRope: {
         const TensorId grad = simple_op(OpKind::kRope, grad_name(), {dy},
                                         graph_.tensor(op.inputs[0]), region, op.attrs);
@@ -450,13 +456,9 @@ class BackwardBuilder {
         accumulate(op.inputs[1], grad_routing, region);
         return;
       }
-      case OpKind::kMoeRouter: {
-        const TensorId grad =
-            simple_op(OpKind::kRouterGrad, grad_name(), {dy, available(op.inputs[0], region)},
-                      graph_.tensor(op.inputs[0]), region, op.attrs);
-        accumulate(op.inputs[0], grad, region);
+      case OpKind::kMoeRouter:
+        emit_with_input_grads(OpKind::kRouterGrad, op, dy, region);
         return;
-      }
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;

@@ -37,6 +37,7 @@ BuildOptions BuildOptions::from_config(const Config& config) {
       config.get_bool("norm_topk_prob") || family.router_weights == RouterWeights::kSoftmaxOfChosen;
   options.routed_scaling_factor = config.get_float("routed_scaling_factor");
   options.sqrt_softplus_router_scores = config.get_string("routed_score_func") == "sqrtsoftplus";
+  options.routed_bias = config.get_bool("routed_bias");
   options.capacity_factor = config.get_float("capacity_factor");
   options.sparse_matmul = config.get_bool("sparse_matmul");
   options.ragged_buffer_factor = config.get_float("ragged_buffer_factor");

@@ -50,6 +50,10 @@ struct BuildOptions {
   // routed_score_func "sqrtsoftplus" (DeepSeek-V4): the router scores experts by
   // sqrt(softplus(logit)) (OpAttrs::sqrt_softplus_scores).
   bool sqrt_softplus_router_scores = false;
+  // routed_bias (DeepSeek's auxiliary-loss-free balancing): every router but a hash-routed one
+  // reads a learned [experts] bias, zeros at init, added to the scores for the choice of experts
+  // only (moe/gate_bias; OpAttrs of kMoeRouter, sim/functional/kernels/moe.cpp).
+  bool routed_bias = false;
   double capacity_factor = 0;
   bool sparse_matmul = false;
   double ragged_buffer_factor = 0;

@@ -111,8 +111,17 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
   router_attrs.route_scale = options_.routed_scaling_factor;
   router_attrs.hash_routing = hash_routing;
   router_attrs.sqrt_softplus_scores = options_.sqrt_softplus_router_scores;
+  std::vector<TensorId> router_inputs = {router_logits};
+  if (options_.routed_bias && !hash_routing) {
+    // MaxText's GateLogit bias (moe.py, use_bias = routed_bias and not is_hash_routing):
+    // [experts], zeros at init, replicated (the last of the gate's kernel_axes, None in
+    // deepseek4.py's ("embed", None)); it is added to the scores to choose the experts, not to
+    // weight them.
+    router_inputs.push_back(
+        parameter_tensor("moe/gate_bias", {Dim{"experts", experts, ""}}, region, constant_init(0)));
+  }
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
-                 {router_logits}, {routing}, router_attrs, region);
+                 router_inputs, {routing}, router_attrs, region);
   const double tokens = static_cast<double>(batch_ * length_);
   const double capacity_factor = options_.capacity_factor;
   const bool padded = !options_.sparse_matmul && capacity_factor > 0;

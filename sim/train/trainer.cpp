@@ -101,8 +101,12 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
       !score.empty() && score != "softmax" && dims.family().block != DecoderBlock::kDeepseek4) {
     refuse("routed_score_func", score, "the router scores experts with a softmax only");
   }
-  if (numerics.routed_bias) {
-    refuse("routed_bias", "true", "the router's selection bias is not built");
+  // The bias is built as MaxText's deepseek4 router uses it (refuse_unbuilt_deepseek4); the
+  // other blocks' routers (deepseek3's sigmoid scores and scaled weights) are not.
+  if (numerics.routed_bias && dims.family().block != DecoderBlock::kDeepseek4) {
+    refuse("routed_bias", "true",
+           "the router's selection bias is built for " +
+               std::string(decoder_family(DecoderBlock::kDeepseek4).name) + "'s router only");
   }
   if (numerics.n_routing_groups > 0) {
     refuse("n_routing_groups", std::to_string(numerics.n_routing_groups),
@@ -163,6 +167,14 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
     refuse("routed_scaling_factor", number_text(options.routed_scaling_factor),
            "MaxText's " + std::string(dims.family().name) +
                " router does not scale its top-k weights");
+  }
+  // routed_bias is built (moe/gate_bias, chosen on score + bias, weighted without it); its
+  // auxiliary-loss-free update after the optimizer step (MaxText train.py with
+  // routed_bias_update_rate > 0: rate x sign(balanced load - the expert's load)) is not.
+  if (numerics.routed_bias && numerics.routed_bias_update_rate != 0) {
+    refuse("routed_bias_update_rate", number_text(numerics.routed_bias_update_rate),
+           "the bias's load-balancing update after the optimizer step is not computed; 0 "
+           "trains the bias as a plain parameter");
   }
 }
 

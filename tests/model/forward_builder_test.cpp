@@ -119,6 +119,37 @@ TEST(ForwardBuilder, Deepseek4AndQwen3CustomLayerPlans) {
   EXPECT_EQ(qwen[0].count, 48);
 }
 
+// routed_bias (MaxText's GateLogit bias: use_bias = routed_bias and not is_hash_routing): each
+// routed layer's router reads one replicated [256 experts] parameter; deepseek4-284b's 3
+// hash-routed layers have none, so 40 of its 43 layers carry one (40 x 256 values); off, none does.
+TEST(ForwardBuilder, RouterBiasIsAParameterOfTheRoutedLayersOnly) {
+  const auto bias_values = [](const std::vector<std::string>& overrides) {
+    const ForwardGraph forward = build_forward(Config::load("", overrides), 1);
+    int64_t values = 0;
+    for (const Op& op : forward.graph.ops()) {
+      if (op.kind != OpKind::kMoeRouter) {
+        continue;
+      }
+      if (op.name == "moe/hash_router") {
+        EXPECT_EQ(op.inputs.size(), 1u);
+      }
+      if (op.inputs.size() == 2) {
+        const Tensor& bias = forward.graph.tensor(op.inputs[1]);
+        EXPECT_EQ(bias.kind, TensorKind::kParameter);
+        EXPECT_EQ(bias.name, "moe/gate_bias");
+        EXPECT_EQ(bias.dims.size(), 1u);
+        EXPECT_EQ(bias.dims.at(0).logical, "");
+        values += forward.graph.region(op.region).repeat * bias.num_elements();
+      }
+    }
+    return values;
+  };
+  EXPECT_EQ(bias_values({"model_name=deepseek4-284b"}), 40 * 256);
+  EXPECT_EQ(
+      bias_values({"model_name=deepseek4-284b", "override_model_config=true", "routed_bias=false"}),
+      0);
+}
+
 // The deepseek4-284b program's forward matmul FLOPs by hand, B = 1, S = 4096 (T = 4096 tokens),
 // D 4096, n = 4 mHC streams, H 64 heads of h 512 (1 kv head), q_lora 1024, 8 out groups of rank
 // 1024, indexer 64 heads of 128 (top 512), window W 128, 256 experts top-6 + 1 shared of F 2048

@@ -62,6 +62,13 @@ def main():
     edits = {"embed/token_embedding#0": lambda table: table + np.float32(SHARED)}
     edits.update({name: skew_gate for name in gates})
     edit_tensors(model, edits)
+    rewrite_checksums(destination)
+    print(f"imbalance_router: {destination}: embedding +{SHARED}, experts 0 and 1 preferred in "
+          f"{len(gates)} gate(s)")
+
+
+def rewrite_checksums(destination):
+    """Recomputes state.json's file checksums and fields_sha256 after an edit."""
     state_path = os.path.join(destination, "state.json")
     with open(state_path) as stream:
         state = json.load(stream)
@@ -78,8 +85,6 @@ def main():
         .encode()).hexdigest()
     with open(state_path, "w") as stream:
         json.dump(state, stream, indent=2)
-    print(f"imbalance_router: {destination}: embedding +{SHARED}, experts 0 and 1 preferred in "
-          f"{len(gates)} gate(s)")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,25 @@ check deepseek4-tiny-sqrtsoftplus "model_name=deepseek4-tiny override_model_conf
   load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256" \
   "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
   --first-num-hash-layers 1 --routed-score-func sqrtsoftplus"
+# ... and with the preset's routed_bias (MaxText's GateLogit bias: the top-k of score + bias,
+# weighted by the scores alone), from a checkpoint whose biases bias_router.py set to
+# 0.05 x (e % 5 - 2), which changes the experts of about half the tokens (the reference prints
+# how many; a zero bias would check nothing). The bias's update rule (routed_bias_update_rate)
+# and the load-balance loss stay off: train refuses them.
+deepseek4_bias="model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
+  routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=true routed_bias_update_rate=0 \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256"
+# shellcheck disable=SC2086  # the overrides are a word list
+if "$tpusim" train $deepseek4_bias "${placement[@]}" "${common[@]}" --dump "$work/bias-initial" \
+  --quiet && "$python" "$here/bias_router.py" "$work/bias-initial/initial" "$work/biased"; then
+  check deepseek4-tiny-routed-bias "$deepseek4_bias load_parameters_path=$work/biased" \
+    "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+    --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias"
+else
+  echo "=== deepseek4-tiny-routed-bias: could not make the biased checkpoint"
+  failed+=(deepseek4-tiny-routed-bias)
+fi
 check qwen3-custom-tiny "model_name=qwen3-custom-30b-a3b override_model_config=true \
   base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 \
   base_num_decoder_layers=2 attention_output_dim=32 moe_expert_input_dim=32 num_experts=4 \

@@ -47,7 +47,10 @@ Model families (detected from the tensor names), as MaxText computes them:
          the routed experts' SwiGLU (gate <= L, up in [-L, L]; not the shared experts');
          --first-num-hash-layers N routes the first N layers by MaxText's tid2eid table (zeros
          from initialization: expert 0 for every choice, weights a softmax over the chosen
-         logits). The loss is also computed with
+         logits); --routed-bias: the other layers' routers choose the top-k of the scores plus
+         moe/gate_bias (GateLogit's bias, deepseek_routing) and weight them by the scores alone,
+         and the bias gets no gradient (its AdamW step is that of a zero gradient). The loss is
+         also computed with
          DeepSeek-V4's interleaved RoPE on head_dim-reordered weights (the same function). Pass
          --eps 1e-6 --sliding-window W --top-k K --renormalize-top-k.
   qwen3_custom  MaxText's Qwen3CustomMoeDecoderLayer: qwen3 attention (qk-norm, d^-0.5 at run
@@ -257,6 +260,7 @@ class Reference:
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
         self.clipped = []  # per MoE layer with a SwiGLU clip: shares of gate and up entries cut
+        self.bias_changed = []  # per biased MoE layer: tokens whose experts the bias changed
 
     def stored(self, name, layer=0):
         """The dump's name of `name` in decoder layer `layer` (other names: as given)."""
@@ -370,6 +374,19 @@ class Reference:
         # Top-k by probability, descending, ties to the lower expert index (a stable sort).
         order = np.argsort(-probabilities.detach().numpy(), axis=-1, kind="stable")[:, :top_k]
         hashed = layer < self.args.first_num_hash_layers
+        biased = self.has(f"{r}/moe/gate_bias", layer)
+        if biased != (self.args.routed_bias and not hashed):
+            raise ValueError(f"layer {layer}: moe/gate_bias {'present' if biased else 'absent'}, "
+                             f"expected with --routed-bias outside the hash-routed layers")
+        if biased:
+            # MaxText's routed_bias (moe.py GateLogit: the bias added after routed_score_func;
+            # deepseek_routing: jax.lax.top_k of the biased scores, ties to the lower index; the
+            # weights below read the pre-bias scores).
+            biased_scores = (scores + self.w(f"{r}/moe/gate_bias", layer)).detach().numpy()
+            unbiased = order
+            order = np.argsort(-biased_scores, axis=-1, kind="stable")[:, :top_k]
+            self.bias_changed.append(int((np.sort(order, axis=-1) !=
+                                          np.sort(unbiased, axis=-1)).any(axis=-1).sum()))
         if hashed:
             # DeepSeek-V4's hash routing (moe.py RoutedMoE.get_topk with is_hash_routing): the
             # experts are the token's row of tid2eid, a [vocab, top_k] table MaxText creates as
@@ -378,7 +395,7 @@ class Reference:
             order = np.zeros_like(order)
         chosen = torch.from_numpy(order.copy())
         weights = probabilities.gather(1, chosen)  # [T, k]
-        if hashed or self.args.routed_score_func == "sqrtsoftplus":
+        if hashed or biased or self.args.routed_score_func == "sqrtsoftplus":
             # moe.py get_topk for deepseek4: the chosen experts' pre-bias scores, softmaxed.
             weights = torch.softmax(scores.gather(1, chosen), dim=-1)
         if self.args.renormalize_top_k:
@@ -533,6 +550,9 @@ def main():
                         help="deepseek4: sliding_window_size")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,
                         help="deepseek4: the routed experts' SwiGLU clip; <= 0: none")
+    parser.add_argument("--routed-bias", action="store_true",
+                        help="deepseek4: the routers outside the hash layers add moe/gate_bias to "
+                             "the scores to choose the experts (MaxText routed_bias)")
     parser.add_argument("--first-num-hash-layers", type=int, default=0,
                         help="deepseek4: the first N MoE layers route by MaxText's tid2eid table")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
@@ -578,12 +598,13 @@ def main():
     if family == "deepseek4":
         # The same model with DeepSeek-V4's interleaved RoPE layout and head_dim reordered in the
         # weights computes the same loss: the layout does not change what trains.
-        routing = (list(model.dropped), list(model.loads), list(model.clipped))
+        routing = (list(model.dropped), list(model.loads), list(model.clipped),
+                   list(model.bias_changed))
         model.interleaved = True
         with torch.no_grad():
             other = model.loss(tokens, targets)
         model.interleaved = False
-        model.dropped, model.loads, model.clipped = routing
+        model.dropped, model.loads, model.clipped, model.bias_changed = routing
         report.check("layout", "loss with interleaved RoPE", other.item(), loss.item(), 1e-12)
     names = sorted(params)
     grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
@@ -597,6 +618,12 @@ def main():
     for layer, (gate_share, up_share) in enumerate(model.clipped):
         print(f"# MoE layer {layer}: SwiGLU entries clipped (all experts x tokens): gate "
               f"{gate_share:.1%}, up {up_share:.1%}")
+    for layer, changed in enumerate(model.bias_changed):
+        print(f"# MoE layer with routed_bias {layer}: the bias changed the experts of {changed} "
+              f"of {sequences * length} tokens")
+    if args.routed_bias and not any(model.bias_changed):
+        print("FAIL routing   --routed-bias: the bias changed no token's experts (nothing checked)")
+        report.failures += 1
     if args.expect_expert_load is not None:
         if not model.loads:
             print("FAIL routing   --expect-expert-load given for a model without MoE layers")

@@ -193,17 +193,27 @@ TEST(InterpretersAgree, DroplessMoeOnUnbalancedRouting) {
                    false, "fsdp=2 x expert=2");
 }
 
-// deepseek4 with the preset's SwiGLU clip, a hash-routed first layer and its sqrtsoftplus router
-// scores (docs/reference/deepseek4.md, section 6): the clip rides on the SiLU and the gating
-// product, and the up projection's gradient reads the up projection as a third input, all ops of
-// the program; the hash layer routes every token's choices to expert 0, which on one device is
-// still B*S*k rows; the scores are computed inside the router op and its gradient.
+// deepseek4 with the preset's SwiGLU clip, a hash-routed first layer, its sqrtsoftplus router
+// scores and selection bias (docs/reference/deepseek4.md, section 6): the clip rides on the SiLU
+// and the gating product, and the up projection's gradient reads the up projection as a third
+// input, all ops of the program; the hash layer routes every token's choices to expert 0, which on
+// one device is still B*S*k rows; the scores are computed inside the router op and its gradient;
+// the bias is a parameter the router and its gradient read, its gradient summed over the tokens'
+// shards.
 TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
-  const std::vector<std::string> tiny = {
-      "override_model_config=true", "base_num_decoder_layers=2", "compress_ratios=[0,0]",
-      "mhc_expansion_rate=1",       "first_num_hash_layers=1",   "routed_score_func=sqrtsoftplus",
-      "norm_topk_prob=true",        "routed_bias=false",         "load_balance_loss_weight=0",
-      "mlp_activations_limit=0.3",  "sliding_window_size=8",     "vocab_size=256"};
+  const std::vector<std::string> tiny = {"override_model_config=true",
+                                         "base_num_decoder_layers=2",
+                                         "compress_ratios=[0,0]",
+                                         "mhc_expansion_rate=1",
+                                         "first_num_hash_layers=1",
+                                         "routed_score_func=sqrtsoftplus",
+                                         "norm_topk_prob=true",
+                                         "routed_bias=true",
+                                         "routed_bias_update_rate=0",
+                                         "load_balance_loss_weight=0",
+                                         "mlp_activations_limit=0.3",
+                                         "sliding_window_size=8",
+                                         "vocab_size=256"};
   std::vector<std::string> one_device = tiny;
   one_device.emplace_back("compile_topology=v5e-1");
   expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 one device");

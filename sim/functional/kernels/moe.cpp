@@ -21,12 +21,18 @@
 //   routed_score_func "sqrtsoftplus", DeepSeek-V4): all of the above reads the scores
 //   sqrt(softplus(logit)) instead of the logits (the softmax, the top-k, the weights), and
 //   kRouterGrad's result is multiplied by d score / d logit.
-// kRouterGrad, by input count:
-//   (d_routing, router_logits) -> d_router_logits: VJP through the softmax of the picked
+// kMoeRouter(router_logits, bias[experts]): MaxText's routed_bias (DeepSeek's auxiliary-loss-free
+//   balancing, moe.py GateLogit and deepseek_routing): the top-k are those of score + bias
+//   (descending, ties: lower index first), and their weights are still those of the scores
+//   alone (the probabilities above, without the bias). Not with hash_routing.
+// kRouterGrad, by inputs:
+//   (d_routing, router_logits[, bias]) -> d_router_logits[, d_bias]: VJP through the softmax of
+//     the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
 //     ignored): with dw_c = d_routing[t, c, 1] and the chosen probabilities q_c, dq_c = s dw_c,
 //     or (s / Z)(dw_c - sum_j dw_j q_j / Z) when normalized (Z = sum q); dp_e = dq of e's choice
-//     (0 for the others); dlogits = p * (dp - sum(p dp)).
+//     (0 for the others); dlogits = p * (dp - sum(p dp)). The bias only picks the choices, which
+//     are piecewise constant in it: d_bias = 0 (this device's tokens' part of a sum).
 //   (d_combined[token dims, embed], expert_out[experts, expert_tokens, embed], routing) ->
 //     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
 //     choice (0 for dropped ones), channel 0 = 0.
@@ -292,8 +298,9 @@ double sqrt_softplus_score(double logit, double& slope) {
   return score;
 }
 
-RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int64_t top_k,
-                      const OpAttrs& attrs) {
+// `bias` (routed_bias; nullptr without): [experts] added to the scores for the choice only.
+RouterRow route_token(const float* logits, const float* bias, int64_t experts, int64_t stride,
+                      int64_t top_k, const OpAttrs& attrs) {
   RouterRow row;
   row.probabilities.resize(static_cast<size_t>(experts));
   std::vector<double> scores(static_cast<size_t>(experts));
@@ -320,10 +327,18 @@ RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int6
   for (int64_t e = 0; e < experts; ++e) {
     order[static_cast<size_t>(e)] = e;
   }
-  std::stable_sort(order.begin(), order.end(), [&](int64_t lhs, int64_t rhs) {
-    return row.probabilities[static_cast<size_t>(lhs)] >
-           row.probabilities[static_cast<size_t>(rhs)];
-  });
+  if (bias == nullptr) {
+    std::stable_sort(order.begin(), order.end(), [&](int64_t lhs, int64_t rhs) {
+      return row.probabilities[static_cast<size_t>(lhs)] >
+             row.probabilities[static_cast<size_t>(rhs)];
+    });
+  } else {
+    // deepseek_routing: the top-k of the biased scores; the weights below read the unbiased.
+    std::stable_sort(order.begin(), order.end(), [&](int64_t lhs, int64_t rhs) {
+      return scores[static_cast<size_t>(lhs)] + static_cast<double>(bias[lhs]) >
+             scores[static_cast<size_t>(rhs)] + static_cast<double>(bias[rhs]);
+    });
+  }
   order.resize(static_cast<size_t>(top_k));
   // Hash routing (model/ir/op.h hash_routing): MaxText's tid2eid table, all zeros from its
   // initialization, picks expert 0 for every choice.
@@ -341,13 +356,29 @@ RouterRow route_token(const float* logits, int64_t experts, int64_t stride, int6
 }
 
 void run_router(const Ctx& ctx, bool gradient) {
-  // Forward: (logits) -> routing; gradient: (d_routing, logits) -> d_logits.
+  // Forward: (logits[, bias]) -> routing; gradient: (d_routing, logits[, bias]) -> d_logits.
   const Tensor& logits = ctx.in_tensor(gradient ? 1 : 0);
+  const size_t bias_input = gradient ? 2 : 1;
+  const float* bias = nullptr;
+  if (ctx.num_inputs() > bias_input) {
+    const Tensor& bias_tensor = ctx.in_tensor(bias_input);
+    if (bias_tensor.dims.size() != 1 || bias_tensor.dims[0].name != "experts" ||
+        bias_tensor.dims[0].size != bias_tensor.dims[0].whole_size()) {
+      ctx.fail("the router's bias must be a whole [experts]");
+    }
+    if (ctx.op().attrs.hash_routing) {
+      ctx.fail("a hash-routed router takes no bias");
+    }
+    bias = ctx.in(bias_input);
+  }
   const Tensor& routing = gradient ? ctx.in_tensor(0) : ctx.out_tensor(0);
   const RoutingLayout layout = routing_layout(ctx, routing);
   const Dim& experts = ctx.dim(logits, "experts");
   if (experts.whole_size() != experts.size) {
     ctx.fail("the router's experts dim must be whole");
+  }
+  if (bias != nullptr && ctx.in_tensor(bias_input).dims[0].size != experts.size) {
+    ctx.fail("the router's bias must have the logits' experts");
   }
   if (layout.top_k > experts.size ||
       (ctx.op().attrs.top_k > 0 && ctx.op().attrs.top_k != layout.top_k)) {
@@ -362,7 +393,7 @@ void run_router(const Ctx& ctx, bool gradient) {
   if (!gradient) {
     float* out = ctx.out(0);
     for (size_t token = 0; token < logits_at.size(); ++token) {
-      const RouterRow row = route_token(logit_values + logits_at[token], experts.size, stride,
+      const RouterRow row = route_token(logit_values + logits_at[token], bias, experts.size, stride,
                                         layout.top_k, ctx.op().attrs);
       for (int64_t c = 0; c < layout.top_k; ++c) {
         const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
@@ -380,6 +411,12 @@ void run_router(const Ctx& ctx, bool gradient) {
   const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
+  if (ctx.num_outputs() == 2) {
+    if (bias == nullptr || !same_dims(ctx.out_tensor(1), ctx.in_tensor(bias_input))) {
+      ctx.fail("d_bias needs the bias input and its dims");
+    }
+    std::fill_n(ctx.out(1), ctx.in_tensor(bias_input).dims[0].size, 0.0f);
+  }
   if (ctx.op().attrs.hash_routing) {
     // Hash-routed weights are constant (1 / top_k): no gradient reaches the logits. (Computed
     // through the softmax it is 0 only up to rounding, which sharding would change.)
@@ -391,7 +428,7 @@ void run_router(const Ctx& ctx, bool gradient) {
     return;
   }
   for (size_t token = 0; token < logits_at.size(); ++token) {
-    const RouterRow row = route_token(logit_values + logits_at[token], experts.size, stride,
+    const RouterRow row = route_token(logit_values + logits_at[token], bias, experts.size, stride,
                                       layout.top_k, ctx.op().attrs);
     // Through the weights to the chosen probabilities: w_c = weight_scale q_c, where a normalized
     // weight_scale = s / Z also depends on every q_j.
@@ -424,13 +461,14 @@ void run_router(const Ctx& ctx, bool gradient) {
 }  // namespace
 
 void run_moe_router(const Ctx& ctx) {
-  ctx.expect_counts(1, 1, 1, 1);
+  ctx.expect_counts(1, 2, 1, 1);
   run_router(ctx, false);
 }
 
 void run_router_grad(const Ctx& ctx) {
-  ctx.expect_counts(2, 3, 1, 1);
-  if (ctx.num_inputs() == 2) {
+  ctx.expect_counts(2, 3, 1, 2);
+  // d_routing (input 0 of the logits' gradient) has the routing's "route" dim; d_combined not.
+  if (ctx.in_tensor(0).dim_index("route") >= 0) {
     run_router(ctx, true);
     return;
   }

@@ -97,15 +97,17 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
 
 TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   // deepseek4 trains with sliding-window attention, one residual stream and the router on logits
-  // or sqrtsoftplus scores (or hash routing in its first layers);
+  // or sqrtsoftplus scores (or hash routing in its first layers), with or without its selection
+  // bias;
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
   // trainable set below with one key changed.
   const std::vector<std::pair<std::string, std::string>> trainable = {
       {"override_model_config", "true"}, {"base_num_decoder_layers", "2"},
       {"compress_ratios", "[0,0]"},      {"mhc_expansion_rate", "1"},
       {"first_num_hash_layers", "0"},    {"routed_score_func", "''"},
-      {"norm_topk_prob", "true"},        {"routed_bias", "false"},
-      {"load_balance_loss_weight", "0"}, {"mlp_activations_limit", "-1"}};
+      {"norm_topk_prob", "true"},        {"routed_bias", "true"},
+      {"routed_bias_update_rate", "0"},  {"load_balance_loss_weight", "0"},
+      {"mlp_activations_limit", "-1"}};
   // (key, value, the refusal's start)
   for (const auto& [key, value, refusal] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -115,7 +117,9 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
            {"routed_score_func", "sigmoid", "routed_score_func: sigmoid"},
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
-           {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"}}) {
+           {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"},
+           {"routed_bias_update_rate", "0.001", "routed_bias_update_rate: 0.001"},
+           {"load_balance_loss_weight", "0.0001", "load_balance_loss_weight: 0.0001"}}) {
     std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1",
                                      "steps=1"};
     bool replaced = false;
@@ -149,12 +153,13 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
   EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
       << uneven.err;
-  // The preset itself: its activation clip, hash layers and sqrtsoftplus router scores are
-  // built, its router's selection bias is the first key refused.
+  // The preset itself: its activation clip, hash layers, sqrtsoftplus router scores and selection
+  // bias are built, its load-balance loss is the first key refused.
   const auto preset =
       run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
   EXPECT_EQ(preset.exit_code, 2) << preset.err;
-  EXPECT_NE(preset.err.find("routed_bias: true is not computed by tpusim train"), std::string::npos)
+  EXPECT_NE(preset.err.find("load_balance_loss_weight: 0.0001 is not computed by tpusim train"),
+            std::string::npos)
       << preset.err;
   // The clip is built for deepseek4's SwiGLU experts only: with another gate activation (which
   // MaxText would clip too) it is refused by key.

@@ -565,7 +565,6 @@ TEST(SchemaKeysNotRead, LeaveTheEstimateUnchanged) {
       {"norm_topk_prob", "true"},
       {"routed_scaling_factor", "2.5"},
       {"routed_score_func", "sigmoid"},
-      {"routed_bias", "true"},
       {"n_routing_groups", "2"},
       {"topk_routing_group", "1"},
       {"optimizer_memory_host_offload", "true"},

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "model/config.h"
+#include "sim/train/checkpoint.h"
+#include "sim/train/sharded_model.h"
 #include "tests/support/one_step.h"
 
 namespace tpusim {
@@ -21,9 +23,9 @@ constexpr double kTolerance = 1e-5;
 // deepseek4-tiny with every layer's compress_ratios entry 0 (sliding-window attention, a window of
 // 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off,
 // no hash layers, no activation clip, the router on raw logits with its top-k weights
-// renormalized as MaxText's deepseek4 router does (the preset's selection bias and load-balance
-// loss are refused by key; its sqrtsoftplus scores are tested below); 3 of its 43 layers and a
-// 256-token vocabulary instead of its 129280 (the head is not what is tested).
+// renormalized as MaxText's deepseek4 router does (the preset's load-balance loss and bias update
+// are refused by key; its sqrtsoftplus scores and selection bias are tested below); 3 of its 43
+// layers and a 256-token vocabulary instead of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
   return {"model_name=deepseek4-tiny",
           "override_model_config=true",
@@ -60,9 +62,10 @@ std::vector<std::string> qwen3_custom_tiny() {
 }
 
 // One step of `model` on 4 devices with `mesh` against the same global batch (4 sequences of 32)
-// on one device.
+// on one device, both from `initial_checkpoint` when given.
 void expect_sharded_matches_one_device(std::vector<std::string> model,
-                                       const std::vector<std::string>& mesh) {
+                                       const std::vector<std::string>& mesh,
+                                       const std::string& initial_checkpoint = "") {
   std::string described;
   for (const std::string& item : mesh) {
     described += " " + item;
@@ -77,8 +80,10 @@ void expect_sharded_matches_one_device(std::vector<std::string> model,
   sharded.insert(sharded.end(), mesh.begin(), mesh.end());
   std::vector<std::string> single = model;
   single.insert(single.end(), {"compile_topology=v5e-1", "per_device_batch_size=4"});
-  const testing::OneStep split = testing::run_one_step(Config::load("", sharded));
-  const testing::OneStep whole = testing::run_one_step(Config::load("", single));
+  const testing::OneStep split =
+      testing::run_one_step(Config::load("", sharded), initial_checkpoint);
+  const testing::OneStep whole =
+      testing::run_one_step(Config::load("", single), initial_checkpoint);
   const double loss = std::abs(split.loss - whole.loss) / std::abs(whole.loss);
   std::string worst_gradient;
   std::string worst_state;
@@ -141,6 +146,59 @@ TEST(DecoderBlocksTraining, Deepseek4SqrtSoftplusRouterShardedMatchesOneDevice) 
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
   model.emplace_back("base_num_kv_heads=2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
+}
+
+// `model`'s initial parameters with every router bias (moe/gate_bias, zeros at initialization) set
+// to 0.05 x (e mod 5 - 2) for expert e, as tests/reference/bias_router.py sets them (there it
+// changes the experts of about half the tokens), written to `directory`.
+std::string write_biased_router_checkpoint(std::vector<std::string> model,
+                                           const std::string& directory) {
+  model.insert(model.end(),
+               {"max_target_length=32", "compile_topology=v5e-1", "per_device_batch_size=1"});
+  ShardedModel sharded_model(Config::load("", model));
+  Checkpoint checkpoint = sharded_model.to_checkpoint(0);
+  int biases = 0;
+  for (auto& [name, tensor] : checkpoint.weights) {
+    if (name.find("/moe/gate_bias#") == std::string::npos) {
+      continue;
+    }
+    ++biases;
+    for (size_t expert = 0; expert < tensor.values.size(); ++expert) {
+      tensor.values[expert] = 0.05f * (static_cast<float>(expert % 5) - 2.0f);
+    }
+  }
+  EXPECT_GT(biases, 0) << "no moe/gate_bias in the model";
+  save_checkpoint(directory, checkpoint);
+  return directory;
+}
+
+// With the preset's routed_bias (the top-k of score + bias, weighted by the scores alone; the
+// bias's gradient, 0, summed over the tokens' shards), from a non-zero bias, with the scores,
+// clip and hash-routed first layer (no bias there) of the preset as above.
+TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
+  std::vector<std::string> model = deepseek4_tiny();
+  for (std::string& item : model) {
+    if (item == "first_num_hash_layers=0") {
+      item = "first_num_hash_layers=1";
+    } else if (item == "mlp_activations_limit=-1") {
+      item = "mlp_activations_limit=0.3";
+    } else if (item == "routed_score_func=''") {
+      item = "routed_score_func=sqrtsoftplus";
+    } else if (item == "routed_bias=false") {
+      item = "routed_bias=true";
+    }
+  }
+  const std::string checkpoint =
+      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
+                                    checkpoint);
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
+                                    checkpoint);
+  model.emplace_back("base_num_kv_heads=2");
+  const std::string two_kv_heads =
+      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router_kv2");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+                                    two_kv_heads);
 }
 
 TEST(DecoderBlocksTraining, Qwen3CustomShardedMatchesOneDevice) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -234,6 +235,81 @@ TEST(KernelMoe, RouterSqrtSoftplusGradientMatchesFiniteDifferences) {
   const std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
   expect_fd("sqrtsoftplus router d_logits", g.c.graph, forward, {logits}, weights, 0,
             run(g.c.graph, grad, {weights[0], logits})[0]);
+}
+
+// routed_bias (MaxText's GateLogit bias, deepseek_routing): the experts are the top-k of
+// score + bias, their weights a softmax over the scores alone. Logits (2, 1.5, 1, 0) + 0.1 t with
+// bias (0, -1, 0.6, 0) rank (2, 0.5, 1.6, 0): experts 0 and 2 (without the bias 0 and 1), weighted
+// e^2 / (e^2 + e^1) = 0.731 and e^1 / (e^2 + e^1) = 0.269 (the pre-bias logits 2 and 1).
+TEST(KernelMoe, RouterBiasPicksTheExpertsButDoesNotWeightThem) {
+  RouterGraph g;
+  const TensorId bias = g.c.tensor("bias", {dim("experts", 4)});
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  const Op& forward = g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing}, attrs);
+  TensorData logits = TensorData::zeros(g.c.info(g.logits));
+  constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
+  for (int64_t t = 0; t < 6; ++t) {
+    for (int64_t e = 0; e < 4; ++e) {
+      logits.values[static_cast<size_t>(t * 4 + e)] =
+          kLogits[static_cast<size_t>(e)] + 0.1f * static_cast<float>(t);
+    }
+  }
+  TensorData bias_values = TensorData::zeros(g.c.info(bias));
+  bias_values.values = {0.0f, -1.0f, 0.6f, 0.0f};
+  const TensorData result = run(g.c.graph, forward, {logits, bias_values})[0];
+  const double first = std::exp(2.0) / (std::exp(2.0) + std::exp(1.0));
+  for (int64_t t = 0; t < 6; ++t) {
+    const auto at = [&](int64_t choice, int64_t channel) {
+      return result.values[static_cast<size_t>((t * kTopK + choice) * 2 + channel)];
+    };
+    EXPECT_EQ(at(0, 0), 0.0f);
+    EXPECT_EQ(at(1, 0), 2.0f);
+    EXPECT_NEAR(at(0, 1), first, 1e-6);
+    EXPECT_NEAR(at(1, 1), 1.0 - first, 1e-6);
+  }
+}
+
+// With a bias, the logits' gradient (renormalized top-k) matches finite differences, and the bias
+// gets exactly 0. Each token ranks its experts 0..3 apart by 1 in a shuffled order; the bias
+// (0.75, -0.75, 0.15, -0.45) keeps every biased gap >= 0.1 (no tie within the 1e-2 steps) and
+// changes some tokens' experts (counted below, so the bias is seen).
+TEST(KernelMoe, RouterBiasGradientMatchesFiniteDifferences) {
+  std::mt19937 rng(24);
+  RouterGraph g;
+  const TensorId bias = g.c.tensor("bias", {dim("experts", 4)});
+  const TensorId d_bias = g.c.tensor("d_bias", {dim("experts", 4)});
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing}, attrs);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {g.d_logits, d_bias}, attrs, true);
+  const Op& forward = g.c.graph.ops()[0];
+  const Op& grad = g.c.graph.ops()[1];
+  TensorData logits = TensorData::zeros(g.c.info(g.logits));
+  for (int64_t t = 0; t < 6; ++t) {
+    std::array<int, 4> order = {0, 1, 2, 3};
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t e = 0; e < 4; ++e) {
+      logits.values[static_cast<size_t>(t * 4 + e)] =
+          static_cast<float>(order[static_cast<size_t>(e)]) + 0.01f * static_cast<float>(t);
+    }
+  }
+  TensorData bias_values = TensorData::zeros(g.c.info(bias));
+  const TensorData unbiased = run(g.c.graph, forward, {logits, bias_values})[0];
+  bias_values.values = {0.75f, -0.75f, 0.15f, -0.45f};
+  const TensorData biased = run(g.c.graph, forward, {logits, bias_values})[0];
+  int changed = 0;
+  for (size_t at = 0; at < biased.values.size(); at += 2) {
+    changed += biased.values[at] != unbiased.values[at] ? 1 : 0;
+  }
+  EXPECT_GT(changed, 0);
+  const std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
+  const std::vector<TensorData> grads = run(g.c.graph, grad, {weights[0], logits, bias_values});
+  expect_fd("biased router d_logits", g.c.graph, forward, {logits, bias_values}, weights, 0,
+            grads[0]);
+  EXPECT_EQ(grads[1].values, std::vector<float>(4, 0.0f));
 }
 
 struct MoeGraph {
