@@ -84,6 +84,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"quantized_residuals",
      "under qwix fp8_full the backward matmuls reuse the forward's quantized activation and "
      "weight (QtRule bwd_use_original_residuals=False): only the incoming gradient is scaled"},
+    {"gmm_v2_grid_steps",
+     "tokamax's gmm_v2 kernel (tpusim op matmul groups=G, use_gmm_v2) pays the chip's "
+     "gmm_v2_grid_step_us once per step of its (n, group x row tile, k) pipeline grid, and a row "
+     "tile narrower than the MXU costs only its rows (tokamax PR #1221's tile_m speed-ups)"},
 }};
 
 }  // namespace

@@ -46,6 +46,7 @@ enum class Mechanism {
   kBf16ExpertMatmuls,            // MoE experts MaxText's quantization does not reach stay bf16
   kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
   kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
+  kGmmV2GridSteps,               // tokamax gmm_v2 pays a fixed cost per step of its pipeline grid
   kCount,
 };
 
