@@ -12,7 +12,7 @@ four shapes per chip) give the ratio only, so the cost is fitted per chip to tho
 refitted on the other three and its error at that value is what a new shape would see.
 
 Usage: /usr/bin/python3 benchmarks/fit_gmm_v2_grid_step.py [--binary build/sim/tpusim]
-Output: markdown tables on stdout; about a minute on two cores.
+Output: markdown tables on stdout; about two minutes on two cores.
 """
 
 import argparse

@@ -195,6 +195,32 @@ struct RowTiling {
   bool balanced = false;
 };
 
+// How a grouped-matmul kernel walks its row tiles, and what each step of its grid costs besides
+// its matmul. A row tile streams its rows through weights held in the MXU; with fewer rows than
+// the array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
+// tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13). tokamax's gmm_v2
+// instead pays a fixed time per grid step (its scalar work: index maps, DMA issues and waits), on
+// the core between its matmuls while the issued DMAs stream on, so on the MXU side; its short
+// row tiles cost their rows: PR #1221's tile_m 128 -> 256 speed-ups on 256-wide MXUs (1.22-1.59x,
+// not the 2x of a full-width pass) follow from the halved step count (§5.16).
+struct KernelSteps {
+  RowTiling rows;
+  double step_seconds = 0;
+};
+
+KernelSteps grouped_matmul_kernel_steps(const GroupedMatmulTiles& tiles,
+                                        const CostContext& context) {
+  const bool gmm_v2_steps =
+      context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2GridSteps);
+  const bool full_width_rows =
+      context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) && !gmm_v2_steps;
+  KernelSteps steps;
+  steps.rows = {static_cast<double>(tiles.batch_seq), full_width_rows ? context.chip->mxu_dim : 0.0,
+                context.balanced_groups};
+  steps.step_seconds = gmm_v2_steps ? context.chip->gmm_v2_grid_step_us * kMicro : 0.0;
+  return steps;
+}
+
 // The row tiles visited for `rows` rows in `groups` groups of tm-row tiles.
 double row_tile_visits(double rows, double groups, double tm, bool balanced) {
   if (!balanced) {
@@ -509,19 +535,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         context.tokamax_own_tiles && context.mechanisms.enabled(Mechanism::kTokamaxGmmTiles)
             ? tokamax_tiles(shape, *pass, routed)
             : context.megablox_tiles[weight][static_cast<size_t>(*pass)];
-    // gmm_v2 pays a fixed cost per step of its pipeline grid, and its short row tiles cost their
-    // rows: tokamax PR #1221's tile_m 128 -> 256 speed-ups on 256-wide MXUs (1.22-1.59x, not
-    // the 2x of a full-width pass) follow from the halved step count
-    // (docs/reference/hardware.md §5.16).
-    const bool gmm_v2_steps =
-        context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2GridSteps);
-    // A row tile streams its rows through weights held in the MXU; with fewer rows than the
-    // array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
-    // tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13).
-    const bool full_width_rows =
-        context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) && !gmm_v2_steps;
-    const RowTiling tiling{static_cast<double>(tiles.batch_seq),
-                           full_width_rows ? chip.mxu_dim : 0.0, context.balanced_groups};
+    const KernelSteps steps = grouped_matmul_kernel_steps(tiles, context);
     // Quantized (qwix/AQT) expert weights reach the kernel already narrowed: it reads one byte
     // per weight element. With grouped_matmul_quantize_pass every operand does: MaxText's
     // megablox/ops.py quantizes each one (qpl.quantize) in XLA before the kernel, and the cast
@@ -532,13 +546,10 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     const double weight_bytes = (quantized && !has_token_dims(rhs)) || narrow_operands
                                     ? std::min(rhs_bytes, 1.0)
                                     : rhs_bytes;
-    const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, tiling, routed,
+    const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, steps.rows, routed,
                                                        kernel_lhs_bytes, weight_bytes, out_bytes);
-    // Each grid step's scalar work (index maps, DMA issue and wait) runs on the core between
-    // its matmuls, while the DMAs already issued stream on: it adds to the MXU time, not HBM's.
-    const double step_seconds = gmm_v2_steps ? chip.gmm_v2_grid_step_us * kMicro : 0.0;
     cost.mxu_seconds =
-        work.executed_flops / peak + fill_drain_seconds + work.grid_steps * step_seconds;
+        work.executed_flops / peak + fill_drain_seconds + work.grid_steps * steps.step_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
     if (narrow_operands) {
       cast_bytes =
