@@ -88,6 +88,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "under quantization the dense MoE path's dispatch and combine are quantized einsums like "
      "the experts' (MaxText moe get_einsum): their one-hot matmuls run at the int8/fp8 MXU rate, "
      "after the passes that quantize their operands"},
+    {"gmm_v2_grid_steps",
+     "tokamax's gmm_v2 kernel (tpusim op matmul groups=G, use_gmm_v2) pays the chip's "
+     "gmm_v2_grid_step_us once per step of its (n, group x row tile, k) pipeline grid, and a row "
+     "tile narrower than the MXU costs only its rows (tokamax PR #1221's tile_m speed-ups)"},
 }};
 
 }  // namespace

@@ -47,6 +47,7 @@ enum class Mechanism {
   kGroupedMatmulQuantizePass,    // a Pallas grouped matmul's narrow operands are cast by XLA first
   kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
   kNarrowDenseMoeExchange,       // quantized dense-MoE dispatch/combine einsums at the narrow rate
+  kGmmV2GridSteps,               // tokamax gmm_v2 pays a fixed cost per step of its pipeline grid
   kCount,
 };
 

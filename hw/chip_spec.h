@@ -123,6 +123,10 @@ struct ChipSpec {
   // The fraction of the HBM roofline at which a dropless MoE's row gathers and scatters (dispatch,
   // combine and their gradients) move the routed rows: XLA gathers ragged rows, not streams.
   double routed_row_hbm_fraction = 1;
+  // The fixed cost of one step of tokamax's gmm_v2 pipeline grid (its emit_pipeline: the scalar
+  // core's index maps and the dynamic-size row DMAs of each step), microseconds; 0 where gmm_v2
+  // does not run or nothing measures it.
+  double gmm_v2_grid_step_us = 0;
 
   // System.
   double max_slice_chips = 0;

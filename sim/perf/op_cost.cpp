@@ -184,6 +184,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
 struct GroupedMatmulWork {
   double executed_flops = 0;
   double hbm_bytes = 0;
+  double grid_steps = 0;  // row tile visits x column tiles x contraction tiles
 };
 
 // How the kernel walks its row tiles: the tile rows, the rows the MXU takes per tile (at least
@@ -193,6 +194,32 @@ struct RowTiling {
   double mxu_rows = 0;
   bool balanced = false;
 };
+
+// How a grouped-matmul kernel walks its row tiles, and what each step of its grid costs besides
+// its matmul. A row tile streams its rows through weights held in the MXU; with fewer rows than
+// the array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
+// tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13). tokamax's gmm_v2
+// instead pays a fixed time per grid step (its scalar work: index maps, DMA issues and waits), on
+// the core between its matmuls while the issued DMAs stream on, so on the MXU side; its short
+// row tiles cost their rows: PR #1221's tile_m 128 -> 256 speed-ups on 256-wide MXUs (1.22-1.59x,
+// not the 2x of a full-width pass) follow from the halved step count (§5.16).
+struct KernelSteps {
+  RowTiling rows;
+  double step_seconds = 0;
+};
+
+KernelSteps grouped_matmul_kernel_steps(const GroupedMatmulTiles& tiles,
+                                        const CostContext& context) {
+  const bool gmm_v2_steps =
+      context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2GridSteps);
+  const bool full_width_rows =
+      context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) && !gmm_v2_steps;
+  KernelSteps steps;
+  steps.rows = {static_cast<double>(tiles.batch_seq), full_width_rows ? context.chip->mxu_dim : 0.0,
+                context.balanced_groups};
+  steps.step_seconds = gmm_v2_steps ? context.chip->gmm_v2_grid_step_us * kMicro : 0.0;
+  return steps;
+}
 
 // The row tiles visited for `rows` rows in `groups` groups of tm-row tiles.
 double row_tile_visits(double rows, double groups, double tm, bool balanced) {
@@ -231,6 +258,7 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
         visits * tm *
             (padded_m * (padded_n / tb) * lhs_bytes + padded_n * (padded_m / ta) * rhs_bytes) +
         groups * padded_m * padded_n * out_bytes;
+    work.grid_steps = visits * (padded_m / ta) * (padded_n / tb);
     return work;
   }
   // gmm: out[row, n] = lhs[row, k] x rhs[expert(row), k, n].
@@ -249,6 +277,7 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   work.hbm_bytes =
       visits * ((padded_n / tn) * tm * padded_k * lhs_bytes + tm * padded_n * out_bytes) +
       weight_fetches * padded_k * padded_n * rhs_bytes;
+  work.grid_steps = visits * (padded_n / tn) * (padded_k / tk);
   return work;
 }
 
@@ -506,13 +535,7 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
         context.tokamax_own_tiles && context.mechanisms.enabled(Mechanism::kTokamaxGmmTiles)
             ? tokamax_tiles(shape, *pass, routed)
             : context.megablox_tiles[weight][static_cast<size_t>(*pass)];
-    // A row tile streams its rows through weights held in the MXU; with fewer rows than the
-    // array is wide, loading the next weights is not hidden behind them (tokamax 5bd37bf derives
-    // tile_m from the MXU width for this reason; docs/reference/hardware.md §5.13).
-    const RowTiling tiling{
-        static_cast<double>(tiles.batch_seq),
-        context.mechanisms.enabled(Mechanism::kGroupedMatmulMxuRows) ? chip.mxu_dim : 0.0,
-        context.balanced_groups};
+    const KernelSteps steps = grouped_matmul_kernel_steps(tiles, context);
     // Quantized (qwix/AQT) expert weights reach the kernel already narrowed: it reads one byte
     // per weight element. With grouped_matmul_quantize_pass every operand does: MaxText's
     // megablox/ops.py quantizes each one (qpl.quantize) in XLA before the kernel, and the cast
@@ -523,9 +546,10 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     const double weight_bytes = (quantized && !has_token_dims(rhs)) || narrow_operands
                                     ? std::min(rhs_bytes, 1.0)
                                     : rhs_bytes;
-    const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, tiling, routed,
+    const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, steps.rows, routed,
                                                        kernel_lhs_bytes, weight_bytes, out_bytes);
-    cost.mxu_seconds = work.executed_flops / peak + fill_drain_seconds;
+    cost.mxu_seconds =
+        work.executed_flops / peak + fill_drain_seconds + work.grid_steps * steps.step_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
     if (narrow_operands) {
       cast_bytes =

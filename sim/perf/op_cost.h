@@ -111,6 +111,10 @@ struct CostContext {
   // tokamax.ragged_dot without a tiling: tokamax's own tiles (sim/perf/tokamax_gmm_tiling.h), not
   // megablox_tiles, under the tokamax_gmm_tiles mechanism.
   bool tokamax_own_tiles = false;
+  // Grouped matmuls run as tokamax's gmm_v2 kernel (`tpusim op matmul groups=G`, as the published
+  // kernel benchmarks time it; MaxText's use_gmm_v2): a fixed cost per step of its pipeline grid
+  // under the gmm_v2_grid_steps mechanism.
+  bool gmm_v2 = false;
   // Fraction of the isolated-kernel roofline reached inside a training program (the chip's
   // program_efficiency); 1 for a single op timed alone (`tpusim op`).
   double program_efficiency = 1.0;

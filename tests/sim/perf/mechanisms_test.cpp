@@ -756,6 +756,30 @@ TEST(GroupedMatmulMxuRows, RowTilesNarrowerThanTheMxuTakeAFullWidthPass) {
   }
 }
 
+// tokamax's gmm_v2 pays the chip's gmm_v2_grid_step_us per step of its (n tile, row tile, k tile)
+// grid, on the MXU's side of the roofline, and a 128-row tile on v7x's 256-wide MXU costs its own
+// rows: 16 experts x 512 balanced rows in 128-row tiles are 64 row visits; with the whole k and n
+// in one tile that is 64 steps, with k split in two 128. Switched off, gmm_v2 is costed as
+// megablox (a full-width pass per short tile, no step cost).
+TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
+  const ChipSpec& v7x = chip("v7x");
+  ASSERT_GT(v7x.gmm_v2_grid_step_us, 0.0);
+  const Graph graph = grouped_matmul_graph(16, 512, 1024, 1024);
+  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double matmul = 2.0 * 64 * 128 * 1024 * 1024 / bf16_flops_per_device(v7x);
+  for (const auto& [tile_k, steps] : {std::pair{1024, 64.0}, std::pair{512, 128.0}}) {
+    CostContext context = megablox_context(v7x, 128, tile_k, 1024);
+    context.balanced_groups = true;
+    context.gmm_v2 = true;
+    const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR(on.mxu_seconds, fill + matmul + steps * v7x.gmm_v2_grid_step_us * 1e-6, 1e-12)
+        << tile_k;
+    context.mechanisms = MechanismSet::without({"gmm_v2_grid_steps"});
+    const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR(off.mxu_seconds, fill + 2.0 * matmul, 1e-12) << tile_k;
+  }
+}
+
 // Balanced groups (a kernel benchmark's) visit a tile twice only where a group boundary falls
 // inside it: 8 x 1024 rows in 512-row tiles are 16 visits, not the ragged 16 + 8 - 1 = 23; in
 // 768-row tiles 5 of the 7 boundaries (all but 3072 and 6144) fall inside a tile: 11 + 5 = 16
