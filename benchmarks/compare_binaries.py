@@ -20,8 +20,9 @@ With --explore it compares `explore` instead (nothing else): for each of the 27 
 the searched keys are removed from the row's args (as benchmarks/make_reports.py explore does) and
 both binaries run `explore <row> --global-batch-size <row's> --top 1 --json`; their top 1 must be
 the same per-device program (`tpusim program` of each top 1's args, read without the mesh axes'
-names, so two spellings of one program agree) with the same step time, bit for bit. Each row's
-search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
+names, so two spellings of one program agree) with the same step time, bit for bit.
+--explore-top 10 searches the top 10 instead and also requires every row's args and step time to
+be the same. Each row's search time is printed for both. --explore-405b adds the exhaustive llama3.1-405b search on
 tpu7x-18432 (minutes on a loaded machine). --explore-top5 instead checks the new binary alone: on
 each published row no two of `explore --top 5`'s rows print the same program (as above).
 --explore-rows V4-1,R-12 limits either to those rows; --explore-cache FILE keeps each binary's
@@ -276,7 +277,8 @@ def explore_top(binary, args):
     path = EXPLORE_CACHE["path"]
     if path is None:
         return explore_top_uncached(binary, args)
-    key = binary_identity(binary) + " " + " ".join(args)
+    top = EXPLORE_CACHE.get("top", 1)
+    key = binary_identity(binary) + " " + " ".join(args) + ("" if top == 1 else f" --top {top}")
     stored = {}
     if os.path.exists(path):
         with open(path) as cache:
@@ -296,8 +298,10 @@ def explore_top(binary, args):
 
 
 def explore_top_uncached(binary, args):
-    """explore --top 1 of `args`: (step time, program text without axis names, seconds, json)."""
-    result = subprocess.run([binary, "explore", *args, "--top", "1", "--json"], capture_output=True,
+    """explore --top N of `args` (N from --explore-top, default 1): (best step time, its program
+    text without axis names, seconds, json)."""
+    top = str(EXPLORE_CACHE.get("top", 1))
+    result = subprocess.run([binary, "explore", *args, "--top", top, "--json"], capture_output=True,
                             text=True)
     if result.returncode != 0:
         return None, f"exit {result.returncode}: {result.stderr.strip()}", 0.0, {}
@@ -355,6 +359,11 @@ def explore_work(binary, with_405b):
     return work
 
 
+def top_rows(found):
+    """Every top row's args and step time (bit for bit, as JSON prints them)."""
+    return [(row.get("args"), row.get("step_time_s")) for row in found.get("top", [])]
+
+
 def compare_explore(old, new, with_405b, jobs, only_old=False):
     """The published rows' (and optionally 405b's) explore top 1 under both binaries."""
     work = explore_work(new, with_405b)
@@ -368,7 +377,8 @@ def compare_explore(old, new, with_405b, jobs, only_old=False):
     print(f"{'row':44} {'old s':>8} {'new s':>8} {'ratio':>6}  top 1")
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for label, first, second in pool.map(both, work):
-            same = first[0] == second[0] and first[1] == second[1]
+            same = (first[0] == second[0] and first[1] == second[1]
+                    and top_rows(first[3]) == top_rows(second[3]))
             ratio = first[2] / second[2] if second[2] > 0 else float("nan")
             print(f"{label:44} {first[2]:8.2f} {second[2]:8.2f} {ratio:6.2f}  "
                   f"{'same' if same else 'DIFFERENT'} (step {first[0]} s)", flush=True)
@@ -378,7 +388,9 @@ def compare_explore(old, new, with_405b, jobs, only_old=False):
                       f"  new: {second[3].get('top', [{}])[0].get('args', second[1])}\n"
                       f"  step times {first[0]} vs {second[0]}; program text "
                       f"{'same' if first[1] == second[1] else 'differs'}")
-    print(f"{len(work)} explore searches: {differing} differ in their top 1")
+    count = EXPLORE_CACHE.get("top", 1)
+    print(f"{len(work)} explore searches: {differing} differ in their top {count}"
+          + ("" if count == 1 else " (every row's args and step time; the top 1's program text)"))
     return differing
 
 
@@ -403,11 +415,15 @@ def main():
                              "args); --explore-only-old fills it for the old binary alone")
     parser.add_argument("--explore-only-old", action="store_true",
                         help="with --explore and --explore-cache: run the old binary only")
+    parser.add_argument("--explore-top", type=int, default=1, metavar="N",
+                        help="with --explore: search the top N and compare every row's args and "
+                        "step time (default 1)")
     parser.add_argument("--explore-rows", default="",
                         help="with --explore: only these published rows (ids, comma-separated)")
     options = parser.parse_args()
     EXPLORE_ROWS["only"] = [row for row in options.explore_rows.split(",") if row]
     EXPLORE_CACHE["path"] = options.explore_cache
+    EXPLORE_CACHE["top"] = options.explore_top
     EXPLORE_CACHE["lock"] = threading.Lock()
     old, new = os.path.abspath(options.old), os.path.abspath(options.new)
     if options.explore_top5:

@@ -520,7 +520,17 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     auto [keep, added] = kept_.try_emplace(step);
     if (added) {
       keep->second.mesh = *plan.mesh;
-      keep->second.program = plan.program;
+      if (bounded_out) {
+        // Nothing of this batch is left to build from it here (the next batch partitions its own
+        // step): its partitioned program moves to the kept one instead of being copied.
+        PartitionedProgram partitioned = std::move(plan.program.program);
+        plan.program.program = PartitionedProgram();
+        keep->second.program = plan.program;
+        keep->second.program.program = std::move(partitioned);
+        plan.program.step.reset();
+      } else {
+        keep->second.program = plan.program;
+      }
     }
     // An entry evaluate_remat made holds an equivalent mesh's program of the same step: the
     // compute bounds are the same there (they do not depend on the layout).

@@ -72,6 +72,7 @@ void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mes
     collective_mechanisms = mechanisms;
     collective_times.assign(graph.ops().size(), CollectiveTime{});
     collective_known.assign(graph.ops().size(), false);
+    continuation_fusion = {};
   }
 }
 

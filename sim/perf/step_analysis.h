@@ -104,6 +104,9 @@ struct StepSimulator::Analysis {
   MechanismSet collective_mechanisms;         // and the mechanisms
   std::vector<CollectiveTime> collective_times;
   std::vector<bool> collective_known;
+  // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
+  // by SparseCore offload off/on: unknown until a Simulator asks.
+  std::array<std::optional<bool>, 2> continuation_fusion;
   // StepSimulator::chain_bound over several contexts: each compute op's least cost over them.
   std::vector<CostContext> cheapest_of;
   std::vector<double> cheapest;  // by op id

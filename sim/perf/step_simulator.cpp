@@ -173,8 +173,12 @@ bool runs_as_pallas_kernel(const Graph& graph, const Op& op, const CostContext& 
 
 class Simulator {
  public:
+  // What a Simulator is made for: collective_bounds plans each op alone, so it needs none of the
+  // scheduler's per-tensor and per-op state (timelines, ready times, plans).
+  enum class Use { kSchedule, kCollectiveBounds };
+
   Simulator(const StepProgram& program, const PerfOptions& options,
-            StepSimulator::Analysis& analysis)
+            StepSimulator::Analysis& analysis, Use use = Use::kSchedule)
       : program_(program),
         graph_(program.program.graph),
         options_(options),
@@ -188,14 +192,19 @@ class Simulator {
         finish_not_before_(analysis.finish_not_before),
         op_span_(analysis.op_span),
         timelines_(analysis.timelines) {
-    for (Timeline& resource : timelines_) {
-      resource.clear();
+    const bool schedules = use == Use::kSchedule;
+    if (schedules) {
+      for (Timeline& resource : timelines_) {
+        resource.clear();
+      }
     }
     analysis.use_mesh(graph_, program.mesh, options.cost.mechanisms);
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
-    ready_.assign(tensors, 0.0);
-    finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
+    if (schedules) {
+      ready_.assign(tensors, 0.0);
+      finish_not_before_.assign(tensors, -std::numeric_limits<double>::infinity());
+    }
     if (details_) {
       idle_label_ = labels_.intern(BreakdownKey::of(BreakdownKind::kIdle));
     }
@@ -209,14 +218,22 @@ class Simulator {
             labels_.intern(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives));
       }
     }
-    continuation_fusion_ = std::any_of(graph_.ops().begin(), graph_.ops().end(), [&](const Op& op) {
-      return driven_by_tensorcore(op, options.sparse_core_offload, *program.slice.chip,
-                                  options.cost.mechanisms) &&
-             analysis_.collective(graph_, op, program.mesh, program.slice).ici_seconds > 0;
-    });
+    // The same for every Simulator of this mesh and offload (use_mesh forgets it on a new one).
+    std::optional<bool>& fusion = analysis.continuation_fusion[options.sparse_core_offload ? 1 : 0];
+    if (!fusion.has_value()) {
+      fusion = std::any_of(graph_.ops().begin(), graph_.ops().end(), [&](const Op& op) {
+        return driven_by_tensorcore(op, options.sparse_core_offload, *program.slice.chip,
+                                    options.cost.mechanisms) &&
+               analysis_.collective(graph_, op, program.mesh, program.slice).ici_seconds > 0;
+      });
+    }
+    continuation_fusion_ = *fusion;
     if (continuation_fusion_ && details_ && shared_compute_label_ < 0) {
       shared_compute_label_ =
           labels_.intern(BreakdownKey::of(BreakdownKind::kComputeSharedWithCollectives));
+    }
+    if (!schedules) {
+      return;
     }
     OpPlan unplanned;
     unplanned.wait_label = idle_label_;
@@ -939,7 +956,8 @@ StepTiming StepSimulator::run(const PerfOptions& options) {
 CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, *analysis_).collective_bounds();
+  return Simulator(program_, lean, *analysis_, Simulator::Use::kCollectiveBounds)
+      .collective_bounds();
 }
 
 double StepSimulator::chain_bound(const PerfOptions& options) {

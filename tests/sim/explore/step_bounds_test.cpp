@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "model/config.h"
+#include "sharding/device_mesh.h"
+#include "sharding/mesh.h"
 #include "sharding/step_program.h"
 #include "sim/perf/step_simulator.h"
 
@@ -157,6 +159,57 @@ TEST(StepBounds, TensorCoreDrivenCollectivesAddToTheBoundOnV7x) {
     const StepProgram v5p_program = build_step_program(v5p);
     EXPECT_EQ(StepSimulator(v5p_program).collective_bounds(options).tensorcore_driven_seconds, 0);
   }
+}
+
+// The explorer reuses one StepSimulator across the placements of a mesh (it keeps per-mesh facts
+// such as the collective times and whether continuation fusion applies, and forgets them on a new
+// layout): under every placement and switch its bounds and step are a fresh simulator's, bit for
+// bit, whatever placement it saw before.
+TEST(StepBounds, ASimulatorReusedAcrossPlacementsGivesAFreshOnesBounds) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"model_name=llama2-7b", "compile_topology=tpu7x-16", "max_target_length=2048",
+       "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "ici_data_parallelism=2"},
+      {"model_name=llama2-7b", "compile_topology=v5e-16", "compile_topology_num_slices=2",
+       "max_target_length=1024", "dcn_data_parallelism=2", "ici_fsdp_parallelism=4",
+       "ici_tensor_parallelism=4"},
+  };
+  for (const std::vector<std::string>& keys : cases) {
+    const Config config = Config::load("", keys);
+    StepProgram shared_program = build_step_program(config);
+    PerfOptions options = perf_options_from_config(config, *shared_program.slice.chip);
+    options.record_details = false;
+    StepSimulator shared(shared_program);  // reads shared_program.mesh as it is changed below
+    int layouts = 0;
+    for (const std::string first : {"tensor", "data", "fsdp", "tensor"}) {
+      shared_program.mesh =
+          place_mesh(shared_program.mesh.shape, shared_program.slice, {mesh_axis_index(first)});
+      StepProgram fresh_program = shared_program;
+      ++layouts;
+      for (const bool offload : {false, true}) {
+        for (const bool collective_matmul : {false, true}) {
+          SCOPED_TRACE(keys[1] + " placed first " + first + " offload " + std::to_string(offload) +
+                       " cm " + std::to_string(collective_matmul));
+          options.sparse_core_offload = offload;
+          options.collective_matmul = collective_matmul;
+          StepSimulator fresh(fresh_program);
+          const CollectiveBounds want = fresh.collective_bounds(options);
+          const CollectiveBounds got = shared.collective_bounds(options);
+          EXPECT_EQ(got.tensorcore_driven_seconds, want.tensorcore_driven_seconds);
+          EXPECT_EQ(got.busiest_link_seconds, want.busiest_link_seconds);
+          EXPECT_EQ(shared.chain_bound(options), StepSimulator(fresh_program).chain_bound(options));
+          EXPECT_EQ(shared.run(options).step_seconds,
+                    StepSimulator(fresh_program).run(options).step_seconds);
+        }
+      }
+    }
+    EXPECT_EQ(layouts, 4);
+  }
+  // The v7x case has collectives the TensorCore drives (offload off), so the kept fact matters.
+  const Config v7x = Config::load("", cases.front());
+  const StepProgram program = build_step_program(v7x);
+  PerfOptions options = perf_options_from_config(v7x, *program.slice.chip);
+  options.sparse_core_offload = false;
+  EXPECT_GT(StepSimulator(program).collective_bounds(options).tensorcore_driven_seconds, 0);
 }
 
 // Each link runs one collective or transfer at a time, so its busy seconds bound the step. The
