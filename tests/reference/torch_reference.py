@@ -49,8 +49,10 @@ Model families (detected from the tensor names), as MaxText computes them:
          from initialization: expert 0 for every choice, weights a softmax over the chosen
          logits); --routed-bias: the other layers' routers choose the top-k of the scores plus
          moe/gate_bias (GateLogit's bias, deepseek_routing) and weight them by the scores alone,
-         and the bias gets no gradient (its AdamW step is that of a zero gradient). The loss is
-         also computed with
+         and the bias gets no gradient (its AdamW step is that of a zero gradient) unless
+         --load-balance-loss-weight w > 0 adds MaxText's load-balance loss of every routed (not
+         hash-routed) layer, whose softmax reads score + bias; --routed-bias-update-rate r adds
+         r x sign(T k / E - choices of e) to each bias after AdamW. The loss is also computed with
          DeepSeek-V4's interleaved RoPE on head_dim-reordered weights (the same function). Pass
          --eps 1e-6 --sliding-window W --top-k K --renormalize-top-k.
   qwen3_custom  MaxText's Qwen3CustomMoeDecoderLayer: qwen3 attention (qk-norm, d^-0.5 at run
@@ -261,6 +263,8 @@ class Reference:
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
         self.clipped = []  # per MoE layer with a SwiGLU clip: shares of gate and up entries cut
         self.bias_changed = []  # per biased MoE layer: tokens whose experts the bias changed
+        self.balance_losses = []  # per MoE layer with a load-balance loss: its value (torch)
+        self.bias_counts = {}  # stored bias name -> choices per expert over the whole batch
 
     def stored(self, name, layer=0):
         """The dump's name of `name` in decoder layer `layer` (other names: as given)."""
@@ -420,6 +424,11 @@ class Reference:
         self.dropped.append(int((keep == 0).sum()))
         counts = np.bincount(order.reshape(-1), minlength=experts)
         self.loads.append(counts / (batch * length * top_k / experts))
+        if biased:
+            self.bias_counts[self.stored(f"{r}/moe/gate_bias", layer)] = counts
+        if self.args.load_balance_loss_weight > 0 and not hashed:
+            gate_logits = scores + self.w(f"{r}/moe/gate_bias", layer) if biased else scores
+            self.balance_losses.append(self.load_balance_loss(gate_logits, order, batch, length))
         # Every expert on every token (tiny sizes), then pick the chosen ones.
         gate_in = torch.einsum("te,xem->xtm", tokens, wi_0)
         up = torch.einsum("te,xem->xtm", tokens, wi_1)
@@ -444,6 +453,22 @@ class Reference:
                                          self.w(f"{r}/moe/shared/wo", layer))
         return combined.reshape(batch, length, embed)
 
+    def load_balance_loss(self, gate_logits, order, batch, length):
+        """MaxText's load-balance loss of one MoE layer (moe.py RoutedMoE.permute and
+        load_balance_loss, Switch Transformer's): p = softmax over experts of the gate's output
+        (the scores plus the bias when there is one); per sequence b, density[b, e] = the mean over
+        its tokens of how many of the token's choices are e, density_prob[b, e] = the mean over its
+        tokens of p[., e]; the loss is mean over (b, e) of density x density_prob, times E^2 w.
+        The means are over whole sequences and the whole batch (the unsharded step's reading)."""
+        experts = gate_logits.shape[-1]
+        probabilities = torch.softmax(gate_logits, dim=-1).reshape(batch, length, experts)
+        chosen = np.zeros((batch * length, experts))
+        np.add.at(chosen, (np.arange(batch * length)[:, None], order), 1.0)
+        density = torch.from_numpy(chosen.reshape(batch, length, experts).mean(axis=1))
+        density_prob = probabilities.mean(dim=1)
+        weight = self.args.load_balance_loss_weight
+        return (density * density_prob).mean() * experts**2 * weight
+
     def latent_moe_layer(self, x, layer):
         """MaxText's Qwen3CustomMoeDecoderLayer (models/qwen3_custom.py): the input RMSNorm, Qwen3
         attention (qk-norm, query_pre_attn_scalar head_dim^-0.5) whose out projection ends at
@@ -456,6 +481,7 @@ class Reference:
 
     def logits(self, tokens):
         batch, length = tokens.shape
+        self.balance_losses = []
         x = self.w("embed/token_embedding")[tokens]
         if self.family == "gpt3":
             x = x + self.w("embed/position_embedding")[torch.arange(length)][None]
@@ -479,7 +505,12 @@ class Reference:
     def loss(self, tokens, targets):
         log_probabilities = torch.log_softmax(self.logits(tokens), dim=-1)
         picked = log_probabilities.gather(-1, targets[..., None])[..., 0]
-        return -picked.mean()
+        loss = -picked.mean()
+        if self.balance_losses:
+            # MaxText's loss_fn (trainers/pre_train/train.py): plus the mean over the MoE layers
+            # that computed one (the hash-routed layers compute none) of their load-balance losses.
+            loss = loss + torch.stack(self.balance_losses).mean()
+        return loss
 
 
 def detect_family(names):
@@ -553,6 +584,12 @@ def main():
     parser.add_argument("--routed-bias", action="store_true",
                         help="deepseek4: the routers outside the hash layers add moe/gate_bias to "
                              "the scores to choose the experts (MaxText routed_bias)")
+    parser.add_argument("--load-balance-loss-weight", type=float, default=0.0,
+                        help="MoE: MaxText's load-balance loss weight w (the routers outside the "
+                             "hash layers add it); 0: none")
+    parser.add_argument("--routed-bias-update-rate", type=float, default=0.0,
+                        help="deepseek4 with --routed-bias: after AdamW each moe/gate_bias moves "
+                             "by rate x sign(T k / E - choices of e over the batch)")
     parser.add_argument("--first-num-hash-layers", type=int, default=0,
                         help="deepseek4: the first N MoE layers route by MaxText's tid2eid table")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
@@ -595,6 +632,7 @@ def main():
 
     # Forward and backward.
     loss = model.loss(tokens, targets)
+    balance = [value.item() for value in model.balance_losses]
     if family == "deepseek4":
         # The same model with DeepSeek-V4's interleaved RoPE layout and head_dim reordered in the
         # weights computes the same loss: the layout does not change what trains.
@@ -621,6 +659,13 @@ def main():
     for layer, changed in enumerate(model.bias_changed):
         print(f"# MoE layer with routed_bias {layer}: the bias changed the experts of {changed} "
               f"of {sequences * length} tokens")
+    if args.load_balance_loss_weight > 0:
+        if not balance:
+            print("FAIL routing   --load-balance-loss-weight given for a model without a routed "
+                  "MoE layer (nothing checked)")
+            report.failures += 1
+        values = " ".join(f"{value:.6e}" for value in balance)
+        print(f"# load-balance loss per routed MoE layer: {values} (their mean is in the loss)")
     if args.routed_bias and not any(model.bias_changed):
         print("FAIL routing   --routed-bias: the bias changed no token's experts (nothing checked)")
         report.failures += 1
@@ -672,6 +717,13 @@ def main():
         nu_hat = nu / (1.0 - args.b2**step_count)
         update = mu_hat / (np.sqrt(nu_hat + args.adam_eps_root) + args.adam_eps)
         new = initial[name] - learning_rate * (update + args.weight_decay * initial[name])
+        if args.routed_bias_update_rate > 0 and name in model.bias_counts:
+            # MaxText's routed_bias_update_rate (moe.py calculate_load_balance_updates, added to
+            # the bias after the optimizer step by train.py): rate x sign(T k / E - count_e), the
+            # counts over the whole batch's choices.
+            counts = model.bias_counts[name]
+            balanced = counts.sum() / counts.shape[0]
+            new = new + args.routed_bias_update_rate * np.sign(balanced - counts)
         report.check("mu", mu_name, updated_moments[mu_name], mu)
         report.check("nu", nu_name, updated_moments[nu_name], nu)
         report.check("updated", name, updated[name], new)
