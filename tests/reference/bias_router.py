@@ -9,15 +9,11 @@ at initialization, so the bias changes some of the top-k choices and not all of 
 reference prints how many). The checksums in state.json are recomputed (tpusim verifies them).
 """
 
-import json
-import os
-import shutil
-import struct
 import sys
 
 import numpy as np
 
-from imbalance_router import edit_tensors, rewrite_checksums
+from imbalance_router import copy_checkpoint, edit_tensors, rewrite_checksums
 
 STEP = 0.05
 
@@ -29,11 +25,7 @@ def bias_values(bias):
 
 def main():
     source, destination = sys.argv[1], sys.argv[2]
-    shutil.copytree(source, destination)
-    model = os.path.join(destination, "model.safetensors")
-    with open(model, "rb") as stream:
-        (header_size,) = struct.unpack("<Q", stream.read(8))
-        names = [n for n in json.loads(stream.read(header_size)) if n != "__metadata__"]
+    model, names = copy_checkpoint(source, destination)
     biases = [n for n in names if "/moe/gate_bias#" in n]
     if not biases:
         sys.exit(f"bias_router: {source} has no moe/gate_bias (train with routed_bias=true)")

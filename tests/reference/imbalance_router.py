@@ -42,13 +42,19 @@ def edit_tensors(path, edits):
     return header
 
 
-def main():
-    source, destination = sys.argv[1], sys.argv[2]
+def copy_checkpoint(source, destination):
+    """Copies checkpoint folder `source` to `destination`; returns (weights file, tensor names)."""
     shutil.copytree(source, destination)
     model = os.path.join(destination, "model.safetensors")
     with open(model, "rb") as stream:
         (header_size,) = struct.unpack("<Q", stream.read(8))
         names = [n for n in json.loads(stream.read(header_size)) if n != "__metadata__"]
+    return model, names
+
+
+def main():
+    source, destination = sys.argv[1], sys.argv[2]
+    model, names = copy_checkpoint(source, destination)
     gates = [n for n in names if "/moe/gate#" in n]
     if "embed/token_embedding#0" not in names or not gates:
         sys.exit(f"imbalance_router: {source} is not a MoE checkpoint with a token embedding")

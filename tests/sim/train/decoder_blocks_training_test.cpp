@@ -5,6 +5,7 @@
 // machine): labeled "slow".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -40,6 +41,23 @@ std::vector<std::string> deepseek4_tiny() {
           "mlp_activations_limit=-1",
           "sliding_window_size=8",
           "vocab_size=256"};
+}
+
+// `model` with each of `overrides` ("key=value") in place of the item that sets the same key, e.g.
+// with_overrides(deepseek4_tiny(), {"routed_bias=true"}) turns the preset's bias back on.
+std::vector<std::string> with_overrides(std::vector<std::string> model,
+                                        const std::vector<std::string>& overrides) {
+  for (const std::string& setting : overrides) {
+    const std::string key = setting.substr(0, setting.find('=') + 1);
+    const auto item = std::find_if(model.begin(), model.end(), [&](const std::string& entry) {
+      return entry.rfind(key, 0) == 0;
+    });
+    EXPECT_NE(item, model.end()) << key << " is not in the model";
+    if (item != model.end()) {
+      *item = setting;
+    }
+  }
+  return model;
 }
 
 // qwen3-custom-30b-a3b's layer at tiny size: 4 heads of 16 (2 kv heads) out to an
@@ -116,14 +134,8 @@ TEST(DecoderBlocksTraining, Deepseek4ShardedMatchesOneDevice) {
 // prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every
 // choice to expert 0, so under expert=2 one shard's experts get every token).
 TEST(DecoderBlocksTraining, Deepseek4ClipAndHashRoutingShardedMatchesOneDevice) {
-  std::vector<std::string> model = deepseek4_tiny();
-  for (std::string& item : model) {
-    if (item == "first_num_hash_layers=0") {
-      item = "first_num_hash_layers=1";
-    } else if (item == "mlp_activations_limit=-1") {
-      item = "mlp_activations_limit=0.3";
-    }
-  }
+  std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3"});
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
   model.emplace_back("base_num_kv_heads=2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
@@ -133,16 +145,9 @@ TEST(DecoderBlocksTraining, Deepseek4ClipAndHashRoutingShardedMatchesOneDevice) 
 // sqrt(softplus(logit)) weighted by a softmax over the chosen scores), the clip and a hash-routed
 // first layer as above.
 TEST(DecoderBlocksTraining, Deepseek4SqrtSoftplusRouterShardedMatchesOneDevice) {
-  std::vector<std::string> model = deepseek4_tiny();
-  for (std::string& item : model) {
-    if (item == "first_num_hash_layers=0") {
-      item = "first_num_hash_layers=1";
-    } else if (item == "mlp_activations_limit=-1") {
-      item = "mlp_activations_limit=0.3";
-    } else if (item == "routed_score_func=''") {
-      item = "routed_score_func=sqrtsoftplus";
-    }
-  }
+  std::vector<std::string> model = with_overrides(
+      deepseek4_tiny(),
+      {"first_num_hash_layers=1", "mlp_activations_limit=0.3", "routed_score_func=sqrtsoftplus"});
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
   model.emplace_back("base_num_kv_heads=2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
@@ -176,18 +181,9 @@ std::string write_biased_router_checkpoint(std::vector<std::string> model,
 // bias's gradient, 0, summed over the tokens' shards), from a non-zero bias, with the scores,
 // clip and hash-routed first layer (no bias there) of the preset as above.
 TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
-  std::vector<std::string> model = deepseek4_tiny();
-  for (std::string& item : model) {
-    if (item == "first_num_hash_layers=0") {
-      item = "first_num_hash_layers=1";
-    } else if (item == "mlp_activations_limit=-1") {
-      item = "mlp_activations_limit=0.3";
-    } else if (item == "routed_score_func=''") {
-      item = "routed_score_func=sqrtsoftplus";
-    } else if (item == "routed_bias=false") {
-      item = "routed_bias=true";
-    }
-  }
+  std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3",
+                                        "routed_score_func=sqrtsoftplus", "routed_bias=true"});
   const std::string checkpoint =
       write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
