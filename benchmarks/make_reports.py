@@ -557,8 +557,9 @@ def phase_table():
     names = list(dict.fromkeys(run["run_name"] for run in runs))
     lines = ["", "## One estimate, phase by phase", "",
              "`build/benchmarks/phase_probe --benchmark_repetitions=5` (medians): each phase of an "
-             "estimate of llama3.1-405b on tpu7x-18432 (per_device_batch_size=1, 8192 tokens, "
-             "remat_policy=full) timed alone on inputs built once. `simulate_step_lean` is the "
+             "estimate of llama3.1-405b on tpu7x-18432 (data 9 x fsdp 2048, "
+             "per_device_batch_size=1, 8192 tokens, remat_policy=full) timed alone on inputs built "
+             "once. `simulate_step_lean` is the "
              "scheduler with `PerfOptions::record_details = false` (times and FLOPs only, no "
              "breakdown, trace or profile): what `tpusim explore` runs per candidate.", "",
              "| phase | median µs (CPU) | median µs (wall) |", "|---|---|---|"]

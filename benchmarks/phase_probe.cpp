@@ -1,7 +1,7 @@
 // What one estimate costs, phase by phase: llama3.1-405b on tpu7x-18432 (9216 chips, 18432
-// devices), per_device_batch_size=1, max_target_length=8192, remat_policy=full. `tpusim explore`
-// runs these phases for every candidate config, so each one is timed alone, on inputs built once
-// outside the timed loop:
+// devices; ici_data_parallelism=9, so fsdp 2048 splits the embed dim), per_device_batch_size=1,
+// max_target_length=8192, remat_policy=full. `tpusim explore` runs these phases for every
+// candidate config, so each one is timed alone, on inputs built once outside the timed loop:
 //   slice_from_config    compile_topology -> Slice (chip catalog lookup, torus shape)
 //   place_mesh           the ici_*/dcn_* mesh resolved and placed on the torus
 //   build_training_step  forward graph, autodiff with remat, optimizer
@@ -37,9 +37,9 @@ struct Fixture {
   PerfOptions options;
 
   Fixture()
-      : config(Config::load(
-            "", {"model_name=llama3.1-405b", "compile_topology=tpu7x-18432",
-                 "per_device_batch_size=1", "max_target_length=8192", "remat_policy=full"})),
+      : config(Config::load("", {"model_name=llama3.1-405b", "compile_topology=tpu7x-18432",
+                                 "per_device_batch_size=1", "max_target_length=8192",
+                                 "remat_policy=full", "ici_data_parallelism=9"})),
         program(build_step_program(config)),
         rules(LogicalAxisRules::from_config(config)),
         options(perf_options_from_config(config, *program.slice.chip)) {}
