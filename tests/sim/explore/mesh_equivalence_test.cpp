@@ -42,6 +42,37 @@ const std::vector<std::vector<std::string>> kSettings = {
      "max_target_length=1024"},
 };
 
+// One of kSettings with what both comparisons build from it: its search space (batches up to 4
+// per device), rules, training steps, divisibility and the meshes' equivalence.
+struct Setting {
+  Config config;
+  SearchSpace space;
+  LogicalAxisRules rules;
+  TrainingStepCache steps;
+  Divisibility divisibility;
+  MeshEquivalence equivalence;
+
+  explicit Setting(const std::vector<std::string>& overrides)
+      : config(Config::load("", overrides)),
+        space(build_search_space(config, {.max_per_device_batch = 4})),
+        rules(LogicalAxisRules::from_config(config)),
+        steps(config, space),
+        divisibility(*steps.get(0, 0), rules),
+        equivalence({steps.get(0, TrainingStepCache::kNoRemat).get(), steps.get(0, 0).get()},
+                    rules) {}
+
+  // The meshes whose parameters divide, grouped by equivalence key.
+  std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups_by_key() const {
+    std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups;
+    for (const MeshShape& mesh : space.meshes) {
+      if (divisibility.parameters_divide(mesh)) {
+        groups[equivalence.key(mesh)].push_back(&mesh);
+      }
+    }
+    return groups;
+  }
+};
+
 StepProgram partitioned(const SearchSpace& space, TrainingStepCache& steps,
                         const LogicalAxisRules& rules, const MeshShape& mesh, size_t batch,
                         size_t remat) {
@@ -60,19 +91,13 @@ TEST(MeshEquivalence, MeshesOfOneKeyGiveTheSameProgramBoundsAndMemory) {
   std::mt19937 random(40);
   int compared = 0;
   for (const std::vector<std::string>& overrides : kSettings) {
-    const Config config = Config::load("", overrides);
-    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
-    const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
-    TrainingStepCache steps(config, space);
-    const Divisibility divisibility(*steps.get(0, 0), rules);
-    const MeshEquivalence equivalence(
-        {steps.get(0, TrainingStepCache::kNoRemat).get(), steps.get(0, 0).get()}, rules);
-    std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups;
-    for (const MeshShape& mesh : space.meshes) {
-      if (divisibility.parameters_divide(mesh)) {
-        groups[equivalence.key(mesh)].push_back(&mesh);
-      }
-    }
+    Setting setting(overrides);
+    const Config& config = setting.config;
+    const SearchSpace& space = setting.space;
+    const LogicalAxisRules& rules = setting.rules;
+    TrainingStepCache& steps = setting.steps;
+    const Divisibility& divisibility = setting.divisibility;
+    const auto groups = setting.groups_by_key();
     const CostContext base = perf_options_from_config(config, *space.slice.chip).cost;
     std::vector<CostContext> contexts = {base, base};
     contexts[0].flash_attention = true;
@@ -119,19 +144,14 @@ TEST(MeshEquivalence, RelabeledMeshTimesAnEquivalentMeshsProgram) {
   int exact = 0;
   double worst = 0;
   for (const std::vector<std::string>& overrides : kSettings) {
-    const Config config = Config::load("", overrides);
-    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
-    const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
-    TrainingStepCache steps(config, space);
-    const Divisibility divisibility(*steps.get(0, 0), rules);
-    const MeshEquivalence equivalence(
-        {steps.get(0, TrainingStepCache::kNoRemat).get(), steps.get(0, 0).get()}, rules);
-    std::map<std::vector<int64_t>, std::vector<const MeshShape*>> groups;
-    for (const MeshShape& mesh : space.meshes) {
-      if (divisibility.parameters_divide(mesh)) {
-        groups[equivalence.key(mesh)].push_back(&mesh);
-      }
-    }
+    Setting setting(overrides);
+    const Config& config = setting.config;
+    const SearchSpace& space = setting.space;
+    const LogicalAxisRules& rules = setting.rules;
+    TrainingStepCache& steps = setting.steps;
+    const Divisibility& divisibility = setting.divisibility;
+    const MeshEquivalence& equivalence = setting.equivalence;
+    const auto groups = setting.groups_by_key();
     const PerfOptions base = perf_options_from_config(config, *space.slice.chip);
     int in_setting = 0;
     for (const auto& [key, meshes] : groups) {
