@@ -27,9 +27,13 @@
 #include "sim/explore/training_step_cache.h"
 #include "sim/memory/memory_model.h"
 #include "sim/perf/step_simulator.h"
+#include "support/timing_variants.h"
 
 namespace tpusim {
 namespace {
+
+using testing::timing_variants;
+using testing::TimingVariant;
 
 const std::vector<std::vector<std::string>> kSettings = {
     {"model_name=tiny-llama", "compile_topology=v5e-8", "max_target_length=256"},
@@ -173,29 +177,23 @@ TEST(MeshEquivalence, RelabeledMeshTimesAnEquivalentMeshsProgram) {
       for (const std::vector<int>& placement : space.placements) {
         b.mesh = place_mesh(other, space.slice, placement);
         a.mesh = equivalence.relabeled(b.mesh, first);
-        for (const bool offload : {false, true}) {
-          for (const bool collective_matmul : {false, true}) {
-            PerfOptions options = base;
-            options.record_details = false;
-            options.sparse_core_offload = offload;
-            options.collective_matmul = collective_matmul;
-            const std::string where = overrides[0] + " " + first.describe() + " as " +
-                                      other.describe() + " offload " + std::to_string(offload) +
-                                      " cm " + std::to_string(collective_matmul);
-            const CollectiveBounds want = on_b.collective_bounds(options);
-            const CollectiveBounds got = on_a.collective_bounds(options);
-            const std::vector<std::pair<double, double>> pairs = {
-                {want.tensorcore_driven_seconds, got.tensorcore_driven_seconds},
-                {want.busiest_link_seconds, got.busiest_link_seconds},
-                {on_b.chain_bound(options), on_a.chain_bound(options)},
-                {on_b.run(options).step_seconds, on_a.run(options).step_seconds}};
-            for (const auto& [expected, actual] : pairs) {
-              const double error = std::abs(actual - expected) / std::max(1e-300, expected);
-              EXPECT_LE(error, 1e-12) << where << ": " << expected << " vs " << actual;
-              worst = std::max(worst, error);
-              exact += actual == expected ? 1 : 0;
-              ++compared;
-            }
+        for (const TimingVariant& variant : timing_variants(base)) {
+          const PerfOptions& options = variant.options;
+          const std::string where = overrides[0] + " " + first.describe() + " as " +
+                                    other.describe() + " " + variant.label;
+          const CollectiveBounds want = on_b.collective_bounds(options);
+          const CollectiveBounds got = on_a.collective_bounds(options);
+          const std::vector<std::pair<double, double>> pairs = {
+              {want.tensorcore_driven_seconds, got.tensorcore_driven_seconds},
+              {want.busiest_link_seconds, got.busiest_link_seconds},
+              {on_b.chain_bound(options), on_a.chain_bound(options)},
+              {on_b.run(options).step_seconds, on_a.run(options).step_seconds}};
+          for (const auto& [expected, actual] : pairs) {
+            const double error = std::abs(actual - expected) / std::max(1e-300, expected);
+            EXPECT_LE(error, 1e-12) << where << ": " << expected << " vs " << actual;
+            worst = std::max(worst, error);
+            exact += actual == expected ? 1 : 0;
+            ++compared;
           }
         }
       }

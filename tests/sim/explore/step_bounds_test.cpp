@@ -31,9 +31,13 @@
 #include "sharding/mesh.h"
 #include "sharding/step_program.h"
 #include "sim/perf/step_simulator.h"
+#include "support/timing_variants.h"
 
 namespace tpusim {
 namespace {
+
+using testing::timing_variants;
+using testing::TimingVariant;
 
 const std::vector<std::string> kPolicies = {"minimal_with_context", "minimal",
                                             "save_qkv_proj",        "save_dot_except_mlp",
@@ -75,7 +79,7 @@ struct Case {
   std::vector<std::string> keys;
 };
 
-class RematBoundsTest : public testing::TestWithParam<Case> {};
+class RematBoundsTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RematBoundsTest, BoundsHoldAndAreTight) {
   Config none_config = Config::load("", GetParam().keys);
@@ -112,7 +116,7 @@ TEST_P(RematBoundsTest, BoundsHoldAndAreTight) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, RematBoundsTest,
-    testing::Values(
+    ::testing::Values(
         Case{"Fsdp",
              {"model_name=llama2-7b", "compile_topology=v5p-8", "max_target_length=2048",
               "per_device_batch_size=2"}},
@@ -126,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"ExpertParallelMoe",
              {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024",
               "ici_fsdp_parallelism=2", "ici_expert_parallelism=4"}}),
-    [](const testing::TestParamInfo<Case>& param) { return param.param.name; });
+    [](const ::testing::TestParamInfo<Case>& param) { return param.param.name; });
 
 // v7x without the SparseCore offload: its all-gathers, reduce-scatters and all-reduces over ICI
 // (those not overlapped with a matmul) run on the TensorCore, so they add to its bound.
@@ -176,8 +180,7 @@ TEST(StepBounds, ASimulatorReusedAcrossPlacementsGivesAFreshOnesBounds) {
   for (const std::vector<std::string>& keys : cases) {
     const Config config = Config::load("", keys);
     StepProgram shared_program = build_step_program(config);
-    PerfOptions options = perf_options_from_config(config, *shared_program.slice.chip);
-    options.record_details = false;
+    const PerfOptions base = perf_options_from_config(config, *shared_program.slice.chip);
     StepSimulator shared(shared_program);  // reads shared_program.mesh as it is changed below
     int layouts = 0;
     for (const std::string first : {"tensor", "data", "fsdp", "tensor"}) {
@@ -185,21 +188,17 @@ TEST(StepBounds, ASimulatorReusedAcrossPlacementsGivesAFreshOnesBounds) {
           place_mesh(shared_program.mesh.shape, shared_program.slice, {mesh_axis_index(first)});
       StepProgram fresh_program = shared_program;
       ++layouts;
-      for (const bool offload : {false, true}) {
-        for (const bool collective_matmul : {false, true}) {
-          SCOPED_TRACE(keys[1] + " placed first " + first + " offload " + std::to_string(offload) +
-                       " cm " + std::to_string(collective_matmul));
-          options.sparse_core_offload = offload;
-          options.collective_matmul = collective_matmul;
-          StepSimulator fresh(fresh_program);
-          const CollectiveBounds want = fresh.collective_bounds(options);
-          const CollectiveBounds got = shared.collective_bounds(options);
-          EXPECT_EQ(got.tensorcore_driven_seconds, want.tensorcore_driven_seconds);
-          EXPECT_EQ(got.busiest_link_seconds, want.busiest_link_seconds);
-          EXPECT_EQ(shared.chain_bound(options), StepSimulator(fresh_program).chain_bound(options));
-          EXPECT_EQ(shared.run(options).step_seconds,
-                    StepSimulator(fresh_program).run(options).step_seconds);
-        }
+      for (const TimingVariant& variant : timing_variants(base)) {
+        SCOPED_TRACE(keys[1] + " placed first " + first + " " + variant.label);
+        const PerfOptions& options = variant.options;
+        StepSimulator fresh(fresh_program);
+        const CollectiveBounds want = fresh.collective_bounds(options);
+        const CollectiveBounds got = shared.collective_bounds(options);
+        EXPECT_EQ(got.tensorcore_driven_seconds, want.tensorcore_driven_seconds);
+        EXPECT_EQ(got.busiest_link_seconds, want.busiest_link_seconds);
+        EXPECT_EQ(shared.chain_bound(options), StepSimulator(fresh_program).chain_bound(options));
+        EXPECT_EQ(shared.run(options).step_seconds,
+                  StepSimulator(fresh_program).run(options).step_seconds);
       }
     }
     EXPECT_EQ(layouts, 4);
@@ -235,19 +234,13 @@ TEST(StepBounds, BusiestLinkNeverExceedsTheStep) {
   for (const std::vector<std::string>& keys : cases) {
     const Config config = Config::load("", keys);
     const StepProgram program = build_step_program(config);
-    PerfOptions options = perf_options_from_config(config, *program.slice.chip);
-    options.record_details = false;
     StepSimulator simulator(program);
-    for (const bool offload : {false, true}) {
-      for (const bool collective_matmul : {false, true}) {
-        SCOPED_TRACE(keys[0] + " " + keys[1] + " " + keys.back() + " offload " +
-                     std::to_string(offload) + " cm " + std::to_string(collective_matmul));
-        options.sparse_core_offload = offload;
-        options.collective_matmul = collective_matmul;
-        const double link = simulator.collective_bounds(options).busiest_link_seconds;
-        EXPECT_GT(link, 0);
-        EXPECT_LE(link, simulator.run(options).step_seconds * (1 + 1e-9));
-      }
+    for (const TimingVariant& variant :
+         timing_variants(perf_options_from_config(config, *program.slice.chip))) {
+      SCOPED_TRACE(keys[0] + " " + keys[1] + " " + keys.back() + " " + variant.label);
+      const double link = simulator.collective_bounds(variant.options).busiest_link_seconds;
+      EXPECT_GT(link, 0);
+      EXPECT_LE(link, simulator.run(variant.options).step_seconds * (1 + 1e-9));
     }
   }
 }
@@ -318,32 +311,26 @@ TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
                      program.accumulation_steps);
     StepSimulator none_simulator(none_program);
     StepSimulator simulator(program);
-    for (const bool offload : {false, true}) {
-      for (const bool collective_matmul : {false, true}) {
-        PerfOptions options = base;
-        options.record_details = false;
-        options.sparse_core_offload = offload;
-        options.collective_matmul = collective_matmul;
-        const CollectiveBounds from_none = none_simulator.collective_bounds(options);
-        const CollectiveBounds own = simulator.collective_bounds(options);
-        std::string where;
-        for (const std::string& key : keys) {
-          where += key + " ";
-        }
-        SCOPED_TRACE(where + policy + " offload " + std::to_string(offload) + " cm " +
-                     std::to_string(collective_matmul));
-        EXPECT_LE(from_none.tensorcore_driven_seconds, own.tensorcore_driven_seconds * (1 + 1e-12));
-        EXPECT_LE(from_none.busiest_link_seconds, own.busiest_link_seconds * (1 + 1e-12));
-        const double none_chains = none_simulator.chain_bound(options, none_compute.op_seconds);
-        for (size_t context = 0; context < contexts.size(); ++context) {
-          options.cost = contexts[context];
-          const double bound = std::max(compute[context] + from_none.tensorcore_driven_seconds,
-                                        from_none.busiest_link_seconds);
-          const double step = simulator.run(options).step_seconds;
-          EXPECT_LE(bound, step * (1 + 1e-9)) << context;
-          EXPECT_LE(none_chains, step * (1 + 1e-12)) << context;
-          ++checked;
-        }
+    std::string where;
+    for (const std::string& key : keys) {
+      where += key + " ";
+    }
+    for (const TimingVariant& variant : timing_variants(base)) {
+      PerfOptions options = variant.options;
+      const CollectiveBounds from_none = none_simulator.collective_bounds(options);
+      const CollectiveBounds own = simulator.collective_bounds(options);
+      SCOPED_TRACE(where + policy + " " + variant.label);
+      EXPECT_LE(from_none.tensorcore_driven_seconds, own.tensorcore_driven_seconds * (1 + 1e-12));
+      EXPECT_LE(from_none.busiest_link_seconds, own.busiest_link_seconds * (1 + 1e-12));
+      const double none_chains = none_simulator.chain_bound(options, none_compute.op_seconds);
+      for (size_t context = 0; context < contexts.size(); ++context) {
+        options.cost = contexts[context];
+        const double bound = std::max(compute[context] + from_none.tensorcore_driven_seconds,
+                                      from_none.busiest_link_seconds);
+        const double step = simulator.run(options).step_seconds;
+        EXPECT_LE(bound, step * (1 + 1e-9)) << context;
+        EXPECT_LE(none_chains, step * (1 + 1e-12)) << context;
+        ++checked;
       }
     }
   }
@@ -385,25 +372,19 @@ TEST(StepBounds, ChainBoundNeverExceedsTheStep) {
     for (const std::string& key : keys) {
       where += key + " ";
     }
-    for (const bool offload : {false, true}) {
-      for (const bool collective_matmul : {false, true}) {
-        PerfOptions options = base;
-        options.record_details = false;
-        options.sparse_core_offload = offload;
-        options.collective_matmul = collective_matmul;
-        const double any_context = simulator.chain_bound(options, contexts);
-        for (size_t context = 0; context < contexts.size(); ++context) {
-          SCOPED_TRACE(where + "offload " + std::to_string(offload) + " cm " +
-                       std::to_string(collective_matmul) + " context " + std::to_string(context));
-          options.cost = contexts[context];
-          const double chain = simulator.chain_bound(options);
-          const double step = simulator.run(options).step_seconds;
-          EXPECT_LE(chain, step * (1 + 1e-12));
-          EXPECT_GE(chain, compute[context] * (1 - 1e-12));
-          EXPECT_LE(any_context, chain * (1 + 1e-12));
-          least_ratio = std::min(least_ratio, chain / step);
-          ++checked;
-        }
+    for (const TimingVariant& variant : timing_variants(base)) {
+      PerfOptions options = variant.options;
+      const double any_context = simulator.chain_bound(options, contexts);
+      for (size_t context = 0; context < contexts.size(); ++context) {
+        SCOPED_TRACE(where + variant.label + " context " + std::to_string(context));
+        options.cost = contexts[context];
+        const double chain = simulator.chain_bound(options);
+        const double step = simulator.run(options).step_seconds;
+        EXPECT_LE(chain, step * (1 + 1e-12));
+        EXPECT_GE(chain, compute[context] * (1 - 1e-12));
+        EXPECT_LE(any_context, chain * (1 + 1e-12));
+        least_ratio = std::min(least_ratio, chain / step);
+        ++checked;
       }
     }
   }

@@ -16,6 +16,7 @@
 #include "sim/perf/op_cost.h"
 #include "sim/perf/step_simulator.h"
 #include "sim/perf/timeline.h"
+#include "support/timing_variants.h"
 
 namespace tpusim {
 namespace {
@@ -474,21 +475,17 @@ TEST(StepSimulator, EveryRunEqualsAFreshSimulation) {
       program.mesh = data_first;
     }
     for (const bool flash : {true, false, true}) {
-      for (const bool offload : {false, true}) {
-        for (const bool collective_matmul : {false, true}) {
-          PerfOptions options = base;
-          options.cost.flash_attention = flash;
-          options.cost.block_q = flash ? 1024 : options.cost.block_q;
-          options.sparse_core_offload = offload;
-          options.collective_matmul = collective_matmul;
-          options.record_details = collective_matmul;
-          const StepTiming prepared = simulator.run(options);
-          const StepTiming fresh = simulate_step(program, options);
-          EXPECT_EQ(prepared.step_seconds, fresh.step_seconds);
-          EXPECT_EQ(prepared.hardware_matmul_flops, fresh.hardware_matmul_flops);
-          EXPECT_EQ(prepared.breakdown, fresh.breakdown);
-          ++runs;
-        }
+      for (const testing::TimingVariant& variant : testing::timing_variants(base)) {
+        PerfOptions options = variant.options;
+        options.cost.flash_attention = flash;
+        options.cost.block_q = flash ? 1024 : options.cost.block_q;
+        options.record_details = options.collective_matmul;
+        const StepTiming prepared = simulator.run(options);
+        const StepTiming fresh = simulate_step(program, options);
+        EXPECT_EQ(prepared.step_seconds, fresh.step_seconds);
+        EXPECT_EQ(prepared.hardware_matmul_flops, fresh.hardware_matmul_flops);
+        EXPECT_EQ(prepared.breakdown, fresh.breakdown);
+        ++runs;
       }
     }
   }
