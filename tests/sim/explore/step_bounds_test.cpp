@@ -290,7 +290,7 @@ TEST(StepBounds, BoundFromNoneNeverExceedsAPolicysStep) {
     keys.insert(keys.end(), mesh.begin(), mesh.end());
     keys.push_back("per_device_batch_size=" + std::to_string(1 + random() % 2));
     keys.push_back("gradient_accumulation_steps=" + std::to_string(1 + random() % 2));
-    const std::string policy = kPolicies[random() % kPolicies.size()];
+    const std::string& policy = kPolicies[random() % kPolicies.size()];
     Config none_config = Config::load("", keys);
     none_config.set("remat_policy", "none", "test");
     Config config = none_config;
@@ -347,7 +347,7 @@ TEST(StepBounds, ChainBoundNeverExceedsTheStep) {
   std::vector<std::vector<std::string>> meshes = random_candidate_meshes();
   meshes.push_back({"ici_fsdp_parallelism=-1", "ici_tensor_sequence_parallelism=2"});
   std::vector<std::string> policies = kPolicies;
-  policies.push_back("none");
+  policies.emplace_back("none");
   std::mt19937 random(51);
   int checked = 0;
   double least_ratio = 1;

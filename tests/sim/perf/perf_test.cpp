@@ -285,7 +285,8 @@ TEST(Scheduler, CollectiveTakesItsShareOfCompute) {
 }
 
 TEST(Scheduler, WeightGatherPartlyExposed) {
-  const TinyProgram tiny = tiny_program(4096 * 64, false);  // a huge weight: gather > compute_a
+  const TinyProgram tiny =
+      tiny_program(int64_t{4096} * 64, false);  // a huge weight: gather > compute_a
   ASSERT_GT(tiny.gather, tiny.compute_a);
   const StepTiming timing = simulate_step(tiny.program, plain_options(tiny.program));
   // The gather starts with the step (it depends only on a parameter); b waits for its end.
