@@ -381,10 +381,7 @@ int64_t SearchSpace::size() const {
          candidates_per_mesh_and_batch();
 }
 
-namespace {
-
-// UserError for limits out of range.
-void check_limits(const ExploreLimits& limits) {
+void check_explore_limits(const ExploreLimits& limits) {
   // Written so NaN fails too. The largest batch bounds the search's loop (1e309 was an endless
   // loop); below the smallest candidate (1/64) nothing would be searched.
   constexpr double kSmallestBatch = 1.0 / 64;
@@ -403,6 +400,8 @@ void check_limits(const ExploreLimits& limits) {
                     " must be 0 (search the batch) or a number of sequences");
   }
 }
+
+namespace {
 
 // Every mesh: the pinned axes keep their size, the searched ones factorize what is left (ICI
 // within a slice, DCN across slices); data- and fsdp-parallel meshes first.
@@ -545,7 +544,7 @@ void add_placements(const Config& config, const SearchKeys& given, SearchSpace& 
 }  // namespace
 
 SearchSpace build_search_space(const Config& config, const ExploreLimits& limits) {
-  check_limits(limits);
+  check_explore_limits(limits);
   SearchSpace space;
   space.slice = slice_from_config(config);
   const SearchKeys given = search_keys_from_config(config);

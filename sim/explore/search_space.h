@@ -106,4 +106,9 @@ struct SearchSpace {
 // per_device_batch_size that contradicts the global batch, limits out of range).
 SearchSpace build_search_space(const Config& config, const ExploreLimits& limits);
 
+// UserError naming the option when a limit is out of range (--max-per-device-batch from 1/64 to
+// 65536, --min-hbm-headroom from 0 to below 1, --global-batch-size 0 or more); build_search_space
+// checks it, and `tpusim plan` before it searches any slice.
+void check_explore_limits(const ExploreLimits& limits);
+
 }  // namespace tpusim

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "hw/slice.h"
 #include "model/config.h"
+#include "sim/explore/search_space.h"
 #include "sim/explore/worker_result.h"
 #include "sim/plan/pareto_front.h"
 #include "sim/plan/plan_settings.h"
@@ -124,6 +125,9 @@ void check_request(const Config& config, const PlanRequest& request) {
   if (request.objective == PlanObjective::kCost && !request.prices) {
     throw UserError("--objective cost: needs --prices FILE (configs/prices.example.yml)");
   }
+  // Refused here, not slice by slice: a limit out of range is the same mistake on every slice.
+  check_explore_limits({.max_per_device_batch = request.max_per_device_batch,
+                        .min_hbm_headroom = request.min_hbm_headroom});
 }
 
 std::vector<Pending> pending_slices(const Config& config, const PlanRequest& request) {
