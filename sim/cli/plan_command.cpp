@@ -17,6 +17,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/suffixed_count.h"
 #include "model/config.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/command_json.h"

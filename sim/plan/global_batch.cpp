@@ -10,6 +10,7 @@
 #include "common/csv.h"
 #include "common/embedded_files.h"
 #include "common/error.h"
+#include "common/suffixed_count.h"
 #include "hw/slice.h"
 
 namespace tpusim {
@@ -60,29 +61,6 @@ double row_batch_tokens(const std::string& args) {
 }
 
 }  // namespace
-
-std::optional<double> parse_suffixed_count(const std::string& text, std::string_view suffixes) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (used + 1 == text.size()) {
-    const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
-    const size_t power = std::string_view("KMGT").find(suffix);
-    if (power != std::string_view::npos && suffixes.find(suffix) != std::string_view::npos) {
-      constexpr double kScale[] = {1e3, 1e6, 1e9, 1e12};
-      value *= kScale[power];
-      ++used;
-    }
-  }
-  if (used != text.size() || !std::isfinite(value)) {
-    return std::nullopt;
-  }
-  return value;
-}
 
 GlobalBatchRange parse_global_batch_range(const std::string& text) {
   const size_t dash = text.find('-', 1);
@@ -157,7 +135,7 @@ std::string tokens_text(double tokens) {
   } else if (tokens >= 1e6) {
     std::snprintf(text, sizeof(text), "%.3gM", tokens / 1e6);
   } else {
-    std::snprintf(text, sizeof(text), "%.0f", tokens);
+    std::snprintf(text, sizeof(text), "%.6g", tokens);  // 65536, or 0.5 as typed
   }
   return text;
 }

@@ -30,11 +30,6 @@ struct GlobalBatchRange {
 // "1e6-16e6", "4194304", "2M-8M" (K, M, G suffixes); UserError naming the value.
 GlobalBatchRange parse_global_batch_range(const std::string& text);
 
-// A finite number with an optional suffix among `suffixes` (K, M, G, T: powers of 1000), as the
-// plan options write counts: "2e12", "1.5T", "4M"; nullopt when `text` is not one. Its sign is
-// the caller's to check.
-std::optional<double> parse_suffixed_count(const std::string& text, std::string_view suffixes);
-
 GlobalBatchRange default_global_batch_range(const std::string& model_name);
 
 // Sequences per optimizer step; UserError when the range holds no whole sequence.

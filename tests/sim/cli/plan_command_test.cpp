@@ -52,6 +52,10 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
                     "'v9z'");
   expect_user_error({"plan", "model_name=tiny-llama", "--tokens", "-5"}, "--tokens");
   expect_user_error({"plan", "model_name=tiny-llama", "--tokens", "lots"}, "'lots'");
+  expect_user_error({"plan", "model_name=tiny-llama", "--tokens", " 5"}, "' 5'");
+  expect_user_error(
+      {"plan", "model_name=tiny-llama", "--tokens", "1e9", "--global-batch-tokens", "0.5"},
+      "0.5-0.5 holds no whole number");
   expect_user_error(toy_with({"--deadline", "soon"}), "'soon'");
   expect_user_error(toy_with({"--deadline", "30y"}), "'30y'");
   expect_user_error(toy_with({"--objective", "speed"}), "'speed'");
@@ -66,6 +70,9 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
   const std::string negative =
       write_temp("plan_negative_prices.yml", "hardware:\n  v5e: {per: chip_hour, spot: -1}\n");
   expect_user_error(toy_with({"--prices", negative}), "hardware.v5e.spot");
+  // Search limits are refused before any slice is searched (not noted slice by slice, exit 0).
+  expect_user_error(toy_with({"--min-hbm-headroom", "1.5"}), "--min-hbm-headroom: 1.5");
+  expect_user_error(toy_with({"--max-per-device-batch", "-1"}), "--max-per-device-batch: -1");
 }
 
 TEST(PlanCommand, JsonCsvAndHtml) {
