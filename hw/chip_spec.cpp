@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/suggest.h"
 #include "common/yaml_text.h"
+#include "hw/matmul_format.h"
 
 namespace tpusim {
 namespace {
@@ -270,10 +271,11 @@ double ChipSpec::hbm_usable_bytes_per_device() const {
 }
 
 double ChipSpec::peak_flops_for_quantization(const std::string& quantization) const {
-  if ((quantization == "int8" || quantization == "intmp") && peak_int8_tops > 0) {
+  const MatmulFormat format = matmul_format(quantization);
+  if (format == MatmulFormat::kInt8 && peak_int8_tops > 0) {
     return peak_int8_tops * 1e12;
   }
-  if (quantization.rfind("fp8", 0) == 0 && peak_fp8_tflops > 0) {
+  if (format == MatmulFormat::kFp8 && peak_fp8_tflops > 0) {
     return peak_fp8_tflops * 1e12;
   }
   return peak_bf16_tflops * 1e12;

@@ -1,6 +1,7 @@
 #include "model/config_rules.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <iomanip>
@@ -52,7 +53,7 @@ const std::vector<EnumRule>& enum_rules() {
       {"weight_dtype", {"bfloat16", "float32", "float16"}},
       {"grad_dtype", {"bfloat16", "float32", "float16"}},
       {"mu_dtype", {"", "bfloat16", "float32"}},
-      {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8", "fp4", "int4"}},
+      {"quantization", {"", "int8", "intmp", "fp8", "fp8_full", "nanoo_fp8"}},
       {"decoder_block", decoder_block_names()},  // model/decoder_family.cpp
       {"opt_type", {"adamw", "adam_pax", "sgd"}},
       {"dataset_type", {"synthetic", "text", "jsonl", "tfds", "hf", "grain"}},
@@ -196,8 +197,21 @@ const std::vector<std::string> kUnmodeledGpuQuantizations = {
     "fp8_gpu",  "te_fp8_delayedscaling", "te_fp8_currentscaling", "te_mxfp8",
     "te_nvfp4", "te_nvfp4_no_rht"};
 
+// MaxText's 4-bit quantization values (base.yml lists int4 and fp4): no chip table here gives a
+// 4-bit matmul rate or says how the narrower weights are read, so they are refused by name rather
+// than priced as bf16 without a word (they were, before).
+const std::vector<std::string> kUnmodeledFourBitQuantizations = {"int4", "fp4"};
+
 void check_enum(const Config& config, const EnumRule& rule) {
   const std::string value = config.get_string(rule.key);
+  if (rule.key == "quantization" &&
+      std::find(kUnmodeledFourBitQuantizations.begin(), kUnmodeledFourBitQuantizations.end(),
+                value) != kUnmodeledFourBitQuantizations.end()) {
+    throw UserError("quantization: '" + value +
+                        "' (4-bit) is not modeled: tpusim prices matmuls in bf16, int8 (int8, "
+                        "intmp) or fp8 (fp8, fp8_full, nanoo_fp8)",
+                    rule.key);
+  }
   if (rule.key == "quantization" &&
       std::find(kUnmodeledGpuQuantizations.begin(), kUnmodeledGpuQuantizations.end(), value) !=
           kUnmodeledGpuQuantizations.end()) {
@@ -220,6 +234,54 @@ void check_range(const Config& config, const RangeRule& rule) {
     throw UserError(rule.key + ": " + format_number(value) + " is out of range (" +
                     (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) +
                     " and <= " + format_number(rule.max) + ")");
+  }
+}
+
+// qwix's calibration methods as its calibrate() parses them (qwix/_src/core/qarray.py:
+// "<method>[,<args>]", case-insensitive, the args floats): minmax and absmax take an optional
+// scale factor, rms needs one, fixed takes a bound or a range that holds 0 and is not empty.
+// MaxText passes the three *_quantization_calibration_method keys to qwix as they are, so a value
+// qwix would refuse is refused here by its key.
+void check_calibration_method(const Config& config, const std::string& key) {
+  const std::string value = config.get_string(key);
+  std::string lowered = value;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
+                 [](unsigned char letter) { return static_cast<char>(std::tolower(letter)); });
+  std::vector<std::string> parts;
+  std::stringstream stream(lowered);
+  for (std::string part; std::getline(stream, part, ',');) {
+    parts.push_back(part);
+  }
+  const std::string method = parts.empty() ? "" : parts.front();
+  std::vector<double> args;
+  for (size_t index = 1; index < parts.size(); ++index) {
+    double number = 0;
+    const char* end = parts[index].data() + parts[index].size();
+    const auto [stop, error] = std::from_chars(parts[index].data(), end, number);
+    if (error != std::errc() || stop != end || !std::isfinite(number)) {
+      throw UserError(key + ": '" + value + "': '" + parts[index] + "' is not a number", key);
+    }
+    args.push_back(number);
+  }
+  static const std::vector<std::string> kMethods = {"absmax", "minmax", "rms", "fixed"};
+  if (std::find(kMethods.begin(), kMethods.end(), method) == kMethods.end()) {
+    throw UserError(key + ": '" + value + "' is not a qwix calibration method (" + join(kMethods) +
+                        ", e.g. absmax or fixed,-224,224)" + did_you_mean(method, kMethods),
+                    key);
+  }
+  if (method == "rms" && args.empty()) {
+    throw UserError(key + ": '" + value + "': rms needs a scale factor (e.g. rms,3)", key);
+  }
+  if (method == "fixed") {
+    if (args.size() == 1) {
+      args = {-args.front(), args.front()};
+    }
+    if (args.size() != 2 || args[0] > 0 || args[1] < 0 || args[0] >= args[1]) {
+      throw UserError(key + ": '" + value +
+                          "': fixed needs a range that holds 0 and is not empty (e.g. "
+                          "fixed,-224,224 or fixed,224)",
+                      key);
+    }
   }
 }
 
@@ -295,6 +357,11 @@ void check_cross_key_rules(const Config& config) {
                           "): the Gated DeltaNet layers cut the sequence into whole chunks",
                       "gdn_chunk_size");
     }
+  }
+  for (const char* key :
+       {"weight_quantization_calibration_method", "act_quantization_calibration_method",
+        "bwd_quantization_calibration_method"}) {
+    check_calibration_method(config, key);
   }
   const double sequence = static_cast<double>(config.get_int("max_target_length"));
   if (config.get_float("per_device_batch_size") * sequence < 1.0) {

@@ -3,13 +3,14 @@
 //   tpusim op all_gather bytes=33554432 axes=fsdp compile_topology=v5e-32 ici_fsdp_parallelism=4
 //             ici_data_parallelism=-1
 //   tpusim op matmul m=65536 k=3072 n=2048 groups=128 wi_tile_fwd_batch_seq=256
-//             compile_topology=v7x-1
+//             compile_topology=tpu7x-2
 // KIND is matmul, all_gather, reduce_scatter, all_reduce or all_to_all. Op keys (m, n, k, groups,
 // bytes, axes) are read first; groups=G makes the matmul a dropless MoE grouped matmul (tokamax's
 // gmm_v2, the kernel the published grouped-matmul benchmarks time: G experts of m / G rows, tiled
 // by the config's wi_tile_fwd_* keys, a fixed cost per pipeline grid step); every other key=value
 // is a MaxText config override (the slice, the mesh). A standalone op also pays the chip's
 // dispatch_overhead_us, as a timed jitted call does.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -19,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/suggest.h"
+#include "hw/matmul_format.h"
 #include "model/config.h"
 #include "model/ir/graph.h"
 #include "sharding/step_program.h"
@@ -163,8 +165,8 @@ nlohmann::json time_matmul(const std::map<std::string, std::string>& op_keys, co
   CostContext context;
   context.chip = &chip;
   context.mechanisms = mechanisms;
-  context.int8_matmuls = quantization == "int8";
-  context.fp8_matmuls = quantization.rfind("fp8", 0) == 0;
+  context.int8_matmuls = matmul_format(quantization) == MatmulFormat::kInt8;
+  context.fp8_matmuls = matmul_format(quantization) == MatmulFormat::kFp8;
   // A lone matmul is a forward pass; with a bf16 dtype its operands pay the quantize pass.
   context.quantized_pass[static_cast<size_t>(MatmulPass::kForward)] =
       context.int8_matmuls || context.fp8_matmuls;
@@ -193,6 +195,11 @@ nlohmann::json time_collective(const std::string& kind,
     const size_t comma = std::min(text.find(',', start), text.size());
     const std::string axis = text.substr(start, comma - start);
     mesh_axis_index(axis);  // UserError with a suggestion when unknown
+    if (std::find(axes.begin(), axes.end(), axis) != axes.end()) {
+      throw UserError(
+          "axes=" + text + ": '" + axis + "' is named twice (a group spans each axis once)",
+          "axes");
+    }
     axes.push_back(axis);
     start = comma + 1;
   }
@@ -235,13 +242,21 @@ nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& 
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
     throw UserError("op: unknown kind '" + kind + "'" + did_you_mean(kind, kinds));
   }
-  static const std::vector<std::string> kOpKeys = {"m", "n", "k", "groups", "bytes", "axes"};
+  static const std::vector<std::string> kMatmulKeys = {"m", "n", "k", "groups"};
+  static const std::vector<std::string> kCollectiveKeys = {"bytes", "axes"};
+  const std::vector<std::string>& own_keys = kind == "matmul" ? kMatmulKeys : kCollectiveKeys;
+  const std::vector<std::string>& other_keys = kind == "matmul" ? kCollectiveKeys : kMatmulKeys;
   std::map<std::string, std::string> op_keys;
   std::vector<std::string> overrides;
   for (const std::string& arg : args) {
     const auto [key, value] = split_override(arg);
-    if (std::find(kOpKeys.begin(), kOpKeys.end(), key) != kOpKeys.end()) {
+    if (std::find(own_keys.begin(), own_keys.end(), key) != own_keys.end()) {
       op_keys[key] = value;
+    } else if (std::find(other_keys.begin(), other_keys.end(), key) != other_keys.end()) {
+      throw UserError("op " + kind + ": " + key + "= is a key of " +
+                          (kind == "matmul" ? "a collective" : "a matmul") +
+                          ", not read here (matmul: m, n, k, groups; collectives: bytes, axes)",
+                      key);
     } else {
       overrides.push_back(arg);
     }

@@ -72,8 +72,10 @@ struct CostContext {
   int64_t local_block_kv_compute = 0;
   int64_t local_block_kv_dkv = 0;
   int64_t local_block_kv_dkv_compute = 0;
-  bool int8_matmuls = false;  // quantization=int8 on chips with int8 MXUs
-  bool fp8_matmuls = false;   // quantization=fp8* on chips with fp8 MXUs
+  // The quantization's matmul format (hw/matmul_format.h: int8 and intmp, or fp8, fp8_full and
+  // nanoo_fp8); a chip without that MXU rate runs them at its bf16 peak.
+  bool int8_matmuls = false;
+  bool fp8_matmuls = false;
   // Which weight matmuls a quantization runs narrow (and pays a quantize pass for), by
   // MatmulPass: fp8 and AQT int8 all three (int8 leaves drhs bf16 when
   // quantization_local_shard_count=0). Attention kernels stay bf16.

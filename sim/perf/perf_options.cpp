@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <cctype>
 #include <string>
 
 #include "hw/chip_spec.h"
+#include "hw/matmul_format.h"
 #include "model/config.h"
 #include "model/config_rules.h"
 #include "sim/perf/step_simulator.h"
@@ -27,8 +29,8 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.local_block_kv_dkv_compute =
       optional_positive_int(config, "local_sa_block_kv_dkv_compute");
   const std::string quantization = config.get_string("quantization");
-  options.cost.int8_matmuls = quantization == "int8" || quantization == "intmp";
-  options.cost.fp8_matmuls = quantization.rfind("fp8", 0) == 0 || quantization == "nanoo_fp8";
+  options.cost.int8_matmuls = matmul_format(quantization) == MatmulFormat::kInt8;
+  options.cost.fp8_matmuls = matmul_format(quantization) == MatmulFormat::kFp8;
   // fp8 runs all three passes in fp8 (e4m3 forward, e5m2 gradients). MaxText's AQT int8
   // (quantizations.py _get_int8_quant_config) quantizes forward and dlhs, and the weight gradient
   // (drhs) too unless quantization_local_shard_count is 0 (its default -1 becomes the number of
@@ -46,8 +48,14 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
       options.cost.fp8_matmuls || int8_weight_grad;
   // AQT int8 rounds gradients stochastically (config_v3 with rng_type="jax.uniform").
   options.cost.stochastic_rounding_gradients = aqt_int8;
+  // Only a fixed range needs no pass over the tensor (qwix calibrate(); the method name is
+  // case-insensitive there, and model/config_rules.cpp has refused what qwix would not parse).
   auto dynamic = [&config](const char* key) {
-    return config.get_string(key).rfind("fixed", 0) != 0;
+    const std::string method = config.get_string(key);
+    return method.size() < 5 ||
+           !std::equal(method.begin(), method.begin() + 5, "fixed", [](char a, char b) {
+             return std::tolower(static_cast<unsigned char>(a)) == b;
+           });
   };
   options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
   options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");

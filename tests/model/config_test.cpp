@@ -167,6 +167,26 @@ TEST(Config, OutOfRangeAndAbsurdValuesAreRejected) {
   }
 }
 
+// The calibration methods are qwix's (calibrate() in qwix/_src/core/qarray.py): a value qwix
+// would refuse is refused by its key, and the forms the published fp8 recipes use load.
+TEST(Config, QuantizationCalibrationMethodsAreQwixs) {
+  for (const std::string text :
+       {"weight_quantization_calibration_method=bogus", "act_quantization_calibration_method=fixed",
+        "bwd_quantization_calibration_method=rms",
+        "weight_quantization_calibration_method=fixed,1,-1",
+        "act_quantization_calibration_method=absmax,x", "quantization=int4", "quantization=fp4"}) {
+    const std::string key = text.substr(0, text.find('='));
+    const std::string message = error_of({text});
+    EXPECT_NE(message.find(key), std::string::npos) << text << " -> " << message;
+  }
+  for (const std::string text : {"weight_quantization_calibration_method=fixed,-224,224",
+                                 "act_quantization_calibration_method=FIXED,224",
+                                 "bwd_quantization_calibration_method=rms,3",
+                                 "weight_quantization_calibration_method=minmax"}) {
+    EXPECT_EQ(error_of({text}), "") << text;
+  }
+}
+
 // Red-team item 7: compile_topology_num_slices=4294967298 was narrowed to an int (2 slices). Every
 // int key is range-checked before any use narrows it: the slice count against parse_slice's bound,
 // the rest against 32 bits unless they are step counts or seeds, read as 64-bit.

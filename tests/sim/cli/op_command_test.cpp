@@ -38,10 +38,10 @@ TEST(OpCommand, MatmulAndCollectives) {
   EXPECT_EQ(nlohmann::json::parse(gather.out)["group_size"], 4);
 }
 
-// groups=G times a dropless MoE grouped matmul (megablox, balanced groups): on v5p, groups of 128
-// rows in 256-row tiles compute every tile half empty, so the op takes longer than in 128-row
-// tiles (tokamax PR #1221 measures 1.8-1.9x as long; the model 1.34x, as the 128-row tiles are
-// bound by reading the experts' weights); both time the same useful FLOPs.
+// groups=G times a dropless MoE grouped matmul (tokamax's gmm_v2, balanced groups): on v5p, groups
+// of 128 rows in 256-row tiles compute every tile half empty, so the op takes longer than in
+// 128-row tiles (tokamax PR #1221 measures 1.8-1.9x as long; the model 1.34x, as the 128-row tiles
+// are bound by reading the experts' weights); both time the same useful FLOPs.
 TEST(OpCommand, GroupedMatmulPadsShortGroupsToTheRowTile) {
   auto time = [](const char* tile) {
     const auto run =
@@ -68,6 +68,35 @@ TEST(OpCommand, BadInputExits2) {
   expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdpp"}, "fsdpp");
   expect_user_error({"op", "all_gather", "axes=fsdp"}, "bytes");
   expect_user_error({"op", "all_gather", "bytes=100", "axes=tensor"}, "tensor");
+  expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdp,fsdp", "compile_topology=v5e-8",
+                     "ici_fsdp_parallelism=8"},
+                    "'fsdp' is named twice");
+  // A key of the other kind is refused, not dropped.
+  expect_user_error({"op", "matmul", "m=8", "n=8", "k=8", "bytes=5"}, "bytes=");
+  expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdp", "m=8"}, "m=");
+  expect_user_error({"op", "matmul", "m=8", "n=8", "k=8", "quantization=int4"}, "int4");
+}
+
+// Each quantization value runs in one format everywhere (hw/matmul_format.h): intmp is AQT int8
+// and nanoo_fp8 an fp8, in the time and in the peak it is a percentage of.
+TEST(OpCommand, QuantizationAliasesTimeAsTheirFormat) {
+  auto run = [](const std::string& topology, const std::string& quantization) {
+    const auto result =
+        run_tpusim({"op", "matmul", "m=8192", "n=8192", "k=8192", "compile_topology=" + topology,
+                    "quantization=" + quantization, "--json"});
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    return nlohmann::json::parse(result.out);
+  };
+  const nlohmann::json int8 = run("v5e-1", "int8");
+  const nlohmann::json intmp = run("v5e-1", "intmp");
+  EXPECT_EQ(intmp["seconds"], int8["seconds"]);
+  EXPECT_EQ(intmp["percent_of_peak"], int8["percent_of_peak"]);
+  EXPECT_LT(int8["seconds"].get<double>(), run("v5e-1", "")["seconds"].get<double>());
+  const nlohmann::json fp8 = run("tpu7x-2", "fp8");
+  const nlohmann::json nanoo = run("tpu7x-2", "nanoo_fp8");
+  EXPECT_EQ(nanoo["seconds"], fp8["seconds"]);
+  EXPECT_EQ(nanoo["percent_of_peak"], fp8["percent_of_peak"]);
+  EXPECT_LT(fp8["seconds"].get<double>(), run("tpu7x-2", "")["seconds"].get<double>());
 }
 
 }  // namespace
