@@ -175,9 +175,25 @@ CostContext MeshEvaluator::cost_context(const std::string& attention,
 }
 
 double MeshEvaluator::usable_hbm() const {
-  const double capacity = context_.space.slice.chip->hbm_usable_bytes_per_device() *
-                          (1.0 - context_.settings.hbm_headroom_fraction);
-  return capacity * (1 - context_.options.limits.min_hbm_headroom);
+  return usable_of(context_.space.slice.chip->hbm_usable_bytes_per_device() *
+                   (1.0 - context_.settings.hbm_headroom_fraction));
+}
+
+double MeshEvaluator::usable_of(double capacity_bytes) const {
+  return capacity_bytes * (1 - context_.options.limits.min_hbm_headroom);
+}
+
+void MeshEvaluator::mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double peak,
+                               WorkerResult& out) const {
+  plan.fitted[remat][kind] = false;
+  out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+  out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
+}
+
+void MeshEvaluator::prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
+    out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+  }
 }
 
 bool MeshEvaluator::offload_on(const PerfChoice& perf) const {
@@ -470,8 +486,7 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batc
   if (floors_.size() >= kMaxKeptFloors) {
     floors_.clear();  // bounded memory on the largest spaces
   }
-  const MemoryFloor::Bytes bytes =
-      context_.steps.memory_floor(batch, remat).bytes(*plan.mesh, context_.rules);
+  const MemoryFloor::Bytes bytes = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
   floors_.emplace(std::move(key), bytes);
   return bytes;
 }
@@ -585,7 +600,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
   build(plan, batch.index, remat, out);
   plan.program.attention_scores_in_hbm = false;
   const MemoryEstimate memory = timed_memory(plan.program, out);
-  const double usable = memory.capacity_bytes * (1 - context_.options.limits.min_hbm_headroom);
+  const double usable = usable_of(memory.capacity_bytes);
   out.capacity = usable;
   out.smallest_peak = std::min(out.smallest_peak, memory.peak_bytes);  // the least of kinds
   std::vector<double> kind_peaks(plan.per_kind.size(), memory.peak_bytes);
@@ -594,7 +609,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
   ProgramFacts facts{{}, memory.capacity_bytes, memory.peak_bytes, kind_peaks};
   for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
     if (!fitted_before[kind] && context_.space.attention_kinds[kind] == "dot_product") {
-      facts.kind_peaks[kind] = std::numeric_limits<double>::quiet_NaN();  // not estimated
+      facts.kind_peaks[kind] = kUnknown;  // not estimated
     }
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), facts);
@@ -633,7 +648,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
     }
   }
   // The memory of equivalent meshes is the same (mesh_equivalence.h): what check_fit counts.
-  const double usable = kept.capacity * (1 - context_.options.limits.min_hbm_headroom);
+  const double usable = usable_of(kept.capacity);
   out.capacity = usable;
   out.smallest_peak = std::min(out.smallest_peak, kept.peak);
   std::vector<double> kind_peaks(plan.per_kind.size(), kept.peak);
@@ -644,9 +659,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
     }
     kind_peaks[kind] = kept.kind_peaks[kind];
     if (kind_peaks[kind] > usable) {
-      plan.fitted[remat][kind] = false;
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
-      out.sample({0.0, 0.0, kind_peaks[kind], false}, context_.options.max_samples);
+      mark_unfit(plan, remat, kind, kind_peaks[kind], out);
     }
   }
   ++out.phases.borrowed_programs;
@@ -660,9 +673,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
   }
   const std::vector<double> context_bounds = kept.context_bounds;
   if (cannot_reach(best_possible(batch, lowest(context_bounds)), context_.threshold.get())) {
-    for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {  // as time_variants counts
-      out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
-    }
+    prune_fitted(plan, remat, out);  // as time_variants counts
     return true;
   }
   // time_variants' bounds on this mesh's layouts, counted only when they leave nothing open.
@@ -706,7 +717,7 @@ bool MeshEvaluator::skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t
   if (!known.has_value() || known->kind_peaks.empty()) {
     return false;
   }
-  const double usable = known->capacity * (1 - context_.options.limits.min_hbm_headroom);
+  const double usable = usable_of(known->capacity);
   bool some_fit = false;
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     if (plan.fitted[remat][kind]) {
@@ -729,9 +740,7 @@ bool MeshEvaluator::skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     const double peak = known->kind_peaks[kind];
     if (plan.fitted[remat][kind] && peak > usable) {
-      plan.fitted[remat][kind] = false;
-      out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      mark_unfit(plan, remat, kind, peak, out);
     } else {
       out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
           plan.per_kind[kind];
@@ -758,9 +767,7 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
     }
     kind_peaks[kind] = peak;
     if (peak > usable) {
-      plan.fitted[remat][kind] = false;
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
-      out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
+      mark_unfit(plan, remat, kind, peak, out);
     }
   }
 }
@@ -789,11 +796,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
           collective_bounds[offload][variant.perf.collective_matmul];
       if (!bounds.has_value()) {
         const PhaseTimer timer(out.phases.bounds_s);
-        PerfOptions perf_options = context_.base_perf;
-        perf_options.record_details = false;
-        perf_options.sparse_core_offload = offload;
-        perf_options.collective_matmul = variant.perf.collective_matmul;
-        bounds = simulator.collective_bounds(perf_options);
+        bounds = simulator.collective_bounds(switch_options(variant));
       }
       // Collectives the TensorCore drives add to its compute; the busiest link bounds apart.
       const double step_bound =
@@ -832,11 +835,8 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
 }
 
 PerfOptions MeshEvaluator::variant_options(const Variant& variant) const {
-  PerfOptions options = context_.base_perf;
-  options.record_details = false;  // ranking needs the times only
+  PerfOptions options = switch_options(variant);  // no details: ranking needs the times only
   options.cost = contexts_[variant.context];
-  options.sparse_core_offload = offload_on(variant.perf);
-  options.collective_matmul = variant.perf.collective_matmul;
   return options;
 }
 
@@ -902,9 +902,7 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
   }
   if (cannot_reach(best_possible(batch, lowest(context_bounds)), threshold.get())) {
     // No variant's compute bound can beat the top N (the kinds that do not fit are counted).
-    for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
-      out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
-    }
+    prune_fitted(plan, remat, out);
     return;
   }
   std::optional<StepSimulator> simulator;  // shared by the timing variants below

@@ -20,8 +20,8 @@
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
 //   SharedProgramFacts facts(/*check=*/false);
-//   MeshEvaluator evaluator({config, space, options, rules, steps, maxtext_flops, base_perf,
-//                            threshold, divisibility, equivalence, facts});
+//   MeshEvaluator evaluator({config, settings, space, options, rules, steps, maxtext_flops,
+//                            base_perf, threshold, divisibility, equivalence, facts});
 //   WorkerResult found;
 //   evaluator.evaluate(/*mesh_index=*/3, found);
 #pragma once
@@ -84,7 +84,8 @@ struct ProgramFacts {
 class SharedProgramFacts {
  public:
   // `check`: every fact offered again is compared with the one kept (std::logic_error when they
-  // differ) and none is used to skip a program (TPUSIM_EXPLORE_CHECK_FACTS=1, for tests).
+  // differ) and none is used to skip a program (ExploreOptions::check_equivalent_meshes, for
+  // tests).
   explicit SharedProgramFacts(bool check) : check_(check) {}
   bool checking() const { return check_; }
   std::optional<ProgramFacts> find(const std::vector<int64_t>& key) const;
@@ -217,7 +218,7 @@ class MeshEvaluator {
                                       const BatchWork& batch, size_t remat,
                                       const std::vector<double>& context_bounds,
                                       StepSimulator& simulator, WorkerResult& out) const;
-  // A variant's perf options for timing (no details).
+  // A variant's perf options for timing: switch_options with its attention cost context.
   PerfOptions variant_options(const Variant& variant) const;
   // Tightens each open variant's best with StepSimulator::chain_bound, drops those that cannot
   // beat the top N, and puts the rest best first within each placement.
@@ -238,6 +239,13 @@ class MeshEvaluator {
   double best_possible(const BatchWork& batch, double step_lower_bound) const;
   // Usable HBM per device less the --min-hbm-headroom share (what a candidate's peak must fit).
   double usable_hbm() const;
+  // A program's HBM capacity (MemoryEstimate::capacity_bytes) less the --min-hbm-headroom share.
+  double usable_of(double capacity_bytes) const;
+  // The attention kind's peak does not fit this remat: it is unfit from here on (larger batches
+  // too), its candidates count as does_not_fit_hbm and the peak is sampled.
+  void mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double peak, WorkerResult& out) const;
+  // Counts the kinds still fitted at this remat as cannot_beat_top (the unfit ones are counted).
+  static void prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out);
 
   ExploreContext context_;
   CandidateNumbering numbering_;
