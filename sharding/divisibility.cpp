@@ -101,14 +101,11 @@ std::string UnevenSplit::describe_axes(const MeshShape& mesh) const {
 }
 
 Divisibility::Divisibility(const TrainingStep& step, const LogicalAxisRules& rules) {
-  MeshShape every_axis;  // all axes > 1: nothing is dropped
-  every_axis.ici.fill(2);
-  every_axis.dcn.fill(1);
   for (const Tensor& tensor : step.graph.tensors()) {
     if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kInput) {
       continue;
     }
-    const std::vector<std::vector<int>> axes = rules.shard_dims(tensor.dims, every_axis);
+    const std::vector<std::vector<int>> axes = rules.shard_dims_on_every_axis(tensor.dims);
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       if (axes[dim].empty()) {
         continue;

@@ -91,4 +91,21 @@ std::vector<std::vector<int>> LogicalAxisRules::shard_dims(const std::vector<Dim
   return result;
 }
 
+std::vector<std::vector<int>> LogicalAxisRules::shard_dims_on_every_axis(
+    const std::vector<Dim>& dims) const {
+  MeshShape every_axis;
+  every_axis.ici.fill(2);
+  every_axis.dcn.fill(1);
+  return shard_dims(dims, every_axis);
+}
+
+std::string logical_names_key(const std::vector<Dim>& dims) {
+  std::string key;
+  for (const Dim& dim : dims) {
+    key += dim.logical;
+    key += '\0';
+  }
+  return key;
+}
+
 }  // namespace tpusim

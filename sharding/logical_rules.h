@@ -41,6 +41,9 @@ class LogicalAxisRules {
   // Mesh axis indices sharding each dim (outer list: dims; inner: mesh axes, major to minor).
   std::vector<std::vector<int>> shard_dims(const std::vector<Dim>& dims,
                                            const MeshShape& mesh) const;
+  // shard_dims on a mesh where every axis splits (ICI axes of 2): every axis the rules give each
+  // dim. A real mesh keeps a subset of these (its axes of size 1 split nothing), in this order.
+  std::vector<std::vector<int>> shard_dims_on_every_axis(const std::vector<Dim>& dims) const;
 
   const std::vector<LogicalRule>& rules() const { return rules_; }
 
@@ -50,5 +53,9 @@ class LogicalAxisRules {
   std::vector<std::vector<int>> rule_axes_;
   std::vector<uint32_t> rule_axis_bits_;
 };
+
+// The dims' logical names joined ("activation_batch\0activation_embed\0"): tensors with the same
+// key split the same way on every mesh, so a key's layout is resolved once.
+std::string logical_names_key(const std::vector<Dim>& dims);
 
 }  // namespace tpusim

@@ -20,7 +20,7 @@ bool has_dropless_dim(const Tensor& tensor) {
 
 }  // namespace
 
-MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules) {
+MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules) {
   const Graph& graph = step.graph;
   std::map<std::string, size_t> group_of_names;
   for (const Tensor& tensor : graph.tensors()) {
@@ -37,12 +37,8 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules
     if ((!state && !saved) || has_dropless_dim(tensor)) {
       continue;
     }
-    std::string names;
-    for (const Dim& dim : tensor.dims) {
-      names += dim.logical;
-      names += '\0';
-    }
-    const auto [found, added] = group_of_names.try_emplace(names, groups_.size());
+    const auto [found, added] =
+        group_of_names.try_emplace(logical_names_key(tensor.dims), groups_.size());
     if (added) {
       Group group;
       group.dims = tensor.dims;
@@ -57,24 +53,16 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules
     term.state = state;
     groups_[found->second].terms.push_back(std::move(term));
   }
-  if (rules != nullptr) {
-    MeshShape every_axis;  // every axis larger than 1: shard_dims drops none of its axes
-    every_axis.ici.fill(2);
-    every_axis.dcn.fill(1);
-    for (Group& group : groups_) {
-      group.axes = rules->shard_dims(group.dims, every_axis);
-      group.resolved = true;
-    }
+  for (Group& group : groups_) {
+    group.axes = rules.shard_dims_on_every_axis(group.dims);
   }
 }
 
-MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh, const LogicalAxisRules& rules) const {
+MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
   Bytes total;
   std::vector<int64_t> splits;
   for (const Group& group : groups_) {
-    std::vector<std::vector<int>> resolved_now;
-    const std::vector<std::vector<int>>& axes =
-        group.resolved ? group.axes : (resolved_now = rules.shard_dims(group.dims, mesh));
+    const std::vector<std::vector<int>>& axes = group.axes;
     splits.assign(axes.size(), 1);
     for (size_t dim = 0; dim < axes.size(); ++dim) {
       for (const int axis : axes[dim]) {

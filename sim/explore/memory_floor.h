@@ -15,8 +15,8 @@
 // the floor below the peak. explore_test checks floor <= peak over random candidates.
 //
 // Example:
-//   MemoryFloor floor(step);
-//   MemoryFloor::Bytes bytes = floor.bytes(mesh, rules);
+//   MemoryFloor floor(step, rules);
+//   MemoryFloor::Bytes bytes = floor.bytes(mesh);
 //   bytes.state;            // == estimate_memory(program).at_peak.weights + optimizer_state
 //   bytes.state + bytes.saved <= estimate_memory(program).peak_bytes
 #pragma once
@@ -33,17 +33,17 @@ namespace tpusim {
 
 class MemoryFloor {
  public:
-  // With `rules`, every tensor's mesh axes are resolved here once: the rules pick a dim's axes
-  // whatever the mesh (logical_rules.h: a mesh only drops its axes of size 1, which split
-  // nothing), so bytes() then only multiplies a mesh's axis sizes (the same integers).
-  explicit MemoryFloor(const TrainingStep& step, const LogicalAxisRules* rules = nullptr);
+  // Every tensor's mesh axes are resolved here once: the rules pick a dim's axes whatever the
+  // mesh (logical_rules.h: a mesh only drops its axes of size 1, which split nothing), so bytes()
+  // then only multiplies a mesh's axis sizes (the same integers).
+  MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules);
 
   struct Bytes {
     double state = 0;  // parameters and optimizer moments
     double saved = 0;  // saved activations and inputs, at the end of the forward pass
     double total() const { return state + saved; }
   };
-  Bytes bytes(const MeshShape& mesh, const LogicalAxisRules& rules) const;
+  Bytes bytes(const MeshShape& mesh) const;
 
  private:
   // One tensor: its global dim sizes, bytes per element and how many copies are live.
@@ -55,9 +55,8 @@ class MemoryFloor {
   };
   // Tensors whose dims carry the same logical names split the same way: resolved once per mesh.
   struct Group {
-    std::vector<Dim> dims;  // a representative's (the rules read the logical names)
-    bool resolved = false;  // axes below are the rules' for dims (constructed with rules)
-    std::vector<std::vector<int>> axes;
+    std::vector<Dim> dims;               // a representative's (the rules read the logical names)
+    std::vector<std::vector<int>> axes;  // the rules' axes for dims, on every mesh
     std::vector<Term> terms;
   };
   std::vector<Group> groups_;

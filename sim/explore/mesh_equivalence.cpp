@@ -8,24 +8,16 @@ namespace tpusim {
 
 MeshEquivalence::MeshEquivalence(const std::vector<const TrainingStep*>& steps,
                                  const LogicalAxisRules& rules) {
-  MeshShape every_axis;  // every axis larger than 1: shard_dims drops none of the rules' axes
-  every_axis.ici.fill(2);
-  every_axis.dcn.fill(1);
   std::set<uint32_t> sets;
   // The pipeline's stage axis is read by name (sharding/partition_pipeline.cpp): its own set.
   sets.insert(1U << static_cast<unsigned>(mesh_axis_index("stage")));
   std::set<std::string> seen;  // tensors whose dims carry the same logical names split alike
   for (const TrainingStep* step : steps) {
     for (const Tensor& tensor : step->graph.tensors()) {
-      std::string names;
-      for (const Dim& dim : tensor.dims) {
-        names += dim.logical;
-        names += '\0';
-      }
-      if (!seen.insert(names).second) {
+      if (!seen.insert(logical_names_key(tensor.dims)).second) {
         continue;
       }
-      for (const std::vector<int>& axes : rules.shard_dims(tensor.dims, every_axis)) {
+      for (const std::vector<int>& axes : rules.shard_dims_on_every_axis(tensor.dims)) {
         uint32_t bits = 0;
         for (const int axis : axes) {
           bits |= 1U << static_cast<unsigned>(axis);

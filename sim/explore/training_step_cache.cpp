@@ -31,7 +31,7 @@ const std::vector<RecomputedOp>& TrainingStepCache::recomputed(size_t batch, siz
 
 const MemoryFloor& TrainingStepCache::memory_floor(size_t batch, size_t remat) {
   Entry& found = entry(batch, remat);
-  std::call_once(found.floor_once, [&] { found.floor.emplace(*found.step, &rules_); });
+  std::call_once(found.floor_once, [&] { found.floor.emplace(*found.step, rules_); });
   return *found.floor;
 }
 
@@ -39,7 +39,7 @@ TrainingStepCache::Entry& TrainingStepCache::entry(size_t batch, size_t remat) {
   if (remat == kNoRemat && none_ != kNoRemat) {
     remat = none_;  // the space's own "none": one step, so programs can be shared
   }
-  const std::string key = std::to_string(batch) + "/" + std::to_string(remat);
+  const std::pair<size_t, size_t> key{batch, remat};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (const auto found = steps_.find(key); found != steps_.end()) {

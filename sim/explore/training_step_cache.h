@@ -10,7 +10,7 @@
 //   std::shared_ptr<const TrainingStep> step = steps.get(/*batch=*/0, /*remat=*/1);
 //   steps.get(0, TrainingStepCache::kNoRemat);  // remat_policy=none, for the bounds
 //   steps.recomputed(0, 1);  // what remat 1 recomputes beyond none
-//   steps.memory_floor(0, 1).bytes(mesh, rules);  // its HBM floor on a mesh
+//   steps.memory_floor(0, 1).bytes(mesh);  // its HBM floor on a mesh
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/autodiff/training_step.h"
@@ -63,7 +64,7 @@ class TrainingStepCache {
   LogicalAxisRules rules_;  // the floors resolve their tensors' axes with them once
   size_t none_ = kNoRemat;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<Entry>> steps_;
+  std::map<std::pair<size_t, size_t>, std::unique_ptr<Entry>> steps_;  // by (batch, remat)
 };
 
 }  // namespace tpusim

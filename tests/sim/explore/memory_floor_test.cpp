@@ -64,7 +64,7 @@ TEST(MemoryFloor, IsTheModelsStateAndNeverExceedsThePeak) {
       program.accumulation_steps = space.batches[batch].accumulation_steps;
       program.global_batch = program.microbatch * program.accumulation_steps;
       program.program = partition(*program.step, rules, program.mesh);
-      const MemoryFloor::Bytes floor = steps.memory_floor(batch, remat).bytes(mesh, rules);
+      const MemoryFloor::Bytes floor = steps.memory_floor(batch, remat).bytes(mesh);
       for (const bool scores_in_hbm : {false, true}) {
         program.attention_scores_in_hbm = scores_in_hbm;
         const MemoryEstimate memory = estimate_memory(program);
