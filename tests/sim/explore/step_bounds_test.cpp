@@ -157,12 +157,16 @@ TEST(StepBounds, TensorCoreDrivenCollectivesAddToTheBoundOnV7x) {
       EXPECT_GT(driven, 0);  // FSDP's weight all-gathers at least
       EXPECT_LE(compute + driven, simulator.run(options).step_seconds * (1 + 1e-12));
     }
-    // Chips whose collectives are asynchronous have none.
-    Config v5p = config;
-    v5p.set("compile_topology", "v5p-32", "test");
-    const StepProgram v5p_program = build_step_program(v5p);
-    EXPECT_EQ(StepSimulator(v5p_program).collective_bounds(options).tensorcore_driven_seconds, 0);
   }
+  // Chips whose collectives are asynchronous have none (with their own options: v5p's chip).
+  const Config v5p =
+      Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=2048",
+                        "per_device_batch_size=1", "ici_fsdp_parallelism=-1"});
+  const StepProgram v5p_program = build_step_program(v5p);
+  PerfOptions v5p_options = perf_options_from_config(v5p, *v5p_program.slice.chip);
+  v5p_options.sparse_core_offload = false;
+  EXPECT_GT(StepSimulator(v5p_program).collective_bounds(v5p_options).busiest_link_seconds, 0);
+  EXPECT_EQ(StepSimulator(v5p_program).collective_bounds(v5p_options).tensorcore_driven_seconds, 0);
 }
 
 // The explorer reuses one StepSimulator across the placements of a mesh (it keeps per-mesh facts
