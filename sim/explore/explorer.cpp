@@ -1,6 +1,7 @@
 #include "sim/explore/explorer.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -449,67 +450,78 @@ nlohmann::json ranked_json(const RankedCandidate& ranked) {
 
 }  // namespace
 
+namespace {
+
+// Every field of ExplorePhases once, with its JSON name: add, the numbers ranks exchange and the
+// JSON all follow this table (seconds first, then counts, in this order).
+struct PhaseSeconds {
+  const char* name;
+  double ExplorePhases::*member;
+};
+struct PhaseCount {
+  const char* name;
+  int64_t ExplorePhases::*member;
+};
+constexpr std::array kPhaseSeconds = {
+    PhaseSeconds{"partition", &ExplorePhases::partition_s},
+    PhaseSeconds{"memory", &ExplorePhases::memory_s},
+    PhaseSeconds{"bounds", &ExplorePhases::bounds_s},
+    PhaseSeconds{"simulate", &ExplorePhases::simulate_s},
+    PhaseSeconds{"program_signatures", &ExplorePhases::signature_s}};
+constexpr std::array kPhaseCounts = {
+    PhaseCount{"bound_programs", &ExplorePhases::bound_programs},
+    PhaseCount{"bounded_out_programs", &ExplorePhases::bounded_out_programs},
+    PhaseCount{"unfit_programs", &ExplorePhases::unfit_programs},
+    PhaseCount{"timed_programs", &ExplorePhases::timed_programs},
+    PhaseCount{"floor_skipped_programs", &ExplorePhases::floor_skipped_programs},
+    PhaseCount{"below_own_program", &ExplorePhases::below_own_program},
+    PhaseCount{"equivalent_mesh_skips", &ExplorePhases::equivalent_mesh_skips},
+    PhaseCount{"chain_bounded", &ExplorePhases::chain_bounded},
+    PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs}};
+
+}  // namespace
+
 void ExplorePhases::add(const ExplorePhases& other) {
-  const std::vector<double> mine = as_numbers();
-  const std::vector<double> theirs = other.as_numbers();
-  std::vector<double> sum(mine.size());
-  for (size_t index = 0; index < mine.size(); ++index) {
-    sum[index] = mine[index] + theirs[index];
+  for (const PhaseSeconds& field : kPhaseSeconds) {
+    this->*field.member += other.*field.member;
   }
-  *this = from_numbers(sum);
+  for (const PhaseCount& field : kPhaseCounts) {
+    this->*field.member += other.*field.member;
+  }
 }
 
 std::vector<double> ExplorePhases::as_numbers() const {
-  return {partition_s,
-          memory_s,
-          bounds_s,
-          simulate_s,
-          signature_s,
-          static_cast<double>(bound_programs),
-          static_cast<double>(bounded_out_programs),
-          static_cast<double>(unfit_programs),
-          static_cast<double>(timed_programs),
-          static_cast<double>(floor_skipped_programs),
-          static_cast<double>(below_own_program),
-          static_cast<double>(equivalent_mesh_skips),
-          static_cast<double>(chain_bounded),
-          static_cast<double>(borrowed_programs)};
+  std::vector<double> numbers;
+  for (const PhaseSeconds& field : kPhaseSeconds) {
+    numbers.push_back(this->*field.member);
+  }
+  for (const PhaseCount& field : kPhaseCounts) {
+    numbers.push_back(static_cast<double>(this->*field.member));
+  }
+  return numbers;
 }
 
 ExplorePhases ExplorePhases::from_numbers(const std::vector<double>& numbers) {
   ExplorePhases phases;
-  phases.partition_s = numbers.at(0);
-  phases.memory_s = numbers.at(1);
-  phases.bounds_s = numbers.at(2);
-  phases.simulate_s = numbers.at(3);
-  phases.signature_s = numbers.at(4);
-  phases.bound_programs = static_cast<int64_t>(numbers.at(5));
-  phases.bounded_out_programs = static_cast<int64_t>(numbers.at(6));
-  phases.unfit_programs = static_cast<int64_t>(numbers.at(7));
-  phases.timed_programs = static_cast<int64_t>(numbers.at(8));
-  phases.floor_skipped_programs = static_cast<int64_t>(numbers.at(9));
-  phases.below_own_program = static_cast<int64_t>(numbers.at(10));
-  phases.equivalent_mesh_skips = static_cast<int64_t>(numbers.at(11));
-  phases.chain_bounded = static_cast<int64_t>(numbers.at(12));
-  phases.borrowed_programs = static_cast<int64_t>(numbers.at(13));
+  size_t index = 0;
+  for (const PhaseSeconds& field : kPhaseSeconds) {
+    phases.*field.member = numbers.at(index++);
+  }
+  for (const PhaseCount& field : kPhaseCounts) {
+    phases.*field.member = static_cast<int64_t>(numbers.at(index++));
+  }
   return phases;
 }
 
 nlohmann::json ExplorePhases::to_json() const {
-  return {{"partition", partition_s},
-          {"memory", memory_s},
-          {"bounds", bounds_s},
-          {"simulate", simulate_s},
-          {"program_signatures", signature_s},
-          {"bound_programs", bound_programs},
-          {"bounded_out_programs", bounded_out_programs},
-          {"unfit_programs", unfit_programs},
-          {"timed_programs", timed_programs},
-          {"floor_skipped_programs", floor_skipped_programs},
-          {"below_own_program", below_own_program},
-          {"equivalent_mesh_skips", equivalent_mesh_skips},
-          {"chain_bounded", chain_bounded},
-          {"borrowed_programs", borrowed_programs}};
+  nlohmann::json json = nlohmann::json::object();
+  for (const PhaseSeconds& field : kPhaseSeconds) {
+    json[field.name] = this->*field.member;
+  }
+  for (const PhaseCount& field : kPhaseCounts) {
+    json[field.name] = this->*field.member;
+  }
+  return json;
 }
 
 // tokens_per_dollar ranks by tokens/s/chip (one price per slice); its listed objectives are
