@@ -30,7 +30,7 @@ enum class Mechanism {
   kBf16Logits,                   // the logits matmul stays bf16 under fp8/int8 quantization
   kChipIngressBound,             // collectives over the chiplet pair bounded by the chip's links
   kSparseCoreReduction,          // offloaded reduce-scatters on a SparseCore queue of their own
-  kTensorCoreDrivenCollectives,  // v7x collectives kept off the SparseCores block the TensorCore
+  kTensorCoreDrivenCollectives,  // v7x collectives off the SparseCores take TensorCore time
   kDcnShardsFirst,               // hierarchical gathers cross DCN with shards, then ICI
   kDcnStepLatency,               // each ring step across slices pays its message latency
   kInPlaceBuffers,               // elementwise results written over a last-read operand (memory)

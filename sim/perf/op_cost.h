@@ -21,9 +21,16 @@
 // run at the narrow MXU rate and, with absmax calibration, first read each bf16 operand for its
 // scale; AQT int8 also writes and reads a 32-bit stochastic-rounding noise tensor for each
 // gradient operand of a backward matmul.
+// Each of these refinements is a mechanism (common/mechanisms.h, `--without NAME` switches it
+// off): among them tokamax gmm_v2's fixed cost per step of its pipeline grid (gmm_v2_grid_steps),
+// the XLA cast of a Pallas grouped matmul's narrow operands before the kernel
+// (grouped_matmul_quantize_pass), fp8_full's backward reusing the forward's quantized operands
+// (quantized_residuals), the quantized dropping-MoE dispatch and combine einsums at the narrow
+// rate (narrow_dense_moe_exchange), dropless routed rows moved below the HBM roofline
+// (routed_row_gathers) and the scatter-add of routing gradients (routing_scatter_gradients).
 //
 // Example:
-//   OpCost cost = cost_compute_op(graph, op, context);
+//   OpCost cost = cost_compute_op(graph, op, context, /*fused=*/false);
 //   cost.seconds;  cost.mxu_seconds;  cost.hbm_seconds;
 #pragma once
 
