@@ -19,10 +19,11 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import statistics
 import subprocess
 import tempfile
+
+from hw_catalog import write_catalog
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -53,9 +54,7 @@ def main():
     predictions = {}  # value -> {row id: (predicted, measured)}
     for value in values + ([catalog] if catalog not in values else []):
         with tempfile.TemporaryDirectory() as directory:
-            for source in (ROOT / "configs/hw").glob("*.yml"):
-                text = source.read_text()
-                (pathlib.Path(directory) / source.name).write_text(pattern.sub(r"\g<1>" + value + r"\g<3>", text))
+            write_catalog(directory, args.key, lambda chip, current: value, require_key=True)
             env = dict(os.environ, TPUSIM_HW_DIR=directory)
             result = subprocess.run([args.binary, "validate", args.csv, "--json"], env=env,
                                     check=True, capture_output=True, text=True)

@@ -21,10 +21,11 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
+
+from hw_catalog import write_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
@@ -33,13 +34,9 @@ GRID = [round(0.02 * 1.15 ** step, 4) for step in range(30)]  # 0.02 .. ~1.1, cl
 
 
 def catalog_with(fraction, directory):
-    """A copy of configs/hw whose TPUs carry `fraction`."""
-    for source in (ROOT / "configs" / "hw").glob("*.yml"):
-        text = source.read_text()
-        if "routed_row_hbm_fraction: {value: 1," not in text:  # the GPUs keep the roofline
-            text = re.sub(r"routed_row_hbm_fraction: \{value: [0-9.]+",
-                          f"routed_row_hbm_fraction: {{value: {fraction}", text)
-        (directory / source.name).write_text(text)
+    """A copy of configs/hw whose TPUs carry `fraction` (the GPUs keep the roofline, 1)."""
+    write_catalog(directory, "routed_row_hbm_fraction",
+                  lambda chip, current: None if float(current) == 1 else fraction)
 
 
 def recipe_errors(binary, env):
