@@ -49,7 +49,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
               "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
               "tokamax_gmm_tiles", "bf16_expert_matmuls", "grouped_matmul_quantize_pass",
-              "quantized_residuals", "narrow_dense_moe_exchange", "gmm_v2_grid_steps"]
+              "quantized_residuals", "narrow_dense_moe_exchange", "gmm_v2_grid_steps",
+              "gmm_v2_weight_prefetch"]
 
 
 def recipe_predictions(without=()):
@@ -498,6 +499,7 @@ MECHANISM_SUMMARIES = {
     "narrow_dense_moe_exchange": "quantized, the dense MoE path's dispatch and combine are AQT/fp8 einsums (MaxText moe get_einsum) whose one-hot matmuls run at the int8/fp8 rate, after their quantize passes",
     "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
     "gmm_v2_grid_steps": "tokamax's gmm_v2 kernel (tpusim op grouped matmuls, use_gmm_v2) pays gmm_v2_grid_step_us per step of its pipeline grid on the MXU side, and a short row tile costs its own rows (fitted to tokamax PR #1221's tile_m speed-ups)",
+    "gmm_v2_weight_prefetch": "tokamax's gmm_v2 triple-buffers each expert's weight block: the next expert's weights start streaming two grid steps ahead, so an expert with more row tiles waits for them behind its own compute",
 }
 
 

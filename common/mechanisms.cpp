@@ -92,6 +92,10 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "tokamax's gmm_v2 kernel (tpusim op matmul groups=G, use_gmm_v2) pays the chip's "
      "gmm_v2_grid_step_us once per step of its (n, group x row tile, k) pipeline grid, and a row "
      "tile narrower than the MXU costs only its rows (tokamax PR #1221's tile_m speed-ups)"},
+    {"gmm_v2_weight_prefetch",
+     "tokamax's gmm_v2 kernel triple-buffers each expert's weight block, so the next expert's "
+     "weights start streaming only two grid steps ahead: an expert with more row tiles than that "
+     "waits for them behind its own compute (the MXU side is at least that chain)"},
 }};
 
 }  // namespace

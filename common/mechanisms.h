@@ -48,6 +48,7 @@ enum class Mechanism {
   kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
   kNarrowDenseMoeExchange,       // quantized dense-MoE dispatch/combine einsums at the narrow rate
   kGmmV2GridSteps,               // tokamax gmm_v2 pays a fixed cost per step of its pipeline grid
+  kGmmV2WeightPrefetch,          // gmm_v2 fetches an expert's weights two grid steps ahead only
   kCount,
 };
 

@@ -95,7 +95,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding", "weight_scale_on_shard",
               "grouped_matmul_mxu_rows", "routing_scatter_gradients", "tokamax_gmm_tiles",
               "bf16_expert_matmuls", "grouped_matmul_quantize_pass", "quantized_residuals",
-              "narrow_dense_moe_exchange", "gmm_v2_grid_steps"]
+              "narrow_dense_moe_exchange", "gmm_v2_grid_steps",
+              "gmm_v2_weight_prefetch"]
 XLA_FLAGS = ["--xla_tpu_enable_async_collective_fusion=true",
              "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
              "--xla_tpu_scoped_vmem_limit_kib=98304", "--xla_enable_async_all_gather=false",

@@ -185,6 +185,10 @@ struct GroupedMatmulWork {
   double executed_flops = 0;
   double hbm_bytes = 0;
   double grid_steps = 0;  // row tile visits x column tiles x contraction tiles
+  // With the whole contraction in one tile, each (column tile, expert) run of row tiles keeps one
+  // weight block resident: the number of such runs and the bytes of one block (0 otherwise).
+  double weight_runs = 0;
+  double weight_block_bytes = 0;
 };
 
 // How the kernel walks its row tiles: the tile rows, the rows the MXU takes per tile (at least
@@ -273,12 +277,46 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
   // The grid walks (column tile, row tile, contraction tile). Pallas fetches a block only when
   // its index changes between steps, so with the whole contraction in one tile an expert's
   // weight column stays in VMEM across that expert's row tiles: fetched once per expert.
-  const double weight_fetches = padded_k / tk > 1 ? visits : groups;
+  const bool whole_contraction = padded_k / tk <= 1;
+  const double weight_fetches = whole_contraction ? groups : visits;
   work.hbm_bytes =
       visits * ((padded_n / tn) * tm * padded_k * lhs_bytes + tm * padded_n * out_bytes) +
       weight_fetches * padded_k * padded_n * rhs_bytes;
   work.grid_steps = visits * (padded_n / tn) * (padded_k / tk);
+  if (whole_contraction) {
+    work.weight_runs = groups * (padded_n / tn);
+    work.weight_block_bytes = padded_k * tn * rhs_bytes;
+  }
   return work;
+}
+
+// The MXU-side time of tokamax's gmm_v2 when each expert's weight block waits for the stream
+// (the gmm_v2_weight_prefetch mechanism; docs/reference/hardware.md §5.17). The kernel
+// triple-buffers the weight block (pallas_mosaic_tpu_v2_gmm_kernel.py, pl.Buffered(3)), so the
+// next expert's block starts streaming two grid steps before that expert's first row tile, behind
+// the row and output tiles of those two steps. An expert with more row tiles than that issues it
+// only after its own earlier steps ran: per (column tile, expert) run of S steps of `step_seconds`
+// on the MXU side, each streaming `stream_bytes`, the next run cannot start before
+// (S - 2) x step + block / bandwidth + 2 x stream / bandwidth. 0 when the runs are too short for
+// the wait to show (the HBM roofline holds then) or the contraction is split (a block per step).
+// Example: 8 steps of 2 us per run, a 10 us block, 1 us of stream per step: 12 + 10 + 2 = 24 us
+// per run against 16 us of MXU time.
+double gmm_v2_weight_wait_seconds(const GroupedMatmulWork& work, double step_seconds,
+                                  double bytes_per_second) {
+  constexpr double kLookaheadSteps = 2;  // pl.Buffered(buffer_count=3): two blocks in flight
+  if (work.weight_runs <= 0) {
+    return 0;
+  }
+  const double steps_per_run = work.grid_steps / work.weight_runs;
+  if (steps_per_run <= kLookaheadSteps) {
+    return 0;
+  }
+  const double stream_seconds_per_step =
+      (work.hbm_bytes - work.weight_runs * work.weight_block_bytes) / bytes_per_second /
+      work.grid_steps;
+  return work.weight_runs *
+         ((steps_per_run - kLookaheadSteps) * step_seconds +
+          work.weight_block_bytes / bytes_per_second + kLookaheadSteps * stream_seconds_per_step);
 }
 
 // The tiles tokamax picks for itself when MaxText calls it with none (CostContext's
@@ -551,6 +589,12 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
     cost.mxu_seconds =
         work.executed_flops / peak + fill_drain_seconds + work.grid_steps * steps.step_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
+    if (context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2WeightPrefetch)) {
+      const double step_seconds = work.executed_flops / peak / work.grid_steps + steps.step_seconds;
+      const double wait_seconds =
+          gmm_v2_weight_wait_seconds(work, step_seconds, hbm_bytes_per_second(chip));
+      cost.mxu_seconds = std::max(cost.mxu_seconds, wait_seconds + fill_drain_seconds);
+    }
     if (narrow_operands) {
       cast_bytes =
           grouped_matmul_cast_bytes(graph, op, *pass, loops * m * k, loops * k * n, context);

@@ -780,6 +780,38 @@ TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
   }
 }
 
+// tokamax's gmm_v2 triple-buffers an expert's weight block, so the next expert's block streams
+// only from two grid steps before that expert's first row tile. 4 v6e experts x 1024 balanced
+// rows in 128-row tiles with k 7168 and n 1024 whole are 8 steps per expert: each expert waits
+// for 6 steps of its predecessor (matmul + step cost), the 14.7 MB block and the row and output
+// tiles of the 2 steps in flight. That chain is longer than the 8 steps themselves (the mechanism
+// binds); with 512-row tiles (2 steps per expert) or switched off, the MXU side is the steps alone.
+TEST(GmmV2WeightPrefetch, AnExpertWithMoreRowTilesThanTheLookaheadWaitsForItsWeights) {
+  const ChipSpec& v6e = chip("v6e");
+  const Graph graph = grouped_matmul_graph(4, 1024, 7168, 1024);
+  const double fill = v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9);
+  const double step_cost = v6e.gmm_v2_grid_step_us * 1e-6;
+  const double step = 2.0 * 128 * 7168 * 1024 / bf16_flops_per_device(v6e) + step_cost;
+  const double block = 7168.0 * 1024 * 2 / hbm_bytes_per_device(v6e);
+  const double stream = (128.0 * 7168 * 2 + 128.0 * 1024 * 2) / hbm_bytes_per_device(v6e);
+  CostContext context = megablox_context(v6e, 128, 7168, 1024);
+  context.balanced_groups = true;
+  context.gmm_v2 = true;
+  const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(on.mxu_seconds, fill + 4 * (6 * step + block + 2 * stream), 1e-12);
+  EXPECT_GT(on.mxu_seconds, fill + 4 * 8 * step);
+  context.mechanisms = MechanismSet::without({"gmm_v2_weight_prefetch"});
+  const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
+  EXPECT_NEAR(off.mxu_seconds, fill + 4 * 8 * step, 1e-12);
+
+  CostContext wide = megablox_context(v6e, 512, 7168, 1024);
+  wide.balanced_groups = true;
+  wide.gmm_v2 = true;
+  const OpCost two_steps = cost_compute_op(graph, graph.ops().front(), wide, false);
+  const double wide_step = 2.0 * 512 * 7168 * 1024 / bf16_flops_per_device(v6e) + step_cost;
+  EXPECT_NEAR(two_steps.mxu_seconds, fill + 4 * 2 * wide_step, 1e-12);
+}
+
 // Balanced groups (a kernel benchmark's) visit a tile twice only where a group boundary falls
 // inside it: 8 x 1024 rows in 512-row tiles are 16 visits, not the ragged 16 + 8 - 1 = 23; in
 // 768-row tiles 5 of the 7 boundaries (all but 3072 and 6144) fall inside a tile: 11 + 5 = 16
