@@ -42,15 +42,12 @@ def run_json(args):
                                      capture_output=True, text=True).stdout)
 
 
-MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "bf16_logits",
-              "chip_ingress_bound", "sparsecore_reduction", "tensorcore_driven_collectives",
-              "dcn_shards_first", "dcn_step_latency", "in_place_buffers",
-              "attention_subblock_pipelining", "reduction_reassociation",
-              "gpu_attention_kernel_rates", "routed_row_gathers", "aqt_stochastic_rounding",
-              "weight_scale_on_shard", "grouped_matmul_mxu_rows", "routing_scatter_gradients",
-              "tokamax_gmm_tiles", "bf16_expert_matmuls", "grouped_matmul_quantize_pass",
-              "quantized_residuals", "narrow_dense_moe_exchange", "gmm_v2_grid_steps",
-              "gmm_v2_weight_prefetch"]
+def mechanism_summaries():
+    """{name: what it models} of every cost mechanism, in the binary's order (common/mechanisms.cpp
+    is the one list: `tpusim validate --list-mechanisms --json`)."""
+    listed = json.loads(subprocess.run([str(BINARY), "validate", "--list-mechanisms", "--json"],
+                                       check=True, capture_output=True, text=True).stdout)
+    return {item["name"]: item["summary"] for item in listed}
 
 
 def recipe_predictions(without=()):
@@ -380,6 +377,7 @@ def validation():
     run_errors_on.update({recipe_id: predicted / measured - 1
                           for recipe_id, (predicted, measured, _, _) in recipes.items()})
     class_lines = []
+    summaries = mechanism_summaries()
     lines += ["## What each mechanism contributes (ablation)", "",
               "Each line switches one mechanism off (`tpusim validate --without NAME`, the same for "
               "every recipe) and keeps everything else. *Rows it moves* lists the published rows "
@@ -387,7 +385,7 @@ def validation():
               "median / max of |step error|.", "",
               "| mechanism | what it models | 27 rows, on | 27 rows, off | recipes, on | recipes, off | rows it moves (on → off) |",
               "|---|---|---|---|---|---|---|"]
-    for name in MECHANISMS:
+    for name, summary in summaries.items():
         ablated = run_json(["validate", str(VALIDATION / "published.csv"), "--without", name])
         ablated_recipes = recipe_predictions([name])
         off_errors = [abs(row["error"]) for row in ablated["rows"]]
@@ -411,7 +409,7 @@ def validation():
         class_lines.append(f"| `{name}` | " + " | ".join(
             f"{class_cell(run_errors_on, classes, cls)} | {class_cell(run_errors_off, classes, cls)}"
             for cls in CLASSES) + " |")
-        lines.append(f"| `{name}` | {MECHANISM_SUMMARIES[name]} | "
+        lines.append(f"| `{name}` | {summary} | "
                      f"{error_summary([abs(e) for e in baseline.values()])} | {error_summary(off_errors)} | "
                      f"{error_summary(recipe_errors)} | {error_summary(off_recipe_errors)} | "
                      f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/perf/mechanisms_test.cpp)'} |")
@@ -434,7 +432,7 @@ def validation():
               "error moves by more than 1 point.", "",
               "| mechanism | pairs, on | pairs, off | pairs it moves (points on → off) |",
               "|---|---|---|---|"]
-    for name in MECHANISMS:
+    for name in summaries:
         ablated = run_json(["validate", "--pairs", str(VALIDATION / "pairs.csv"), "--without", name])
         off = {pair["id"]: pair["error_points"] for pair in ablated["pairs"]
                if pair["level"] == "step"}
@@ -470,37 +468,6 @@ def validation():
           f"max {100 * summary['max_abs_error']:.1f}%)")
 
 
-MECHANISM_SUMMARIES = {
-    "grouped_matmul_tiles": "megablox/tokamax grouped matmuls: ceil(rows/tm) + experts − 1 row-tile "
-                            "visits, embed/mlp padded to tiles, weight refetch per row tile unless "
-                            "the contraction is one tile",
-    "quantize_scale_pass": "absmax fp8/int8 calibration reads each bf16 operand before its matmul",
-    "bf16_attention": "splash attention stays bf16 under fp8/int8",
-    "bf16_logits": "the logits matmul and its gradients stay bf16 under fp8/int8 (MaxText quantizes the decoder layers only)",
-    "chip_ingress_bound": "a gather over the v7x chiplet pair + torus is bounded by the chip's torus links",
-    "sparsecore_reduction": "SparseCore reduce-scatters on a queue of their own (at their ICI roofline since 2026-11-27; 3x before)",
-    "tensorcore_driven_collectives": "v7x collectives kept off the SparseCores run as continuation fusion: XLA fusions (not Pallas kernels) take 0.43 longer (fitted to the guide's dense offload ablations)",
-    "dcn_shards_first": "gathers across slices move shards over DCN, then the full array over ICI",
-    "dcn_step_latency": "each ring step across slices pays the DCN message latency on top of its bytes, "
-                        "and the TensorCore waits it out per layer (the fitted 80 µs latency stays)",
-    "in_place_buffers": "elementwise results written over an operand read for the last time (memory)",
-    "attention_subblock_pipelining": "splash overlaps a kv compute sub-block's softmax with the next one's matmuls",
-    "reduction_reassociation": "partial sums summed before one reduce-scatter / all-reduce, not reduced each "
-                               "(XLA's ReduceScatterReassociate: q, k, v input gradients under tensor parallelism)",
-    "gpu_attention_kernel_rates": "GPU fused attention at the measured cuDNN rate by sequence length (H100 table), not a fraction of the GEMM peak",
-    "routed_row_gathers": "dropless MoE dispatch/combine move their routed rows at 7% of the HBM roofline (routed_row_hbm_fraction, fitted to the MoE recipes), not at the roofline",
-    "aqt_stochastic_rounding": "AQT int8 writes and reads a float32 stochastic-rounding noise tensor for the gradient operand of each backward matmul (MaxText rng_type=jax.uniform)",
-    "weight_scale_on_shard": "an absmax-scaled weight finds its scale on its FSDP shard, before the all-gather, not on the gathered weight",
-    "grouped_matmul_mxu_rows": "a megablox/tokamax row tile of fewer rows than the MXU is wide (tile_m 128 on a 256-wide MXU) takes the MXU as long as a full-width tile",
-    "routing_scatter_gradients": "with use_custom_sort_vjp=false the routing gathers' gradients are scatter-adds, 3.07x the gather (Marin v5p measurement)",
-    "tokamax_gmm_tiles": "unquantized use_tokamax_gmm runs tokamax.ragged_dot with tokamax's own tiles (its tuned table, else 128x128x128), not the wi/wo_tile keys",
-    "bf16_expert_matmuls": "dropless MoE experts MaxText does not quantize stay bf16: jax.lax.ragged_dot (no megablox/tokamax) without qwix (quantized only when serving); qwix grouped matmuls unless fp8_full",
-    "quantized_residuals": "under qwix fp8_full the backward reuses the forward's quantized operands (qwix bwd_use_original_residuals=False): only the gradient gets an absmax pass",
-    "narrow_dense_moe_exchange": "quantized, the dense MoE path's dispatch and combine are AQT/fp8 einsums (MaxText moe get_einsum) whose one-hot matmuls run at the int8/fp8 rate, after their quantize passes",
-    "grouped_matmul_quantize_pass": "a quantized megablox/tokamax grouped matmul's operands are cast to 1 byte by an XLA fusion first (read 2, write 1, the kernel reads 1); a QAG weight on its shard",
-    "gmm_v2_grid_steps": "tokamax's gmm_v2 kernel (tpusim op grouped matmuls, use_gmm_v2) pays gmm_v2_grid_step_us per step of its pipeline grid on the MXU side, and a short row tile costs its own rows (fitted to tokamax PR #1221's tile_m speed-ups)",
-    "gmm_v2_weight_prefetch": "tokamax's gmm_v2 triple-buffers each expert's weight block: the next expert's weights start streaming two grid steps ahead, so an expert with more row tiles waits for them behind its own compute",
-}
 
 
 def performance():

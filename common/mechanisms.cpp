@@ -34,7 +34,8 @@ constexpr std::array<Description, kCount> kDescriptions = {{
     {"tensorcore_driven_collectives",
      "on v7x, collectives kept off the SparseCores run as continuation fusion: the XLA fusions "
      "carrying their steps take the catalog's continuation_fusion_tensorcore_share longer (Pallas "
-     "kernels carry none)"},
+     "kernels carry none; the share is fitted to the v7x guide's dense SparseCore offload "
+     "ablations)"},
     {"dcn_shards_first",
      "a gather across slices moves shards over DCN, then the full array over ICI"},
     {"dcn_step_latency",
@@ -55,7 +56,8 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "sequence length and mask (the catalog's attention_kernel table), not at the GEMM rate"},
     {"routed_row_gathers",
      "dropless MoE's dispatch and combine (and their gradients) gather and scatter routed token "
-     "rows at the catalog's routed_row_hbm_fraction of the HBM roofline, not at the roofline"},
+     "rows at the catalog's routed_row_hbm_fraction of the HBM roofline, not at the roofline "
+     "(the fraction is fitted to the dropless-MoE recipes: benchmarks/fit_routed_row_fraction.py)"},
     {"aqt_stochastic_rounding",
      "AQT int8 (quantization=int8 without qwix) rounds the gradient operand of each quantized "
      "backward matmul stochastically: a 32-bit uniform noise tensor of the gradient's shape is "

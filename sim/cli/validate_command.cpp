@@ -111,9 +111,26 @@ nlohmann::json validate_json(const std::string& path, const std::string& pairs_p
   return result;
 }
 
+namespace {
+
+// Every cost mechanism with its one-line summary (common/mechanisms.h), in the order of the enum:
+// what `--without` accepts and what the reports' ablation table lists.
+nlohmann::json mechanisms_json() {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t index = 0; index < static_cast<size_t>(Mechanism::kCount); ++index) {
+    const auto mechanism = static_cast<Mechanism>(index);
+    list.push_back(
+        {{"name", mechanism_name(mechanism)}, {"summary", mechanism_summary(mechanism)}});
+  }
+  return list;
+}
+
+}  // namespace
+
 void register_validate_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json_output = std::make_shared<bool>(false);
+  auto list_mechanisms = std::make_shared<bool>(false);
   auto without = std::make_shared<std::vector<std::string>>();
   auto pairs_path = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand(
@@ -126,13 +143,30 @@ void register_validate_command(CLI::App& app) {
       "measured one, in points");
   file_option->excludes(pairs_option);
   command->add_flag("--json", *json_output, "Print JSON");
-  command
-      ->add_option("--without", *without,
-                   "Switch off named cost mechanisms (comma-separated), to see what each "
-                   "contributes: " +
-                       mechanism_names_joined())
-      ->delimiter(',');
-  command->callback([path, pairs_path, json_output, without] {
+  CLI::Option* list_option =
+      command->add_flag("--list-mechanisms", *list_mechanisms,
+                        "List the cost mechanisms --without can switch off, with what each does");
+  CLI::Option* without_option =
+      command
+          ->add_option("--without", *without,
+                       "Switch off named cost mechanisms (comma-separated), to see what each "
+                       "contributes: " +
+                           mechanism_names_joined())
+          ->delimiter(',');
+  list_option->excludes(file_option)->excludes(pairs_option)->excludes(without_option);
+  command->callback([path, pairs_path, json_output, without, list_mechanisms] {
+    if (*list_mechanisms) {
+      const nlohmann::json list = mechanisms_json();
+      if (*json_output) {
+        std::cout << list.dump(2) << "\n";
+      } else {
+        for (const auto& item : list) {
+          std::cout << item["name"].get<std::string>() << ": " << item["summary"].get<std::string>()
+                    << "\n";
+        }
+      }
+      return;
+    }
     const nlohmann::json result = validate_json(*path, *pairs_path, *without);
     if (!pairs_path->empty()) {
       std::cout << (*json_output ? result.dump(2) + "\n" : pairs_table(result));

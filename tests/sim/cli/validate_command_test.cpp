@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +56,32 @@ TEST(ValidateCommand, GpuRowsValidateFromTheirOwnCsv) {
     EXPECT_TRUE(row["fits"].get<bool>()) << row["id"];
     EXPECT_FALSE(row.contains("measured_tokens_s_chip"));
   }
+}
+
+// --list-mechanisms names every mechanism once with what it models, the same names --help lists
+// for --without; it excludes a CSV.
+TEST(ValidateCommand, ListsEveryMechanismWithoutTakes) {
+  const auto listed = run_tpusim({"validate", "--list-mechanisms", "--json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  const nlohmann::json mechanisms = nlohmann::json::parse(listed.out);
+  ASSERT_GE(mechanisms.size(), 20u);
+  std::vector<std::string> names;
+  for (const auto& item : mechanisms) {
+    names.push_back(item["name"].get<std::string>());
+    EXPECT_GT(item["summary"].get<std::string>().size(), 20u) << names.back();
+  }
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  const auto help = run_tpusim({"validate", "--help"});
+  for (const std::string& name : names) {
+    EXPECT_NE(help.out.find(name), std::string::npos) << name;
+  }
+  const auto text = run_tpusim({"validate", "--list-mechanisms"});
+  EXPECT_NE(text.out.find(names.front() + ": "), std::string::npos);
+  const auto both = run_tpusim(
+      {"validate", "--list-mechanisms", testing::source_dir() + "/validation/published.csv"});
+  EXPECT_EQ(both.exit_code, 2);
 }
 
 TEST(ValidateCommand, BadFilesExit2) {
