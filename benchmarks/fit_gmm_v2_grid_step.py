@@ -21,11 +21,12 @@ import csv
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import tempfile
 from pathlib import Path
+
+from hw_catalog import write_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
@@ -35,13 +36,8 @@ GRID = [round(0.05 * step, 2) for step in range(61)]  # 0 .. 3 us
 
 def catalog_with(chip, value, directory):
     """A copy of configs/hw whose `chip` carries gmm_v2_grid_step_us = value."""
-    for source in (ROOT / "configs" / "hw").glob("*.yml"):
-        text = source.read_text()
-        if source.stem == chip:
-            text, count = re.subn(r"gmm_v2_grid_step_us: \{value: [0-9.]+",
-                                  f"gmm_v2_grid_step_us: {{value: {value}", text)
-            assert count == 1, source
-        (Path(directory) / source.name).write_text(text)
+    write_catalog(directory, "gmm_v2_grid_step_us",
+                  lambda stem, current: value if stem == chip else None)
 
 
 def op_seconds(binary, args, directory, kernel_only=False):
