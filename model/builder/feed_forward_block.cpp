@@ -7,6 +7,7 @@
 // mixtral-8x7b: moe/router picks 2 of 8 experts, moe/dispatch groups the tokens as
 //   [experts=8, expert_tokens, embed], moe/experts is that MLP per expert, moe/combine sums back.
 #include <cmath>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -209,7 +210,9 @@ double ForwardBuilder::load_balance_scale() const {
   if (pipeline_.active()) {
     // A pipeline's layer region runs its microbatches' iterations interleaved (and bubbles):
     // the per-layer terms would need their own bookkeeping, not built.
-    throw UserError("load_balance_loss_weight: " + std::to_string(weight) +
+    std::ostringstream value;
+    value << weight;
+    throw UserError("load_balance_loss_weight: " + value.str() +
                     " is not built with pipeline parallelism (the load-balance loss of " +
                     std::string(dims_.family().name) + "'s MoE layers)");
   }

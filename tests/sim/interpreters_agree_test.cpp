@@ -226,7 +226,8 @@ TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
 // deepseek4 with the preset's load-balance loss on the biased router above: the router's two
 // extra outputs, their sums over the length (all-reduced over context), the loss's product summed
 // over the batch (all-reduced over its axes) and the counts the router's gradient reads are ops
-// of the program like any other, whose FLOPs and collective bytes both interpreters count.
+// of the program like any other, whose FLOPs (one device, fsdp x context) and collective bytes
+// both interpreters count.
 TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
   const std::vector<std::string> tiny = {"override_model_config=true",
                                          "base_num_decoder_layers=2",
@@ -252,7 +253,10 @@ TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
   std::vector<std::string> expert = tiny;
   expert.insert(expert.end(),
                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
-  expect_agreement(config_for("deepseek4-tiny", expert), true,
+  // Under expert parallelism device 0 executes the grouped-matmul rows its experts really get
+  // (the hash layer sends every choice to expert 0), not the balanced share the program counts:
+  // FLOPs not compared there, as in DroplessMoeOnUnbalancedRouting.
+  expect_agreement(config_for("deepseek4-tiny", expert), false,
                    "deepseek4 balance fsdp=2 x expert=2");
 }
 
