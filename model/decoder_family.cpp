@@ -43,11 +43,12 @@ constexpr std::array<std::string_view, 4> kDeepseek4MaxTextKeys = {
 // The keys train_keys.tsv refuses for every family that train checks itself for deepseek4 (the
 // compressed attention's shape, built at ratio 0; the rest refused by key when turned on) and
 // computes for qwen3_custom_moe (its latent widths).
-constexpr std::array<std::string_view, 12> kDeepseek4TrainKeys = {
-    "compress_ratios",       "o_groups",           "o_lora_rank",
-    "first_num_hash_layers", "mhc_expansion_rate", "indexer_n_heads",
-    "indexer_head_dim",      "indexer_topk",       "routed_bias_update_rate",
-    "mlp_activations_limit", "routed_score_func",  "routed_bias"};
+constexpr std::array<std::string_view, 13> kDeepseek4TrainKeys = {
+    "compress_ratios",         "o_groups",           "o_lora_rank",
+    "first_num_hash_layers",   "mhc_expansion_rate", "indexer_n_heads",
+    "indexer_head_dim",        "indexer_topk",       "routed_bias_update_rate",
+    "mlp_activations_limit",   "routed_score_func",  "routed_bias",
+    "load_balance_loss_weight"};
 constexpr std::array<std::string_view, 2> kLatentMoeTrainKeys = {"attention_output_dim",
                                                                  "moe_expert_input_dim"};
 

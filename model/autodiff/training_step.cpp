@@ -367,17 +367,39 @@ class BackwardBuilder {
   // A VJP op `kind` of (dy, op's inputs) giving every input's gradient: a norm's (x and its scale
   // and bias) and the router's (its logits and, with routed_bias, its bias, which only picks the
   // experts: the op reads it to pick the same ones and sums its gradient over the tokens).
-  void emit_with_input_grads(OpKind kind, const Op& op, TensorId dy, int region) {
+  // `extra` (>= 0): one more input the VJP reads without giving it a gradient (a router's
+  // per-sequence choice counts, for its load-balance loss).
+  void emit_with_input_grads(OpKind kind, const Op& op, TensorId dy, int region,
+                             TensorId extra = -1) {
     std::vector<TensorId> inputs = {dy};
     std::vector<TensorId> outputs;
     for (const TensorId input : op.inputs) {
       inputs.push_back(available(input, region));
       outputs.push_back(new_grad(graph_.tensor(input), region));
     }
+    if (extra >= 0) {
+      inputs.push_back(available(extra, region));
+    }
     graph_.add_op(kind, op.name + "/grad", inputs, outputs, op.attrs, region);
     for (size_t index = 0; index < op.inputs.size(); ++index) {
       accumulate(op.inputs[index], outputs[index], region);
     }
+  }
+
+  // A router with MaxText's load-balance loss (OpAttrs::load_balance_scale): the choices of each
+  // expert summed over each sequence (the kReduceSum of its one-hot output, model/builder/
+  // feed_forward_block.cpp), whose product with d p the router's VJP adds; -1 without the loss.
+  TensorId load_balance_counts(const Op& router) const {
+    if (router.attrs.load_balance_scale <= 0) {
+      return -1;
+    }
+    for (const Op& op : graph_.ops()) {
+      if (op.kind == OpKind::kReduceSum && op.region == router.region &&
+          op.inputs[0] == router.outputs.at(2)) {
+        return op.outputs[0];
+      }
+    }
+    throw std::logic_error("router '" + router.name + "' has no load-balance counts");
   }
 
   void emit_vjp(const Op& op, int region) {
@@ -457,7 +479,7 @@ class BackwardBuilder {
         return;
       }
       case OpKind::kMoeRouter:
-        emit_with_input_grads(OpKind::kRouterGrad, op, dy, region);
+        emit_with_input_grads(OpKind::kRouterGrad, op, dy, region, load_balance_counts(op));
         return;
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:

@@ -38,6 +38,7 @@ BuildOptions BuildOptions::from_config(const Config& config) {
   options.routed_scaling_factor = config.get_float("routed_scaling_factor");
   options.sqrt_softplus_router_scores = config.get_string("routed_score_func") == "sqrtsoftplus";
   options.routed_bias = config.get_bool("routed_bias");
+  options.load_balance_loss_weight = config.get_float("load_balance_loss_weight");
   options.capacity_factor = config.get_float("capacity_factor");
   options.sparse_matmul = config.get_bool("sparse_matmul");
   options.ragged_buffer_factor = config.get_float("ragged_buffer_factor");

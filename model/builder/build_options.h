@@ -54,6 +54,10 @@ struct BuildOptions {
   // reads a learned [experts] bias, zeros at init, added to the scores for the choice of experts
   // only (moe/gate_bias; OpAttrs of kMoeRouter, sim/functional/kernels/moe.cpp).
   bool routed_bias = false;
+  // MaxText's load_balance_loss_weight w (0: none): each routed MoE layer adds its load-balance
+  // loss (moe.py load_balance_loss) to the step's loss; built for deepseek4
+  // (feed_forward_block.cpp).
+  double load_balance_loss_weight = 0;
   double capacity_factor = 0;
   bool sparse_matmul = false;
   double ragged_buffer_factor = 0;

@@ -7,7 +7,11 @@
 // mixtral-8x7b: moe/router picks 2 of 8 experts, moe/dispatch groups the tokens as
 //   [experts=8, expert_tokens, embed], moe/experts is that MLP per expert, moe/combine sums back.
 #include <cmath>
+#include <sstream>
+#include <utility>
+#include <vector>
 
+#include "common/error.h"
 #include "model/builder/forward_builder_impl.h"
 #include "model/config.h"
 
@@ -111,6 +115,15 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
   router_attrs.route_scale = options_.routed_scaling_factor;
   router_attrs.hash_routing = hash_routing;
   router_attrs.sqrt_softplus_scores = options_.sqrt_softplus_router_scores;
+  router_attrs.load_balance_scale = hash_routing ? 0.0 : load_balance_scale();
+  std::vector<TensorId> router_outputs = {routing};
+  if (router_attrs.load_balance_scale > 0) {
+    for (const char* name : {"moe/balance_probabilities", "moe/balance_choices"}) {
+      router_outputs.push_back(
+          graph().add_tensor(name, with_last(moe_dims, {act("experts", experts, "")}), DType::kF32,
+                             TensorKind::kActivation, region));
+    }
+  }
   std::vector<TensorId> router_inputs = {router_logits};
   if (options_.routed_bias && !hash_routing) {
     // MaxText's GateLogit bias (moe.py, use_bias = routed_bias and not is_hash_routing):
@@ -121,7 +134,10 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
         parameter_tensor("moe/gate_bias", {Dim{"experts", experts, ""}}, region, constant_init(0)));
   }
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
-                 router_inputs, {routing}, router_attrs, region);
+                 router_inputs, router_outputs, router_attrs, region);
+  if (router_outputs.size() == 3) {
+    build_load_balance_loss(region, router_outputs[1], router_outputs[2]);
+  }
   const double tokens = static_cast<double>(batch_ * length_);
   const double capacity_factor = options_.capacity_factor;
   const bool padded = !options_.sparse_matmul && capacity_factor > 0;
@@ -168,6 +184,74 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
     combined = elementwise("moe/add_shared", ElementwiseFn::kAdd, {combined, shared}, region);
   }
   return combined;
+}
+
+// MaxText's load-balance loss (moe.py permute and load_balance_loss at 00a1eaaa, Switch
+// Transformer's; docs/reference/deepseek4.md section 6), read globally: per sequence b, density
+// [b, e] = the mean over its S tokens of how many of a token's choices are e, density_prob[b, e]
+// = the mean of its softmax p[., e]; the layer's loss is w E^2 x the mean over (b, e) of their
+// product, and the step adds the mean over the L routed layers, so each layer adds
+// c x sum over (b, e) of counts[b, e] x sum over tokens of p with c = w E / (B S^2 L).
+// Hash-routed layers have none (their permute skips it). Built for deepseek4 only: MaxText
+// computes it for every routed MoE, but tpusim's other families keep their program (and their
+// estimates) for now, and train refuses the key for them.
+double ForwardBuilder::load_balance_scale() const {
+  const double weight = options_.load_balance_loss_weight;
+  if (weight <= 0 || dims_.family().block != DecoderBlock::kDeepseek4 || !dims_.is_moe()) {
+    return 0.0;
+  }
+  int64_t routed_layers = 0;
+  for (int64_t layer = 0; layer < dims_.num_layers; ++layer) {
+    routed_layers += dims_.is_moe_layer(layer) && !dims_.is_hash_routing_layer(layer) ? 1 : 0;
+  }
+  if (routed_layers == 0) {
+    return 0.0;
+  }
+  if (pipeline_.active()) {
+    // A pipeline's layer region runs its microbatches' iterations interleaved (and bubbles):
+    // the per-layer terms would need their own bookkeeping, not built.
+    std::ostringstream value;
+    value << weight;
+    throw UserError("load_balance_loss_weight: " + value.str() +
+                    " is not built with pipeline parallelism (the load-balance loss of " +
+                    std::string(dims_.family().name) + "'s MoE layers)");
+  }
+  const auto sequences = static_cast<double>(batch_);
+  const auto length = static_cast<double>(length_);
+  return weight * static_cast<double>(dims_.num_experts) /
+         (sequences * length * length * static_cast<double>(routed_layers));
+}
+
+// balance_probabilities = c x softmax(score + bias) and choices (one-hot) [batch, length,
+// experts]: each summed over the length (all-reduced over the axes that split the sequences),
+// the counts kept for the router's VJP, and their product summed over (batch, experts), which
+// ends in an all-reduce over the batch's axes: the layer's share of the loss.
+void ForwardBuilder::build_load_balance_loss(int region, TensorId balance_probabilities,
+                                             TensorId choices) {
+  std::vector<Dim> per_sequence;
+  for (const Dim& dim : graph().tensor(choices).dims) {
+    if (dim.name != "length") {
+      per_sequence.push_back(dim);
+    }
+  }
+  OpAttrs over_length;
+  over_length.contracted = {"length"};
+  std::vector<TensorId> sums;
+  for (const auto& [name, tensor] :
+       {std::pair{"moe/balance_counts", choices},
+        std::pair{"moe/balance_probability_sums", balance_probabilities}}) {
+    sums.push_back(
+        graph().add_tensor(name, per_sequence, DType::kF32, TensorKind::kActivation, region));
+    graph().add_op(OpKind::kReduceSum, name, {tensor}, {sums.back()}, over_length, region);
+  }
+  const TensorId loss =
+      graph().add_tensor("moe/load_balance_loss", {}, DType::kF32, TensorKind::kScalar, region);
+  OpAttrs product;
+  for (const Dim& dim : per_sequence) {
+    product.contracted.push_back(dim.name);
+  }
+  graph().add_op(OpKind::kEinsum, "moe/load_balance_loss", sums, {loss}, product, region);
+  result_.auxiliary_losses.push_back(loss);
 }
 
 }  // namespace tpusim::builder_detail

@@ -39,6 +39,10 @@ struct ForwardGraph {
   std::vector<TensorId> layer_outputs;
   TensorId head_input = -1;
   TensorId loss = -1;
+  // Scalars each iteration of their (layer) region adds to the reported loss: MaxText's
+  // load-balance loss of each routed MoE layer, already divided by the number of those layers
+  // (their mean). Their gradient is the router VJP's own (kRouterGrad), not seeded from here.
+  std::vector<TensorId> auxiliary_losses;
   int64_t head_chunks = 1;  // num_vocab_tiling: the head region runs once per chunk of tokens
   int64_t batch = 0;        // sequences in the graph
   int64_t length = 0;       // tokens per sequence

@@ -180,6 +180,10 @@ class ForwardBuilder {
                      const std::string& experts_prefix = "", const Ragged& ragged = {});
   // hash_routing: deepseek4's first first_num_hash_layers layers (experts by token id).
   TensorId build_moe(int region, TensorId x, bool hash_routing = false);
+  // MaxText's load-balance loss of a routed MoE layer: OpAttrs::load_balance_scale of its
+  // router (0 when the model has none), and the ops after the router's two extra outputs.
+  double load_balance_scale() const;
+  void build_load_balance_loss(int region, TensorId balance_probabilities, TensorId choices);
 
   const Config& config_;
   ModelDims dims_;

@@ -171,6 +171,11 @@ struct OpAttrs {
   // A collective permute around its group's ring (a pipeline's hand-over over `stage`): member p
   // receives the input of member p - ring_shift (mod the group). 0: a permute between layouts.
   int64_t ring_shift = 0;
+  // MoE router with MaxText's load-balance loss (load_balance_loss_weight w > 0): c = w E /
+  // (B S^2 L) for E experts, B sequences of S tokens, L routed layers. kMoeRouter's second and
+  // third outputs are c x softmax(scores + bias) and the one-hot choices per token; kRouterGrad
+  // adds c x count[b, e] (the choices of expert e in sequence b, an extra input) to d softmax.
+  double load_balance_scale = 0;
 };
 
 struct Op {

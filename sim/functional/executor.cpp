@@ -97,6 +97,9 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
       loss_ = op.outputs[0];
     }
   }
+  for (const TensorId global : program.step->forward_info.auxiliary_losses) {
+    auxiliary_losses_.push_back(program.program.local_of_global[static_cast<size_t>(global)]);
+  }
   plan_chunked_heads();
   plan_storage();
   check_pipeline_loops();
@@ -165,7 +168,9 @@ void Executor::plan_storage() {
     // Freed after the op that needs it last, unless it lives on (state, final gradients, carry
     // ends, the batch, the loss).
     const bool kept = persistent || liveness_.is_carry_end(tensor.id) ||
-                      tensor.kind == TensorKind::kInput || tensor.id == loss_;
+                      tensor.kind == TensorKind::kInput || tensor.id == loss_ ||
+                      std::find(auxiliary_losses_.begin(), auxiliary_losses_.end(), tensor.id) !=
+                          auxiliary_losses_.end();
     const int dies_after = liveness_.dies_after(tensor.id);
     if (!kept && dies_after != Liveness::kNone) {
       dead_after_[static_cast<size_t>(dies_after)].push_back(tensor.id);
@@ -493,6 +498,11 @@ void Executor::run_region(int region, int microbatch) {
     }
     if (graph_.tensor(loss_).region == region) {
       loss_sum_ += static_cast<double>(value(loss_).values.at(0));  // a chunked head: per chunk
+    }
+    for (const TensorId auxiliary : auxiliary_losses_) {
+      if (graph_.tensor(auxiliary).region == region) {
+        loss_sum_ += static_cast<double>(value(auxiliary).values.at(0));  // once per layer
+      }
     }
     if (info.phase == Phase::kBackward) {
       accumulate_final_gradients(region);

@@ -169,6 +169,9 @@ class Executor {
   // Under pipeline_fsdp_ag_once: gathered weights by (gather op, parameter slot), for one loop.
   std::map<std::pair<int, int64_t>, TensorData> gathered_once_;
   TensorId loss_ = -1;  // local tensor holding the complete loss
+  // Local scalars each iteration of their region adds to the loss (ForwardGraph::
+  // auxiliary_losses: MaxText's load-balance loss of each routed MoE layer).
+  std::vector<TensorId> auxiliary_losses_;
   double loss_sum_ = 0;
   DeviceContext::Optimizer optimizer_;
   ExecutionCounters counters_;

@@ -112,9 +112,11 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
     refuse("n_routing_groups", std::to_string(numerics.n_routing_groups),
            "group-limited routing is not built");
   }
-  if (numerics.load_balance_loss_weight > 0) {
+  // Built for deepseek4's routers (model/builder/feed_forward_block.cpp load_balance_scale).
+  if (numerics.load_balance_loss_weight > 0 && dims.family().block != DecoderBlock::kDeepseek4) {
     refuse("load_balance_loss_weight", number_text(numerics.load_balance_loss_weight),
-           "the load-balance loss is not added");
+           "the load-balance loss is added for " +
+               std::string(decoder_family(DecoderBlock::kDeepseek4).name) + "'s routers only");
   }
 }
 

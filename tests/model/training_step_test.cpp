@@ -77,20 +77,28 @@ TEST(TrainingStep, ModelFlopsWithoutRecomputeEqualMaxTextForEveryPreset) {
 
 // deepseek4: the indexer's scores only pick blocks (top-k indices), so no gradient flows through
 // its ops: the backward is twice the forward without them. Its ops are the forward matmuls named
-// indexer/ (MaxText keeps no gradient path through them either).
+// indexer/ (MaxText keeps no gradient path through them either). Nor has the load-balance loss's
+// product of per-sequence sums (moe/load_balance_loss, 2 B E FLOPs per routed layer) a backward:
+// its gradient is added inside the router's VJP.
 TEST(TrainingStep, Deepseek4IndexerHasNoBackward) {
   const TrainingStep step = build_training_step(config_for("deepseek4-tiny", "full"), 2);
   const PhaseFlops flops = matmul_flops_by_phase(step);
   double indexer = 0;
+  double balance = 0;
   for (const Op& op : step.graph.ops()) {
+    const double op_matmul =
+        static_cast<double>(step.graph.region(op.region).repeat) * op_flops(step.graph, op).matmul;
     if (op.phase == Phase::kForward && op.name.starts_with("indexer/")) {
-      indexer += static_cast<double>(step.graph.region(op.region).repeat) *
-                 op_flops(step.graph, op).matmul;
+      indexer += op_matmul;
+    }
+    if (op.phase == Phase::kForward && op.name == "moe/load_balance_loss") {
+      balance += op_matmul;
     }
     EXPECT_FALSE(op.phase == Phase::kBackward && op.name.starts_with("indexer/")) << op.name;
   }
   EXPECT_GT(indexer, 0.0);
-  EXPECT_NEAR(flops.backward / (flops.forward - indexer), 2.0, 1e-9);
+  EXPECT_GT(balance, 0.0);  // the preset's load_balance_loss_weight 1e-4
+  EXPECT_NEAR(flops.backward / (flops.forward - indexer - balance), 2.0, 1e-9);
 }
 
 TEST(TrainingStep, RematPolicyChangesRecompute) {

@@ -112,7 +112,7 @@ check deepseek4-tiny-sqrtsoftplus "model_name=deepseek4-tiny override_model_conf
 # weighted by the scores alone), from a checkpoint whose biases bias_router.py set to
 # 0.05 x (e % 5 - 2), which changes the experts of about half the tokens (the reference prints
 # how many; a zero bias would check nothing). The bias's update rule (routed_bias_update_rate)
-# and the load-balance loss stay off: train refuses them.
+# stays off: train refuses it.
 deepseek4_bias="model_name=deepseek4-tiny override_model_config=true \
   base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
   routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=true routed_bias_update_rate=0 \
@@ -123,6 +123,14 @@ if "$tpusim" train $deepseek4_bias "${placement[@]}" "${common[@]}" --dump "$wor
   check deepseek4-tiny-routed-bias "$deepseek4_bias load_parameters_path=$work/biased" \
     "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
     --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias"
+  # ... and with the preset's load-balance loss (load_balance_loss_weight 1e-4): each routed
+  # layer's loss, from the softmax of score + bias, added to the step's loss (their mean), its
+  # gradient reaching the scores and the bias (docs/reference/deepseek4.md section 6).
+  check deepseek4-tiny-load-balance "${deepseek4_bias/load_balance_loss_weight=0/load_balance_loss_weight=0.0001} \
+    load_parameters_path=$work/biased" \
+    "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+    --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias \
+    --load-balance-loss-weight 1e-4"
 else
   echo "=== deepseek4-tiny-routed-bias: could not make the biased checkpoint"
   failed+=(deepseek4-tiny-routed-bias)

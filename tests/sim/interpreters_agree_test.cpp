@@ -223,5 +223,42 @@ TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
   expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 fsdp=2 x tensor=2");
 }
 
+// deepseek4 with the preset's load-balance loss on the biased router above: the router's two
+// extra outputs, their sums over the length (all-reduced over context), the loss's product summed
+// over the batch (all-reduced over its axes) and the counts the router's gradient reads are ops
+// of the program like any other, whose FLOPs (one device, fsdp x context) and collective bytes
+// both interpreters count.
+TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
+  const std::vector<std::string> tiny = {"override_model_config=true",
+                                         "base_num_decoder_layers=2",
+                                         "compress_ratios=[0,0]",
+                                         "mhc_expansion_rate=1",
+                                         "first_num_hash_layers=1",
+                                         "routed_score_func=sqrtsoftplus",
+                                         "norm_topk_prob=true",
+                                         "routed_bias=true",
+                                         "routed_bias_update_rate=0",
+                                         "load_balance_loss_weight=0.0001",
+                                         "mlp_activations_limit=0.3",
+                                         "sliding_window_size=8",
+                                         "vocab_size=256"};
+  std::vector<std::string> one_device = tiny;
+  one_device.emplace_back("compile_topology=v5e-1");
+  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 balance one device");
+  std::vector<std::string> context = tiny;
+  context.insert(context.end(),
+                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+  expect_agreement(config_for("deepseek4-tiny", context), true,
+                   "deepseek4 balance fsdp=2 x context=2");
+  std::vector<std::string> expert = tiny;
+  expert.insert(expert.end(),
+                {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  // Under expert parallelism device 0 executes the grouped-matmul rows its experts really get
+  // (the hash layer sends every choice to expert 0), not the balanced share the program counts:
+  // FLOPs not compared there, as in DroplessMoeOnUnbalancedRouting.
+  expect_agreement(config_for("deepseek4-tiny", expert), false,
+                   "deepseek4 balance fsdp=2 x expert=2");
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -26,13 +26,20 @@
 //   (descending, ties: lower index first), and their weights are still those of the scores
 //   alone (the probabilities above, without the bias). Not with hash_routing.
 // kRouterGrad, by inputs:
-//   (d_routing, router_logits[, bias]) -> d_router_logits[, d_bias]: VJP through the softmax of
+//   (d_routing, router_logits[, bias][, counts]) -> d_router_logits[, d_bias]: VJP through the
+//   softmax of
 //     the picked
 //     probabilities (the selection is piecewise constant; the index channel's gradient is
 //     ignored): with dw_c = d_routing[t, c, 1] and the chosen probabilities q_c, dq_c = s dw_c,
 //     or (s / Z)(dw_c - sum_j dw_j q_j / Z) when normalized (Z = sum q); dp_e = dq of e's choice
 //     (0 for the others); dlogits = p * (dp - sum(p dp)). The bias only picks the choices, which
 //     are piecewise constant in it: d_bias = 0 (this device's tokens' part of a sum).
+//   With attrs.load_balance_scale c > 0 (MaxText's load-balance loss, moe.py load_balance_loss;
+//     model/ir/op.h): kMoeRouter has two more outputs [token dims, experts], c x softmax(score +
+//     bias) and the token's one-hot choices; kRouterGrad one more input, counts[sequence dims,
+//     experts] (the one-hot choices summed over each whole sequence), and adds d p = c x counts
+//     of the token's sequence through that softmax to the scores' and the bias's gradients (the
+//     loss's value and gradient: c sum over (b, e) of counts x sum over tokens of p).
 //   (d_combined[token dims, embed], expert_out[experts, expert_tokens, embed], routing) ->
 //     d_routing: channel 1 = sum over embed of d_combined[t] * expert_out[e, slot] for each kept
 //     choice (0 for dropped ones), channel 0 = 0.
@@ -279,12 +286,15 @@ class MoeKernel {
 // Softmax probabilities of one token's router scores, its top-k experts, and what turns a chosen
 // probability into its weight: route_scale, over the chosen probabilities' sum when normalized.
 // score_slopes: d score / d logit per expert (empty when the scores are the logits).
+// balance_probabilities (attrs.load_balance_scale > 0): the load-balance loss's softmax, of
+// score + bias (MaxText's jax.nn.softmax(gate_logits), the gate's output with its bias).
 struct RouterRow {
   std::vector<double> probabilities;
   std::vector<int64_t> chosen;
   double chosen_sum = 0;
   double weight_scale = 1;
   std::vector<double> score_slopes;
+  std::vector<double> balance_probabilities;
 };
 
 // The router's score of a logit l under attrs.sqrt_softplus_scores: sqrt(softplus(l)), softplus
@@ -298,30 +308,42 @@ double sqrt_softplus_score(double logit, double& slope) {
   return score;
 }
 
+// softmax(values + shift) with shift = nullptr read as 0.
+std::vector<double> softmax_of(const std::vector<double>& values, const float* shift) {
+  std::vector<double> result(values.size());
+  double max = -std::numeric_limits<double>::infinity();
+  for (size_t e = 0; e < values.size(); ++e) {
+    result[e] = values[e] + (shift == nullptr ? 0.0 : static_cast<double>(shift[e]));
+    max = std::max(max, result[e]);
+  }
+  double sum = 0;
+  for (double& value : result) {
+    value = std::exp(value - max);
+    sum += value;
+  }
+  for (double& value : result) {
+    value /= sum;
+  }
+  return result;
+}
+
 // `bias` (routed_bias; nullptr without): [experts] added to the scores for the choice only.
 RouterRow route_token(const float* logits, const float* bias, int64_t experts, int64_t stride,
                       int64_t top_k, const OpAttrs& attrs) {
   RouterRow row;
-  row.probabilities.resize(static_cast<size_t>(experts));
   std::vector<double> scores(static_cast<size_t>(experts));
   if (attrs.sqrt_softplus_scores) {
     row.score_slopes.resize(static_cast<size_t>(experts));
   }
-  double max = -std::numeric_limits<double>::infinity();
   for (int64_t e = 0; e < experts; ++e) {
     const auto at = static_cast<size_t>(e);
     scores[at] = attrs.sqrt_softplus_scores
                      ? sqrt_softplus_score(logits[e * stride], row.score_slopes[at])
                      : static_cast<double>(logits[e * stride]);
-    max = std::max(max, scores[at]);
   }
-  double sum = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    row.probabilities[static_cast<size_t>(e)] = std::exp(scores[static_cast<size_t>(e)] - max);
-    sum += row.probabilities[static_cast<size_t>(e)];
-  }
-  for (double& p : row.probabilities) {
-    p /= sum;
+  row.probabilities = softmax_of(scores, nullptr);
+  if (attrs.load_balance_scale > 0) {
+    row.balance_probabilities = bias == nullptr ? row.probabilities : softmax_of(scores, bias);
   }
   std::vector<int64_t> order(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
@@ -355,13 +377,29 @@ RouterRow route_token(const float* logits, const float* bias, int64_t experts, i
   return row;
 }
 
-void run_router(const Ctx& ctx, bool gradient) {
-  // Forward: (logits[, bias]) -> routing; gradient: (d_routing, logits[, bias]) -> d_logits.
-  const Tensor& logits = ctx.in_tensor(gradient ? 1 : 0);
-  const size_t bias_input = gradient ? 2 : 1;
+// What the router's forward and gradient both read: the logits, the bias and the routing layout.
+struct RouterInputs {
+  const Tensor* logits = nullptr;
+  const float* logit_values = nullptr;
   const float* bias = nullptr;
-  if (ctx.num_inputs() > bias_input) {
-    const Tensor& bias_tensor = ctx.in_tensor(bias_input);
+  size_t bias_input = 0;
+  RoutingLayout layout;
+  int64_t experts = 0;
+  Space all;  // the token dims, then experts
+  std::vector<int64_t> logits_at;
+  int64_t stride = 0;
+};
+
+RouterInputs router_inputs(const Ctx& ctx, bool gradient) {
+  // Forward: (logits[, bias]) -> routing; gradient: (d_routing, logits[, bias]) -> d_logits.
+  RouterInputs in;
+  in.logits = &ctx.in_tensor(gradient ? 1 : 0);
+  in.logit_values = ctx.in(gradient ? 1 : 0);
+  in.bias_input = gradient ? 2 : 1;
+  // With the load-balance loss the gradient's last input is the per-sequence choice counts.
+  const size_t counts_inputs = gradient && ctx.op().attrs.load_balance_scale > 0 ? 1 : 0;
+  if (ctx.num_inputs() > in.bias_input + counts_inputs) {
+    const Tensor& bias_tensor = ctx.in_tensor(in.bias_input);
     if (bias_tensor.dims.size() != 1 || bias_tensor.dims[0].name != "experts" ||
         bias_tensor.dims[0].size != bias_tensor.dims[0].whole_size()) {
       ctx.fail("the router's bias must be a whole [experts]");
@@ -369,91 +407,191 @@ void run_router(const Ctx& ctx, bool gradient) {
     if (ctx.op().attrs.hash_routing) {
       ctx.fail("a hash-routed router takes no bias");
     }
-    bias = ctx.in(bias_input);
+    in.bias = ctx.in(in.bias_input);
   }
-  const Tensor& routing = gradient ? ctx.in_tensor(0) : ctx.out_tensor(0);
-  const RoutingLayout layout = routing_layout(ctx, routing);
-  const Dim& experts = ctx.dim(logits, "experts");
+  if (ctx.op().attrs.hash_routing && ctx.op().attrs.load_balance_scale > 0) {
+    ctx.fail("a hash-routed router has no load-balance loss");
+  }
+  in.layout = routing_layout(ctx, gradient ? ctx.in_tensor(0) : ctx.out_tensor(0));
+  const Dim& experts = ctx.dim(*in.logits, "experts");
   if (experts.whole_size() != experts.size) {
     ctx.fail("the router's experts dim must be whole");
   }
-  if (bias != nullptr && ctx.in_tensor(bias_input).dims[0].size != experts.size) {
+  in.experts = experts.size;
+  if (in.bias != nullptr && ctx.in_tensor(in.bias_input).dims[0].size != experts.size) {
     ctx.fail("the router's bias must have the logits' experts");
   }
-  if (layout.top_k > experts.size ||
-      (ctx.op().attrs.top_k > 0 && ctx.op().attrs.top_k != layout.top_k)) {
+  if (in.layout.top_k > experts.size ||
+      (ctx.op().attrs.top_k > 0 && ctx.op().attrs.top_k != in.layout.top_k)) {
     ctx.fail("routing top_k does not match attrs.top_k or the experts");
   }
-  Space all = layout.tokens;
-  all.add("experts", experts.size);
-  ctx.strides_in(logits, all, true, true);
-  const std::vector<int64_t> logits_at = offsets_of(ctx, logits, layout.tokens);
-  const int64_t stride = ctx.stride(logits, "experts");
-  const float* logit_values = ctx.in(gradient ? 1 : 0);
-  if (!gradient) {
-    float* out = ctx.out(0);
-    for (size_t token = 0; token < logits_at.size(); ++token) {
-      const RouterRow row = route_token(logit_values + logits_at[token], bias, experts.size, stride,
-                                        layout.top_k, ctx.op().attrs);
-      for (int64_t c = 0; c < layout.top_k; ++c) {
-        const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
-        const int64_t expert = row.chosen[static_cast<size_t>(c)];
-        out[base] = static_cast<float>(expert);
-        out[base + layout.route_stride] =
-            static_cast<float>(row.probabilities[static_cast<size_t>(expert)] * row.weight_scale);
-      }
-    }
-    return;
+  in.all = in.layout.tokens;
+  in.all.add("experts", experts.size);
+  ctx.strides_in(*in.logits, in.all, true, true);
+  in.logits_at = offsets_of(ctx, *in.logits, in.layout.tokens);
+  in.stride = ctx.stride(*in.logits, "experts");
+  return in;
+}
+
+// (logits[, bias]) -> routing[, c x softmax(score + bias), one-hot choices] (model/ir/op.h
+// load_balance_scale c: the last two [token dims, experts], for the load-balance loss).
+void run_router_forward(const Ctx& ctx) {
+  const RouterInputs in = router_inputs(ctx, false);
+  const bool balance = ctx.num_outputs() == 3;
+  if (balance != (ctx.op().attrs.load_balance_scale > 0)) {
+    ctx.fail("the router's load-balance outputs need load_balance_scale > 0, and it them");
   }
+  std::vector<int64_t> balance_at;
+  std::vector<int64_t> choices_at;
+  float* probabilities = nullptr;  // (ctx.out zero-fills: each output is taken once)
+  float* choices = nullptr;
+  int64_t balance_stride = 0;
+  int64_t choices_stride = 0;
+  if (balance) {
+    ctx.strides_in(ctx.out_tensor(1), in.all, true, true);
+    ctx.strides_in(ctx.out_tensor(2), in.all, true, true);
+    balance_at = offsets_of(ctx, ctx.out_tensor(1), in.layout.tokens);
+    choices_at = offsets_of(ctx, ctx.out_tensor(2), in.layout.tokens);
+    balance_stride = ctx.stride(ctx.out_tensor(1), "experts");
+    choices_stride = ctx.stride(ctx.out_tensor(2), "experts");
+    probabilities = ctx.out(1);
+    choices = ctx.out(2);
+  }
+  float* out = ctx.out(0);
+  for (size_t token = 0; token < in.logits_at.size(); ++token) {
+    const RouterRow row = route_token(in.logit_values + in.logits_at[token], in.bias, in.experts,
+                                      in.stride, in.layout.top_k, ctx.op().attrs);
+    for (int64_t c = 0; c < in.layout.top_k; ++c) {
+      const int64_t base = in.layout.token_offsets[token] + c * in.layout.choice_stride;
+      const int64_t expert = row.chosen[static_cast<size_t>(c)];
+      out[base] = static_cast<float>(expert);
+      out[base + in.layout.route_stride] =
+          static_cast<float>(row.probabilities[static_cast<size_t>(expert)] * row.weight_scale);
+    }
+    if (!balance) {
+      continue;
+    }
+    for (int64_t e = 0; e < in.experts; ++e) {
+      probabilities[balance_at[token] + e * balance_stride] = static_cast<float>(
+          ctx.op().attrs.load_balance_scale * row.balance_probabilities[static_cast<size_t>(e)]);
+    }
+    for (const int64_t e : row.chosen) {
+      choices[choices_at[token] + e * choices_stride] += 1.0f;
+    }
+  }
+}
+
+// d scores of one token through its chosen weights: w_c = weight_scale q_c, where a normalized
+// weight_scale = s / Z also depends on every q_j; then through the softmax to the scores.
+std::vector<double> weight_score_gradient(const RouterRow& row, const RoutingLayout& layout,
+                                          int64_t routing_at, const float* d_routing,
+                                          bool normalize) {
+  const size_t experts = row.probabilities.size();
+  double weighted = 0;  // sum_j dw_j q_j
+  for (int64_t c = 0; c < layout.top_k; ++c) {
+    const int64_t base = routing_at + c * layout.choice_stride;
+    weighted += d_routing[base + layout.route_stride] *
+                row.probabilities[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])];
+  }
+  const double normalized = normalize ? weighted / row.chosen_sum : 0.0;
+  std::vector<double> dp(experts, 0.0);
+  for (int64_t c = 0; c < layout.top_k; ++c) {
+    const int64_t base = routing_at + c * layout.choice_stride;
+    dp[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])] +=
+        row.weight_scale * (d_routing[base + layout.route_stride] - normalized);
+  }
+  double inner = 0;
+  for (size_t e = 0; e < experts; ++e) {
+    inner += row.probabilities[e] * dp[e];
+  }
+  std::vector<double> d_scores(experts);
+  for (size_t e = 0; e < experts; ++e) {
+    d_scores[e] = row.probabilities[e] * (dp[e] - inner);
+  }
+  return d_scores;
+}
+
+// The load-balance loss's gradient at one token (model/ir/op.h load_balance_scale c): d p[e] =
+// c count[e] (its sequence's choices of e), through the softmax of z = score + bias to
+// d z[e] = p[e] (d p[e] - sum_j p[j] d p[j]), which both the score and the bias get.
+std::vector<double> balance_gradient(const RouterRow& row, const float* counts, int64_t stride,
+                                     double scale) {
+  const std::vector<double>& p = row.balance_probabilities;
+  double inner = 0;
+  for (size_t e = 0; e < p.size(); ++e) {
+    inner += p[e] * scale * counts[static_cast<int64_t>(e) * stride];
+  }
+  std::vector<double> d_z(p.size());
+  for (size_t e = 0; e < p.size(); ++e) {
+    d_z[e] = p[e] * (scale * counts[static_cast<int64_t>(e) * stride] - inner);
+  }
+  return d_z;
+}
+
+// (d_routing, logits[, bias][, counts[sequence dims, experts]]) -> d_logits[, d_bias]; counts
+// (with load_balance_scale > 0): the choices of each expert over each whole sequence.
+void run_router_gradient(const Ctx& ctx) {
+  const RouterInputs in = router_inputs(ctx, true);
+  const OpAttrs& attrs = ctx.op().attrs;
   const Tensor& d_logits_tensor = ctx.out_tensor(0);
-  ctx.strides_in(d_logits_tensor, all, true, true);
-  const std::vector<int64_t> d_at = offsets_of(ctx, d_logits_tensor, layout.tokens);
+  ctx.strides_in(d_logits_tensor, in.all, true, true);
+  const std::vector<int64_t> d_at = offsets_of(ctx, d_logits_tensor, in.layout.tokens);
   const int64_t d_stride = ctx.stride(d_logits_tensor, "experts");
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
-  if (ctx.num_outputs() == 2) {
-    if (bias == nullptr || !same_dims(ctx.out_tensor(1), ctx.in_tensor(bias_input))) {
-      ctx.fail("d_bias needs the bias input and its dims");
-    }
-    std::fill_n(ctx.out(1), ctx.in_tensor(bias_input).dims[0].size, 0.0f);
+  std::vector<double> d_bias(static_cast<size_t>(in.experts), 0.0);
+  if (ctx.num_outputs() == 2 &&
+      (in.bias == nullptr || !same_dims(ctx.out_tensor(1), ctx.in_tensor(in.bias_input)))) {
+    ctx.fail("d_bias needs the bias input and its dims");
   }
-  if (ctx.op().attrs.hash_routing) {
-    // Hash-routed weights are constant (1 / top_k): no gradient reaches the logits. (Computed
-    // through the softmax it is 0 only up to rounding, which sharding would change.)
-    for (size_t token = 0; token < logits_at.size(); ++token) {
-      for (int64_t e = 0; e < experts.size; ++e) {
+  std::vector<int64_t> counts_at;
+  int64_t counts_stride = 0;
+  const float* counts = nullptr;
+  if (attrs.load_balance_scale > 0) {
+    const size_t counts_input = ctx.num_inputs() - 1;
+    const Tensor& counts_tensor = ctx.in_tensor(counts_input);
+    ctx.strides_in(counts_tensor, in.all, false, true);  // its dims: some token dims, experts
+    // The sequence's row for each token (stride 0 over the dims it lacks: length).
+    const std::array<std::vector<int64_t>, 1> strides = {
+        ctx.strides_in(counts_tensor, in.layout.tokens, false, false)};
+    for_each_index(in.layout.tokens.sizes, strides,
+                   [&](const std::array<int64_t, 1>& at) { counts_at.push_back(at[0]); });
+    counts_stride = ctx.stride(counts_tensor, "experts");
+    counts = ctx.in(counts_input);
+  }
+  for (size_t token = 0; token < in.logits_at.size(); ++token) {
+    if (attrs.hash_routing) {
+      // Hash-routed weights are constant (1 / top_k): no gradient reaches the logits. (Computed
+      // through the softmax it is 0 only up to rounding, which sharding would change.)
+      for (int64_t e = 0; e < in.experts; ++e) {
         d_logits[d_at[token] + e * d_stride] = 0.0f;
       }
+      continue;
     }
-    return;
-  }
-  for (size_t token = 0; token < logits_at.size(); ++token) {
-    const RouterRow row = route_token(logit_values + logits_at[token], bias, experts.size, stride,
-                                      layout.top_k, ctx.op().attrs);
-    // Through the weights to the chosen probabilities: w_c = weight_scale q_c, where a normalized
-    // weight_scale = s / Z also depends on every q_j.
-    double weighted = 0;  // sum_j dw_j q_j
-    for (int64_t c = 0; c < layout.top_k; ++c) {
-      const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
-      weighted += d_routing[base + layout.route_stride] *
-                  row.probabilities[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])];
+    const RouterRow row = route_token(in.logit_values + in.logits_at[token], in.bias, in.experts,
+                                      in.stride, in.layout.top_k, attrs);
+    std::vector<double> d_scores = weight_score_gradient(
+        row, in.layout, in.layout.token_offsets[token], d_routing, attrs.normalize_top_k);
+    if (counts != nullptr) {
+      const std::vector<double> d_z =
+          balance_gradient(row, counts + counts_at[token], counts_stride, attrs.load_balance_scale);
+      for (size_t e = 0; e < d_z.size(); ++e) {
+        d_scores[e] += d_z[e];
+        d_bias[e] += d_z[e];
+      }
     }
-    const double normalized = ctx.op().attrs.normalize_top_k ? weighted / row.chosen_sum : 0.0;
-    std::vector<double> dp(static_cast<size_t>(experts.size), 0.0);
-    for (int64_t c = 0; c < layout.top_k; ++c) {
-      const int64_t base = layout.token_offsets[token] + c * layout.choice_stride;
-      dp[static_cast<size_t>(row.chosen[static_cast<size_t>(c)])] +=
-          row.weight_scale * (d_routing[base + layout.route_stride] - normalized);
-    }
-    double inner = 0;
-    for (int64_t e = 0; e < experts.size; ++e) {
-      inner += row.probabilities[static_cast<size_t>(e)] * dp[static_cast<size_t>(e)];
-    }
-    for (int64_t e = 0; e < experts.size; ++e) {
+    for (int64_t e = 0; e < in.experts; ++e) {
       const auto at = static_cast<size_t>(e);
-      const double d_score = row.probabilities[at] * (dp[at] - inner);
-      d_logits[d_at[token] + e * d_stride] =
-          static_cast<float>(row.score_slopes.empty() ? d_score : d_score * row.score_slopes[at]);
+      d_logits[d_at[token] + e * d_stride] = static_cast<float>(
+          row.score_slopes.empty() ? d_scores[at] : d_scores[at] * row.score_slopes[at]);
+    }
+  }
+  // The bias only picks the choices (piecewise constant) but is in the load-balance softmax:
+  // this device's tokens' part of the sum over tokens.
+  if (ctx.num_outputs() == 2) {
+    float* d_bias_out = ctx.out(1);
+    for (int64_t e = 0; e < in.experts; ++e) {
+      d_bias_out[e] = static_cast<float>(d_bias[static_cast<size_t>(e)]);
     }
   }
 }
@@ -461,15 +599,15 @@ void run_router(const Ctx& ctx, bool gradient) {
 }  // namespace
 
 void run_moe_router(const Ctx& ctx) {
-  ctx.expect_counts(1, 2, 1, 1);
-  run_router(ctx, false);
+  ctx.expect_counts(1, 2, 1, 3);
+  run_router_forward(ctx);
 }
 
 void run_router_grad(const Ctx& ctx) {
-  ctx.expect_counts(2, 3, 1, 2);
+  ctx.expect_counts(2, 4, 1, 2);
   // d_routing (input 0 of the logits' gradient) has the routing's "route" dim; d_combined not.
   if (ctx.in_tensor(0).dim_index("route") >= 0) {
-    run_router(ctx, true);
+    run_router_gradient(ctx);
     return;
   }
   // (d_combined, expert_out, routing) -> d_routing.

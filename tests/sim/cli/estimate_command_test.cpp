@@ -118,8 +118,7 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
            {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"},
-           {"routed_bias_update_rate", "0.001", "routed_bias_update_rate: 0.001"},
-           {"load_balance_loss_weight", "0.0001", "load_balance_loss_weight: 0.0001"}}) {
+           {"routed_bias_update_rate", "0.001", "routed_bias_update_rate: 0.001"}}) {
     std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1",
                                      "steps=1"};
     bool replaced = false;
@@ -153,12 +152,12 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
   EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
       << uneven.err;
-  // The preset itself: its activation clip, hash layers, sqrtsoftplus router scores and selection
-  // bias are built, its load-balance loss is the first key refused.
+  // The preset itself: its activation clip, hash layers, sqrtsoftplus router scores, selection
+  // bias and load-balance loss are built, its compressed attention is the first key refused.
   const auto preset =
       run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
   EXPECT_EQ(preset.exit_code, 2) << preset.err;
-  EXPECT_NE(preset.err.find("load_balance_loss_weight: 0.0001 is not computed by tpusim train"),
+  EXPECT_NE(preset.err.find("compress_ratios: layer 2: 4 is not computed by tpusim train"),
             std::string::npos)
       << preset.err;
   // The clip is built for deepseek4's SwiGLU experts only: with another gate activation (which

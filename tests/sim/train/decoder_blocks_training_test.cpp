@@ -24,8 +24,8 @@ constexpr double kTolerance = 1e-5;
 // deepseek4-tiny with every layer's compress_ratios entry 0 (sliding-window attention, a window of
 // 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off,
 // no hash layers, no activation clip, the router on raw logits with its top-k weights
-// renormalized as MaxText's deepseek4 router does (the preset's load-balance loss and bias update
-// are refused by key; its sqrtsoftplus scores and selection bias are tested below); 3 of its 43
+// renormalized as MaxText's deepseek4 router does (the preset's bias update is refused by key;
+// its sqrtsoftplus scores, selection bias and load-balance loss are tested below); 3 of its 43
 // layers and a 256-token vocabulary instead of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
   return {"model_name=deepseek4-tiny",
@@ -193,6 +193,29 @@ TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
   model.emplace_back("base_num_kv_heads=2");
   const std::string two_kv_heads =
       write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router_kv2");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+                                    two_kv_heads);
+}
+
+// With MaxText's load-balance loss on the biased router above (weight 0.01, 100 x the preset's,
+// so that its share of the gradients is well above the tolerance): the per-sequence counts and
+// softmax sums end in all-reduces over the axes that split the sequences (context) and the
+// loss's sum over the batch in one over the batch's axes, so every mesh computes the unsharded
+// step's loss, the bias's gradient (now non-zero) and every other.
+TEST(DecoderBlocksTraining, Deepseek4LoadBalanceLossShardedMatchesOneDevice) {
+  std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3",
+                                        "routed_score_func=sqrtsoftplus", "routed_bias=true",
+                                        "load_balance_loss_weight=0.01"});
+  const std::string checkpoint =
+      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_balance_loss");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
+                                    checkpoint);
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
+                                    checkpoint);
+  model.emplace_back("base_num_kv_heads=2");
+  const std::string two_kv_heads =
+      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_balance_loss_kv2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
                                     two_kv_heads);
 }

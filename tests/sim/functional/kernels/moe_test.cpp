@@ -312,6 +312,92 @@ TEST(KernelMoe, RouterBiasGradientMatchesFiniteDifferences) {
   EXPECT_EQ(grads[1].values, std::vector<float>(4, 0.0f));
 }
 
+// MaxText's load-balance loss (OpAttrs::load_balance_scale c): the router's extra outputs are
+// c x softmax(score + bias) and the one-hot choices. Worked by hand: one sequence of 2 tokens,
+// 2 experts, top 1, logits (ln 3, 0) and (0, ln 3): softmax (3/4, 1/4) and (1/4, 3/4), choices
+// expert 0 then expert 1; with c = 0.5 the first output is half the softmax.
+TEST(KernelMoe, RouterLoadBalanceOutputsAreScaledSoftmaxAndOneHotChoices) {
+  Case c;
+  const std::vector<Dim> logit_dims = {dim("batch", 1), dim("length", 2), dim("experts", 2)};
+  const TensorId logits = c.tensor("logits", logit_dims);
+  const TensorId routing =
+      c.tensor("routing", {dim("batch", 1), dim("length", 2), dim("top_k", 1), dim("route", 2)});
+  const TensorId probabilities = c.tensor("balance_probabilities", logit_dims);
+  const TensorId choices = c.tensor("balance_choices", logit_dims);
+  OpAttrs attrs;
+  attrs.top_k = 1;
+  attrs.load_balance_scale = 0.5;
+  const Op& router = c.op(OpKind::kMoeRouter, {logits}, {routing, probabilities, choices}, attrs);
+  TensorData values = TensorData::zeros(c.info(logits));
+  const auto ln3 = static_cast<float>(std::log(3.0));
+  values.values = {ln3, 0.0f, 0.0f, ln3};
+  const std::vector<TensorData> out = run(c.graph, router, {values});
+  expect_close(out[1], std::vector<double>{0.375, 0.125, 0.125, 0.375});
+  EXPECT_EQ(out[2].values, (std::vector<float>{1, 0, 0, 1}));
+  EXPECT_EQ(out[0].values[0], 0.0f);  // token 0 picks expert 0, token 1 expert 1
+  EXPECT_EQ(out[0].values[2], 1.0f);
+}
+
+// With the load-balance loss, the router's VJP given the per-sequence counts C[b, e] is the
+// gradient of sum over (b, s, e) of C[b, e] x output 1 (the loss's value, the counts held
+// constant): checked by finite differences on the logits and the bias, with the sqrtsoftplus
+// scores and a non-zero bias (the preset's router).
+TEST(KernelMoe, RouterLoadBalanceGradientMatchesFiniteDifferences) {
+  std::mt19937 rng(27);
+  RouterGraph g;
+  const TensorId bias = g.c.tensor("bias", {dim("experts", 4)});
+  const TensorId d_bias = g.c.tensor("d_bias", {dim("experts", 4)});
+  const TensorId probabilities = g.c.tensor("balance_probabilities", g.logit_dims);
+  const TensorId choices = g.c.tensor("balance_choices", g.logit_dims);
+  const TensorId counts = g.c.tensor("counts", {dim("batch", 2), dim("experts", 4)});
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  attrs.sqrt_softplus_scores = true;
+  attrs.load_balance_scale = 0.3;
+  g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing, probabilities, choices}, attrs);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias, counts}, {g.d_logits, d_bias}, attrs,
+         true);
+  const Op& forward = g.c.graph.ops()[0];
+  const Op& grad = g.c.graph.ops()[1];
+  const TensorData logits = separated_logits(g.c.info(g.logits), rng);
+  TensorData bias_values = TensorData::zeros(g.c.info(bias));
+  bias_values.values = {0.75f, -0.75f, 0.15f, -0.45f};
+  const std::vector<TensorData> out = run(g.c.graph, forward, {logits, bias_values});
+  // The counts: the one-hot choices summed over each sequence's 3 tokens, by hand.
+  TensorData count_values = TensorData::zeros(g.c.info(counts));
+  for (size_t b = 0; b < 2; ++b) {
+    for (size_t s = 0; s < 3; ++s) {
+      for (size_t e = 0; e < 4; ++e) {
+        count_values.values[b * 4 + e] += out[2].values[(b * 3 + s) * 4 + e];
+      }
+    }
+  }
+  EXPECT_EQ(std::accumulate(count_values.values.begin(), count_values.values.end(), 0.0f),
+            static_cast<float>(2 * 3 * kTopK));
+  std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
+  for (size_t b = 0; b < 2; ++b) {
+    for (size_t s = 0; s < 3; ++s) {
+      for (size_t e = 0; e < 4; ++e) {
+        weights[1].values[(b * 3 + s) * 4 + e] = count_values.values[b * 4 + e];
+      }
+    }
+  }
+  // The choices (index channel and one-hot) are piecewise constant: a finite step across a
+  // near-tie of score + bias would jump. The routing weights' own gradient is checked above
+  // (RouterBias..., RouterSqrtSoftplus...); here d_routing is 0 and only the load-balance term,
+  // smooth in the logits and the bias, is differentiated.
+  weights[0] = TensorData::zeros(g.c.info(g.routing));
+  weights[2] = TensorData::zeros(g.c.info(choices));
+  const std::vector<TensorData> grads =
+      run(g.c.graph, grad, {weights[0], logits, bias_values, count_values});
+  expect_fd("load-balanced router d_logits", g.c.graph, forward, {logits, bias_values}, weights, 0,
+            grads[0]);
+  expect_fd("load-balanced router d_bias", g.c.graph, forward, {logits, bias_values}, weights, 1,
+            grads[1]);
+  EXPECT_NE(grads[1].values, std::vector<float>(4, 0.0f));
+}
+
 struct MoeGraph {
   Case c;
   TensorId x = c.tensor("x", activation_dims());
