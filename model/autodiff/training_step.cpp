@@ -459,6 +459,22 @@ class BackwardBuilder {
       case OpKind::kMoeRouter:
         emit_with_input_grads(OpKind::kRouterGrad, op, dy, region);
         return;
+      case OpKind::kReduceSum: {
+        // A forward sum over dims (mHC's streams): every summed element gets dy, broadcast back.
+        OpAttrs attrs;
+        attrs.function = ElementwiseFn::kAdd;
+        const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
+                                        graph_.tensor(op.inputs[0]), region, attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kSinkhorn: {
+        const TensorId grad =
+            simple_op(OpKind::kSinkhornGrad, grad_name(), {dy, available(op.inputs[0], region)},
+                      graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
@@ -468,7 +484,6 @@ class BackwardBuilder {
       case OpKind::kEmbeddingGrad:
       case OpKind::kCrossEntropyGrad:
       case OpKind::kRouterGrad:
-      case OpKind::kReduceSum:
       case OpKind::kNormStatistics:
       case OpKind::kCrossEntropyStatistics:
       case OpKind::kDynamicSlice:
@@ -478,6 +493,7 @@ class BackwardBuilder {
       case OpKind::kAllReduce:
       case OpKind::kAllToAll:
       case OpKind::kCollectivePermute:
+      case OpKind::kSinkhornGrad:
         break;
     }
     throw std::logic_error(std::string("no VJP for op kind ") + op_kind_name(op.kind));

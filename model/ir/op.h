@@ -62,6 +62,10 @@ enum class OpKind {
   // Host offload (remat policy "offload").
   kHostOffload,
   kHostLoad,
+  // DeepSeek-V4's mHC residual mixing (sim/functional/kernels/sinkhorn.cpp): logits -> the
+  // doubly stochastic matrix over their last two dims (attrs.sinkhorn_iterations, epsilon).
+  kSinkhorn,
+  kSinkhornGrad,  // dy, logits -> dlogits (recomputes the iterations, then their VJP)
 };
 
 const char* op_kind_name(OpKind kind);
@@ -171,6 +175,9 @@ struct OpAttrs {
   // A collective permute around its group's ring (a pipeline's hand-over over `stage`): member p
   // receives the input of member p - ring_shift (mod the group). 0: a permute between layouts.
   int64_t ring_shift = 0;
+  // Sinkhorn (mHC's residual matrix): the row-then-column normalizations after the first softmax
+  // and column pass (MaxText mhc.py sinkhorn_iterations); its epsilon is `epsilon` above.
+  int64_t sinkhorn_iterations = 0;
 };
 
 struct Op {

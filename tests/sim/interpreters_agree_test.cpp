@@ -223,5 +223,23 @@ TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
   expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 fsdp=2 x tensor=2");
 }
 
+// deepseek4 with mHC (4 residual streams): the hyper-connections' projections, scalar scales (an
+// einsum with a parameter of no dims, whose gradient sums over every token's shard), biases, the
+// Sinkhorn op and its VJP, the streams' sum in the head (a forward kReduceSum).
+TEST(InterpretersAgree, Deepseek4HyperConnections) {
+  const std::vector<std::string> tiny = {
+      "override_model_config=true", "base_num_decoder_layers=2", "compress_ratios=[0,0]",
+      "mhc_expansion_rate=4",       "first_num_hash_layers=1",   "routed_score_func=sqrtsoftplus",
+      "norm_topk_prob=true",        "routed_bias=false",         "load_balance_loss_weight=0",
+      "mlp_activations_limit=0.3",  "sliding_window_size=8",     "vocab_size=256"};
+  std::vector<std::string> one_device = tiny;
+  one_device.emplace_back("compile_topology=v5e-1");
+  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 mHC one device");
+  std::vector<std::string> sharded = tiny;
+  sharded.insert(sharded.end(), {"compile_topology=v5e-4", "ici_fsdp_parallelism=2",
+                                 "ici_tensor_parallelism=2", "base_num_kv_heads=2"});
+  expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 mHC fsdp=2 x tensor=2");
+}
+
 }  // namespace
 }  // namespace tpusim

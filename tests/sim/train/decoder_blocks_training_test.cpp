@@ -22,7 +22,8 @@ namespace {
 constexpr double kTolerance = 1e-5;
 
 // deepseek4-tiny with every layer's compress_ratios entry 0 (sliding-window attention, a window of
-// 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off,
+// 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off
+// (on in Deepseek4HyperConnections* below),
 // no hash layers, no activation clip, the router on raw logits with its top-k weights
 // renormalized as MaxText's deepseek4 router does (the preset's load-balance loss and bias update
 // are refused by key; its sqrtsoftplus scores and selection bias are tested below); 3 of its 43
@@ -193,6 +194,61 @@ TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
   model.emplace_back("base_num_kv_heads=2");
   const std::string two_kv_heads =
       write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router_kv2");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
+                                    two_kv_heads);
+}
+
+// `model`'s initial parameters with every mHC alpha scale set to 1 (0.01 at initialization), each
+// res_beta[i, j] to 2 where j = (i + 1) mod k (else 0) and each pre_beta[i], post_beta[i] to
+// 0.5 x (i mod 3 - 1), as tests/reference/mhc_checkpoint.py sets them: residual matrices far from
+// uniform, so that the Sinkhorn iterations matter, written to `directory`.
+std::string write_mhc_checkpoint(std::vector<std::string> model, const std::string& directory) {
+  model.insert(model.end(),
+               {"max_target_length=32", "compile_topology=v5e-1", "per_device_batch_size=1"});
+  ShardedModel sharded_model(Config::load("", model));
+  Checkpoint checkpoint = sharded_model.to_checkpoint(0);
+  auto has = [](const std::string& name, const std::string& part) {
+    return name.find(part + "#") != std::string::npos;
+  };
+  int edited = 0;
+  for (auto& [name, tensor] : checkpoint.weights) {
+    std::vector<float>& values = tensor.values;
+    if (has(name, "_alpha_scale")) {
+      std::fill(values.begin(), values.end(), 1.0f);
+    } else if (has(name, "/res_beta")) {
+      const auto k = static_cast<size_t>(std::lround(std::sqrt(values.size())));
+      for (size_t at = 0; at < values.size(); ++at) {
+        values[at] = (at % k) == (at / k + 1) % k ? 2.0f : 0.0f;
+      }
+    } else if (has(name, "/pre_beta") || has(name, "/post_beta")) {
+      for (size_t at = 0; at < values.size(); ++at) {
+        values[at] = 0.5f * (static_cast<float>(at % 3) - 1.0f);
+      }
+    } else {
+      continue;
+    }
+    ++edited;
+  }
+  EXPECT_GT(edited, 0) << "no mHC scalars or biases in the model";
+  save_checkpoint(directory, checkpoint);
+  return directory;
+}
+
+// With mHC (the preset's 4 residual streams, 20 Sinkhorn iterations) from the moved scalars and
+// biases above, with the preset's clip, hash-routed first layer and sqrtsoftplus scores.
+TEST(DecoderBlocksTraining, Deepseek4HyperConnectionsShardedMatchesOneDevice) {
+  std::vector<std::string> model = with_overrides(
+      deepseek4_tiny(), {"mhc_expansion_rate=4", "first_num_hash_layers=1",
+                         "mlp_activations_limit=0.3", "routed_score_func=sqrtsoftplus"});
+  const std::string checkpoint =
+      write_mhc_checkpoint(model, ::testing::TempDir() + "deepseek4_mhc");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
+                                    checkpoint);
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
+                                    checkpoint);
+  model.emplace_back("base_num_kv_heads=2");
+  const std::string two_kv_heads =
+      write_mhc_checkpoint(model, ::testing::TempDir() + "deepseek4_mhc_kv2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
                                     two_kv_heads);
 }
