@@ -105,8 +105,14 @@ TensorId ForwardBuilder::hyper_connection(const std::string& prefix, int region,
                                           const std::function<TensorId(TensorId)>& block) {
   const int64_t streams = dims_.residual_streams();
   const int64_t width = streams * dims_.emb_dim;
-  const TensorId flat =
-      reshape(prefix + "/flat", x, with_last(activation_dims(), {act("mhc", width, "")}), region);
+  // The flattened streams need all of embed on each device: a copy whose embed is not sharded
+  // gathers it where activation_embed splits it (a reshape cannot merge a split dim).
+  std::vector<Dim> whole_embed = residual_dims();
+  whole_embed.back().logical = "";
+  const TensorId gathered =
+      elementwise_to(prefix + "/whole_embed", ElementwiseFn::kAdd, {x}, whole_embed, region);
+  const TensorId flat = reshape(prefix + "/flat", gathered,
+                                with_last(activation_dims(), {act("mhc", width, "")}), region);
   const TensorId normed = norm(prefix + "/norm", flat, region);
   const Dim stream_dim{"streams", streams, ""};
   const TensorId pre =
