@@ -26,9 +26,10 @@ namespace {
 constexpr double kTolerance = 1e-5;
 // A tensor whose one-device gradient is below this fraction of the global gradient norm gets no
 // gradient in exact arithmetic (with mHC, the first hyper-connection's pre and res maps: its
-// streams are copies of the embedding), so both steps hold rounding noise there (as
-// tests/reference/torch_reference.py's ZERO_BY_CONSTRUCTION says, which measures it).
-constexpr double kZeroByConstruction = 1e-9;
+// streams are copies of the embedding), so both steps hold fp32 rounding noise there (measured
+// 6e-9 of the global norm; the smallest true mHC gradient seen, 1.5e-5 of it: see
+// tests/reference/torch_reference.py's ZERO_BY_CONSTRUCTION, which judges by the fp64 side).
+constexpr double kZeroByConstruction = 1e-7;
 
 double norm_of(const std::vector<float>& values) {
   double sum = 0;
