@@ -71,7 +71,7 @@ TensorId ForwardBuilder::mhc_mapping(const std::string& prefix, const std::strin
   for (const Dim& dim : out_dims) {
     outputs *= dim.size;
     token_out.push_back(act(dim.name, dim.size, ""));
-    beta_dims.push_back(Dim{dim.name, dim.size, ""});
+    beta_dims.emplace_back(dim.name, dim.size, "");
   }
   const std::string name = prefix + "/" + kind;
   const std::string flat_name = out_dims.size() == 1 ? out_dims[0].name : "mhc_mix";

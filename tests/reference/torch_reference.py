@@ -552,7 +552,7 @@ class Reference:
         if self.family == "gpt3":
             x = x + self.w("embed/position_embedding")[torch.arange(length)][None]
         self.mhc_matrices = []
-        streams = self.args.mhc_expansion_rate
+        streams = getattr(self.args, "mhc_expansion_rate", 1)  # other scripts pass no such key
         if streams > 1:
             # MaxText mhc.py get_functions: expand copies the embedding into the streams.
             x = x[:, :, None, :].repeat(1, 1, streams, 1)
