@@ -37,18 +37,19 @@ constexpr const char* kGatedDeltaNetRefusal =
 // The MaxText keys (not in tpusim's base.yml) the deepseek4 builder reads: the mHC streams and
 // the CSA indexer's shape and top-k (model/builder/hyper_connections.cpp,
 // compressed_attention.cpp).
-constexpr std::array<std::string_view, 4> kDeepseek4MaxTextKeys = {
-    "mhc_expansion_rate", "indexer_n_heads", "indexer_head_dim", "indexer_topk"};
+constexpr std::array<std::string_view, 5> kDeepseek4MaxTextKeys = {
+    "mhc_expansion_rate", "indexer_n_heads", "indexer_head_dim", "indexer_topk",
+    "sinkhorn_iterations"};
 
 // The keys train_keys.tsv refuses for every family that train checks itself for deepseek4 (the
 // compressed attention's shape, built at ratio 0; the rest refused by key when turned on) and
 // computes for qwen3_custom_moe (its latent widths).
-constexpr std::array<std::string_view, 13> kDeepseek4TrainKeys = {
-    "compress_ratios",         "o_groups",           "o_lora_rank",
-    "first_num_hash_layers",   "mhc_expansion_rate", "indexer_n_heads",
-    "indexer_head_dim",        "indexer_topk",       "routed_bias_update_rate",
-    "mlp_activations_limit",   "routed_score_func",  "routed_bias",
-    "load_balance_loss_weight"};
+constexpr std::array<std::string_view, 14> kDeepseek4TrainKeys = {
+    "compress_ratios",          "o_groups",           "o_lora_rank",
+    "first_num_hash_layers",    "mhc_expansion_rate", "indexer_n_heads",
+    "indexer_head_dim",         "indexer_topk",       "routed_bias_update_rate",
+    "mlp_activations_limit",    "routed_score_func",  "routed_bias",
+    "load_balance_loss_weight", "sinkhorn_iterations"};
 constexpr std::array<std::string_view, 2> kLatentMoeTrainKeys = {"attention_output_dim",
                                                                  "moe_expert_input_dim"};
 

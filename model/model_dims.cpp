@@ -82,6 +82,11 @@ void check_compressed_attention_keys(const ModelDims& dims) {
       throw UserError(std::string(key) + ": " + std::to_string(value) + " must be >= 1", key);
     }
   }
+  if (dims.sinkhorn_iterations < 0) {
+    throw UserError(
+        "sinkhorn_iterations: " + std::to_string(dims.sinkhorn_iterations) + " must be >= 0",
+        "sinkhorn_iterations");
+  }
 }
 
 }  // namespace
@@ -170,6 +175,7 @@ ModelDims ModelDims::from_config(const Config& config) {
   if (dims.family().has_compressed_attention()) {
     const std::vector<Config::PassthroughKey> passthrough = config.passthrough_keys();
     dims.mhc_expansion_rate = maxtext_key_int(passthrough, "mhc_expansion_rate");
+    dims.sinkhorn_iterations = maxtext_key_int(passthrough, "sinkhorn_iterations");
     dims.indexer_n_heads = maxtext_key_int(passthrough, "indexer_n_heads");
     dims.indexer_head_dim = maxtext_key_int(passthrough, "indexer_head_dim");
     dims.indexer_topk = maxtext_key_int(passthrough, "indexer_topk");

@@ -94,6 +94,7 @@ struct ModelDims {
   int64_t o_lora_rank = 0;
   int64_t first_num_hash_layers = 0;
   int64_t mhc_expansion_rate = 1;
+  int64_t sinkhorn_iterations = 20;  // mHC's residual matrix (MaxText's default)
   int64_t indexer_n_heads = 0;
   int64_t indexer_head_dim = 0;
   int64_t indexer_topk = 0;

@@ -421,6 +421,15 @@ void Partitioner::partition_op(const Op& op) {
       }
       return;
     }
+    case OpKind::kSinkhorn:
+    case OpKind::kSinkhornGrad: {
+      // Per token: the matrix (the last two dims) stays whole on each device.
+      const Tensor& matrix = global_.tensor(op.outputs[0]);
+      const size_t rank = matrix.dims.size();
+      partition_following_output(op,
+                                 {matrix.dims.at(rank - 2).name, matrix.dims.at(rank - 1).name});
+      return;
+    }
     case OpKind::kAttention:
       partition_attention(op, false);
       return;

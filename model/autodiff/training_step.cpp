@@ -481,6 +481,22 @@ class BackwardBuilder {
       case OpKind::kMoeRouter:
         emit_with_input_grads(OpKind::kRouterGrad, op, dy, region, load_balance_counts(op));
         return;
+      case OpKind::kReduceSum: {
+        // A forward sum over dims (mHC's streams): every summed element gets dy, broadcast back.
+        OpAttrs attrs;
+        attrs.function = ElementwiseFn::kAdd;
+        const TensorId grad = simple_op(OpKind::kElementwise, grad_name(), {dy},
+                                        graph_.tensor(op.inputs[0]), region, attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
+      case OpKind::kSinkhorn: {
+        const TensorId grad =
+            simple_op(OpKind::kSinkhornGrad, grad_name(), {dy, available(op.inputs[0], region)},
+                      graph_.tensor(op.inputs[0]), region, op.attrs);
+        accumulate(op.inputs[0], grad, region);
+        return;
+      }
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
@@ -490,7 +506,6 @@ class BackwardBuilder {
       case OpKind::kEmbeddingGrad:
       case OpKind::kCrossEntropyGrad:
       case OpKind::kRouterGrad:
-      case OpKind::kReduceSum:
       case OpKind::kNormStatistics:
       case OpKind::kCrossEntropyStatistics:
       case OpKind::kDynamicSlice:
@@ -500,6 +515,7 @@ class BackwardBuilder {
       case OpKind::kAllReduce:
       case OpKind::kAllToAll:
       case OpKind::kCollectivePermute:
+      case OpKind::kSinkhornGrad:
         break;
     }
     throw std::logic_error(std::string("no VJP for op kind ") + op_kind_name(op.kind));

@@ -158,6 +158,9 @@ class ForwardBuilder {
   TensorId reduce_streams(int region, TensorId x);
   TensorId hyper_connection(const std::string& prefix, int region, TensorId x,
                             const std::function<TensorId(TensorId)>& block);
+  TensorId mhc_mapping(const std::string& prefix, const std::string& kind, int region,
+                       TensorId normed, const std::vector<Dim>& out_dims);
+  TensorId sinkhorn(const std::string& name, int region, TensorId logits);
   TensorId build_deepseek4_layer(const LayerGroup& group, int region, TensorId x);
   // qwen3_custom_moe's decoder layer (forward_builder.cpp).
   TensorId build_latent_moe_layer(const LayerGroup& group, int region, TensorId x);

@@ -62,6 +62,10 @@ enum class OpKind {
   // Host offload (remat policy "offload").
   kHostOffload,
   kHostLoad,
+  // DeepSeek-V4's mHC residual mixing (sim/functional/kernels/sinkhorn.cpp): logits -> the
+  // doubly stochastic matrix over their last two dims (attrs.sinkhorn_iterations, epsilon).
+  kSinkhorn,
+  kSinkhornGrad,  // dy, logits -> dlogits (recomputes the iterations, then their VJP)
 };
 
 const char* op_kind_name(OpKind kind);
@@ -176,6 +180,9 @@ struct OpAttrs {
   // third outputs are c x softmax(scores + bias) and the one-hot choices per token; kRouterGrad
   // adds c x count[b, e] (the choices of expert e in sequence b, an extra input) to d softmax.
   double load_balance_scale = 0;
+  // Sinkhorn (mHC's residual matrix): the row-then-column normalizations after the first softmax
+  // and column pass (MaxText mhc.py sinkhorn_iterations); its epsilon is `epsilon` above.
+  int64_t sinkhorn_iterations = 0;
 };
 
 struct Op {

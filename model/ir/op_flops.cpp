@@ -17,6 +17,12 @@ constexpr double kRopeFlopsPerElement = 3.0;     // two multiplies and an add
 constexpr double kAdamFlopsPerParameter = 12.0;  // two moments, bias correction, sqrt, update
 constexpr double kCrossEntropyFlopsPerLogit = 4.0;
 constexpr double kAttentionGradMatmulFactor = 2.0;  // dq, dk, dv, dp vs q k^T, p v
+// Sinkhorn (mHC): per matrix element, the softmax and the first column pass (add eps, sum,
+// divide), then per iteration a row and a column pass (sum and divide each). Its VJP recomputes
+// them and runs each pass backwards at about twice a pass's work (assumption): 3x the forward.
+constexpr double kSinkhornFirstPassFlops = kSoftmaxFlopsPerScore + 3.0;
+constexpr double kSinkhornFlopsPerIteration = 4.0;
+constexpr double kSinkhornGradFactor = 3.0;
 
 double elements(const Graph& graph, TensorId id) {
   return static_cast<double>(graph.tensor(id).num_elements());
@@ -151,6 +157,14 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     case OpKind::kRouterGrad:
     case OpKind::kMoeCombine:
       return {0, elements(graph, op.inputs.at(0))};
+    case OpKind::kSinkhorn:
+    case OpKind::kSinkhornGrad: {
+      const double per_element =
+          kSinkhornFirstPassFlops +
+          kSinkhornFlopsPerIteration * static_cast<double>(op.attrs.sinkhorn_iterations);
+      const double factor = op.kind == OpKind::kSinkhornGrad ? kSinkhornGradFactor : 1.0;
+      return {0, factor * per_element * elements(graph, op.outputs.at(0))};
+    }
     case OpKind::kDynamicSlice:
     case OpKind::kMoeDispatch:
     case OpKind::kAllGather:

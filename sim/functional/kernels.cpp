@@ -1,8 +1,8 @@
 // sim/functional/kernels.cpp: run_kernel(), which maps each compute op kind to the kernel of its
 // family through one table. The kernels live in sim/functional/kernels/, one file per op family
 // (einsum, elementwise, reduce_sum, norm, rope, attention, embedding, cross_entropy, moe,
-// optimizer, layout); what they share (the op's context Ctx, the conventions of every kernel) is
-// sim/functional/kernels/context.h.
+// optimizer, layout, sinkhorn); what they share (the op's context Ctx, the conventions of every
+// kernel) is sim/functional/kernels/context.h.
 //
 // Example: a new op kind gets its kernel by one line in the table,
 //   {OpKind::kRope, run_rope},
@@ -53,6 +53,8 @@ constexpr std::array kKernels = {
     KernelEntry{OpKind::kDynamicSlice, kernels::run_dynamic_slice},
     KernelEntry{OpKind::kHostOffload, kernels::run_copy},
     KernelEntry{OpKind::kHostLoad, kernels::run_copy},
+    KernelEntry{OpKind::kSinkhorn, kernels::run_sinkhorn},
+    KernelEntry{OpKind::kSinkhornGrad, kernels::run_sinkhorn_grad},
 };
 
 }  // namespace

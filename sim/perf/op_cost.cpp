@@ -924,6 +924,8 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     case OpKind::kCrossEntropyStatistics:
     case OpKind::kDynamicSlice:
     case OpKind::kAdamUpdate:
+    case OpKind::kSinkhorn:
+    case OpKind::kSinkhornGrad:
     // Timed elsewhere (collective_time(), the host link); here their bytes, if asked.
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:

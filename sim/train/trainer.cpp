@@ -121,9 +121,10 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
 }
 
 // deepseek4 (docs/reference/deepseek4.md, "What train computes"): the functional engine builds
-// its layers with sliding-window attention only (every compress_ratios entry 0) and one residual
-// stream, routing by the router or, in the first first_num_hash_layers layers, by MaxText's
-// tid2eid table; what it does not build is refused by the key that turns it on.
+// its layers with sliding-window attention only (every compress_ratios entry 0), with mHC's
+// residual streams (mhc_expansion_rate, model/builder/hyper_connections.cpp) or one plain one,
+// routing by the router or, in the first first_num_hash_layers layers, by MaxText's tid2eid
+// table; what it does not build is refused by the key that turns it on.
 template <typename Refuse>
 void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
                               const TrainNumerics& numerics, const Refuse& refuse) {
@@ -137,11 +138,6 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
                  : "heavily compressed attention (pooled blocks) is not computed; every entry 0 "
                    "gives sliding-window attention");
     }
-  }
-  if (dims.residual_streams() > 1) {
-    refuse("mhc_expansion_rate", std::to_string(dims.mhc_expansion_rate),
-           "manifold-constrained hyper-connections (Sinkhorn-mixed residual streams) are not "
-           "computed; 1 gives a plain residual stream");
   }
   if (dims.qk_rope_head_dim != dims.head_dim) {
     refuse("qk_rope_head_dim", std::to_string(dims.qk_rope_head_dim),

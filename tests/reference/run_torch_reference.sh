@@ -5,7 +5,7 @@
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
 # query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
 # import of tiny-llama, tiny-gpt3 and tiny-qwen3; one step of a circular pipeline (2 stages); and
-# deepseek4-tiny and qwen3-custom-30b-a3b (tiny) as train computes them.
+# deepseek4-tiny (also with mHC) and qwen3-custom-30b-a3b (tiny) as train computes them.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
@@ -134,6 +134,38 @@ if "$tpusim" train $deepseek4_bias "${placement[@]}" "${common[@]}" --dump "$wor
 else
   echo "=== deepseek4-tiny-routed-bias: could not make the biased checkpoint"
   failed+=(deepseek4-tiny-routed-bias)
+fi
+# ... and with mHC (the preset's 4 residual streams and 20 Sinkhorn iterations; MaxText mhc.py),
+# with the clip, hash-routed first layer and sqrtsoftplus scores as above, from a checkpoint whose
+# mHC scalars and biases mhc_checkpoint.py moved away from their initial values (at initialization
+# the residual matrices are within about 1% of uniform, which would check little of Sinkhorn).
+# The same dump must then FAIL against the reference without mHC's mixing (a plain residual on the
+# streams' sum) and against the reference with no Sinkhorn iterations: the check sees both.
+deepseek4_mhc="model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=4 first_num_hash_layers=1 \
+  routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=false \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256"
+mhc_options="--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k \
+  --mlp-activations-limit 0.3 --first-num-hash-layers 1 --routed-score-func sqrtsoftplus \
+  --mhc-expansion-rate 4"
+# shellcheck disable=SC2086  # the overrides are a word list
+if "$tpusim" train $deepseek4_mhc "${placement[@]}" "${common[@]}" --dump "$work/mhc-initial" \
+  --quiet && "$python" "$here/mhc_checkpoint.py" "$work/mhc-initial/initial" "$work/mhc-moved"; then
+  check deepseek4-tiny-mhc "$deepseek4_mhc load_parameters_path=$work/mhc-moved" "$mhc_options"
+  for ablation in "--ignore-mhc" "--sinkhorn-iterations 0"; do
+    # shellcheck disable=SC2086
+    if "$python" "$here/torch_reference.py" "$work/deepseek4-tiny-mhc" --learning-rate 3e-5 \
+      $mhc_options $ablation > "$work/mhc-ablation.log"; then
+      echo "=== deepseek4-tiny-mhc: the reference with $ablation passed too: the check does not see it"
+      failed+=("deepseek4-tiny-mhc $ablation")
+    else
+      echo "=== deepseek4-tiny-mhc: the reference with $ablation fails, as it must: \
+$(grep -c '^FAIL' "$work/mhc-ablation.log") comparisons ($(grep '^FAIL loss' "$work/mhc-ablation.log"))"
+    fi
+  done
+else
+  echo "=== deepseek4-tiny-mhc: could not make the mHC checkpoint"
+  failed+=(deepseek4-tiny-mhc)
 fi
 check qwen3-custom-tiny "model_name=qwen3-custom-30b-a3b override_model_config=true \
   base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 \

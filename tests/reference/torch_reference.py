@@ -37,8 +37,12 @@ Model families (detected from the tensor names), as MaxText computes them:
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
-  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0 and mHC off
-         (mhc_expansion_rate 1): CompressedAttention's sliding-window path
+  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0, mHC off
+         (mhc_expansion_rate 1) or, with --mhc-expansion-rate k > 1, on (layers/mhc.py: the
+         embedding repeated into k streams, a hyper-connection around the attention and around
+         the MoE with its pre, post and Sinkhorn res maps of --sinkhorn-iterations, the head
+         summing the streams; --ignore-mhc and --sinkhorn-iterations 0 are ablations that must
+         fail on an mHC dump): CompressedAttention's sliding-window path
          (low-rank query, unweighted q_up_norm, one shared key/value head, sinks, the output's
          rotation undone, grouped output projection) and RoutedAndSharedMoE (routed_score_func
          '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
@@ -93,6 +97,13 @@ torch.set_num_threads(1)
 torch.set_default_dtype(torch.float64)
 
 TOLERANCE = 1e-5
+# A parameter whose reference gradient is below this fraction of the global gradient norm gets no
+# gradient in exact arithmetic (deepseek4's first hyper-connection: its k input streams are copies
+# of the embedding, so its pre mapping only scales what the block's pre-norm normalizes and its
+# Sinkhorn matrix mixes equal streams with columns summing to 1): both sides hold rounding noise
+# (measured 3e-13 in torch fp64, 2e-8 in tpusim's fp32, against a norm of 3), so its gradient and
+# moments are compared relative to the global norm of their kind instead of their own.
+ZERO_BY_CONSTRUCTION = 1e-9
 NAME = re.compile(r"^(?P<base>.+)#(?P<layer>\d+)$")
 
 
@@ -219,6 +230,18 @@ def window_attention_with_sinks(q, kv, sinks, window):
     return torch.einsum("bhqk,bkhd->bqhd", probabilities, kv)
 
 
+def sinkhorn(t, iterations, eps=1e-6):
+    """MaxText mhc.py `sinkhorn` over the last two dims: a softmax over each row plus eps, the
+    columns divided by their sums plus eps, then `iterations` times the rows and the columns each
+    divided by their sums (floored at 1e-12)."""
+    t = torch.softmax(t, dim=-1) + eps
+    t = t / (t.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iterations):
+        t = t / torch.clamp(t.sum(dim=-1, keepdim=True), min=1e-12)
+        t = t / torch.clamp(t.sum(dim=-2, keepdim=True), min=1e-12)
+    return t
+
+
 def silu(x):
     return x * torch.sigmoid(x)
 
@@ -265,6 +288,7 @@ class Reference:
         self.bias_changed = []  # per biased MoE layer: tokens whose experts the bias changed
         self.balance_losses = []  # per MoE layer with a load-balance loss: its value (torch)
         self.bias_counts = {}  # stored bias name -> choices per expert over the whole batch
+        self.mhc_matrices = []  # per hyper-connection: its Sinkhorn matrices [b, s, k, k]
 
     def stored(self, name, layer=0):
         """The dump's name of `name` in decoder layer `layer` (other names: as given)."""
@@ -469,6 +493,48 @@ class Reference:
         weight = self.args.load_balance_loss_weight
         return (density * density_prob).mean() * experts**2 * weight
 
+    def hyper_connection(self, x, name, layer, block):
+        """MaxText mhc.py ManifoldConstrainedHyperConnections.__call__ around `block` (which
+        applies its own pre-norm): x[b, s, k, d] k streams; RMSNorm (mhc_norm, with scale) of the
+        flattened k.d; pre = sigmoid(pre_alpha_scale (x pre_alpha) + pre_beta) mixes the streams
+        into the block's input; post = 2 sigmoid(...) spreads its output over the streams; res =
+        sinkhorn(res_alpha_scale (x res_alpha) reshaped [k, k] + res_beta) mixes the streams:
+        out[m] = sum_k res[k, m] x[k] + post[m] block_out."""
+        if self.args.ignore_mhc:
+            # The ablation: the mHC-off layer (x + block(x)) on the streams' mean, copied back into
+            # every stream (the head's sum then only scales what its RMSNorm normalizes).
+            mean = x.mean(dim=2)
+            return (mean + block(mean))[:, :, None, :].repeat(1, 1, x.shape[2], 1)
+        prefix = f"{self.region}/{name}"
+        b, s, k, d = x.shape
+        norm_x = rms_norm(x.reshape(b, s, k * d), self.w(f"{prefix}/norm/scale", layer),
+                          self.args.eps)
+
+        def mapping(kind, scale):
+            h = norm_x @ self.w(f"{prefix}/{kind}_alpha", layer)
+            intermediate = (self.w(f"{prefix}/{kind}_alpha_scale", layer) * h +
+                            self.w(f"{prefix}/{kind}_beta", layer))
+            return scale * torch.sigmoid(intermediate)
+
+        layer_input = torch.einsum("bskd,bsk->bsd", x, mapping("pre", 1.0))
+        post_out = torch.einsum("bsd,bsk->bskd", block(layer_input), mapping("post", 2.0))
+        h_res = (norm_x @ self.w(f"{prefix}/res_alpha", layer)).reshape(b, s, k, k)
+        res = sinkhorn(self.w(f"{prefix}/res_alpha_scale", layer) * h_res +
+                       self.w(f"{prefix}/res_beta", layer), self.args.sinkhorn_iterations)
+        self.mhc_matrices.append(res.detach())
+        return torch.einsum("bskd,bskm->bsmd", x, res) + post_out
+
+    def deepseek4_layer(self, x, layer):
+        """DeepSeekGenericLayer with mHC (deepseek.py, deepseek4.py): the attention and the MoE,
+        each behind its pre-norm inside a hyper-connection."""
+        r = self.region
+        x = self.hyper_connection(
+            x, "mhc_attention", layer,
+            lambda y: self.attention(self.norm(y, f"{r}/pre_attention_norm", layer), layer))
+        return self.hyper_connection(
+            x, "mhc_mlp", layer,
+            lambda y: self.mlp(self.norm(y, f"{r}/pre_mlp_norm", layer), layer))
+
     def latent_moe_layer(self, x, layer):
         """MaxText's Qwen3CustomMoeDecoderLayer (models/qwen3_custom.py): the input RMSNorm, Qwen3
         attention (qk-norm, query_pre_attn_scalar head_dim^-0.5) whose out projection ends at
@@ -485,12 +551,22 @@ class Reference:
         x = self.w("embed/token_embedding")[tokens]
         if self.family == "gpt3":
             x = x + self.w("embed/position_embedding")[torch.arange(length)][None]
+        self.mhc_matrices = []
+        streams = getattr(self.args, "mhc_expansion_rate", 1)  # other scripts pass no such key
+        if streams > 1:
+            # MaxText mhc.py get_functions: expand copies the embedding into the streams.
+            x = x[:, :, None, :].repeat(1, 1, streams, 1)
         for layer in range(self.layers):
+            if streams > 1:
+                x = self.deepseek4_layer(x, layer)
+                continue
             if self.family == "qwen3_custom":
                 x = x + self.latent_moe_layer(x, layer)
                 continue
             x = x + self.attention(self.norm(x, f"{self.region}/pre_attention_norm", layer), layer)
             x = x + self.mlp(self.norm(x, f"{self.region}/pre_mlp_norm", layer), layer)
+        if streams > 1:
+            x = x.sum(dim=2)  # get_functions: reduce sums the streams
         x = self.norm(x, "head/final_norm")
         if "head/unembedding#0" in self.p:
             logits = x @ self.w("head/unembedding")
@@ -536,7 +612,9 @@ class Report:
         self.failures = 0
         self.worst = {}
 
-    def check(self, kind, name, actual, expected, tolerance=TOLERANCE):
+    def check(self, kind, name, actual, expected, tolerance=TOLERANCE, zero_scale=None):
+        """zero_scale: for a tensor that is zero by construction (see ZERO_BY_CONSTRUCTION), the
+        norm its error is relative to (the global one of its kind) instead of its own."""
         actual = np.asarray(actual, dtype=np.float64)
         expected = np.asarray(expected, dtype=np.float64)
         if actual.shape != expected.shape:
@@ -545,6 +623,9 @@ class Report:
             return
         norm = np.linalg.norm(expected)
         difference = np.linalg.norm(actual - expected)
+        if zero_scale is not None:
+            name = f"{name} (zero; rel. to all)"
+            norm = zero_scale
         error = difference / norm if norm > 0 else difference
         ok = error <= tolerance if tolerance is not None else True
         status = "ok  " if ok else "FAIL"
@@ -592,6 +673,13 @@ def main():
                              "by rate x sign(T k / E - choices of e over the batch)")
     parser.add_argument("--first-num-hash-layers", type=int, default=0,
                         help="deepseek4: the first N MoE layers route by MaxText's tid2eid table")
+    parser.add_argument("--mhc-expansion-rate", type=int, default=1,
+                        help="deepseek4: mHC's residual streams (mhc_expansion_rate); 1: none")
+    parser.add_argument("--sinkhorn-iterations", type=int, default=20,
+                        help="deepseek4 with mHC: sinkhorn_iterations (MaxText's default 20)")
+    parser.add_argument("--ignore-mhc", action="store_true",
+                        help="ablation: read an mHC dump as if mHC were a plain residual on the "
+                             "streams' sum (its parameters unused); the check must then fail")
     parser.add_argument("--capacity-factor", type=float, default=-1.0,
                         help="MoE expert capacity factor; <= 0: dropless")
     parser.add_argument("--expect-expert-load", type=float, default=None,
@@ -666,6 +754,15 @@ def main():
             report.failures += 1
         values = " ".join(f"{value:.6e}" for value in balance)
         print(f"# load-balance loss per routed MoE layer: {values} (their mean is in the loss)")
+    if model.mhc_matrices:
+        # How far from a permutation (and from uniform) the residual matrices are: a check of
+        # Sinkhorn on matrices near 1/k everywhere would see little of it.
+        matrices = torch.stack(model.mhc_matrices)
+        rows = (matrices.sum(-1) - 1).abs().max().item()
+        columns = (matrices.sum(-2) - 1).abs().max().item()
+        spread = (matrices - 1.0 / matrices.shape[-1]).abs().max().item()
+        print(f"# mHC: {len(model.mhc_matrices)} residual matrices; largest |row sum - 1| "
+              f"{rows:.1e}, |column sum - 1| {columns:.1e}; largest |entry - 1/k| {spread:.3f}")
     if args.routed_bias and not any(model.bias_changed):
         print("FAIL routing   --routed-bias: the bias changed no token's experts (nothing checked)")
         report.failures += 1
@@ -684,12 +781,14 @@ def main():
     if missing:
         print(f"FAIL gradients: names differ from the parameters: {missing}")
         report.failures += 1
-    for name in names:
-        if name in gradients:
-            report.check("gradient", name, gradients[name], grads[name])
-
     # Global norm and clipping (optax clip_by_global_norm).
     grad_norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    zero = {n for n in names if np.linalg.norm(grads[n]) < ZERO_BY_CONSTRUCTION * grad_norm}
+    for name in names:
+        if name in gradients:
+            report.check("gradient", name, gradients[name], grads[name],
+                         zero_scale=grad_norm if name in zero else None)
+
     report.check("grad_norm", "grad_norm", step["grad_norm"], grad_norm)
     scale = 1.0 if args.clip <= 0 or grad_norm <= args.clip else args.clip / grad_norm
     report.check("clip", "gradient_scale", step["gradient_scale"], scale)
@@ -724,8 +823,12 @@ def main():
             counts = model.bias_counts[name]
             balanced = counts.sum() / counts.shape[0]
             new = new + args.routed_bias_update_rate * np.sign(balanced - counts)
-        report.check("mu", mu_name, updated_moments[mu_name], mu)
-        report.check("nu", nu_name, updated_moments[nu_name], nu)
+        zero_mu = zero_nu = None
+        if name in zero:  # the moments' global norms: (1 - b1) |g| and (1 - b2) |g|^2
+            zero_mu = (1.0 - args.b1) * grad_norm * scale
+            zero_nu = (1.0 - args.b2) * (grad_norm * scale) ** 2
+        report.check("mu", mu_name, updated_moments[mu_name], mu, zero_scale=zero_mu)
+        report.check("nu", nu_name, updated_moments[nu_name], nu, zero_scale=zero_nu)
         report.check("updated", name, updated[name], new)
         # The step itself, against the reference rounded to fp32 like tpusim's stored result.
         new_fp32 = new.astype(np.float32).astype(np.float64)

@@ -8,7 +8,8 @@
 //
 // kElementwise by attrs.function, over the output's dims; an input lacking some of the output's
 //   dims broadcasts along them (matched by name; an input may not have dims the output lacks).
-//   kAdd(a, b) = a + b; kMul(a, b) = a * b;
+//   kAdd(a, b) = a + b, kAdd(a) = a (a broadcast copy: mHC's streams, the VJP of a sum over
+//   dims); kMul(a, b) = a * b;
 //   kSilu(x) = x * sigmoid(x); kGelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   (the tanh approximation, flax nn.gelu's default); kRelu(x) = max(x, 0);
 //   kSigmoid(x) = 1 / (1 + exp(-x)); kScale and kCast copy their FIRST input (kScale is the
@@ -125,7 +126,10 @@ void run_clipped_product_grad(const Ctx& ctx, double limit) {
 }  // namespace
 
 void run_elementwise(const Ctx& ctx) {
-  const ElementwiseFn fn = ctx.op().attrs.function;
+  // kAdd of one input is a copy, broadcast along the output's dims.
+  const ElementwiseFn fn = ctx.op().attrs.function == ElementwiseFn::kAdd && ctx.num_inputs() == 1
+                               ? ElementwiseFn::kCast
+                               : ctx.op().attrs.function;
   const double limit = ctx.op().attrs.activation_limit;
   if (limit > 0 && fn == ElementwiseFn::kMul && ctx.num_inputs() == 3) {
     run_clipped_product_grad(ctx, limit);

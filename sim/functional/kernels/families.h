@@ -50,6 +50,9 @@ void run_adam_update(const Ctx& ctx);
 // layout.cpp: dynamic slice, and the copy of host offload/load.
 void run_dynamic_slice(const Ctx& ctx);
 void run_copy(const Ctx& ctx);
+// sinkhorn.cpp: mHC's Sinkhorn normalization and its VJP.
+void run_sinkhorn(const Ctx& ctx);
+void run_sinkhorn_grad(const Ctx& ctx);
 
 // The op kinds run_kernel() executes (the keys of its table, in table order): what the kernel
 // tests must each cover (tests/sim/functional/kernels_test.cpp).

@@ -96,7 +96,8 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
 }
 
 TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
-  // deepseek4 trains with sliding-window attention, one residual stream and the router on logits
+  // deepseek4 trains with sliding-window attention, one or more (mHC) residual streams and the
+  // router on logits
   // or sqrtsoftplus scores (or hash routing in its first layers), with or without its selection
   // bias;
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
@@ -113,7 +114,7 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"compress_ratios", "[0,4]", "compress_ratios: layer 1: 4"},
            {"compress_ratios", "[128,0]", "compress_ratios: layer 0: 128"},
-           {"mhc_expansion_rate", "4", "mhc_expansion_rate: 4"},
+           {"enable_mhc_lite", "true", "enable_mhc_lite: true"},
            {"routed_score_func", "sigmoid", "routed_score_func: sigmoid"},
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},

@@ -216,6 +216,29 @@ TEST(KernelElementwise, ClippedSwigluMatchesFormulasAndFiniteDifferences) {
 
 // kReshape (the Gated DeltaNet layer's split of length into chunks): the same values in the same
 // row-major order under the new dims, and its VJP, the reshape back, returns dy unchanged.
+// kAdd of one input copies it into every index of the output's extra dims (mHC's streams).
+TEST(KernelElementwise, AddOfOneInputBroadcastsIt) {
+  std::mt19937 rng(23);
+  Case c;
+  const TensorId x = c.tensor("x", activation_dims());
+  const TensorId streams =
+      c.tensor("streams", {dim("batch", 2), dim("length", 3), dim("streams", 4), dim("embed", 4)});
+  OpAttrs attrs;
+  attrs.function = ElementwiseFn::kAdd;
+  const Op& op = c.op(OpKind::kElementwise, {x}, {streams}, attrs);
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData result = run(c.graph, op, {input})[0];
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t l = 0; l < 3; ++l) {
+      for (int64_t k = 0; k < 4; ++k) {
+        for (int64_t e = 0; e < 4; ++e) {
+          EXPECT_EQ(result.at({b, l, k, e}), input.at({b, l, e}));
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelElementwise, ReshapeKeepsRowMajorOrder) {
   std::mt19937 rng(5);
   Case c;

@@ -82,6 +82,8 @@ constexpr CoveredKind kCoveredOpKinds[] = {
     {OpKind::kDynamicSlice, "KernelSlice.KeepsThisDevicesPartAndPadsPastTheEnd"},
     {OpKind::kHostOffload, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
     {OpKind::kHostLoad, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
+    {OpKind::kSinkhorn, "KernelSinkhorn.*"},
+    {OpKind::kSinkhornGrad, "KernelSinkhorn.GradientMatchesFiniteDifferences"},
 };
 
 // A kernel without a test case fails here: every kind of run_kernel's table must be listed in
