@@ -459,6 +459,9 @@ class BackwardBuilder {
       case OpKind::kMoeRouter:
         emit_with_input_grads(OpKind::kRouterGrad, op, dy, region);
         return;
+      case OpKind::kBlockPool:
+        emit_with_input_grads(OpKind::kBlockPoolGrad, op, dy, region);
+        return;
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
@@ -468,6 +471,7 @@ class BackwardBuilder {
       case OpKind::kEmbeddingGrad:
       case OpKind::kCrossEntropyGrad:
       case OpKind::kRouterGrad:
+      case OpKind::kBlockPoolGrad:
       case OpKind::kReduceSum:
       case OpKind::kNormStatistics:
       case OpKind::kCrossEntropyStatistics:

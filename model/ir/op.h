@@ -33,7 +33,7 @@ enum class OpKind {
   kRmsNorm,          // x, scale -> y (over attrs.reduced dims)
   kLayerNorm,        // x, scale, bias -> y
   kRope,             // rotary position embedding on head_dim (attrs.reverse_rotation: undone)
-  kAttention,        // q, k, v[, k_rope][, sinks] -> out (fused softmax(q k^T) v, mask in attrs)
+  kAttention,        // q, k, v[, k_rope][, sinks][, blocks] -> out (fused softmax(q k^T) v)
   kEmbeddingLookup,  // tokens, table -> x
   kCrossEntropy,     // logits, targets -> loss (mean over tokens)
   kMoeRouter,        // router logits -> top-k weights and expert assignment
@@ -62,6 +62,11 @@ enum class OpKind {
   // Host offload (remat policy "offload").
   kHostOffload,
   kHostLoad,
+  // DeepSeek-V4's compressors: kv, gate, bias -> each block's softmax(gate + bias)-weighted sum
+  // of kv over attrs.contracted (the positions in a block), and its VJP dy, kv, gate, bias ->
+  // dkv, dgate, dbias.
+  kBlockPool,
+  kBlockPoolGrad,
 };
 
 const char* op_kind_name(OpKind kind);
@@ -171,6 +176,13 @@ struct OpAttrs {
   // A collective permute around its group's ring (a pipeline's hand-over over `stage`): member p
   // receives the input of member p - ring_shift (mod the group). 0: a permute between layouts.
   int64_t ring_shift = 0;
+  // Attention with compressed blocks (DeepSeek-V4's HCA, compress_ratio r > 0): one more input,
+  // the pooled blocks of r tokens, joins the keys and values of one softmax (with the window's
+  // keys and the sinks); block c is visible to query position p when c < (p + 1) / r.
+  int64_t compress_ratio = 0;
+  // Rope: the position of global index i along "length" is i x this (DeepSeek-V4's compressed
+  // blocks of r tokens rotate at their first token's position, c r).
+  int64_t rope_position_stride = 1;
 };
 
 struct Op {

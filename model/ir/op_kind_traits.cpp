@@ -60,6 +60,8 @@ constexpr std::array<OpKindTraits, kOpKindCount> kOpKindTraits = {{
      .host_transfer = true,
      .has_kernel = true},
     {.kind = OpKind::kHostLoad, .name = "host_load", .host_transfer = true, .has_kernel = true},
+    {.kind = OpKind::kBlockPool, .name = "block_pool", .has_kernel = true},
+    {.kind = OpKind::kBlockPoolGrad, .name = "block_pool_grad", .has_kernel = true},
 }};
 
 // Every enumerator, each once: -Wswitch fails the build here when a kind has no case, and the
@@ -94,6 +96,8 @@ constexpr bool is_enumerator(OpKind kind) {
     case OpKind::kCollectivePermute:
     case OpKind::kHostOffload:
     case OpKind::kHostLoad:
+    case OpKind::kBlockPool:
+    case OpKind::kBlockPoolGrad:
       return true;
   }
   return false;

@@ -53,6 +53,8 @@ constexpr std::array kKernels = {
     KernelEntry{OpKind::kDynamicSlice, kernels::run_dynamic_slice},
     KernelEntry{OpKind::kHostOffload, kernels::run_copy},
     KernelEntry{OpKind::kHostLoad, kernels::run_copy},
+    KernelEntry{OpKind::kBlockPool, kernels::run_block_pool},
+    KernelEntry{OpKind::kBlockPoolGrad, kernels::run_block_pool_grad},
 };
 
 }  // namespace

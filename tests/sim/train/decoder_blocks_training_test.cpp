@@ -129,6 +129,19 @@ TEST(DecoderBlocksTraining, Deepseek4ShardedMatchesOneDevice) {
                                     {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
 }
 
+// Heavily compressed attention (compress_ratios entries above 4; MaxText's
+// DeepseekV4HCACompressor): layers 1 and 2 pool blocks of 8 tokens (4 blocks of 32) that join the
+// window's keys and the sinks in one softmax. Under context=2 each device pools its own 2 blocks
+// and the attention gathers all 4, as it gathers the keys. Tensor parallelism needs 2 kv heads
+// here (above), which MaxText's concatenation of the one-head blocks to the keys does not allow:
+// base_num_kv_heads 2 with a ratio above 4 is refused (exit 2).
+TEST(DecoderBlocksTraining, Deepseek4HeavilyCompressedShardedMatchesOneDevice) {
+  const std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"compress_ratios=[0,8,8]"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+}
+
 // With the preset's SwiGLU clip (mlp_activations_limit at 0.3, which cuts about 12% of the routed
 // experts' gate entries and 23% of their up entries, as tests/reference/run_torch_reference.sh
 // prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every

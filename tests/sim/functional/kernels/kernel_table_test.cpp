@@ -82,6 +82,9 @@ constexpr CoveredKind kCoveredOpKinds[] = {
     {OpKind::kDynamicSlice, "KernelSlice.KeepsThisDevicesPartAndPadsPastTheEnd"},
     {OpKind::kHostOffload, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
     {OpKind::kHostLoad, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
+    {OpKind::kBlockPool, "KernelBlockPool.*"},
+    {OpKind::kBlockPoolGrad,
+     "KernelBlockPool.GradientsMatchFiniteDifferences, KernelBlockPool.SplitBlocksMatchWhole"},
 };
 
 // A kernel without a test case fails here: every kind of run_kernel's table must be listed in
