@@ -284,8 +284,8 @@ class Reference:
         # layer; deepseek4 with hash layers stores its first --first-num-hash-layers layers in a
         # region of their own (the one named *hash*), the others after them.
         hashed = [r for r in regions if "hash" in r]
-        self.compress_ratios = [int(v) for v in args.compress_ratios.split(",")] \
-            if args.compress_ratios else []
+        ratios = getattr(args, "compress_ratios", "")  # hf_reference.py's args have none
+        self.compress_ratios = [int(v) for v in ratios.split(",")] if ratios else []
         if family == "deepseek4" and self.compress_ratios:
             self.slots = self.compressed_slots(regions, args.first_num_hash_layers)
         elif len(regions) == 1:
