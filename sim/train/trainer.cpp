@@ -230,7 +230,26 @@ void check_functional_support(const Config& config) {
   const TrainNumerics numerics = TrainNumerics::from_config(config);
   refuse_unbuilt_numerics(numerics, dims, refuse);
   if (family.has_compressed_attention()) {
-    refuse_unbuilt_deepseek4(dims, BuildOptions::from_config(config), numerics, refuse);
+    const BuildOptions options = BuildOptions::from_config(config);
+    refuse_unbuilt_deepseek4(dims, options, numerics, refuse);
+    // Under context parallelism (the axes base.yml's rules give activation_length) each device
+    // pools the blocks of its own tokens, which must then be whole blocks.
+    int64_t context = 1;
+    for (const char* key :
+         {"ici_context_parallelism", "dcn_context_parallelism",
+          "ici_context_usp_ulysses_parallelism", "dcn_context_usp_ulysses_parallelism"}) {
+      context *= std::max<int64_t>(1, config.get_int(key));
+    }
+    for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+      const int64_t ratio = dims.compress_ratio(layer);
+      if (ratio > kCompressedSparseRatio && options.max_target_length % (ratio * context) != 0) {
+        refuse("max_target_length", std::to_string(options.max_target_length),
+               "with " + std::to_string(context) +
+                   " context shards each device pools its own tokens into blocks of " +
+                   std::to_string(ratio) + ": it must be a multiple of " +
+                   std::to_string(ratio * context));
+      }
+    }
   }
   // llama4's router scales each token by the sigmoid of its chosen logits before the experts
   // (MaxText moe.py permute); the engine weights the experts' outputs by softmax probabilities.

@@ -151,6 +151,23 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   EXPECT_NE(out_of_order.err.find("compress_ratios: layer 2: 8 is not computed by tpusim train"),
             std::string::npos)
       << out_of_order.err;
+  // Under context=2 each device pools its own 24 / 2 = 12 tokens: not whole blocks of 8.
+  std::vector<std::string> split_blocks = {"train",
+                                           "model_name=deepseek4-tiny",
+                                           "compile_topology=v5e-4",
+                                           "steps=1",
+                                           "ici_fsdp_parallelism=2",
+                                           "ici_context_parallelism=2",
+                                           "per_device_batch_size=1",
+                                           "max_target_length=24"};
+  for (const auto& [name, value] : trainable) {
+    split_blocks.push_back(name + "=" + (name == "compress_ratios" ? "[0,8]" : value));
+  }
+  const auto partial_blocks = run_tpusim(split_blocks);
+  EXPECT_EQ(partial_blocks.exit_code, 2) << partial_blocks.err;
+  EXPECT_NE(partial_blocks.err.find("max_target_length: 24 is not computed by tpusim train"),
+            std::string::npos)
+      << partial_blocks.err;
   // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
   // heads split in two) is refused by key.
   std::vector<std::string> split_groups = {"train",
