@@ -77,7 +77,8 @@ void check_compressed_attention_keys(const ModelDims& dims) {
        {std::pair<const char*, int64_t>{"mhc_expansion_rate", dims.mhc_expansion_rate},
         {"indexer_n_heads", dims.indexer_n_heads},
         {"indexer_head_dim", dims.indexer_head_dim},
-        {"indexer_topk", dims.indexer_topk}}) {
+        {"indexer_topk", dims.indexer_topk},
+        {"compressed_rope_max_timescale", dims.compressed_rope_max_timescale}}) {
     if (value < 1) {
       throw UserError(std::string(key) + ": " + std::to_string(value) + " must be >= 1", key);
     }
@@ -179,6 +180,8 @@ ModelDims ModelDims::from_config(const Config& config) {
     dims.indexer_n_heads = maxtext_key_int(passthrough, "indexer_n_heads");
     dims.indexer_head_dim = maxtext_key_int(passthrough, "indexer_head_dim");
     dims.indexer_topk = maxtext_key_int(passthrough, "indexer_topk");
+    dims.compressed_rope_max_timescale =
+        maxtext_key_int(passthrough, "compressed_rope_max_timescale");
     check_compressed_attention_keys(dims);
   }
   return dims;

@@ -98,6 +98,8 @@ struct ModelDims {
   int64_t indexer_n_heads = 0;
   int64_t indexer_head_dim = 0;
   int64_t indexer_topk = 0;
+  // The RoPE wavelength of the layers with a compress ratio > 0 (their queries, keys, blocks).
+  int64_t compressed_rope_max_timescale = 0;
 
   static ModelDims from_config(const Config& config);
 

@@ -3,8 +3,9 @@
 namespace tpusim::partitioner_internal {
 
 void Partitioner::partition_attention(const Op& op, bool gradient) {
-  // Forward inputs: q, k, v, [k_rope], [sinks]; gradient inputs: dout, q, k, v, [k_rope],
-  // [sinks], out. The sinks ([heads], one logit per query head) follow the query's heads.
+  // Forward inputs: q, k, v, [k_rope], [sinks], [blocks]; gradient inputs: dout, q, k, v,
+  // [k_rope], [sinks], [blocks], out. The sinks ([heads], one logit per query head) follow the
+  // query's heads; the compressed blocks (attrs.compress_ratio > 0) are whole like the keys.
   const size_t first_forward = gradient ? 1 : 0;
   const TensorId query = op.inputs[first_forward];
   const AxesByName reference = by_name(query, layout(query));
@@ -26,6 +27,11 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   }
   const size_t key_begin = first_forward + 1;
   size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
+  const bool blocks = op.attrs.compress_ratio > 0;
+  const size_t blocks_index = blocks ? key_end - 1 : op.inputs.size();
+  if (blocks) {
+    --key_end;
+  }
   const Tensor& last_forward = global_.tensor(op.inputs[key_end - 1]);
   const bool sinks = key_end - first_forward > 3 && last_forward.dims.size() == 1 &&
                      last_forward.dims[0].name == "heads";
@@ -36,7 +42,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   inputs.reserve(op.inputs.size());
   for (size_t index = 0; index < op.inputs.size(); ++index) {
     const TensorId input = op.inputs[index];
-    const bool key_side = index >= key_begin && index < key_end;
+    const bool key_side = (index >= key_begin && index < key_end) || index == blocks_index;
     inputs.push_back(reshard(
         input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
   }
@@ -61,7 +67,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
     const TensorId global = op.outputs[index];
     const Tensor& output = global_.tensor(global);
     AxisList partial;
-    const bool dsinks = sinks && index + 1 == op.outputs.size();
+    const bool dsinks = sinks && index + 1 + (blocks ? 1 : 0) == op.outputs.size();
     if (dsinks) {
       // Summed over this device's sequences and queries: partial over the axes splitting them.
       partial = batch;

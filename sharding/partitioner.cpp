@@ -338,8 +338,10 @@ void Partitioner::partition_following_output(const Op& op,
   partials.reserve(op.outputs.size());
   for (const TensorId output : op.outputs) {
     computed.push_back(follow(output, reference, must_be_whole));
-    // A norm's scale gradient and a router's bias gradient sum over the tokens input 0 splits.
-    const bool token_sum = op.kind == OpKind::kNormGrad || op.kind == OpKind::kRouterGrad;
+    // A norm's scale gradient, a router's bias gradient and a compressor's position-bias gradient
+    // sum over the tokens input 0 splits.
+    const bool token_sum = op.kind == OpKind::kNormGrad || op.kind == OpKind::kRouterGrad ||
+                           (op.kind == OpKind::kBlockPoolGrad && output == op.outputs.back());
     partials.push_back(token_sum && output != first
                            ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
                            : AxisList{});
@@ -453,6 +455,8 @@ void Partitioner::partition_op(const Op& op) {
     case OpKind::kElementwise:
     case OpKind::kRope:
     case OpKind::kMoeRouter:
+    case OpKind::kBlockPool:
+    case OpKind::kBlockPoolGrad:
     case OpKind::kNormStatistics:
     case OpKind::kCrossEntropyStatistics:
     case OpKind::kDynamicSlice:

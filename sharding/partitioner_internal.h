@@ -155,6 +155,8 @@ inline int norm_statistics_count(const Op& op) {
     case OpKind::kHostLoad:
     case OpKind::kSinkhorn:
     case OpKind::kSinkhornGrad:
+    case OpKind::kBlockPool:
+    case OpKind::kBlockPoolGrad:
       break;
   }
   throw std::logic_error(std::string("norm statistics of a non-norm op: ") + op_kind_name(op.kind));

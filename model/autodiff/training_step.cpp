@@ -497,6 +497,9 @@ class BackwardBuilder {
         accumulate(op.inputs[0], grad, region);
         return;
       }
+      case OpKind::kBlockPool:
+        emit_with_input_grads(OpKind::kBlockPoolGrad, op, dy, region);
+        return;
       case OpKind::kHostOffload:
       case OpKind::kHostLoad:
         return;
@@ -506,6 +509,7 @@ class BackwardBuilder {
       case OpKind::kEmbeddingGrad:
       case OpKind::kCrossEntropyGrad:
       case OpKind::kRouterGrad:
+      case OpKind::kBlockPoolGrad:
       case OpKind::kNormStatistics:
       case OpKind::kCrossEntropyStatistics:
       case OpKind::kDynamicSlice:

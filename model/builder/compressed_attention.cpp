@@ -9,12 +9,17 @@
 //     projections; the indexer scores every block for every query and each query attends to its
 //     indexer_topk best blocks;
 //   r > 4 (heavily compressed attention, HCA): blocks pooled from head_dim projections; each
-//     query attends to every block before it.
-// A block pools its tokens by a softmax over learned gates. The attention over blocks is a second
-// attention op (MaxText: one softmax over the window's keys and the blocks, a sum of the two here:
-// the same matmuls); the indexer's top-k picks whole blocks, charged as the average number of
-// blocks a query attends to (min(indexer_topk, blocks before it)). The indexer's scores only pick
-// blocks: no gradient flows through them (as in MaxText, where top_k's indices end the path).
+//     query attends to every block completed at or before it, in ONE softmax with the window's
+//     keys and the sinks (the attention op's blocks input, OpAttrs::compress_ratio), as
+//     MaxText's attention_op takes the window's kv and the blocks together.
+// A block pools its tokens by a softmax over learned gates plus a position bias (kBlockPool),
+// then an RMSNorm and RoPE at its first token's position. Layers with r > 0 rotate at
+// compressed_rope_max_timescale. CSA (not computed by train, which refuses it) is still charged
+// as a second attention op over the blocks whose output is added: the indexer's top-k picks
+// whole blocks, charged as the average number of blocks a query attends to (min(indexer_topk,
+// blocks before it)), and its overlapping windows as one pooling over 2r positions. The
+// indexer's scores only pick blocks: no gradient flows through them (as in MaxText, where
+// top_k's indices end the path).
 //
 // Example (deepseek4-284b, one CSA layer, per token):
 //   q_latent [q_lora=1024] = x [embed=4096] . attention/wq_a; query [heads=64, head_dim=512]
@@ -35,16 +40,19 @@ constexpr int64_t kOverlappingWindows = 2;
 
 }  // namespace
 
-// Pools `kv` and `gate` ([batch, length, width x head_dim]) into [batch, <prefix>_blocks,
-// <prefix>_dim] blocks of `ratio` tokens: softmax(gate + position bias) over a block's
-// width x ratio entries, then the weighted sum of kv. The softmax is charged as one elementwise
-// pass over the gates.
+// Pools `kv` and `gate` ([batch, length, width x head_dim]) into [batch, length = blocks,
+// <prefix>_dim] blocks of `ratio` tokens: per feature, softmax(gate + position bias) over a
+// block's width x ratio entries weighs kv (kBlockPool; MaxText's position_bias [r, width x h]).
+// With width 2 (CSA) the entries are charged, not laid out as MaxText's overlapping windows.
 TensorId ForwardBuilder::pool_blocks(const std::string& prefix, int region, TensorId kv,
                                      TensorId gate, int64_t ratio, int64_t width,
                                      int64_t head_dim) {
   const int64_t blocks = length_ / ratio;
+  // The attention's blocks are positions along "length" (RoPE and the attention op read it); the
+  // indexer's meet the query's length in its score einsum, so they keep a name of their own.
+  const std::string blocks_name = prefix == "indexer" ? "indexer_blocks" : "length";
   const std::vector<Dim> block_dims = {act("batch", batch_, batch_logical_),
-                                       act(prefix + "_blocks", blocks, "activation_length"),
+                                       act(blocks_name, blocks, "activation_length"),
                                        act(prefix + "_block_pos", width * ratio, ""),
                                        act(prefix + "_dim", head_dim, "activation_kv")};
   const TensorId kv_blocks = reshape(prefix + "/kv_blocks", kv, block_dims, region);
@@ -53,11 +61,13 @@ TensorId ForwardBuilder::pool_blocks(const std::string& prefix, int region, Tens
       prefix + "/position_bias",
       {Dim{prefix + "_block_pos", width * ratio, ""}, Dim{prefix + "_dim", head_dim, "kv"}}, region,
       constant_init(0));
-  TensorId weights =
-      elementwise(prefix + "/gate_biased", ElementwiseFn::kAdd, {gate_blocks, bias}, region);
-  weights = elementwise(prefix + "/gate_softmax", ElementwiseFn::kSigmoid, {weights}, region);
-  return einsum(prefix + "/pooled", kv_blocks, weights, {prefix + "_block_pos"},
-                {block_dims[0], block_dims[1], block_dims[3]}, region);
+  const TensorId pooled =
+      activation(prefix + "/pooled", {block_dims[0], block_dims[1], block_dims[3]}, region);
+  OpAttrs attrs;
+  attrs.contracted = {prefix + "_block_pos"};
+  graph().add_op(OpKind::kBlockPool, prefix + "/pooled", {kv_blocks, gate_blocks, bias}, {pooled},
+                 attrs, region);
+  return pooled;
 }
 
 // The projections one pooled set of blocks reads: kv and gate, [embed] -> [width x head_dim].
@@ -76,7 +86,19 @@ TensorId ForwardBuilder::compressed_blocks(const std::string& prefix, int region
   const TensorId gate = einsum(prefix + "/gate_proj", x, w_gate, {"embed"}, projected_dims, region);
   TensorId pooled = pool_blocks(prefix, region, kv, gate, ratio, width, head_dim);
   pooled = norm(prefix + "/norm", pooled, region);
-  return rope(prefix + "/rope", pooled, region);
+  // MaxText rotates block c at its first token's position, c r.
+  return compressed_rope(prefix + "/rope", pooled, region, ratio);
+}
+
+// RoPE at compressed_rope_max_timescale (MaxText's rotary embedding of a layer with a compress
+// ratio > 0), position i x `position_stride` along "length".
+TensorId ForwardBuilder::compressed_rope(const std::string& name, TensorId x, int region,
+                                         int64_t position_stride, bool reverse) {
+  const TensorId out = rope(name, x, region, reverse);
+  OpAttrs& attrs = graph().mutable_op(graph().producer(out)).attrs;
+  attrs.rope_max_timescale = static_cast<double>(dims_.compressed_rope_max_timescale);
+  attrs.rope_position_stride = position_stride;
+  return out;
 }
 
 // The CSA indexer: its query from the query latent, its own pooled blocks, per-head weights from
@@ -95,7 +117,7 @@ void ForwardBuilder::build_indexer(int region, TensorId x, TensorId q_latent) {
                           with_last(activation_dims(), {act("indexer_heads", heads, ""),
                                                         act("indexer_dim", head_dim, "")}),
                           region);
-  query = rope("indexer/query_rope", query, region);
+  query = compressed_rope("indexer/query_rope", query, region, 1);
   const TensorId blocks = compressed_blocks("indexer", region, x, kCompressedSparseRatio, head_dim);
   const TensorId w_weights =
       weight("indexer/weights_proj",
@@ -172,6 +194,14 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
                         std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
                     "max_target_length");
   }
+  if (ratio > kCompressedSparseRatio && kv_heads != 1) {
+    // MaxText concatenates the one-head blocks to the window's kv along the keys: one kv head.
+    throw UserError(
+        "base_num_kv_heads: " + std::to_string(kv_heads) +
+            " must be 1 in a layer with heavily compressed attention (compress_ratios " +
+            std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
+        "base_num_kv_heads");
+  }
   const Dim embed_w{"embed", dims_.emb_dim, "embed"};
   const TensorId wq_a = weight("attention/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region,
                                dense(dims_.emb_dim));
@@ -187,7 +217,12 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
                           head_dims(heads, "heads", "activation_heads", "head_dim", head_dim),
                           region, "query_proj");
   query = norm("attention/q_up_norm", query, region, /*with_scale=*/false);  // unweighted
-  query = rope("attention/query_rope", query, region);
+  // MaxText: a layer with a compress ratio > 0 rotates at compressed_rope_max_timescale.
+  const auto layer_rope = [&](const std::string& name, TensorId input, bool reverse) {
+    return ratio > 0 ? compressed_rope(name, input, region, 1, reverse)
+                     : rope(name, input, region, reverse);
+  };
+  query = layer_rope("attention/query_rope", query, false);
   const TensorId wkv = weight(
       "attention/wkv",
       {embed_w, Dim{"kv_heads", kv_heads, "kv_heads"}, Dim{"head_dim", head_dim, "kv_head_dim"}},
@@ -196,39 +231,53 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
                        head_dims(kv_heads, "kv_heads", "activation_kv_heads", "head_dim", head_dim),
                        region, "kv_proj");
   kv = norm("attention/kv_norm", kv, region);
-  kv = rope("attention/kv_rope", kv, region);
+  kv = layer_rope("attention/kv_rope", kv, false);
   // MaxText: the query is scaled by head_dim^-0.5 before the attention.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   // The attention sinks: one learned logit per query head in every softmax (zeros at init,
   // replicated as MaxText's sharding (None,) has them).
   const TensorId sinks =
       parameter_tensor("attention/sinks", {Dim{"heads", heads, ""}}, region, constant_init(0));
-  TensorId context =
-      compressed_attention_op("attention/window_context", region, {query, kv, kv, sinks},
-                              AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
+  std::vector<TensorId> attention_inputs = {query, kv, kv, sinks};
+  const bool sparse = ratio == kCompressedSparseRatio;
   if (ratio >= kCompressedSparseRatio) {
-    if (ratio == kCompressedSparseRatio) {
+    if (sparse) {
       build_indexer(region, x, q_latent);
     }
     const TensorId pooled = compressed_blocks("compressor", region, x, ratio, head_dim);
     // The blocks as keys (and values) of one kv head, their position as the key length.
-    const TensorId blocks = reshape(
+    attention_inputs.push_back(reshape(
         "compressor/keys", pooled,
         {act("batch", batch_, batch_logical_), act("length", length_ / ratio, "activation_length"),
          act("kv_heads", 1, "activation_kv_heads"), act("head_dim", head_dim, "activation_kv")},
-        region);
-    // HCA: every block before the query (causal over blocks); CSA: min(indexer_topk, blocks
-    // before it), the average a sliding window of indexer_topk blocks gives.
-    const bool sparse = ratio == kCompressedSparseRatio;
+        region));
+  }
+  TensorId context;
+  if (sparse) {
+    // CSA: min(indexer_topk, blocks before the query), the average a sliding window of
+    // indexer_topk blocks gives, in a second op added to the window's.
+    const TensorId blocks = attention_inputs.back();
+    attention_inputs.pop_back();
+    context =
+        compressed_attention_op("attention/window_context", region, attention_inputs,
+                                AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
     const TensorId block_context =
         compressed_attention_op("attention/block_context", region, {query, blocks, blocks},
-                                sparse ? AttentionMask::kSlidingWindow : AttentionMask::kCausal,
-                                sparse ? dims_.indexer_topk : 0, scale);
+                                AttentionMask::kSlidingWindow, dims_.indexer_topk, scale);
     context =
         elementwise("attention/context", ElementwiseFn::kAdd, {context, block_context}, region);
+  } else {
+    // Sliding window only, or HCA: the window's keys, the visible blocks and the sinks in one
+    // softmax.
+    context =
+        compressed_attention_op("attention/context", region, attention_inputs,
+                                AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
+    if (ratio > kCompressedSparseRatio) {
+      graph().mutable_op(graph().producer(context)).attrs.compress_ratio = ratio;
+    }
   }
   // MaxText undoes the values' rotation on the attention output before the out projection.
-  context = rope("attention/context_unrope", context, region, /*reverse=*/true);
+  context = layer_rope("attention/context_unrope", context, true);
   return grouped_out_projection(region, context);
 }
 

@@ -148,6 +148,8 @@ class ForwardBuilder {
                                    std::vector<TensorId> inputs, AttentionMask mask, int64_t window,
                                    double scale);
   TensorId grouped_out_projection(int region, TensorId context);
+  TensorId compressed_rope(const std::string& name, TensorId x, int region, int64_t position_stride,
+                           bool reverse = false);
 
   // DeepSeek-V4's hyper-connections and decoder layer (hyper_connections.cpp).
 

@@ -33,7 +33,7 @@ enum class OpKind {
   kRmsNorm,          // x, scale -> y (over attrs.reduced dims)
   kLayerNorm,        // x, scale, bias -> y
   kRope,             // rotary position embedding on head_dim (attrs.reverse_rotation: undone)
-  kAttention,        // q, k, v[, k_rope][, sinks] -> out (fused softmax(q k^T) v, mask in attrs)
+  kAttention,        // q, k, v[, k_rope][, sinks][, blocks] -> out (fused softmax(q k^T) v)
   kEmbeddingLookup,  // tokens, table -> x
   kCrossEntropy,     // logits, targets -> loss (mean over tokens)
   kMoeRouter,        // router logits -> top-k weights and expert assignment
@@ -66,6 +66,11 @@ enum class OpKind {
   // doubly stochastic matrix over their last two dims (attrs.sinkhorn_iterations, epsilon).
   kSinkhorn,
   kSinkhornGrad,  // dy, logits -> dlogits (recomputes the iterations, then their VJP)
+  // DeepSeek-V4's compressors: kv, gate, bias -> each block's softmax(gate + bias)-weighted sum
+  // of kv over attrs.contracted (the positions in a block), and its VJP dy, kv, gate, bias ->
+  // dkv, dgate, dbias.
+  kBlockPool,
+  kBlockPoolGrad,
 };
 
 const char* op_kind_name(OpKind kind);
@@ -183,6 +188,13 @@ struct OpAttrs {
   // Sinkhorn (mHC's residual matrix): the row-then-column normalizations after the first softmax
   // and column pass (MaxText mhc.py sinkhorn_iterations); its epsilon is `epsilon` above.
   int64_t sinkhorn_iterations = 0;
+  // Attention with compressed blocks (DeepSeek-V4's HCA, compress_ratio r > 0): one more input,
+  // the pooled blocks of r tokens, joins the keys and values of one softmax (with the window's
+  // keys and the sinks); block c is visible to query position p when c < (p + 1) / r.
+  int64_t compress_ratio = 0;
+  // Rope: the position of global index i along "length" is i x this (DeepSeek-V4's compressed
+  // blocks of r tokens rotate at their first token's position, c r).
+  int64_t rope_position_stride = 1;
 };
 
 struct Op {

@@ -23,6 +23,8 @@ constexpr double kAttentionGradMatmulFactor = 2.0;  // dq, dk, dv, dp vs q k^T, 
 constexpr double kSinkhornFirstPassFlops = kSoftmaxFlopsPerScore + 3.0;
 constexpr double kSinkhornFlopsPerIteration = 4.0;
 constexpr double kSinkhornGradFactor = 3.0;
+// A compressor's pooled entry: bias add, softmax (max, subtract, exp, sum, divide), multiply-add.
+constexpr double kBlockPoolFlopsPerEntry = 1.0 + kSoftmaxFlopsPerScore + 2.0;
 
 double elements(const Graph& graph, TensorId id) {
   return static_cast<double>(graph.tensor(id).num_elements());
@@ -69,7 +71,35 @@ OpFlops attention_forward_flops(const Graph& graph, const Op& op) {
   return {kFlopsPerMac * scores * (qk_dim + v_dim), vector_per_score * scores};
 }
 
+// Inputs: dout, q, k, v, ...: forward q, k, v start at index 1.
+OpFlops attention_gradient_flops(const Graph& graph, const Op& op) {
+  Op forward = op;
+  forward.inputs.erase(forward.inputs.begin());
+  const OpFlops flops = attention_forward_flops(graph, forward);
+  return {kAttentionGradMatmulFactor * flops.matmul, 2.0 * flops.vector};
+}
+
 }  // namespace
+
+CompressedAttentionParts compressed_attention_parts(const Op& op) {
+  const bool gradient = op.kind == OpKind::kAttentionGrad;
+  const size_t first = gradient ? 1 : 0;  // the gradient's inputs: dout, forward inputs, out
+  const size_t blocks_index = op.inputs.size() - (gradient ? 2 : 1);
+  CompressedAttentionParts parts{op, op};
+  parts.window.attrs.compress_ratio = 0;
+  parts.window.inputs.erase(parts.window.inputs.begin() +
+                            static_cast<std::ptrdiff_t>(blocks_index));
+  Op& blocks = parts.blocks;
+  blocks.attrs.compress_ratio = 0;
+  blocks.attrs.mask = AttentionMask::kCausal;
+  blocks.attrs.window = 0;
+  blocks.inputs = {op.inputs[first], op.inputs[blocks_index], op.inputs[blocks_index]};
+  if (gradient) {
+    blocks.inputs.insert(blocks.inputs.begin(), op.inputs.front());
+    blocks.inputs.push_back(op.inputs.back());
+  }
+  return parts;
+}
 
 double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t window) {
   const double sequence = static_cast<double>(length);
@@ -105,14 +135,17 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     case OpKind::kEinsum:
       return {einsum_flops(graph, op), 0};
     case OpKind::kAttention:
-      return attention_forward_flops(graph, op);
-    case OpKind::kAttentionGrad: {
-      // Inputs: dout, q, k, v, ...: forward q, k, v start at index 1.
-      Op forward = op;
-      forward.inputs.erase(forward.inputs.begin());
-      const OpFlops flops = attention_forward_flops(graph, forward);
-      return {kAttentionGradMatmulFactor * flops.matmul, 2.0 * flops.vector};
-    }
+    case OpKind::kAttentionGrad:
+      if (op.attrs.compress_ratio > 0) {
+        const CompressedAttentionParts parts = compressed_attention_parts(op);
+        const OpFlops window = op_flops(graph, parts.window);
+        const OpFlops blocks = op_flops(graph, parts.blocks);
+        return {window.matmul + blocks.matmul, window.vector + blocks.vector};
+      }
+      if (op.kind == OpKind::kAttention) {
+        return attention_forward_flops(graph, op);
+      }
+      return attention_gradient_flops(graph, op);
     case OpKind::kElementwise: {
       if (op.attrs.function == ElementwiseFn::kReshape) {
         return {};  // moves (or relabels) elements, computes nothing
@@ -165,6 +198,12 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
       const double factor = op.kind == OpKind::kSinkhornGrad ? kSinkhornGradFactor : 1.0;
       return {0, factor * per_element * elements(graph, op.outputs.at(0))};
     }
+    case OpKind::kBlockPool:
+      // Per pooled entry: the gate's bias add, the softmax, the weighted sum (kv's elements).
+      return {0, kBlockPoolFlopsPerEntry * elements(graph, op.inputs.at(0))};
+    case OpKind::kBlockPoolGrad:
+      // dkv = dy w, dgate = dy w (kv - y) and the bias's sum, plus the softmax recomputed.
+      return {0, 2.0 * kBlockPoolFlopsPerEntry * elements(graph, op.inputs.at(1))};
     case OpKind::kDynamicSlice:
     case OpKind::kMoeDispatch:
     case OpKind::kAllGather:

@@ -62,6 +62,8 @@ constexpr std::array<OpKindTraits, kOpKindCount> kOpKindTraits = {{
     {.kind = OpKind::kHostLoad, .name = "host_load", .host_transfer = true, .has_kernel = true},
     {.kind = OpKind::kSinkhorn, .name = "sinkhorn", .has_kernel = true},
     {.kind = OpKind::kSinkhornGrad, .name = "sinkhorn_grad", .has_kernel = true},
+    {.kind = OpKind::kBlockPool, .name = "block_pool", .has_kernel = true},
+    {.kind = OpKind::kBlockPoolGrad, .name = "block_pool_grad", .has_kernel = true},
 }};
 
 // Every enumerator, each once: -Wswitch fails the build here when a kind has no case, and the
@@ -98,6 +100,8 @@ constexpr bool is_enumerator(OpKind kind) {
     case OpKind::kHostLoad:
     case OpKind::kSinkhorn:
     case OpKind::kSinkhornGrad:
+    case OpKind::kBlockPool:
+    case OpKind::kBlockPoolGrad:
       return true;
   }
   return false;

@@ -55,6 +55,8 @@ constexpr std::array kKernels = {
     KernelEntry{OpKind::kHostLoad, kernels::run_copy},
     KernelEntry{OpKind::kSinkhorn, kernels::run_sinkhorn},
     KernelEntry{OpKind::kSinkhornGrad, kernels::run_sinkhorn_grad},
+    KernelEntry{OpKind::kBlockPool, kernels::run_block_pool},
+    KernelEntry{OpKind::kBlockPoolGrad, kernels::run_block_pool_grad},
 };
 
 }  // namespace

@@ -365,8 +365,13 @@ class MemoryModel {
       const int dim = tensor.dim_index(name);
       return dim < 0 ? 1.0 : static_cast<double>(tensor.dims[static_cast<size_t>(dim)].size);
     };
+    // DeepSeek-V4's compressed blocks (the last forward input) are score columns too.
+    const double blocks =
+        op.attrs.compress_ratio > 0
+            ? size_of(graph_.tensor(op.inputs[op.inputs.size() - (gradient ? 2 : 1)]), "length")
+            : 0.0;
     const double elements = size_of(query, "batch") * size_of(query, "heads") *
-                            size_of(query, "length") * size_of(key, "length");
+                            size_of(query, "length") * (size_of(key, "length") + blocks);
     return elements * (gradient ? 2.0 : 1.0) * dtype_bytes(query.dtype);
   }
 

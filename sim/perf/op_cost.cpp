@@ -797,6 +797,24 @@ OpCost attention_cost(const Graph& graph, const Op& op, const CostContext& conte
   return finish(cost, context);
 }
 
+// DeepSeek-V4's attention with compressed blocks (attrs.compress_ratio > 0): one kernel doing
+// the work of its window part and its blocks part (model/ir/op_flops.h), each costed as the
+// attention op it is; the kernel launches once, so one op overhead is taken off their sum.
+OpCost compressed_attention_cost(const Graph& graph, const Op& op, const CostContext& context,
+                                 bool backward) {
+  const CompressedAttentionParts parts = compressed_attention_parts(op);
+  const OpCost window = attention_cost(graph, parts.window, context, backward);
+  const OpCost blocks = attention_cost(graph, parts.blocks, context, backward);
+  OpCost cost;
+  cost.seconds = window.seconds + blocks.seconds - context.chip->op_overhead_us * kMicro;
+  cost.mxu_seconds = window.mxu_seconds + blocks.mxu_seconds;
+  cost.hbm_seconds = window.hbm_seconds + blocks.hbm_seconds;
+  cost.vpu_seconds = window.vpu_seconds + blocks.vpu_seconds;
+  cost.matmul_flops = window.matmul_flops + blocks.matmul_flops;
+  cost.bound = window.seconds >= blocks.seconds ? window.bound : blocks.bound;
+  return cost;
+}
+
 // MaxText's dense MoE path (sparse_matmul=false) dispatches and combines tokens with one-hot
 // einsums per sequence: [batch, length, embed] x mask[batch, length, experts, capacity] ->
 // [experts, batch x capacity, embed], i.e. 2 x (grouped elements) x length FLOPs on the MXU.
@@ -894,9 +912,11 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     case OpKind::kEinsum:
       return einsum_cost(graph, op, context);
     case OpKind::kAttention:
-      return attention_cost(graph, op, context, false);
-    case OpKind::kAttentionGrad:
-      return attention_cost(graph, op, context, true);
+    case OpKind::kAttentionGrad: {
+      const bool backward = op.kind == OpKind::kAttentionGrad;
+      return op.attrs.compress_ratio > 0 ? compressed_attention_cost(graph, op, context, backward)
+                                         : attention_cost(graph, op, context, backward);
+    }
     case OpKind::kMoeDispatch:
     case OpKind::kMoeCombine:
       if (op.attrs.capacity_factor > 0) {
@@ -919,6 +939,8 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     case OpKind::kEmbeddingGrad:
     case OpKind::kCrossEntropyGrad:
     case OpKind::kRouterGrad:
+    case OpKind::kBlockPool:
+    case OpKind::kBlockPoolGrad:
     case OpKind::kReduceSum:
     case OpKind::kNormStatistics:
     case OpKind::kCrossEntropyStatistics:

@@ -10,6 +10,8 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -121,22 +123,43 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
 }
 
 // deepseek4 (docs/reference/deepseek4.md, "What train computes"): the functional engine builds
-// its layers with sliding-window attention only (every compress_ratios entry 0), with mHC's
-// residual streams (mhc_expansion_rate, model/builder/hyper_connections.cpp) or one plain one,
-// routing by the router or, in the first first_num_hash_layers layers, by MaxText's tid2eid
-// table; what it does not build is refused by the key that turns it on.
+// its layers with sliding-window attention (compress_ratios entry 0) or heavily compressed
+// attention (entries above 4), with mHC's residual streams (mhc_expansion_rate,
+// model/builder/hyper_connections.cpp) or one plain one, routing by the router or, in the first
+// first_num_hash_layers layers, by MaxText's tid2eid table; what it does not build is refused by
+// the key that turns it on.
 template <typename Refuse>
 void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
                               const TrainNumerics& numerics, const Refuse& refuse) {
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
-    if (const int64_t ratio = dims.compress_ratio(layer); ratio != 0) {
+    if (const int64_t ratio = dims.compress_ratio(layer);
+        ratio != 0 && ratio <= kCompressedSparseRatio) {
       refuse("compress_ratios", "layer " + std::to_string(layer) + ": " + std::to_string(ratio),
              ratio == kCompressedSparseRatio
                  ? "compressed sparse attention (pooled blocks of 4 and the indexer's "
-                   "indexer_topk selection) is not computed; every entry 0 gives sliding-window "
-                   "attention"
-                 : "heavily compressed attention (pooled blocks) is not computed; every entry 0 "
-                   "gives sliding-window attention");
+                   "indexer_topk selection) is not computed; 0 gives sliding-window attention, "
+                   "an entry above 4 heavily compressed attention"
+                 : "ratios 2 and 3 (no compressor, compressed_rope_max_timescale) are not "
+                   "computed; 0 gives sliding-window attention, an entry above 4 heavily "
+                   "compressed attention");
+    }
+  }
+  // The program runs each kind of layer (compress ratio, hash routing) as one repeated region, in
+  // the order the kinds first appear (model/builder/layer_plan.h): MaxText's layer order only
+  // when each kind's layers are consecutive.
+  std::vector<std::pair<int64_t, bool>> kinds;
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    const std::pair<int64_t, bool> kind = {dims.compress_ratio(layer),
+                                           dims.is_hash_routing_layer(layer)};
+    if (kinds.empty() || kinds.back() != kind) {
+      if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) {
+        refuse("compress_ratios",
+               "layer " + std::to_string(layer) + ": " + std::to_string(kind.first),
+               "the engine runs the layers of one compress ratio together, so each ratio's "
+               "layers must be consecutive (after the hash-routed layers) to keep MaxText's "
+               "order");
+      }
+      kinds.push_back(kind);
     }
   }
   if (dims.qk_rope_head_dim != dims.head_dim) {
@@ -205,7 +228,26 @@ void check_functional_support(const Config& config) {
   const TrainNumerics numerics = TrainNumerics::from_config(config);
   refuse_unbuilt_numerics(numerics, dims, refuse);
   if (family.has_compressed_attention()) {
-    refuse_unbuilt_deepseek4(dims, BuildOptions::from_config(config), numerics, refuse);
+    const BuildOptions options = BuildOptions::from_config(config);
+    refuse_unbuilt_deepseek4(dims, options, numerics, refuse);
+    // Under context parallelism (the axes base.yml's rules give activation_length) each device
+    // pools the blocks of its own tokens, which must then be whole blocks.
+    int64_t context = 1;
+    for (const char* key :
+         {"ici_context_parallelism", "dcn_context_parallelism",
+          "ici_context_usp_ulysses_parallelism", "dcn_context_usp_ulysses_parallelism"}) {
+      context *= std::max<int64_t>(1, config.get_int(key));
+    }
+    for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+      const int64_t ratio = dims.compress_ratio(layer);
+      if (ratio > kCompressedSparseRatio && options.max_target_length % (ratio * context) != 0) {
+        refuse("max_target_length", std::to_string(options.max_target_length),
+               "with " + std::to_string(context) +
+                   " context shards each device pools its own tokens into blocks of " +
+                   std::to_string(ratio) + ": it must be a multiple of " +
+                   std::to_string(ratio * context));
+      }
+    }
   }
   // llama4's router scales each token by the sigmoid of its chosen logits before the experts
   // (MaxText moe.py permute); the engine weights the experts' outputs by softmax probabilities.

@@ -89,6 +89,25 @@ check deepseek4-tiny "model_name=deepseek4-tiny override_model_config=true \
   routed_score_func='' norm_topk_prob=true routed_bias=false load_balance_loss_weight=0 \
   mlp_activations_limit=-1 sliding_window_size=8 vocab_size=256" \
   "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k"
+# ... with heavily compressed attention (compress_ratios entries above 4: MaxText's
+# DeepseekV4HCACompressor): layers 1 and 2 pool blocks of 8 tokens (2 of 16) that join a window
+# of 4 and the sinks in one softmax, rotated at compressed_rope_max_timescale.
+check deepseek4-tiny-hca "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,8,8] mhc_expansion_rate=1 first_num_hash_layers=0 \
+  routed_score_func='' norm_topk_prob=true routed_bias=false load_balance_loss_weight=0 \
+  mlp_activations_limit=-1 sliding_window_size=4 vocab_size=256" \
+  "--eps 1e-6 --sliding-window 4 --top-k 4 --renormalize-top-k --compress-ratios 0,8,8"
+# ... and the preset's HCA ratio, 128, over 256 tokens (2 blocks) with the preset's window of 32,
+# its hash-routed first layer, sqrtsoftplus scores and clip.
+saved_common=("${common[@]}")
+common=(max_target_length=256 steps=1 functional_precision=reference)
+check deepseek4-tiny-hca128 "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,128,128] mhc_expansion_rate=1 \
+  first_num_hash_layers=1 routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=false \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=32 vocab_size=256" \
+  "--eps 1e-6 --sliding-window 32 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+  --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --compress-ratios 0,128,128"
+common=("${saved_common[@]}")
 # ... and with the preset's SwiGLU clip (mlp_activations_limit, here 0.3, which cuts about 12% of
 # the routed experts' gate entries and 23% of their up entries; the reference prints the shares)
 # and its first layer hash-routed (first_num_hash_layers: MaxText's tid2eid table, zeros from

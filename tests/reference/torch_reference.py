@@ -37,14 +37,18 @@ Model families (detected from the tensor names), as MaxText computes them:
   gpt3   LayerNorm (scale, bias), learned position embeddings, causal MHA with the query divided
          by sqrt(head_dim) at run time (MaxText's Gpt3MultiHeadAttention), GELU (tanh) MLP,
          logits tied to the token embedding.
-  deepseek4  MaxText's DeepSeek4DecoderLayer with every compress_ratios entry 0, mHC off
-         (mhc_expansion_rate 1) or, with --mhc-expansion-rate k > 1, on (layers/mhc.py: the
-         embedding repeated into k streams, a hyper-connection around the attention and around
-         the MoE with its pre, post and Sinkhorn res maps of --sinkhorn-iterations, the head
-         summing the streams; --ignore-mhc and --sinkhorn-iterations 0 are ablations that must
-         fail on an mHC dump): CompressedAttention's sliding-window path
-         (low-rank query, unweighted q_up_norm, one shared key/value head, sinks, the output's
-         rotation undone, grouped output projection) and RoutedAndSharedMoE (routed_score_func
+  deepseek4  MaxText's DeepSeek4DecoderLayer with mHC off (mhc_expansion_rate 1) or, with
+         --mhc-expansion-rate k > 1, on (layers/mhc.py: the embedding repeated into k streams, a
+         hyper-connection around the attention and around the MoE with its pre, post and Sinkhorn
+         res maps of --sinkhorn-iterations, the head summing the streams; --ignore-mhc and
+         --sinkhorn-iterations 0 are ablations that must fail on an mHC dump), and
+         --compress-ratios entries 0 or above 4 (default: every one 0): CompressedAttention's
+         sliding-window path (low-rank query, unweighted q_up_norm, one shared key/value head,
+         sinks, the output's rotation undone, grouped output projection); an entry r > 4 adds
+         DeepseekV4HCACompressor's blocks (kv_proj, gate_proj; per feature a softmax over each
+         block's r tokens of gate + position_bias weighting kv; kv_norm; RoPE at the block's
+         first token) to the keys and values of the same softmax (block c visible to query i iff
+         c < (i + 1) // r), and such a layer rotates at --compressed-rope-max-timescale and RoutedAndSharedMoE (routed_score_func
          '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
          i.e. --renormalize-top-k; --routed-score-func sqrtsoftplus: the same of the scores
          sqrt(softplus(logit)) as GateLogit computes them; plus the shared experts). --mlp-activations-limit L clips
@@ -156,14 +160,16 @@ def layer_norm(x, scale, bias, eps):
     return centered * torch.rsqrt(variance + eps) * scale + bias
 
 
-def rope(x, max_timescale, min_timescale=1.0, inverse=False):
-    """Rotary embedding of x[batch, length, heads, d], pairs (i, i + d/2); inverse rotates by
-    -angle (DeepSeek-V4 undoes the values' rotation on the attention output)."""
+def rope(x, max_timescale, min_timescale=1.0, inverse=False, stride=1):
+    """Rotary embedding of x[batch, length, heads, d], pairs (i, i + d/2), index p at position
+    p * stride (DeepSeek-V4's compressed blocks: their first token's); inverse rotates by -angle
+    (DeepSeek-V4 undoes the values' rotation on the attention output)."""
     length, d = x.shape[1], x.shape[-1]
     half = d // 2
     fraction = 2.0 * torch.arange(half, dtype=torch.float64) / d
     timescale = min_timescale * (max_timescale / min_timescale) ** fraction
-    angle = torch.arange(length, dtype=torch.float64)[:, None] / timescale[None, :]
+    positions = torch.arange(length, dtype=torch.float64) * stride
+    angle = positions[:, None] / timescale[None, :]
     if inverse:
         angle = -angle
     cos = torch.cos(angle)[None, :, None, :]
@@ -198,12 +204,13 @@ def causal_attention(q, k, v, scale, cap=0.0):
     return torch.einsum("bhqk,bkhd->bqhd", probabilities, v)
 
 
-def rope_interleaved(x, max_timescale, inverse=False):
+def rope_interleaved(x, max_timescale, inverse=False, stride=1):
     """RoPE on pairs (2i, 2i + 1) (DeepSeek-V4's published layout), angles as rope(); inverse
     rotates by -angle."""
     length, d = x.shape[1], x.shape[-1]
     fraction = 2.0 * torch.arange(d // 2, dtype=torch.float64) / d
-    angle = torch.arange(length, dtype=torch.float64)[:, None] / max_timescale**fraction[None, :]
+    positions = torch.arange(length, dtype=torch.float64) * stride
+    angle = positions[:, None] / max_timescale**fraction[None, :]
     if inverse:
         angle = -angle
     cos = torch.cos(angle)[None, :, None, :]
@@ -242,6 +249,38 @@ def sinkhorn(t, iterations, eps=1e-6):
     return t
 
 
+def hca_blocks(x, kv_proj, gate_proj, position_bias, norm_scale, eps, ratio, turn, theta):
+    """DeepseekV4HCACompressor (attention_compressed.py, MaxText 00a1eaaa): x[b, l, e] ->
+    [b, l // ratio, 1, d] blocks: kv and gate projections, cut into windows of `ratio` tokens,
+    softmax over each window's tokens of gate + position_bias[ratio, d] (per feature), the
+    weighted sum of kv, kv_norm (RMSNorm with scale), RoPE at position c * ratio."""
+    batch, length, _ = x.shape
+    windows = length // ratio
+    kv = (x @ kv_proj)[:, :windows * ratio].reshape(batch, windows, ratio, -1)
+    gate = (x @ gate_proj)[:, :windows * ratio].reshape(batch, windows, ratio, -1)
+    weights = torch.softmax(gate + position_bias, dim=2)
+    pooled = rms_norm((kv * weights).sum(dim=2), norm_scale, eps)[:, :, None, :]
+    return turn(pooled, theta, stride=ratio)
+
+
+def window_and_blocks_attention(q, kv, blocks, sinks, window, ratio):
+    """One softmax over the window's keys, the visible compressed blocks and the sink (MaxText's
+    attention_op given compressed_kv and its causal block mask): q[b, l, H, d] (scaled),
+    kv[b, l, 1, d] and blocks[b, n, 1, d] each as key and value; key j visible iff j <= i and
+    i - j < window, block c iff c < (i + 1) // ratio."""
+    heads, length = q.shape[2], q.shape[1]
+    keys = torch.cat([kv, blocks], dim=1).expand(-1, -1, heads, -1)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, keys)
+    i = torch.arange(length)[:, None]
+    j = torch.arange(length)[None, :]
+    c = torch.arange(blocks.shape[1])[None, :]
+    allowed = torch.cat([(j <= i) & (i - j < window), c < (i + 1) // ratio], dim=1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks[None, :, None, None].expand(scores.shape[0], -1, length, 1)
+    probabilities = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", probabilities, keys)
+
+
 def silu(x):
     return x * torch.sigmoid(x)
 
@@ -268,7 +307,11 @@ class Reference:
         # layer; deepseek4 with hash layers stores its first --first-num-hash-layers layers in a
         # region of their own (the one named *hash*), the others after them.
         hashed = [r for r in regions if "hash" in r]
-        if len(regions) == 1:
+        ratios = getattr(args, "compress_ratios", "")  # hf_reference.py's args have none
+        self.compress_ratios = [int(v) for v in ratios.split(",")] if ratios else []
+        if family == "deepseek4" and self.compress_ratios:
+            self.slots = self.compressed_slots(regions, args.first_num_hash_layers)
+        elif len(regions) == 1:
             self.slots = [(regions[0], i) for i in range(count(regions[0]))]
         elif family == "deepseek4" and len(regions) == 2 and len(hashed) == 1:
             other = next(r for r in regions if r != hashed[0])
@@ -281,6 +324,8 @@ class Reference:
             raise ValueError(f"expected one decoder region, found {regions}")
         self.region = "decoder"  # names below say decoder/...; w() maps them through slots
         self.layers = len(self.slots)
+        if not self.compress_ratios:
+            self.compress_ratios = [0] * self.layers
         self.interleaved = False  # deepseek4: the equivalent model with interleaved RoPE
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
@@ -289,6 +334,24 @@ class Reference:
         self.balance_losses = []  # per MoE layer with a load-balance loss: its value (torch)
         self.bias_counts = {}  # stored bias name -> choices per expert over the whole batch
         self.mhc_matrices = []  # per hyper-connection: its Sinkhorn matrices [b, s, k, k]
+
+    def compressed_slots(self, regions, hash_layers):
+        """deepseek4 by --compress-ratios: the dump keeps each kind of layer (window_, hca<r>_,
+        with hash_ for the first `hash_layers`) in a region of its own; layer i is the next of its
+        kind's region."""
+        slots, seen = [], {}
+        for layer, ratio in enumerate(self.compress_ratios):
+            if 0 < ratio <= 4:
+                raise ValueError(f"--compress-ratios: {ratio} (CSA, or no compressor) is not "
+                                 "written here")
+            kind = ("window_" if ratio == 0 else f"hca{ratio}_") + \
+                ("hash_" if layer < hash_layers else "")
+            matches = [r for r in regions if r in (kind + "moe_layer", kind + "layer")]
+            if len(matches) != 1:
+                raise ValueError(f"layer {layer}: no single dump region for {kind}: {regions}")
+            slots.append((matches[0], seen.get(kind, 0)))
+            seen[kind] = seen.get(kind, 0) + 1
+        return slots
 
     def stored(self, name, layer=0):
         """The dump's name of `name` in decoder layer `layer` (other names: as given)."""
@@ -337,8 +400,13 @@ class Reference:
         low-rank query wq_a -> RMSNorm (q_norm) -> wq_b -> unweighted RMSNorm over head_dim ->
         RoPE -> times head_dim^-0.5; one projection wkv as key and value -> RMSNorm (kv_norm) ->
         RoPE; sliding-window attention with sinks; the output's rotation undone; the grouped
-        output projection o_a_proj (block-diagonal over o_groups) then o_b_proj."""
+        output projection o_a_proj (block-diagonal over o_groups) then o_b_proj. A layer with
+        compress ratio r > 4 (DeepseekV4HCACompressor) adds its pooled blocks to the keys and
+        values of the window's softmax; any r > 0 rotates at compressed_rope_max_timescale."""
         r, eps, theta = self.region, self.args.eps, self.args.rope_max_timescale
+        ratio = self.compress_ratios[layer]
+        if ratio > 0:
+            theta = self.args.compressed_rope_max_timescale
         turn = rope_interleaved if interleaved else rope
         w = self.permuted if interleaved else self.w
         latent = rms_norm(x @ w(f"{r}/attention/wq_a", layer),
@@ -349,8 +417,16 @@ class Reference:
         q = turn(q, theta) * head_dim**-0.5
         kv = torch.einsum("ble,ekd->blkd", x, w(f"{r}/attention/wkv", layer))
         kv = turn(rms_norm(kv, w(f"{r}/attention/kv_norm/scale", layer), eps), theta)
-        context = window_attention_with_sinks(q, kv, w(f"{r}/attention/sinks", layer),
-                                              self.args.sliding_window)
+        if ratio > 4:
+            blocks = hca_blocks(x, w(f"{r}/compressor/kv_proj", layer),
+                                w(f"{r}/compressor/gate_proj", layer),
+                                w(f"{r}/compressor/position_bias", layer),
+                                w(f"{r}/compressor/norm/scale", layer), eps, ratio, turn, theta)
+            context = window_and_blocks_attention(q, kv, blocks, w(f"{r}/attention/sinks", layer),
+                                                  self.args.sliding_window, ratio)
+        else:
+            context = window_attention_with_sinks(q, kv, w(f"{r}/attention/sinks", layer),
+                                                  self.args.sliding_window)
         context = (rope_interleaved(context, theta, inverse=True) if interleaved
                    else rope(context, theta, inverse=True))
         batch, length = context.shape[:2]
@@ -365,7 +441,9 @@ class Reference:
         tensor = self.w(name, layer)
         d = self.w(f"{self.region}/attention/wq_b", layer).shape[-1]
         order = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], -1).flatten()
-        if name.endswith(("/wq_b", "/wkv", "/kv_norm/scale")):
+        if name.endswith(("/wq_b", "/wkv", "/kv_norm/scale", "/compressor/kv_proj",
+                          "/compressor/gate_proj", "/compressor/position_bias",
+                          "/compressor/norm/scale")):
             return tensor[..., order]
         if name.endswith("/o_a_proj"):
             groups, per_group, rank = tensor.shape
@@ -660,6 +738,11 @@ def main():
                              "sqrtsoftplus (deepseek4)")
     parser.add_argument("--sliding-window", type=int, default=0,
                         help="deepseek4: sliding_window_size")
+    parser.add_argument("--compress-ratios", default="",
+                        help="deepseek4: compress_ratios, comma-separated (0 or above 4); "
+                             "default: every layer 0")
+    parser.add_argument("--compressed-rope-max-timescale", type=float, default=160000.0,
+                        help="deepseek4: the RoPE wavelength of layers with a ratio > 0")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,
                         help="deepseek4: the routed experts' SwiGLU clip; <= 0: none")
     parser.add_argument("--routed-bias", action="store_true",

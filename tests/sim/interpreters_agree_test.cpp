@@ -287,5 +287,22 @@ TEST(InterpretersAgree, Deepseek4HyperConnections) {
                    /*compare_peak=*/false);
 }
 
+// deepseek4's heavily compressed attention (docs/reference/deepseek4.md, section 6): the
+// compressor's pooling (kBlockPool) and the attention op's blocks input, on one device and with
+// the blocks pooled per context shard and gathered for the attention.
+TEST(InterpretersAgree, Deepseek4HeavilyCompressedAttention) {
+  const std::vector<std::string> tiny = {
+      "override_model_config=true", "base_num_decoder_layers=2", "compress_ratios=[0,8]",
+      "mhc_expansion_rate=1",       "first_num_hash_layers=0",   "routed_bias_update_rate=0",
+      "load_balance_loss_weight=0", "sliding_window_size=8",     "vocab_size=256"};
+  std::vector<std::string> one_device = tiny;
+  one_device.emplace_back("compile_topology=v5e-1");
+  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 hca one device");
+  std::vector<std::string> sharded = tiny;
+  sharded.insert(sharded.end(),
+                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+  expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 hca fsdp x context");
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -34,7 +34,17 @@
 //   sink's probability. dk, dv, dk_rope and dsinks hold the contribution of THIS device's queries
 //   (partial sums the engine reduces). With bf16_matmul_inputs, dout, q, k, v, k_rope, P and dS
 //   are rounded to bf16 before their matmuls.
+// Compressed blocks (attrs.compress_ratio r > 0, DeepSeek-V4's heavily compressed attention; the
+//   last input, blocks [batch, length = blocks, kv_heads, head_dim], not with MLA): the blocks
+//   join the keys AND the values of the same softmax as the masked keys and the sink (MaxText's
+//   CompressedAttention concatenates them to the window's kv). Block c (global index, the offset
+//   of blocks' length dim) is visible to query position p iff c < (p + 1) / r: its r tokens are
+//   all at or before p. kAttentionGrad then also outputs dblocks (last): the key part
+//   scale dS^T q plus the value part P^T dout of the block columns, partial like dk and dv.
+//   Example: r = 2, window 2, query p = 4 sees keys 3, 4 and blocks 0, 1 (tokens 0-3), not
+//   block 2 (tokens 4-5).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -157,19 +167,25 @@ class AttentionKernel {
   AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
     const size_t first = gradient ? 1 : 0;
     if (gradient) {
-      ctx.expect_counts(5, 7, 3, 5);
+      ctx.expect_counts(5, 8, 3, 6);
     } else {
-      ctx.expect_counts(3, 5, 1, 1);
+      ctx.expect_counts(3, 6, 1, 1);
     }
-    // The forward's inputs q, k, v[, k_rope][, sinks]: sinks is the 1-D [heads] one.
+    // The forward's inputs q, k, v[, k_rope][, sinks][, blocks]: sinks is the 1-D [heads] one,
+    // blocks the last when attrs.compress_ratio > 0.
     const size_t forward_inputs = ctx.num_inputs() - (gradient ? 2 : 0);
-    const Tensor& last = ctx.in_tensor(first + forward_inputs - 1);
-    sinks_ = forward_inputs > 3 && last.dims.size() == 1 && last.dims[0].name == "heads";
-    sinks_index_ = first + forward_inputs - 1;
-    mla_ = forward_inputs - (sinks_ ? 1 : 0) == 4;
-    if (gradient && ctx.num_outputs() != 3u + (mla_ ? 1u : 0u) + (sinks_ ? 1u : 0u)) {
-      ctx.fail("attention gradient outputs are dq, dk, dv[, dk_rope][, dsinks]");
+    blocks_ = ctx.op().attrs.compress_ratio > 0;
+    const size_t before_blocks = forward_inputs - (blocks_ ? 1 : 0);
+    const Tensor& last = ctx.in_tensor(first + before_blocks - 1);
+    sinks_ = before_blocks > 3 && last.dims.size() == 1 && last.dims[0].name == "heads";
+    sinks_index_ = first + before_blocks - 1;
+    mla_ = before_blocks - (sinks_ ? 1 : 0) == 4;
+    const size_t gradient_outputs =
+        3u + (mla_ ? 1u : 0u) + (sinks_ ? 1u : 0u) + (blocks_ ? 1u : 0u);
+    if (gradient && ctx.num_outputs() != gradient_outputs) {
+      ctx.fail("attention gradient outputs are dq, dk, dv[, dk_rope][, dsinks][, dblocks]");
     }
+    dsinks_index_ = gradient_outputs - 1 - (blocks_ ? 1u : 0u);
     q_ = attention_view(ctx, ctx.in_tensor(first), false, true);
     k_ = attention_view(ctx, ctx.in_tensor(first + 1), true, true);
     v_ = attention_view(ctx, ctx.in_tensor(first + 2), true, true);
@@ -194,6 +210,10 @@ class AttentionKernel {
       }
     }
     d_k_ = k_.features;
+    bl_.length = 0;  // without blocks nothing is stacked below the keys
+    if (blocks_) {
+      check_blocks(first + forward_inputs - 1, gradient);
+    }
     if (mla_) {
       if (kr_.batch != q_.batch || kr_.length != k_.length) {
         ctx.fail("k_rope must match the key's batch and length");
@@ -251,7 +271,7 @@ class AttentionKernel {
         dkr_ = attention_view(ctx, ctx.out_tensor(3), true, false);
         check_same(dkr_, kr_.batch, kr_.length, 1, kr_.features, "dk_rope");
       }
-      if (sinks_ && ctx.out_tensor(ctx.num_outputs() - 1).dims.size() != 1) {
+      if (sinks_ && ctx.out_tensor(dsinks_index_).dims.size() != 1) {
         ctx.fail("dsinks must be 1-D [heads]");
       }
     }
@@ -273,8 +293,8 @@ class AttentionKernel {
       }
       const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
-      const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
-      const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+      const RowMatrix k_matrix = with_blocks(gather<Scalar>(ctx_, k, k_, b, kv, true), b, kv);
+      const RowMatrix v_matrix = with_blocks(gather<Scalar>(ctx_, v, v_, b, kv, true), b, kv);
       const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, h);
       const RowMatrix result = product(round_matrix(ctx_, probabilities), false, v_matrix, false);
       scatter(out, o_, b, h, result, false);
@@ -292,6 +312,7 @@ class AttentionKernel {
     float* dk = ctx_.out(1);
     float* dv = ctx_.out(2);
     float* dkr = mla_ ? ctx_.out(3) : nullptr;
+    float* dblocks = blocks_ ? ctx_.out(ctx_.num_outputs() - 1) : nullptr;
     // dsinks per (batch, query head), each written by the one item that owns the pair and summed
     // over the batch in order afterwards.
     std::vector<Scalar> dsink_parts(sinks_ ? static_cast<size_t>(q_.batch * q_.heads) : 0, 0);
@@ -304,12 +325,13 @@ class AttentionKernel {
       const RowMatrix k_rope = mla_ ? gather<Scalar>(ctx_, kr, kr_, b, 0, true) : RowMatrix();
       RowMatrix dk_rope = RowMatrix::Zero(k_.length, mla_ ? kr_.features : 0);
       // dk, dv of each kv head: summed over the query heads that share it, then written once.
+      // With blocks, the rows past k_.length are the blocks' (as key and as value).
       std::vector<RowMatrix> dk_sum(static_cast<size_t>(k_.heads));
       std::vector<RowMatrix> dv_sum(static_cast<size_t>(k_.heads));
       for (int64_t kv = 0; kv < k_.heads; ++kv) {
         if (mla_ || kv == group) {
-          dk_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(k_.length, k_.features);
-          dv_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(v_.length, v_.features);
+          dk_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(k_.length + bl_.length, k_.features);
+          dv_sum[static_cast<size_t>(kv)] = RowMatrix::Zero(v_.length + bl_.length, v_.features);
         }
       }
       for (int64_t h = 0; h < q_.heads; ++h) {
@@ -318,8 +340,8 @@ class AttentionKernel {
           continue;
         }
         const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
-        const RowMatrix k_matrix = gather<Scalar>(ctx_, k, k_, b, kv, true);
-        const RowMatrix v_matrix = gather<Scalar>(ctx_, v, v_, b, kv, true);
+        const RowMatrix k_matrix = with_blocks(gather<Scalar>(ctx_, k, k_, b, kv, true), b, kv);
+        const RowMatrix v_matrix = with_blocks(gather<Scalar>(ctx_, v, v_, b, kv, true), b, kv);
         const RowMatrix dout_matrix = gather<Scalar>(ctx_, dout, dout_, b, h, true);
         const RowMatrix out_matrix = gather<Scalar>(ctx_, out, o_, b, h, false);
         RowMatrix cap_slope;
@@ -357,8 +379,16 @@ class AttentionKernel {
       }
       for (int64_t kv = 0; kv < k_.heads; ++kv) {
         if (mla_ || kv == group) {
-          scatter(dk, dk_, b, kv, dk_sum[static_cast<size_t>(kv)], false);
-          scatter(dv, dv_, b, kv, dv_sum[static_cast<size_t>(kv)], false);
+          const RowMatrix& dk_rows = dk_sum[static_cast<size_t>(kv)];
+          const RowMatrix& dv_rows = dv_sum[static_cast<size_t>(kv)];
+          scatter(dk, dk_, b, kv, RowMatrix(dk_rows.topRows(k_.length)), false);
+          scatter(dv, dv_, b, kv, RowMatrix(dv_rows.topRows(v_.length)), false);
+          if (blocks_) {
+            // A block is a key and a value: both parts of its gradient.
+            scatter(dblocks, dbl_, b, kv,
+                    RowMatrix(dk_rows.bottomRows(bl_.length) + dv_rows.bottomRows(bl_.length)),
+                    false);
+          }
         }
       }
       if (mla_) {
@@ -366,7 +396,7 @@ class AttentionKernel {
       }
     });
     if (sinks_) {
-      float* dsinks = ctx_.out(ctx_.num_outputs() - 1);
+      float* dsinks = ctx_.out(dsinks_index_);
       for (int64_t h = 0; h < q_.heads; ++h) {
         Scalar sum = 0;
         for (int64_t b = 0; b < q_.batch; ++b) {
@@ -386,6 +416,38 @@ class AttentionKernel {
     }
   }
 
+  // The compressed blocks (the last forward input, at `index`): [batch, blocks, kv heads,
+  // head_dim] like the key, read as key and value (so the key's and the value's features agree).
+  void check_blocks(size_t index, bool gradient) {
+    const Ctx& ctx = ctx_;
+    if (mla_) {
+      ctx.fail("compressed blocks (attrs.compress_ratio) are not built with MLA's k_rope");
+    }
+    bl_ = attention_view(ctx, ctx.in_tensor(index), true, true);
+    if (bl_.batch != q_.batch || bl_.heads_dim->name != k_.heads_dim->name ||
+        bl_.heads != k_.heads || bl_.features != k_.features || v_.features != k_.features) {
+      ctx.fail("compressed blocks must match the key's batch, heads and features (= the value's)");
+    }
+    block_position_ = ctx.device().offset(*bl_.length_dim);
+    blocks_input_ = index;
+    if (gradient) {
+      dbl_ = attention_view(ctx, ctx.out_tensor(ctx.num_outputs() - 1), true, true);
+      check_same(dbl_, bl_.batch, bl_.length, bl_.heads, bl_.features, "dblocks");
+    }
+  }
+
+  // `rows` (a key or value matrix of kv head `kv`) with the compressed blocks below it.
+  RowMatrix with_blocks(RowMatrix rows, int64_t b, int64_t kv) const {
+    if (!blocks_) {
+      return rows;
+    }
+    const RowMatrix blocks = gather<Scalar>(ctx_, ctx_.in(blocks_input_), bl_, b, kv, true);
+    RowMatrix stacked(rows.rows() + blocks.rows(), rows.cols());
+    stacked.topRows(rows.rows()) = rows;
+    stacked.bottomRows(blocks.rows()) = blocks;
+    return stacked;
+  }
+
   // The global key positions [first, last) that query position `query` may attend to:
   // kCausal key <= query; kSlidingWindow also query - key < window; kChunked also
   // key / window == query / window; kNone every key.
@@ -403,6 +465,21 @@ class AttentionKernel {
         return {query / attrs.window * attrs.window, query + 1};
     }
     return {0, 0};
+  }
+
+  // The score columns query position `query` may attend to, as two ordered ranges [first, last):
+  // the keys its mask allows, then (with blocks, stacked after the k_.length keys) the blocks
+  // completed at or before it, c < (query + 1) / r; empty ranges sit where they would start.
+  std::array<std::pair<int64_t, int64_t>, 2> allowed_columns(int64_t query) const {
+    const auto [first_key, last_key] = allowed_keys(query);
+    const int64_t first = std::clamp<int64_t>(first_key - k_position_, 0, k_.length);
+    const int64_t last = std::clamp<int64_t>(last_key - k_position_, first, k_.length);
+    int64_t visible = 0;
+    if (blocks_) {
+      const int64_t completed = (query + 1) / ctx_.op().attrs.compress_ratio;
+      visible = std::clamp<int64_t>(completed - block_position_, 0, bl_.length);
+    }
+    return {{{first, last}, {k_.length, k_.length + visible}}};
   }
 
   // a (or a^T) times b (or b^T): on oneDNN's kernels in the fast fp32 path (bf16 operands with
@@ -474,30 +551,34 @@ class AttentionKernel {
       *sink_probability = Column::Zero(scores.rows());
     }
     for (int64_t i = 0; i < scores.rows(); ++i) {
-      // Every mask allows one contiguous range of keys [first, last).
-      const auto [first_key, last_key] = allowed_keys(q_position_ + i);
-      const int64_t first = std::clamp<int64_t>(first_key - k_position_, 0, scores.cols());
-      const int64_t last = std::clamp<int64_t>(last_key - k_position_, first, scores.cols());
+      // Every mask allows one contiguous range of keys; the visible blocks are a second one.
+      const std::array<std::pair<int64_t, int64_t>, 2> ranges = allowed_columns(q_position_ + i);
       Scalar max = sink ? sink_logit : -std::numeric_limits<Scalar>::infinity();
-      for (int64_t j = first; j < last; ++j) {
-        max = std::max(max, scores(i, j));
-      }
-      Scalar sum = 0;
-      for (int64_t j = 0; j < first; ++j) {
-        scores(i, j) = 0;
-      }
-      if constexpr (std::is_same_v<Scalar, float>) {
-        // fp32 (fast path and the MXU's numerics): Eigen's vectorized exp, a sum in its order.
-        auto allowed = scores.row(i).segment(first, last - first);
-        allowed = (allowed.array() - max).exp().matrix();
-        sum = allowed.sum();
-      } else {
+      for (const auto& [first, last] : ranges) {
         for (int64_t j = first; j < last; ++j) {
-          scores(i, j) = std::exp(scores(i, j) - max);
-          sum += scores(i, j);
+          max = std::max(max, scores(i, j));
         }
       }
-      for (int64_t j = last; j < scores.cols(); ++j) {
+      Scalar sum = 0;
+      int64_t next = 0;  // the first column not yet set
+      for (const auto& [first, last] : ranges) {
+        for (int64_t j = next; j < first; ++j) {
+          scores(i, j) = 0;
+        }
+        if constexpr (std::is_same_v<Scalar, float>) {
+          // fp32 (fast path and the MXU's numerics): Eigen's vectorized exp, a sum in its order.
+          auto allowed = scores.row(i).segment(first, last - first);
+          allowed = (allowed.array() - max).exp().matrix();
+          sum += allowed.sum();
+        } else {
+          for (int64_t j = first; j < last; ++j) {
+            scores(i, j) = std::exp(scores(i, j) - max);
+            sum += scores(i, j);
+          }
+        }
+        next = last;
+      }
+      for (int64_t j = next; j < scores.cols(); ++j) {
         scores(i, j) = 0;
       }
       const Scalar sink_weight = sink ? std::exp(sink_logit - max) : Scalar(0);
@@ -516,7 +597,11 @@ class AttentionKernel {
   bool mla_ = false;
   bool sinks_ = false;
   size_t sinks_index_ = 0;
-  AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_;
+  size_t dsinks_index_ = 0;
+  bool blocks_ = false;
+  size_t blocks_input_ = 0;
+  int64_t block_position_ = 0;
+  AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_, bl_, dbl_;
   int64_t d_k_ = 0;
   Scalar scale_ = 1;
   Scalar soft_cap_ = 0;

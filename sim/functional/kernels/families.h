@@ -45,6 +45,9 @@ void run_moe_router(const Ctx& ctx);
 void run_router_grad(const Ctx& ctx);
 void run_moe_dispatch(const Ctx& ctx);
 void run_moe_combine(const Ctx& ctx);
+// block_pool.cpp: DeepSeek-V4's compressors' softmax-gated pooling and its VJP.
+void run_block_pool(const Ctx& ctx);
+void run_block_pool_grad(const Ctx& ctx);
 // optimizer.cpp: the AdamW update.
 void run_adam_update(const Ctx& ctx);
 // layout.cpp: dynamic slice, and the copy of host offload/load.

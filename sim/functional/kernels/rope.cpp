@@ -9,7 +9,8 @@
 //   halves as MaxText's RotaryEmbedding: first = x[..., :d/2], second = x[..., d/2:];
 //   timescale_i = attrs.rope_max_timescale^(2i/d) (min timescale 1), angle = position /
 //   timescale_i, with position the GLOBAL index along the dim named "length"
-//   (device.offset + local index):
+//   (device.offset + local index) times attrs.rope_position_stride (1 but for DeepSeek-V4's
+//   compressed blocks, which rotate at their first token, block c at c r):
 //     y_first = first cos - second sin;  y_second = second cos + first sin.
 //   attrs.reverse_rotation: the rotation by -angle (DeepSeek-V4's attention output).
 //   op.phase == kBackward: the VJP, i.e. the rotation the other way (+angle when reversed).
@@ -61,7 +62,10 @@ void run_rope(const Ctx& ctx) {
     for (int64_t i = 0; i < half; ++i) {
       const double timescale = std::pow(ctx.op().attrs.rope_max_timescale,
                                         2.0 * static_cast<double>(i) / static_cast<double>(d));
-      const double angle = sign * static_cast<double>(first_position + position) / timescale;
+      const double angle =
+          sign *
+          static_cast<double>((first_position + position) * ctx.op().attrs.rope_position_stride) /
+          timescale;
       cosines[static_cast<size_t>(position * half + i)] = std::cos(angle);
       sines[static_cast<size_t>(position * half + i)] = std::sin(angle);
     }

@@ -96,10 +96,9 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
 }
 
 TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
-  // deepseek4 trains with sliding-window attention, one or more (mHC) residual streams and the
-  // router on logits
-  // or sqrtsoftplus scores (or hash routing in its first layers), with or without its selection
-  // bias;
+  // deepseek4 trains with sliding-window or heavily compressed attention (ratios above 4), one
+  // or more (mHC) residual streams and the router on logits or sqrtsoftplus scores (or hash
+  // routing in its first layers), with or without its selection bias;
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
   // trainable set below with one key changed.
   const std::vector<std::pair<std::string, std::string>> trainable = {
@@ -113,7 +112,7 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   for (const auto& [key, value, refusal] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"compress_ratios", "[0,4]", "compress_ratios: layer 1: 4"},
-           {"compress_ratios", "[128,0]", "compress_ratios: layer 0: 128"},
+           {"compress_ratios", "[0,3]", "compress_ratios: layer 1: 3"},
            {"enable_mhc_lite", "true", "enable_mhc_lite: true"},
            {"routed_score_func", "sigmoid", "routed_score_func: sigmoid"},
            {"routed_score_func", "softmax", "routed_score_func: softmax"},
@@ -135,6 +134,39 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
     EXPECT_NE(refused.err.find(refusal + " is not computed by tpusim train"), std::string::npos)
         << key << "=" << value << ": " << refused.err;
   }
+  // The program runs the layers of one kind together: ratios 8, 0, 8 would run as 8, 8, 0, so a
+  // kind's layers must be consecutive.
+  std::vector<std::string> scattered = {"train", "model_name=deepseek4-tiny",
+                                        "compile_topology=v5e-1", "steps=1",
+                                        "max_target_length=64"};
+  for (const auto& [name, value] : trainable) {
+    const std::string changed = name == "base_num_decoder_layers" ? "3"
+                                : name == "compress_ratios"       ? "[8,0,8]"
+                                                                  : value;
+    scattered.push_back(name + "=" + changed);
+  }
+  const auto out_of_order = run_tpusim(scattered);
+  EXPECT_EQ(out_of_order.exit_code, 2) << out_of_order.err;
+  EXPECT_NE(out_of_order.err.find("compress_ratios: layer 2: 8 is not computed by tpusim train"),
+            std::string::npos)
+      << out_of_order.err;
+  // Under context=2 each device pools its own 24 / 2 = 12 tokens: not whole blocks of 8.
+  std::vector<std::string> split_blocks = {"train",
+                                           "model_name=deepseek4-tiny",
+                                           "compile_topology=v5e-4",
+                                           "steps=1",
+                                           "ici_fsdp_parallelism=2",
+                                           "ici_context_parallelism=2",
+                                           "per_device_batch_size=1",
+                                           "max_target_length=24"};
+  for (const auto& [name, value] : trainable) {
+    split_blocks.push_back(name + "=" + (name == "compress_ratios" ? "[0,8]" : value));
+  }
+  const auto partial_blocks = run_tpusim(split_blocks);
+  EXPECT_EQ(partial_blocks.exit_code, 2) << partial_blocks.err;
+  EXPECT_NE(partial_blocks.err.find("max_target_length: 24 is not computed by tpusim train"),
+            std::string::npos)
+      << partial_blocks.err;
   // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
   // heads split in two) is refused by key.
   std::vector<std::string> split_groups = {"train",

@@ -217,6 +217,24 @@ TEST(DecoderBlocksTraining, Deepseek4ShardedMatchesOneDevice) {
                                     {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"});
 }
 
+// Heavily compressed attention (compress_ratios entries above 4; MaxText's
+// DeepseekV4HCACompressor): layers 1 and 2 pool blocks of 8 tokens (4 blocks of 32) that join a
+// window of 4 keys and the sinks in one softmax. Under context=2 each device pools its own 2
+// blocks and the attention gathers all 4, as it gathers the keys. Tensor parallelism needs 2 kv
+// heads here (above), which MaxText's concatenation of the one-head blocks to the keys does not
+// allow: base_num_kv_heads 2 with a ratio above 4 is refused (exit 2). The window is 4, not the
+// 8 of the other tests: at 8 one position-bias gradient element is 7.2e-9, terms of ~1e-3
+// cancelling (a feature's bias gradients sum to 0 over the block), below AdamW's eps of 1e-8;
+// the devices' fp32 partial sums (ulp ~1e-10 there) then move its update by 9e-9 and that
+// tensor's updated state by 1.9e-5 (fsdp+context) and 2.2e-5 (fsdp+expert) relative L2, with
+// every gradient within 1e-7. At 4 its smallest gradient element is 4.3e-6.
+TEST(DecoderBlocksTraining, Deepseek4HeavilyCompressedShardedMatchesOneDevice) {
+  const std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"compress_ratios=[0,8,8]", "sliding_window_size=4"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
+}
+
 // With the preset's SwiGLU clip (mlp_activations_limit at 0.3, which cuts about 12% of the routed
 // experts' gate entries and 23% of their up entries, as tests/reference/run_torch_reference.sh
 // prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every

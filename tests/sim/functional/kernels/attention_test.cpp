@@ -1,6 +1,7 @@
 // tests/sim/functional/kernels/attention_test.cpp: the attention kernels
 // (sim/functional/kernels/attention.cpp). Attention: against an explicit softmax, split query
-// length, and gradients by finite differences. The method and the helpers: kernel_test_support.h.
+// length, and gradients by finite differences, with and without compressed blocks (DeepSeek-V4).
+// The method and the helpers: kernel_test_support.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +33,8 @@ struct AttentionCase {
   int64_t value_dim = 4;  // D_v
   double soft_cap = 0;    // attn_logits_soft_cap: scaled logits s -> cap tanh(s / cap)
   bool sinks = false;     // a [heads] sink logit in every row's softmax (DeepSeek-V4)
+  // > 0: compressed blocks of this many tokens join the keys and values (DeepSeek-V4's HCA).
+  int64_t compress_ratio = 0;
 };
 
 std::vector<AttentionCase> attention_cases() {
@@ -46,13 +49,17 @@ std::vector<AttentionCase> attention_cases() {
       // DeepSeek-V4's window attention: one shared kv head, a sink logit per query head.
       {"sliding_window_sinks", 4, 1, AttentionMask::kSlidingWindow, 2, false, 4, 0, 4, 0, true},
       {"causal_sinks", 2, 2, AttentionMask::kCausal, 0, false, 4, 0, 4, 0, true},
+      // DeepSeek-V4's heavily compressed attention: the window's keys, blocks of 2 tokens and the
+      // sinks in one softmax (a window of 2 leaves earlier tokens to the blocks alone).
+      {"window_sinks_blocks", 4, 1, AttentionMask::kSlidingWindow, 2, false, 4, 0, 4, 0, true, 2},
+      {"window_blocks_of_3", 2, 1, AttentionMask::kSlidingWindow, 1, false, 4, 0, 4, 0, false, 3},
   };
 }
 
 // Tensors of an attention case; `query_length` may be a split dim.
 struct AttentionGraph {
   Case c;
-  TensorId q, k, v, k_rope = -1, sinks = -1, out;
+  TensorId q, k, v, k_rope = -1, sinks = -1, blocks = -1, out;
   std::vector<TensorId> inputs() const {
     std::vector<TensorId> ids = {q, k, v};
     if (k_rope >= 0) {
@@ -60,6 +67,9 @@ struct AttentionGraph {
     }
     if (sinks >= 0) {
       ids.push_back(sinks);
+    }
+    if (blocks >= 0) {
+      ids.push_back(blocks);
     }
     return ids;
   }
@@ -86,6 +96,12 @@ void add_attention_tensors(AttentionGraph& g, const AttentionCase& test, const D
   if (test.sinks) {
     g.sinks = c.tensor(prefix + "sinks", {dim("heads", test.heads)});
   }
+  if (test.compress_ratio > 0) {
+    // The whole blocks (MaxText drops a last partial block): [batch, blocks, kv_heads, head_dim].
+    g.blocks =
+        c.tensor(prefix + "blocks", {dim("batch", 2), dim("length", length / test.compress_ratio),
+                                     dim(kv_heads, test.kv_heads), dim(k_name, test.key_dim)});
+  }
   g.out = c.tensor(prefix + "out", {dim("batch", 2), query_length, dim("heads", test.heads),
                                     dim(v_name, test.value_dim)});
 }
@@ -102,6 +118,7 @@ OpAttrs attention_attrs(const AttentionCase& test) {
   attrs.window = test.window;
   attrs.attention_scale = attention_scale(test);
   attrs.logit_soft_cap = test.soft_cap;
+  attrs.compress_ratio = test.compress_ratio;
   return attrs;
 }
 
@@ -118,9 +135,11 @@ std::vector<double> reference_attention(const AttentionCase& test,
     for (int64_t h = 0; h < test.heads; ++h) {
       const int64_t kv = h / group;
       for (int64_t i = 0; i < length; ++i) {
-        std::vector<double> scores(static_cast<size_t>(length), -kInfinity);
+        // Columns: the length keys, then the blocks (keys and values at once).
+        const int64_t blocks = test.compress_ratio > 0 ? length / test.compress_ratio : 0;
+        std::vector<double> scores(static_cast<size_t>(length + blocks), -kInfinity);
         // The sink: one more logit in the softmax, with a zero value.
-        const double sink = test.sinks ? double{in.back().at({h})} : -kInfinity;
+        const double sink = test.sinks ? double{in[test.mla ? 4 : 3].at({h})} : -kInfinity;
         double max = sink;
         for (int64_t j = 0; j < length; ++j) {
           const bool in_window =
@@ -145,15 +164,29 @@ std::vector<double> reference_attention(const AttentionCase& test,
           scores[static_cast<size_t>(j)] = logit;
           max = std::max(max, logit);
         }
+        // Block c holds tokens c r .. c r + r - 1: visible once the last of them is at or before i.
+        for (int64_t c = 0; c < blocks; ++c) {
+          if (c * test.compress_ratio + test.compress_ratio - 1 > i) {
+            continue;
+          }
+          double dot = 0;
+          for (int64_t d = 0; d < test.key_dim; ++d) {
+            dot += double{q.at({b, i, h, d})} * in.back().at({b, c, kv, d});
+          }
+          scores[static_cast<size_t>(length + c)] = dot * scale;
+          max = std::max(max, dot * scale);
+        }
         double sum = test.sinks ? std::exp(sink - max) : 0.0;
         for (double& score : scores) {
           score = std::exp(score - max);
           sum += score;
         }
-        for (int64_t j = 0; j < length; ++j) {
+        for (int64_t j = 0; j < length + blocks; ++j) {
           for (int64_t d = 0; d < test.value_dim; ++d) {
+            const double value =
+                j < length ? double{v.at({b, j, kv, d})} : in.back().at({b, j - length, kv, d});
             out[static_cast<size_t>(((b * length + i) * test.heads + h) * test.value_dim + d)] +=
-                scores[static_cast<size_t>(j)] / sum * v.at({b, j, kv, d});
+                scores[static_cast<size_t>(j)] / sum * value;
           }
         }
       }
@@ -265,6 +298,9 @@ TEST(KernelAttention, GradientsMatchFiniteDifferences) {
     }
     if (test.sinks) {
       names.emplace_back("dsinks");
+    }
+    if (test.compress_ratio > 0) {
+      names.emplace_back("dblocks");
     }
     for (size_t index = 0; index < analytic.size(); ++index) {
       expect_fd(std::string("attention ") + (test.mla ? "mla " : "") + names[index], g.c.graph,

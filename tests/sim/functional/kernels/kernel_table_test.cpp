@@ -84,6 +84,9 @@ constexpr CoveredKind kCoveredOpKinds[] = {
     {OpKind::kHostLoad, "KernelHostTransfer.OffloadAndLoadCopyEveryValue"},
     {OpKind::kSinkhorn, "KernelSinkhorn.*"},
     {OpKind::kSinkhornGrad, "KernelSinkhorn.GradientMatchesFiniteDifferences"},
+    {OpKind::kBlockPool, "KernelBlockPool.*"},
+    {OpKind::kBlockPoolGrad,
+     "KernelBlockPool.GradientsMatchFiniteDifferences, KernelBlockPool.SplitBlocksMatchWhole"},
 };
 
 // A kernel without a test case fails here: every kind of run_kernel's table must be listed in

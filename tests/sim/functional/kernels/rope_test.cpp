@@ -98,6 +98,30 @@ TEST(KernelRope, SplitLengthUsesGlobalPositions) {
   }
 }
 
+// rope_position_stride (DeepSeek-V4's compressed blocks rotate at their first token, block c at
+// c r): index l of a stride-4 rope turns as position 4 l of a stride-1 one, here index 1 of 2 as
+// position 4 of 6 (split over context too: the second device's index 0 is global index 1).
+TEST(KernelRope, PositionStrideRotatesIndexByStrideTimesIndex) {
+  std::mt19937 rng(11);
+  Case c;
+  const TensorId x = c.tensor("x", rope_dims(6));
+  const TensorId y = c.tensor("y", rope_dims(6));
+  std::vector<Dim> block_dims = rope_dims(1);
+  block_dims[1] = split("length", 1, 2, "context");
+  const TensorId blocks = c.tensor("blocks", block_dims);
+  const TensorId rotated = c.tensor("rotated", block_dims);
+  OpAttrs attrs;
+  attrs.rope_max_timescale = kRopeTimescale;
+  const Op& plain = c.op(OpKind::kRope, {x}, {y}, attrs);
+  OpAttrs strided = attrs;
+  strided.rope_position_stride = 4;
+  const Op& block_rope = c.op(OpKind::kRope, {blocks}, {rotated}, strided);
+  const TensorData input = random_data(c.info(x), rng);
+  const TensorData expected = slice(run(c.graph, plain, {input})[0], 1, 4, 1);
+  const TensorData block = slice(input, 1, 4, 1);
+  expect_close(run(c.graph, block_rope, {block}, device_on("context", 1, 2))[0], expected);
+}
+
 // reverse_rotation (DeepSeek-V4 undoes the values' rotation on the attention output): the
 // rotation by -angle, so it undoes the forward rotation, and its VJP is the forward rotation.
 TEST(KernelRope, ReverseRotationUndoesTheForwardOne) {
