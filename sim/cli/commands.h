@@ -5,6 +5,9 @@
 // exit code 2.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace tpusim {
@@ -23,5 +26,9 @@ void register_eval_command(CLI::App& app);
 void register_train_command(CLI::App& app);
 void register_export_hf_command(CLI::App& app);
 void register_generate_command(CLI::App& app);
+
+// `--without NAME[,NAME...]` on `command` (estimate, validate): the cost mechanisms to switch off
+// (common/mechanisms.h), read into `names`; its help lists every mechanism.
+CLI::Option* add_without_option(CLI::App& command, std::vector<std::string>& names);
 
 }  // namespace tpusim

@@ -141,12 +141,7 @@ void register_estimate_command(CLI::App& app) {
   command->add_option(
       "--xla-flags", *xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
-  command
-      ->add_option("--without", *without,
-                   "Switch off named cost mechanisms (comma-separated), to see what each "
-                   "contributes: " +
-                       mechanism_names_joined())
-      ->delimiter(',');
+  add_without_option(*command, *without);
   command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without,
                      require_fit] {
     const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);

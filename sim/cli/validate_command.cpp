@@ -146,13 +146,7 @@ void register_validate_command(CLI::App& app) {
   CLI::Option* list_option =
       command->add_flag("--list-mechanisms", *list_mechanisms,
                         "List the cost mechanisms --without can switch off, with what each does");
-  CLI::Option* without_option =
-      command
-          ->add_option("--without", *without,
-                       "Switch off named cost mechanisms (comma-separated), to see what each "
-                       "contributes: " +
-                           mechanism_names_joined())
-          ->delimiter(',');
+  CLI::Option* without_option = add_without_option(*command, *without);
   list_option->excludes(file_option)->excludes(pairs_option)->excludes(without_option);
   command->callback([path, pairs_path, json_output, without, list_mechanisms] {
     if (*list_mechanisms) {

@@ -193,6 +193,33 @@ TEST(InterpretersAgree, DroplessMoeOnUnbalancedRouting) {
                    false, "fsdp=2 x expert=2");
 }
 
+// deepseek4-tiny with `tiny` (its overrides) on one device (v5e-1) and on each four-device mesh
+// of `meshes` (v5e-4); FLOPs are compared only where `compare_flops`, the peak where
+// `compare_peak`.
+struct Deepseek4Mesh {
+  std::vector<std::string> axes;
+  std::string label;
+  bool compare_flops = true;
+  bool compare_peak = true;
+};
+
+void expect_deepseek4_agreement(const std::vector<std::string>& tiny, const std::string& what,
+                                const std::vector<Deepseek4Mesh>& meshes) {
+  std::vector<std::string> one_device = tiny;
+  one_device.emplace_back("compile_topology=v5e-1");
+  expect_agreement(config_for("deepseek4-tiny", one_device), true, what + " one device");
+  for (const Deepseek4Mesh& mesh : meshes) {
+    std::vector<std::string> sharded = tiny;
+    sharded.emplace_back("compile_topology=v5e-4");
+    sharded.insert(sharded.end(), mesh.axes.begin(), mesh.axes.end());
+    expect_agreement(config_for("deepseek4-tiny", sharded), mesh.compare_flops,
+                     what + " " + mesh.label, mesh.compare_peak);
+  }
+}
+
+const std::vector<std::string> kFsdpContext = {"ici_fsdp_parallelism=2",
+                                               "ici_context_parallelism=2"};
+
 // deepseek4 with the preset's SwiGLU clip, a hash-routed first layer, its sqrtsoftplus router
 // scores and selection bias (docs/reference/deepseek4.md, section 6): the clip rides on the SiLU
 // and the gating product, and the up projection's gradient reads the up projection as a third
@@ -214,13 +241,10 @@ TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
                                          "mlp_activations_limit=0.3",
                                          "sliding_window_size=8",
                                          "vocab_size=256"};
-  std::vector<std::string> one_device = tiny;
-  one_device.emplace_back("compile_topology=v5e-1");
-  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 one device");
-  std::vector<std::string> sharded = tiny;
-  sharded.insert(sharded.end(), {"compile_topology=v5e-4", "ici_fsdp_parallelism=2",
-                                 "ici_tensor_parallelism=2", "base_num_kv_heads=2"});
-  expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 fsdp=2 x tensor=2");
+  expect_deepseek4_agreement(
+      tiny, "deepseek4",
+      {{{"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "base_num_kv_heads=2"},
+        "fsdp=2 x tensor=2"}});
 }
 
 // deepseek4 with the preset's load-balance loss on the biased router above: the router's two
@@ -242,22 +266,13 @@ TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
                                          "mlp_activations_limit=0.3",
                                          "sliding_window_size=8",
                                          "vocab_size=256"};
-  std::vector<std::string> one_device = tiny;
-  one_device.emplace_back("compile_topology=v5e-1");
-  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 balance one device");
-  std::vector<std::string> context = tiny;
-  context.insert(context.end(),
-                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
-  expect_agreement(config_for("deepseek4-tiny", context), true,
-                   "deepseek4 balance fsdp=2 x context=2");
-  std::vector<std::string> expert = tiny;
-  expert.insert(expert.end(),
-                {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
   // Under expert parallelism device 0 executes the grouped-matmul rows its experts really get
   // (the hash layer sends every choice to expert 0), not the balanced share the program counts:
   // FLOPs not compared there, as in DroplessMoeOnUnbalancedRouting.
-  expect_agreement(config_for("deepseek4-tiny", expert), false,
-                   "deepseek4 balance fsdp=2 x expert=2");
+  expect_deepseek4_agreement(
+      tiny, "deepseek4 balance",
+      {{kFsdpContext, "fsdp=2 x context=2"},
+       {{"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, "fsdp=2 x expert=2", false}});
 }
 
 // deepseek4 with mHC (4 residual streams): the hyper-connections' projections, scalar scales (an
@@ -273,18 +288,13 @@ TEST(InterpretersAgree, Deepseek4HyperConnections) {
       "mhc_expansion_rate=4",       "first_num_hash_layers=1",   "routed_score_func=sqrtsoftplus",
       "norm_topk_prob=true",        "routed_bias=false",         "load_balance_loss_weight=0",
       "mlp_activations_limit=0.3",  "sliding_window_size=8",     "vocab_size=256"};
-  std::vector<std::string> one_device = tiny;
-  one_device.emplace_back("compile_topology=v5e-1");
-  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 mHC one device");
-  std::vector<std::string> context = tiny;
-  context.insert(context.end(),
-                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
-  expect_agreement(config_for("deepseek4-tiny", context), true, "deepseek4 mHC fsdp=2 x context=2");
-  std::vector<std::string> tensor = tiny;
-  tensor.insert(tensor.end(), {"compile_topology=v5e-4", "ici_fsdp_parallelism=2",
-                               "ici_tensor_parallelism=2", "base_num_kv_heads=2"});
-  expect_agreement(config_for("deepseek4-tiny", tensor), true, "deepseek4 mHC fsdp=2 x tensor=2",
-                   /*compare_peak=*/false);
+  expect_deepseek4_agreement(
+      tiny, "deepseek4 mHC",
+      {{kFsdpContext, "fsdp=2 x context=2"},
+       {{"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "base_num_kv_heads=2"},
+        "fsdp=2 x tensor=2",
+        true,
+        /*compare_peak=*/false}});
 }
 
 // deepseek4's heavily compressed attention (docs/reference/deepseek4.md, section 6): the
@@ -295,13 +305,7 @@ TEST(InterpretersAgree, Deepseek4HeavilyCompressedAttention) {
       "override_model_config=true", "base_num_decoder_layers=2", "compress_ratios=[0,8]",
       "mhc_expansion_rate=1",       "first_num_hash_layers=0",   "routed_bias_update_rate=0",
       "load_balance_loss_weight=0", "sliding_window_size=8",     "vocab_size=256"};
-  std::vector<std::string> one_device = tiny;
-  one_device.emplace_back("compile_topology=v5e-1");
-  expect_agreement(config_for("deepseek4-tiny", one_device), true, "deepseek4 hca one device");
-  std::vector<std::string> sharded = tiny;
-  sharded.insert(sharded.end(),
-                 {"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
-  expect_agreement(config_for("deepseek4-tiny", sharded), true, "deepseek4 hca fsdp x context");
+  expect_deepseek4_agreement(tiny, "deepseek4 hca", {{kFsdpContext, "fsdp x context"}});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -283,24 +284,32 @@ std::string write_biased_router_checkpoint(std::vector<std::string> model,
   return directory;
 }
 
-// With the preset's routed_bias (the top-k of score + bias, weighted by the scores alone; the
-// bias's gradient, 0, summed over the tokens' shards), from a non-zero bias, with the scores,
-// clip and hash-routed first layer (no bias there) of the preset as above.
-TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
-  std::vector<std::string> model =
-      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3",
-                                        "routed_score_func=sqrtsoftplus", "routed_bias=true"});
-  const std::string checkpoint =
-      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router");
+// A deepseek4 `model` from the checkpoint `write_checkpoint` makes of its initial parameters
+// (into TempDir()/`name`): fsdp+expert and fsdp+context, then fsdp+tensor with two kv heads (its
+// one kv head cannot split over tensor), each against one device.
+void expect_deepseek4_meshes_match(
+    std::vector<std::string> model, const std::string& name,
+    const std::function<std::string(std::vector<std::string>, const std::string&)>&
+        write_checkpoint) {
+  const std::string checkpoint = write_checkpoint(model, ::testing::TempDir() + name);
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
                                     checkpoint);
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
                                     checkpoint);
   model.emplace_back("base_num_kv_heads=2");
-  const std::string two_kv_heads =
-      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_biased_router_kv2");
+  const std::string two_kv_heads = write_checkpoint(model, ::testing::TempDir() + name + "_kv2");
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
                                     two_kv_heads);
+}
+
+// With the preset's routed_bias (the top-k of score + bias, weighted by the scores alone; the
+// bias's gradient, 0, summed over the tokens' shards), from a non-zero bias, with the scores,
+// clip and hash-routed first layer (no bias there) of the preset as above.
+TEST(DecoderBlocksTraining, Deepseek4RoutedBiasShardedMatchesOneDevice) {
+  const std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3",
+                                        "routed_score_func=sqrtsoftplus", "routed_bias=true"});
+  expect_deepseek4_meshes_match(model, "deepseek4_biased_router", write_biased_router_checkpoint);
 }
 
 // `model`'s initial parameters with every mHC alpha scale set to 1 (0.01 at initialization), each
@@ -342,20 +351,10 @@ std::string write_mhc_checkpoint(std::vector<std::string> model, const std::stri
 // With mHC (the preset's 4 residual streams, 20 Sinkhorn iterations) from the moved scalars and
 // biases above, with the preset's clip, hash-routed first layer and sqrtsoftplus scores.
 TEST(DecoderBlocksTraining, Deepseek4HyperConnectionsShardedMatchesOneDevice) {
-  std::vector<std::string> model = with_overrides(
+  const std::vector<std::string> model = with_overrides(
       deepseek4_tiny(), {"mhc_expansion_rate=4", "first_num_hash_layers=1",
                          "mlp_activations_limit=0.3", "routed_score_func=sqrtsoftplus"});
-  const std::string checkpoint =
-      write_mhc_checkpoint(model, ::testing::TempDir() + "deepseek4_mhc");
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
-                                    checkpoint);
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
-                                    checkpoint);
-  model.emplace_back("base_num_kv_heads=2");
-  const std::string two_kv_heads =
-      write_mhc_checkpoint(model, ::testing::TempDir() + "deepseek4_mhc_kv2");
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
-                                    two_kv_heads);
+  expect_deepseek4_meshes_match(model, "deepseek4_mhc", write_mhc_checkpoint);
 }
 
 // With MaxText's load-balance loss on the biased router above (weight 0.01, 100 x the preset's,
@@ -364,21 +363,11 @@ TEST(DecoderBlocksTraining, Deepseek4HyperConnectionsShardedMatchesOneDevice) {
 // loss's sum over the batch in one over the batch's axes, so every mesh computes the unsharded
 // step's loss, the bias's gradient (now non-zero) and every other.
 TEST(DecoderBlocksTraining, Deepseek4LoadBalanceLossShardedMatchesOneDevice) {
-  std::vector<std::string> model =
+  const std::vector<std::string> model =
       with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "mlp_activations_limit=0.3",
                                         "routed_score_func=sqrtsoftplus", "routed_bias=true",
                                         "load_balance_loss_weight=0.01"});
-  const std::string checkpoint =
-      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_balance_loss");
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"},
-                                    checkpoint);
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"},
-                                    checkpoint);
-  model.emplace_back("base_num_kv_heads=2");
-  const std::string two_kv_heads =
-      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_balance_loss_kv2");
-  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"},
-                                    two_kv_heads);
+  expect_deepseek4_meshes_match(model, "deepseek4_balance_loss", write_biased_router_checkpoint);
 }
 
 TEST(DecoderBlocksTraining, Qwen3CustomShardedMatchesOneDevice) {
