@@ -34,12 +34,15 @@ constexpr AttentionPattern kGatedDeltaNetPattern = {kGatedDeltaNet, kCycle, 1};
 constexpr const char* kGatedDeltaNetRefusal =
     "its Gated DeltaNet layers are modeled for estimate and explore only, not computed";
 
-// The MaxText keys (not in tpusim's base.yml) the deepseek4 builder reads: the mHC streams and
-// the CSA indexer's shape and top-k, the compressed layers' RoPE wavelength
-// (model/builder/hyper_connections.cpp, compressed_attention.cpp).
-constexpr std::array<std::string_view, 6> kDeepseek4MaxTextKeys = {
-    "mhc_expansion_rate", "indexer_n_heads",     "indexer_head_dim",
-    "indexer_topk",       "sinkhorn_iterations", "compressed_rope_max_timescale"};
+// The MaxText keys the deepseek4 builder reads that are not modeled for other families: the mHC
+// streams and the CSA indexer's shape and top-k, the compressed layers' RoPE wavelength
+// (model/builder/hyper_connections.cpp, compressed_attention.cpp; not in tpusim's base.yml), and
+// the load-balance loss, built for deepseek4's routers alone.
+constexpr std::array<std::string_view, 7> kDeepseek4MaxTextKeys = {
+    "mhc_expansion_rate",      "indexer_n_heads",
+    "indexer_head_dim",        "indexer_topk",
+    "sinkhorn_iterations",     "compressed_rope_max_timescale",
+    "load_balance_loss_weight"};
 
 // The keys train_keys.tsv refuses for every family that train checks itself for deepseek4 (the
 // compressed attention's shape, built at ratio 0; the rest refused by key when turned on) and

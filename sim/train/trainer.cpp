@@ -22,6 +22,8 @@
 #include "model/builder/build_options.h"
 #include "model/builder/layer_plan.h"
 #include "model/model_dims.h"
+#include "sharding/mesh.h"
+#include "sharding/step_program.h"
 #include "sim/functional/kernels/library_gemm.h"
 #include "sim/train/evaluation.h"
 #include "sim/train/hf_names.h"
@@ -232,12 +234,9 @@ void check_functional_support(const Config& config) {
     refuse_unbuilt_deepseek4(dims, options, numerics, refuse);
     // Under context parallelism (the axes base.yml's rules give activation_length) each device
     // pools the blocks of its own tokens, which must then be whole blocks.
-    int64_t context = 1;
-    for (const char* key :
-         {"ici_context_parallelism", "dcn_context_parallelism",
-          "ici_context_usp_ulysses_parallelism", "dcn_context_usp_ulysses_parallelism"}) {
-      context *= std::max<int64_t>(1, config.get_int(key));
-    }
+    const MeshShape mesh = resolve_mesh(config, slice_from_config(config));
+    const int64_t context =
+        static_cast<int64_t>(mesh.size("context")) * mesh.size("context_usp_ulysses");
     for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
       const int64_t ratio = dims.compress_ratio(layer);
       if (ratio > kCompressedSparseRatio && options.max_target_length % (ratio * context) != 0) {
