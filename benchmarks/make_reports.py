@@ -385,7 +385,7 @@ def validation():
               "median / max of |step error|.", "",
               "| mechanism | what it models | 27 rows, on | 27 rows, off | recipes, on | recipes, off | rows it moves (on → off) |",
               "|---|---|---|---|---|---|---|"]
-    for name, summary in summaries.items():
+    for name, what_it_models in summaries.items():
         ablated = run_json(["validate", str(VALIDATION / "published.csv"), "--without", name])
         ablated_recipes = recipe_predictions([name])
         off_errors = [abs(row["error"]) for row in ablated["rows"]]
@@ -409,7 +409,7 @@ def validation():
         class_lines.append(f"| `{name}` | " + " | ".join(
             f"{class_cell(run_errors_on, classes, cls)} | {class_cell(run_errors_off, classes, cls)}"
             for cls in CLASSES) + " |")
-        lines.append(f"| `{name}` | {summary} | "
+        lines.append(f"| `{name}` | {what_it_models} | "
                      f"{error_summary([abs(e) for e in baseline.values()])} | {error_summary(off_errors)} | "
                      f"{error_summary(recipe_errors)} | {error_summary(off_recipe_errors)} | "
                      f"{'; '.join(moved) if moved else 'none of these runs (see tests/sim/perf/mechanisms_test.cpp)'} |")
