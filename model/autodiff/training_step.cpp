@@ -402,6 +402,22 @@ class BackwardBuilder {
     throw std::logic_error("router '" + router.name + "' has no load-balance counts");
   }
 
+  // The attention's gradient op reads dy, every input and the output, and gives every input
+  // (query, key, value, and the sinks or compressed blocks when present) its gradient.
+  void emit_attention_grad(const Op& op, TensorId dy, int region) {
+    std::vector<TensorId> inputs = {dy};
+    std::vector<TensorId> outputs;
+    for (const TensorId input : op.inputs) {
+      inputs.push_back(available(input, region));
+      outputs.push_back(new_grad(graph_.tensor(input), region));
+    }
+    inputs.push_back(available(op.outputs[0], region));
+    graph_.add_op(OpKind::kAttentionGrad, op.name + "/grad", inputs, outputs, op.attrs, region);
+    for (size_t index = 0; index < op.inputs.size(); ++index) {
+      accumulate(op.inputs[index], outputs[index], region);
+    }
+  }
+
   void emit_vjp(const Op& op, int region) {
     std::vector<TensorId> grad_outs;
     bool any = false;
@@ -432,20 +448,9 @@ class BackwardBuilder {
         accumulate(op.inputs[0], grad, region);
         return;
       }
-      case OpKind::kAttention: {
-        std::vector<TensorId> inputs = {dy};
-        std::vector<TensorId> outputs;
-        for (const TensorId input : op.inputs) {
-          inputs.push_back(available(input, region));
-          outputs.push_back(new_grad(graph_.tensor(input), region));
-        }
-        inputs.push_back(available(op.outputs[0], region));
-        graph_.add_op(OpKind::kAttentionGrad, grad_name(), inputs, outputs, op.attrs, region);
-        for (size_t index = 0; index < op.inputs.size(); ++index) {
-          accumulate(op.inputs[index], outputs[index], region);
-        }
+      case OpKind::kAttention:
+        emit_attention_grad(op, dy, region);
         return;
-      }
       case OpKind::kEmbeddingLookup: {
         const TensorId grad = simple_op(OpKind::kEmbeddingGrad, grad_name(), {dy, op.inputs[0]},
                                         graph_.tensor(op.inputs[1]), region, op.attrs);
