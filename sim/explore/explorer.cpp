@@ -492,6 +492,7 @@ void ExplorePhases::add(const ExplorePhases& other) {
 
 std::vector<double> ExplorePhases::as_numbers() const {
   std::vector<double> numbers;
+  numbers.reserve(kPhaseSeconds.size() + kPhaseCounts.size());
   for (const PhaseSeconds& field : kPhaseSeconds) {
     numbers.push_back(this->*field.member);
   }
