@@ -54,10 +54,11 @@ TEST(Config, EmbeddedBaseLoadsWithMaxTextDefaults) {
 TEST(Config, LoadsInOneProcessDoNotShareValues) {
   const nlohmann::json first = Config::load("", {"model_name=tiny-llama"}).to_json();
   Config::load("", {"model_name=deepseek3-671b-2dfsdp"});
+  const std::string mesh_axes =
+      "mesh_axes=[data, fsdp, tensor, stage, expert, context, sequence, tensor_transpose, "
+      "tensor_sequence, autoregressive, fsdp_transpose]";
   Config::load("", {"model_name=tiny-llama", "override_model_config=true", "mlp_activations=[gelu]",
-                    "mesh_axes=[data, fsdp, tensor, stage, expert, context, sequence, "
-                    "tensor_transpose, tensor_sequence, autoregressive, fsdp_transpose]",
-                    "data_sharding=[[data, fsdp]]"});
+                    mesh_axes, "data_sharding=[[data, fsdp]]"});
   EXPECT_EQ(Config::load("", {"model_name=tiny-llama"}).to_json(), first);
 }
 

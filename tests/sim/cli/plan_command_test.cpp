@@ -19,7 +19,7 @@ namespace {
 using testing::run_tpusim;
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
