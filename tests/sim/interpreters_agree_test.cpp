@@ -220,6 +220,24 @@ void expect_deepseek4_agreement(const std::vector<std::string>& tiny, const std:
 const std::vector<std::string> kFsdpContext = {"ici_fsdp_parallelism=2",
                                                "ici_context_parallelism=2"};
 
+// deepseek4-tiny at two layers with the preset's clip, a hash-routed first layer, sqrtsoftplus
+// scores and selection bias, with the load-balance loss of `load_balance_loss_weight`.
+std::vector<std::string> deepseek4_clip_hash_tiny(const std::string& load_balance_loss_weight) {
+  return {"override_model_config=true",
+          "base_num_decoder_layers=2",
+          "compress_ratios=[0,0]",
+          "mhc_expansion_rate=1",
+          "first_num_hash_layers=1",
+          "routed_score_func=sqrtsoftplus",
+          "norm_topk_prob=true",
+          "routed_bias=true",
+          "routed_bias_update_rate=0",
+          "load_balance_loss_weight=" + load_balance_loss_weight,
+          "mlp_activations_limit=0.3",
+          "sliding_window_size=8",
+          "vocab_size=256"};
+}
+
 // deepseek4 with the preset's SwiGLU clip, a hash-routed first layer, its sqrtsoftplus router
 // scores and selection bias (docs/reference/deepseek4.md, section 6): the clip rides on the SiLU
 // and the gating product, and the up projection's gradient reads the up projection as a third
@@ -228,19 +246,7 @@ const std::vector<std::string> kFsdpContext = {"ici_fsdp_parallelism=2",
 // the bias is a parameter the router and its gradient read, its gradient summed over the tokens'
 // shards.
 TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
-  const std::vector<std::string> tiny = {"override_model_config=true",
-                                         "base_num_decoder_layers=2",
-                                         "compress_ratios=[0,0]",
-                                         "mhc_expansion_rate=1",
-                                         "first_num_hash_layers=1",
-                                         "routed_score_func=sqrtsoftplus",
-                                         "norm_topk_prob=true",
-                                         "routed_bias=true",
-                                         "routed_bias_update_rate=0",
-                                         "load_balance_loss_weight=0",
-                                         "mlp_activations_limit=0.3",
-                                         "sliding_window_size=8",
-                                         "vocab_size=256"};
+  const std::vector<std::string> tiny = deepseek4_clip_hash_tiny("0");
   expect_deepseek4_agreement(
       tiny, "deepseek4",
       {{{"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "base_num_kv_heads=2"},
@@ -253,19 +259,7 @@ TEST(InterpretersAgree, Deepseek4ClipAndHashRouting) {
 // of the program like any other, whose FLOPs (one device, fsdp x context) and collective bytes
 // both interpreters count.
 TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
-  const std::vector<std::string> tiny = {"override_model_config=true",
-                                         "base_num_decoder_layers=2",
-                                         "compress_ratios=[0,0]",
-                                         "mhc_expansion_rate=1",
-                                         "first_num_hash_layers=1",
-                                         "routed_score_func=sqrtsoftplus",
-                                         "norm_topk_prob=true",
-                                         "routed_bias=true",
-                                         "routed_bias_update_rate=0",
-                                         "load_balance_loss_weight=0.0001",
-                                         "mlp_activations_limit=0.3",
-                                         "sliding_window_size=8",
-                                         "vocab_size=256"};
+  const std::vector<std::string> tiny = deepseek4_clip_hash_tiny("0.0001");
   // Under expert parallelism device 0 executes the grouped-matmul rows its experts really get
   // (the hash layer sends every choice to expert 0), not the balanced share the program counts:
   // FLOPs not compared there, as in DroplessMoeOnUnbalancedRouting.
