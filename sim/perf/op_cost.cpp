@@ -521,6 +521,14 @@ double dense_moe_exchange_quantize_seconds(const Graph& graph, const Op& op,
   return bytes / hbm_bytes_per_second(*context.chip) / context.program_efficiency;
 }
 
+// A pass over `bytes` of HBM that runs before the op and overlaps nothing (a cast, a scale read,
+// a noise tensor): its time adds to the op's and to its HBM time.
+void add_serial_hbm_pass(OpCost& cost, double bytes, const CostContext& context) {
+  const double seconds = bytes / hbm_bytes_per_second(*context.chip) / context.program_efficiency;
+  cost.seconds += seconds;
+  cost.hbm_seconds += seconds;
+}
+
 OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context) {
   const Tensor& lhs = graph.tensor(op.inputs[0]);
   const Tensor& rhs = graph.tensor(op.inputs[1]);
@@ -610,27 +618,19 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   }
   OpCost result = finish(cost, context);
   if (cast_bytes > 0) {
-    const double cast_seconds =
-        cast_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
-    result.seconds += cast_seconds;
-    result.hbm_seconds += cast_seconds;
+    add_serial_hbm_pass(result, cast_bytes, context);
   }
   if (quantized && context.mechanisms.enabled(Mechanism::kQuantizeScalePass)) {
-    const double operand_bytes =
+    add_serial_hbm_pass(
+        result,
         loops * (scale_read_fraction(graph, op.inputs[0], *pass, context) * m * k * lhs_bytes +
-                 scale_read_fraction(graph, op.inputs[1], *pass, context) * k * n * rhs_bytes);
-    const double quantize_seconds =
-        operand_bytes / hbm_bytes_per_second(chip) / context.program_efficiency;
-    result.seconds += quantize_seconds;
-    result.hbm_seconds += quantize_seconds;
+                 scale_read_fraction(graph, op.inputs[1], *pass, context) * k * n * rhs_bytes),
+        context);
   }
   if (quantized && context.stochastic_rounding_gradients &&
       context.mechanisms.enabled(Mechanism::kAqtStochasticRounding)) {
-    const double noise_seconds =
-        stochastic_rounding_noise_bytes(lhs, rhs, loops * m * k, loops * k * n) /
-        hbm_bytes_per_second(chip) / context.program_efficiency;
-    result.seconds += noise_seconds;
-    result.hbm_seconds += noise_seconds;
+    add_serial_hbm_pass(
+        result, stochastic_rounding_noise_bytes(lhs, rhs, loops * m * k, loops * k * n), context);
   }
   return result;
 }
