@@ -24,6 +24,11 @@
 namespace tpusim {
 namespace {
 
+// The MXU's fill and drain of one matmul, from the chip's catalog entry (cycles at its clock).
+double fill_drain_seconds(const ChipSpec& chip) {
+  return chip.mxu_fill_drain_cycles / (chip.clock_ghz * 1e9);
+}
+
 const ChipSpec& chip(const char* name) {
   return HardwareCatalog::builtin().chip(name);
 }
@@ -83,7 +88,7 @@ TEST(GroupedMatmulTiles, VisitsOneRowTilePerExpertItStraddles) {
   const Graph graph = grouped_matmul_graph(8, 1024, 1024, 1024);
   const CostContext context = megablox_context(v7x, 512, 1024, 1024);
   const OpCost cost = cost_compute_op(graph, graph.ops().front(), context, false);
-  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double fill = fill_drain_seconds(v7x);
   const double executed = 2.0 * 23 * 512 * 1024 * 1024;
   EXPECT_NEAR((cost.mxu_seconds - fill) / (executed / bf16_flops_per_device(v7x)), 1.0, 1e-9);
   // The useful FLOPs stay the routed rows' (what the functional engine multiplies).
@@ -100,7 +105,7 @@ TEST(GroupedMatmulTiles, VisitsOneRowTilePerExpertItStraddles) {
 TEST(GroupedMatmulTiles, PadsDimsToWholeTiles) {
   const ChipSpec& v7x = chip("v7x");
   const Graph graph = grouped_matmul_graph(4, 2048, 4096, 1536);
-  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double fill = fill_drain_seconds(v7x);
   const OpCost padded =
       cost_compute_op(graph, graph.ops().front(), megablox_context(v7x, 2048, 4096, 1024), false);
   const OpCost whole =
@@ -298,10 +303,10 @@ TEST(Bf16ExpertMatmuls, UnquantizedExpertsCostTheirBf16Time) {
                    bf16.seconds);
   context.mechanisms = MechanismSet::without({"bf16_expert_matmuls"});
   const OpCost narrow = cost_compute_op(graph, graph.ops().front(), context, false);
-  EXPECT_NEAR(narrow.mxu_seconds - v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9),
-              (bf16.mxu_seconds - v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9)) *
-                  v6e.peak_bf16_tflops / v6e.peak_int8_tops,
-              1e-12);
+  EXPECT_NEAR(
+      narrow.mxu_seconds - fill_drain_seconds(v6e),
+      (bf16.mxu_seconds - fill_drain_seconds(v6e)) * v6e.peak_bf16_tflops / v6e.peak_int8_tops,
+      1e-12);
 }
 
 // A forward fp8 grouped matmul with fixed scales (no absmax pass): XLA casts the bf16 rows and
@@ -743,7 +748,7 @@ TEST(GroupedMatmulMxuRows, RowTilesNarrowerThanTheMxuTakeAFullWidthPass) {
     const ChipSpec& spec = chip(name);
     CostContext context = megablox_context(spec, 128, 1024, 1024);
     context.balanced_groups = true;
-    const double fill = spec.mxu_fill_drain_cycles / (spec.clock_ghz * 1e9);
+    const double fill = fill_drain_seconds(spec);
     const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
     const double rows_per_pass = std::max(128.0, spec.mxu_dim);
     const double executed = 2.0 * 64 * rows_per_pass * 1024 * 1024;
@@ -765,7 +770,7 @@ TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
   const ChipSpec& v7x = chip("v7x");
   ASSERT_GT(v7x.gmm_v2_grid_step_us, 0.0);
   const Graph graph = grouped_matmul_graph(16, 512, 1024, 1024);
-  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double fill = fill_drain_seconds(v7x);
   const double matmul = 2.0 * 64 * 128 * 1024 * 1024 / bf16_flops_per_device(v7x);
   for (const auto& [tile_k, steps] : {std::pair{1024, 64.0}, std::pair{512, 128.0}}) {
     CostContext context = megablox_context(v7x, 128, tile_k, 1024);
@@ -789,7 +794,7 @@ TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
 TEST(GmmV2WeightPrefetch, AnExpertWithMoreRowTilesThanTheLookaheadWaitsForItsWeights) {
   const ChipSpec& v6e = chip("v6e");
   const Graph graph = grouped_matmul_graph(4, 1024, 7168, 1024);
-  const double fill = v6e.mxu_fill_drain_cycles / (v6e.clock_ghz * 1e9);
+  const double fill = fill_drain_seconds(v6e);
   const double step_cost = v6e.gmm_v2_grid_step_us * 1e-6;
   const double step = 2.0 * 128 * 7168 * 1024 / bf16_flops_per_device(v6e) + step_cost;
   const double block = 7168.0 * 1024 * 2 / hbm_bytes_per_device(v6e);
@@ -819,7 +824,7 @@ TEST(GmmV2WeightPrefetch, AnExpertWithMoreRowTilesThanTheLookaheadWaitsForItsWei
 TEST(GroupedMatmulTiles, BalancedGroupsStraddleOnlyUnalignedBoundaries) {
   const ChipSpec& v7x = chip("v7x");
   const Graph graph = grouped_matmul_graph(8, 1024, 1024, 1024);
-  const double fill = v7x.mxu_fill_drain_cycles / (v7x.clock_ghz * 1e9);
+  const double fill = fill_drain_seconds(v7x);
   const double per_visit = 2.0 * 1024 * 1024 / bf16_flops_per_device(v7x);
   for (const auto& [tile, visits] : {std::pair{512.0, 16.0}, std::pair{768.0, 16.0}}) {
     CostContext context = megablox_context(v7x, static_cast<int64_t>(tile), 1024, 1024);
