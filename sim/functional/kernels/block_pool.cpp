@@ -89,6 +89,16 @@ void pool_weights(const float* gate, const float* bias, const PoolWalk& walk, in
   }
 }
 
+// The pooled value of one entry: the weights' sum of its positions' kv (from kv offset `at_kv`).
+double pooled_value(const float* kv, const PoolWalk& walk, int64_t at_kv,
+                    const std::vector<double>& weights) {
+  double sum = 0;
+  for (int64_t t = 0; t < walk.positions; ++t) {
+    sum += weights[static_cast<size_t>(t)] * kv[at_kv + t * walk.kv_step];
+  }
+  return sum;
+}
+
 }  // namespace
 
 void run_block_pool(const Ctx& ctx) {
@@ -102,11 +112,7 @@ void run_block_pool(const Ctx& ctx) {
   std::vector<double> weights(static_cast<size_t>(walk.positions));
   for_each_index(walk.space.sizes, walk.strides, [&](const std::array<int64_t, 3>& at) {
     pool_weights(gate, bias, walk, at[0], at[1], weights);
-    double sum = 0;
-    for (int64_t t = 0; t < walk.positions; ++t) {
-      sum += weights[static_cast<size_t>(t)] * kv[at[0] + t * walk.kv_step];
-    }
-    pooled[at[2]] = static_cast<float>(sum);
+    pooled[at[2]] = static_cast<float>(pooled_value(kv, walk, at[0], weights));
   });
 }
 
@@ -131,10 +137,7 @@ void run_block_pool_grad(const Ctx& ctx) {
   std::vector<double> weights(static_cast<size_t>(walk.positions));
   for_each_index(walk.space.sizes, walk.strides, [&](const std::array<int64_t, 3>& at) {
     pool_weights(gate, bias, walk, at[0], at[1], weights);
-    double pooled = 0;
-    for (int64_t t = 0; t < walk.positions; ++t) {
-      pooled += weights[static_cast<size_t>(t)] * kv[at[0] + t * walk.kv_step];
-    }
+    const double pooled = pooled_value(kv, walk, at[0], weights);
     const double upstream = dy[at[2]];
     for (int64_t t = 0; t < walk.positions; ++t) {
       const int64_t index = at[0] + t * walk.kv_step;

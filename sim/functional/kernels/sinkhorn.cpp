@@ -47,24 +47,23 @@ struct SinkhornTrace {
   Values result;
 };
 
-Values row_sums_of(const Values& m, int64_t rows, int64_t columns) {
-  Values sums(static_cast<size_t>(rows), 0.0);
+// The sums of a rows x columns matrix's rows (`along_rows`) or of its columns, in index order.
+Values sums_of(const Values& m, int64_t rows, int64_t columns, bool along_rows) {
+  Values sums(static_cast<size_t>(along_rows ? rows : columns), 0.0);
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < columns; ++j) {
-      sums[static_cast<size_t>(i)] += m[static_cast<size_t>(i * columns + j)];
+      sums[static_cast<size_t>(along_rows ? i : j)] += m[static_cast<size_t>(i * columns + j)];
     }
   }
   return sums;
 }
 
+Values row_sums_of(const Values& m, int64_t rows, int64_t columns) {
+  return sums_of(m, rows, columns, true);
+}
+
 Values column_sums_of(const Values& m, int64_t rows, int64_t columns) {
-  Values sums(static_cast<size_t>(columns), 0.0);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < columns; ++j) {
-      sums[static_cast<size_t>(j)] += m[static_cast<size_t>(i * columns + j)];
-    }
-  }
-  return sums;
+  return sums_of(m, rows, columns, false);
 }
 
 Values floored(Values sums) {
