@@ -63,7 +63,7 @@ OPTIONS = {
     "topology": (["--num-slices", "--dot"], ["--json"]),
     "program": (["--xla-flags", "--layer"], ["--global"]),
     "config": (["--xla-flags"], ["--json"]),
-    "validate": (["--without", "--pairs"], ["--json"]),
+    "validate": (["--without", "--pairs"], ["--json", "--list-mechanisms"]),
     "compare": (["--a", "--b", "--top", "--xla-flags", "--without"], ["--json"]),
     "op": ([], ["--json"]),
     "hw": ([], ["--json"]),
@@ -393,6 +393,11 @@ class Generator:
                                                           "quantization", "dtype"])
         value = self.rng.choice(TEXT_EDGES) if self.rng.random() < 0.6 else self.mutate(
             self.keys.tpusim.get(key, "x").strip('"'))
+        if key.endswith("_quantization_calibration_method") and self.rng.random() < 0.5:
+            # qwix's forms and their near misses (model/config_rules.cpp).
+            value = self.rng.choice(["absmax", "minmax,2", "rms", "rms,3", "fixed", "fixed,224",
+                                     "fixed,-224,224", "fixed,1,-1", "FIXED,-8,8", "absmax,x",
+                                     "fixed,,", "fixed,-224,224,1"])
         return "text_edge", [self.command()] + self.base() + [key + "=" + value]
 
     def bool_edge(self):
@@ -489,6 +494,11 @@ class Generator:
             if self.rng.random() < 0.5:
                 args.append("wi_tile_fwd_batch_seq=" + self.rng.choice(["128", "256", "0", "-8",
                                                                         "100000000000"]))
+        if self.rng.random() < 0.2:
+            # Keys of the other op kind, repeated axes, and the quantization formats.
+            args.append(self.rng.choice(["bytes=64", "axes=fsdp,fsdp", "axes=fsdp", "m=8",
+                                         "quantization=intmp", "quantization=nanoo_fp8",
+                                         "quantization=int4", "quantization=fp4"]))
         args.append("compile_topology=" + self.rng.choice(SMALL_SLICES + SLICES_BAD[:4]))
         return "hardware_and_op", args
 
@@ -520,6 +530,9 @@ class Generator:
             args = ["validate", self.rng.choice(self.sandbox.csvs + self.sandbox.hostile_inputs)]
         if self.rng.random() < 0.3:
             args += ["--without", self.rng.choice(MECHANISMS + ["x", "", ","])]
+        if self.rng.random() < 0.1:
+            # --list-mechanisms alone, or with what it excludes (a CSV, --pairs, --without).
+            args = ["validate", "--list-mechanisms"] + (args[1:] if self.rng.random() < 0.5 else [])
         return "validate", args
 
     def compare(self):
@@ -563,7 +576,8 @@ class Generator:
     def plan_edges(self):
         """`plan` on a tiny model and at most 8 chips, one option drawn from its edges."""
         edges = {
-            "--tokens": ["2e12", "1.5T", "4M", "0", "-1", "x", "1Q", "inf", "nan", ""],
+            "--tokens": ["2e12", "1.5T", "4M", "0", "-1", "x", "1Q", "inf", "nan", "", " 5", "+5",
+                         "0x10"],
             "--deadline": ["30d", "12h", "8w", "0d", "-1d", "5y", "x", ""],
             "--hardware": ["v5e", "v5e,v6e", "v9", "", "a3", "v5e,,v6e", "tpu7x"],
             "--max-slices": INT_EDGES[:8],
@@ -571,6 +585,8 @@ class Generator:
             "--objective": ["time", "chip_hours", "cost", "nope", ""],
             "--consumption": ["on_demand", "spot", "committed", "free"],
             "--prices": ["configs/prices.example.yml", "/nonexistent/prices.yml", "/etc/hostname"],
+            "--min-hbm-headroom": ["0", "0.2", "1", "1.5", "-0.1", "nan", "x"],
+            "--max-per-device-batch": ["1", "0.5", "0", "-1", "1e309", "x"],
         }
         option = self.rng.choice(sorted(edges))
         args = ["plan", "model_name=tiny-llama", "--max-chips", "8"]
