@@ -1,7 +1,6 @@
 #include "model/config_rules.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <iomanip>
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/lowercase.h"
 #include "common/suggest.h"
 #include "model/config.h"
 #include "model/decoder_family.h"
@@ -244,11 +244,8 @@ void check_range(const Config& config, const RangeRule& rule) {
 // qwix would refuse is refused here by its key.
 void check_calibration_method(const Config& config, const std::string& key) {
   const std::string value = config.get_string(key);
-  std::string lowered = value;
-  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
-                 [](unsigned char letter) { return static_cast<char>(std::tolower(letter)); });
   std::vector<std::string> parts;
-  std::stringstream stream(lowered);
+  std::stringstream stream(lowercase(value));
   for (std::string part; std::getline(stream, part, ',');) {
     parts.push_back(part);
   }

@@ -1,7 +1,6 @@
 #include "model/maxtext_keys.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <optional>
 #include <set>
@@ -11,6 +10,7 @@
 
 #include "common/csv.h"
 #include "common/embedded_files.h"
+#include "common/lowercase.h"
 #include "common/name_index.h"
 
 namespace tpusim {
@@ -45,14 +45,6 @@ std::vector<MaxTextKey> load_table() {
                     row[table.column("note")]});
   }
   return keys;
-}
-
-std::string lowercase(std::string_view text) {
-  std::string lower(text);
-  for (char& character : lower) {
-    character = static_cast<char>(std::tolower(static_cast<unsigned char>(character)));
-  }
-  return lower;
 }
 
 // The text without surrounding quotes ("x" or 'x').

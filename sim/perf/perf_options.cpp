@@ -1,7 +1,7 @@
 #include <algorithm>
-#include <cctype>
 #include <string>
 
+#include "common/lowercase.h"
 #include "hw/chip_spec.h"
 #include "hw/matmul_format.h"
 #include "model/config.h"
@@ -51,11 +51,7 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   // Only a fixed range needs no pass over the tensor (qwix calibrate(); the method name is
   // case-insensitive there, and model/config_rules.cpp has refused what qwix would not parse).
   auto dynamic = [&config](const char* key) {
-    const std::string method = config.get_string(key);
-    return method.size() < 5 ||
-           !std::equal(method.begin(), method.begin() + 5, "fixed", [](char a, char b) {
-             return std::tolower(static_cast<unsigned char>(a)) == b;
-           });
+    return !lowercase(config.get_string(key)).starts_with("fixed");
   };
   options.cost.dynamic_scale_weights = dynamic("weight_quantization_calibration_method");
   options.cost.dynamic_scale_activations = dynamic("act_quantization_calibration_method");
