@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -108,6 +109,29 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
       {"norm_topk_prob", "true"},        {"routed_bias", "true"},
       {"routed_bias_update_rate", "0"},  {"load_balance_loss_weight", "0"},
       {"mlp_activations_limit", "-1"}};
+  // `train` of deepseek4-tiny with `setting` (slice, mesh and batch keys) and the trainable set,
+  // the keys of `changed` replacing or added to it: exit 2, the refusal naming `refusal`.
+  auto expect_refused = [&trainable](std::vector<std::string> setting,
+                                     std::map<std::string, std::string> changed,
+                                     const std::string& refusal) {
+    std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "steps=1"};
+    args.insert(args.end(), setting.begin(), setting.end());
+    for (const auto& [name, value] : trainable) {
+      const auto found = changed.find(name);
+      args.push_back(name + "=" + (found != changed.end() ? found->second : value));
+      if (found != changed.end()) {
+        changed.erase(found);
+      }
+    }
+    for (const auto& [name, value] : changed) {
+      args.push_back(name + "=" + value);
+    }
+    const auto refused = run_tpusim(args);
+    EXPECT_EQ(refused.exit_code, 2) << refusal << ": " << refused.err;
+    EXPECT_NE(refused.err.find(refusal + " is not computed by tpusim train"), std::string::npos)
+        << refusal << ": " << refused.err;
+  };
+  const std::vector<std::string> one_device = {"compile_topology=v5e-1"};
   // (key, value, the refusal's start)
   for (const auto& [key, value, refusal] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -119,72 +143,22 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
            {"routed_scaling_factor", "2.5", "routed_scaling_factor: 2.5"},
            {"qk_rope_head_dim", "16", "qk_rope_head_dim: 16"},
            {"routed_bias_update_rate", "0.001", "routed_bias_update_rate: 0.001"}}) {
-    std::vector<std::string> args = {"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1",
-                                     "steps=1"};
-    bool replaced = false;
-    for (const auto& [name, base_value] : trainable) {
-      replaced = replaced || name == key;
-      args.push_back(name + "=" + (name == key ? value : base_value));
-    }
-    if (!replaced) {
-      args.push_back(key + "=" + value);
-    }
-    const auto refused = run_tpusim(args);
-    EXPECT_EQ(refused.exit_code, 2) << key << "=" << value << refused.err;
-    EXPECT_NE(refused.err.find(refusal + " is not computed by tpusim train"), std::string::npos)
-        << key << "=" << value << ": " << refused.err;
+    expect_refused(one_device, {{key, value}}, refusal);
   }
   // The program runs the layers of one kind together: ratios 8, 0, 8 would run as 8, 8, 0, so a
   // kind's layers must be consecutive.
-  std::vector<std::string> scattered = {"train", "model_name=deepseek4-tiny",
-                                        "compile_topology=v5e-1", "steps=1",
-                                        "max_target_length=64"};
-  for (const auto& [name, value] : trainable) {
-    const std::string changed = name == "base_num_decoder_layers" ? "3"
-                                : name == "compress_ratios"       ? "[8,0,8]"
-                                                                  : value;
-    scattered.push_back(name + "=" + changed);
-  }
-  const auto out_of_order = run_tpusim(scattered);
-  EXPECT_EQ(out_of_order.exit_code, 2) << out_of_order.err;
-  EXPECT_NE(out_of_order.err.find("compress_ratios: layer 2: 8 is not computed by tpusim train"),
-            std::string::npos)
-      << out_of_order.err;
+  expect_refused({"compile_topology=v5e-1", "max_target_length=64"},
+                 {{"base_num_decoder_layers", "3"}, {"compress_ratios", "[8,0,8]"}},
+                 "compress_ratios: layer 2: 8");
   // Under context=2 each device pools its own 24 / 2 = 12 tokens: not whole blocks of 8.
-  std::vector<std::string> split_blocks = {"train",
-                                           "model_name=deepseek4-tiny",
-                                           "compile_topology=v5e-4",
-                                           "steps=1",
-                                           "ici_fsdp_parallelism=2",
-                                           "ici_context_parallelism=2",
-                                           "per_device_batch_size=1",
-                                           "max_target_length=24"};
-  for (const auto& [name, value] : trainable) {
-    split_blocks.push_back(name + "=" + (name == "compress_ratios" ? "[0,8]" : value));
-  }
-  const auto partial_blocks = run_tpusim(split_blocks);
-  EXPECT_EQ(partial_blocks.exit_code, 2) << partial_blocks.err;
-  EXPECT_NE(partial_blocks.err.find("max_target_length: 24 is not computed by tpusim train"),
-            std::string::npos)
-      << partial_blocks.err;
+  expect_refused({"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2",
+                  "per_device_batch_size=1", "max_target_length=24"},
+                 {{"compress_ratios", "[0,8]"}}, "max_target_length: 24");
   // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
   // heads split in two) is refused by key.
-  std::vector<std::string> split_groups = {"train",
-                                           "model_name=deepseek4-tiny",
-                                           "compile_topology=v5e-4",
-                                           "steps=1",
-                                           "ici_fsdp_parallelism=2",
-                                           "ici_tensor_parallelism=2",
-                                           "per_device_batch_size=1",
-                                           "base_num_kv_heads=2",
-                                           "o_groups=1"};
-  for (const auto& [name, value] : trainable) {
-    split_groups.push_back(name + "=" + value);
-  }
-  const auto uneven = run_tpusim(split_groups);
-  EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
-  EXPECT_NE(uneven.err.find("o_groups: 1 is not computed by tpusim train"), std::string::npos)
-      << uneven.err;
+  expect_refused({"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                  "per_device_batch_size=1", "base_num_kv_heads=2", "o_groups=1"},
+                 {}, "o_groups: 1");
   // The preset itself: its activation clip, hash layers, sqrtsoftplus router scores, selection
   // bias and load-balance loss are built, its compressed attention is the first key refused.
   const auto preset =
@@ -195,17 +169,8 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
       << preset.err;
   // The clip is built for deepseek4's SwiGLU experts only: with another gate activation (which
   // MaxText would clip too) it is refused by key.
-  std::vector<std::string> gelu_clip = {"train", "model_name=deepseek4-tiny",
-                                        "compile_topology=v5e-1", "steps=1",
-                                        "mlp_activations=[gelu,linear]"};
-  for (const auto& [name, value] : trainable) {
-    gelu_clip.push_back(name + "=" + (name == "mlp_activations_limit" ? "10" : value));
-  }
-  const auto gelu = run_tpusim(gelu_clip);
-  EXPECT_EQ(gelu.exit_code, 2) << gelu.err;
-  EXPECT_NE(gelu.err.find("mlp_activations_limit: 10 is not computed by tpusim train"),
-            std::string::npos)
-      << gelu.err;
+  expect_refused({"compile_topology=v5e-1", "mlp_activations=[gelu,linear]"},
+                 {{"mlp_activations_limit", "10"}}, "mlp_activations_limit: 10");
 }
 
 TEST(EstimateCommand, JsonContract) {
