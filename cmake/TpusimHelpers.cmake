@@ -11,10 +11,11 @@ endfunction()
 
 # tpusim_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT S]): one GoogleTest executable, each
 # test case registered with ctest. LABELS "slow" keeps it out of the default tier; TIMEOUT bounds
-# each case's seconds.
+# each case's seconds. Every test process gets a temporary directory of its own
+# (tests/support/private_temp_dir.cpp).
 function(tpusim_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
+  add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/support/private_temp_dir.cpp)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main tpusim_allocator tpusim_warnings)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   set(labels fast)
