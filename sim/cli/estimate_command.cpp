@@ -48,8 +48,9 @@ void print_human(const nlohmann::json& json) {
             << json["slice"].get<std::string>() << " (" << json["chips"] << " chips, "
             << json["devices"] << " devices), mesh " << json["mesh"].get<std::string>() << "\n";
   for (const auto& [axis, where] : json["mesh_placement"].items()) {
-    std::cout << "  " << std::left << std::setw(9) << axis << std::right << where.get<std::string>()
-              << "\n";
+    // Names up to 8 letters line up in one column; longer ones (fsdp_transpose) keep a space.
+    std::cout << "  " << std::left << std::setw(8) << axis << std::right << ' '
+              << where.get<std::string>() << "\n";
   }
   std::cout << "batch      " << json["global_batch_sequences"].get<int64_t>() << " sequences, "
             << std::llround(json["tokens_per_step"].get<double>()) << " tokens per step\n";

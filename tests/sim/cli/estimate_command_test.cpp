@@ -459,6 +459,14 @@ TEST(EstimateCommand, GpuNodesRunAsMaxTextWritesThem) {
                     "compile_topology_num_slices");
 }
 
+TEST(EstimateCommand, HumanOutputKeepsLongAxisNamesApartFromTheirPlacement) {
+  const auto result = run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5p-32",
+                                  "ici_fsdp_parallelism=4", "ici_fsdp_transpose_parallelism=4"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("\n  fsdp     torus"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("\n  fsdp_transpose torus"), std::string::npos) << result.out;
+}
+
 TEST(EstimateCommand, EmbeddedDefaultConfigRuns) {
   const auto result = run_tpusim({"estimate"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
