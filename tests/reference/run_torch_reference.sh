@@ -5,13 +5,16 @@
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
 # query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
 # import of tiny-llama, tiny-gpt3 and tiny-qwen3; one step of a circular pipeline (2 stages); and
-# deepseek4-tiny (also with mHC) and qwen3-custom-30b-a3b (tiny) as train computes them.
+# deepseek4-tiny (also with mHC, and two steps with the router bias's update) and
+# qwen3-custom-30b-a3b (tiny) as train computes them.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
 
 source "$(dirname "$0")/reference_setup.sh" run_torch_reference "${1:-}" "torch, numpy"
+# shellcheck source=tests/reference/two_step_reference.sh
+source "$here/two_step_reference.sh"
 
 # The reference numerics (double accumulation), which the 1e-5 tolerance against fp64 is for; the
 # default fast kernels are checked against them in tests/sim/functional/fast_kernels_test.cpp.
@@ -127,61 +130,11 @@ check deepseek4-tiny-sqrtsoftplus "model_name=deepseek4-tiny override_model_conf
   load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=8 vocab_size=256" \
   "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
   --first-num-hash-layers 1 --routed-score-func sqrtsoftplus"
-# ... and with the preset's routed_bias_update_rate (0.001: MaxText's train.py adds moe.py's
-# calculate_load_balance_updates to each router bias after the optimizer step, rate x sign(T k / E
-# - the expert's choices over the batch)) and load-balance loss, over TWO steps so the second step
-# routes with the updated biases: run a trains steps 1 and 2 (a checkpoint after each); run b
-# resumes from a's first checkpoint and dumps step 2, which the reference checks from its own fp64
-# state after step 1 (the learning rate constant: cosine_learning_rate_final_fraction 1). Run b's
-# step must also end where run a's did, bit for bit (resume). The same dumps must FAIL against the
-# reference with the update's sign flipped (the check sees the update).
-check_bias_update() {
-  local label=deepseek4-tiny-bias-update runs="$work/bias-update"
-  local overrides="${deepseek4_bias/routed_bias_update_rate=0/routed_bias_update_rate=0.001}"
-  overrides="${overrides/load_balance_loss_weight=0/load_balance_loss_weight=0.0001} \
-    load_parameters_path=$work/biased cosine_learning_rate_final_fraction=1.0 \
-    enable_checkpointing=true checkpoint_period=1 base_output_directory=$runs"
-  local two=(max_target_length=16 steps=2 functional_precision=reference)
-  local options="--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k \
-    --mlp-activations-limit 0.3 --first-num-hash-layers 1 --routed-score-func sqrtsoftplus \
-    --routed-bias --load-balance-loss-weight 1e-4 --learning-rate 3e-5"
-  echo "=== $label: tpusim train ${two[*]} $overrides (runs a and b)"
-  # shellcheck disable=SC2086  # the overrides are a word list
-  if ! "$tpusim" train $overrides run_name=a "${placement[@]}" "${two[@]}" --dump "$work/$label-1" \
-    --quiet || ! mkdir -p "$runs/b/checkpoints" || ! cp -r "$runs/a/checkpoints/1" "$runs/b/checkpoints/" ||
-    ! "$tpusim" train $overrides run_name=b "${placement[@]}" "${two[@]}" --dump "$work/$label-2" \
-      --quiet; then
-    echo "=== $label: tpusim train failed"
-    failed+=("$label")
-    return
-  fi
-  if ! cmp -s "$runs/a/checkpoints/2/model.safetensors" "$work/$label-2/updated/model.safetensors"; then
-    echo "=== $label: the resumed run's step 2 differs from the uninterrupted run's"
-    failed+=("$label resume")
-  fi
-  # shellcheck disable=SC2086
-  if "$python" "$here/torch_reference.py" "$work/$label-1" --second-step "$work/$label-2" \
-    $options --routed-bias-update-rate 0.001; then
-    echo "=== $label: passed"
-  else
-    echo "=== $label: FAILED"
-    failed+=("$label")
-  fi
-  # shellcheck disable=SC2086
-  if "$python" "$here/torch_reference.py" "$work/$label-1" --second-step "$work/$label-2" \
-    $options --routed-bias-update-rate -0.001 > "$work/$label-flipped.log"; then
-    echo "=== $label: the reference with the update's sign flipped passed too: the check does not see it"
-    failed+=("$label flipped")
-  else
-    echo "=== $label: the reference with the update's sign flipped fails, as it must: \
-$(grep -c '^FAIL' "$work/$label-flipped.log") comparisons"
-  fi
-}
 # ... and with the preset's routed_bias (MaxText's GateLogit bias: the top-k of score + bias,
 # weighted by the scores alone), from a checkpoint whose biases bias_router.py set to
 # 0.05 x (e % 5 - 2), which changes the experts of about half the tokens (the reference prints
-# how many; a zero bias would check nothing). The bias's update rule (routed_bias_update_rate)
-# stays off: train refuses it.
+# how many; a zero bias would check nothing). The bias's update (routed_bias_update_rate) is off
+# here (one step checks the bias as a parameter) and on in the two-step case below.
 deepseek4_bias="model_name=deepseek4-tiny override_model_config=true \
   base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
   routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=true routed_bias_update_rate=0 \
@@ -200,7 +153,18 @@ if "$tpusim" train $deepseek4_bias "${placement[@]}" "${common[@]}" --dump "$wor
     "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
     --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias \
     --load-balance-loss-weight 1e-4"
-  check_bias_update
+  # ... and with the preset's routed_bias_update_rate (0.001: MaxText's train.py adds moe.py's
+  # calculate_load_balance_updates to each router bias after the optimizer step, rate x sign(T k /
+  # E - the expert's choices over the batch)) beside the load-balance loss, over two steps
+  # (two_step_reference.sh: the second routes with the updated biases; resume; the update's sign
+  # flipped must fail).
+  update="${deepseek4_bias/routed_bias_update_rate=0/routed_bias_update_rate=0.001}"
+  check_two_steps deepseek4-tiny-bias-update \
+    "${update/load_balance_loss_weight=0/load_balance_loss_weight=0.0001} \
+    load_parameters_path=$work/biased" \
+    "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+    --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias \
+    --load-balance-loss-weight 1e-4"
 else
   echo "=== deepseek4-tiny-routed-bias: could not make the biased checkpoint"
   failed+=(deepseek4-tiny-routed-bias)
