@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154  # work, tpusim, python, here, placement: set by the sourcing script
 # tests/reference/two_step_reference.sh: two tpusim training steps against the fp64 reference,
 # sourced by run_torch_reference.sh and run_deepseek4_all_reference.sh (after reference_setup.sh,
 # with `placement` and `failed` set):
