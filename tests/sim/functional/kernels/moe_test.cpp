@@ -322,13 +322,15 @@ TEST(KernelMoe, RouterGradCountsTheBiasedChoicesOfEachExpert) {
   const TensorId bias = g.c.tensor("bias", {dim("experts", 4)});
   const TensorId d_bias = g.c.tensor("d_bias", {dim("experts", 4)});
   const TensorId load = g.c.tensor("load", {dim("experts", 4)});
+  const TensorId d_logits_with = g.c.tensor("d_logits_with", g.logit_dims);
+  const TensorId d_bias_with = g.c.tensor("d_bias_with", {dim("experts", 4)});
   OpAttrs attrs;
   attrs.top_k = kTopK;
   attrs.normalize_top_k = true;
   g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing}, attrs);
   g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {g.d_logits, d_bias}, attrs, true);
-  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {g.d_logits, d_bias, load}, attrs,
-         true);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {d_logits_with, d_bias_with, load},
+         attrs, true);
   TensorData logits = TensorData::zeros(g.c.info(g.logits));
   constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
   for (int64_t t = 0; t < 6; ++t) {
