@@ -119,19 +119,13 @@ std::pair<Worst, Worst> compare_steps(const testing::OneStep& split,
 // its update and load-balance loss are tested below); 3 of its 43
 // layers and a 256-token vocabulary instead of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
-  return {"model_name=deepseek4-tiny",
-          "override_model_config=true",
-          "base_num_decoder_layers=3",
-          "compress_ratios=[0,0,0]",
-          "mhc_expansion_rate=1",
-          "first_num_hash_layers=0",
-          "routed_score_func=''",
-          "norm_topk_prob=true",
-          "routed_bias=false",
-          "load_balance_loss_weight=0",
-          "mlp_activations_limit=-1",
-          "sliding_window_size=8",
-          "vocab_size=256"};
+  return {"model_name=deepseek4-tiny", "override_model_config=true",
+          "base_num_decoder_layers=3", "compress_ratios=[0,0,0]",
+          "mhc_expansion_rate=1",      "first_num_hash_layers=0",
+          "routed_score_func=''",      "norm_topk_prob=true",
+          "routed_bias=false",         "load_balance_loss_weight=0",
+          "routed_bias_update_rate=0", "mlp_activations_limit=-1",
+          "sliding_window_size=8",     "vocab_size=256"};
 }
 
 // `model` with each of `overrides` ("key=value") in place of the item that sets the same key, e.g.
@@ -383,18 +377,20 @@ TEST(DecoderBlocksTraining, Deepseek4BiasUpdateShardedMatchesOneDevice) {
   expect_deepseek4_meshes_match(model, "deepseek4_bias_update", write_biased_router_checkpoint);
 }
 
-// The biased router with its update (one device): `rate`'s step from the biased checkpoint.
-testing::OneStep biased_router_step(const std::string& rate, const std::string& accumulation) {
+// The biased router with its update (one device): `rate`'s step from the biased checkpoint, on
+// 4 sequences in `accumulation` microbatches (MaxText: a microbatch is per_device_batch_size x
+// devices sequences).
+testing::OneStep biased_router_step(const std::string& rate, int accumulation) {
   std::vector<std::string> model =
       with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "routed_score_func=sqrtsoftplus",
                                         "routed_bias=true", "load_balance_loss_weight=0.01",
                                         "routed_bias_update_rate=" + rate});
   const std::string checkpoint =
       write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_bias_steps");
-  model.insert(model.end(),
-               {"max_target_length=32", "dataset_type=synthetic", "functional_precision=reference",
-                "compile_topology=v5e-1", "per_device_batch_size=4",
-                "gradient_accumulation_steps=" + accumulation});
+  model.insert(model.end(), {"max_target_length=32", "dataset_type=synthetic",
+                             "functional_precision=reference", "compile_topology=v5e-1",
+                             "per_device_batch_size=" + std::to_string(4 / accumulation),
+                             "gradient_accumulation_steps=" + std::to_string(accumulation)});
   return testing::run_one_step(Config::load("", model), checkpoint);
 }
 
@@ -403,8 +399,8 @@ testing::OneStep biased_router_step(const std::string& rate, const std::string& 
 // bit for bit, and each bias entry differs by -0.001, 0 or +0.001 (to the fp32 rounding of a
 // bias near 0.1, 2e-8), some up and some down.
 TEST(DecoderBlocksTraining, Deepseek4BiasUpdateIsOneRateStepPerExpert) {
-  const testing::OneStep with = biased_router_step("0.001", "1");
-  const testing::OneStep without = biased_router_step("0", "1");
+  const testing::OneStep with = biased_router_step("0.001", 1);
+  const testing::OneStep without = biased_router_step("0", 1);
   EXPECT_EQ(with.loss, without.loss);
   EXPECT_EQ(with.gradients, without.gradients);
   ASSERT_EQ(with.state.size(), without.state.size());
@@ -437,8 +433,8 @@ TEST(DecoderBlocksTraining, Deepseek4BiasUpdateIsOneRateStepPerExpert) {
 // microbatches of 2 sequences give the step of one of 4 (gradients and state within 1e-5, the
 // microbatches' gradients averaged in another order; the biases' update steps identical).
 TEST(DecoderBlocksTraining, Deepseek4BiasUpdateWithGradientAccumulationMatchesOneMicrobatch) {
-  const testing::OneStep accumulated = biased_router_step("0.001", "2");
-  const testing::OneStep whole = biased_router_step("0.001", "1");
+  const testing::OneStep accumulated = biased_router_step("0.001", 2);
+  const testing::OneStep whole = biased_router_step("0.001", 1);
   const auto [gradients, state] = compare_steps(accumulated, whole);
   std::cout << "  rel-L2 gradients " << gradients.error << " (" << gradients.name << ") state "
             << state.error << " (" << state.name << ")\n";
@@ -446,7 +442,7 @@ TEST(DecoderBlocksTraining, Deepseek4BiasUpdateWithGradientAccumulationMatchesOn
   EXPECT_LE(gradients.error, kTolerance);
   EXPECT_LE(state.error, kTolerance);
   // Each bias's update step, apart from AdamW's (equal within rounding in both runs): the same.
-  const testing::OneStep plain = biased_router_step("0", "1");
+  const testing::OneStep plain = biased_router_step("0", 1);
   for (const auto& [name, values] : whole.state) {
     if (name.find("/moe/gate_bias#") == std::string::npos) {
       continue;
