@@ -37,12 +37,12 @@ constexpr const char* kGatedDeltaNetRefusal =
 // The MaxText keys the deepseek4 builder reads that are not modeled for other families: the mHC
 // streams and the CSA indexer's shape and top-k, the compressed layers' RoPE wavelength
 // (model/builder/hyper_connections.cpp, compressed_attention.cpp; not in tpusim's base.yml), and
-// the load-balance loss, built for deepseek4's routers alone.
-constexpr std::array<std::string_view, 7> kDeepseek4MaxTextKeys = {
-    "mhc_expansion_rate",      "indexer_n_heads",
-    "indexer_head_dim",        "indexer_topk",
-    "sinkhorn_iterations",     "compressed_rope_max_timescale",
-    "load_balance_loss_weight"};
+// the load-balance loss and the router bias's update, built for deepseek4's routers alone.
+constexpr std::array<std::string_view, 8> kDeepseek4MaxTextKeys = {
+    "mhc_expansion_rate",       "indexer_n_heads",
+    "indexer_head_dim",         "indexer_topk",
+    "sinkhorn_iterations",      "compressed_rope_max_timescale",
+    "load_balance_loss_weight", "routed_bias_update_rate"};
 
 // The keys train_keys.tsv refuses for every family that train checks itself for deepseek4 (the
 // compressed attention's shape, built at ratio 0; the rest refused by key when turned on) and

@@ -5,7 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/builder/build_options.h"
 #include "model/config.h"
+#include "model/decoder_family.h"
 
 namespace tpusim {
 namespace {
@@ -77,13 +79,22 @@ OptimizerDTypes optimizer_dtypes_from_config(const Config& config) {
   return {gradient, moment};
 }
 
+// MaxText's auxiliary-loss-free balancing (routed_bias_update_rate > 0, train.py after the
+// optimizer step; docs/reference/deepseek4.md section 6): built for deepseek4's biased routers,
+// like its load-balance loss (the other families' routers keep their program).
+bool bias_balance_from_config(const Config& config) {
+  const DecoderBlock block = parse_decoder_block(config.get_string("decoder_block"));
+  return routed_bias_update_rate_from_config(config) > 0 && block == DecoderBlock::kDeepseek4;
+}
+
 class BackwardBuilder {
  public:
   BackwardBuilder(const Config& config, ForwardGraph forward)
       : forward_(std::move(forward)),
         graph_(forward_.graph),
         policy_(RematPolicy::from_config(config)),
-        dtypes_(optimizer_dtypes_from_config(config)) {}
+        dtypes_(optimizer_dtypes_from_config(config)),
+        balance_biases_(bias_balance_from_config(config)) {}
 
   TrainingStep build() {
     TrainingStep step;
@@ -368,9 +379,10 @@ class BackwardBuilder {
   // and bias) and the router's (its logits and, with routed_bias, its bias, which only picks the
   // experts: the op reads it to pick the same ones and sums its gradient over the tokens).
   // `extra` (>= 0): one more input the VJP reads without giving it a gradient (a router's
-  // per-sequence choice counts, for its load-balance loss).
+  // per-sequence choice counts, for its load-balance loss); `extra_output` (>= 0): one more output
+  // it writes (a biased router's choices per expert, for the bias's update after the optimizer).
   void emit_with_input_grads(OpKind kind, const Op& op, TensorId dy, int region,
-                             TensorId extra = -1) {
+                             TensorId extra = -1, TensorId extra_output = -1) {
     std::vector<TensorId> inputs = {dy};
     std::vector<TensorId> outputs;
     for (const TensorId input : op.inputs) {
@@ -379,6 +391,9 @@ class BackwardBuilder {
     }
     if (extra >= 0) {
       inputs.push_back(available(extra, region));
+    }
+    if (extra_output >= 0) {
+      outputs.push_back(extra_output);
     }
     graph_.add_op(kind, op.name + "/grad", inputs, outputs, op.attrs, region);
     for (size_t index = 0; index < op.inputs.size(); ++index) {
@@ -400,6 +415,22 @@ class BackwardBuilder {
       }
     }
     throw std::logic_error("router '" + router.name + "' has no load-balance counts");
+  }
+
+  // With MaxText's routed_bias_update_rate (balance_biases_), a biased router's VJP also counts
+  // the choices of each expert over the tokens it routes: load [experts], completed over the
+  // devices that split them like the bias's gradient (sharding/partitioner.cpp), summed over the
+  // microbatches (sim/functional/executor.cpp) and read by the bias's optimizer update, which adds
+  // rate x sign(mean load - load) after AdamW. -1 for a router without a bias or without the rate.
+  TensorId bias_load(const Op& router, int region) {
+    if (!balance_biases_ || router.inputs.size() < 2) {
+      return -1;
+    }
+    const Tensor& bias = graph_.tensor(router.inputs[1]);
+    const TensorId load = graph_.add_tensor(bias.name + "/load", bias.dims, DType::kF32,
+                                            TensorKind::kActivation, region);
+    bias_loads_.set(router.inputs[1], load);
+    return load;
   }
 
   // The attention's gradient op reads dy, every input and the output, and gives every input
@@ -484,7 +515,8 @@ class BackwardBuilder {
         return;
       }
       case OpKind::kMoeRouter:
-        emit_with_input_grads(OpKind::kRouterGrad, op, dy, region, load_balance_counts(op));
+        emit_with_input_grads(OpKind::kRouterGrad, op, dy, region, load_balance_counts(op),
+                              bias_load(op, region));
         return;
       case OpKind::kReduceSum: {
         // A forward sum over dims (mHC's streams): every summed element gets dy, broadcast back.
@@ -604,6 +636,11 @@ class BackwardBuilder {
         inputs.push_back(graph_.add_tensor(parameter.name + moment, parameter.dims, dtypes_.moment,
                                            TensorKind::kOptimizerState, parameter.region));
       }
+      // A router bias with routed_bias_update_rate: its step's expert loads, for the update
+      // after AdamW (sim/functional/kernels/optimizer.cpp).
+      if (const TensorId load = bias_loads_.find(parameter.id); load >= 0) {
+        inputs.push_back(load);
+      }
       for (const TensorId state : {parameter.id, inputs[2], inputs[3]}) {
         const Tensor& tensor = graph_.tensor(state);
         outputs.push_back(graph_.add_tensor(tensor.name + "/new", tensor.dims, tensor.dtype,
@@ -617,9 +654,11 @@ class BackwardBuilder {
   Graph& graph_;
   RematPolicy policy_;
   OptimizerDTypes dtypes_;
-  TensorMap grads_;            // activation -> its gradient
-  TensorMap parameter_grads_;  // parameter -> its gradient
-  TensorMap materialized_;     // forward tensor -> readable in this region
+  bool balance_biases_ = false;  // bias_balance_from_config
+  TensorMap grads_;              // activation -> its gradient
+  TensorMap parameter_grads_;    // parameter -> its gradient
+  TensorMap bias_loads_;         // router bias -> its expert loads (bias_load)
+  TensorMap materialized_;       // forward tensor -> readable in this region
   std::map<TensorId, RematDecision> saved_;
 };
 

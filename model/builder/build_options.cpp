@@ -1,9 +1,34 @@
 #include "model/builder/build_options.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "common/error.h"
 #include "model/config.h"
 #include "model/decoder_family.h"
 
 namespace tpusim {
+
+double routed_bias_update_rate_from_config(const Config& config) {
+  const std::string key = "routed_bias_update_rate";
+  double rate = 0;
+  for (const Config::PassthroughKey& entry : config.passthrough_keys()) {
+    if (entry.key != key || entry.is_maxtext_default) {
+      continue;
+    }
+    const std::string& text = entry.value;
+    char* end = nullptr;
+    rate = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size()) {
+      throw UserError(key + ": '" + text + "' is not a number", key);
+    }
+    if (!std::isfinite(rate) || rate < 0) {
+      throw UserError(key + ": " + text + " must be a finite number >= 0 (0: no update)", key);
+    }
+  }
+  return rate;
+}
 
 BuildOptions BuildOptions::from_config(const Config& config) {
   BuildOptions options;
@@ -39,6 +64,7 @@ BuildOptions BuildOptions::from_config(const Config& config) {
   options.sqrt_softplus_router_scores = config.get_string("routed_score_func") == "sqrtsoftplus";
   options.routed_bias = config.get_bool("routed_bias");
   options.load_balance_loss_weight = config.get_float("load_balance_loss_weight");
+  options.routed_bias_update_rate = routed_bias_update_rate_from_config(config);
   options.capacity_factor = config.get_float("capacity_factor");
   options.sparse_matmul = config.get_bool("sparse_matmul");
   options.ragged_buffer_factor = config.get_float("ragged_buffer_factor");

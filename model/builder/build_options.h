@@ -58,6 +58,11 @@ struct BuildOptions {
   // loss (moe.py load_balance_loss) to the step's loss; built for deepseek4
   // (feed_forward_block.cpp).
   double load_balance_loss_weight = 0;
+  // MaxText's routed_bias_update_rate r (0: none; a MaxText key outside tpusim's base.yml): after
+  // the optimizer step each routed layer's bias moves by r x sign(T k / E - the expert's choices
+  // over the step's T tokens), built for deepseek4's biased routers (the router's VJP counts the
+  // choices, the bias's AdamW update adds the step: model/autodiff/training_step.cpp).
+  double routed_bias_update_rate = 0;
   double capacity_factor = 0;
   bool sparse_matmul = false;
   double ragged_buffer_factor = 0;
@@ -67,5 +72,9 @@ struct BuildOptions {
 
   static BuildOptions from_config(const Config& config);
 };
+
+// routed_bias_update_rate as the config sets it (MaxText's default 0 when unset); UserError naming
+// the key when it is not a number or is negative.
+double routed_bias_update_rate_from_config(const Config& config);
 
 }  // namespace tpusim

@@ -132,6 +132,7 @@ TensorId ForwardBuilder::build_moe(int region, TensorId x, bool hash_routing) {
     // weight them.
     router_inputs.push_back(
         parameter_tensor("moe/gate_bias", {Dim{"experts", experts, ""}}, region, constant_init(0)));
+    check_bias_update_without_pipeline();
   }
   graph().add_op(OpKind::kMoeRouter, hash_routing ? "moe/hash_router" : "moe/router_top_k",
                  router_inputs, router_outputs, router_attrs, region);
@@ -220,6 +221,23 @@ double ForwardBuilder::load_balance_scale() const {
   const auto length = static_cast<double>(length_);
   return weight * static_cast<double>(dims_.num_experts) /
          (sequences * length * length * static_cast<double>(routed_layers));
+}
+
+// MaxText's routed_bias_update_rate (deepseek4's biased routers): the router's VJP counts each
+// layer's choices for the bias's update after AdamW (model/autodiff/training_step.cpp). A
+// pipeline's layer region runs its microbatches' iterations interleaved: those per-layer counts
+// would need their own bookkeeping there, not built.
+void ForwardBuilder::check_bias_update_without_pipeline() const {
+  const double rate = options_.routed_bias_update_rate;
+  if (rate <= 0 || dims_.family().block != DecoderBlock::kDeepseek4 || !pipeline_.active()) {
+    return;
+  }
+  std::ostringstream value;
+  value << rate;
+  throw UserError("routed_bias_update_rate: " + value.str() +
+                      " is not built with pipeline parallelism (the router bias's update of " +
+                      std::string(dims_.family().name) + "'s MoE layers)",
+                  "routed_bias_update_rate");
 }
 
 // balance_probabilities = c x softmax(score + bias) and choices (one-hot) [batch, length,

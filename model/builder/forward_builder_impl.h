@@ -188,6 +188,8 @@ class ForwardBuilder {
   // MaxText's load-balance loss of a routed MoE layer: OpAttrs::load_balance_scale of its
   // router (0 when the model has none), and the ops after the router's two extra outputs.
   double load_balance_scale() const;
+  // UserError naming routed_bias_update_rate when a deepseek4 bias update meets a pipeline.
+  void check_bias_update_without_pipeline() const;
   void build_load_balance_loss(int region, TensorId balance_probabilities, TensorId choices);
 
   const Config& config_;

@@ -61,6 +61,9 @@ struct DeviceContext {
     double eps_root = 0;
     double weight_decay = 0.1;
     double gradient_scale = 1;  // global-norm clipping factor applied to gradients first
+    // MaxText's routed_bias_update_rate: the step a router bias moves after AdamW, toward its
+    // balanced load (the kAdamUpdate ops that read the bias's expert loads).
+    double bias_update_rate = 0;
   } optimizer;
 
   // Global index of local position 0 of `dim` on this device (0 when the dim is not split).

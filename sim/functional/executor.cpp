@@ -90,6 +90,9 @@ Executor::Executor(const StepProgram& program, DeviceContext device, Communicato
     final_grads_.push_back(grad);
     grad_of_parameter_[parameter] = grad;
   }
+  for (const TensorId load : router_bias_loads(graph_)) {
+    bias_loads_.insert(load);
+  }
   // The loss: the cross-entropy's output, or its all-reduce over the devices sharing the batch.
   loss_ = program.program.local_of_global[static_cast<size_t>(program.step->forward_info.loss)];
   for (const Op& op : graph_.ops()) {
@@ -411,7 +414,9 @@ void Executor::run_op(const Op& op, int microbatch) {
 }
 
 void Executor::accumulate_final_gradients(int region) {
-  for (const TensorId grad : final_grads_) {
+  std::vector<TensorId> summed = final_grads_;
+  summed.insert(summed.end(), bias_loads_.begin(), bias_loads_.end());
+  for (const TensorId grad : summed) {
     if (graph_.tensor(grad).region != region) {
       continue;
     }
@@ -585,6 +590,10 @@ StepResult Executor::compute_gradients() {
   double squares = 0;
   for (auto& [slot, sum] : accumulated_) {
     TensorData& grad = values_.at(slot);
+    if (bias_loads_.contains(slot.first)) {
+      grad.values = sum.values;  // a router bias's loads: the step's choices, summed
+      continue;
+    }
     const bool owner = owns_global_element(graph_.tensor(slot.first));
     for (size_t index = 0; index < sum.values.size(); ++index) {
       grad.values[index] = static_cast<float>(sum.values[index] / microbatches);

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -155,6 +156,7 @@ class Executor {
   std::vector<bool> per_layer_;                    // stored once per layer of a scanned region
   std::vector<std::vector<TensorId>> dead_after_;  // by op id: values never read again
   std::vector<TensorId> final_grads_;              // local gradients of the parameters
+  std::set<TensorId> bias_loads_;  // router biases' expert loads (summed over microbatches)
   std::map<TensorId, TensorId> grad_of_parameter_;
   std::map<Key, TensorData> values_;
   // Buffers of released values by element count, reused by later allocations of that size.

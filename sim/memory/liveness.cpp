@@ -105,10 +105,24 @@ std::vector<std::pair<TensorId, TensorId>> local_parameter_grads(const StepProgr
   return pairs;
 }
 
+std::vector<TensorId> router_bias_loads(const Graph& graph) {
+  constexpr size_t kLoadInput = 4;
+  std::vector<TensorId> loads;
+  for (const Op& op : graph.ops()) {
+    if (op.kind == OpKind::kAdamUpdate && op.inputs.size() > kLoadInput) {
+      loads.push_back(op.inputs[kLoadInput]);
+    }
+  }
+  return loads;
+}
+
 Liveness program_liveness(const StepProgram& program) {
   std::vector<TensorId> final_gradients;
   for (const auto& [parameter, grad] : local_parameter_grads(program)) {
     final_gradients.push_back(grad);
+  }
+  for (const TensorId load : router_bias_loads(program.program.graph)) {
+    final_gradients.push_back(load);
   }
   return Liveness(program.program.graph, final_gradients);
 }

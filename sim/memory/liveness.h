@@ -92,4 +92,9 @@ std::vector<std::pair<TensorId, TensorId>> local_parameter_grads(const StepProgr
 // The liveness of a step's per-device program (its final gradients from the step).
 Liveness program_liveness(const StepProgram& program);
 
+// The expert loads a router bias's update reads (the fifth input of its kAdamUpdate, with
+// routed_bias_update_rate): like final gradients they live to the update, summed over the
+// microbatches (sim/functional/executor.cpp).
+std::vector<TensorId> router_bias_loads(const Graph& graph);
+
 }  // namespace tpusim

@@ -1,25 +1,10 @@
 #include "sim/train/train_settings.h"
 
-#include <cstdlib>
 #include <string>
 
-#include "common/error.h"
+#include "model/builder/build_options.h"
 
 namespace tpusim {
-
-namespace {
-
-// A passthrough MaxText key's float value as the config wrote it (flow YAML: 0.001, 1e-3).
-double parse_key_float(const std::string& key, const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size()) {
-    throw UserError(key + ": '" + text + "' is not a number", key);
-  }
-  return value;
-}
-
-}  // namespace
 
 FunctionalSettings FunctionalSettings::from_config(const Config& config) {
   FunctionalSettings settings;
@@ -44,11 +29,6 @@ TrainNumerics TrainNumerics::from_config(const Config& config) {
   numerics.num_experts = config.get_int("num_experts");
   numerics.routed_score_func = config.get_string("routed_score_func");
   numerics.routed_bias = config.get_bool("routed_bias");
-  for (const Config::PassthroughKey& entry : config.passthrough_keys()) {
-    if (entry.key == "routed_bias_update_rate" && !entry.is_maxtext_default) {
-      numerics.routed_bias_update_rate = parse_key_float(entry.key, entry.value);
-    }
-  }
   numerics.n_routing_groups = config.get_int("n_routing_groups");
   numerics.load_balance_loss_weight = config.get_float("load_balance_loss_weight");
   numerics.final_logits_soft_cap = config.get_float("final_logits_soft_cap");
@@ -81,6 +61,8 @@ TrainSettings TrainSettings::from_config(const Config& config) {
   settings.adamw.eps = config.get_float("adam_eps");
   settings.adamw.eps_root = config.get_float("adam_eps_root");
   settings.adamw.weight_decay = config.get_float("adam_weight_decay");
+  // Read by the router biases' kAdamUpdate ops, which the program holds for deepseek4 only.
+  settings.adamw.bias_update_rate = routed_bias_update_rate_from_config(config);
   settings.enable_checkpointing = config.get_bool("enable_checkpointing");
   settings.base_output_directory = config.get_string("base_output_directory");
   settings.run_name = config.get_string("run_name");

@@ -43,7 +43,6 @@ struct TrainNumerics {
   int64_t num_experts = 0;
   std::string routed_score_func;
   bool routed_bias = false;
-  double routed_bias_update_rate = 0;  // a MaxText key outside base.yml (0 when unset)
   int64_t n_routing_groups = 0;
   double load_balance_loss_weight = 0;
   double final_logits_soft_cap = 0;

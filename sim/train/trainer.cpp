@@ -191,14 +191,10 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
            "MaxText's " + std::string(dims.family().name) +
                " router does not scale its top-k weights");
   }
-  // routed_bias is built (moe/gate_bias, chosen on score + bias, weighted without it); its
-  // auxiliary-loss-free update after the optimizer step (MaxText train.py with
-  // routed_bias_update_rate > 0: rate x sign(balanced load - the expert's load)) is not.
-  if (numerics.routed_bias && numerics.routed_bias_update_rate != 0) {
-    refuse("routed_bias_update_rate", number_text(numerics.routed_bias_update_rate),
-           "the bias's load-balancing update after the optimizer step is not computed; 0 "
-           "trains the bias as a plain parameter");
-  }
+  // routed_bias is built (moe/gate_bias, chosen on score + bias, weighted without it), and so is
+  // its auxiliary-loss-free update after the optimizer step (MaxText train.py with
+  // routed_bias_update_rate > 0: rate x sign(balanced load - the expert's load), counted over the
+  // whole step; model/autodiff/training_step.cpp).
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -189,6 +190,42 @@ TEST(TrainingStep, EveryParameterHasGradientAndAdamUpdate) {
     }
     EXPECT_EQ(parameters, updates);
   }
+}
+
+// routed_bias_update_rate (the deepseek4 presets' 0.001): each biased router's VJP has a third
+// output, its choices per expert (moe/gate_bias/load, [experts]), which the bias's AdamW update
+// reads as a fifth input; no other update reads one. With the rate 0, or for another family with
+// a router bias (deepseek3), the program has neither.
+TEST(TrainingStep, RouterBiasUpdateReadsTheRoutersLoads) {
+  const auto loads_read = [](const std::vector<std::string>& overrides) {
+    std::vector<std::string> keys = {"per_device_batch_size=2.0", "max_target_length=512",
+                                     "override_model_config=true"};
+    keys.insert(keys.end(), overrides.begin(), overrides.end());
+    const TrainingStep step = build_training_step(Config::load("", keys), 2);
+    std::vector<std::string> read;
+    for (const Op& op : step.graph.ops()) {
+      if (op.kind == OpKind::kRouterGrad && op.outputs.size() == 3) {
+        const Tensor& load = step.graph.tensor(op.outputs[2]);
+        EXPECT_EQ(load.name, "moe/gate_bias/load");
+        EXPECT_EQ(step.graph.tensor(op.inputs[2]).name, "moe/gate_bias");
+      }
+      if (op.kind == OpKind::kAdamUpdate && op.inputs.size() == 5) {
+        EXPECT_EQ(step.graph.tensor(op.inputs[0]).name, "moe/gate_bias");
+        const int producer = step.graph.producer(op.inputs[4]);
+        EXPECT_GE(producer, 0);
+        EXPECT_EQ(step.graph.ops()[static_cast<size_t>(producer)].kind, OpKind::kRouterGrad);
+        read.push_back(step.graph.region(op.region).name);
+      }
+    }
+    return read;
+  };
+  // deepseek4-tiny: its MoE layers that are not hash-routed, in the regions of their kinds.
+  EXPECT_FALSE(loads_read({"model_name=deepseek4-tiny"}).empty());
+  EXPECT_TRUE(loads_read({"model_name=deepseek4-tiny", "routed_bias_update_rate=0"}).empty());
+  EXPECT_TRUE(loads_read({"model_name=deepseek4-tiny", "routed_bias=false"}).empty());
+  EXPECT_TRUE(
+      loads_read({"model_name=deepseek3-tiny", "routed_bias=true", "routed_bias_update_rate=0.001"})
+          .empty());
 }
 
 // Red-team item 13: the backward pass found a rematerialized tensor by recursion, one call deep per

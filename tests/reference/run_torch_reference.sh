@@ -5,13 +5,16 @@
 # the latter also on a deliberately unbalanced router), all in MaxText's conventions (no run-time
 # query scale outside GPT-3 and qk-norm), tiny-qwen3 (qk-norm); then the Hugging Face export and
 # import of tiny-llama, tiny-gpt3 and tiny-qwen3; one step of a circular pipeline (2 stages); and
-# deepseek4-tiny (also with mHC) and qwen3-custom-30b-a3b (tiny) as train computes them.
+# deepseek4-tiny (also with mHC, and two steps with the router bias's update) and
+# qwen3-custom-30b-a3b (tiny) as train computes them.
 # Exits 0 only if every model passes; 77 (ctest: skipped) when python3-torch is not installed
 # (bash scripts/setup.sh --with-reference installs it).
 # Usage: bash tests/reference/run_torch_reference.sh [path/to/tpusim]   (default build/sim/tpusim)
 set -uo pipefail
 
 source "$(dirname "$0")/reference_setup.sh" run_torch_reference "${1:-}" "torch, numpy"
+# shellcheck source=tests/reference/two_step_reference.sh
+source "$here/two_step_reference.sh"
 
 # The reference numerics (double accumulation), which the 1e-5 tolerance against fp64 is for; the
 # default fast kernels are checked against them in tests/sim/functional/fast_kernels_test.cpp.
@@ -130,8 +133,8 @@ check deepseek4-tiny-sqrtsoftplus "model_name=deepseek4-tiny override_model_conf
 # ... and with the preset's routed_bias (MaxText's GateLogit bias: the top-k of score + bias,
 # weighted by the scores alone), from a checkpoint whose biases bias_router.py set to
 # 0.05 x (e % 5 - 2), which changes the experts of about half the tokens (the reference prints
-# how many; a zero bias would check nothing). The bias's update rule (routed_bias_update_rate)
-# stays off: train refuses it.
+# how many; a zero bias would check nothing). The bias's update (routed_bias_update_rate) is off
+# here (one step checks the bias as a parameter) and on in the two-step case below.
 deepseek4_bias="model_name=deepseek4-tiny override_model_config=true \
   base_num_decoder_layers=3 compress_ratios=[0,0,0] mhc_expansion_rate=1 first_num_hash_layers=1 \
   routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=true routed_bias_update_rate=0 \
@@ -146,6 +149,18 @@ if "$tpusim" train $deepseek4_bias "${placement[@]}" "${common[@]}" --dump "$wor
   # layer's loss, from the softmax of score + bias, added to the step's loss (their mean), its
   # gradient reaching the scores and the bias (docs/reference/deepseek4.md section 6).
   check deepseek4-tiny-load-balance "${deepseek4_bias/load_balance_loss_weight=0/load_balance_loss_weight=0.0001} \
+    load_parameters_path=$work/biased" \
+    "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
+    --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias \
+    --load-balance-loss-weight 1e-4"
+  # ... and with the preset's routed_bias_update_rate (0.001: MaxText's train.py adds moe.py's
+  # calculate_load_balance_updates to each router bias after the optimizer step, rate x sign(T k /
+  # E - the expert's choices over the batch)) beside the load-balance loss, over two steps
+  # (two_step_reference.sh: the second routes with the updated biases; resume; the update's sign
+  # flipped must fail).
+  update="${deepseek4_bias/routed_bias_update_rate=0/routed_bias_update_rate=0.001}"
+  check_two_steps deepseek4-tiny-bias-update \
+    "${update/load_balance_loss_weight=0/load_balance_loss_weight=0.0001} \
     load_parameters_path=$work/biased" \
     "--eps 1e-6 --sliding-window 8 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
     --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --routed-bias \

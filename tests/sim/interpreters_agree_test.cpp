@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -265,6 +266,20 @@ TEST(InterpretersAgree, Deepseek4LoadBalanceLoss) {
   // FLOPs not compared there, as in DroplessMoeOnUnbalancedRouting.
   expect_deepseek4_agreement(
       tiny, "deepseek4 balance",
+      {{kFsdpContext, "fsdp=2 x context=2"},
+       {{"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, "fsdp=2 x expert=2", false}});
+}
+
+// deepseek4 with the preset's router bias update (routed_bias_update_rate 0.001) beside the
+// load-balance loss: the router's gradient counts its tokens' choices per expert, all-reduced
+// (E floats per routed layer) over the axes that split the tokens, and the bias's AdamW update
+// reads them: both interpreters count the all-reduces' bytes and the update's FLOPs alike.
+TEST(InterpretersAgree, Deepseek4BiasUpdate) {
+  std::vector<std::string> tiny = deepseek4_clip_hash_tiny("0.0001");
+  std::replace(tiny.begin(), tiny.end(), std::string("routed_bias_update_rate=0"),
+               std::string("routed_bias_update_rate=0.001"));
+  expect_deepseek4_agreement(
+      tiny, "deepseek4 bias update",
       {{kFsdpContext, "fsdp=2 x context=2"},
        {{"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, "fsdp=2 x expert=2", false}});
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/builder/build_options.h"
 #include "sim/functional/tensor_data.h"
 #include "sim/train/checkpoint.h"
 #include "sim/train/dataset.h"
@@ -35,6 +36,8 @@ OneStep run_one_step(const Config& config, const std::string& initial_checkpoint
   optimizer.step = 1;
   const double clip = config.get_float("gradient_clipping_threshold");
   optimizer.gradient_scale = clip > 0 ? clip / std::max(result.grad_norm, clip) : 1.0;
+  // A router bias's update after AdamW (deepseek4 with routed_bias_update_rate), as train sets it.
+  optimizer.bias_update_rate = routed_bias_update_rate_from_config(config);
   model.apply_update(optimizer);
   step.state = model.global_state();
   return step;

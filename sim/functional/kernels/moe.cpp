@@ -34,6 +34,9 @@
 //     or (s / Z)(dw_c - sum_j dw_j q_j / Z) when normalized (Z = sum q); dp_e = dq of e's choice
 //     (0 for the others); dlogits = p * (dp - sum(p dp)). The bias only picks the choices, which
 //     are piecewise constant in it: d_bias = 0 (this device's tokens' part of a sum).
+//   With a third output, load[experts] (a biased router under MaxText's routed_bias_update_rate,
+//     model/autodiff/training_step.cpp): the choices of each expert over the op's tokens (this
+//     device's part of the step's loads, which the optimizer's bias update reads).
 //   With attrs.load_balance_scale c > 0 (MaxText's load-balance loss, moe.py load_balance_loss;
 //     model/ir/op.h): kMoeRouter has two more outputs [token dims, experts], c x softmax(score +
 //     bias) and the token's one-hot choices; kRouterGrad one more input, counts[sequence dims,
@@ -528,8 +531,8 @@ std::vector<double> balance_gradient(const RouterRow& row, const float* counts, 
   return d_z;
 }
 
-// (d_routing, logits[, bias][, counts[sequence dims, experts]]) -> d_logits[, d_bias]; counts
-// (with load_balance_scale > 0): the choices of each expert over each whole sequence.
+// (d_routing, logits[, bias][, counts[sequence dims, experts]]) -> d_logits[, d_bias[, load]];
+// counts (with load_balance_scale > 0): the choices of each expert over each whole sequence.
 void run_router_gradient(const Ctx& ctx) {
   const RouterInputs in = router_inputs(ctx, true);
   const OpAttrs& attrs = ctx.op().attrs;
@@ -540,9 +543,11 @@ void run_router_gradient(const Ctx& ctx) {
   const float* d_routing = ctx.in(0);
   float* d_logits = ctx.out(0);
   std::vector<double> d_bias(static_cast<size_t>(in.experts), 0.0);
-  if (ctx.num_outputs() == 2 &&
-      (in.bias == nullptr || !same_dims(ctx.out_tensor(1), ctx.in_tensor(in.bias_input)))) {
-    ctx.fail("d_bias needs the bias input and its dims");
+  std::vector<double> loads(static_cast<size_t>(in.experts), 0.0);
+  for (size_t output = 1; output < ctx.num_outputs(); ++output) {
+    if (in.bias == nullptr || !same_dims(ctx.out_tensor(output), ctx.in_tensor(in.bias_input))) {
+      ctx.fail("d_bias and the loads need the bias input and its dims");
+    }
   }
   std::vector<int64_t> counts_at;
   int64_t counts_stride = 0;
@@ -570,6 +575,9 @@ void run_router_gradient(const Ctx& ctx) {
     }
     const RouterRow row = route_token(in.logit_values + in.logits_at[token], in.bias, in.experts,
                                       in.stride, in.layout.top_k, attrs);
+    for (const int64_t e : row.chosen) {
+      loads[static_cast<size_t>(e)] += 1.0;
+    }
     std::vector<double> d_scores = weight_score_gradient(
         row, in.layout, in.layout.token_offsets[token], d_routing, attrs.normalize_top_k);
     if (counts != nullptr) {
@@ -588,10 +596,16 @@ void run_router_gradient(const Ctx& ctx) {
   }
   // The bias only picks the choices (piecewise constant) but is in the load-balance softmax:
   // this device's tokens' part of the sum over tokens.
-  if (ctx.num_outputs() == 2) {
+  if (ctx.num_outputs() >= 2) {
     float* d_bias_out = ctx.out(1);
     for (int64_t e = 0; e < in.experts; ++e) {
       d_bias_out[e] = static_cast<float>(d_bias[static_cast<size_t>(e)]);
+    }
+  }
+  if (ctx.num_outputs() == 3) {
+    float* load_out = ctx.out(2);
+    for (int64_t e = 0; e < in.experts; ++e) {
+      load_out[e] = static_cast<float>(loads[static_cast<size_t>(e)]);
     }
   }
 }
@@ -604,7 +618,7 @@ void run_moe_router(const Ctx& ctx) {
 }
 
 void run_router_grad(const Ctx& ctx) {
-  ctx.expect_counts(2, 4, 1, 2);
+  ctx.expect_counts(2, 4, 1, 3);
   // d_routing (input 0 of the logits' gradient) has the routing's "route" dim; d_combined not.
   if (ctx.in_tensor(0).dim_index("route") >= 0) {
     run_router_gradient(ctx);

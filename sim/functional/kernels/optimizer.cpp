@@ -9,25 +9,61 @@
 //   nu' = b2 nu + (1 - b2) g^2; mhat = mu' / (1 - b1^step); nhat = nu' / (1 - b2^step);
 //   param' = param - lr * (mhat / (sqrt(nhat + eps_root) + eps) + weight_decay * param).
 //   Computed in double per element.
+// kAdamUpdate(bias, grad, mu, nu, load[experts]) -> bias', mu', nu': a router bias with MaxText's
+//   routed_bias_update_rate r (device.optimizer.bias_update_rate; train.py adds moe.py's
+//   calculate_load_balance_updates after the optimizer step): load[e] = the step's choices of
+//   expert e over the whole batch, and after AdamW bias'[e] += r sign(sum(load) / E - load[e])
+//   (sum(load) / E = T k / E, the balanced load; sign(0) = 0). Example: loads (3, 1, 2, 2) at
+//   r = 0.001 move the bias by (-0.001, +0.001, 0, 0).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "sim/functional/kernels/context.h"
 #include "sim/functional/kernels/families.h"
 
 namespace tpusim::kernels {
 
+namespace {
+
+// r sign(sum(load) / E - load[e]) per expert: the bias's step toward its balanced load.
+std::vector<double> balance_steps(const Ctx& ctx) {
+  const Tensor& load = ctx.in_tensor(4);
+  if (load.dims.size() != 1 || load.dims[0].size != load.dims[0].whole_size()) {
+    ctx.fail("a router bias's loads must be a whole [experts]");
+  }
+  const auto experts = static_cast<size_t>(load.dims[0].size);
+  const float* counts = ctx.in(4);
+  double total = 0;
+  for (size_t e = 0; e < experts; ++e) {
+    total += counts[e];
+  }
+  const double balanced = total / static_cast<double>(experts);
+  const double rate = ctx.device().optimizer.bias_update_rate;
+  std::vector<double> steps(experts);
+  for (size_t e = 0; e < experts; ++e) {
+    const double gap = balanced - counts[e];
+    steps[e] = gap > 0 ? rate : (gap < 0 ? -rate : 0.0);
+  }
+  return steps;
+}
+
+}  // namespace
+
 void run_adam_update(const Ctx& ctx) {
-  ctx.expect_counts(4, 4, 3, 3);
+  ctx.expect_counts(4, 5, 3, 3);
   const Tensor& param = ctx.in_tensor(0);
   const Space space = space_without(param, {});
-  for (size_t index = 0; index < 4; ++index) {
+  for (size_t index = 0; index < ctx.num_inputs(); ++index) {
     if (!same_dims(ctx.in_tensor(index), param) ||
         (index < 3 && !same_dims(ctx.out_tensor(index), param))) {
       ctx.fail("AdamW tensors must all have the parameter's dims");
     }
   }
+  // A router bias's step toward its balanced load, added after AdamW (empty: none).
+  const std::vector<double> balance =
+      ctx.num_inputs() == 5 ? balance_steps(ctx) : std::vector<double>{};
   const DeviceContext::Optimizer& opt = ctx.device().optimizer;
   const double step = static_cast<double>(opt.step);
   const double correction1 = 1.0 - std::pow(opt.b1, step);
@@ -63,6 +99,9 @@ void run_adam_update(const Ctx& ctx) {
         const float update =
             m * inverse1 / (std::sqrt(v * inverse2 + eps_root) + eps) + decay * p[index];
         p_out[index] = p[index] - rate * update;
+        if (!balance.empty()) {
+          p_out[index] += static_cast<float>(balance[static_cast<size_t>(index)]);
+        }
         mu_out[index] = m;
         nu_out[index] = v;
       }
@@ -79,7 +118,8 @@ void run_adam_update(const Ctx& ctx) {
       const double vhat = v / correction2;
       const double update =
           mhat / (std::sqrt(vhat + opt.eps_root) + opt.eps) + opt.weight_decay * p[index];
-      p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update);
+      const double balance_step = balance.empty() ? 0.0 : balance[static_cast<size_t>(index)];
+      p_out[index] = static_cast<float>(p[index] - opt.learning_rate * update + balance_step);
       mu_out[index] = static_cast<float>(m);
       nu_out[index] = static_cast<float>(v);
     }

@@ -115,23 +115,17 @@ std::pair<Worst, Worst> compare_steps(const testing::OneStep& split,
 // 8 in 32 tokens, with sinks, the unweighted q_up_norm and the output's rotation undone), mHC off
 // (on in Deepseek4HyperConnections* below),
 // no hash layers, no activation clip, the router on raw logits with its top-k weights
-// renormalized as MaxText's deepseek4 router does (the preset's bias update is refused by key;
-// its sqrtsoftplus scores, selection bias and load-balance loss are tested below); 3 of its 43
+// renormalized as MaxText's deepseek4 router does (its sqrtsoftplus scores, selection bias with
+// its update and load-balance loss are tested below); 3 of its 43
 // layers and a 256-token vocabulary instead of its 129280 (the head is not what is tested).
 std::vector<std::string> deepseek4_tiny() {
-  return {"model_name=deepseek4-tiny",
-          "override_model_config=true",
-          "base_num_decoder_layers=3",
-          "compress_ratios=[0,0,0]",
-          "mhc_expansion_rate=1",
-          "first_num_hash_layers=0",
-          "routed_score_func=''",
-          "norm_topk_prob=true",
-          "routed_bias=false",
-          "load_balance_loss_weight=0",
-          "mlp_activations_limit=-1",
-          "sliding_window_size=8",
-          "vocab_size=256"};
+  return {"model_name=deepseek4-tiny", "override_model_config=true",
+          "base_num_decoder_layers=3", "compress_ratios=[0,0,0]",
+          "mhc_expansion_rate=1",      "first_num_hash_layers=0",
+          "routed_score_func=''",      "norm_topk_prob=true",
+          "routed_bias=false",         "load_balance_loss_weight=0",
+          "routed_bias_update_rate=0", "mlp_activations_limit=-1",
+          "sliding_window_size=8",     "vocab_size=256"};
 }
 
 // `model` with each of `overrides` ("key=value") in place of the item that sets the same key, e.g.
@@ -368,6 +362,97 @@ TEST(DecoderBlocksTraining, Deepseek4LoadBalanceLossShardedMatchesOneDevice) {
                                         "routed_score_func=sqrtsoftplus", "routed_bias=true",
                                         "load_balance_loss_weight=0.01"});
   expect_deepseek4_meshes_match(model, "deepseek4_balance_loss", write_biased_router_checkpoint);
+}
+
+// The biased router with the load-balance loss above and the preset's routed_bias_update_rate
+// (0.001: after AdamW each bias moves by 0.001 x sign(T k / E - the expert's choices over the
+// step), a step of 1-2% of the biases here): the router's VJP counts each device's choices, which
+// end in an all-reduce over the axes that split the tokens, so every mesh moves the biases as one
+// device does.
+TEST(DecoderBlocksTraining, Deepseek4BiasUpdateShardedMatchesOneDevice) {
+  const std::vector<std::string> model = with_overrides(
+      deepseek4_tiny(),
+      {"first_num_hash_layers=1", "mlp_activations_limit=0.3", "routed_score_func=sqrtsoftplus",
+       "routed_bias=true", "load_balance_loss_weight=0.01", "routed_bias_update_rate=0.001"});
+  expect_deepseek4_meshes_match(model, "deepseek4_bias_update", write_biased_router_checkpoint);
+}
+
+// The biased router with its update (one device): `rate`'s step from the biased checkpoint, on
+// 4 sequences in `accumulation` microbatches (MaxText: a microbatch is per_device_batch_size x
+// devices sequences).
+testing::OneStep biased_router_step(const std::string& rate, int accumulation) {
+  std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"first_num_hash_layers=1", "routed_score_func=sqrtsoftplus",
+                                        "routed_bias=true", "load_balance_loss_weight=0.01",
+                                        "routed_bias_update_rate=" + rate});
+  const std::string checkpoint =
+      write_biased_router_checkpoint(model, ::testing::TempDir() + "deepseek4_bias_steps");
+  model.insert(model.end(), {"max_target_length=32", "dataset_type=synthetic",
+                             "functional_precision=reference", "compile_topology=v5e-1",
+                             "per_device_batch_size=" + std::to_string(4 / accumulation),
+                             "gradient_accumulation_steps=" + std::to_string(accumulation)});
+  return testing::run_one_step(Config::load("", model), checkpoint);
+}
+
+// MaxText's update adds exactly rate x sign(...) to each bias after AdamW and changes nothing
+// else: against the same step with rate 0 every gradient and every other state tensor is the same
+// bit for bit, and each bias entry differs by -0.001, 0 or +0.001 (to the fp32 rounding of a
+// bias near 0.1, 2e-8), some up and some down.
+TEST(DecoderBlocksTraining, Deepseek4BiasUpdateIsOneRateStepPerExpert) {
+  const testing::OneStep with = biased_router_step("0.001", 1);
+  const testing::OneStep without = biased_router_step("0", 1);
+  EXPECT_EQ(with.loss, without.loss);
+  EXPECT_EQ(with.gradients, without.gradients);
+  ASSERT_EQ(with.state.size(), without.state.size());
+  int up = 0;
+  int down = 0;
+  int biases = 0;
+  for (const auto& [name, values] : with.state) {
+    const std::vector<float>& other = without.state.at(name);
+    if (name.find("/moe/gate_bias#") == std::string::npos) {
+      EXPECT_EQ(values, other) << name;
+      continue;
+    }
+    ++biases;
+    for (size_t e = 0; e < values.size(); ++e) {
+      const double step = static_cast<double>(values[e]) - other[e];
+      const double nearest = 0.001 * std::round(step / 0.001);
+      EXPECT_NEAR(step, nearest, 2e-8) << name << " expert " << e;
+      EXPECT_LE(std::abs(nearest), 0.001 + 1e-12) << name << " expert " << e;
+      up += nearest > 0 ? 1 : 0;
+      down += nearest < 0 ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(biases, 2);  // the two routed layers (the first is hash-routed: no bias)
+  EXPECT_GT(up, 0);
+  EXPECT_GT(down, 0);
+}
+
+// Gradient accumulation counts the choices of every microbatch before the one update (tpusim's
+// global reading: the sign of the step's summed loads, not a sum of per-microbatch signs): two
+// microbatches of 2 sequences give the step of one of 4 (gradients and state within 1e-5, the
+// microbatches' gradients averaged in another order; the biases' update steps identical).
+TEST(DecoderBlocksTraining, Deepseek4BiasUpdateWithGradientAccumulationMatchesOneMicrobatch) {
+  const testing::OneStep accumulated = biased_router_step("0.001", 2);
+  const testing::OneStep whole = biased_router_step("0.001", 1);
+  const auto [gradients, state] = compare_steps(accumulated, whole);
+  std::cout << "  rel-L2 gradients " << gradients.error << " (" << gradients.name << ") state "
+            << state.error << " (" << state.name << ")\n";
+  EXPECT_LE(std::abs(accumulated.loss - whole.loss) / std::abs(whole.loss), kTolerance);
+  EXPECT_LE(gradients.error, kTolerance);
+  EXPECT_LE(state.error, kTolerance);
+  // Each bias's update step, apart from AdamW's (equal within rounding in both runs): the same.
+  const testing::OneStep plain = biased_router_step("0", 1);
+  for (const auto& [name, values] : whole.state) {
+    if (name.find("/moe/gate_bias#") == std::string::npos) {
+      continue;
+    }
+    for (size_t e = 0; e < values.size(); ++e) {
+      const double base = plain.state.at(name)[e];
+      EXPECT_NEAR(accumulated.state.at(name)[e] - base, values[e] - base, 1e-7)
+          << name << " expert " << e;
+    }
+  }
 }
 
 TEST(DecoderBlocksTraining, Qwen3CustomShardedMatchesOneDevice) {

@@ -312,6 +312,45 @@ TEST(KernelMoe, RouterBiasGradientMatchesFiniteDifferences) {
   EXPECT_EQ(grads[1].values, std::vector<float>(4, 0.0f));
 }
 
+// With routed_bias_update_rate the biased router's VJP has a third output, the choices of each
+// expert over its tokens (the loads the bias's update reads). The logits and bias of
+// RouterBiasPicksTheExpertsButDoesNotWeightThem make all 6 tokens pick experts 0 and 2 (without the
+// bias: 0 and 1), so the loads are (6, 0, 6, 0), and its other outputs are those without it.
+TEST(KernelMoe, RouterGradCountsTheBiasedChoicesOfEachExpert) {
+  std::mt19937 rng(25);
+  RouterGraph g;
+  const TensorId bias = g.c.tensor("bias", {dim("experts", 4)});
+  const TensorId d_bias = g.c.tensor("d_bias", {dim("experts", 4)});
+  const TensorId load = g.c.tensor("load", {dim("experts", 4)});
+  const TensorId d_logits_with = g.c.tensor("d_logits_with", g.logit_dims);
+  const TensorId d_bias_with = g.c.tensor("d_bias_with", {dim("experts", 4)});
+  OpAttrs attrs;
+  attrs.top_k = kTopK;
+  attrs.normalize_top_k = true;
+  g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing}, attrs);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {g.d_logits, d_bias}, attrs, true);
+  g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {d_logits_with, d_bias_with, load},
+         attrs, true);
+  TensorData logits = TensorData::zeros(g.c.info(g.logits));
+  constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
+  for (int64_t t = 0; t < 6; ++t) {
+    for (int64_t e = 0; e < 4; ++e) {
+      logits.values[static_cast<size_t>(t * 4 + e)] =
+          kLogits[static_cast<size_t>(e)] + 0.1f * static_cast<float>(t);
+    }
+  }
+  TensorData bias_values = TensorData::zeros(g.c.info(bias));
+  bias_values.values = {0.0f, -1.0f, 0.6f, 0.0f};
+  const std::vector<TensorData> weights = random_weights(g.c.graph, g.c.graph.ops()[0], rng);
+  const std::vector<TensorData> without =
+      run(g.c.graph, g.c.graph.ops()[1], {weights[0], logits, bias_values});
+  const std::vector<TensorData> with =
+      run(g.c.graph, g.c.graph.ops()[2], {weights[0], logits, bias_values});
+  EXPECT_EQ(with[2].values, (std::vector<float>{6, 0, 6, 0}));
+  EXPECT_EQ(with[0].values, without[0].values);
+  EXPECT_EQ(with[1].values, without[1].values);
+}
+
 // MaxText's load-balance loss (OpAttrs::load_balance_scale c): the router's extra outputs are
 // c x softmax(score + bias) and the one-hot choices. Worked by hand: one sequence of 2 tokens,
 // 2 experts, top 1, logits (ln 3, 0) and (0, ln 3): softmax (3/4, 1/4) and (1/4, 3/4), choices

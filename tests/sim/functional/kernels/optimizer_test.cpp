@@ -65,5 +65,41 @@ TEST(KernelAdam, OneStepMatchesFormula) {
   expect_close(result[2], nu, 1e-6);
 }
 
+// A router bias with MaxText's routed_bias_update_rate r: after AdamW, bias[e] += r sign(sum(load)
+// / E - load[e]). Worked by hand: loads (3, 1, 2, 2) over 4 experts balance at 8 / 4 = 2, so at
+// r = 0.001 the bias moves by (-0.001, +0.001, 0, 0) beyond its AdamW step; from zero gradients
+// and moments that step is the weight decay alone, param (1 - lr weight_decay).
+TEST(KernelAdam, RouterBiasMovesTowardItsBalancedLoadAfterTheStep) {
+  for (const bool fast : {false, true}) {
+    SCOPED_TRACE(fast ? "fast" : "reference");
+    Case c;
+    const std::vector<Dim> dims = {dim("experts", 4)};
+    std::vector<TensorId> in;
+    std::vector<TensorId> out;
+    for (const char* name : {"bias", "grad", "mu", "nu", "load"}) {
+      in.push_back(c.tensor(name, dims));
+    }
+    for (const char* name : {"bias'", "mu'", "nu'"}) {
+      out.push_back(c.tensor(name, dims));
+    }
+    const Op& op = c.op(OpKind::kAdamUpdate, in, out);
+    std::vector<TensorData> values;
+    for (const TensorId id : in) {
+      values.push_back(TensorData::zeros(c.info(id)));
+    }
+    values[0].values = {0.5f, -0.25f, 0.125f, 0.0f};
+    values[4].values = {3.0f, 1.0f, 2.0f, 2.0f};
+    DeviceContext device;
+    device.fast_kernels = fast;
+    device.optimizer.learning_rate = 0.01;
+    device.optimizer.weight_decay = 0.1;
+    device.optimizer.bias_update_rate = 0.001;
+    const std::vector<TensorData> result = run(c.graph, op, values, device);
+    const double decay = 1 - 0.01 * 0.1;
+    expect_close(result[0], {0.5 * decay - 0.001, -0.25 * decay + 0.001, 0.125 * decay, 0.0}, 1e-7);
+    EXPECT_EQ(result[1].values, std::vector<float>(4, 0.0f));
+  }
+}
+
 }  // namespace
 }  // namespace tpusim::kernel_test
