@@ -659,7 +659,8 @@ TEST(AttentionSubblockPipelining, SubBlocksHideTheSoftmax) {
                    serial);
 }
 
-// gpt-oss-120b as published (I-11 of validation/published.csv) ran on real TPUs: the logits'
+// gpt-oss-120b as the Ironwood README abbreviates its run (I-11 of validation/published.csv held
+// these args until it took the recipe's, which offloads activations) ran on real TPUs: the logits'
 // gradient written over the saved logits keeps it in HBM; without that reuse it does not fit.
 TEST(InPlaceBuffers, PublishedGptOssRunFits) {
   const std::vector<std::string> run = {"model_name=gpt-oss-120b", "compile_topology=tpu7x-512",
