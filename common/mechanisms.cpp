@@ -98,6 +98,11 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "tokamax's gmm_v2 kernel triple-buffers each expert's weight block, so the next expert's "
      "weights start streaming only two grid steps ahead: an expert with more row tiles than that "
      "waits for them behind its own compute (the MXU side is at least that chain)"},
+    {"expert_bias_scatter_gradients",
+     "with mlp_bias a dropless MoE gathers each routed row's expert biases (MaxText moe.py "
+     "transform_bias); the backward of each gather is a scatter-add of the routed gradient rows "
+     "into the [experts, width] bias, at the routing scatter-add's rate "
+     "(routing_scatter_gradients)"},
 }};
 
 }  // namespace

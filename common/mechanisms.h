@@ -49,6 +49,7 @@ enum class Mechanism {
   kNarrowDenseMoeExchange,       // quantized dense-MoE dispatch/combine einsums at the narrow rate
   kGmmV2GridSteps,               // tokamax gmm_v2 pays a fixed cost per step of its pipeline grid
   kGmmV2WeightPrefetch,          // gmm_v2 fetches an expert's weights two grid steps ahead only
+  kExpertBiasScatterGradients,   // mlp_bias: each routed expert bias's gradient is a scatter-add
   kCount,
 };
 

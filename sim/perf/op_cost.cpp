@@ -521,6 +521,21 @@ double dense_moe_exchange_quantize_seconds(const Graph& graph, const Op& op,
   return bytes / hbm_bytes_per_second(*context.chip) / context.program_efficiency;
 }
 
+// The gradient of a routed expert's bias (MaxText's mlp_bias on the dropless path: moe.py
+// transform_bias gathers bias[expert] for every routed row, and the bias joins the expert matmul's
+// output) is JAX's transpose of that gather: a scatter-add of the matmul's routed output-gradient
+// rows into the [experts, width] bias. Each expert matmul's weight gradient (x^T dY over the
+// routed rows) reads exactly that dY, so its bias gradient is charged beside it: the routed rows
+// at the routing scatter-add's rate (kRoutingScatterSlowdown over routed_row_hbm_fraction of the
+// roofline, docs/reference/hardware.md §5.18), as HBM bytes at the roofline. The forward's bias
+// gathers read a table of `experts` rows and fuse into the add after the kernel: not charged.
+double expert_bias_scatter_bytes(const Tensor& lhs, const Tensor& rhs, double routed,
+                                 const ChipSpec& chip) {
+  const Tensor& gradient = lhs.kind == TensorKind::kGradient ? lhs : rhs;
+  const double rows = static_cast<double>(gradient.bytes()) * routed;
+  return rows * kRoutingScatterSlowdown / chip.routed_row_hbm_fraction;
+}
+
 // A pass over `bytes` of HBM that runs before the op and overlaps nothing (a cast, a scale read,
 // a noise tensor): its time adds to the op's and to its HBM time.
 void add_serial_hbm_pass(OpCost& cost, double bytes, const CostContext& context) {
@@ -631,6 +646,11 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
       context.mechanisms.enabled(Mechanism::kAqtStochasticRounding)) {
     add_serial_hbm_pass(
         result, stochastic_rounding_noise_bytes(lhs, rhs, loops * m * k, loops * k * n), context);
+  }
+  if (context.routed_expert_biases && shape.expert_tokens_in == 'k' &&
+      pass == MatmulPass::kWeightGrad &&
+      context.mechanisms.enabled(Mechanism::kExpertBiasScatterGradients)) {
+    add_serial_hbm_pass(result, expert_bias_scatter_bytes(lhs, rhs, routed, chip), context);
   }
   return result;
 }

@@ -116,6 +116,10 @@ struct CostContext {
   // MaxText's use_custom_sort_vjp: the backward of the routing gathers applies the inverse
   // permutation (a gather) rather than XLA's scatter-add transpose of a gather.
   bool custom_sort_vjp = true;
+  // MaxText's mlp_bias on the dropless path (sparse_matmul): each routed row adds its expert's
+  // wi_0, wi_1 and wo biases, gathered by expert id (moe.py transform_bias), so the backward
+  // scatter-adds every routed gradient row of the expert matmuls into its expert's bias.
+  bool routed_expert_biases = false;
   // MaxText's unquantized tokamax path (use_tokamax_gmm, no quantization, use_gmm_v2=false) calls
   // tokamax.ragged_dot without a tiling: tokamax's own tiles (sim/perf/tokamax_gmm_tiling.h), not
   // megablox_tiles, under the tokamax_gmm_tiles mechanism.

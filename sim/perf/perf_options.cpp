@@ -69,6 +69,8 @@ PerfOptions perf_options_from_config(const Config& config, const ChipSpec& chip)
   options.cost.megablox = config.get_bool("sparse_matmul") &&
                           (config.get_bool("megablox") || config.get_bool("use_tokamax_gmm"));
   options.cost.custom_sort_vjp = config.get_bool("use_custom_sort_vjp");
+  options.cost.routed_expert_biases =
+      config.get_bool("mlp_bias") && config.get_bool("sparse_matmul");
   options.cost.gmm_v2 = options.cost.megablox && config.get_bool("use_gmm_v2");
   // MaxText (moe.py gmm) sends unquantized tokamax calls to tokamax.ragged_dot with no tiling;
   // quantized ones, and use_gmm_v2, go through its megablox wrapper with the tile keys.

@@ -659,7 +659,8 @@ TEST(AttentionSubblockPipelining, SubBlocksHideTheSoftmax) {
                    serial);
 }
 
-// gpt-oss-120b as published (I-11 of validation/published.csv) ran on real TPUs: the logits'
+// gpt-oss-120b as the Ironwood README abbreviates its run (I-11 of validation/published.csv held
+// these args until it took the recipe's, which offloads activations) ran on real TPUs: the logits'
 // gradient written over the saved logits keeps it in HBM; without that reuse it does not fit.
 TEST(InPlaceBuffers, PublishedGptOssRunFits) {
   const std::vector<std::string> run = {"model_name=gpt-oss-120b", "compile_topology=tpu7x-512",
@@ -876,6 +877,81 @@ TEST(RoutingScatterGradients, GradientsOfTheRoutingGathersScatterAdd) {
             cost_compute_op(graph, recomputed, with_vjp, false).seconds);
   context.mechanisms = MechanismSet::without({"routing_scatter_gradients"});
   EXPECT_EQ(cost_compute_op(graph, gradient, context, false).seconds, gather.seconds);
+}
+
+// With mlp_bias on the dropless path every routed row adds its expert's biases, gathered by expert
+// id (MaxText moe.py transform_bias); their gradients are scatter-adds of the expert matmuls'
+// routed output-gradient rows into [experts, width]. Each weight-gradient grouped matmul (x^T dY)
+// carries its bias's: dY's 16 x 1024 x 1536 bf16 rows at the routing scatter-add's rate (3.07x a
+// routed-row gather, at routed_row_hbm_fraction of the roofline). The forward matmul, a run
+// without mlp_bias and the mechanism switched off pay nothing.
+TEST(ExpertBiasScatterGradients, WeightGradientsCarryTheirBiasScatterAdd) {
+  Graph graph;
+  const int region = graph.add_region("moe/grad", 1, Phase::kBackward);
+  const Dim experts{"experts", 16, ""};
+  const Dim rows{"expert_tokens", 1024, ""};
+  const Dim embed{"embed", 2048, ""};
+  const Dim mlp{"mlp", 1536, ""};
+  const TensorId x = graph.add_tensor("moe/dispatched", {experts, rows, embed}, DType::kBF16,
+                                      TensorKind::kActivation, region);
+  const TensorId dy = graph.add_tensor("moe/experts/wi_0/grad", {experts, rows, mlp}, DType::kBF16,
+                                       TensorKind::kGradient, region);
+  const TensorId dw = graph.add_tensor("moe/experts/wi_0/cast/grad", {experts, embed, mlp},
+                                       DType::kBF16, TensorKind::kParameterGrad, region);
+  OpAttrs attrs;
+  attrs.contracted = {"expert_tokens"};
+  attrs.routed_fraction = 0.75;
+  graph.add_op(OpKind::kEinsum, "moe/experts/wi_0/grad_moe/experts/wi_0/cast", {x, dy}, {dw}, attrs,
+               region);
+  const Graph forward = grouped_matmul_graph(16, 1024, 2048, 1536);
+  for (const char* name : {"v5p", "v7x"}) {
+    const ChipSpec& spec = chip(name);
+    CostContext plain = megablox_context(spec, 512, 1024, 1024);
+    CostContext biased = plain;
+    biased.routed_expert_biases = true;
+    const OpCost without_bias = cost_compute_op(graph, graph.ops().front(), plain, false);
+    const OpCost with_bias = cost_compute_op(graph, graph.ops().front(), biased, false);
+    const double routed_gradient_bytes = 16.0 * 1024 * 1536 * 2 * 0.75;
+    const double scatter_seconds =
+        routed_gradient_bytes / hbm_bytes_per_device(spec) * 3.07 / spec.routed_row_hbm_fraction;
+    EXPECT_NEAR(with_bias.seconds - without_bias.seconds, scatter_seconds, 1e-9 * scatter_seconds)
+        << name;
+    EXPECT_NEAR(with_bias.hbm_seconds - without_bias.hbm_seconds, scatter_seconds,
+                1e-9 * scatter_seconds)
+        << name;
+    EXPECT_EQ(cost_compute_op(forward, forward.ops().front(), biased, false).seconds,
+              cost_compute_op(forward, forward.ops().front(), plain, false).seconds)
+        << name;
+    biased.mechanisms = MechanismSet::without({"expert_bias_scatter_gradients"});
+    EXPECT_EQ(cost_compute_op(graph, graph.ops().front(), biased, false).seconds,
+              without_bias.seconds)
+        << name;
+  }
+}
+
+// End to end: gpt-oss-20b (mlp_bias true in MaxText's preset) on the dropless path pays the bias
+// scatter-adds in its weight-gradient grouped matmuls, three per MoE layer (wi_0, wi_1, wo): their
+// time grows by the routed gradient rows at the scatter-add's rate. On the dense dropping path
+// (sparse_matmul=false) the biases broadcast over the capacity slots instead of being gathered,
+// and nothing changes. (Op time, not step time: the step also moves with what the longer weight
+// gradients hide of the FSDP collectives.)
+TEST(ExpertBiasScatterGradients, OnlyTheDroplessPathOfABiasedMoePays) {
+  const std::vector<std::string> dropless = {"model_name=gpt-oss-20b", "compile_topology=v5p-8",
+                                             "max_target_length=2048", "per_device_batch_size=1"};
+  std::vector<std::string> dropping = dropless;
+  dropping.emplace_back("sparse_matmul=false");
+  dropping.emplace_back("capacity_factor=1.25");
+  const MechanismSet off = MechanismSet::without({"expert_bias_scatter_gradients"});
+  const std::string experts = "einsum moe/experts/";
+  const double on_seconds = profiled_seconds(estimate_config(Config::load("", dropless)), experts);
+  const double off_seconds =
+      profiled_seconds(estimate_config(Config::load("", dropless), off), experts);
+  ASSERT_GT(off_seconds, 0);
+  EXPECT_GT(on_seconds, 1.1 * off_seconds);
+  const double dropping_on = profiled_seconds(estimate_config(Config::load("", dropping)), experts);
+  ASSERT_GT(dropping_on, 0);
+  EXPECT_EQ(dropping_on,
+            profiled_seconds(estimate_config(Config::load("", dropping), off), experts));
 }
 
 // MaxText's unquantized tokamax path passes no tiling, so tokamax's own tiles apply whatever the
