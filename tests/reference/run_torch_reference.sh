@@ -128,7 +128,7 @@ if [[ -d "$work/deepseek4-tiny-csa" ]] &&
   failed+=("deepseek4-tiny-csa --perturb-topk")
 else
   echo "=== deepseek4-tiny-csa: the reference with --perturb-topk fails, as it must: \
-$(grep -c FAIL "$work/csa-perturbed.log") comparisons"
+$(grep -c "^FAIL" "$work/csa-perturbed.log") comparisons"
 fi
 common=("${saved_common[@]}")
 # ... and with the preset's SwiGLU clip (mlp_activations_limit, here 0.3, which cuts about 12% of
