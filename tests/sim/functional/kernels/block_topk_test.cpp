@@ -74,11 +74,13 @@ TEST(KernelBlockTopK, SplitQueriesReadGlobalPositions) {
   TensorData whole = TensorData::zeros(std::vector<int64_t>{1, 16, 4});
   whole.values = worked_scores();
   const std::vector<float> expected = worked_selection();
+  constexpr int64_t kRows = 8;             // queries per device
+  constexpr int64_t kEntries = kRows * 4;  // their selection entries
   for (int device = 0; device < 2; ++device) {
-    const TensorData out =
-        run(c.graph, op, {slice(whole, 1, device * 8, 8)}, device_on("context", device, 2))[0];
-    EXPECT_EQ(out.values, std::vector<float>(expected.begin() + device * 32,
-                                             expected.begin() + device * 32 + 32));
+    const TensorData out = run(c.graph, op, {slice(whole, 1, device * kRows, kRows)},
+                               device_on("context", device, 2))[0];
+    EXPECT_EQ(out.values, std::vector<float>(expected.begin() + device * kEntries,
+                                             expected.begin() + (device + 1) * kEntries));
   }
 }
 
