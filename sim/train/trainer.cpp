@@ -238,16 +238,19 @@ void check_functional_support(const Config& config) {
       if (ratio == kCompressedSparseRatio && context > 1) {
         // CSA's block c pools half of block c - 1's tokens, and the indexer's top-k ranks every
         // block: across a context split both need another device's blocks, which is not built.
-        std::string key = "ici_context_parallelism";
-        for (const char* axis_key :
-             {"ici_context_parallelism", "dcn_context_parallelism",
-              "ici_context_usp_ulysses_parallelism", "dcn_context_usp_ulysses_parallelism"}) {
-          if (config.has(axis_key) && config.get_int(axis_key) > 1) {
-            key = axis_key;
-            break;
+        std::string key;
+        int split = 1;
+        for (const char* axis : {"context", "context_usp_ulysses"}) {
+          const int index = mesh_axis_index(axis);
+          for (const bool dcn : {false, true}) {
+            const int size = dcn ? mesh.dcn[index] : mesh.ici[index];
+            if (key.empty() && size > 1) {
+              key = mesh_axis_key(dcn, axis);
+              split = size;
+            }
           }
         }
-        refuse(key, std::to_string(context),
+        refuse(key, std::to_string(split),
                "compressed sparse attention (compress_ratios 4, layer " + std::to_string(layer) +
                    ") is not computed with its sequence split over context shards: its "
                    "overlapping windows and the indexer's top-k read blocks of other shards");
