@@ -3,9 +3,11 @@
 namespace tpusim::partitioner_internal {
 
 void Partitioner::partition_attention(const Op& op, bool gradient) {
-  // Forward inputs: q, k, v, [k_rope], [sinks], [blocks]; gradient inputs: dout, q, k, v,
-  // [k_rope], [sinks], [blocks], out. The sinks ([heads], one logit per query head) follow the
-  // query's heads; the compressed blocks (attrs.compress_ratio > 0) are whole like the keys.
+  // Forward inputs: q, k, v, [k_rope], [sinks], [blocks], [selection]; gradient inputs: dout, q,
+  // k, v, [k_rope], [sinks], [blocks], [selection], out. The sinks ([heads], one logit per query
+  // head) follow the query's heads; the compressed blocks (attrs.compress_ratio > 0) are whole
+  // like the keys; CSA's selection ([batch, length, blocks], attrs.block_topk > 0) follows the
+  // query's batch and length, its blocks whole.
   const size_t first_forward = gradient ? 1 : 0;
   const TensorId query = op.inputs[first_forward];
   const AxesByName reference = by_name(query, layout(query));
@@ -28,6 +30,9 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   const size_t key_begin = first_forward + 1;
   size_t key_end = gradient ? op.inputs.size() - 1 : op.inputs.size();
   const bool blocks = op.attrs.compress_ratio > 0;
+  if (blocks && op.attrs.block_topk > 0) {
+    --key_end;  // the selection follows the query (below)
+  }
   const size_t blocks_index = blocks ? key_end - 1 : op.inputs.size();
   if (blocks) {
     --key_end;

@@ -457,6 +457,7 @@ void Partitioner::partition_op(const Op& op) {
     case OpKind::kMoeRouter:
     case OpKind::kBlockPool:
     case OpKind::kBlockPoolGrad:
+    case OpKind::kBlockTopK:
     case OpKind::kNormStatistics:
     case OpKind::kCrossEntropyStatistics:
     case OpKind::kDynamicSlice:

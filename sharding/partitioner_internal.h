@@ -157,6 +157,7 @@ inline int norm_statistics_count(const Op& op) {
     case OpKind::kSinkhornGrad:
     case OpKind::kBlockPool:
     case OpKind::kBlockPoolGrad:
+    case OpKind::kBlockTopK:
       break;
   }
   throw std::logic_error(std::string("norm statistics of a non-norm op: ") + op_kind_name(op.kind));

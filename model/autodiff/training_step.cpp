@@ -434,17 +434,21 @@ class BackwardBuilder {
   }
 
   // The attention's gradient op reads dy, every input and the output, and gives every input
-  // (query, key, value, and the sinks or compressed blocks when present) its gradient.
+  // (query, key, value, and the sinks or compressed blocks when present) its gradient, but CSA's
+  // block selection (attrs.block_topk, the last input: top-k indices carry none).
   void emit_attention_grad(const Op& op, TensorId dy, int region) {
     std::vector<TensorId> inputs = {dy};
     std::vector<TensorId> outputs;
-    for (const TensorId input : op.inputs) {
-      inputs.push_back(available(input, region));
-      outputs.push_back(new_grad(graph_.tensor(input), region));
+    const size_t differentiable = op.inputs.size() - (op.attrs.block_topk > 0 ? 1 : 0);
+    for (size_t index = 0; index < op.inputs.size(); ++index) {
+      inputs.push_back(available(op.inputs[index], region));
+      if (index < differentiable) {
+        outputs.push_back(new_grad(graph_.tensor(op.inputs[index]), region));
+      }
     }
     inputs.push_back(available(op.outputs[0], region));
     graph_.add_op(OpKind::kAttentionGrad, op.name + "/grad", inputs, outputs, op.attrs, region);
-    for (size_t index = 0; index < op.inputs.size(); ++index) {
+    for (size_t index = 0; index < differentiable; ++index) {
       accumulate(op.inputs[index], outputs[index], region);
     }
   }
@@ -547,6 +551,7 @@ class BackwardBuilder {
       case OpKind::kCrossEntropyGrad:
       case OpKind::kRouterGrad:
       case OpKind::kBlockPoolGrad:
+      case OpKind::kBlockTopK:  // its selection gets no gradient (emit_attention_grad)
       case OpKind::kNormStatistics:
       case OpKind::kCrossEntropyStatistics:
       case OpKind::kDynamicSlice:

@@ -6,25 +6,26 @@
 // projection.
 //   r = 0: the sliding window only;
 //   r = 4 (compressed sparse attention, CSA): overlapping blocks pooled from 2 x head_dim
-//     projections; the indexer scores every block for every query and each query attends to its
-//     indexer_topk best blocks;
+//     projections (kBlockPool with overlapping_windows: block c pools the first half of block
+//     c - 1's tokens and the second half of its own); the indexer (its own such blocks, rotated
+//     at their positions) scores every block for every query and kBlockTopK keeps each query's
+//     indexer_topk best complete blocks, a selection the attention op reads as its last input
+//     (OpAttrs::block_topk): the window's keys, the selected blocks and the sinks in one softmax;
 //   r > 4 (heavily compressed attention, HCA): blocks pooled from head_dim projections; each
 //     query attends to every block completed at or before it, in ONE softmax with the window's
 //     keys and the sinks (the attention op's blocks input, OpAttrs::compress_ratio), as
 //     MaxText's attention_op takes the window's kv and the blocks together.
 // A block pools its tokens by a softmax over learned gates plus a position bias (kBlockPool),
 // then an RMSNorm and RoPE at its first token's position. Layers with r > 0 rotate at
-// compressed_rope_max_timescale. CSA (not computed by train, which refuses it) is still charged
-// as a second attention op over the blocks whose output is added: the indexer's top-k picks
-// whole blocks, charged as the average number of blocks a query attends to (min(indexer_topk,
-// blocks before it)), and its overlapping windows as one pooling over 2r positions. The
-// indexer's scores only pick blocks: no gradient flows through them (as in MaxText, where
-// top_k's indices end the path).
+// compressed_rope_max_timescale. The indexer's scores only pick blocks: no gradient flows through
+// them (as in MaxText, where top_k's indices end the path). MaxText scales the indexer's relu
+// scores by indexer_head_dim^-0.5 and its head weights by indexer_n_heads^-0.5: positive
+// constants, which top_k's order does not see, so the program leaves them out.
 //
 // Example (deepseek4-284b, one CSA layer, per token):
 //   q_latent [q_lora=1024] = x [embed=4096] . attention/wq_a; query [heads=64, head_dim=512]
-//   kv [kv_heads=1, 512] = x . attention/wkv; window attention (128) + attention over its top 512
-//   of the S/4 blocks; out: [64 x 512] in 8 groups -> [8, o_lora=1024] -> [embed=4096]
+//   kv [kv_heads=1, 512] = x . attention/wkv; one softmax over the window (128), its top 512 of
+//   the S/4 blocks and the sink; out: [64 x 512] in 8 groups -> [8, o_lora=1024] -> [embed=4096]
 #include <cmath>
 
 #include "common/error.h"
@@ -43,28 +44,32 @@ constexpr int64_t kOverlappingWindows = 2;
 // Pools `kv` and `gate` ([batch, length, width x head_dim]) into [batch, length = blocks,
 // <prefix>_dim] blocks of `ratio` tokens: per feature, softmax(gate + position bias) over a
 // block's width x ratio entries weighs kv (kBlockPool; MaxText's position_bias [r, width x h]).
-// With width 2 (CSA) the entries are charged, not laid out as MaxText's overlapping windows.
+// With width 2 (CSA) the entries are MaxText's overlapping windows: the blocks keep both halves
+// of the projection ([batch, blocks, r, 2h]) and the op pools block c - 1's first half with
+// block c's second (OpAttrs::overlapping_windows).
 TensorId ForwardBuilder::pool_blocks(const std::string& prefix, int region, TensorId kv,
                                      TensorId gate, int64_t ratio, int64_t width,
                                      int64_t head_dim) {
   const int64_t blocks = length_ / ratio;
-  // The attention's blocks are positions along "length" (RoPE and the attention op read it); the
-  // indexer's meet the query's length in its score einsum, so they keep a name of their own.
-  const std::string blocks_name = prefix == "indexer" ? "indexer_blocks" : "length";
-  const std::vector<Dim> block_dims = {act("batch", batch_, batch_logical_),
-                                       act(blocks_name, blocks, "activation_length"),
-                                       act(prefix + "_block_pos", width * ratio, ""),
-                                       act(prefix + "_dim", head_dim, "activation_kv")};
+  const bool overlapping = width == kOverlappingWindows;
+  // The blocks are positions along "length" (RoPE and the attention op read it).
+  const Dim feature_dim = overlapping ? Dim{prefix + "_projected", width * head_dim, "kv"}
+                                      : Dim{prefix + "_dim", head_dim, "kv"};
+  const Dim positions_dim{prefix + "_block_pos", overlapping ? ratio : width * ratio, ""};
+  const std::vector<Dim> block_dims = {
+      act("batch", batch_, batch_logical_), act("length", blocks, "activation_length"),
+      act(positions_dim.name, positions_dim.size, ""),
+      act(feature_dim.name, feature_dim.size, overlapping ? "" : "activation_kv")};
   const TensorId kv_blocks = reshape(prefix + "/kv_blocks", kv, block_dims, region);
   const TensorId gate_blocks = reshape(prefix + "/gate_blocks", gate, block_dims, region);
-  const TensorId bias = parameter_tensor(
-      prefix + "/position_bias",
-      {Dim{prefix + "_block_pos", width * ratio, ""}, Dim{prefix + "_dim", head_dim, "kv"}}, region,
-      constant_init(0));
-  const TensorId pooled =
-      activation(prefix + "/pooled", {block_dims[0], block_dims[1], block_dims[3]}, region);
+  const TensorId bias = parameter_tensor(prefix + "/position_bias", {positions_dim, feature_dim},
+                                         region, constant_init(0));
+  const TensorId pooled = activation(
+      prefix + "/pooled",
+      {block_dims[0], block_dims[1], act(prefix + "_dim", head_dim, "activation_kv")}, region);
   OpAttrs attrs;
   attrs.contracted = {prefix + "_block_pos"};
+  attrs.overlapping_windows = overlapping;
   graph().add_op(OpKind::kBlockPool, prefix + "/pooled", {kv_blocks, gate_blocks, bias}, {pooled},
                  attrs, region);
   return pooled;
@@ -102,9 +107,9 @@ TensorId ForwardBuilder::compressed_rope(const std::string& name, TensorId x, in
 }
 
 // The CSA indexer: its query from the query latent, its own pooled blocks, per-head weights from
-// x, and the score of every block for every query, sum over heads of weight x relu(q . block).
-// The scores end here (they pick the blocks the attention op is charged for).
-void ForwardBuilder::build_indexer(int region, TensorId x, TensorId q_latent) {
+// x, the score of every block for every query, sum over heads of weight x relu(q . block), and
+// the selection of each query's indexer_topk best complete blocks (kBlockTopK), returned.
+TensorId ForwardBuilder::build_indexer(int region, TensorId x, TensorId q_latent) {
   const int64_t heads = dims_.indexer_n_heads;
   const int64_t head_dim = dims_.indexer_head_dim;
   const int64_t q_lora = dims_.q_lora_rank;
@@ -118,7 +123,15 @@ void ForwardBuilder::build_indexer(int region, TensorId x, TensorId q_latent) {
                                                         act("indexer_dim", head_dim, "")}),
                           region);
   query = compressed_rope("indexer/query_rope", query, region, 1);
-  const TensorId blocks = compressed_blocks("indexer", region, x, kCompressedSparseRatio, head_dim);
+  // Pooled and rotated along "length" (the positions RoPE reads), then named apart from the
+  // query's length, which they meet in the score einsum.
+  TensorId blocks = compressed_blocks("indexer", region, x, kCompressedSparseRatio, head_dim);
+  const int64_t num_blocks = length_ / kCompressedSparseRatio;
+  blocks = reshape(
+      "indexer/blocks", blocks,
+      {act("batch", batch_, batch_logical_), act("indexer_blocks", num_blocks, "activation_length"),
+       act("indexer_dim", head_dim, "activation_kv")},
+      region);
   const TensorId w_weights =
       weight("indexer/weights_proj",
              {Dim{"embed", dims_.emb_dim, "embed"}, Dim{"indexer_heads", heads, "indexer_weights"}},
@@ -126,13 +139,20 @@ void ForwardBuilder::build_indexer(int region, TensorId x, TensorId q_latent) {
   const TensorId head_weights =
       einsum("indexer/weights", x, w_weights, {"embed"},
              with_last(activation_dims(), {act("indexer_heads", heads, "")}), region);
-  const int64_t num_blocks = graph().tensor(blocks).dims[1].size;
   std::vector<Dim> score_dims = with_last(
       activation_dims(), {act("indexer_heads", heads, ""), act("indexer_blocks", num_blocks, "")});
   TensorId scores = einsum("indexer/scores", query, blocks, {"indexer_dim"}, score_dims, region);
   scores = elementwise("indexer/relu", ElementwiseFn::kRelu, {scores}, region);
   score_dims.erase(score_dims.begin() + 2);  // the heads
-  einsum("indexer/index_scores", scores, head_weights, {"indexer_heads"}, score_dims, region);
+  const TensorId index_scores =
+      einsum("indexer/index_scores", scores, head_weights, {"indexer_heads"}, score_dims, region);
+  const TensorId selection = activation("indexer/selection", score_dims, region);
+  OpAttrs attrs;
+  attrs.compress_ratio = kCompressedSparseRatio;
+  attrs.block_topk = dims_.indexer_topk;
+  graph().add_op(OpKind::kBlockTopK, "indexer/selection", {index_scores}, {selection}, attrs,
+                 region);
+  return selection;
 }
 
 // An attention op of `name` over (q, k, v) under `mask` (window: the sliding window, or for
@@ -194,13 +214,12 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
                         std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
                     "max_target_length");
   }
-  if (ratio > kCompressedSparseRatio && kv_heads != 1) {
+  if (ratio >= kCompressedSparseRatio && kv_heads != 1) {
     // MaxText concatenates the one-head blocks to the window's kv along the keys: one kv head.
-    throw UserError(
-        "base_num_kv_heads: " + std::to_string(kv_heads) +
-            " must be 1 in a layer with heavily compressed attention (compress_ratios " +
-            std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
-        "base_num_kv_heads");
+    throw UserError("base_num_kv_heads: " + std::to_string(kv_heads) +
+                        " must be 1 in a layer with compressed blocks (compress_ratios " +
+                        std::to_string(ratio) + ") for decoder_block " + dims_.family().name,
+                    "base_num_kv_heads");
   }
   const Dim embed_w{"embed", dims_.emb_dim, "embed"};
   const TensorId wq_a = weight("attention/wq_a", {embed_w, Dim{"q_lora", q_lora, "q_lora"}}, region,
@@ -239,10 +258,10 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
   const TensorId sinks =
       parameter_tensor("attention/sinks", {Dim{"heads", heads, ""}}, region, constant_init(0));
   std::vector<TensorId> attention_inputs = {query, kv, kv, sinks};
-  const bool sparse = ratio == kCompressedSparseRatio;
+  TensorId selection = -1;
   if (ratio >= kCompressedSparseRatio) {
-    if (sparse) {
-      build_indexer(region, x, q_latent);
+    if (ratio == kCompressedSparseRatio) {
+      selection = build_indexer(region, x, q_latent);
     }
     const TensorId pooled = compressed_blocks("compressor", region, x, ratio, head_dim);
     // The blocks as keys (and values) of one kv head, their position as the key length.
@@ -252,29 +271,17 @@ TensorId ForwardBuilder::build_compressed_attention(const LayerGroup& group, int
          act("kv_heads", 1, "activation_kv_heads"), act("head_dim", head_dim, "activation_kv")},
         region));
   }
-  TensorId context;
-  if (sparse) {
-    // CSA: min(indexer_topk, blocks before the query), the average a sliding window of
-    // indexer_topk blocks gives, in a second op added to the window's.
-    const TensorId blocks = attention_inputs.back();
-    attention_inputs.pop_back();
-    context =
-        compressed_attention_op("attention/window_context", region, attention_inputs,
-                                AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
-    const TensorId block_context =
-        compressed_attention_op("attention/block_context", region, {query, blocks, blocks},
-                                AttentionMask::kSlidingWindow, dims_.indexer_topk, scale);
-    context =
-        elementwise("attention/context", ElementwiseFn::kAdd, {context, block_context}, region);
-  } else {
-    // Sliding window only, or HCA: the window's keys, the visible blocks and the sinks in one
-    // softmax.
-    context =
-        compressed_attention_op("attention/context", region, attention_inputs,
-                                AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
-    if (ratio > kCompressedSparseRatio) {
-      graph().mutable_op(graph().producer(context)).attrs.compress_ratio = ratio;
-    }
+  if (selection >= 0) {
+    attention_inputs.push_back(selection);
+  }
+  // The window's keys, the visible (for CSA: selected) blocks and the sinks in one softmax.
+  TensorId context =
+      compressed_attention_op("attention/context", region, attention_inputs,
+                              AttentionMask::kSlidingWindow, options_.sliding_window_size, scale);
+  if (ratio >= kCompressedSparseRatio) {
+    OpAttrs& attrs = graph().mutable_op(graph().producer(context)).attrs;
+    attrs.compress_ratio = ratio;
+    attrs.block_topk = selection >= 0 ? dims_.indexer_topk : 0;
   }
   // MaxText undoes the values' rotation on the attention output before the out projection.
   context = layer_rope("attention/context_unrope", context, true);

@@ -143,7 +143,7 @@ class ForwardBuilder {
                              int64_t head_dim);
   TensorId pool_blocks(const std::string& prefix, int region, TensorId kv, TensorId gate,
                        int64_t ratio, int64_t width, int64_t head_dim);
-  void build_indexer(int region, TensorId x, TensorId q_latent);
+  TensorId build_indexer(int region, TensorId x, TensorId q_latent);
   TensorId compressed_attention_op(const std::string& name, int region,
                                    std::vector<TensorId> inputs, AttentionMask mask, int64_t window,
                                    double scale);

@@ -71,6 +71,10 @@ enum class OpKind {
   // dkv, dgate, dbias.
   kBlockPool,
   kBlockPoolGrad,
+  // DeepSeek-V4's CSA indexer (sim/functional/kernels/block_topk.cpp): scores [batch, length,
+  // blocks] -> a 0/1 selection of each query's attrs.block_topk best causally visible blocks
+  // (attrs.compress_ratio tokens each; jax.lax.top_k's order). Its output gets no gradient.
+  kBlockTopK,
 };
 
 const char* op_kind_name(OpKind kind);
@@ -195,6 +199,12 @@ struct OpAttrs {
   // Rope: the position of global index i along "length" is i x this (DeepSeek-V4's compressed
   // blocks of r tokens rotate at their first token's position, c r).
   int64_t rope_position_stride = 1;
+  // DeepSeek-V4's CSA (compress_ratio 4). kAttention with blocks: > 0 adds a last input, the
+  // indexer's 0/1 selection [batch, length, blocks] (kBlockTopK's k), which masks the blocks
+  // further and gets no gradient. kBlockPool: MaxText's csa_overlap_pooling (the features are
+  // two halves: block c pools the first half of block c - 1's positions and its own second).
+  int64_t block_topk = 0;
+  bool overlapping_windows = false;
 };
 
 struct Op {

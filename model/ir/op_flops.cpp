@@ -1,5 +1,6 @@
 #include "model/ir/op_flops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -25,6 +26,12 @@ constexpr double kSinkhornFlopsPerIteration = 4.0;
 constexpr double kSinkhornGradFactor = 3.0;
 // A compressor's pooled entry: bias add, softmax (max, subtract, exp, sum, divide), multiply-add.
 constexpr double kBlockPoolFlopsPerEntry = 1.0 + kSoftmaxFlopsPerScore + 2.0;
+// CSA's top-k block selection (kBlockTopK), per index score: one for the causal mask plus
+// ceil(log2 k) comparisons, as the stages of a selection network picking k (an assumption: no
+// profile of XLA's TopK on a TPU was read).
+double block_topk_flops_per_score(int64_t topk) {
+  return 1.0 + std::ceil(std::log2(static_cast<double>(std::max<int64_t>(topk, 2))));
+}
 
 double elements(const Graph& graph, TensorId id) {
   return static_cast<double>(graph.tensor(id).num_elements());
@@ -84,15 +91,26 @@ OpFlops attention_gradient_flops(const Graph& graph, const Op& op) {
 CompressedAttentionParts compressed_attention_parts(const Op& op) {
   const bool gradient = op.kind == OpKind::kAttentionGrad;
   const size_t first = gradient ? 1 : 0;  // the gradient's inputs: dout, forward inputs, out
-  const size_t blocks_index = op.inputs.size() - (gradient ? 2 : 1);
+  // CSA's selection (attrs.block_topk) follows the blocks.
+  const size_t selection = op.attrs.block_topk > 0 ? 1 : 0;
+  const size_t blocks_index = op.inputs.size() - (gradient ? 2 : 1) - selection;
   CompressedAttentionParts parts{op, op};
   parts.window.attrs.compress_ratio = 0;
-  parts.window.inputs.erase(parts.window.inputs.begin() +
-                            static_cast<std::ptrdiff_t>(blocks_index));
+  parts.window.attrs.block_topk = 0;
+  parts.window.inputs.erase(
+      parts.window.inputs.begin() + static_cast<std::ptrdiff_t>(blocks_index),
+      parts.window.inputs.begin() + static_cast<std::ptrdiff_t>(blocks_index + 1 + selection));
   Op& blocks = parts.blocks;
   blocks.attrs.compress_ratio = 0;
+  blocks.attrs.block_topk = 0;
   blocks.attrs.mask = AttentionMask::kCausal;
   blocks.attrs.window = 0;
+  if (selection > 0) {
+    // A query reads its top k blocks, or every complete one while there are fewer: charged as a
+    // sliding window of k over the blocks.
+    blocks.attrs.mask = AttentionMask::kSlidingWindow;
+    blocks.attrs.window = op.attrs.block_topk;
+  }
   blocks.inputs = {op.inputs[first], op.inputs[blocks_index], op.inputs[blocks_index]};
   if (gradient) {
     blocks.inputs.insert(blocks.inputs.begin(), op.inputs.front());
@@ -204,6 +222,10 @@ OpFlops op_flops(const Graph& graph, const Op& op) {
     case OpKind::kBlockPoolGrad:
       // dkv = dy w, dgate = dy w (kv - y) and the bias's sum, plus the softmax recomputed.
       return {0, 2.0 * kBlockPoolFlopsPerEntry * elements(graph, op.inputs.at(1))};
+    case OpKind::kBlockTopK:
+      // Per score: the causal mask and log2(k) comparisons (a selection network's stages).
+      return {0,
+              block_topk_flops_per_score(op.attrs.block_topk) * elements(graph, op.inputs.at(0))};
     case OpKind::kDynamicSlice:
     case OpKind::kMoeDispatch:
     case OpKind::kAllGather:

@@ -40,7 +40,8 @@ double attention_mask_fraction(AttentionMask mask, int64_t length, int64_t windo
 // An attention op (or its gradient) with compressed blocks (attrs.compress_ratio > 0, DeepSeek-V4)
 // as the two attention ops whose work it does: its masked keys and sinks alone (`window`), and
 // the blocks as keys and values of a causal attention (`blocks`: a query sees the blocks completed
-// before it, about half of them). Counts and costs are the two parts' sum.
+// before it, about half of them; with CSA's selection, attrs.block_topk k, a sliding window of k
+// over them). Counts and costs are the two parts' sum.
 // Example: q[S], k[S], sinks, blocks[S/128] -> window (q, k, v, sinks), blocks (q, blocks, blocks).
 struct CompressedAttentionParts {
   Op window;

@@ -64,6 +64,7 @@ constexpr std::array<OpKindTraits, kOpKindCount> kOpKindTraits = {{
     {.kind = OpKind::kSinkhornGrad, .name = "sinkhorn_grad", .has_kernel = true},
     {.kind = OpKind::kBlockPool, .name = "block_pool", .has_kernel = true},
     {.kind = OpKind::kBlockPoolGrad, .name = "block_pool_grad", .has_kernel = true},
+    {.kind = OpKind::kBlockTopK, .name = "block_topk", .has_kernel = true},
 }};
 
 // Every enumerator, each once: -Wswitch fails the build here when a kind has no case, and the
@@ -102,6 +103,7 @@ constexpr bool is_enumerator(OpKind kind) {
     case OpKind::kSinkhornGrad:
     case OpKind::kBlockPool:
     case OpKind::kBlockPoolGrad:
+    case OpKind::kBlockTopK:
       return true;
   }
   return false;

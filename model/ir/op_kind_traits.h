@@ -23,7 +23,7 @@ namespace tpusim {
 
 // The number of OpKind enumerators: one past the last. A new kind moves it (a static_assert in
 // op_kind_traits.cpp fails until it does, and until the kind has its row).
-inline constexpr size_t kOpKindCount = static_cast<size_t>(OpKind::kBlockPoolGrad) + 1;
+inline constexpr size_t kOpKindCount = static_cast<size_t>(OpKind::kBlockTopK) + 1;
 
 // Which collective a kind is; kNone for an op that runs on each device alone.
 enum class Collective {

@@ -57,6 +57,7 @@ constexpr std::array kKernels = {
     KernelEntry{OpKind::kSinkhornGrad, kernels::run_sinkhorn_grad},
     KernelEntry{OpKind::kBlockPool, kernels::run_block_pool},
     KernelEntry{OpKind::kBlockPoolGrad, kernels::run_block_pool_grad},
+    KernelEntry{OpKind::kBlockTopK, kernels::run_block_topk},
 };
 
 }  // namespace

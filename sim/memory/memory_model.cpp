@@ -368,7 +368,9 @@ class MemoryModel {
     // DeepSeek-V4's compressed blocks (the last forward input) are score columns too.
     const double blocks =
         op.attrs.compress_ratio > 0
-            ? size_of(graph_.tensor(op.inputs[op.inputs.size() - (gradient ? 2 : 1)]), "length")
+            ? size_of(graph_.tensor(op.inputs[op.inputs.size() - (gradient ? 2 : 1) -
+                                              (op.attrs.block_topk > 0 ? 1 : 0)]),
+                      "length")
             : 0.0;
     const double elements = size_of(query, "batch") * size_of(query, "heads") *
                             size_of(query, "length") * (size_of(key, "length") + blocks);

@@ -961,6 +961,7 @@ OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& cont
     case OpKind::kRouterGrad:
     case OpKind::kBlockPool:
     case OpKind::kBlockPoolGrad:
+    case OpKind::kBlockTopK:
     case OpKind::kReduceSum:
     case OpKind::kNormStatistics:
     case OpKind::kCrossEntropyStatistics:

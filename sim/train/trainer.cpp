@@ -125,25 +125,21 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
 }
 
 // deepseek4 (docs/reference/deepseek4.md, "What train computes"): the functional engine builds
-// its layers with sliding-window attention (compress_ratios entry 0) or heavily compressed
-// attention (entries above 4), with mHC's residual streams (mhc_expansion_rate,
-// model/builder/hyper_connections.cpp) or one plain one, routing by the router or, in the first
-// first_num_hash_layers layers, by MaxText's tid2eid table; what it does not build is refused by
-// the key that turns it on.
+// its layers with sliding-window attention (compress_ratios entry 0), compressed sparse attention
+// (4; not under context parallelism) or heavily compressed attention (entries above 4), with mHC's
+// residual streams (mhc_expansion_rate, model/builder/hyper_connections.cpp) or one plain one,
+// routing by the router or, in the first first_num_hash_layers layers, by MaxText's tid2eid table;
+// what it does not build is refused by the key that turns it on.
 template <typename Refuse>
 void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
                               const TrainNumerics& numerics, const Refuse& refuse) {
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
     if (const int64_t ratio = dims.compress_ratio(layer);
-        ratio != 0 && ratio <= kCompressedSparseRatio) {
+        ratio != 0 && ratio < kCompressedSparseRatio) {
       refuse("compress_ratios", "layer " + std::to_string(layer) + ": " + std::to_string(ratio),
-             ratio == kCompressedSparseRatio
-                 ? "compressed sparse attention (pooled blocks of 4 and the indexer's "
-                   "indexer_topk selection) is not computed; 0 gives sliding-window attention, "
-                   "an entry above 4 heavily compressed attention"
-                 : "ratios 2 and 3 (no compressor, compressed_rope_max_timescale) are not "
-                   "computed; 0 gives sliding-window attention, an entry above 4 heavily "
-                   "compressed attention");
+             "ratios 2 and 3 (no compressor, compressed_rope_max_timescale) are not computed; 0 "
+             "gives sliding-window attention, 4 compressed sparse attention, an entry above 4 "
+             "heavily compressed attention");
     }
   }
   // The program runs each kind of layer (compress ratio, hash routing) as one repeated region, in
@@ -235,6 +231,26 @@ void check_functional_support(const Config& config) {
         static_cast<int64_t>(mesh.size("context")) * mesh.size("context_usp_ulysses");
     for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
       const int64_t ratio = dims.compress_ratio(layer);
+      if (ratio == kCompressedSparseRatio && context > 1) {
+        // CSA's block c pools half of block c - 1's tokens, and the indexer's top-k ranks every
+        // block: across a context split both need another device's blocks, which is not built.
+        std::string key;
+        int split = 1;
+        for (const char* axis : {"context", "context_usp_ulysses"}) {
+          const int index = mesh_axis_index(axis);
+          for (const bool dcn : {false, true}) {
+            const int size = dcn ? mesh.dcn[index] : mesh.ici[index];
+            if (key.empty() && size > 1) {
+              key = mesh_axis_key(dcn, axis);
+              split = size;
+            }
+          }
+        }
+        refuse(key, std::to_string(split),
+               "compressed sparse attention (compress_ratios 4, layer " + std::to_string(layer) +
+                   ") is not computed with its sequence split over context shards: its "
+                   "overlapping windows and the indexer's top-k read blocks of other shards");
+      }
       if (ratio > kCompressedSparseRatio && options.max_target_length % (ratio * context) != 0) {
         refuse("max_target_length", std::to_string(options.max_target_length),
                "with " + std::to_string(context) +

@@ -110,6 +110,29 @@ check deepseek4-tiny-hca128 "model_name=deepseek4-tiny override_model_config=tru
   load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=32 vocab_size=256" \
   "--eps 1e-6 --sliding-window 32 --top-k 4 --renormalize-top-k --mlp-activations-limit 0.3 \
   --first-num-hash-layers 1 --routed-score-func sqrtsoftplus --compress-ratios 0,128,128"
+# ... and the preset's compressed sparse attention (compress ratio 4: overlapping windows, the
+# indexer's top 16 of up to 64 blocks per query) beside an HCA layer of 128 and a window layer,
+# in the preset's order of kinds, over 256 tokens. The same dump against the reference whose
+# queries swap their last pick for the next-ranked block (--perturb-topk) must fail: the check
+# sees which blocks the indexer picks.
+csa_options="--eps 1e-6 --sliding-window 32 --top-k 4 --renormalize-top-k \
+  --mlp-activations-limit 0.3 --first-num-hash-layers 1 --routed-score-func sqrtsoftplus \
+  --compress-ratios 0,4,128 --indexer-topk 16"
+check deepseek4-tiny-csa "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=3 compress_ratios=[0,4,128] mhc_expansion_rate=1 \
+  first_num_hash_layers=1 routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=false \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=32 vocab_size=256" \
+  "$csa_options"
+# shellcheck disable=SC2086  # the options are a word list
+if [[ -d "$work/deepseek4-tiny-csa" ]] &&
+  "$python" "$here/torch_reference.py" "$work/deepseek4-tiny-csa" --learning-rate 3e-5 \
+    $csa_options --perturb-topk > "$work/csa-perturbed.log" 2>&1; then
+  echo "=== deepseek4-tiny-csa: the reference with --perturb-topk passed too: the check does not see it"
+  failed+=("deepseek4-tiny-csa --perturb-topk")
+else
+  echo "=== deepseek4-tiny-csa: the reference with --perturb-topk fails, as it must: \
+$(grep -c "^FAIL" "$work/csa-perturbed.log") comparisons"
+fi
 common=("${saved_common[@]}")
 # ... and with the preset's SwiGLU clip (mlp_activations_limit, here 0.3, which cuts about 12% of
 # the routed experts' gate entries and 23% of their up entries; the reference prints the shares)

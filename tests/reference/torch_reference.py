@@ -48,7 +48,15 @@ Model families (detected from the tensor names), as MaxText computes them:
          DeepseekV4HCACompressor's blocks (kv_proj, gate_proj; per feature a softmax over each
          block's r tokens of gate + position_bias weighting kv; kv_norm; RoPE at the block's
          first token) to the keys and values of the same softmax (block c visible to query i iff
-         c < (i + 1) // r), and such a layer rotates at --compressed-rope-max-timescale and RoutedAndSharedMoE (routed_score_func
+         c < (i + 1) // r), and such a layer rotates at --compressed-rope-max-timescale; an entry
+         4 (compressed sparse attention: DeepseekV4CSACompressor and DeepseekV4Indexer) pools
+         2h-wide projections in csa_overlap_pooling's overlapping windows (block c: the first
+         half of block c - 1's tokens, a prior of weight 0 for block 0, and its own second half),
+         and the indexer (its own such blocks, rotated at c * 4; its query from the query latent,
+         rotated; relu scores weighted per head) picks each query's --indexer-topk complete
+         blocks (jax.lax.top_k: ties to the lower index), the only blocks that join the softmax
+         (--perturb-topk: an ablation that picks the next block instead of the last pick); and
+         RoutedAndSharedMoE (routed_score_func
          '': the top-k of the raw gate logits weighted by a softmax over them, moe.py get_topk,
          i.e. --renormalize-top-k; --routed-score-func sqrtsoftplus: the same of the scores
          sqrt(softplus(logit)) as GateLogit computes them; plus the shared experts). --mlp-activations-limit L clips
@@ -265,18 +273,75 @@ def hca_blocks(x, kv_proj, gate_proj, position_bias, norm_scale, eps, ratio, tur
     return turn(pooled, theta, stride=ratio)
 
 
-def window_and_blocks_attention(q, kv, blocks, sinks, window, ratio):
+def csa_overlap_blocks(x, kv_proj, gate_proj, position_bias, norm_scale, eps, ratio, turn, theta):
+    """DeepseekV4CSACompressor / the indexer's pooling (attention_compressed.py at 00a1eaaa,
+    csa_overlap_pooling without a cache): x[b, l, e] -> [b, l // ratio, 1, d] blocks. kv and gate
+    are 2d wide; position_bias[ratio, 2d] joins the gate before the split; each window's first
+    half moves to the next window (window 0 gets zeros with gate -inf), is concatenated with the
+    window's own second half along the tokens (2 ratio entries), softmax over them per feature,
+    the weighted sum of kv, kv_norm, RoPE at position c * ratio."""
+    batch, length, _ = x.shape
+    windows = length // ratio
+    kv = (x @ kv_proj)[:, :windows * ratio].reshape(batch, windows, ratio, -1)
+    gate = (x @ gate_proj)[:, :windows * ratio].reshape(batch, windows, ratio, -1) + position_bias
+    first_kv, second_kv = kv.chunk(2, dim=-1)
+    first_gate, second_gate = gate.chunk(2, dim=-1)
+    prior_kv = torch.zeros_like(first_kv[:, :1])
+    prior_gate = torch.full_like(first_gate[:, :1], float("-inf"))
+    shifted_kv = torch.cat([prior_kv, first_kv[:, :-1]], dim=1)
+    shifted_gate = torch.cat([prior_gate, first_gate[:, :-1]], dim=1)
+    entries_kv = torch.cat([shifted_kv, second_kv], dim=2)
+    weights = torch.softmax(torch.cat([shifted_gate, second_gate], dim=2), dim=2)
+    pooled = rms_norm((entries_kv * weights).sum(dim=2), norm_scale, eps)[:, :, None, :]
+    return turn(pooled, theta, stride=ratio)
+
+
+def indexer_selection(q, blocks, head_weights, ratio, topk, perturb=False):
+    """DeepseekV4Indexer's choice (attention_compressed.py at 00a1eaaa): q[b, l, H, d] (rotated),
+    blocks[b, n, 1, d], head_weights[b, l, H] (weights_proj of x). Scores relu(q . block) * d^-0.5
+    summed over heads weighted by head_weights * H^-0.5; blocks not complete (c >= (i + 1) //
+    ratio) at -inf; jax.lax.top_k of min(topk, n) (a stable sort: equal scores keep the lower
+    index first); picks of incomplete blocks are -1. Returns the selection [b, l, n] (bool). With
+    perturb, each query that keeps fewer than its complete blocks swaps its last pick for the
+    next-ranked block (an ablation the check must see)."""
+    with torch.no_grad():
+        heads, dim = q.shape[2], q.shape[3]
+        scores = torch.relu(torch.einsum("blhd,bnd->blhn", q, blocks[:, :, 0, :])) * dim**-0.5
+        index = torch.einsum("blhn,blh->bln", scores, head_weights * heads**-0.5)
+        length, count = index.shape[1], index.shape[2]
+        i = torch.arange(length)[:, None]
+        c = torch.arange(count)[None, :]
+        future = c >= (i + 1) // ratio
+        index = index.masked_fill(future[None], float("-inf"))
+        order = torch.sort(index, dim=-1, descending=True, stable=True).indices
+        k = min(topk, count)
+        picks = order[..., :k].clone()
+        if perturb and k < count:
+            complete = ((torch.arange(length) + 1) // ratio).clamp(max=count)
+            swap = (complete > k)[None, :].expand(picks.shape[0], -1)
+            picks[..., -1] = torch.where(swap, order[..., k], picks[..., -1])
+        selection = torch.zeros(index.shape, dtype=torch.bool)
+        selection.scatter_(-1, picks, True)
+        return selection & ~future[None]
+
+
+def window_and_blocks_attention(q, kv, blocks, sinks, window, ratio, selection=None):
     """One softmax over the window's keys, the visible compressed blocks and the sink (MaxText's
     attention_op given compressed_kv and its causal block mask): q[b, l, H, d] (scaled),
     kv[b, l, 1, d] and blocks[b, n, 1, d] each as key and value; key j visible iff j <= i and
-    i - j < window, block c iff c < (i + 1) // ratio."""
+    i - j < window, block c iff c < (i + 1) // ratio (and, with CSA's selection [b, l, n], iff
+    the query picked it)."""
     heads, length = q.shape[2], q.shape[1]
     keys = torch.cat([kv, blocks], dim=1).expand(-1, -1, heads, -1)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, keys)
     i = torch.arange(length)[:, None]
     j = torch.arange(length)[None, :]
     c = torch.arange(blocks.shape[1])[None, :]
-    allowed = torch.cat([(j <= i) & (i - j < window), c < (i + 1) // ratio], dim=1)
+    allowed = torch.cat([(j <= i) & (i - j < window), c < (i + 1) // ratio], dim=1)[None]
+    if selection is not None:
+        window_part = torch.ones(q.shape[0], length, length, dtype=torch.bool)
+        allowed = allowed & torch.cat([window_part, selection], dim=2)
+    allowed = allowed[:, None]
     scores = scores.masked_fill(~allowed, float("-inf"))
     sink = sinks[None, :, None, None].expand(scores.shape[0], -1, length, 1)
     probabilities = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
@@ -336,6 +401,7 @@ class Reference:
         self.balance_losses = []  # per MoE layer with a load-balance loss: its value (torch)
         self.bias_counts = {}  # stored bias name -> choices per expert over the whole batch
         self.mhc_matrices = []  # per hyper-connection: its Sinkhorn matrices [b, s, k, k]
+        self.selected = []  # per CSA layer: the mean number of blocks a query's indexer picks
 
     def compressed_slots(self, regions, hash_layers):
         """deepseek4 by --compress-ratios: the dump keeps each kind of layer (window_, hca<r>_,
@@ -343,10 +409,9 @@ class Reference:
         kind's region."""
         slots, seen = [], {}
         for layer, ratio in enumerate(self.compress_ratios):
-            if 0 < ratio <= 4:
-                raise ValueError(f"--compress-ratios: {ratio} (CSA, or no compressor) is not "
-                                 "written here")
-            kind = ("window_" if ratio == 0 else f"hca{ratio}_") + \
+            if 0 < ratio < 4:
+                raise ValueError(f"--compress-ratios: {ratio} (no compressor) is not written here")
+            kind = ("window_" if ratio == 0 else "csa_" if ratio == 4 else f"hca{ratio}_") + \
                 ("hash_" if layer < hash_layers else "")
             matches = [r for r in regions if r in (kind + "moe_layer", kind + "layer")]
             if len(matches) != 1:
@@ -419,7 +484,16 @@ class Reference:
         q = turn(q, theta) * head_dim**-0.5
         kv = torch.einsum("ble,ekd->blkd", x, w(f"{r}/attention/wkv", layer))
         kv = turn(rms_norm(kv, w(f"{r}/attention/kv_norm/scale", layer), eps), theta)
-        if ratio > 4:
+        if ratio == 4:
+            blocks = csa_overlap_blocks(x, w(f"{r}/compressor/kv_proj", layer),
+                                        w(f"{r}/compressor/gate_proj", layer),
+                                        w(f"{r}/compressor/position_bias", layer),
+                                        w(f"{r}/compressor/norm/scale", layer), eps, ratio, turn,
+                                        theta)
+            selection = self.indexer(x, latent, layer, w, turn, theta)
+            context = window_and_blocks_attention(q, kv, blocks, w(f"{r}/attention/sinks", layer),
+                                                  self.args.sliding_window, ratio, selection)
+        elif ratio > 4:
             blocks = hca_blocks(x, w(f"{r}/compressor/kv_proj", layer),
                                 w(f"{r}/compressor/gate_proj", layer),
                                 w(f"{r}/compressor/position_bias", layer),
@@ -437,12 +511,38 @@ class Reference:
         latent_out = torch.einsum("blgi,gir->blgr", grouped, o_a)
         return torch.einsum("blgr,gre->ble", latent_out, w(f"{r}/attention/o_b_proj", layer))
 
+    def indexer(self, x, latent, layer, w, turn, theta):
+        """DeepseekV4Indexer (MaxText 00a1eaaa) of a CSA layer: its own overlapping blocks at
+        indexer_head_dim, its query q_proj(q latent) rotated at the token positions, head weights
+        weights_proj(x); the selection of each query's blocks (indexer_selection)."""
+        r, eps = self.region, self.args.eps
+        blocks = csa_overlap_blocks(x, w(f"{r}/indexer/kv_proj", layer),
+                                    w(f"{r}/indexer/gate_proj", layer),
+                                    w(f"{r}/indexer/position_bias", layer),
+                                    w(f"{r}/indexer/norm/scale", layer), eps, 4, turn, theta)
+        q = turn(torch.einsum("blr,rhd->blhd", latent, w(f"{r}/indexer/q_proj", layer)), theta)
+        head_weights = x @ w(f"{r}/indexer/weights_proj", layer)
+        selection = indexer_selection(q, blocks, head_weights, 4, self.args.indexer_topk,
+                                      self.args.perturb_topk)
+        self.selected.append(selection.sum(dim=-1).double().mean().item())
+        return selection
+
     def permuted(self, name, layer=0):
         """The weights of the model with interleaved RoPE that computes the same function: head_dim
-        reordered (halves -> pairs) in wq_b, wkv, kv_norm and o_a_proj's rows."""
+        reordered (halves -> pairs) in wq_b, wkv, kv_norm and o_a_proj's rows (and in each half of
+        CSA's 2h-wide compressor projections; the indexer's own features likewise)."""
         tensor = self.w(name, layer)
-        d = self.w(f"{self.region}/attention/wq_b", layer).shape[-1]
+        indexer = "/indexer/" in name
+        d = self.w(f"{self.region}/{'indexer/q_proj' if indexer else 'attention/wq_b'}",
+                   layer).shape[-1]
         order = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], -1).flatten()
+        if name.endswith("/weights_proj"):
+            return tensor
+        if tensor.shape[-1] == 2 * d and name.endswith(("/kv_proj", "/gate_proj",
+                                                        "/position_bias")):
+            return tensor[..., torch.cat([order, order + d])]
+        if name.endswith(("/q_proj", "/norm/scale")) and indexer:
+            return tensor[..., order]
         if name.endswith(("/wq_b", "/wkv", "/kv_norm/scale", "/compressor/kv_proj",
                           "/compressor/gate_proj", "/compressor/position_bias",
                           "/compressor/norm/scale")):
@@ -783,6 +883,9 @@ def check_step(dump, initial, initial_moments, args, report):
         report.check("layout", "loss with interleaved RoPE", other.item(), loss.item(), 1e-12)
     names = sorted(params)
     grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+    # Parameters with no path to the loss (deepseek4's CSA indexer: its scores end in top-k
+    # indices) have a zero gradient; tpusim's dump may leave them out.
+    unreached = {n for n, g in zip(names, grads) if g is None}
     grads = {n: (g if g is not None else torch.zeros_like(params[n])).detach().numpy()
              for n, g in zip(names, grads)}
     if model.dropped:
@@ -790,6 +893,9 @@ def check_step(dump, initial, initial_moments, args, report):
         for layer, load in enumerate(model.loads):
             shares = " ".join(f"{share:.2f}" for share in load)
             print(f"# MoE layer {layer}: token choices per expert / balanced share: {shares}")
+    for layer, picked in enumerate(model.selected[:len(model.selected) // 2 or None]):
+        print(f"# CSA layer {layer}: blocks the indexer picks per query, mean {picked:.2f} "
+              f"(indexer_topk {args.indexer_topk})")
     for layer, (gate_share, up_share) in enumerate(model.clipped):
         print(f"# MoE layer {layer}: SwiGLU entries clipped (all experts x tokens): gate "
               f"{gate_share:.1%}, up {up_share:.1%}")
@@ -826,7 +932,10 @@ def check_step(dump, initial, initial_moments, args, report):
                 report.failures += 1
 
     report.check("loss", "loss", step["loss"], loss.item())
-    missing = sorted(set(names) ^ set(gradients))
+    missing = sorted((set(names) ^ set(gradients)) - (unreached - set(gradients)))
+    if unreached:
+        print(f"# parameters no gradient reaches (zero, absent from the dump when not written): "
+              f"{len(unreached)}")
     if missing:
         print(f"FAIL gradients: names differ from the parameters: {missing}")
         report.failures += 1
@@ -920,8 +1029,13 @@ def main():
     parser.add_argument("--sliding-window", type=int, default=0,
                         help="deepseek4: sliding_window_size")
     parser.add_argument("--compress-ratios", default="",
-                        help="deepseek4: compress_ratios, comma-separated (0 or above 4); "
+                        help="deepseek4: compress_ratios, comma-separated (0, 4 or above 4); "
                              "default: every layer 0")
+    parser.add_argument("--indexer-topk", type=int, default=16,
+                        help="deepseek4: indexer_topk, the blocks a CSA query keeps")
+    parser.add_argument("--perturb-topk", action="store_true",
+                        help="ablation: each CSA query with more complete blocks than it keeps "
+                             "swaps its last pick for the next-ranked block; the check must fail")
     parser.add_argument("--compressed-rope-max-timescale", type=float, default=160000.0,
                         help="deepseek4: the RoPE wavelength of layers with a ratio > 0")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,

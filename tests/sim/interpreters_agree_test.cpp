@@ -317,5 +317,27 @@ TEST(InterpretersAgree, Deepseek4HeavilyCompressedAttention) {
   expect_deepseek4_agreement(tiny, "deepseek4 hca", {{kFsdpContext, "fsdp x context"}});
 }
 
+// deepseek4's compressed sparse attention: the overlapping pooling, the indexer's scores and top-k
+// selection (kBlockTopK) and the attention op's selection input, on one device, under fsdp=4 and
+// under fsdp=2 x expert=2 (context parallelism is refused for CSA). Under expert parallelism each
+// device executes the grouped-matmul rows its experts really get (4.4% above the program's
+// balanced count here), so FLOPs are compared on the other two.
+TEST(InterpretersAgree, Deepseek4CompressedSparseAttention) {
+  const std::vector<std::string> tiny = {"override_model_config=true",
+                                         "base_num_decoder_layers=2",
+                                         "compress_ratios=[0,4]",
+                                         "mhc_expansion_rate=1",
+                                         "first_num_hash_layers=0",
+                                         "routed_bias_update_rate=0",
+                                         "load_balance_loss_weight=0",
+                                         "sliding_window_size=8",
+                                         "vocab_size=256",
+                                         "indexer_topk=3"};
+  expect_deepseek4_agreement(
+      tiny, "deepseek4 csa",
+      {{{"ici_fsdp_parallelism=4"}, "fsdp=4"},
+       {{"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"}, "fsdp=2 x expert=2", false}});
+}
+
 }  // namespace
 }  // namespace tpusim

@@ -43,6 +43,10 @@
 //   scale dS^T q plus the value part P^T dout of the block columns, partial like dk and dv.
 //   Example: r = 2, window 2, query p = 4 sees keys 3, 4 and blocks 0, 1 (tokens 0-3), not
 //   block 2 (tokens 4-5).
+// Selected blocks (attrs.block_topk > 0, DeepSeek-V4's compressed sparse attention): one more
+//   input after the blocks, the indexer's selection [batch, length, blocks] (kBlockTopK: 1 where
+//   query p keeps block c, the blocks dim whole); a visible block joins query p's softmax only
+//   where it is 1 (MaxText adds DEFAULT_MASK_VALUE to the others). It gets no gradient output.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -167,15 +171,16 @@ class AttentionKernel {
   AttentionKernel(const Ctx& ctx, bool gradient) : ctx_(ctx) {
     const size_t first = gradient ? 1 : 0;
     if (gradient) {
-      ctx.expect_counts(5, 8, 3, 6);
+      ctx.expect_counts(5, 9, 3, 6);
     } else {
-      ctx.expect_counts(3, 6, 1, 1);
+      ctx.expect_counts(3, 7, 1, 1);
     }
     // The forward's inputs q, k, v[, k_rope][, sinks][, blocks]: sinks is the 1-D [heads] one,
     // blocks the last when attrs.compress_ratio > 0.
     const size_t forward_inputs = ctx.num_inputs() - (gradient ? 2 : 0);
     blocks_ = ctx.op().attrs.compress_ratio > 0;
-    const size_t before_blocks = forward_inputs - (blocks_ ? 1 : 0);
+    selection_ = blocks_ && ctx.op().attrs.block_topk > 0;
+    const size_t before_blocks = forward_inputs - (blocks_ ? 1 : 0) - (selection_ ? 1 : 0);
     const Tensor& last = ctx.in_tensor(first + before_blocks - 1);
     sinks_ = before_blocks > 3 && last.dims.size() == 1 && last.dims[0].name == "heads";
     sinks_index_ = first + before_blocks - 1;
@@ -212,7 +217,10 @@ class AttentionKernel {
     d_k_ = k_.features;
     bl_.length = 0;  // without blocks nothing is stacked below the keys
     if (blocks_) {
-      check_blocks(first + forward_inputs - 1, gradient);
+      check_blocks(first + before_blocks, gradient);
+    }
+    if (selection_) {
+      check_selection(first + before_blocks + 1);
     }
     if (mla_) {
       if (kr_.batch != q_.batch || kr_.length != k_.length) {
@@ -295,7 +303,7 @@ class AttentionKernel {
       const RowMatrix q_matrix = gather<Scalar>(ctx_, q, q_, b, h, true);
       const RowMatrix k_matrix = with_blocks(gather<Scalar>(ctx_, k, k_, b, kv, true), b, kv);
       const RowMatrix v_matrix = with_blocks(gather<Scalar>(ctx_, v, v_, b, kv, true), b, kv);
-      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, h);
+      const RowMatrix probabilities = softmax(q_matrix, k_matrix, k_rope, b, h);
       const RowMatrix result = product(round_matrix(ctx_, probabilities), false, v_matrix, false);
       scatter(out, o_, b, h, result, false);
     });
@@ -347,7 +355,7 @@ class AttentionKernel {
         RowMatrix cap_slope;
         Column sink_probability;
         const RowMatrix probabilities =
-            softmax(q_matrix, k_matrix, k_rope, h, &cap_slope, &sink_probability);
+            softmax(q_matrix, k_matrix, k_rope, b, h, &cap_slope, &sink_probability);
         const RowMatrix dv_matrix =
             product(round_matrix(ctx_, probabilities), true, dout_matrix, false);
         const RowMatrix dp = product(dout_matrix, false, v_matrix, true);
@@ -433,6 +441,36 @@ class AttentionKernel {
     if (gradient) {
       dbl_ = attention_view(ctx, ctx.out_tensor(ctx.num_outputs() - 1), true, true);
       check_same(dbl_, bl_.batch, bl_.length, bl_.heads, bl_.features, "dblocks");
+    }
+  }
+
+  // The indexer's selection (at input `index`): [batch, length, blocks], the query's batch and
+  // length, every block of the blocks input.
+  void check_selection(size_t index) {
+    const Tensor& selection = ctx_.in_tensor(index);
+    if (selection.dims.size() != 3 || ctx_.dim(selection, "batch").size != q_.batch ||
+        ctx_.dim(selection, "length").size != q_.length ||
+        selection.num_elements() != q_.batch * q_.length * bl_.length) {
+      ctx_.fail("the block selection must be [batch, length, blocks] of the query and blocks");
+    }
+    selection_input_ = index;
+    selection_batch_stride_ = ctx_.stride(selection, "batch");
+    selection_length_stride_ = ctx_.stride(selection, "length");
+    for (const Dim& dim : selection.dims) {
+      if (dim.name != "batch" && dim.name != "length") {
+        selection_block_stride_ = ctx_.stride(selection, dim.name);
+      }
+    }
+  }
+
+  // Hides the blocks row `i` (of batch `b`) does not select: -inf scores, weight 0.
+  void hide_unselected(RowMatrix& scores, int64_t b, int64_t i) const {
+    const float* row =
+        ctx_.in(selection_input_) + b * selection_batch_stride_ + i * selection_length_stride_;
+    for (int64_t c = 0; c < bl_.length; ++c) {
+      if (row[c * selection_block_stride_] == 0.0f) {
+        scores(i, k_.length + c) = -std::numeric_limits<Scalar>::infinity();
+      }
     }
   }
 
@@ -527,8 +565,9 @@ class AttentionKernel {
   // are 0. `cap_slope` (when given) receives d capped / d uncapped = 1 - tanh^2(s / cap). With
   // sinks, query head h's sink logit joins every row's softmax and `sink_probability` (when
   // given) receives its probability per row.
-  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope, int64_t h,
-                    RowMatrix* cap_slope = nullptr, Column* sink_probability = nullptr) const {
+  RowMatrix softmax(const RowMatrix& q, const RowMatrix& k, const RowMatrix& k_rope, int64_t b,
+                    int64_t h, RowMatrix* cap_slope = nullptr,
+                    Column* sink_probability = nullptr) const {
     RowMatrix scores =
         mla_ ? RowMatrix(q.leftCols(d_k_) * k.transpose()) : product(q, false, k, true);
     if (mla_) {
@@ -553,6 +592,9 @@ class AttentionKernel {
     for (int64_t i = 0; i < scores.rows(); ++i) {
       // Every mask allows one contiguous range of keys; the visible blocks are a second one.
       const std::array<std::pair<int64_t, int64_t>, 2> ranges = allowed_columns(q_position_ + i);
+      if (selection_) {
+        hide_unselected(scores, b, i);
+      }
       Scalar max = sink ? sink_logit : -std::numeric_limits<Scalar>::infinity();
       for (const auto& [first, last] : ranges) {
         for (int64_t j = first; j < last; ++j) {
@@ -600,6 +642,11 @@ class AttentionKernel {
   size_t dsinks_index_ = 0;
   bool blocks_ = false;
   size_t blocks_input_ = 0;
+  bool selection_ = false;
+  size_t selection_input_ = 0;
+  int64_t selection_batch_stride_ = 0;
+  int64_t selection_length_stride_ = 0;
+  int64_t selection_block_stride_ = 0;
   int64_t block_position_ = 0;
   AttentionView q_, k_, v_, kr_, o_, dout_, dq_, dk_, dv_, dkr_, bl_, dbl_;
   int64_t d_k_ = 0;

@@ -48,6 +48,8 @@ void run_moe_combine(const Ctx& ctx);
 // block_pool.cpp: DeepSeek-V4's compressors' softmax-gated pooling and its VJP.
 void run_block_pool(const Ctx& ctx);
 void run_block_pool_grad(const Ctx& ctx);
+// block_topk.cpp: the CSA indexer's selection of each query's top-k complete blocks.
+void run_block_topk(const Ctx& ctx);
 // optimizer.cpp: the AdamW update.
 void run_adam_update(const Ctx& ctx);
 // layout.cpp: dynamic slice, and the copy of host offload/load.

@@ -97,9 +97,10 @@ TEST(EstimateCommand, PipelineScheduleAndItsConstraints) {
 }
 
 TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
-  // deepseek4 trains with sliding-window or heavily compressed attention (ratios above 4), one
-  // or more (mHC) residual streams and the router on logits or sqrtsoftplus scores (or hash
-  // routing in its first layers), with or without its selection bias and its update;
+  // deepseek4 trains with sliding-window, compressed sparse (ratio 4) or heavily compressed
+  // attention (ratios above 4), one or more (mHC) residual streams and the router on logits or
+  // sqrtsoftplus scores (or hash routing in its first layers), with or without its selection bias
+  // and its update;
   // each piece it does not compute is refused by the key that turns it on (exit 2), from the
   // trainable set below with one key changed.
   const std::vector<std::pair<std::string, std::string>> trainable = {
@@ -135,7 +136,6 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   // (key, value, the refusal's start)
   for (const auto& [key, value, refusal] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"compress_ratios", "[0,4]", "compress_ratios: layer 1: 4"},
            {"compress_ratios", "[0,3]", "compress_ratios: layer 1: 3"},
            {"enable_mhc_lite", "true", "enable_mhc_lite: true"},
            {"routed_score_func", "sigmoid", "routed_score_func: sigmoid"},
@@ -175,17 +175,23 @@ TEST(EstimateCommand, Deepseek4TrainRefusesWhatItDoesNotComputeByKey) {
   expect_refused({"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2",
                   "per_device_batch_size=1", "max_target_length=24"},
                  {{"compress_ratios", "[0,8]"}}, "max_target_length: 24");
+  // Compressed sparse attention (ratio 4) reads other shards' blocks under context parallelism
+  // (its overlapping windows, the indexer's top-k): refused by the context axis's key.
+  expect_refused({"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_context_parallelism=2",
+                  "per_device_batch_size=1"},
+                 {{"compress_ratios", "[0,4]"}}, "ici_context_parallelism: 2");
   // The grouped out projection needs whole groups per device: o_groups 1 under tensor=2 (the
   // heads split in two) is refused by key.
   expect_refused({"compile_topology=v5e-4", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
                   "per_device_batch_size=1", "base_num_kv_heads=2", "o_groups=1"},
                  {}, "o_groups: 1");
   // The preset itself: its activation clip, hash layers, sqrtsoftplus router scores, selection
-  // bias and load-balance loss are built, its compressed attention is the first key refused.
+  // bias, load-balance loss and compressed attentions are built; its alternating CSA and HCA
+  // layers (4, 128, 4, ...) are the first key refused (the program runs each kind together).
   const auto preset =
       run_tpusim({"train", "model_name=deepseek4-tiny", "compile_topology=v5e-1", "steps=1"});
   EXPECT_EQ(preset.exit_code, 2) << preset.err;
-  EXPECT_NE(preset.err.find("compress_ratios: layer 2: 4 is not computed by tpusim train"),
+  EXPECT_NE(preset.err.find("compress_ratios: layer 5: 128 is not computed by tpusim train"),
             std::string::npos)
       << preset.err;
   // The clip is built for deepseek4's SwiGLU experts only: with another gate activation (which

@@ -230,6 +230,21 @@ TEST(DecoderBlocksTraining, Deepseek4HeavilyCompressedShardedMatchesOneDevice) {
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_context_parallelism=2"});
 }
 
+// Compressed sparse attention (compress_ratios entry 4; MaxText's DeepseekV4CSACompressor and
+// DeepseekV4Indexer) in layer 1 beside an HCA layer of 8: overlapping windows pool 8 blocks of 4
+// tokens, and each query keeps the indexer's top 3 of its complete blocks (indexer_topk 3, so
+// from query 15 on the indexer's choice matters), with a window of 4 and the sinks. The sequence
+// is whole on every device under fsdp+expert; context parallelism is refused for CSA by key
+// (train's check, tests/sim/train/train_keys_test.cpp), and tensor parallelism needs 2 kv heads,
+// which a layer with blocks refuses (above).
+TEST(DecoderBlocksTraining, Deepseek4CompressedSparseShardedMatchesOneDevice) {
+  std::vector<std::string> model =
+      with_overrides(deepseek4_tiny(), {"compress_ratios=[0,4,8]", "sliding_window_size=4"});
+  model.emplace_back("indexer_topk=3");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=4"});
+}
+
 // With the preset's SwiGLU clip (mlp_activations_limit at 0.3, which cuts about 12% of the routed
 // experts' gate entries and 23% of their up entries, as tests/reference/run_torch_reference.sh
 // prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every

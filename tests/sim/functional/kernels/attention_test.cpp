@@ -123,8 +123,10 @@ OpAttrs attention_attrs(const AttentionCase& test) {
 }
 
 // Explicit softmax attention over whole tensors.
+// With `selection` ([batch, length, blocks], CSA), a block joins row i only where it is 1.
 std::vector<double> reference_attention(const AttentionCase& test,
-                                        const std::vector<TensorData>& in, int64_t length) {
+                                        const std::vector<TensorData>& in, int64_t length,
+                                        const TensorData* selection = nullptr) {
   const TensorData& q = in[0];
   const TensorData& k = in[1];
   const TensorData& v = in[2];
@@ -166,7 +168,8 @@ std::vector<double> reference_attention(const AttentionCase& test,
         }
         // Block c holds tokens c r .. c r + r - 1: visible once the last of them is at or before i.
         for (int64_t c = 0; c < blocks; ++c) {
-          if (c * test.compress_ratio + test.compress_ratio - 1 > i) {
+          if (c * test.compress_ratio + test.compress_ratio - 1 > i ||
+              (selection != nullptr && selection->at({b, i, c}) == 0.0f)) {
             continue;
           }
           double dot = 0;
@@ -306,6 +309,97 @@ TEST(KernelAttention, GradientsMatchFiniteDifferences) {
       expect_fd(std::string("attention ") + (test.mla ? "mla " : "") + names[index], g.c.graph,
                 forward, inputs, weights, index, analytic[index]);
     }
+  }
+}
+
+// DeepSeek-V4's compressed sparse attention: blocks of 2 tokens (3 of 6), window 2, sinks, and the
+// indexer's selection as the last input: a visible block joins a row only where it is 1.
+struct SelectionGraph {
+  AttentionGraph g;
+  TensorId selection = -1;
+  std::vector<TensorId> inputs() const {
+    std::vector<TensorId> ids = g.inputs();
+    ids.push_back(selection);
+    return ids;
+  }
+};
+
+const AttentionCase kSelectedBlocks = {"window_sinks_selected_blocks",
+                                       4,
+                                       1,
+                                       AttentionMask::kSlidingWindow,
+                                       2,
+                                       false,
+                                       4,
+                                       0,
+                                       4,
+                                       0,
+                                       true,
+                                       2};
+
+OpAttrs selection_attrs() {
+  OpAttrs attrs = attention_attrs(kSelectedBlocks);
+  attrs.block_topk = 1;  // > 0: the selection input; its count is the indexer's business
+  return attrs;
+}
+
+void add_selection_tensors(SelectionGraph& s, int64_t length) {
+  add_attention_tensors(s.g, kSelectedBlocks, dim("length", length), length, "");
+  s.selection =
+      s.g.c.tensor("selection", {dim("batch", 2), dim("length", length),
+                                 dim("indexer_blocks", length / kSelectedBlocks.compress_ratio)});
+}
+
+TEST(KernelAttention, SelectedBlocksMatchExplicitSoftmax) {
+  std::mt19937 rng(14);
+  const int64_t length = 6;
+  SelectionGraph s;
+  add_selection_tensors(s, length);
+  const Op& op = s.g.c.op(OpKind::kAttention, s.inputs(), {s.g.out}, selection_attrs());
+  const std::vector<TensorData> inputs = random_inputs(s.g.c, s.g.inputs(), rng);
+  // Each row keeps a random half of the blocks (visible or not: the kernel hides the others).
+  const TensorData selection = random_ints(s.g.c.info(s.selection), rng, 2);
+  std::vector<TensorData> with_selection = inputs;
+  with_selection.push_back(selection);
+  const TensorData out = run(s.g.c.graph, op, with_selection)[0];
+  expect_close(out, reference_attention(kSelectedBlocks, inputs, length, &selection));
+  // The check sees the selection: with every block kept the output differs.
+  const std::vector<double> all_kept = reference_attention(kSelectedBlocks, inputs, length);
+  double largest = 0;
+  for (size_t e = 0; e < all_kept.size(); ++e) {
+    largest = std::max(largest, std::abs(all_kept[e] - double{out.values[e]}));
+  }
+  EXPECT_GT(largest, 1e-2);
+}
+
+TEST(KernelAttention, SelectedBlocksGradientsMatchFiniteDifferences) {
+  std::mt19937 rng(15);
+  const int64_t length = 6;
+  SelectionGraph s;
+  add_selection_tensors(s, length);
+  Case& c = s.g.c;
+  const Op& forward = c.op(OpKind::kAttention, s.inputs(), {s.g.out}, selection_attrs());
+  std::vector<TensorId> grad_in = {c.tensor("dout", c.info(s.g.out).dims)};
+  std::vector<TensorId> grad_out;
+  for (const TensorId id : s.g.inputs()) {  // no gradient for the selection
+    grad_in.push_back(id);
+    grad_out.push_back(c.tensor(c.info(id).name + "/grad", c.info(id).dims));
+  }
+  grad_in.push_back(s.selection);
+  grad_in.push_back(s.g.out);
+  const Op& grad = c.op(OpKind::kAttentionGrad, grad_in, grad_out, selection_attrs(), true);
+  std::vector<TensorData> inputs = random_inputs(c, s.g.inputs(), rng);
+  inputs.push_back(random_ints(c.info(s.selection), rng, 2));
+  const std::vector<TensorData> weights = random_weights(c.graph, forward, rng);
+  std::vector<TensorData> grad_values = {weights[0]};
+  grad_values.insert(grad_values.end(), inputs.begin(), inputs.end());
+  grad_values.push_back(run(c.graph, forward, inputs)[0]);
+  const std::vector<TensorData> analytic = run(c.graph, grad, grad_values);
+  const std::vector<std::string> names = {"dq", "dk", "dv", "dsinks", "dblocks"};
+  ASSERT_EQ(analytic.size(), names.size());
+  for (size_t index = 0; index < analytic.size(); ++index) {
+    expect_fd("selected-block attention " + names[index], c.graph, forward, inputs, weights, index,
+              analytic[index]);
   }
 }
 

@@ -1,6 +1,8 @@
 // tests/sim/functional/kernels/block_pool_test.cpp: the block pooling kernels of DeepSeek-V4's
 // compressors (sim/functional/kernels/block_pool.cpp): a block worked by hand, an explicit
-// softmax over random blocks, the VJP by finite differences, and blocks split over devices.
+// softmax over random blocks, the VJP by finite differences, and blocks split over devices; CSA's
+// overlapping windows (MaxText's csa_overlap_pooling) worked by hand, against the shifted
+// concatenation written out here, and by finite differences.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,6 +155,129 @@ TEST(KernelBlockPool, SplitBlocksMatchWhole) {
     }
   }
   expect_close(dbias_sum, grads[2]);
+}
+
+// CSA's overlapping windows: kv, gate [batch 2, blocks 3, positions 2, 2h = 4], bias
+// [positions, 2h] -> pooled [batch, blocks, h = 2].
+struct OverlapGraph {
+  Case c;
+  TensorId kv, gate, bias, pooled;
+  std::vector<TensorId> inputs() const { return {kv, gate, bias}; }
+};
+
+constexpr int64_t kOverlapBlocks = 3;
+constexpr int64_t kOverlapPositions = 2;
+constexpr int64_t kHalf = 2;
+
+OpAttrs overlap_attrs() {
+  OpAttrs attrs = pool_attrs();
+  attrs.overlapping_windows = true;
+  return attrs;
+}
+
+void add_overlap_tensors(OverlapGraph& g) {
+  const std::vector<Dim> dims = {dim("batch", 2), dim("blocks", kOverlapBlocks),
+                                 dim("block_pos", kOverlapPositions), dim("feature", 2 * kHalf)};
+  g.kv = g.c.tensor("kv", dims);
+  g.gate = g.c.tensor("gate", dims);
+  g.bias = g.c.tensor("bias", {dim("block_pos", kOverlapPositions), dim("feature", 2 * kHalf)});
+  g.pooled = g.c.tensor(
+      "pooled", {dim("batch", 2), dim("blocks", kOverlapBlocks), dim("half_feature", kHalf)});
+}
+
+// Two blocks of one token, h = 1, gates 0: block 0 pools its second half alone (kv 2), block 1
+// block 0's first half (1) and its own second (4) equally: 2.5. A gate of ln 3 on block 0's first
+// half weighs it 3:1 in block 1: (3 + 4) / 4 = 1.75.
+TEST(KernelBlockPool, OverlappingWindowsWorkedByHand) {
+  for (const double first_gate : {0.0, std::log(3.0)}) {
+    Case c;
+    const std::vector<Dim> dims = {dim("batch", 1), dim("blocks", 2), dim("block_pos", 1),
+                                   dim("feature", 2)};
+    const TensorId kv = c.tensor("kv", dims);
+    const TensorId gate = c.tensor("gate", dims);
+    const TensorId bias = c.tensor("bias", {dim("block_pos", 1), dim("feature", 2)});
+    const TensorId pooled = c.tensor("pooled", {dim("batch", 1), dim("blocks", 2), dim("h", 1)});
+    const Op& op = c.op(OpKind::kBlockPool, {kv, gate, bias}, {pooled}, overlap_attrs());
+    TensorData kv_data = TensorData::zeros(c.info(kv));
+    kv_data.values = {1, 2, 3, 4};
+    TensorData gate_data = TensorData::zeros(c.info(gate));
+    gate_data.values[0] = static_cast<float>(first_gate);
+    const std::vector<TensorData> out =
+        run(c.graph, op, {kv_data, gate_data, TensorData::zeros(c.info(bias))});
+    EXPECT_NEAR(out[0].values[0], 2.0, 1e-6);
+    EXPECT_NEAR(out[0].values[1], first_gate == 0.0 ? 2.5 : 1.75, 1e-6);
+  }
+}
+
+// Random blocks against csa_overlap_pooling's steps written out here: the first halves shifted
+// one block on (zeros with gate -inf before block 0), concatenated with the second halves along
+// the positions, a softmax over the 2r entries.
+TEST(KernelBlockPool, OverlappingWindowsMatchShiftedConcatenation) {
+  std::mt19937 rng(24);
+  OverlapGraph g;
+  add_overlap_tensors(g);
+  const Op& op = g.c.op(OpKind::kBlockPool, g.inputs(), {g.pooled}, overlap_attrs());
+  const std::vector<TensorData> in = random_inputs(g.c, g.inputs(), rng);
+  std::vector<double> expected;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t block = 0; block < kOverlapBlocks; ++block) {
+      for (int64_t f = 0; f < kHalf; ++f) {
+        std::vector<double> entry_kv;
+        std::vector<double> entry_gate;
+        for (int64_t t = 0; t < kOverlapPositions; ++t) {  // the prior / shifted first half
+          entry_kv.push_back(block == 0 ? 0.0 : double{in[0].at({b, block - 1, t, f})});
+          entry_gate.push_back(block == 0 ? -kInfinity
+                                          : double{in[1].at({b, block - 1, t, f})} +
+                                                double{in[2].at({t, f})});
+        }
+        for (int64_t t = 0; t < kOverlapPositions; ++t) {  // the block's own second half
+          entry_kv.push_back(in[0].at({b, block, t, kHalf + f}));
+          entry_gate.push_back(double{in[1].at({b, block, t, kHalf + f})} +
+                               double{in[2].at({t, kHalf + f})});
+        }
+        double norm = 0;
+        double sum = 0;
+        for (size_t e = 0; e < entry_kv.size(); ++e) {
+          const double weight = std::exp(entry_gate[e]);
+          norm += weight;
+          sum += weight * entry_kv[e];
+        }
+        expected.push_back(sum / norm);
+      }
+    }
+  }
+  expect_close(run(g.c.graph, op, in)[0], expected);
+}
+
+TEST(KernelBlockPool, OverlappingWindowsGradientsMatchFiniteDifferences) {
+  std::mt19937 rng(25);
+  OverlapGraph g;
+  add_overlap_tensors(g);
+  const Op& forward = g.c.op(OpKind::kBlockPool, g.inputs(), {g.pooled}, overlap_attrs());
+  const TensorId dy = g.c.tensor("dy", g.c.info(g.pooled).dims);
+  std::vector<TensorId> outputs;
+  for (const TensorId id : g.inputs()) {
+    outputs.push_back(g.c.tensor(g.c.info(id).name + "/grad", g.c.info(id).dims));
+  }
+  const Op& grad =
+      g.c.op(OpKind::kBlockPoolGrad, {dy, g.kv, g.gate, g.bias}, outputs, overlap_attrs(), true);
+  std::vector<TensorData> inputs = random_inputs(g.c, g.inputs(), rng);
+  for (float& value : inputs[1].values) {
+    value *= 3;
+  }
+  const std::vector<TensorData> weights = random_weights(g.c.graph, forward, rng);
+  std::vector<TensorData> grad_values = {weights[0]};
+  grad_values.insert(grad_values.end(), inputs.begin(), inputs.end());
+  const std::vector<TensorData> analytic = run(g.c.graph, grad, grad_values);
+  // The last block's first half feeds no pooled entry: its gradient is exactly 0.
+  for (int64_t t = 0; t < kOverlapPositions; ++t) {
+    EXPECT_EQ(analytic[0].at({1, kOverlapBlocks - 1, t, 0}), 0.0f);
+  }
+  const std::vector<std::string> names = {"dkv", "dgate", "dbias"};
+  for (size_t index = 0; index < analytic.size(); ++index) {
+    expect_fd("overlapping block pool " + names[index], g.c.graph, forward, inputs, weights, index,
+              analytic[index]);
+  }
 }
 
 }  // namespace

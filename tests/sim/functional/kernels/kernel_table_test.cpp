@@ -86,7 +86,9 @@ constexpr CoveredKind kCoveredOpKinds[] = {
     {OpKind::kSinkhornGrad, "KernelSinkhorn.GradientMatchesFiniteDifferences"},
     {OpKind::kBlockPool, "KernelBlockPool.*"},
     {OpKind::kBlockPoolGrad,
-     "KernelBlockPool.GradientsMatchFiniteDifferences, KernelBlockPool.SplitBlocksMatchWhole"},
+     "KernelBlockPool.GradientsMatchFiniteDifferences, KernelBlockPool.SplitBlocksMatchWhole, "
+     "KernelBlockPool.OverlappingWindowsGradientsMatchFiniteDifferences"},
+    {OpKind::kBlockTopK, "KernelBlockTopK.*"},
 };
 
 // A kernel without a test case fails here: every kind of run_kernel's table must be listed in
