@@ -22,7 +22,7 @@ struct InternTable {
 };
 
 InternTable& intern_table() {
-  static auto* table = new InternTable();  // NOLINT(cppcoreguidelines-owning-memory): see above
+  static auto* table = new InternTable();  // see above
   return *table;
 }
 

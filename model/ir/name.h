@@ -29,14 +29,13 @@ class Name {
  public:
   Name() : text_(empty_text()) {}
   // Implicit: a Name stands wherever the dim's name was a string.
-  Name(const char* text) : Name(std::string_view(text)) {}  // NOLINT(google-explicit-constructor)
-  Name(const std::string& text)
-      : Name(std::string_view(text)) {}                 // NOLINT(google-explicit-constructor)
-  Name(std::string_view text) : text_(intern(text)) {}  // NOLINT(google-explicit-constructor)
+  Name(const char* text) : Name(std::string_view(text)) {}
+  Name(const std::string& text) : Name(std::string_view(text)) {}
+  Name(std::string_view text) : text_(intern(text)) {}
 
   const std::string& str() const { return *text_; }
-  operator const std::string&() const { return *text_; }  // NOLINT(google-explicit-constructor)
-  operator std::string_view() const { return *text_; }    // NOLINT(google-explicit-constructor)
+  operator const std::string&() const { return *text_; }
+  operator std::string_view() const { return *text_; }
   const char* c_str() const { return text_->c_str(); }
   size_t size() const { return text_->size(); }
   bool empty() const { return text_->empty(); }
