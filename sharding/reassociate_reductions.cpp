@@ -100,7 +100,7 @@ int reassociate_reductions(Graph& graph) {
       reduction_of[static_cast<size_t>(op.outputs[0])] = left;
     }
   }
-  // Nothing to rewrite (most programs): the graph stays as it is, and no op is copied.
+  // Nothing to rewrite: the graph stays as it is, and no op is copied.
   if (std::find(rewritten_sum.begin(), rewritten_sum.end(), true) == rewritten_sum.end()) {
     return 0;
   }
