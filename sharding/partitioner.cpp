@@ -8,6 +8,53 @@
 namespace tpusim {
 namespace partitioner_internal {
 
+namespace {
+
+// mesh_axis_names() interned once: a local dim lists its axes without a lookup per axis.
+const std::array<Name, kNumMeshAxes>& interned_mesh_axis_names() {
+  static const std::array<Name, kNumMeshAxes> names = [] {
+    std::array<Name, kNumMeshAxes> interned;
+    for (size_t axis = 0; axis < kNumMeshAxes; ++axis) {
+      interned[axis] = mesh_axis_names()[axis];
+    }
+    return interned;
+  }();
+  return names;
+}
+
+// A tensor's dims' logical names, compared and hashed by their interned copies (model/ir/name.h:
+// equal texts share one), so that looking a combination up reads no text.
+class LogicalNames {
+ public:
+  explicit LogicalNames(const Tensor& tensor) {
+    if (tensor.dims.size() > names_.size()) {
+      throw std::logic_error("Partitioner: a tensor with more than 8 dims: " + tensor.name);
+    }
+    for (const Dim& dim : tensor.dims) {
+      names_[size_++] = &dim.logical.str();
+    }
+  }
+  friend bool operator==(const LogicalNames& a, const LogicalNames& b) {
+    return std::equal(a.names_.begin(), a.names_.begin() + a.size_, b.names_.begin(),
+                      b.names_.begin() + b.size_);
+  }
+  struct Hash {
+    size_t operator()(const LogicalNames& key) const {
+      size_t hash = key.size_;
+      for (size_t index = 0; index < key.size_; ++index) {
+        hash = hash * 31 + std::hash<const std::string*>{}(key.names_[index]);
+      }
+      return hash;
+    }
+  };
+
+ private:
+  std::array<const std::string*, Layout::kCapacity> names_{};
+  size_t size_ = 0;
+};
+
+}  // namespace
+
 PartitionedProgram Partitioner::run() {
   for (const Region& region : global_.regions()) {
     const int copy = out_.add_region(region.name, region.repeat, region.phase,
@@ -18,15 +65,9 @@ PartitionedProgram Partitioner::run() {
   local_.assign(global_.tensors().size(), -1);
   // A layout depends only on the dims' logical names: resolve each combination once (a step
   // has hundreds of tensors but a few dozen combinations).
-  std::unordered_map<std::string, Layout> layout_of_logical_names;
-  std::string logical_names;
+  std::unordered_map<LogicalNames, Layout, LogicalNames::Hash> layout_of_logical_names;
   for (const Tensor& tensor : global_.tensors()) {
-    logical_names.clear();
-    for (const Dim& dim : tensor.dims) {
-      logical_names += dim.logical;
-      logical_names += '\0';
-    }
-    const auto [known, added] = layout_of_logical_names.try_emplace(logical_names);
+    const auto [known, added] = layout_of_logical_names.try_emplace(LogicalNames(tensor));
     if (added) {
       known->second = normalized(rules_.shard_dims(tensor.dims, mesh_.shape));
     }
@@ -70,18 +111,18 @@ int64_t Partitioner::shards(const AxisList& axes) const {
 
 TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, int region,
                                  const std::string& suffix) {
+  static const Name kExpertTokens("expert_tokens");
   std::vector<Dim> dims = global.dims;
   for (size_t index = 0; index < dims.size(); ++index) {
     Dim& dim = dims[index];
-    if (dim.name == "expert_tokens" && dropless_expert_tokens_ > 0) {
+    if (dim.name == kExpertTokens && dropless_expert_tokens_ > 0) {
       dim.size = dropless_expert_tokens_;
     }
     const int64_t split = shards(layout_in[index]);
     dim.global_size = dim.size;
     dim.sharded_over.clear();
-    dim.sharded_over.reserve(layout_in[index].size());
     for (const int axis : layout_in[index]) {
-      dim.sharded_over.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
+      dim.sharded_over.push_back(interned_mesh_axis_names()[static_cast<size_t>(axis)]);
     }
     const int64_t local_size = (dim.size + split - 1) / split;
     if (split > 1 && dim.size % split != 0 && suffix.empty()) {
@@ -361,12 +402,15 @@ void Partitioner::partition_op(const Op& op) {
   current_phase_ = op.phase;
   switch (op.kind) {
     case OpKind::kEinsum: {
-      // A grouped matmul's third input (row_experts) follows its rows by dim name.
-      Op einsum = op;
-      if (op.inputs.size() == 3 && dropless_expert_tokens_ > 0) {
-        einsum.attrs.routed_fraction = dropless_fraction_;
+      // A grouped matmul's third input (row_experts) follows its rows by dim name; its rows are
+      // the dropless buffer's (a copy of the op carries their routed fraction).
+      const bool grouped = op.inputs.size() == 3 && dropless_expert_tokens_ > 0;
+      Op grouped_einsum;
+      if (grouped) {
+        grouped_einsum = op;
+        grouped_einsum.attrs.routed_fraction = dropless_fraction_;
       }
-      partition_einsum(einsum, {op.inputs[0], op.inputs[1]},
+      partition_einsum(grouped ? grouped_einsum : op, {op.inputs[0], op.inputs[1]},
                        {plan_dims(op.inputs[0]), plan_dims(op.inputs[1])}, op.attrs.contracted);
       return;
     }

@@ -1,6 +1,8 @@
 #include "sharding/reassociate_reductions.h"
 
+#include <algorithm>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "model/ir/op_kind_traits.h"
@@ -98,6 +100,10 @@ int reassociate_reductions(Graph& graph) {
       reduction_of[static_cast<size_t>(op.outputs[0])] = left;
     }
   }
+  // Nothing to rewrite: the graph stays as it is, and no op is copied.
+  if (std::find(rewritten_sum.begin(), rewritten_sum.end(), true) == rewritten_sum.end()) {
+    return 0;
+  }
   // The value each reduced tensor sums before its reduction; held reductions are dropped.
   auto held = [&](TensorId tensor) {
     const auto index = static_cast<size_t>(tensor);
@@ -114,7 +120,9 @@ int reassociate_reductions(Graph& graph) {
       continue;
     }
     if (!rewritten_sum[static_cast<size_t>(op.id)]) {
-      program.push_back(op);
+      // Moved: the program replaces the graph's ops below (a rewritten sum removes at least the
+      // two reductions it sums and adds back at most one), and nothing reads a kept op again.
+      program.push_back(std::move(graph.mutable_op(op.id)));
       continue;
     }
     const TensorId left = partial_of[static_cast<size_t>(op.inputs[0])];
@@ -141,9 +149,7 @@ int reassociate_reductions(Graph& graph) {
     program.push_back(reduction);
     --removed;
   }
-  if (removed > 0) {
-    graph.replace_ops(std::move(program));
-  }
+  graph.replace_ops(std::move(program));
   return removed;
 }
 

@@ -34,7 +34,16 @@ int64_t Tensor::bytes() const {
   return num_elements() * dtype_bytes(dtype);
 }
 
-int Tensor::dim_index(const std::string& dim_name) const {
+int Tensor::dim_index(std::string_view dim_name) const {
+  for (size_t index = 0; index < dims.size(); ++index) {
+    if (dims[index].name == dim_name) {
+      return static_cast<int>(index);
+    }
+  }
+  return -1;
+}
+
+int Tensor::dim_index(const Name& dim_name) const {
   for (size_t index = 0; index < dims.size(); ++index) {
     if (dims[index].name == dim_name) {
       return static_cast<int>(index);

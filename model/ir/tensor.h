@@ -4,30 +4,42 @@
 // and a logical axis name (the MaxText logical_axis_rules key that decides its sharding: a weight's
 // embed dim is "embed", an activation's embed dim is "activation_embed").
 //
+// Programs copy dims often (every local tensor starts as a copy of a global one's), so a dim holds
+// no heap memory of its own: its names are interned (model/ir/name.h) and the mesh axes it is split
+// over are kept inline.
+//
 // Example:
 //   x[batch:8 @activation_batch, length:2048 @activation_length, embed:4096 @activation_embed] bf16
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "model/ir/dtype.h"
+#include "model/ir/name.h"
 
 namespace tpusim {
 
+// Mesh axes a dim is split over: inline up to 4 (MaxText's activation_batch rule names data, fsdp,
+// fsdp_transpose and expert); more spill to the heap.
+using DimAxes = boost::container::small_vector<Name, 4>;
+
 struct Dim {
   Dim() = default;
-  Dim(std::string dim_name, int64_t dim_size, std::string logical_axis)
-      : name(std::move(dim_name)), size(dim_size), logical(std::move(logical_axis)) {}
+  Dim(Name dim_name, int64_t dim_size, Name logical_axis)
+      : name(dim_name), size(dim_size), logical(logical_axis) {}
 
-  std::string name;  // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
+  Name name;         // semantic: batch, length, embed, heads, kv_heads, head_dim, mlp, vocab, ...
   int64_t size = 1;  // in a per-device program: the local (shard) size, padded up
-  std::string logical;  // MaxText logical axis, e.g. "activation_embed" or "embed"
+  Name logical;      // MaxText logical axis, e.g. "activation_embed" or "embed"
   // Set by the partitioner: the mesh axes this dim is split over (major to minor) and its global
   // size before splitting (0 = not partitioned, size is global).
-  std::vector<std::string> sharded_over;
+  DimAxes sharded_over;
   int64_t global_size = 0;
 
   // The dim's size in the whole (unsharded) tensor.
@@ -63,7 +75,10 @@ struct Tensor {
   int64_t num_elements() const;
   int64_t bytes() const;
   // Index of the dim named `dim_name`, or -1.
-  int dim_index(const std::string& dim_name) const;
+  int dim_index(std::string_view dim_name) const;
+  int dim_index(const Name& dim_name) const;
+  int dim_index(const char* dim_name) const { return dim_index(std::string_view(dim_name)); }
+  int dim_index(const std::string& dim_name) const { return dim_index(std::string_view(dim_name)); }
   // "x[batch:8,length:2048,embed:4096] bf16"; split dims show their mesh axes: "embed:256@fsdp"
   std::string describe() const;
 };

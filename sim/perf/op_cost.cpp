@@ -121,7 +121,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
     if (const auto found = find(dim.name); found != dims.end()) {
       found->size = dim.size;
     } else {
-      dims.push_back({&dim.name, dim.size, true, false, false});
+      dims.push_back({&dim.name.str(), dim.size, true, false, false});
     }
   }
   for (const Dim& dim : rhs.dims) {
@@ -129,7 +129,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
       found->size = dim.size;
       found->rhs = true;
     } else {
-      dims.push_back({&dim.name, dim.size, false, true, false});
+      dims.push_back({&dim.name.str(), dim.size, false, true, false});
     }
   }
   for (const Dim& dim : out.dims) {

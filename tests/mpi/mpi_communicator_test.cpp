@@ -51,7 +51,7 @@ Dim dim(const std::string& name, int64_t global, const std::vector<std::string>&
   const int64_t split = shards(axes);
   Dim result{name, (global + split - 1) / split, ""};
   result.global_size = global;
-  result.sharded_over = axes;
+  result.sharded_over.assign(axes.begin(), axes.end());
   return result;
 }
 

@@ -96,8 +96,8 @@ class NormKernel {
     if (x.dims.empty()) {
       ctx.fail("normalizes a scalar");
     }
-    reduced_ =
-        ctx.op().attrs.contracted.empty() ? x.dims.back().name : ctx.op().attrs.contracted.front();
+    reduced_ = ctx.op().attrs.contracted.empty() ? x.dims.back().name.str()
+                                                 : ctx.op().attrs.contracted.front();
     const Dim& reduced = ctx.dim(x, reduced_);
     n_local_ = reduced.size;
     rows_ = space_without(x, {reduced_});
