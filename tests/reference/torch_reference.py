@@ -393,6 +393,12 @@ class Reference:
         self.layers = len(self.slots)
         if not self.compress_ratios:
             self.compress_ratios = [0] * self.layers
+        swap = getattr(args, "swap_layers", "")  # ablation: compute two layers in swapped order
+        if swap:
+            i, j = (int(v) for v in swap.split(","))
+            self.slots[i], self.slots[j] = self.slots[j], self.slots[i]
+            self.compress_ratios[i], self.compress_ratios[j] = \
+                self.compress_ratios[j], self.compress_ratios[i]
         self.interleaved = False  # deepseek4: the equivalent model with interleaved RoPE
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
@@ -1053,6 +1059,9 @@ def main():
     parser.add_argument("--perturb-topk", action="store_true",
                         help="ablation: each CSA query with more complete blocks than it keeps "
                              "swaps its last pick for the next-ranked block; the check must fail")
+    parser.add_argument("--swap-layers", default="",
+                        help="ablation: 'i,j' computes decoder layers i and j (each with its own "
+                             "parameters and kind) in swapped order; the check must fail")
     parser.add_argument("--compressed-rope-max-timescale", type=float, default=160000.0,
                         help="deepseek4: the RoPE wavelength of layers with a ratio > 0")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,
