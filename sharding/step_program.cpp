@@ -55,7 +55,8 @@ ProgramSettings program_settings_from_config(const Config& config) {
 
 }  // namespace
 
-StepProgram build_step_program(const Config& config, const MechanismSet& mechanisms) {
+StepProgram build_step_program(const Config& config, const MechanismSet& mechanisms,
+                               LayerOrder order) {
   StepProgram result;
   result.slice = slice_from_config(config);
   result.mesh =
@@ -75,7 +76,7 @@ StepProgram build_step_program(const Config& config, const MechanismSet& mechani
   result.attention_scores_in_hbm = settings.attention_scores_in_hbm;
   result.hbm_headroom_fraction = settings.hbm_headroom_fraction;
   result.step =
-      std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch));
+      std::make_shared<const TrainingStep>(build_training_step(config, result.microbatch, order));
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   // What explore prunes as axis_does_not_divide, estimate and train refuse (the same check).
   Divisibility(*result.step, rules).require_divides(result.mesh.shape, batch, per_device);

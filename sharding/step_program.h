@@ -45,8 +45,10 @@ Slice slice_from_config(const Config& config);
 
 // UserError when a mesh axis does not split a parameter, the inputs' length or the loaded batch
 // evenly (sharding/divisibility.h: the check explore prunes by).
-// `mechanisms` go to the partitioner (all on unless given).
+// `mechanisms` go to the partitioner (all on unless given); `order` groups the decoder layers
+// (model/builder/layer_plan.h: train builds train_layer_order's, the others kByKind).
 StepProgram build_step_program(const Config& config,
-                               const MechanismSet& mechanisms = MechanismSet());
+                               const MechanismSet& mechanisms = MechanismSet(),
+                               LayerOrder order = LayerOrder::kByKind);
 
 }  // namespace tpusim

@@ -669,8 +669,8 @@ class BackwardBuilder {
 
 }  // namespace
 
-TrainingStep build_training_step(const Config& config, int64_t batch) {
-  return BackwardBuilder(config, build_forward(config, batch)).build();
+TrainingStep build_training_step(const Config& config, int64_t batch, LayerOrder order) {
+  return BackwardBuilder(config, build_forward(config, batch, order)).build();
 }
 
 }  // namespace tpusim

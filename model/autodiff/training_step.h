@@ -34,6 +34,8 @@ struct TrainingStep {
   std::map<TensorId, RematDecision> saved;       // forward activations kept for backward
 };
 
-TrainingStep build_training_step(const Config& config, int64_t batch);
+// `order`: the forward's layer regions (build_forward, model/builder/layer_plan.h).
+TrainingStep build_training_step(const Config& config, int64_t batch,
+                                 LayerOrder order = LayerOrder::kByKind);
 
 }  // namespace tpusim

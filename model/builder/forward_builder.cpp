@@ -22,20 +22,21 @@
 namespace tpusim {
 namespace builder_detail {
 
-ForwardBuilder::ForwardBuilder(const Config& config, int64_t batch)
+ForwardBuilder::ForwardBuilder(const Config& config, int64_t batch, LayerOrder order)
     : config_(config),
       dims_(ModelDims::from_config(config)),
       batch_(batch),
       length_(options_.max_target_length),
       activation_dtype_(parse_dtype(options_.dtype, "dtype")),
       weight_dtype_(parse_dtype(options_.weight_dtype, "weight_dtype")),
-      pipeline_(PipelineSchedule::from_config(config, batch)) {}
+      pipeline_(PipelineSchedule::from_config(config, batch)),
+      order_(order) {}
 
 ForwardGraph ForwardBuilder::build() {
   result_.batch = batch_;
   result_.length = length_;
   result_.pipeline = pipeline_;
-  const std::vector<LayerGroup> groups = plan_layers(config_);
+  const std::vector<LayerGroup> groups = plan_layers(config_, order_);
   if (pipeline_.active() && groups.size() != 1) {
     throw UserError(std::string(options_.dcn_pipeline_parallelism > 1
                                     ? "dcn_pipeline_parallelism"
@@ -297,14 +298,14 @@ void ForwardBuilder::build_head() {
 
 }  // namespace builder_detail
 
-ForwardGraph build_forward(const Config& config, int64_t batch) {
+ForwardGraph build_forward(const Config& config, int64_t batch, LayerOrder order) {
   if (batch < 1) {
     throw UserError(
         "the global batch must hold at least one sequence (per_device_batch_size x "
         "devices = " +
         std::to_string(batch) + ")");
   }
-  return builder_detail::ForwardBuilder(config, batch).build();
+  return builder_detail::ForwardBuilder(config, batch, order).build();
 }
 
 }  // namespace tpusim

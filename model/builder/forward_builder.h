@@ -54,7 +54,9 @@ struct ForwardGraph {
   std::map<std::string, ParameterInit> initializers;
 };
 
-// `batch` is the number of sequences the graph processes (a whole microbatch before partitioning).
-ForwardGraph build_forward(const Config& config, int64_t batch);
+// `batch` is the number of sequences the graph processes (a whole microbatch before partitioning);
+// `order` says whether each kind of layer is one region or each run of them (layer_plan.h).
+ForwardGraph build_forward(const Config& config, int64_t batch,
+                           LayerOrder order = LayerOrder::kByKind);
 
 }  // namespace tpusim

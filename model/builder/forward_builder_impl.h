@@ -52,7 +52,7 @@ struct GdnInputs;
 // Builds one model into a ForwardGraph; holds the config-derived sizes the layers share.
 class ForwardBuilder {
  public:
-  ForwardBuilder(const Config& config, int64_t batch);
+  ForwardBuilder(const Config& config, int64_t batch, LayerOrder order);
 
   ForwardGraph build();
 
@@ -200,6 +200,7 @@ class ForwardBuilder {
   DType activation_dtype_;
   DType weight_dtype_;
   PipelineSchedule pipeline_;
+  LayerOrder order_;  // how plan_layers groups the layers (layer_plan.h)
   // The batch dim's logical axis: the layers' (activation_batch), or outside a pipeline's layers
   // MaxText's activation_embed_and_logits_batch, which also shards over the stages.
   std::string batch_logical_ = "activation_batch";

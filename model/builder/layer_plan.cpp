@@ -1,5 +1,7 @@
 #include "model/builder/layer_plan.h"
 
+#include <algorithm>
+
 #include "model/config.h"
 #include "model/model_dims.h"
 
@@ -78,12 +80,39 @@ std::string compressed_attention_name(int64_t ratio) {
   return ratio > kCompressedSparseRatio ? "hca" + std::to_string(ratio) + "_" : "window_";
 }
 
+bool same_kind(const LayerGroup& a, const LayerGroup& b) {
+  return a.attention == b.attention && a.feed_forward == b.feed_forward &&
+         a.kv_shared == b.kv_shared && a.mlp_dim == b.mlp_dim &&
+         a.compress_ratio == b.compress_ratio && a.hash_routing == b.hash_routing;
+}
+
+// kMaxText: numbers the runs of each kind that has more than one (their names' suffix).
+void number_runs(std::vector<LayerGroup>& groups) {
+  for (size_t first = 0; first < groups.size(); ++first) {
+    if (groups[first].run >= 0) {
+      continue;  // numbered with an earlier run of its kind
+    }
+    std::vector<size_t> runs;
+    for (size_t other = first; other < groups.size(); ++other) {
+      if (same_kind(groups[first], groups[other])) {
+        runs.push_back(other);
+      }
+    }
+    if (runs.size() > 1) {
+      for (size_t index = 0; index < runs.size(); ++index) {
+        groups[runs[index]].run = static_cast<int64_t>(index);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string LayerGroup::name() const {
+  const std::string suffix = run >= 0 ? "_" + std::to_string(run) : "";
   if (attention == AttentionKind::kCompressed) {
     return compressed_attention_name(compress_ratio) + (hash_routing ? "hash_" : "") +
-           (feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer");
+           (feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer") + suffix;
   }
   std::string text = kv_shared ? "kv_shared_" : "";
   text += attention == AttentionKind::kSlidingWindow   ? "local_"
@@ -91,10 +120,10 @@ std::string LayerGroup::name() const {
           : attention == AttentionKind::kGatedDeltaNet ? "gdn_"
                                                        : "";
   text += feed_forward == FeedForwardKind::kMoe ? "moe_layer" : "layer";
-  return text;
+  return text + suffix;
 }
 
-std::vector<LayerGroup> plan_layers(const Config& config) {
+std::vector<LayerGroup> plan_layers(const Config& config, LayerOrder order) {
   const ModelDims dims = ModelDims::from_config(config);
   const AttentionKeys keys = attention_keys_from_config(config);
   // gemma2's decoder layer holds a local and a global sublayer.
@@ -110,23 +139,27 @@ std::vector<LayerGroup> plan_layers(const Config& config) {
       layer.compress_ratio = dims.compress_ratio(index);
     }
     layer.hash_routing = dims.is_hash_routing_layer(index);
-    bool merged = false;
-    for (LayerGroup& group : groups) {
-      if (group.attention == layer.attention && group.feed_forward == layer.feed_forward &&
-          group.kv_shared == layer.kv_shared && group.mlp_dim == layer.mlp_dim &&
-          group.compress_ratio == layer.compress_ratio &&
-          group.hash_routing == layer.hash_routing) {
-        ++group.count;
-        merged = true;
-        break;
-      }
-    }
-    if (!merged) {
+    // kByKind: the layer joins its kind's group wherever it is; kMaxText: only the last group.
+    const auto first =
+        order == LayerOrder::kMaxText && !groups.empty() ? groups.end() - 1 : groups.begin();
+    const auto found = std::find_if(
+        first, groups.end(), [&layer](const LayerGroup& group) { return same_kind(group, layer); });
+    if (found != groups.end()) {
+      ++found->count;
+    } else {
       layer.count = 1;
       groups.push_back(layer);
     }
   }
+  if (order == LayerOrder::kMaxText) {
+    number_runs(groups);
+  }
   return groups;
+}
+
+LayerOrder train_layer_order(const Config& config) {
+  return ModelDims::from_config(config).family().has_compressed_attention() ? LayerOrder::kMaxText
+                                                                            : LayerOrder::kByKind;
 }
 
 }  // namespace tpusim

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "model/builder/layer_plan.h"
 #include "model/model_dims.h"
 #include "sharding/device_mesh.h"
 #include "sim/train/trainer.h"
@@ -155,7 +156,7 @@ MemoryBreakdown engine_bytes_per_device(const StepProgram& program) {
 
 HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOptions& options,
                                     const Transport& transport) {
-  const StepProgram program = build_step_program(config);
+  const StepProgram program = build_step_program(config, MechanismSet(), train_layer_order(config));
   const std::vector<int> owner =
       assign_devices_to_ranks(physical_devices_of_mesh(program.mesh, program.slice),
                               transport.num_ranks(), program.slice.name);
@@ -180,8 +181,8 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
   }
   // The unsharded model: the --verify reference, and the size of the global arrays a checkpoint
   // is gathered into and encoded from (two copies).
-  const MemoryBreakdown whole =
-      engine_bytes_per_device(build_step_program(unsharded_reference_config(config)));
+  const MemoryBreakdown whole = engine_bytes_per_device(build_step_program(
+      unsharded_reference_config(config), MechanismSet(), train_layer_order(config)));
   if (options.verify && transport.rank() == 0) {
     need.parts.emplace_back("--verify reference", whole.total());
   }

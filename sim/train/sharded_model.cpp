@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "model/batch_plan.h"
 #include "model/builder/initializers.h"
+#include "model/builder/layer_plan.h"
 #include "sharding/divisibility.h"
 #include "sim/functional/tensor_data.h"
 #include "sim/train/model_identity.h"
@@ -89,7 +90,7 @@ ShardedModel::ShardedModel(const Config& config, const FunctionalSettings& setti
                            Transport* transport)
     : own_transport_(transport == nullptr ? std::make_unique<LocalTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport),
-      program_(build_step_program(config)),
+      program_(build_step_program(config, MechanismSet(), train_layer_order(config))),
       identity_({{"model_name", settings.model_name},
                  {"model_config", model_identity_from_config(config)}}) {
   // build_step_program refused what MaxText refuses; a per_device_batch_size < 1 may still leave

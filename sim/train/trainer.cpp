@@ -128,8 +128,9 @@ void refuse_unbuilt_numerics(const TrainNumerics& numerics, const ModelDims& dim
 // its layers with sliding-window attention (compress_ratios entry 0), compressed sparse attention
 // (4; not under context parallelism) or heavily compressed attention (entries above 4), with mHC's
 // residual streams (mhc_expansion_rate, model/builder/hyper_connections.cpp) or one plain one,
-// routing by the router or, in the first first_num_hash_layers layers, by MaxText's tid2eid table;
-// what it does not build is refused by the key that turns it on.
+// routing by the router or, in the first first_num_hash_layers layers, by MaxText's tid2eid table,
+// in MaxText's layer order (train_layer_order, model/builder/layer_plan.h); what it does not build
+// is refused by the key that turns it on.
 template <typename Refuse>
 void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options,
                               const TrainNumerics& numerics, const Refuse& refuse) {
@@ -140,24 +141,6 @@ void refuse_unbuilt_deepseek4(const ModelDims& dims, const BuildOptions& options
              "ratios 2 and 3 (no compressor, compressed_rope_max_timescale) are not computed; 0 "
              "gives sliding-window attention, 4 compressed sparse attention, an entry above 4 "
              "heavily compressed attention");
-    }
-  }
-  // The program runs each kind of layer (compress ratio, hash routing) as one repeated region, in
-  // the order the kinds first appear (model/builder/layer_plan.h): MaxText's layer order only
-  // when each kind's layers are consecutive.
-  std::vector<std::pair<int64_t, bool>> kinds;
-  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
-    const std::pair<int64_t, bool> kind = {dims.compress_ratio(layer),
-                                           dims.is_hash_routing_layer(layer)};
-    if (kinds.empty() || kinds.back() != kind) {
-      if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) {
-        refuse("compress_ratios",
-               "layer " + std::to_string(layer) + ": " + std::to_string(kind.first),
-               "the engine runs the layers of one compress ratio together, so each ratio's "
-               "layers must be consecutive (after the hash-routed layers) to keep MaxText's "
-               "order");
-      }
-      kinds.push_back(kind);
     }
   }
   if (dims.qk_rope_head_dim != dims.head_dim) {

@@ -119,6 +119,37 @@ TEST(ForwardBuilder, Deepseek4AndQwen3CustomLayerPlans) {
   EXPECT_EQ(qwen[0].count, 48);
 }
 
+// LayerOrder::kMaxText (train): only consecutive identical layers share a group, so the groups
+// run in the config's layer order; a kind with several runs names them _0, _1, ..., a kind with
+// one keeps its plain name. compress_ratios [8, 0, 8, 8, 4]: hca8 x1, window x1, hca8 x2, csa x1.
+TEST(ForwardBuilder, MaxTextOrderGroupsOnlyConsecutiveLayers) {
+  const Config config = Config::load(
+      "", {"model_name=deepseek4-tiny", "override_model_config=true", "base_num_decoder_layers=5",
+           "compress_ratios=[8,0,8,8,4]", "first_num_hash_layers=0"});
+  auto names_of = [](const std::vector<LayerGroup>& groups) {
+    std::vector<std::string> names;
+    for (const LayerGroup& group : groups) {
+      names.push_back(group.name() + " x" + std::to_string(group.count));
+    }
+    return names;
+  };
+  EXPECT_EQ(names_of(plan_layers(config, LayerOrder::kMaxText)),
+            (std::vector<std::string>{"hca8_moe_layer_0 x1", "window_moe_layer x1",
+                                      "hca8_moe_layer_1 x2", "csa_moe_layer x1"}));
+  EXPECT_EQ(
+      names_of(plan_layers(config)),
+      (std::vector<std::string>{"hca8_moe_layer x3", "window_moe_layer x1", "csa_moe_layer x1"}));
+  EXPECT_EQ(train_layer_order(config), LayerOrder::kMaxText);
+  EXPECT_EQ(train_layer_order(Config::load("", {"model_name=gemma3-4b"})), LayerOrder::kByKind);
+  // deepseek4-284b in MaxText's order: 2 window, 1 CSA (hash-routed), then 20 x (HCA, CSA).
+  const auto ordered =
+      plan_layers(Config::load("", {"model_name=deepseek4-284b"}), LayerOrder::kMaxText);
+  ASSERT_EQ(ordered.size(), 42u);
+  EXPECT_EQ(ordered[2].name(), "hca128_moe_layer_0");
+  EXPECT_EQ(ordered[3].name(), "csa_moe_layer_0");
+  EXPECT_EQ(ordered[41].name(), "csa_moe_layer_19");
+}
+
 // routed_bias (MaxText's GateLogit bias: use_bias = routed_bias and not is_hash_routing): each
 // routed layer's router reads one replicated [256 experts] parameter; deepseek4-284b's 3
 // hash-routed layers have none, so 40 of its 43 layers carry one (40 x 256 values); off, none does.

@@ -133,6 +133,32 @@ else
   echo "=== deepseek4-tiny-csa: the reference with --perturb-topk fails, as it must: \
 $(grep -c "^FAIL" "$work/csa-perturbed.log") comparisons"
 fi
+# ... and the preset's alternation of kinds (CSA, HCA, CSA, HCA after the window layer, as in
+# compress_ratios [0, 0, 4, 128, 4, 128, ...]), which train computes in MaxText's order, each run
+# of layers a region of its own (model/builder/layer_plan.h LayerOrder::kMaxText: csa_moe_layer_0,
+# hca16_moe_layer_0, csa_moe_layer_1, hca16_moe_layer_1), over 32 tokens: HCA pools 2 blocks of
+# 16, CSA 8 overlapping blocks of 4 of which each query keeps the indexer's top 3. The same dump
+# against the reference that computes layers 2 and 3 in swapped order (--swap-layers) must fail.
+common=(max_target_length=32 steps=1 functional_precision=reference)
+order_options="--eps 1e-6 --sliding-window 4 --top-k 4 --renormalize-top-k \
+  --mlp-activations-limit 0.3 --first-num-hash-layers 1 --routed-score-func sqrtsoftplus \
+  --compress-ratios 0,4,16,4,16 --indexer-topk 3"
+check deepseek4-tiny-alternating "model_name=deepseek4-tiny override_model_config=true \
+  base_num_decoder_layers=5 compress_ratios=[0,4,16,4,16] mhc_expansion_rate=1 \
+  first_num_hash_layers=1 routed_score_func=sqrtsoftplus norm_topk_prob=true routed_bias=false \
+  load_balance_loss_weight=0 mlp_activations_limit=0.3 sliding_window_size=4 indexer_topk=3 \
+  vocab_size=256" "$order_options"
+# shellcheck disable=SC2086  # the options are a word list
+if [[ -d "$work/deepseek4-tiny-alternating" ]] &&
+  "$python" "$here/torch_reference.py" "$work/deepseek4-tiny-alternating" --learning-rate 3e-5 \
+    $order_options --swap-layers 2,3 > "$work/alternating-swapped.log" 2>&1; then
+  echo "=== deepseek4-tiny-alternating: the reference with --swap-layers passed too: the check \
+does not see the order"
+  failed+=("deepseek4-tiny-alternating --swap-layers")
+else
+  echo "=== deepseek4-tiny-alternating: the reference with layers 2 and 3 swapped fails, as it \
+must: $(grep -c "^FAIL" "$work/alternating-swapped.log") comparisons"
+fi
 common=("${saved_common[@]}")
 # ... and with the preset's SwiGLU clip (mlp_activations_limit, here 0.3, which cuts about 12% of
 # the routed experts' gate entries and 23% of their up entries; the reference prints the shares)

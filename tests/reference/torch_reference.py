@@ -393,6 +393,12 @@ class Reference:
         self.layers = len(self.slots)
         if not self.compress_ratios:
             self.compress_ratios = [0] * self.layers
+        swap = getattr(args, "swap_layers", "")  # ablation: compute two layers in swapped order
+        if swap:
+            i, j = (int(v) for v in swap.split(","))
+            self.slots[i], self.slots[j] = self.slots[j], self.slots[i]
+            self.compress_ratios[i], self.compress_ratios[j] = \
+                self.compress_ratios[j], self.compress_ratios[i]
         self.interleaved = False  # deepseek4: the equivalent model with interleaved RoPE
         self.dropped = []  # per MoE layer: number of dropped token choices
         self.loads = []  # per MoE layer: token choices per expert / the balanced T*k/E
@@ -404,20 +410,37 @@ class Reference:
         self.selected = []  # per CSA layer: the mean number of blocks a query's indexer picks
 
     def compressed_slots(self, regions, hash_layers):
-        """deepseek4 by --compress-ratios: the dump keeps each kind of layer (window_, hca<r>_,
-        with hash_ for the first `hash_layers`) in a region of its own; layer i is the next of its
-        kind's region."""
-        slots, seen = [], {}
+        """deepseek4 by --compress-ratios: train keeps MaxText's layer order, each run of
+        consecutive layers of one kind (window_, csa_, hca<r>_, with hash_ for the first
+        `hash_layers`) in a region of its own (model/builder/layer_plan.h, LayerOrder::kMaxText),
+        named <kind>moe_layer, or <kind>moe_layer_<run> when the kind has several runs; layer i is
+        the next of its run's region."""
+        kinds = []
         for layer, ratio in enumerate(self.compress_ratios):
             if 0 < ratio < 4:
                 raise ValueError(f"--compress-ratios: {ratio} (no compressor) is not written here")
-            kind = ("window_" if ratio == 0 else "csa_" if ratio == 4 else f"hca{ratio}_") + \
-                ("hash_" if layer < hash_layers else "")
-            matches = [r for r in regions if r in (kind + "moe_layer", kind + "layer")]
-            if len(matches) != 1:
-                raise ValueError(f"layer {layer}: no single dump region for {kind}: {regions}")
-            slots.append((matches[0], seen.get(kind, 0)))
+            kinds.append(("window_" if ratio == 0 else "csa_" if ratio == 4 else f"hca{ratio}_") +
+                         ("hash_" if layer < hash_layers else ""))
+        runs = []  # [kind, first layer] of each run of consecutive layers of one kind
+        for layer, kind in enumerate(kinds):
+            if not runs or runs[-1][0] != kind:
+                runs.append([kind, layer])
+        runs_of = {kind: sum(1 for k, _ in runs if k == kind) for kind, _ in runs}
+        slots, seen = [], {}
+        for kind, first in runs:
+            suffix = f"_{seen.get(kind, 0)}" if runs_of[kind] > 1 else ""
             seen[kind] = seen.get(kind, 0) + 1
+            names = (kind + "moe_layer" + suffix, kind + "layer" + suffix)
+            matches = [r for r in regions if r in names]
+            if len(matches) != 1:
+                raise ValueError(f"layer {first}: no single dump region of {names}: {regions}")
+            end = next((i for i in range(first, len(kinds)) if kinds[i] != kind), len(kinds))
+            length = end - first
+            slots += [(matches[0], index) for index in range(length)]
+        used = {region for region, _ in slots}
+        if used != set(regions):
+            raise ValueError(f"dump regions {sorted(set(regions) - used)} are no layer's "
+                             f"of --compress-ratios {self.compress_ratios}")
         return slots
 
     def stored(self, name, layer=0):
@@ -1036,6 +1059,9 @@ def main():
     parser.add_argument("--perturb-topk", action="store_true",
                         help="ablation: each CSA query with more complete blocks than it keeps "
                              "swaps its last pick for the next-ranked block; the check must fail")
+    parser.add_argument("--swap-layers", default="",
+                        help="ablation: 'i,j' computes decoder layers i and j (each with its own "
+                             "parameters and kind) in swapped order; the check must fail")
     parser.add_argument("--compressed-rope-max-timescale", type=float, default=160000.0,
                         help="deepseek4: the RoPE wavelength of layers with a ratio > 0")
     parser.add_argument("--mlp-activations-limit", type=float, default=-1.0,

@@ -245,6 +245,20 @@ TEST(DecoderBlocksTraining, Deepseek4CompressedSparseShardedMatchesOneDevice) {
   expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=4"});
 }
 
+// The preset's alternation of kinds (after the window layer CSA, HCA, CSA, HCA, as its
+// compress_ratios [0, 0, 4, 128, 4, 128, ...]) in MaxText's order: train runs each run of layers
+// as a region of its own (model/builder/layer_plan.h, LayerOrder::kMaxText), csa_moe_layer_0,
+// hca16_moe_layer_0, csa_moe_layer_1, hca16_moe_layer_1, each with its own parameters; HCA pools
+// 2 blocks of 16, CSA 8 overlapping blocks of 4 (top 3 kept).
+TEST(DecoderBlocksTraining, Deepseek4AlternatingKindsShardedMatchesOneDevice) {
+  std::vector<std::string> model = with_overrides(
+      deepseek4_tiny(),
+      {"base_num_decoder_layers=5", "compress_ratios=[0,4,16,4,16]", "sliding_window_size=4"});
+  model.emplace_back("indexer_topk=3");
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=2", "ici_expert_parallelism=2"});
+  expect_sharded_matches_one_device(model, {"ici_fsdp_parallelism=4"});
+}
+
 // With the preset's SwiGLU clip (mlp_activations_limit at 0.3, which cuts about 12% of the routed
 // experts' gate entries and 23% of their up entries, as tests/reference/run_torch_reference.sh
 // prints) and its first layer hash-routed (MaxText's tid2eid, zeros from initialization: every
