@@ -123,6 +123,26 @@ struct RouterGraph {
   TensorId d_logits = c.tensor("d_logits", logit_dims);
 };
 
+// Logits that rank the experts 0, 1, 2, 3 for every token (each token 0.1 higher than the last).
+TensorData ranked_logits(RouterGraph& g) {
+  TensorData logits = TensorData::zeros(g.c.info(g.logits));
+  constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
+  for (int64_t t = 0; t < 6; ++t) {
+    for (int64_t e = 0; e < 4; ++e) {
+      logits.values[static_cast<size_t>(t * 4 + e)] =
+          kLogits[static_cast<size_t>(e)] + 0.1f * static_cast<float>(t);
+    }
+  }
+  return logits;
+}
+
+// A selection bias that puts expert 2 ahead of expert 1 (logits + bias: 2, 0.5, 1.6, 0 + 0.1 t).
+TensorData lifting_bias(RouterGraph& g, TensorId bias) {
+  TensorData values = TensorData::zeros(g.c.info(bias));
+  values.values = {0.0f, -1.0f, 0.6f, 0.0f};
+  return values;
+}
+
 // The plain router, and with norm_topk_prob and routed_scaling_factor (the chosen probabilities
 // over their sum, times the scale): the gradient matches finite differences.
 TEST(KernelMoe, RouterGradientMatchesFiniteDifferences) {
@@ -248,16 +268,8 @@ TEST(KernelMoe, RouterBiasPicksTheExpertsButDoesNotWeightThem) {
   attrs.top_k = kTopK;
   attrs.normalize_top_k = true;
   const Op& forward = g.c.op(OpKind::kMoeRouter, {g.logits, bias}, {g.routing}, attrs);
-  TensorData logits = TensorData::zeros(g.c.info(g.logits));
-  constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
-  for (int64_t t = 0; t < 6; ++t) {
-    for (int64_t e = 0; e < 4; ++e) {
-      logits.values[static_cast<size_t>(t * 4 + e)] =
-          kLogits[static_cast<size_t>(e)] + 0.1f * static_cast<float>(t);
-    }
-  }
-  TensorData bias_values = TensorData::zeros(g.c.info(bias));
-  bias_values.values = {0.0f, -1.0f, 0.6f, 0.0f};
+  const TensorData logits = ranked_logits(g);
+  const TensorData bias_values = lifting_bias(g, bias);
   const TensorData result = run(g.c.graph, forward, {logits, bias_values})[0];
   const double first = std::exp(2.0) / (std::exp(2.0) + std::exp(1.0));
   for (int64_t t = 0; t < 6; ++t) {
@@ -331,16 +343,8 @@ TEST(KernelMoe, RouterGradCountsTheBiasedChoicesOfEachExpert) {
   g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {g.d_logits, d_bias}, attrs, true);
   g.c.op(OpKind::kRouterGrad, {g.d_routing, g.logits, bias}, {d_logits_with, d_bias_with, load},
          attrs, true);
-  TensorData logits = TensorData::zeros(g.c.info(g.logits));
-  constexpr std::array<float, 4> kLogits = {2.0f, 1.5f, 1.0f, 0.0f};
-  for (int64_t t = 0; t < 6; ++t) {
-    for (int64_t e = 0; e < 4; ++e) {
-      logits.values[static_cast<size_t>(t * 4 + e)] =
-          kLogits[static_cast<size_t>(e)] + 0.1f * static_cast<float>(t);
-    }
-  }
-  TensorData bias_values = TensorData::zeros(g.c.info(bias));
-  bias_values.values = {0.0f, -1.0f, 0.6f, 0.0f};
+  const TensorData logits = ranked_logits(g);
+  const TensorData bias_values = lifting_bias(g, bias);
   const std::vector<TensorData> weights = random_weights(g.c.graph, g.c.graph.ops()[0], rng);
   const std::vector<TensorData> without =
       run(g.c.graph, g.c.graph.ops()[1], {weights[0], logits, bias_values});
