@@ -30,11 +30,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "sim/functional/kernels/context.h"
 #include "sim/functional/kernels/families.h"
+#include "sim/functional/kernels/softmax.h"
 
 namespace tpusim::kernels {
 namespace {
@@ -83,20 +85,11 @@ PoolWalk pool_walk(const Ctx& ctx, const Tensor& kv, const Tensor& gate, const T
 // The softmax weights of one entry (at kv offset `at_kv`, bias offset `at_bias`) into `weights`.
 void pool_weights(const float* gate, const float* bias, const PoolWalk& walk, int64_t at_kv,
                   int64_t at_bias, std::vector<double>& weights) {
-  double max = -std::numeric_limits<double>::infinity();
   for (int64_t t = 0; t < walk.positions; ++t) {
     weights[static_cast<size_t>(t)] =
         double{gate[at_kv + t * walk.kv_step]} + bias[at_bias + t * walk.bias_step];
-    max = std::max(max, weights[static_cast<size_t>(t)]);
   }
-  double sum = 0;
-  for (double& weight : weights) {
-    weight = std::exp(weight - max);
-    sum += weight;
-  }
-  for (double& weight : weights) {
-    weight /= sum;
-  }
+  softmax_in_place(weights);
 }
 
 // The pooled value of one entry: the weights' sum of its positions' kv (from kv offset `at_kv`).
@@ -170,20 +163,11 @@ class OverlapWalk {
 void overlap_weights(const float* gate, const float* bias, const std::vector<int64_t>& at_kv,
                      const std::vector<int64_t>& at_bias, int64_t count,
                      std::vector<double>& weights) {
-  double max = -std::numeric_limits<double>::infinity();
   for (int64_t e = 0; e < count; ++e) {
     const auto index = static_cast<size_t>(e);
     weights[index] = double{gate[at_kv[index]]} + bias[at_bias[index]];
-    max = std::max(max, weights[index]);
   }
-  double sum = 0;
-  for (int64_t e = 0; e < count; ++e) {
-    weights[static_cast<size_t>(e)] = std::exp(weights[static_cast<size_t>(e)] - max);
-    sum += weights[static_cast<size_t>(e)];
-  }
-  for (int64_t e = 0; e < count; ++e) {
-    weights[static_cast<size_t>(e)] /= sum;
-  }
+  softmax_in_place(std::span<double>(weights).first(static_cast<size_t>(count)));
 }
 
 // kBlockPool or kBlockPoolGrad with overlapping windows; `gradient` reads dy first.

@@ -78,6 +78,7 @@
 
 #include "sim/functional/kernels/context.h"
 #include "sim/functional/kernels/families.h"
+#include "sim/functional/kernels/softmax.h"
 
 namespace tpusim::kernels {
 namespace {
@@ -314,19 +315,10 @@ double sqrt_softplus_score(double logit, double& slope) {
 // softmax(values + shift) with shift = nullptr read as 0.
 std::vector<double> softmax_of(const std::vector<double>& values, const float* shift) {
   std::vector<double> result(values.size());
-  double max = -std::numeric_limits<double>::infinity();
   for (size_t e = 0; e < values.size(); ++e) {
     result[e] = values[e] + (shift == nullptr ? 0.0 : static_cast<double>(shift[e]));
-    max = std::max(max, result[e]);
   }
-  double sum = 0;
-  for (double& value : result) {
-    value = std::exp(value - max);
-    sum += value;
-  }
-  for (double& value : result) {
-    value /= sum;
-  }
+  softmax_in_place(result);
   return result;
 }
 
