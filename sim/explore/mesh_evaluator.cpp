@@ -133,6 +133,9 @@ struct MeshEvaluator::MeshPlan {
   StepProgram program;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
+  // remat_policy=none's TensorCore sums by batch class (BatchClasses::key): microbatch, then
+  // optimizer, per cost context.
+  std::map<std::vector<int64_t>, std::pair<std::vector<double>, std::vector<double>>> classes;
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -448,6 +451,9 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
+    } else if (bounded_by_class(plan, batch)) {
+      ++out.phases.batch_class_skips;
+      bounded_out = true;
     } else {
       bounded_out = none_bounds_out(plan, batch, none, out);
     }
@@ -491,6 +497,48 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batc
   return bytes;
 }
 
+bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch) const {
+  if (context_.facts.checking() || plan.classes.empty()) {
+    return false;
+  }
+  const auto found = plan.classes.find(context_.classes.key(*plan.mesh, batch.index));
+  if (found == plan.classes.end()) {
+    return false;
+  }
+  const auto& [microbatch, optimizer] = found->second;
+  std::vector<double> step;
+  for (size_t context = 0; context < microbatch.size(); ++context) {
+    step.push_back(
+        step_of(microbatch[context], optimizer[context], batch.choice->accumulation_steps));
+  }
+  if (!cannot_reach(best_possible(batch, lowest(step)), context_.threshold.get())) {
+    return false;
+  }
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {step, 0, kUnknown, {}});
+  return true;
+}
+
+void MeshEvaluator::remember_class(MeshPlan& plan, const BatchWork& batch,
+                                   const ComputeBounds& none) const {
+  std::vector<int64_t> key = context_.classes.key(*plan.mesh, batch.index);
+  if (key.empty()) {
+    return;
+  }
+  const auto [found, added] =
+      plan.classes.try_emplace(std::move(key), none.microbatch, none.optimizer);
+  if (added || !context_.facts.checking()) {
+    return;
+  }
+  for (size_t context = 0; context < none.step.size(); ++context) {
+    if (step_of(found->second.first[context], found->second.second[context],
+                batch.choice->accumulation_steps) != none.step[context]) {
+      throw std::logic_error(
+          "explore: two batches of one class on a mesh gave different TensorCore bounds");
+    }
+  }
+}
+
 bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
                                     std::optional<NoneBounds>& none, WorkerResult& out) {
   none.emplace();
@@ -515,6 +563,7 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
   }
   const PhaseTimer timer(out.phases.bounds_s);
+  remember_class(plan, batch, none->compute);
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {none->compute.step, 0, kUnknown, {}});
   bool bounded_out =

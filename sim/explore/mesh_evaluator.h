@@ -41,6 +41,7 @@
 #include "model/flops_maxtext.h"
 #include "sharding/divisibility.h"
 #include "sharding/step_program.h"
+#include "sim/explore/batch_classes.h"
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/mesh_equivalence.h"
@@ -111,6 +112,7 @@ struct ExploreContext {
   const Divisibility& divisibility;
   const MeshEquivalence& equivalence;
   SharedProgramFacts& facts;
+  const BatchClasses& classes;
 };
 
 class MeshEvaluator {
@@ -173,6 +175,13 @@ class MeshEvaluator {
   void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
                                const MeshShape& program_mesh, StepSimulator& simulator,
                                NoneBounds& none) const;
+  // True when a batch of the same class on this mesh (batch_classes.h) gave the TensorCore bound
+  // of this batch's remat_policy=none program and that alone cannot beat the top N: no program is
+  // built (the bound is offered as the program's facts, as none_bounds_out does).
+  bool bounded_by_class(MeshPlan& plan, const BatchWork& batch) const;
+  // Keeps none's two sums for the batch's class on this mesh (checking mode: compares them with
+  // those kept, std::logic_error when a class's step bound differs).
+  void remember_class(MeshPlan& plan, const BatchWork& batch, const ComputeBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
