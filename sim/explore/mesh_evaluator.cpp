@@ -133,6 +133,7 @@ struct MeshEvaluator::MeshPlan {
   StepProgram program;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
+  std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
   // remat_policy=none's TensorCore sums by batch class (BatchClasses::key): microbatch, then
   // optimizer, per cost context.
   std::map<std::vector<int64_t>, std::pair<std::vector<double>, std::vector<double>>> classes;
@@ -478,23 +479,30 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   return true;
 }
 
-MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batch,
-                                               size_t remat) const {
+MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, size_t remat) const {
   // Equivalent meshes split every tensor alike (mesh_equivalence.h), and the floor only sums the
   // tensors' local sizes, in the same order: the same bytes bit for bit.
-  std::vector<int64_t> key = plan.key;
-  key.push_back(static_cast<int64_t>(batch));
-  key.push_back(static_cast<int64_t>(remat));
-  const auto found = floors_.find(key);
-  if (found != floors_.end()) {
-    return found->second;
+  const size_t remats = context_.space.remats.size();
+  if (plan.floors == nullptr) {
+    const auto found = floors_.find(plan.key);
+    if (found != floors_.end()) {
+      plan.floors = &found->second;
+    } else {
+      if (floors_.size() * context_.space.batches.size() * remats >= kMaxKeptFloors) {
+        floors_.clear();  // bounded memory on the largest spaces (no other plan holds a row)
+      }
+      plan.floors = &floors_
+                         .emplace(plan.key, std::vector<MemoryFloor::Bytes>(
+                                                context_.space.batches.size() * remats,
+                                                MemoryFloor::Bytes{0, -1}))
+                         .first->second;
+    }
   }
-  if (floors_.size() >= kMaxKeptFloors) {
-    floors_.clear();  // bounded memory on the largest spaces
+  MemoryFloor::Bytes& kept = (*plan.floors)[batch * remats + remat];
+  if (kept.saved < 0) {
+    kept = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
   }
-  const MemoryFloor::Bytes bytes = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
-  floors_.emplace(std::move(key), bytes);
-  return bytes;
+  return kept;
 }
 
 bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch) const {

@@ -206,7 +206,7 @@ class MeshEvaluator {
   bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
   // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
   // every mesh of one key: mesh_equivalence.h).
-  MemoryFloor::Bytes memory_floor(const MeshPlan& plan, size_t batch, size_t remat) const;
+  MemoryFloor::Bytes memory_floor(MeshPlan& plan, size_t batch, size_t remat) const;
   // With the program of (batch, remat) kept from an equivalent mesh (evaluate_group): its memory
   // and bounds on this mesh's layouts; true when they show that no candidate need be timed (all
   // counted), else the program is built and timed. False: nothing kept, nothing done.
@@ -261,9 +261,10 @@ class MeshEvaluator {
   std::vector<CostContext> contexts_;  // the distinct attention cost contexts
   std::vector<Variant> variants_;      // per program, in the space's order
   size_t top_size_ = 1;
-  // memory_floor's results by (equivalence key, batch, remat), this worker's own.
+  // memory_floor's results by equivalence key, then by batch x remats + remat (saved < 0: not
+  // yet), this worker's own. A mesh finds its key's row once (MeshPlan::floors).
   static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
-  mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
+  mutable std::map<std::vector<int64_t>, std::vector<MemoryFloor::Bytes>> floors_;
   // evaluate_group: programs built on the group's earlier meshes, by training step (batch and
   // remat), with the mesh they were partitioned on, their TensorCore bounds and memory.
   struct KeptProgram {
