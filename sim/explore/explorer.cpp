@@ -20,6 +20,7 @@
 #include "sharding/divisibility.h"
 #include "sharding/logical_rules.h"
 #include "sim/estimate/estimate.h"
+#include "sim/explore/batch_classes.h"
 #include "sim/explore/candidate.h"
 #include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/mesh_evaluator.h"
@@ -93,6 +94,24 @@ std::vector<MaxTextFlops> maxtext_flops_per_batch(const Config& config, const Se
     flops.push_back(maxtext_training_flops_per_device(candidate_config(config, space, candidate)));
   }
   return flops;
+}
+
+// The batch classes (batch_classes.h) where the explorer bounds batches by the remat_policy=none
+// program (branch and bound over several policies), else none: that needs every batch's none
+// step, built here once.
+BatchClasses batch_classes(const ExploreOptions& options, const SearchSpace& space,
+                           TrainingStepCache& steps, const LogicalAxisRules& rules) {
+  if (!options.batch_classes || !options.branch_and_bound || space.remats.size() < 2 ||
+      space.batches.size() < 2) {
+    return {};
+  }
+  std::vector<std::shared_ptr<const TrainingStep>> kept;
+  std::vector<const TrainingStep*> none_steps;
+  for (size_t batch = 0; batch < space.batches.size(); ++batch) {
+    kept.push_back(steps.get(batch, TrainingStepCache::kNoRemat));
+    none_steps.push_back(kept.back().get());
+  }
+  return {none_steps, rules};
 }
 
 // Evaluates this rank's meshes (every ranks-th) on `threads` worker threads; the workers'
@@ -311,9 +330,10 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const std::shared_ptr<const TrainingStep> first_step = steps.get(0, 0);
   const MeshEquivalence equivalence({none_step.get(), first_step.get()}, rules);
   SharedProgramFacts facts(options.check_equivalent_meshes);
-  const ExploreContext context{config,    settings,     space,           options,
-                               rules,     steps,        flops_per_batch, base_perf,
-                               threshold, divisibility, equivalence,     facts};
+  const BatchClasses classes = batch_classes(options, space, steps, rules);
+  const ExploreContext context{config,      settings,        space,     options,   rules,
+                               steps,       flops_per_batch, base_perf, threshold, divisibility,
+                               equivalence, facts,           classes};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);
@@ -477,7 +497,8 @@ constexpr std::array kPhaseCounts = {
     PhaseCount{"below_own_program", &ExplorePhases::below_own_program},
     PhaseCount{"equivalent_mesh_skips", &ExplorePhases::equivalent_mesh_skips},
     PhaseCount{"chain_bounded", &ExplorePhases::chain_bounded},
-    PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs}};
+    PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs},
+    PhaseCount{"batch_class_skips", &ExplorePhases::batch_class_skips}};
 
 }  // namespace
 

@@ -99,6 +99,9 @@ struct ExploreOptions {
   // Tests: build every program even where an equivalent mesh's (mesh_equivalence.h) memory and
   // compute bounds would skip it, and check that they agree bit for bit (std::logic_error else).
   bool check_equivalent_meshes = false;
+  // Bound a batch's remat_policy=none program from another batch of its class on the same mesh
+  // (batch_classes.h) instead of partitioning it. Tests turn it off to compare.
+  bool batch_classes = true;
 };
 
 // One evaluated candidate, for plots: timed (it fits) or built and found not to fit (no time).
@@ -189,6 +192,10 @@ struct ExplorePhases {
   // before (meshes are searched by equivalence key) bounds it on this mesh's layout
   // (MeshEquivalence::relabeled).
   int64_t borrowed_programs = 0;
+  // remat_policy=none programs not built to bound a batch: a batch of the same class on this mesh
+  // (batch_classes.h: the same per-microbatch program) gave its TensorCore bound, which alone
+  // cannot beat the top N.
+  int64_t batch_class_skips = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -72,7 +72,9 @@ MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
     for (const Term& term : group.terms) {
       double elements = 1;
       for (size_t dim = 0; dim < term.sizes.size(); ++dim) {
-        const int64_t local = (term.sizes[dim] + splits[dim] - 1) / splits[dim];  // padded up
+        const int64_t split = splits[dim];
+        // Padded up; most dims are not split, and a division costs more than the test.
+        const int64_t local = split == 1 ? term.sizes[dim] : (term.sizes[dim] + split - 1) / split;
         elements *= static_cast<double>(local);
       }
       (term.state ? total.state : total.saved) += elements * term.bytes_per_element * term.copies;

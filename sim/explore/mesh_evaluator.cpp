@@ -133,6 +133,10 @@ struct MeshEvaluator::MeshPlan {
   StepProgram program;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
+  std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
+  // remat_policy=none's TensorCore sums by batch class (BatchClasses::key): microbatch, then
+  // optimizer, per cost context.
+  std::map<std::vector<int64_t>, std::pair<std::vector<double>, std::vector<double>>> classes;
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -448,6 +452,9 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
+    } else if (bounded_by_class(plan, batch)) {
+      ++out.phases.batch_class_skips;
+      bounded_out = true;
     } else {
       bounded_out = none_bounds_out(plan, batch, none, out);
     }
@@ -472,23 +479,72 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   return true;
 }
 
-MemoryFloor::Bytes MeshEvaluator::memory_floor(const MeshPlan& plan, size_t batch,
-                                               size_t remat) const {
+MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, size_t remat) const {
   // Equivalent meshes split every tensor alike (mesh_equivalence.h), and the floor only sums the
   // tensors' local sizes, in the same order: the same bytes bit for bit.
-  std::vector<int64_t> key = plan.key;
-  key.push_back(static_cast<int64_t>(batch));
-  key.push_back(static_cast<int64_t>(remat));
-  const auto found = floors_.find(key);
-  if (found != floors_.end()) {
-    return found->second;
+  const size_t remats = context_.space.remats.size();
+  if (plan.floors == nullptr) {
+    const auto found = floors_.find(plan.key);
+    if (found != floors_.end()) {
+      plan.floors = &found->second;
+    } else {
+      if (floors_.size() * context_.space.batches.size() * remats >= kMaxKeptFloors) {
+        floors_.clear();  // bounded memory on the largest spaces (no other plan holds a row)
+      }
+      plan.floors = &floors_
+                         .emplace(plan.key, std::vector<MemoryFloor::Bytes>(
+                                                context_.space.batches.size() * remats,
+                                                MemoryFloor::Bytes{0, -1}))
+                         .first->second;
+    }
   }
-  if (floors_.size() >= kMaxKeptFloors) {
-    floors_.clear();  // bounded memory on the largest spaces
+  MemoryFloor::Bytes& kept = (*plan.floors)[batch * remats + remat];
+  if (kept.saved < 0) {
+    kept = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
   }
-  const MemoryFloor::Bytes bytes = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
-  floors_.emplace(std::move(key), bytes);
-  return bytes;
+  return kept;
+}
+
+bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch) const {
+  if (context_.facts.checking() || plan.classes.empty()) {
+    return false;
+  }
+  const auto found = plan.classes.find(context_.classes.key(*plan.mesh, batch.index));
+  if (found == plan.classes.end()) {
+    return false;
+  }
+  const auto& [microbatch, optimizer] = found->second;
+  std::vector<double> step;
+  for (size_t context = 0; context < microbatch.size(); ++context) {
+    step.push_back(
+        step_of(microbatch[context], optimizer[context], batch.choice->accumulation_steps));
+  }
+  if (!cannot_reach(best_possible(batch, lowest(step)), context_.threshold.get())) {
+    return false;
+  }
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {step, 0, kUnknown, {}});
+  return true;
+}
+
+void MeshEvaluator::remember_class(MeshPlan& plan, const BatchWork& batch,
+                                   const ComputeBounds& none) const {
+  std::vector<int64_t> key = context_.classes.key(*plan.mesh, batch.index);
+  if (key.empty()) {
+    return;
+  }
+  const auto [found, added] =
+      plan.classes.try_emplace(std::move(key), none.microbatch, none.optimizer);
+  if (added || !context_.facts.checking()) {
+    return;
+  }
+  for (size_t context = 0; context < none.step.size(); ++context) {
+    if (step_of(found->second.first[context], found->second.second[context],
+                batch.choice->accumulation_steps) != none.step[context]) {
+      throw std::logic_error(
+          "explore: two batches of one class on a mesh gave different TensorCore bounds");
+    }
+  }
 }
 
 bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
@@ -515,6 +571,7 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
   }
   const PhaseTimer timer(out.phases.bounds_s);
+  remember_class(plan, batch, none->compute);
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {none->compute.step, 0, kUnknown, {}});
   bool bounded_out =

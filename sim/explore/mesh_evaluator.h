@@ -41,6 +41,7 @@
 #include "model/flops_maxtext.h"
 #include "sharding/divisibility.h"
 #include "sharding/step_program.h"
+#include "sim/explore/batch_classes.h"
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/mesh_equivalence.h"
@@ -111,6 +112,7 @@ struct ExploreContext {
   const Divisibility& divisibility;
   const MeshEquivalence& equivalence;
   SharedProgramFacts& facts;
+  const BatchClasses& classes;
 };
 
 class MeshEvaluator {
@@ -173,6 +175,13 @@ class MeshEvaluator {
   void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
                                const MeshShape& program_mesh, StepSimulator& simulator,
                                NoneBounds& none) const;
+  // True when a batch of the same class on this mesh (batch_classes.h) gave the TensorCore bound
+  // of this batch's remat_policy=none program and that alone cannot beat the top N: no program is
+  // built (the bound is offered as the program's facts, as none_bounds_out does).
+  bool bounded_by_class(MeshPlan& plan, const BatchWork& batch) const;
+  // Keeps none's two sums for the batch's class on this mesh (checking mode: compares them with
+  // those kept, std::logic_error when a class's step bound differs).
+  void remember_class(MeshPlan& plan, const BatchWork& batch, const ComputeBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
@@ -197,7 +206,7 @@ class MeshEvaluator {
   bool exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t remat, WorkerResult& out) const;
   // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
   // every mesh of one key: mesh_equivalence.h).
-  MemoryFloor::Bytes memory_floor(const MeshPlan& plan, size_t batch, size_t remat) const;
+  MemoryFloor::Bytes memory_floor(MeshPlan& plan, size_t batch, size_t remat) const;
   // With the program of (batch, remat) kept from an equivalent mesh (evaluate_group): its memory
   // and bounds on this mesh's layouts; true when they show that no candidate need be timed (all
   // counted), else the program is built and timed. False: nothing kept, nothing done.
@@ -252,9 +261,10 @@ class MeshEvaluator {
   std::vector<CostContext> contexts_;  // the distinct attention cost contexts
   std::vector<Variant> variants_;      // per program, in the space's order
   size_t top_size_ = 1;
-  // memory_floor's results by (equivalence key, batch, remat), this worker's own.
+  // memory_floor's results by equivalence key, then by batch x remats + remat (saved < 0: not
+  // yet), this worker's own. A mesh finds its key's row once (MeshPlan::floors).
   static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
-  mutable std::map<std::vector<int64_t>, MemoryFloor::Bytes> floors_;
+  mutable std::map<std::vector<int64_t>, std::vector<MemoryFloor::Bytes>> floors_;
   // evaluate_group: programs built on the group's earlier meshes, by training step (batch and
   // remat), with the mesh they were partitioned on, their TensorCore bounds and memory.
   struct KeptProgram {

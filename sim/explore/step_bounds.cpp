@@ -9,6 +9,10 @@
 
 namespace tpusim {
 
+double step_of(double microbatch, double optimizer, int64_t accumulation_steps) {
+  return microbatch * static_cast<double>(accumulation_steps) + optimizer;
+}
+
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops) {
@@ -59,7 +63,9 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
           (shared[region] + attention[context][region]) * static_cast<double>(info.repeat);
       (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
     }
-    result.step.push_back(microbatch * static_cast<double>(program.accumulation_steps) + optimizer);
+    result.microbatch.push_back(microbatch);
+    result.optimizer.push_back(optimizer);
+    result.step.push_back(step_of(microbatch, optimizer, program.accumulation_steps));
   }
   return result;
 }

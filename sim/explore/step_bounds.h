@@ -42,6 +42,12 @@ namespace tpusim {
 
 struct ComputeBounds {
   std::vector<double> step;  // seconds per cost context
+  // Per context, the two sums `step` is made of: step = microbatch x accumulation_steps +
+  // optimizer (the forward and backward regions run once per microbatch, the optimizer's once per
+  // step). A program of the same per-microbatch ops at another accumulation count has the bound
+  // microbatch x its count + optimizer (batch_classes.h).
+  std::vector<double> microbatch;
+  std::vector<double> optimizer;
   // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
   // an op name seen twice in a region keeps its cheaper cost.
   std::map<std::pair<int, std::string>, std::vector<double>> forward_ops;
@@ -49,6 +55,9 @@ struct ComputeBounds {
   // charged as fused), for StepSimulator::chain_bound.
   std::vector<double> op_seconds;
 };
+
+// One context's step bound from its two sums (ComputeBounds::microbatch and ::optimizer).
+double step_of(double microbatch, double optimizer, int64_t accumulation_steps);
 
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
