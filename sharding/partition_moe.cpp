@@ -102,14 +102,23 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
     for (const TensorId input : op.inputs) {
       inputs.push_back(reshard(input, layout(input), op.region));
     }
+    // An output already in its own layout (no expert parallelism: the experts dim is unsharded)
+    // is written in place: MaxText's permute feeds its sorted rows straight to the grouped matmul,
+    // and XLA emits no copy between them.
     std::vector<TensorId> computed;
     for (const TensorId output : op.outputs) {
-      computed.push_back(make_local(global_.tensor(output),
-                                    tokens_local_layout(output, expert_axes), op.region, "/local"));
+      const Layout computed_layout = tokens_local_layout(output, expert_axes);
+      computed.push_back(
+          computed_layout == layout(output)
+              ? local(output)
+              : make_local(global_.tensor(output), computed_layout, op.region, "/local"));
     }
     add_op(op.kind, op.name, inputs, computed, op.attrs, op.region);
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       const TensorId output = op.outputs[index];
+      if (computed[index] == local(output)) {
+        continue;
+      }
       const Tensor& output_tensor = global_.tensor(output);
       if (!expert_axes.empty()) {
         exchange(computed[index], output_tensor, layout(output), expert_axes, op.region, ragged,
