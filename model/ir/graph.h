@@ -40,6 +40,8 @@ struct PipelineLoop {
   // pipeline_fsdp_ag_once: the stage's FSDP-sharded weights are gathered once before the loop
   // (and their gradients reduce-scattered once after it), not in every iteration.
   bool weights_gathered_once = false;
+
+  bool operator==(const PipelineLoop& other) const = default;
 };
 
 struct Region {

@@ -205,6 +205,9 @@ struct OpAttrs {
   // two halves: block c pools the first half of block c - 1's positions and its own second).
   int64_t block_topk = 0;
   bool overlapping_windows = false;
+
+  // Every attribute equal (sim/explore/batch_classes.cpp compares two steps' ops by it).
+  bool operator==(const OpAttrs& other) const = default;
 };
 
 struct Op {

@@ -28,8 +28,7 @@ bool same_regions(const Graph& a, const Graph& b) {
     const Region& y = b.regions()[index];
     if (x.name != y.name || x.repeat != y.repeat || x.phase != y.phase ||
         x.forward_region != y.forward_region || x.shared_parameters != y.shared_parameters ||
-        x.pipeline.layers_per_stage != y.pipeline.layers_per_stage ||
-        x.pipeline.parameter_sets != y.pipeline.parameter_sets) {
+        x.pipeline != y.pipeline) {
       return false;
     }
   }
@@ -64,9 +63,7 @@ bool same_ops(const Graph& a, const Graph& b) {
     const Op& x = a.ops()[index];
     const Op& y = b.ops()[index];
     if (x.kind != y.kind || x.name != y.name || x.inputs != y.inputs || x.outputs != y.outputs ||
-        x.phase != y.phase || x.region != y.region || x.attrs.contracted != y.attrs.contracted ||
-        x.attrs.token_chunks != y.attrs.token_chunks || x.attrs.every != y.attrs.every ||
-        x.attrs.iteration_share != y.attrs.iteration_share) {
+        x.phase != y.phase || x.region != y.region || x.attrs != y.attrs) {
       return false;
     }
   }
