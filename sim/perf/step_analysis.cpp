@@ -72,8 +72,19 @@ void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mes
     collective_mechanisms = mechanisms;
     collective_times.assign(graph.ops().size(), CollectiveTime{});
     collective_known.assign(graph.ops().size(), false);
+    collective_sums.clear();
     continuation_fusion = {};
   }
+}
+
+const StepSimulator::Analysis::CollectiveSums* StepSimulator::Analysis::collective_sums_for(
+    const CostContext& cost, bool sparse_core_offload) const {
+  for (const CollectiveSums& sums : collective_sums) {
+    if (sums.sparse_core_offload == sparse_core_offload && sums.cost == cost) {
+      return &sums;
+    }
+  }
+  return nullptr;
 }
 
 const CollectiveTime& StepSimulator::Analysis::collective(const Graph& graph, const Op& op,

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/ir/op_kind_traits.h"
 #include "sharding/device_mesh.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/op_cost.h"
@@ -54,6 +55,9 @@ struct StepSimulator::Analysis {
     region_ops.resize(graph.regions().size());
     for (const Op& op : graph.ops()) {
       region_ops[static_cast<size_t>(op.region)].push_back(&op);
+      if (!is_compute(op.kind)) {
+        not_compute_ops.push_back(&op);
+      }
       bool only_weights = !op.inputs.empty();
       for (const TensorId input : op.inputs) {
         const Tensor& tensor = graph.tensor(input);
@@ -89,6 +93,21 @@ struct StepSimulator::Analysis {
   const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
                                    const Slice& slice);
 
+  // What StepSimulator::collective_bounds sums over the ops on the mesh of use_mesh, under the
+  // options it reads: the cost context (compute ops carrying collective steps) and the SparseCore
+  // offload (which queue a collective takes). collective_matmul changes no op's time or link, so
+  // its two values share one entry.
+  struct CollectiveSums {
+    CostContext cost;
+    bool sparse_core_offload = false;
+    double driven_microbatch = 0;  // continuation-fused collective steps, one microbatch
+    double driven_optimizer = 0;   // the same in the optimizer update
+    double busiest_link = 0;
+  };
+  // The sums kept for those options on this mesh, or nullptr.
+  const CollectiveSums* collective_sums_for(const CostContext& cost,
+                                            bool sparse_core_offload) const;
+
   struct ContextCosts {
     CostContext context;
     std::vector<OpCost> cost;  // by op id
@@ -97,6 +116,7 @@ struct StepSimulator::Analysis {
   std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
   std::vector<TensorId> carry_source;              // by tensor id: the last carry into it
   std::vector<TensorId> entry_source;              // by tensor id: the carry before, if two
+  std::vector<const Op*> not_compute_ops;          // collectives, transfers: in program order
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::deque<ContextCosts> costs;
@@ -104,6 +124,7 @@ struct StepSimulator::Analysis {
   MechanismSet collective_mechanisms;         // and the mechanisms
   std::vector<CollectiveTime> collective_times;
   std::vector<bool> collective_known;
+  std::vector<CollectiveSums> collective_sums;  // on that mesh, by options
   // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
   // by SparseCore offload off/on: unknown until a Simulator asks.
   std::array<std::optional<bool>, 2> continuation_fusion;
