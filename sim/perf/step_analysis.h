@@ -70,12 +70,17 @@ struct StepSimulator::Analysis {
     }
     fused.assign(ops, false);
     find_fusions(graph, matmul_output_fusion);
+    find_collective_classes(graph);
   }
 
   // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
   // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
   // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
   void find_fusions(const Graph& graph, bool matmul_output_fusion);
+
+  // Collectives of the same kind, bytes and mesh axes take the same time on any mesh
+  // (collective_time reads nothing else of them): each class is timed once per placement.
+  void find_collective_classes(const Graph& graph);
 
   struct ContextCosts;
   // cost_compute_op of `op` under `context`, computed once per (op, context).
@@ -89,9 +94,8 @@ struct StepSimulator::Analysis {
   // same placement and mechanisms.
   void use_mesh(const Graph& graph, const DeviceMesh& mesh, const MechanismSet& mechanisms);
 
-  // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
-  const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
-                                   const Slice& slice);
+  // collective_time of `op` on the mesh of use_mesh, computed once per (class, placement).
+  const CollectiveTime& collective(const Op& op, const DeviceMesh& mesh, const Slice& slice);
 
   // What StepSimulator::collective_bounds sums over the ops on the mesh of use_mesh, under the
   // options it reads: the cost context (compute ops carrying collective steps) and the SparseCore
@@ -120,11 +124,14 @@ struct StepSimulator::Analysis {
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::deque<ContextCosts> costs;
-  std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
-  MechanismSet collective_mechanisms;         // and the mechanisms
-  std::vector<CollectiveTime> collective_times;
-  std::vector<bool> collective_known;
-  std::vector<CollectiveSums> collective_sums;  // on that mesh, by options
+  std::optional<DeviceMesh> collective_mesh;     // the mesh collective_times are for
+  MechanismSet collective_mechanisms;            // and the mechanisms
+  std::vector<int> collective_class;             // by op id: its class, -1 if not a collective
+  std::vector<const Op*> class_op;               // by class: its first op
+  std::vector<double> class_bytes;               // by class: collective_bytes
+  std::vector<CollectiveTime> collective_times;  // by class
+  std::vector<bool> collective_known;            // by class
+  std::vector<CollectiveSums> collective_sums;   // on that mesh, by options
   // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
   // by SparseCore offload off/on: unknown until a Simulator asks.
   std::array<std::optional<bool>, 2> continuation_fusion;

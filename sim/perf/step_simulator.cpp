@@ -225,7 +225,7 @@ class Simulator {
       fusion = std::any_of(graph_.ops().begin(), graph_.ops().end(), [&](const Op& op) {
         return driven_by_tensorcore(op, options.sparse_core_offload, *program.slice.chip,
                                     options.cost.mechanisms) &&
-               analysis_.collective(graph_, op, program.mesh, program.slice).ici_seconds > 0;
+               analysis_.collective(op, program.mesh, program.slice).ici_seconds > 0;
       });
     }
     continuation_fusion_ = *fusion;
@@ -502,7 +502,7 @@ class Simulator {
       }
     }
     if (is_collective(op.kind)) {
-      const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
+      const CollectiveTime& time = analysis_.collective(op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
       // A reduction across slices adds each received chunk before it sends the next one, so the
       // TensorCore driving it waits out every step's latency; gathers and permutes only move
