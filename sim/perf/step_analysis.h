@@ -1,8 +1,9 @@
 // sim/perf/step_analysis.h: what the step scheduler needs about a program whatever the options
 // (StepSimulator::Analysis), kept between runs of one StepSimulator: each region's ops, the
 // carries, which ops only prepare weights, which elementwise ops fuse into their producer (XLA
-// output fusion), each compute op's cost per cost context and each collective's time per
-// placement (worked out on first use), and the storage a run reuses.
+// output fusion), each compute op's cost per cost context, each class of collectives' time and
+// the collective bounds' sums per placement (worked out on first use), and the storage a run
+// reuses.
 // Internal to sim/perf (step_simulator.cpp); include sim/perf/step_simulator.h to time a step.
 //
 // Example:
