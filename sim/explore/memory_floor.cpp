@@ -18,6 +18,30 @@ bool has_dropless_dim(const Tensor& tensor) {
   return false;
 }
 
+// The index of `dims`' sizes among the distinct ones in `shapes` (flattened, rank sizes each),
+// added if new.
+size_t shape_index(std::vector<int64_t>& shapes, const std::vector<Dim>& dims) {
+  const size_t rank = dims.size();
+  if (rank == 0) {
+    return 0;  // a scalar: one shape of no sizes
+  }
+  const size_t count = shapes.size() / rank;
+  for (size_t shape = 0; shape < count; ++shape) {
+    const int64_t* sizes = shapes.data() + shape * rank;
+    bool same = true;
+    for (size_t dim = 0; dim < rank && same; ++dim) {
+      same = sizes[dim] == dims[dim].size;
+    }
+    if (same) {
+      return shape;
+    }
+  }
+  for (const Dim& dim : dims) {
+    shapes.push_back(dim.size);
+  }
+  return count;
+}
+
 }  // namespace
 
 MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules) {
@@ -44,14 +68,13 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules
       group.dims = tensor.dims;
       groups_.push_back(std::move(group));
     }
+    Group& group = groups_[found->second];
     Term term;
-    for (const Dim& dim : tensor.dims) {
-      term.sizes.push_back(dim.size);
-    }
+    term.shape = shape_index(group.shapes, tensor.dims);
     term.bytes_per_element = dtype_bytes(tensor.dtype);
     term.copies = static_cast<double>(state ? region.parameter_sets() : region.repeat);
     term.state = state;
-    groups_[found->second].terms.push_back(std::move(term));
+    group.terms.push_back(term);
   }
   for (Group& group : groups_) {
     group.axes = rules.shard_dims_on_every_axis(group.dims);
@@ -61,23 +84,29 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules
 MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
   Bytes total;
   std::vector<int64_t> splits;
+  std::vector<double> elements;  // by distinct shape: local elements on this mesh
   for (const Group& group : groups_) {
     const std::vector<std::vector<int>>& axes = group.axes;
-    splits.assign(axes.size(), 1);
-    for (size_t dim = 0; dim < axes.size(); ++dim) {
+    const size_t rank = axes.size();
+    splits.assign(rank, 1);
+    for (size_t dim = 0; dim < rank; ++dim) {
       for (const int axis : axes[dim]) {
         splits[dim] *= mesh.size(axis);
       }
     }
-    for (const Term& term : group.terms) {
-      double elements = 1;
-      for (size_t dim = 0; dim < term.sizes.size(); ++dim) {
+    elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
+    for (size_t shape = 0; shape < elements.size(); ++shape) {
+      for (size_t dim = 0; dim < rank; ++dim) {
+        const int64_t size = group.shapes[shape * rank + dim];
         const int64_t split = splits[dim];
         // Padded up; most dims are not split, and a division costs more than the test.
-        const int64_t local = split == 1 ? term.sizes[dim] : (term.sizes[dim] + split - 1) / split;
-        elements *= static_cast<double>(local);
+        const int64_t local = split == 1 ? size : (size + split - 1) / split;
+        elements[shape] *= static_cast<double>(local);
       }
-      (term.state ? total.state : total.saved) += elements * term.bytes_per_element * term.copies;
+    }
+    for (const Term& term : group.terms) {
+      (term.state ? total.state : total.saved) +=
+          elements[term.shape] * term.bytes_per_element * term.copies;
     }
   }
   return total;

@@ -46,17 +46,21 @@ class MemoryFloor {
   Bytes bytes(const MeshShape& mesh) const;
 
  private:
-  // One tensor: its global dim sizes, bytes per element and how many copies are live.
+  // One tensor: its global dim sizes (by index into its group's shapes), bytes per element and
+  // how many copies are live.
   struct Term {
-    std::vector<int64_t> sizes;
+    size_t shape = 0;
     double bytes_per_element = 0;
     double copies = 1;
     bool state = false;
   };
   // Tensors whose dims carry the same logical names split the same way: resolved once per mesh.
+  // Their global sizes repeat (every layer's weights), so each distinct one is split once per
+  // mesh: shapes holds them one after another, rank sizes each.
   struct Group {
     std::vector<Dim> dims;               // a representative's (the rules read the logical names)
     std::vector<std::vector<int>> axes;  // the rules' axes for dims, on every mesh
+    std::vector<int64_t> shapes;         // the distinct global sizes, flattened
     std::vector<Term> terms;
   };
   std::vector<Group> groups_;

@@ -51,8 +51,12 @@ double roundup(double value, double tile) {
 // Tokens index activations by batch and length, grouped MoE rows by expert_tokens; a weight (or
 // a weight's gradient) has none of them.
 bool has_token_dims(const Tensor& tensor) {
-  return tensor.dim_index("batch") >= 0 || tensor.dim_index("length") >= 0 ||
-         tensor.dim_index("expert_tokens") >= 0;
+  // Interned once: every costed einsum asks, and comparing Names compares pointers.
+  static const Name kBatch("batch");
+  static const Name kLength("length");
+  static const Name kExpertTokens("expert_tokens");
+  return tensor.dim_index(kBatch) >= 0 || tensor.dim_index(kLength) >= 0 ||
+         tensor.dim_index(kExpertTokens) >= 0;
 }
 
 // Which pass of a weight matmul an einsum is: forward (or its remat recompute) and the input
@@ -104,8 +108,9 @@ struct EinsumShape {
 };
 
 EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out) {
+  static const Name kExpertTokens("expert_tokens");
   struct Named {
-    const std::string* name;
+    Name name;
     int64_t size;  // the rhs's when both operands have the dim
     bool lhs;
     bool rhs;
@@ -113,15 +118,15 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
   };
   std::vector<Named> dims;
   dims.reserve(lhs.dims.size() + rhs.dims.size());
-  auto find = [&dims](const std::string& name) {
+  auto find = [&dims](const Name& name) {
     return std::find_if(dims.begin(), dims.end(),
-                        [&name](const Named& dim) { return *dim.name == name; });
+                        [&name](const Named& dim) { return dim.name == name; });
   };
   for (const Dim& dim : lhs.dims) {
     if (const auto found = find(dim.name); found != dims.end()) {
       found->size = dim.size;
     } else {
-      dims.push_back({&dim.name.str(), dim.size, true, false, false});
+      dims.push_back({dim.name, dim.size, true, false, false});
     }
   }
   for (const Dim& dim : rhs.dims) {
@@ -129,7 +134,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
       found->size = dim.size;
       found->rhs = true;
     } else {
-      dims.push_back({&dim.name.str(), dim.size, false, true, false});
+      dims.push_back({dim.name, dim.size, false, true, false});
     }
   }
   for (const Dim& dim : out.dims) {
@@ -138,7 +143,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
     }
   }
   std::sort(dims.begin(), dims.end(),
-            [](const Named& a, const Named& b) { return *a.name < *b.name; });
+            [](const Named& a, const Named& b) { return a.name.str() < b.name.str(); });
   EinsumShape shape;
   double largest_m = 0;
   double largest_k = 0;
@@ -149,7 +154,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
     auto take_name = [&dim, size](std::string& name, double& largest) {
       if (size > largest) {
         largest = size;
-        name = *dim.name;
+        name = dim.name.str();
       }
     };
     if (dim.lhs && dim.rhs && dim.out) {
@@ -167,7 +172,7 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
       group = 'n';
       take_name(shape.n_name, largest_n);
     }
-    if (*dim.name == "expert_tokens") {
+    if (dim.name == kExpertTokens) {
       shape.expert_tokens_in = group;
     }
   }
@@ -568,9 +573,10 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
   // MaxText leaves the logits matmul unquantized (decoders.py: "We do not quantize the logits
   // matmul"; qwix's rule matches only decoder/.*layers.*): every einsum over the vocabulary (the
   // unembedding, its two gradients, a one-hot embedding) stays bf16.
+  static const Name kVocab("vocab");
   const bool logits =
       context.mechanisms.enabled(Mechanism::kBf16Logits) &&
-      (lhs.dim_index("vocab") >= 0 || rhs.dim_index("vocab") >= 0 || out.dim_index("vocab") >= 0);
+      (lhs.dim_index(kVocab) >= 0 || rhs.dim_index(kVocab) >= 0 || out.dim_index(kVocab) >= 0);
   // Dropless expert matmuls MaxText's quantization does not reach (CostContext::
   // unquantized_experts) stay bf16, with no scale pass or noise.
   const bool unquantized_expert = shape.expert_tokens_in != 0 && context.unquantized_experts &&

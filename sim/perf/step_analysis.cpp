@@ -1,6 +1,9 @@
 #include "sim/perf/step_analysis.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
 
 #include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner.h"
@@ -37,6 +40,32 @@ void StepSimulator::Analysis::find_fusions(const Graph& graph, bool matmul_outpu
   }
 }
 
+void StepSimulator::Analysis::find_collective_classes(const Graph& graph) {
+  struct Key {
+    OpKind kind;
+    int64_t bytes;
+    const std::vector<std::string>* axes;
+  };
+  auto before = [](const Key& a, const Key& b) {
+    return std::tie(a.kind, a.bytes, *a.axes) < std::tie(b.kind, b.bytes, *b.axes);
+  };
+  std::map<Key, int, decltype(before)> classes(before);
+  collective_class.assign(graph.ops().size(), -1);
+  for (const Op& op : graph.ops()) {
+    if (!is_collective(op.kind)) {
+      continue;
+    }
+    const int64_t bytes = collective_bytes(graph, op);
+    const auto [found, added] = classes.try_emplace(Key{op.kind, bytes, &op.attrs.mesh_axes},
+                                                    static_cast<int>(class_op.size()));
+    if (added) {
+      class_op.push_back(&op);
+      class_bytes.push_back(static_cast<double>(bytes));
+    }
+    collective_class[static_cast<size_t>(op.id)] = found->second;
+  }
+}
+
 StepSimulator::Analysis::ContextCosts& StepSimulator::Analysis::context_costs(
     const Graph& graph, const CostContext& context) {
   auto found = std::find_if(costs.begin(), costs.end(),
@@ -70,20 +99,30 @@ void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mes
       collective_mechanisms != mechanisms) {
     collective_mesh = mesh;
     collective_mechanisms = mechanisms;
-    collective_times.assign(graph.ops().size(), CollectiveTime{});
-    collective_known.assign(graph.ops().size(), false);
+    collective_times.assign(class_op.size(), CollectiveTime{});
+    collective_known.assign(class_op.size(), false);
+    collective_sums.clear();
     continuation_fusion = {};
   }
 }
 
-const CollectiveTime& StepSimulator::Analysis::collective(const Graph& graph, const Op& op,
-                                                          const DeviceMesh& mesh,
+const StepSimulator::Analysis::CollectiveSums* StepSimulator::Analysis::collective_sums_for(
+    const CostContext& cost, bool sparse_core_offload) const {
+  for (const CollectiveSums& sums : collective_sums) {
+    if (sums.sparse_core_offload == sparse_core_offload && sums.cost == cost) {
+      return &sums;
+    }
+  }
+  return nullptr;
+}
+
+const CollectiveTime& StepSimulator::Analysis::collective(const Op& op, const DeviceMesh& mesh,
                                                           const Slice& slice) {
-  const auto id = static_cast<size_t>(op.id);
+  const auto id = static_cast<size_t>(collective_class[static_cast<size_t>(op.id)]);
   if (!collective_known[id]) {
-    const double bytes = static_cast<double>(collective_bytes(graph, op));
-    collective_times[id] =
-        collective_time(op.kind, bytes, op.attrs.mesh_axes, mesh, slice, collective_mechanisms);
+    const Op& first = *class_op[id];
+    collective_times[id] = collective_time(first.kind, class_bytes[id], first.attrs.mesh_axes, mesh,
+                                           slice, collective_mechanisms);
     collective_known[id] = true;
   }
   return collective_times[id];

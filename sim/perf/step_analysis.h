@@ -1,8 +1,9 @@
 // sim/perf/step_analysis.h: what the step scheduler needs about a program whatever the options
 // (StepSimulator::Analysis), kept between runs of one StepSimulator: each region's ops, the
 // carries, which ops only prepare weights, which elementwise ops fuse into their producer (XLA
-// output fusion), each compute op's cost per cost context and each collective's time per
-// placement (worked out on first use), and the storage a run reuses.
+// output fusion), each compute op's cost per cost context, each class of collectives' time and
+// the collective bounds' sums per placement (worked out on first use), and the storage a run
+// reuses.
 // Internal to sim/perf (step_simulator.cpp); include sim/perf/step_simulator.h to time a step.
 //
 // Example:
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/ir/op_kind_traits.h"
 #include "sharding/device_mesh.h"
 #include "sim/perf/collective_cost.h"
 #include "sim/perf/op_cost.h"
@@ -54,6 +56,9 @@ struct StepSimulator::Analysis {
     region_ops.resize(graph.regions().size());
     for (const Op& op : graph.ops()) {
       region_ops[static_cast<size_t>(op.region)].push_back(&op);
+      if (!is_compute(op.kind)) {
+        not_compute_ops.push_back(&op);
+      }
       bool only_weights = !op.inputs.empty();
       for (const TensorId input : op.inputs) {
         const Tensor& tensor = graph.tensor(input);
@@ -66,12 +71,17 @@ struct StepSimulator::Analysis {
     }
     fused.assign(ops, false);
     find_fusions(graph, matmul_output_fusion);
+    find_collective_classes(graph);
   }
 
   // Elementwise ops that read an elementwise op's only output fuse into it (XLA loop fusion),
   // and so do those that read a matmul's only output where the matmul takes them (XLA:TPU's
   // output fusion; a cuBLAS matmul on GPU writes its result to HBM first).
   void find_fusions(const Graph& graph, bool matmul_output_fusion);
+
+  // Collectives of the same kind, bytes and mesh axes take the same time on any mesh
+  // (collective_time reads nothing else of them): each class is timed once per placement.
+  void find_collective_classes(const Graph& graph);
 
   struct ContextCosts;
   // cost_compute_op of `op` under `context`, computed once per (op, context).
@@ -85,9 +95,23 @@ struct StepSimulator::Analysis {
   // same placement and mechanisms.
   void use_mesh(const Graph& graph, const DeviceMesh& mesh, const MechanismSet& mechanisms);
 
-  // collective_time of `op` on the mesh of use_mesh, computed once per (op, placement).
-  const CollectiveTime& collective(const Graph& graph, const Op& op, const DeviceMesh& mesh,
-                                   const Slice& slice);
+  // collective_time of `op` on the mesh of use_mesh, computed once per (class, placement).
+  const CollectiveTime& collective(const Op& op, const DeviceMesh& mesh, const Slice& slice);
+
+  // What StepSimulator::collective_bounds sums over the ops on the mesh of use_mesh, under the
+  // options it reads: the cost context (compute ops carrying collective steps) and the SparseCore
+  // offload (which queue a collective takes). collective_matmul changes no op's time or link, so
+  // its two values share one entry.
+  struct CollectiveSums {
+    CostContext cost;
+    bool sparse_core_offload = false;
+    double driven_microbatch = 0;  // continuation-fused collective steps, one microbatch
+    double driven_optimizer = 0;   // the same in the optimizer update
+    double busiest_link = 0;
+  };
+  // The sums kept for those options on this mesh, or nullptr.
+  const CollectiveSums* collective_sums_for(const CostContext& cost,
+                                            bool sparse_core_offload) const;
 
   struct ContextCosts {
     CostContext context;
@@ -97,13 +121,18 @@ struct StepSimulator::Analysis {
   std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
   std::vector<TensorId> carry_source;              // by tensor id: the last carry into it
   std::vector<TensorId> entry_source;              // by tensor id: the carry before, if two
+  std::vector<const Op*> not_compute_ops;          // collectives, transfers: in program order
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::deque<ContextCosts> costs;
-  std::optional<DeviceMesh> collective_mesh;  // the mesh collective_times are for
-  MechanismSet collective_mechanisms;         // and the mechanisms
-  std::vector<CollectiveTime> collective_times;
-  std::vector<bool> collective_known;
+  std::optional<DeviceMesh> collective_mesh;     // the mesh collective_times are for
+  MechanismSet collective_mechanisms;            // and the mechanisms
+  std::vector<int> collective_class;             // by op id: its class, -1 if not a collective
+  std::vector<const Op*> class_op;               // by class: its first op
+  std::vector<double> class_bytes;               // by class: collective_bytes
+  std::vector<CollectiveTime> collective_times;  // by class
+  std::vector<bool> collective_known;            // by class
+  std::vector<CollectiveSums> collective_sums;   // on that mesh, by options
   // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
   // by SparseCore offload off/on: unknown until a Simulator asks.
   std::array<std::optional<bool>, 2> continuation_fusion;

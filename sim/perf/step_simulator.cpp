@@ -166,14 +166,15 @@ bool runs_as_pallas_kernel(const Graph& graph, const Op& op, const CostContext& 
   if (op.kind != OpKind::kEinsum || !context.megablox) {
     return false;
   }
+  static const Name kExpertTokens("expert_tokens");  // interned once: a pointer compare
   return std::any_of(op.inputs.begin(), op.inputs.end(), [&](TensorId input) {
-    return graph.tensor(input).dim_index("expert_tokens") >= 0;
+    return graph.tensor(input).dim_index(kExpertTokens) >= 0;
   });
 }
 
 class Simulator {
  public:
-  // What a Simulator is made for: collective_bounds plans each op alone, so it needs none of the
+  // What a Simulator is made for: collective_sums plans each op alone, so it needs none of the
   // scheduler's per-tensor and per-op state (timelines, ready times, plans).
   enum class Use { kSchedule, kCollectiveBounds };
 
@@ -224,7 +225,7 @@ class Simulator {
       fusion = std::any_of(graph_.ops().begin(), graph_.ops().end(), [&](const Op& op) {
         return driven_by_tensorcore(op, options.sparse_core_offload, *program.slice.chip,
                                     options.cost.mechanisms) &&
-               analysis_.collective(graph_, op, program.mesh, program.slice).ici_seconds > 0;
+               analysis_.collective(op, program.mesh, program.slice).ici_seconds > 0;
       });
     }
     continuation_fusion_ = *fusion;
@@ -246,27 +247,33 @@ class Simulator {
     }
   }
 
-  // StepSimulator::collective_bounds, from the same plans the scheduler runs.
-  CollectiveBounds collective_bounds() {
+  // StepSimulator::collective_bounds' sums, from the same plans the scheduler runs: every op
+  // but the compute ops, which count only when they carry collective steps.
+  StepSimulator::Analysis::CollectiveSums collective_sums() {
     std::array<double, kResources> busy{};
-    double driven_microbatch = 0;
-    double driven_optimizer = 0;
-    for (const Op& op : graph_.ops()) {
-      if (is_compute(op.kind) && !continuation_fusion_) {
-        continue;
-      }
+    StepSimulator::Analysis::CollectiveSums sums{options_.cost, options_.sparse_core_offload};
+    auto add = [&](const Op& op) {
       const OpPlan plan = plan_op(op);
       const Region& region = graph_.region(op.region);
       const double repeat = static_cast<double>(region.repeat);
       if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
         busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
       } else if (plan.kind == OpPlan::Kind::kCompute) {  // the collective steps a fusion carries
-        (region.phase == Phase::kOptimizer ? driven_optimizer : driven_microbatch) +=
+        (region.phase == Phase::kOptimizer ? sums.driven_optimizer : sums.driven_microbatch) +=
             plan.collective_steps_seconds * repeat;
       }
+    };
+    if (continuation_fusion_) {
+      for (const Op& op : graph_.ops()) {
+        add(op);
+      }
+    } else {
+      for (const Op* op : analysis_.not_compute_ops) {
+        add(*op);
+      }
     }
-    return {driven_microbatch * static_cast<double>(program_.accumulation_steps) + driven_optimizer,
-            *std::max_element(busy.begin(), busy.end())};
+    sums.busiest_link = *std::max_element(busy.begin(), busy.end());
+    return sums;
   }
 
   // StepSimulator::chain_bound, from the same plans the scheduler runs; with `cheapest`, each
@@ -495,7 +502,7 @@ class Simulator {
       }
     }
     if (is_collective(op.kind)) {
-      const CollectiveTime& time = analysis_.collective(graph_, op, program_.mesh, program_.slice);
+      const CollectiveTime& time = analysis_.collective(op, program_.mesh, program_.slice);
       plan.seconds = time.seconds;
       // A reduction across slices adds each received chunk before it sends the next one, so the
       // TensorCore driving it waits out every step's latency; gathers and permutes only move
@@ -954,10 +961,20 @@ StepTiming StepSimulator::run(const PerfOptions& options) {
 }
 
 CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
-  PerfOptions lean = options;
-  lean.record_details = false;
-  return Simulator(program_, lean, *analysis_, Simulator::Use::kCollectiveBounds)
-      .collective_bounds();
+  Analysis& analysis = *analysis_;
+  analysis.use_mesh(program_.program.graph, program_.mesh, options.cost.mechanisms);
+  const Analysis::CollectiveSums* sums =
+      analysis.collective_sums_for(options.cost, options.sparse_core_offload);
+  if (sums == nullptr) {
+    PerfOptions lean = options;
+    lean.record_details = false;
+    analysis.collective_sums.push_back(
+        Simulator(program_, lean, analysis, Simulator::Use::kCollectiveBounds).collective_sums());
+    sums = &analysis.collective_sums.back();
+  }
+  return {sums->driven_microbatch * static_cast<double>(program_.accumulation_steps) +
+              sums->driven_optimizer,
+          sums->busiest_link};
 }
 
 double StepSimulator::chain_bound(const PerfOptions& options) {

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "common/error.h"
 #include "model/config.h"
@@ -301,6 +303,26 @@ TEST(WorkerResult, TiesCollapseToTheFirstCandidateInAnyOrder) {
   } while (std::next_permutation(permutation.begin(), permutation.end()));
   EXPECT_TRUE(cannot_reach(89.0, 90.0));
   EXPECT_FALSE(cannot_reach(90.0 * (1 - 1e-14), 90.0));
+}
+
+// cannot_reach answers "below the threshold with a tie key of its own" without the tie keys when
+// the bound is far below: the same answer as the keys give, near the 1e-6 shortcut and at the
+// 9 significant digits the keys keep, over magnitudes and signs.
+TEST(WorkerResult, CannotReachAgreesWithTheTieKeys) {
+  int checked = 0;
+  for (const double threshold : {-5.0, 1e-300, 1e-12, 0.3, 1.0, 9.999999999, 10.0, 6.9140132317,
+                                 123456.789, 1e12, std::numeric_limits<double>::infinity()}) {
+    for (const double gap :
+         {0.0, 1e-12, 4e-10, 6e-10, 1e-9, 5e-9, 1e-8, 9.9e-7, 1e-6, 1.01e-6, 1e-5, 0.5, 2.0}) {
+      for (const double bound : {threshold * (1 - gap), threshold - gap, threshold * (1 + gap)}) {
+        SCOPED_TRACE(std::to_string(bound) + " of " + std::to_string(threshold));
+        const bool keys = bound < threshold && tie_key(bound) != tie_key(threshold);
+        EXPECT_EQ(cannot_reach(bound, threshold), keys);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 11 * 13 * 3);
 }
 
 // One entry per program: the best candidate of a program stays, whatever order the candidates
