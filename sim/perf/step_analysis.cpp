@@ -93,8 +93,7 @@ const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op
   return compute_cost(graph, op, context_costs(graph, context));
 }
 
-void StepSimulator::Analysis::use_mesh(const Graph& graph, const DeviceMesh& mesh,
-                                       const MechanismSet& mechanisms) {
+void StepSimulator::Analysis::use_mesh(const DeviceMesh& mesh, const MechanismSet& mechanisms) {
   if (!collective_mesh.has_value() || !same_layout(*collective_mesh, mesh) ||
       collective_mechanisms != mechanisms) {
     collective_mesh = mesh;

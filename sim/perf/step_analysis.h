@@ -9,7 +9,7 @@
 // Example:
 //   StepSimulator::Analysis analysis(program.program.graph);
 //   analysis.compute_cost(graph, op, context).seconds;  // costed once per (op, context)
-//   analysis.use_mesh(graph, mesh, mechanisms);         // before timing collectives on `mesh`
+//   analysis.use_mesh(mesh, mechanisms);                // before timing collectives on `mesh`
 #pragma once
 
 #include <array>
@@ -93,7 +93,7 @@ struct StepSimulator::Analysis {
 
   // Before a run on `mesh` under `mechanisms`: the cached collective times stay valid only on the
   // same placement and mechanisms.
-  void use_mesh(const Graph& graph, const DeviceMesh& mesh, const MechanismSet& mechanisms);
+  void use_mesh(const DeviceMesh& mesh, const MechanismSet& mechanisms);
 
   // collective_time of `op` on the mesh of use_mesh, computed once per (class, placement).
   const CollectiveTime& collective(const Op& op, const DeviceMesh& mesh, const Slice& slice);

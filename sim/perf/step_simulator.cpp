@@ -199,7 +199,7 @@ class Simulator {
         resource.clear();
       }
     }
-    analysis.use_mesh(graph_, program.mesh, options.cost.mechanisms);
+    analysis.use_mesh(program.mesh, options.cost.mechanisms);
     const size_t tensors = graph_.tensors().size();
     const size_t ops = graph_.ops().size();
     if (schedules) {
@@ -962,7 +962,7 @@ StepTiming StepSimulator::run(const PerfOptions& options) {
 
 CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
   Analysis& analysis = *analysis_;
-  analysis.use_mesh(program_.program.graph, program_.mesh, options.cost.mechanisms);
+  analysis.use_mesh(program_.mesh, options.cost.mechanisms);
   const Analysis::CollectiveSums* sums =
       analysis.collective_sums_for(options.cost, options.sparse_core_offload);
   if (sums == nullptr) {
