@@ -131,7 +131,7 @@ TEST(Partitioner, ExpertParallelAllToAll) {
                                          "ici_fsdp_parallelism=1",  "ici_expert_parallelism=4"};
   // 8 sequences x 64 tokens x top-2 / 4 experts = 256 routed rows per expert when balanced; one
   // expert per device.
-  const int64_t grouped = 1 * 256 * 64 * kBf16;
+  const int64_t grouped = int64_t{256} * 64 * kBf16;
   {
     // Capacity (factor 1): each expert's 256 slots, exchanged whole.
     std::vector<std::string> capacity = mesh;
@@ -159,7 +159,7 @@ TEST(Partitioner, ExpertParallelAllToAll) {
   EXPECT_EQ(dispatched->dims[1].size, 512);
   const CollectiveSummary forward = collectives(built, "moe_layer", OpKind::kAllToAll, {"expert"});
   EXPECT_EQ(forward.count, 3);  // dispatch, its row experts, combine
-  EXPECT_EQ(forward.bytes, 2 * grouped + 256 * 4);
+  EXPECT_EQ(forward.bytes, 2 * grouped + int64_t{256} * 4);
   // ragged_buffer_factor=1: MaxText's balanced buffer (256 rows, all counted), dropping overflow.
   std::vector<std::string> bounded = mesh;
   bounded.emplace_back("ragged_buffer_factor=1.0");
@@ -170,7 +170,7 @@ TEST(Partitioner, ExpertParallelAllToAll) {
     }
   }
   EXPECT_EQ(collectives(balanced, "moe_layer", OpKind::kAllToAll, {"expert"}).bytes,
-            2 * grouped + 256 * 4);
+            2 * grouped + int64_t{256} * 4);
 }
 
 // Without expert parallelism (fsdp=4, dropless tiny-moe) the dispatch writes the routed rows the
