@@ -158,12 +158,8 @@ TEST(KernelBlockPool, SplitBlocksMatchWhole) {
 }
 
 // CSA's overlapping windows: kv, gate [batch 2, blocks 3, positions 2, 2h = 4], bias
-// [positions, 2h] -> pooled [batch, blocks, h = 2].
-struct OverlapGraph {
-  Case c;
-  TensorId kv, gate, bias, pooled;
-  std::vector<TensorId> inputs() const { return {kv, gate, bias}; }
-};
+// [positions, 2h] -> pooled [batch, blocks, h = 2]; the same tensors as a plain pool's.
+using OverlapGraph = PoolGraph;
 
 constexpr int64_t kOverlapBlocks = 3;
 constexpr int64_t kOverlapPositions = 2;
