@@ -6,7 +6,8 @@ validation/gmm_kernels.csv at the fitted values.
 The mechanism (gmm_v2_grid_steps, sim/perf/op_cost.cpp; docs/reference/hardware.md §5.16): tokamax's
 gmm_v2 kernel walks an (n tile, group x row tile, k tile) grid with emit_pipeline and pays a fixed
 cost per step, on top of its MXU and HBM time; a row tile narrower than the MXU costs its rows; with
-gmm_v2_weight_prefetch (§5.17) an expert's weight block streams only two steps ahead. The
+gmm_v2_weight_prefetch (§5.17) an expert's weight block streams only one step ahead (Pallas's
+standard schedule), and with gmm_v2_one_tensorcore the kernel has one TensorCore of v5p's two. The
 op pairs tokamax-1221-* of validation/pairs.csv (one chip, balanced groups, tile_m 128 against 256,
 four shapes per chip) give the ratio only, so the cost is fitted per chip to those four ratios
 (least squares on the log of predicted over measured ratio); each shape left out in turn is

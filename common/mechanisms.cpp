@@ -95,14 +95,19 @@ constexpr std::array<Description, kCount> kDescriptions = {{
      "gmm_v2_grid_step_us once per step of its (n, group x row tile, k) pipeline grid, and a row "
      "tile narrower than the MXU costs only its rows (tokamax PR #1221's tile_m speed-ups)"},
     {"gmm_v2_weight_prefetch",
-     "tokamax's gmm_v2 kernel triple-buffers each expert's weight block, so the next expert's "
-     "weights start streaming only two grid steps ahead: an expert with more row tiles than that "
-     "waits for them behind its own compute (the MXU side is at least that chain)"},
+     "tokamax's gmm_v2 kernel fetches the next expert's weight block in the grid step before its "
+     "first row tile (Pallas's standard pipeline schedule; lookahead is off): an expert with more "
+     "than one row tile waits for it behind its own compute (the MXU side is at least that "
+     "chain)"},
     {"expert_bias_scatter_gradients",
      "with mlp_bias a dropless MoE gathers each routed row's expert biases (MaxText moe.py "
      "transform_bias); the backward of each gather is a scatter-add of the routed gradient rows "
      "into the [experts, width] bias, at the routing scatter-add's rate "
      "(routing_scatter_gradients)"},
+    {"gmm_v2_one_tensorcore",
+     "tokamax's gmm_v2 is a pallas_call with no grid and an emit_pipeline with no core axis, so "
+     "on a megacore device (v4, v5p: two TensorCores per JAX device) it runs on one TensorCore, "
+     "at half the device's MXU rate (Pallas: without dimension_semantics one TensorCore is used)"},
 }};
 
 }  // namespace

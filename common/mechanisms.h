@@ -48,8 +48,9 @@ enum class Mechanism {
   kQuantizedResiduals,           // fp8_full's backward reuses the forward's quantized operands
   kNarrowDenseMoeExchange,       // quantized dense-MoE dispatch/combine einsums at the narrow rate
   kGmmV2GridSteps,               // tokamax gmm_v2 pays a fixed cost per step of its pipeline grid
-  kGmmV2WeightPrefetch,          // gmm_v2 fetches an expert's weights two grid steps ahead only
+  kGmmV2WeightPrefetch,          // gmm_v2 fetches an expert's next weights one grid step ahead
   kExpertBiasScatterGradients,   // mlp_bias: each routed expert bias's gradient is a scatter-add
+  kGmmV2OneTensorCore,           // gmm_v2 runs on one TensorCore of a megacore device (v4, v5p)
   kCount,
 };
 

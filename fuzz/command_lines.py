@@ -96,7 +96,8 @@ MECHANISMS = ["grouped_matmul_tiles", "quantize_scale_pass", "bf16_attention", "
               "grouped_matmul_mxu_rows", "routing_scatter_gradients", "tokamax_gmm_tiles",
               "bf16_expert_matmuls", "grouped_matmul_quantize_pass", "quantized_residuals",
               "narrow_dense_moe_exchange", "gmm_v2_grid_steps",
-              "gmm_v2_weight_prefetch", "expert_bias_scatter_gradients"]
+              "gmm_v2_weight_prefetch", "expert_bias_scatter_gradients",
+              "gmm_v2_one_tensorcore"]
 XLA_FLAGS = ["--xla_tpu_enable_async_collective_fusion=true",
              "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
              "--xla_tpu_scoped_vmem_limit_kib=98304", "--xla_enable_async_all_gather=false",

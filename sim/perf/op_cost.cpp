@@ -215,6 +215,7 @@ struct RowTiling {
 struct KernelSteps {
   RowTiling rows;
   double step_seconds = 0;
+  double mxu_share = 1;  // the share of the device's MXUs the kernel runs on
 };
 
 KernelSteps grouped_matmul_kernel_steps(const GroupedMatmulTiles& tiles,
@@ -227,6 +228,13 @@ KernelSteps grouped_matmul_kernel_steps(const GroupedMatmulTiles& tiles,
   steps.rows = {static_cast<double>(tiles.batch_seq), full_width_rows ? context.chip->mxu_dim : 0.0,
                 context.balanced_groups};
   steps.step_seconds = gmm_v2_steps ? context.chip->gmm_v2_grid_step_us * kMicro : 0.0;
+  // gmm_v2 is a pallas_call with no grid whose emit_pipeline has no core axis: on a megacore
+  // device (two TensorCores per JAX device: v4, v5p) Pallas runs it on one TensorCore, which has
+  // its own MXUs and shares the device's HBM (docs/reference/hardware.md §5.16).
+  if (context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2OneTensorCore)) {
+    const ChipSpec& chip = *context.chip;
+    steps.mxu_share = std::min(1.0, chip.devices_per_chip / chip.tensorcores_per_chip);
+  }
   return steps;
 }
 
@@ -296,19 +304,18 @@ GroupedMatmulWork grouped_matmul_work(const EinsumShape& shape, const GroupedMat
 }
 
 // The MXU-side time of tokamax's gmm_v2 when each expert's weight block waits for the stream
-// (the gmm_v2_weight_prefetch mechanism; docs/reference/hardware.md §5.17). The kernel
-// triple-buffers the weight block (pallas_mosaic_tpu_v2_gmm_kernel.py, pl.Buffered(3)), so the
-// next expert's block starts streaming two grid steps before that expert's first row tile, behind
-// the row and output tiles of those two steps. An expert with more row tiles than that issues it
-// only after its own earlier steps ran: per (column tile, expert) run of S steps of `step_seconds`
-// on the MXU side, each streaming `stream_bytes`, the next run cannot start before
-// (S - 2) x step + block / bandwidth + 2 x stream / bandwidth. 0 when the runs are too short for
-// the wait to show (the HBM roofline holds then) or the contraction is split (a block per step).
-// Example: 8 steps of 2 us per run, a 10 us block, 1 us of stream per step: 12 + 10 + 2 = 24 us
+// (the gmm_v2_weight_prefetch mechanism; docs/reference/hardware.md §5.17). The kernel's
+// emit_pipeline uses Pallas's standard schedule (its weight BlockSpec asks for three buffers but
+// not use_lookahead), which starts fetching a changed block in the iteration directly before the
+// one that uses it, behind that iteration's row tile. Per (column tile, expert) run of S steps of
+// `step_seconds` on the MXU side, each streaming `stream_bytes`, the next run cannot start before
+// (S - 1) x step + block / bandwidth + stream / bandwidth. 0 when a run is one step (the HBM
+// roofline holds then) or the contraction is split (a block per step).
+// Example: 8 steps of 2 us per run, a 10 us block, 1 us of stream per step: 14 + 10 + 1 = 25 us
 // per run against 16 us of MXU time.
 double gmm_v2_weight_wait_seconds(const GroupedMatmulWork& work, double step_seconds,
                                   double bytes_per_second) {
-  constexpr double kLookaheadSteps = 2;  // pl.Buffered(buffer_count=3): two blocks in flight
+  constexpr double kLookaheadSteps = 1;  // the standard schedule: one iteration ahead
   if (work.weight_runs <= 0) {
     return 0;
   }
@@ -615,11 +622,13 @@ OpCost einsum_cost(const Graph& graph, const Op& op, const CostContext& context)
                                     : rhs_bytes;
     const GroupedMatmulWork work = grouped_matmul_work(shape, tiles, steps.rows, routed,
                                                        kernel_lhs_bytes, weight_bytes, out_bytes);
-    cost.mxu_seconds =
-        work.executed_flops / peak + fill_drain_seconds + work.grid_steps * steps.step_seconds;
+    const double kernel_peak = peak * steps.mxu_share;
+    cost.mxu_seconds = work.executed_flops / kernel_peak + fill_drain_seconds +
+                       work.grid_steps * steps.step_seconds;
     cost.hbm_seconds = work.hbm_bytes / hbm_bytes_per_second(chip);
     if (context.gmm_v2 && context.mechanisms.enabled(Mechanism::kGmmV2WeightPrefetch)) {
-      const double step_seconds = work.executed_flops / peak / work.grid_steps + steps.step_seconds;
+      const double step_seconds =
+          work.executed_flops / kernel_peak / work.grid_steps + steps.step_seconds;
       const double wait_seconds =
           gmm_v2_weight_wait_seconds(work, step_seconds, hbm_bytes_per_second(chip));
       cost.mxu_seconds = std::max(cost.mxu_seconds, wait_seconds + fill_drain_seconds);

@@ -766,7 +766,8 @@ TEST(GroupedMatmulMxuRows, RowTilesNarrowerThanTheMxuTakeAFullWidthPass) {
 // grid, on the MXU's side of the roofline, and a 128-row tile on v7x's 256-wide MXU costs its own
 // rows: 16 experts x 512 balanced rows in 128-row tiles are 64 row visits; with the whole k and n
 // in one tile that is 64 steps, with k split in two 128. Switched off, gmm_v2 is costed as
-// megablox (a full-width pass per short tile, no step cost).
+// megablox (a full-width pass per short tile, no step cost). The weight wait of
+// gmm_v2_weight_prefetch is left out of both.
 TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
   const ChipSpec& v7x = chip("v7x");
   ASSERT_GT(v7x.gmm_v2_grid_step_us, 0.0);
@@ -777,22 +778,24 @@ TEST(GmmV2GridSteps, EachGridStepCostsTheChipsStepTime) {
     CostContext context = megablox_context(v7x, 128, tile_k, 1024);
     context.balanced_groups = true;
     context.gmm_v2 = true;
+    context.mechanisms = MechanismSet::without({"gmm_v2_weight_prefetch"});
     const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
     EXPECT_NEAR(on.mxu_seconds, fill + matmul + steps * v7x.gmm_v2_grid_step_us * 1e-6, 1e-12)
         << tile_k;
-    context.mechanisms = MechanismSet::without({"gmm_v2_grid_steps"});
+    context.mechanisms = MechanismSet::without({"gmm_v2_grid_steps", "gmm_v2_weight_prefetch"});
     const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
     EXPECT_NEAR(off.mxu_seconds, fill + 2.0 * matmul, 1e-12) << tile_k;
   }
 }
 
-// tokamax's gmm_v2 triple-buffers an expert's weight block, so the next expert's block streams
-// only from two grid steps before that expert's first row tile. 4 v6e experts x 1024 balanced
-// rows in 128-row tiles with k 7168 and n 1024 whole are 8 steps per expert: each expert waits
-// for 6 steps of its predecessor (matmul + step cost), the 14.7 MB block and the row and output
-// tiles of the 2 steps in flight. That chain is longer than the 8 steps themselves (the mechanism
-// binds); with 512-row tiles (2 steps per expert) or switched off, the MXU side is the steps alone.
-TEST(GmmV2WeightPrefetch, AnExpertWithMoreRowTilesThanTheLookaheadWaitsForItsWeights) {
+// tokamax's gmm_v2 pipelines with Pallas's standard schedule, which fetches the next expert's
+// weight block only in the grid step before that expert's first row tile. 4 v6e experts x 1024
+// balanced rows in 128-row tiles with k 7168 and n 1024 whole are 8 steps per expert: each expert
+// waits for 7 steps of its predecessor (matmul + step cost), the 14.7 MB block and the row and
+// output tiles of the step in flight. That chain is longer than the 8 steps themselves (the
+// mechanism binds); with 1024-row tiles (one step per expert, every step fetches a block: the HBM
+// roofline's case) or switched off, the MXU side is the steps alone.
+TEST(GmmV2WeightPrefetch, AnExpertWithMoreThanOneRowTileWaitsForItsWeights) {
   const ChipSpec& v6e = chip("v6e");
   const Graph graph = grouped_matmul_graph(4, 1024, 7168, 1024);
   const double fill = fill_drain_seconds(v6e);
@@ -804,18 +807,44 @@ TEST(GmmV2WeightPrefetch, AnExpertWithMoreRowTilesThanTheLookaheadWaitsForItsWei
   context.balanced_groups = true;
   context.gmm_v2 = true;
   const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
-  EXPECT_NEAR(on.mxu_seconds, fill + 4 * (6 * step + block + 2 * stream), 1e-12);
+  EXPECT_NEAR(on.mxu_seconds, fill + 4 * (7 * step + block + stream), 1e-12);
   EXPECT_GT(on.mxu_seconds, fill + 4 * 8 * step);
   context.mechanisms = MechanismSet::without({"gmm_v2_weight_prefetch"});
   const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
   EXPECT_NEAR(off.mxu_seconds, fill + 4 * 8 * step, 1e-12);
 
-  CostContext wide = megablox_context(v6e, 512, 7168, 1024);
-  wide.balanced_groups = true;
-  wide.gmm_v2 = true;
-  const OpCost two_steps = cost_compute_op(graph, graph.ops().front(), wide, false);
-  const double wide_step = 2.0 * 512 * 7168 * 1024 / bf16_flops_per_device(v6e) + step_cost;
-  EXPECT_NEAR(two_steps.mxu_seconds, fill + 4 * 2 * wide_step, 1e-12);
+  CostContext whole = megablox_context(v6e, 1024, 7168, 1024);
+  whole.balanced_groups = true;
+  whole.gmm_v2 = true;
+  const OpCost one_step = cost_compute_op(graph, graph.ops().front(), whole, false);
+  const double whole_step = 2.0 * 1024 * 7168 * 1024 / bf16_flops_per_device(v6e) + step_cost;
+  EXPECT_NEAR(one_step.mxu_seconds, fill + 4 * whole_step, 1e-12);
+}
+
+// gmm_v2 has no parallel grid dimension, so on a megacore device (v5p: two TensorCores per JAX
+// device) Pallas runs it on one TensorCore: its matmuls take twice the device-rate time, its
+// step costs and HBM bytes are unchanged. On v7x (one TensorCore per device) nothing changes;
+// switched off, v5p's kernel runs at the device's rate.
+TEST(GmmV2OneTensorCore, OnAMegacoreDeviceTheKernelHasHalfTheMxus) {
+  const Graph graph = grouped_matmul_graph(16, 512, 1024, 1024);
+  for (const char* name : {"v5p", "v7x"}) {
+    const ChipSpec& spec = chip(name);
+    const double cores_per_device = spec.tensorcores_per_chip / spec.devices_per_chip;
+    const double fill = fill_drain_seconds(spec);
+    const double matmul = 2.0 * 64 * 128 * 1024 * 1024 / bf16_flops_per_device(spec);
+    const double steps = 64 * spec.gmm_v2_grid_step_us * 1e-6;
+    CostContext context = megablox_context(spec, 128, 1024, 1024);
+    context.balanced_groups = true;
+    context.gmm_v2 = true;
+    context.mechanisms = MechanismSet::without({"gmm_v2_weight_prefetch"});
+    const OpCost on = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR(on.mxu_seconds, fill + cores_per_device * matmul + steps, 1e-12) << name;
+    context.mechanisms = MechanismSet::without({"gmm_v2_weight_prefetch", "gmm_v2_one_tensorcore"});
+    const OpCost off = cost_compute_op(graph, graph.ops().front(), context, false);
+    EXPECT_NEAR(off.mxu_seconds, fill + matmul + steps, 1e-12) << name;
+    EXPECT_DOUBLE_EQ(on.hbm_seconds, off.hbm_seconds) << name;
+  }
+  EXPECT_EQ(chip("v5p").tensorcores_per_chip / chip("v5p").devices_per_chip, 2.0);
 }
 
 // Balanced groups (a kernel benchmark's) visit a tile twice only where a group boundary falls
