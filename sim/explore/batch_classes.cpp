@@ -101,7 +101,6 @@ BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep
       continue;
     }
     member.reference = static_cast<int64_t>(index);
-    std::map<std::string, size_t> group_of_names;
     for (size_t tensor = 0; tensor < graph.tensors().size(); ++tensor) {
       const std::vector<Dim>& dims = graph.tensors()[tensor].dims;
       const std::vector<Dim>& reference_dims = reference.step->graph.tensors()[tensor].dims;
@@ -123,6 +122,18 @@ BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep
   Reference reference;
   reference.step = step;
   reference.atoms = atoms;
+  reference.regions = graph.regions().size();
+  reference.regions_of_tensor.resize(graph.tensors().size());
+  for (const Op& op : graph.ops()) {
+    for (const std::vector<TensorId>* tensors : {&op.inputs, &op.outputs}) {
+      for (const TensorId tensor : *tensors) {
+        std::vector<int>& regions = reference.regions_of_tensor[static_cast<size_t>(tensor)];
+        if (std::find(regions.begin(), regions.end(), op.region) == regions.end()) {
+          regions.push_back(op.region);
+        }
+      }
+    }
+  }
   for (const Tensor& tensor : graph.tensors()) {
     if (tensor.dims.size() >= static_cast<size_t>(kMaxDims)) {
       return member;  // positions would collide: no key
@@ -149,6 +160,39 @@ size_t BatchClasses::add_schedule(
   }
   schedules_.push_back(std::move(members));
   return schedules_.size() - 1;
+}
+
+std::vector<std::vector<int64_t>> BatchClasses::region_keys(size_t schedule, const MeshShape& mesh,
+                                                            size_t batch) const {
+  std::vector<std::vector<int64_t>> keys;
+  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
+    return keys;
+  }
+  const Member& member = schedules_[schedule][batch];
+  if (member.reference < 0) {
+    return keys;
+  }
+  const Reference& reference = references_[static_cast<size_t>(member.reference)];
+  keys.resize(reference.regions);
+  for (size_t region = 0; region < reference.regions; ++region) {
+    keys[region] = {member.reference, static_cast<int64_t>(region)};
+  }
+  for (const Varying& varying : member.varying) {
+    int64_t split = 1;
+    for (const int axis : reference.group_axes[varying.group][varying.dim]) {
+      split *= mesh.size(axis);
+    }
+    // Padded up, as make_local; only where it differs from the reference's local size.
+    const int64_t local = (varying.size + split - 1) / split;
+    if (local == (varying.reference_size + split - 1) / split) {
+      continue;
+    }
+    for (const int region : reference.regions_of_tensor[varying.position / kMaxDims]) {
+      keys[static_cast<size_t>(region)].push_back(varying.position);
+      keys[static_cast<size_t>(region)].push_back(local);
+    }
+  }
+  return keys;
 }
 
 std::vector<int64_t> BatchClasses::key(size_t schedule, const MeshShape& mesh, size_t batch) const {

@@ -55,6 +55,11 @@ class BatchClasses {
   // Two (schedule, batch) pairs with the same non-empty key on one mesh (or on meshes of one
   // equivalence key) run the same compute ops per region pass. Empty: no class.
   std::vector<int64_t> key(size_t schedule, const MeshShape& mesh, size_t batch) const;
+  // The same per region of the step: two pairs with the same key of region r on one mesh run the
+  // same compute ops in one pass of r (the key lists only the dims of tensors r's ops read or
+  // write). Empty: no class.
+  std::vector<std::vector<int64_t>> region_keys(size_t schedule, const MeshShape& mesh,
+                                                size_t batch) const;
 
  private:
   struct Reference {
@@ -64,6 +69,8 @@ class BatchClasses {
     // dims, by group (Varying::group).
     std::vector<std::string> group_names;
     std::vector<std::vector<std::vector<int>>> group_axes;
+    size_t regions = 0;
+    std::vector<std::vector<int>> regions_of_tensor;  // the regions whose ops read or write it
   };
   // A dim whose size differs from the reference's: where (tensor x kMaxDims + dim), its group
   // (the tensor's logical names), and both sizes.

@@ -502,13 +502,15 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, siz
   return kept;
 }
 
-std::vector<int64_t> MeshEvaluator::class_key(const MeshPlan& plan, size_t batch) const {
-  std::vector<int64_t> key = context_.classes.key(context_.schedule, *plan.mesh, batch);
-  if (!key.empty()) {
+std::vector<std::vector<int64_t>> MeshEvaluator::class_keys(const MeshPlan& plan,
+                                                            size_t batch) const {
+  std::vector<std::vector<int64_t>> keys =
+      context_.classes.region_keys(context_.schedule, *plan.mesh, batch);
+  for (std::vector<int64_t>& key : keys) {
     key.insert(key.begin(), plan.key.begin(), plan.key.end());
     key.insert(key.begin(), static_cast<int64_t>(plan.key.size()));
   }
-  return key;
+  return keys;
 }
 
 bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
@@ -516,11 +518,11 @@ bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
   if (context_.facts.checking()) {
     return false;
   }
-  const std::vector<int64_t> key = class_key(plan, batch.index);
-  if (key.empty()) {
+  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
+  if (keys.empty()) {
     return false;
   }
-  const std::optional<ClassSeconds> found = context_.class_bounds.find(key);
+  const std::optional<ClassSeconds> found = context_.class_bounds.find(keys, context_.schedule);
   if (!found.has_value()) {
     return false;
   }
@@ -533,15 +535,15 @@ bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
   }
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {step, 0, kUnknown, {}});
-  out.phases.schedule_class_skips += found->schedule != context_.schedule ? 1 : 0;
+  out.phases.schedule_class_skips += found->other_schedule ? 1 : 0;
   return true;
 }
 
 void MeshEvaluator::remember_class(const MeshPlan& plan, const BatchWork& batch,
                                    const ComputeBounds& none) const {
-  const std::vector<int64_t> key = class_key(plan, batch.index);
-  if (!key.empty()) {
-    context_.class_bounds.offer(key, {none.region_seconds, context_.schedule});
+  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
+  if (!keys.empty()) {
+    context_.class_bounds.offer(keys, none.region_seconds, context_.schedule);
   }
 }
 

@@ -185,9 +185,9 @@ class MeshEvaluator {
   // remat_policy=none program and that alone cannot beat the top N: no program is built (the
   // bound is offered as the program's facts, as none_bounds_out does).
   bool bounded_by_class(MeshPlan& plan, const BatchWork& batch, WorkerResult& out) const;
-  // The ClassBounds key of (batch, this search's schedule) on the plan's mesh: its equivalence
-  // key, then its class key (empty: no class).
-  std::vector<int64_t> class_key(const MeshPlan& plan, size_t batch) const;
+  // The ClassBounds keys of (batch, this search's schedule) on the plan's mesh, by region: its
+  // equivalence key, then the region's class key (empty: no class).
+  std::vector<std::vector<int64_t>> class_keys(const MeshPlan& plan, size_t batch) const;
   // Keeps none's seconds per region pass for the batch's class on this mesh's equivalence key
   // (checking mode: compares them with those kept, std::logic_error when they differ).
   void remember_class(const MeshPlan& plan, const BatchWork& batch,

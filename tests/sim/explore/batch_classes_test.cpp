@@ -287,6 +287,68 @@ TEST(BatchClasses, PipelineSchedulesOfOneKeyGiveTheSameTensorCoreSums) {
   EXPECT_GE(other_sizes, 100);
 }
 
+// One region at a time: pairs (of any schedules of one stage count) whose keys of some region r
+// agree on a mesh, though their whole keys need not (the layer loop's microbatch m / M against
+// the embedding's and the head's m), run the same compute in a pass of r.
+TEST(BatchClasses, RegionsOfOneKeyGiveTheSameTensorCoreSeconds) {
+  std::mt19937 random(571);
+  const Config config =
+      Config::load("", {"model_name=llama2-7b", "compile_topology=v5e-16",
+                        "compile_topology_num_slices=4", "max_target_length=1024"});
+  BatchClasses classes;
+  const std::vector<std::unique_ptr<Schedule>> schedules = join_schedules(config, 32, classes);
+  int compared = 0;
+  int other_whole_keys = 0;  // pairs whose whole keys differ (other compute in some region)
+  for (int draw = 0; draw < 400000 && compared < 300; ++draw) {
+    const Schedule& a = *schedules[random() % schedules.size()];
+    const Schedule& b = *schedules[random() % schedules.size()];
+    if (a.stages != b.stages) {
+      continue;
+    }
+    const MeshShape& mesh = a.space.meshes[random() % a.space.meshes.size()];
+    const MeshShape* in_b = find_mesh(b.space, mesh);
+    const size_t i = random() % a.space.batches.size();
+    const size_t j = random() % b.space.batches.size();
+    if (in_b == nullptr || (&a == &b && i == j) || !divides(a, mesh, i) || !divides(b, *in_b, j)) {
+      continue;
+    }
+    const std::vector<std::vector<int64_t>> keys_a = classes.region_keys(a.id, mesh, i);
+    const std::vector<std::vector<int64_t>> keys_b = classes.region_keys(b.id, *in_b, j);
+    if (keys_a.empty() || keys_a.size() != keys_b.size()) {
+      continue;
+    }
+    std::vector<size_t> shared;
+    for (size_t region = 0; region < keys_a.size(); ++region) {
+      if (keys_a[region] == keys_b[region]) {
+        shared.push_back(region);
+      }
+    }
+    if (shared.empty()) {
+      continue;
+    }
+    ++compared;
+    other_whole_keys += shared.size() < keys_a.size() ? 1 : 0;
+    const StepProgram program_a =
+        none_program(a.space, *a.steps, LogicalAxisRules::from_config(a.config), mesh, i);
+    const StepProgram program_b =
+        none_program(b.space, *b.steps, LogicalAxisRules::from_config(b.config), mesh, j);
+    const std::vector<CostContext> contexts = both_attention_contexts(a);
+    const ComputeBounds at_a = tensorcore_lower_bounds(program_a, contexts);
+    const ComputeBounds at_b = tensorcore_lower_bounds(program_b, contexts);
+    for (const size_t region : shared) {
+      for (size_t context = 0; context < contexts.size(); ++context) {
+        EXPECT_EQ(at_a.region_seconds[context][region], at_b.region_seconds[context][region])
+            << mesh.describe() << " schedules " << a.id << "/" << b.id << " batches " << i << "/"
+            << j << " region " << region;
+      }
+    }
+  }
+  std::printf("%d pairs with regions of one key compared, %d of them with other whole keys\n",
+              compared, other_whole_keys);
+  EXPECT_GE(compared, 200);
+  EXPECT_GE(other_whole_keys, 50);
+}
+
 TEST(BatchClasses, MoeRoutingGetsNoKey) {
   const Config config =
       Config::load("", {"model_name=tiny-moe", "compile_topology=v5e-8", "max_target_length=256"});
