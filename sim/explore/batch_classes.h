@@ -16,8 +16,13 @@
 // per-device programs run the same compute ops per region pass: their TensorCore bounds
 // (step_bounds.h) come from the same seconds per region pass, each with its own repeats and
 // accumulation count (bounds_from_regions). One built program bounds the whole class exactly.
-// tests/sim/explore/batch_classes_test.cpp partitions random pairs of one key apart, within a
-// schedule and across schedules, and checks their seconds per region equal bit for bit.
+// The same holds region by region (region_keys): the partitioner emits a region's compute ops
+// from the layouts and local sizes of the tensors that region's ops read or write, so in a
+// pipeline the layer loop (m / M sequences) of one pair and the embedding and head (m) of another
+// give a third pair's seconds between them.
+// tests/sim/explore/batch_classes_test.cpp partitions random pairs of one key (whole or of one
+// region) apart, within a schedule and across schedules, and checks their seconds per region
+// pass equal bit for bit.
 //
 // Keys are relative to a reference step (the first joined step that the others are the same as
 // but for sizes): a key lists the dims whose local size differs from the reference's local size
@@ -30,6 +35,8 @@
 //   size_t two = classes.add_schedule(none_steps_m2, atoms, rules);  // batch b: none step b
 //   size_t four = classes.add_schedule(none_steps_m4, atoms, rules);
 //   classes.key(two, mesh, 0) == classes.key(four, mesh, 1);  // true: the same compute
+//   // batch 1 has twice batch 0's sequences: the same layer loop microbatch at M = 4 and M = 2
+//   classes.region_keys(four, mesh, 1)[loop] == classes.region_keys(two, mesh, 0)[loop];
 #pragma once
 
 #include <cstddef>
