@@ -34,7 +34,7 @@
 //   BatchClasses classes;
 //   size_t two = classes.add_schedule(none_steps_m2, atoms, rules);  // batch b: none step b
 //   size_t four = classes.add_schedule(none_steps_m4, atoms, rules);
-//   classes.key(two, mesh, 0) == classes.key(four, mesh, 1);  // true: the same compute
+//   classes.key(two, mesh, 0) == classes.key(four, mesh, 0);  // where both pad alike
 //   // batch 1 has twice batch 0's sequences: the same layer loop microbatch at M = 4 and M = 2
 //   classes.region_keys(four, mesh, 1)[loop] == classes.region_keys(two, mesh, 0)[loop];
 #pragma once
