@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
 
 namespace tpusim {
 namespace {
@@ -19,6 +20,9 @@ bool routes_experts(const Graph& graph) {
          });
 }
 
+// Regions alike but for their repeats and pipeline loops: the partitioner reads those only for
+// the stage hand-over collectives (sharding/partition_pipeline.cpp), not for compute ops, and the
+// bounds take each program's own repeats (bounds_from_regions).
 bool same_regions(const Graph& a, const Graph& b) {
   if (a.regions().size() != b.regions().size()) {
     return false;
@@ -26,9 +30,8 @@ bool same_regions(const Graph& a, const Graph& b) {
   for (size_t index = 0; index < a.regions().size(); ++index) {
     const Region& x = a.regions()[index];
     const Region& y = b.regions()[index];
-    if (x.name != y.name || x.repeat != y.repeat || x.phase != y.phase ||
-        x.forward_region != y.forward_region || x.shared_parameters != y.shared_parameters ||
-        x.pipeline != y.pipeline) {
+    if (x.name != y.name || x.phase != y.phase || x.forward_region != y.forward_region ||
+        x.shared_parameters != y.shared_parameters || x.pipelined() != y.pipelined()) {
       return false;
     }
   }
@@ -73,69 +76,146 @@ bool same_ops(const Graph& a, const Graph& b) {
                     });
 }
 
-// The same graph but for dim sizes (what the partitioner reads besides the sizes).
+// The same graph but for dim sizes, repeats and pipeline loops (what the partitioner reads for
+// compute ops besides the sizes).
 bool same_but_sizes(const Graph& a, const Graph& b) {
   return same_regions(a, b) && same_tensors_but_sizes(a, b) && same_ops(a, b);
 }
 
+// Positions of dims: tensor x kMaxDims + dim.
+constexpr int64_t kMaxDims = 64;
+
 }  // namespace
 
-BatchClasses::BatchClasses(const std::vector<const TrainingStep*>& none_steps,
-                           const LogicalAxisRules& rules) {
-  if (none_steps.size() < 2 || routes_experts(none_steps.front()->graph)) {
-    return;
+BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep>& step,
+                                        const std::vector<uint32_t>& atoms,
+                                        const LogicalAxisRules& rules) {
+  Member member;
+  if (routes_experts(step->graph)) {
+    return member;
   }
-  const Graph& first = none_steps.front()->graph;
-  comparable_.assign(none_steps.size(), false);
-  for (size_t batch = 0; batch < none_steps.size(); ++batch) {
-    comparable_[batch] = batch == 0 || same_but_sizes(first, none_steps[batch]->graph);
+  const Graph& graph = step->graph;
+  for (size_t index = 0; index < references_.size(); ++index) {
+    const Reference& reference = references_[index];
+    if (reference.atoms != atoms || !same_but_sizes(reference.step->graph, graph)) {
+      continue;
+    }
+    member.reference = static_cast<int64_t>(index);
+    for (size_t tensor = 0; tensor < graph.tensors().size(); ++tensor) {
+      const std::vector<Dim>& dims = graph.tensors()[tensor].dims;
+      const std::vector<Dim>& reference_dims = reference.step->graph.tensors()[tensor].dims;
+      for (size_t dim = 0; dim < dims.size(); ++dim) {
+        if (dims[dim].size == reference_dims[dim].size) {
+          continue;
+        }
+        const auto found = std::find(reference.group_names.begin(), reference.group_names.end(),
+                                     logical_names_key(dims));
+        member.varying.push_back(
+            {static_cast<int64_t>(tensor) * kMaxDims + static_cast<int64_t>(dim),
+             static_cast<size_t>(found - reference.group_names.begin()), dim, dims[dim].size,
+             reference_dims[dim].size});
+      }
+    }
+    return member;
   }
-  // The dims whose size differs between the comparable batches, grouped by logical names.
-  std::map<std::string, size_t> group_of_names;
-  for (size_t tensor = 0; tensor < first.tensors().size(); ++tensor) {
-    const Tensor& global = first.tensors()[tensor];
-    for (size_t dim = 0; dim < global.dims.size(); ++dim) {
-      bool varies = false;
-      for (size_t batch = 1; batch < none_steps.size(); ++batch) {
-        varies = varies ||
-                 (comparable_[batch] && none_steps[batch]->graph.tensors()[tensor].dims[dim].size !=
-                                            global.dims[dim].size);
-      }
-      if (!varies) {
-        continue;
-      }
-      const auto [found, added] =
-          group_of_names.try_emplace(logical_names_key(global.dims), groups_.size());
-      if (added) {
-        Group group;
-        group.axes = rules.shard_dims_on_every_axis(global.dims);
-        group.sizes.resize(none_steps.size());
-        groups_.push_back(std::move(group));
-      }
-      Group& group = groups_[found->second];
-      group.dims.push_back(dim);
-      for (size_t batch = 0; batch < none_steps.size(); ++batch) {
-        group.sizes[batch].push_back(
-            comparable_[batch] ? none_steps[batch]->graph.tensors()[tensor].dims[dim].size : 0);
+  // A new reference: it is its own class's origin (no dim differs from itself).
+  Reference reference;
+  reference.step = step;
+  reference.atoms = atoms;
+  reference.regions = graph.regions().size();
+  reference.regions_of_tensor.resize(graph.tensors().size());
+  for (const Op& op : graph.ops()) {
+    for (const std::vector<TensorId>* tensors : {&op.inputs, &op.outputs}) {
+      for (const TensorId tensor : *tensors) {
+        std::vector<int>& regions = reference.regions_of_tensor[static_cast<size_t>(tensor)];
+        if (std::find(regions.begin(), regions.end(), op.region) == regions.end()) {
+          regions.push_back(op.region);
+        }
       }
     }
   }
+  for (const Tensor& tensor : graph.tensors()) {
+    if (tensor.dims.size() >= static_cast<size_t>(kMaxDims)) {
+      return member;  // positions would collide: no key
+    }
+    const std::string names = logical_names_key(tensor.dims);
+    if (std::find(reference.group_names.begin(), reference.group_names.end(), names) ==
+        reference.group_names.end()) {
+      reference.group_names.push_back(names);
+      reference.group_axes.push_back(rules.shard_dims_on_every_axis(tensor.dims));
+    }
+  }
+  member.reference = static_cast<int64_t>(references_.size());
+  references_.push_back(std::move(reference));
+  return member;
 }
 
-std::vector<int64_t> BatchClasses::key(const MeshShape& mesh, size_t batch) const {
+size_t BatchClasses::add_schedule(
+    const std::vector<std::shared_ptr<const TrainingStep>>& none_steps,
+    const std::vector<uint32_t>& atoms, const LogicalAxisRules& rules) {
+  std::vector<Member> members;
+  members.reserve(none_steps.size());
+  for (const std::shared_ptr<const TrainingStep>& step : none_steps) {
+    members.push_back(join(step, atoms, rules));
+  }
+  schedules_.push_back(std::move(members));
+  return schedules_.size() - 1;
+}
+
+std::vector<std::vector<int64_t>> BatchClasses::region_keys(size_t schedule, const MeshShape& mesh,
+                                                            size_t batch) const {
+  std::vector<std::vector<int64_t>> keys;
+  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
+    return keys;
+  }
+  const Member& member = schedules_[schedule][batch];
+  if (member.reference < 0) {
+    return keys;
+  }
+  const Reference& reference = references_[static_cast<size_t>(member.reference)];
+  keys.resize(reference.regions);
+  for (size_t region = 0; region < reference.regions; ++region) {
+    keys[region] = {member.reference, static_cast<int64_t>(region)};
+  }
+  for (const Varying& varying : member.varying) {
+    int64_t split = 1;
+    for (const int axis : reference.group_axes[varying.group][varying.dim]) {
+      split *= mesh.size(axis);
+    }
+    // Padded up, as make_local; only where it differs from the reference's local size.
+    const int64_t local = (varying.size + split - 1) / split;
+    if (local == (varying.reference_size + split - 1) / split) {
+      continue;
+    }
+    for (const int region : reference.regions_of_tensor[varying.position / kMaxDims]) {
+      keys[static_cast<size_t>(region)].push_back(varying.position);
+      keys[static_cast<size_t>(region)].push_back(local);
+    }
+  }
+  return keys;
+}
+
+std::vector<int64_t> BatchClasses::key(size_t schedule, const MeshShape& mesh, size_t batch) const {
   std::vector<int64_t> key;
-  if (batch >= comparable_.size() || !comparable_[batch]) {
+  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
     return key;
   }
-  key.push_back(1);  // non-empty even with nothing varying
-  for (const Group& group : groups_) {
-    for (size_t entry = 0; entry < group.dims.size(); ++entry) {
-      int64_t split = 1;
-      for (const int axis : group.axes[group.dims[entry]]) {
-        split *= mesh.size(axis);
-      }
-      const int64_t size = group.sizes[batch][entry];
-      key.push_back((size + split - 1) / split);  // padded up, as make_local
+  const Member& member = schedules_[schedule][batch];
+  if (member.reference < 0) {
+    return key;
+  }
+  const Reference& reference = references_[static_cast<size_t>(member.reference)];
+  key.push_back(member.reference);
+  for (const Varying& varying : member.varying) {
+    int64_t split = 1;
+    for (const int axis : reference.group_axes[varying.group][varying.dim]) {
+      split *= mesh.size(axis);
+    }
+    // Padded up, as make_local; only where it differs from the reference's local size.
+    const int64_t local = (varying.size + split - 1) / split;
+    if (local != (varying.reference_size + split - 1) / split) {
+      key.push_back(varying.position);
+      key.push_back(local);
     }
   }
   return key;

@@ -22,6 +22,7 @@
 #include "sim/estimate/estimate.h"
 #include "sim/explore/batch_classes.h"
 #include "sim/explore/candidate.h"
+#include "sim/explore/class_bounds.h"
 #include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/mesh_evaluator.h"
 #include "sim/explore/pipeline_schedules.h"
@@ -96,22 +97,21 @@ std::vector<MaxTextFlops> maxtext_flops_per_batch(const Config& config, const Se
   return flops;
 }
 
-// The batch classes (batch_classes.h) where the explorer bounds batches by the remat_policy=none
-// program (branch and bound over several policies), else none: that needs every batch's none
-// step, built here once.
-BatchClasses batch_classes(const ExploreOptions& options, const SearchSpace& space,
-                           TrainingStepCache& steps, const LogicalAxisRules& rules) {
-  if (!options.batch_classes || !options.branch_and_bound || space.remats.size() < 2 ||
-      space.batches.size() < 2) {
-    return {};
+// Joins the schedule's batches to the batch classes (batch_classes.h) where the explorer bounds
+// batches by the remat_policy=none program (branch and bound over several policies), else joins
+// none (no keys): that needs every batch's none step, built here once. Returns the schedule's
+// number in `classes`.
+size_t join_batch_classes(const ExploreOptions& options, const SearchSpace& space,
+                          TrainingStepCache& steps, const MeshEquivalence& equivalence,
+                          const LogicalAxisRules& rules, BatchClasses& classes) {
+  std::vector<std::shared_ptr<const TrainingStep>> none_steps;
+  if (options.batch_classes && options.branch_and_bound && space.remats.size() >= 2 &&
+      space.batches.size() >= 2) {
+    for (size_t batch = 0; batch < space.batches.size(); ++batch) {
+      none_steps.push_back(steps.get(batch, TrainingStepCache::kNoRemat));
+    }
   }
-  std::vector<std::shared_ptr<const TrainingStep>> kept;
-  std::vector<const TrainingStep*> none_steps;
-  for (size_t batch = 0; batch < space.batches.size(); ++batch) {
-    kept.push_back(steps.get(batch, TrainingStepCache::kNoRemat));
-    none_steps.push_back(kept.back().get());
-  }
-  return {none_steps, rules};
+  return classes.add_schedule(none_steps, equivalence.atoms(), rules);
 }
 
 // Evaluates this rank's meshes (every ranks-th) on `threads` worker threads; the workers'
@@ -284,10 +284,18 @@ bool schedule_cannot_reach(const ExploreSettings& settings, const SearchSpace& s
   return true;
 }
 
+// What the pipeline schedules of one explore share: the batch classes of every schedule searched
+// and the TensorCore seconds of their programs by class (class_bounds.h).
+struct SharedClasses {
+  BatchClasses classes;
+  ClassBounds bounds;
+};
+
 // One schedule's search; `bar` (the objective of the N-th best found before it, -infinity for
 // none) starts its branch and bound, and `stretch` is the schedule's iterations over the
 // iterations that carry a microbatch (1 without a pipeline).
 ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& options,
+                                   SharedClasses& shared,
                                    double bar = -std::numeric_limits<double>::infinity(),
                                    double stretch = 1) {
   const auto started = std::chrono::steady_clock::now();
@@ -330,10 +338,12 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const std::shared_ptr<const TrainingStep> first_step = steps.get(0, 0);
   const MeshEquivalence equivalence({none_step.get(), first_step.get()}, rules);
   SharedProgramFacts facts(options.check_equivalent_meshes);
-  const BatchClasses classes = batch_classes(options, space, steps, rules);
-  const ExploreContext context{config,      settings,        space,     options,   rules,
-                               steps,       flops_per_batch, base_perf, threshold, divisibility,
-                               equivalence, facts,           classes};
+  const size_t schedule =
+      join_batch_classes(options, space, steps, equivalence, rules, shared.classes);
+  const ExploreContext context{config,         settings,     space,           options,
+                               rules,          steps,        flops_per_batch, base_perf,
+                               threshold,      divisibility, equivalence,     facts,
+                               shared.classes, schedule,     shared.bounds};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);
@@ -498,7 +508,8 @@ constexpr std::array kPhaseCounts = {
     PhaseCount{"equivalent_mesh_skips", &ExplorePhases::equivalent_mesh_skips},
     PhaseCount{"chain_bounded", &ExplorePhases::chain_bounded},
     PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs},
-    PhaseCount{"batch_class_skips", &ExplorePhases::batch_class_skips}};
+    PhaseCount{"batch_class_skips", &ExplorePhases::batch_class_skips},
+    PhaseCount{"schedule_class_skips", &ExplorePhases::schedule_class_skips}};
 
 }  // namespace
 
@@ -565,8 +576,9 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::string> schedule_keys;
   const std::vector<ScheduleChoice> choices = pipeline_schedule_choices(config, schedule_keys);
+  SharedClasses shared{{}, ClassBounds(options.check_equivalent_meshes)};
   if (choices.size() == 1 && choices.front().stages == 1) {
-    ExploreResult result = explore_one_schedule(config, options, options.initial_bar);
+    ExploreResult result = explore_one_schedule(config, options, shared, options.initial_bar);
     objectives_per_dollar(result, options);
     return result;
   }
@@ -578,7 +590,8 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
     const double bar = std::max(top_bar(everything, options), options.initial_bar);
     ExploreResult part;
     try {
-      part = explore_one_schedule(scheduled, options, bar, schedule_stretch(scheduled, choice));
+      part = explore_one_schedule(scheduled, options, shared, bar,
+                                  schedule_stretch(scheduled, choice));
     } catch (const UserError& error) {
       // A schedule the batch or the layers cannot take (MaxText refuses it too) is skipped; the
       // error stands only when no schedule could be searched.

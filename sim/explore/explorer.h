@@ -192,10 +192,13 @@ struct ExplorePhases {
   // before (meshes are searched by equivalence key) bounds it on this mesh's layout
   // (MeshEquivalence::relabeled).
   int64_t borrowed_programs = 0;
-  // remat_policy=none programs not built to bound a batch: a batch of the same class on this mesh
-  // (batch_classes.h: the same per-microbatch program) gave its TensorCore bound, which alone
+  // remat_policy=none programs not built to bound a batch: a program of the same class on this
+  // mesh or an equivalent one, at another batch or under another pipeline schedule
+  // (batch_classes.h: the same compute per region pass), gave its TensorCore bound, which alone
   // cannot beat the top N.
   int64_t batch_class_skips = 0;
+  // Of those, the batches whose class's bound came from another pipeline schedule's program.
+  int64_t schedule_class_skips = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -134,9 +134,6 @@ struct MeshEvaluator::MeshPlan {
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
   std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
-  // remat_policy=none's TensorCore sums by batch class (BatchClasses::key): microbatch, then
-  // optimizer, per cost context.
-  std::map<std::vector<int64_t>, std::pair<std::vector<double>, std::vector<double>>> classes;
 };
 
 // One batch of a mesh: its tokens and FLOPs, for the objective.
@@ -452,7 +449,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
-    } else if (bounded_by_class(plan, batch)) {
+    } else if (bounded_by_class(plan, batch, out)) {
       ++out.phases.batch_class_skips;
       bounded_out = true;
     } else {
@@ -505,45 +502,48 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, siz
   return kept;
 }
 
-bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch) const {
-  if (context_.facts.checking() || plan.classes.empty()) {
+std::vector<std::vector<int64_t>> MeshEvaluator::class_keys(const MeshPlan& plan,
+                                                            size_t batch) const {
+  std::vector<std::vector<int64_t>> keys =
+      context_.classes.region_keys(context_.schedule, *plan.mesh, batch);
+  for (std::vector<int64_t>& key : keys) {
+    key.insert(key.begin(), plan.key.begin(), plan.key.end());
+    key.insert(key.begin(), static_cast<int64_t>(plan.key.size()));
+  }
+  return keys;
+}
+
+bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
+                                     WorkerResult& out) const {
+  if (context_.facts.checking()) {
     return false;
   }
-  const auto found = plan.classes.find(context_.classes.key(*plan.mesh, batch.index));
-  if (found == plan.classes.end()) {
+  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
+  if (keys.empty()) {
     return false;
   }
-  const auto& [microbatch, optimizer] = found->second;
-  std::vector<double> step;
-  for (size_t context = 0; context < microbatch.size(); ++context) {
-    step.push_back(
-        step_of(microbatch[context], optimizer[context], batch.choice->accumulation_steps));
+  const std::optional<ClassSeconds> found = context_.class_bounds.find(keys, context_.schedule);
+  if (!found.has_value()) {
+    return false;
   }
+  const TrainingStep& none = *context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
+  const std::vector<double> step = bounds_from_regions(found->region_seconds, none.graph.regions(),
+                                                       batch.choice->accumulation_steps)
+                                       .step;
   if (!cannot_reach(best_possible(batch, lowest(step)), context_.threshold.get())) {
     return false;
   }
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {step, 0, kUnknown, {}});
+  out.phases.schedule_class_skips += found->other_schedule ? 1 : 0;
   return true;
 }
 
-void MeshEvaluator::remember_class(MeshPlan& plan, const BatchWork& batch,
+void MeshEvaluator::remember_class(const MeshPlan& plan, const BatchWork& batch,
                                    const ComputeBounds& none) const {
-  std::vector<int64_t> key = context_.classes.key(*plan.mesh, batch.index);
-  if (key.empty()) {
-    return;
-  }
-  const auto [found, added] =
-      plan.classes.try_emplace(std::move(key), none.microbatch, none.optimizer);
-  if (added || !context_.facts.checking()) {
-    return;
-  }
-  for (size_t context = 0; context < none.step.size(); ++context) {
-    if (step_of(found->second.first[context], found->second.second[context],
-                batch.choice->accumulation_steps) != none.step[context]) {
-      throw std::logic_error(
-          "explore: two batches of one class on a mesh gave different TensorCore bounds");
-    }
+  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
+  if (!keys.empty()) {
+    context_.class_bounds.offer(keys, none.region_seconds, context_.schedule);
   }
 }
 

@@ -20,8 +20,10 @@
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
 //   SharedProgramFacts facts(/*check=*/false);
+//   ClassBounds class_bounds(/*check=*/false);
 //   MeshEvaluator evaluator({config, settings, space, options, rules, steps, maxtext_flops,
-//                            base_perf, threshold, divisibility, equivalence, facts});
+//                            base_perf, threshold, divisibility, equivalence, facts, classes,
+//                            /*schedule=*/0, class_bounds});
 //   WorkerResult found;
 //   evaluator.evaluate(/*mesh_index=*/3, found);
 #pragma once
@@ -42,6 +44,7 @@
 #include "sharding/divisibility.h"
 #include "sharding/step_program.h"
 #include "sim/explore/batch_classes.h"
+#include "sim/explore/class_bounds.h"
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/mesh_equivalence.h"
@@ -113,6 +116,8 @@ struct ExploreContext {
   const MeshEquivalence& equivalence;
   SharedProgramFacts& facts;
   const BatchClasses& classes;
+  size_t schedule;  // this search's number in `classes`
+  ClassBounds& class_bounds;
 };
 
 class MeshEvaluator {
@@ -175,13 +180,18 @@ class MeshEvaluator {
   void bound_none_by_placement(const MeshPlan& plan, const BatchWork& batch, StepProgram& program,
                                const MeshShape& program_mesh, StepSimulator& simulator,
                                NoneBounds& none) const;
-  // True when a batch of the same class on this mesh (batch_classes.h) gave the TensorCore bound
-  // of this batch's remat_policy=none program and that alone cannot beat the top N: no program is
-  // built (the bound is offered as the program's facts, as none_bounds_out does).
-  bool bounded_by_class(MeshPlan& plan, const BatchWork& batch) const;
-  // Keeps none's two sums for the batch's class on this mesh (checking mode: compares them with
-  // those kept, std::logic_error when a class's step bound differs).
-  void remember_class(MeshPlan& plan, const BatchWork& batch, const ComputeBounds& none) const;
+  // True when a program of the same class on this mesh or an equivalent one (batch_classes.h: at
+  // another batch or under another pipeline schedule) gave the TensorCore bound of this batch's
+  // remat_policy=none program and that alone cannot beat the top N: no program is built (the
+  // bound is offered as the program's facts, as none_bounds_out does).
+  bool bounded_by_class(MeshPlan& plan, const BatchWork& batch, WorkerResult& out) const;
+  // The ClassBounds keys of (batch, this search's schedule) on the plan's mesh, by region: its
+  // equivalence key, then the region's class key (empty: no class).
+  std::vector<std::vector<int64_t>> class_keys(const MeshPlan& plan, size_t batch) const;
+  // Keeps none's seconds per region pass for the batch's class on this mesh's equivalence key
+  // (checking mode: compares them with those kept, std::logic_error when they differ).
+  void remember_class(const MeshPlan& plan, const BatchWork& batch,
+                      const ComputeBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,

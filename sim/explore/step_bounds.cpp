@@ -13,6 +13,25 @@ double step_of(double microbatch, double optimizer, int64_t accumulation_steps) 
   return microbatch * static_cast<double>(accumulation_steps) + optimizer;
 }
 
+ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
+                                  const std::deque<Region>& regions, int64_t accumulation_steps) {
+  ComputeBounds result;
+  for (const std::vector<double>& passes : region_seconds) {
+    double microbatch = 0;
+    double optimizer = 0;
+    for (size_t region = 0; region < regions.size() && region < passes.size(); ++region) {
+      const Region& info = regions[region];
+      const double total = passes[region] * static_cast<double>(info.repeat);
+      (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
+    }
+    result.microbatch.push_back(microbatch);
+    result.optimizer.push_back(optimizer);
+    result.step.push_back(step_of(microbatch, optimizer, accumulation_steps));
+  }
+  result.region_seconds = std::move(region_seconds);
+  return result;
+}
+
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops) {
@@ -54,19 +73,18 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
       }
     }
   }
+  std::vector<std::vector<double>> region_seconds(contexts.size(), std::vector<double>(regions));
   for (size_t context = 0; context < contexts.size(); ++context) {
-    double microbatch = 0;
-    double optimizer = 0;
     for (size_t region = 0; region < regions; ++region) {
-      const Region& info = graph.region(static_cast<int>(region));
-      const double total =
-          (shared[region] + attention[context][region]) * static_cast<double>(info.repeat);
-      (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
+      region_seconds[context][region] = shared[region] + attention[context][region];
     }
-    result.microbatch.push_back(microbatch);
-    result.optimizer.push_back(optimizer);
-    result.step.push_back(step_of(microbatch, optimizer, program.accumulation_steps));
   }
+  ComputeBounds sums =
+      bounds_from_regions(std::move(region_seconds), graph.regions(), program.accumulation_steps);
+  result.step = std::move(sums.step);
+  result.microbatch = std::move(sums.microbatch);
+  result.optimizer = std::move(sums.optimizer);
+  result.region_seconds = std::move(sums.region_seconds);
   return result;
 }
 

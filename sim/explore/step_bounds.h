@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -48,6 +49,10 @@ struct ComputeBounds {
   // microbatch x its count + optimizer (batch_classes.h).
   std::vector<double> microbatch;
   std::vector<double> optimizer;
+  // Per context, per region: the seconds of one pass over the region's compute ops, what the two
+  // sums add up times each region's repeat. A program of the same compute ops per pass with other
+  // repeats (another pipeline schedule) has the bounds bounds_from_regions gives (batch_classes.h).
+  std::vector<std::vector<double>> region_seconds;
   // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
   // an op name seen twice in a region keeps its cheaper cost.
   std::map<std::pair<int, std::string>, std::vector<double>> forward_ops;
@@ -58,6 +63,12 @@ struct ComputeBounds {
 
 // One context's step bound from its two sums (ComputeBounds::microbatch and ::optimizer).
 double step_of(double microbatch, double optimizer, int64_t accumulation_steps);
+
+// The step bounds of a program whose regions (repeat and phase) are `regions` and whose region
+// passes take `region_seconds` (ComputeBounds::region_seconds): what tensorcore_lower_bounds gives
+// for it, bit for bit (it sums the same way). Fills step, microbatch, optimizer, region_seconds.
+ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
+                                  const std::deque<Region>& regions, int64_t accumulation_steps);
 
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
