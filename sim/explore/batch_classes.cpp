@@ -162,34 +162,48 @@ size_t BatchClasses::add_schedule(
   return schedules_.size() - 1;
 }
 
+const BatchClasses::Member* BatchClasses::member_with_key(size_t schedule, size_t batch) const {
+  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
+    return nullptr;
+  }
+  const Member& member = schedules_[schedule][batch];
+  return member.reference < 0 ? nullptr : &member;
+}
+
+std::optional<int64_t> BatchClasses::differing_local_size(const Reference& reference,
+                                                          const Varying& varying,
+                                                          const MeshShape& mesh) const {
+  int64_t split = 1;
+  for (const int axis : reference.group_axes[varying.group][varying.dim]) {
+    split *= mesh.size(axis);
+  }
+  const int64_t local = (varying.size + split - 1) / split;
+  if (local == (varying.reference_size + split - 1) / split) {
+    return std::nullopt;
+  }
+  return local;
+}
+
 std::vector<std::vector<int64_t>> BatchClasses::region_keys(size_t schedule, const MeshShape& mesh,
                                                             size_t batch) const {
   std::vector<std::vector<int64_t>> keys;
-  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
+  const Member* member = member_with_key(schedule, batch);
+  if (member == nullptr) {
     return keys;
   }
-  const Member& member = schedules_[schedule][batch];
-  if (member.reference < 0) {
-    return keys;
-  }
-  const Reference& reference = references_[static_cast<size_t>(member.reference)];
+  const Reference& reference = references_[static_cast<size_t>(member->reference)];
   keys.resize(reference.regions);
   for (size_t region = 0; region < reference.regions; ++region) {
-    keys[region] = {member.reference, static_cast<int64_t>(region)};
+    keys[region] = {member->reference, static_cast<int64_t>(region)};
   }
-  for (const Varying& varying : member.varying) {
-    int64_t split = 1;
-    for (const int axis : reference.group_axes[varying.group][varying.dim]) {
-      split *= mesh.size(axis);
-    }
-    // Padded up, as make_local; only where it differs from the reference's local size.
-    const int64_t local = (varying.size + split - 1) / split;
-    if (local == (varying.reference_size + split - 1) / split) {
+  for (const Varying& varying : member->varying) {
+    const std::optional<int64_t> local = differing_local_size(reference, varying, mesh);
+    if (!local) {
       continue;
     }
     for (const int region : reference.regions_of_tensor[varying.position / kMaxDims]) {
       keys[static_cast<size_t>(region)].push_back(varying.position);
-      keys[static_cast<size_t>(region)].push_back(local);
+      keys[static_cast<size_t>(region)].push_back(*local);
     }
   }
   return keys;
@@ -197,25 +211,16 @@ std::vector<std::vector<int64_t>> BatchClasses::region_keys(size_t schedule, con
 
 std::vector<int64_t> BatchClasses::key(size_t schedule, const MeshShape& mesh, size_t batch) const {
   std::vector<int64_t> key;
-  if (schedule >= schedules_.size() || batch >= schedules_[schedule].size()) {
+  const Member* member = member_with_key(schedule, batch);
+  if (member == nullptr) {
     return key;
   }
-  const Member& member = schedules_[schedule][batch];
-  if (member.reference < 0) {
-    return key;
-  }
-  const Reference& reference = references_[static_cast<size_t>(member.reference)];
-  key.push_back(member.reference);
-  for (const Varying& varying : member.varying) {
-    int64_t split = 1;
-    for (const int axis : reference.group_axes[varying.group][varying.dim]) {
-      split *= mesh.size(axis);
-    }
-    // Padded up, as make_local; only where it differs from the reference's local size.
-    const int64_t local = (varying.size + split - 1) / split;
-    if (local != (varying.reference_size + split - 1) / split) {
+  const Reference& reference = references_[static_cast<size_t>(member->reference)];
+  key.push_back(member->reference);
+  for (const Varying& varying : member->varying) {
+    if (const std::optional<int64_t> local = differing_local_size(reference, varying, mesh)) {
       key.push_back(varying.position);
-      key.push_back(local);
+      key.push_back(*local);
     }
   }
   return key;

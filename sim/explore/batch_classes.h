@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,12 @@ class BatchClasses {
     std::vector<Varying> varying;  // by position
   };
 
+  // The member of (schedule, batch), or null when it has no key.
+  const Member* member_with_key(size_t schedule, size_t batch) const;
+  // The local size of `varying`'s dim on `mesh` (padded up, as make_local); none where it equals
+  // the reference's local size there (the dim then leaves the key alone).
+  std::optional<int64_t> differing_local_size(const Reference& reference, const Varying& varying,
+                                              const MeshShape& mesh) const;
   // The member for `step`: against the first reference it is the same as but for sizes, else as
   // a new reference.
   Member join(const std::shared_ptr<const TrainingStep>& step, const std::vector<uint32_t>& atoms,
