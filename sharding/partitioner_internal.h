@@ -17,7 +17,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -25,6 +24,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <boost/container/small_vector.hpp>
 
 #include "common/error.h"
 #include "sharding/layout.h"
@@ -116,6 +117,66 @@ inline std::string joined(std::string_view first, std::string_view second,
 struct PlanDim {
   std::string_view name;
   AxisList axes;
+};
+
+// A tensor's dims as planned, plus a lookup's one-hot dim: kept inline (fixed capacity, as
+// Layout), so planning an operand allocates nothing.
+class PlanDims {
+ public:
+  static constexpr size_t kCapacity = Layout::kCapacity + 1;
+
+  void push_back(const PlanDim& dim) {
+    if (size_ == kCapacity) {
+      throw std::logic_error("PlanDims: an operand with more than 9 dims");
+    }
+    dims_[size_++] = dim;
+  }
+  const PlanDim* begin() const { return dims_.data(); }
+  const PlanDim* end() const { return dims_.data() + size_; }
+
+ private:
+  std::array<PlanDim, kCapacity> dims_;  // the first size_ are used
+  size_t size_ = 0;
+};
+
+// One entry per output of an op (most have one, attention's gradient up to six), inline.
+using Layouts = boost::container::small_vector<Layout, 3>;
+using AxisLists = boost::container::small_vector<AxisList, 3>;
+
+// The local tensors a region has made of a global tensor in other layouts than its own (gathered,
+// exchanged or sliced copies), so that a second reader in that layout reuses them. A region makes
+// a few dozen: a flat list searched by tensor id first, reused from region to region.
+class Alternates {
+ public:
+  // The local tensor of `global` in `layout`, or -1.
+  TensorId find(TensorId global, const Layout& layout) const {
+    for (const Entry& entry : entries_) {
+      if (entry.global == global && entry.layout == layout) {
+        return entry.local;
+      }
+    }
+    return -1;
+  }
+  // Records (or replaces) the local tensor of `global` in `layout`.
+  void set(TensorId global, const Layout& layout, TensorId local) {
+    for (Entry& entry : entries_) {
+      if (entry.global == global && entry.layout == layout) {
+        entry.local = local;
+        return;
+      }
+    }
+    entries_.push_back({global, layout, local});
+  }
+  // Forgets every entry, keeping the storage.
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    TensorId global = -1;
+    Layout layout;
+    TensorId local = -1;
+  };
+  std::vector<Entry> entries_;
 };
 
 // Values per row a norm (or its gradient) needs when its reduced dim is split across devices.
@@ -215,13 +276,13 @@ class Partitioner {
 
   // Emits `op` computed with its outputs in `computed` layouts, then reduces partial sums over
   // `partial` axes into each output's own layout.
-  void emit(const Op& op, std::vector<TensorId> inputs, const std::vector<Layout>& computed,
+  void emit(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
             const AxisList& partial, ReduceOp reduce = ReduceOp::kSum);
 
   // As emit(), with each output's own partial-sum axes.
   void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                          const std::vector<Layout>& computed,
-                          const std::vector<AxisList>& partials, ReduceOp reduce = ReduceOp::kSum);
+                          const Layouts& computed, const AxisLists& partials,
+                          ReduceOp reduce = ReduceOp::kSum);
 
   // Axes of `input`'s dims that `output` lacks: an output that sums over those dims (a norm
   // scale's gradient sums over batch and length) holds partial sums over these axes.
@@ -234,10 +295,10 @@ class Partitioner {
   // Einsum over named dims; `lhs_dims`/`rhs_dims` describe the operands (virtual one-hot operands
   // of lookups have no tensor: their id is -1).
   void partition_einsum(const Op& op, const std::vector<TensorId>& operands,
-                        const std::array<std::vector<PlanDim>, 2>& operand_dims,
+                        const std::array<PlanDims, 2>& operand_dims,
                         const std::vector<std::string>& contracted);
 
-  std::vector<PlanDim> plan_dims(TensorId global) const;
+  PlanDims plan_dims(TensorId global) const;
 
   // Generic op: computed in its first output's layout; inputs follow by dim name, dims in
   // `must_be_whole` are gathered.
@@ -288,8 +349,7 @@ class Partitioner {
   Graph extra_;  // global descriptions of tensors the partitioner invents (statistics)
   std::vector<Layout> layouts_;
   std::vector<TensorId> local_;
-  std::map<std::pair<TensorId, Layout>, TensorId> alternates_;  // (global, layout) -> local,
-                                                                // per region
+  Alternates alternates_;  // per region
   std::vector<PaddingNote> padding_;
   Phase current_phase_ = Phase::kForward;
   // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no
