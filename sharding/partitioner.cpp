@@ -209,8 +209,8 @@ Layout Partitioner::follow(TensorId global, const AxesByName& reference,
   const Tensor& tensor = global_.tensor(global);
   Layout result = layout(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-    const std::string& name = tensor.dims[dim].name;
-    if (must_be_whole.contains(name)) {
+    const Name& name = tensor.dims[dim].name;
+    if (must_be_whole.contains(name.str())) {
       result[dim].clear();
     } else if (const AxisList* found = reference.find(name); found != nullptr) {
       result[dim] = *found;
@@ -265,12 +265,15 @@ void Partitioner::emit_with_partials(const Op& op, std::vector<TensorId> inputs,
                            : make_local(global_.tensor(global), computed[index], op.region,
                                         partial.empty() ? "/computed" : "/partial"));
   }
-  add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
+  // The outputs are moved into the op and read back from it (ops never move in the graph).
+  const int id =
+      add_op(op.kind, op.name, std::move(inputs), std::move(outputs), op.attrs, op.region);
+  const std::vector<TensorId>& written = out_.ops()[static_cast<size_t>(id)].outputs;
   for (size_t index = 0; index < op.outputs.size(); ++index) {
     if (direct(index)) {
       continue;
     }
-    finish_output(op.outputs[index], outputs[index], computed[index], partials[index], op.region,
+    finish_output(op.outputs[index], written[index], computed[index], partials[index], op.region,
                   reduce);
   }
 }

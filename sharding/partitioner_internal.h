@@ -60,40 +60,55 @@ inline Layout normalized(const std::vector<std::vector<int>>& axes_per_dim) {
 }
 
 // Axes by dim name. A tensor has a few dims, so a linear search over names beats a std::map of
-// strings; the names are views of dim names in the global graph (or of the op's attributes).
+// strings. Dim names are interned (model/ir/name.h), so a key given as a Name is matched to a Name
+// by pointer; a key given as text (an op attribute's contracted dim, a dim that must stay whole)
+// is matched by its text.
 class AxesByName {
  public:
-  const AxisList* find(std::string_view name) const {
-    for (const auto& [key, axes] : *this) {
-      if (key == name) {
-        return &axes;
-      }
-    }
-    return nullptr;
+  const AxisList* find(const Name& name) const {
+    const Entry* found = std::find_if(begin(), end(), [&](const Entry& entry) {
+      return entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str();
+    });
+    return found == end() ? nullptr : &found->axes;
   }
   // The entry for `name`, added empty if missing (as std::map::operator[]).
-  AxisList& operator[](std::string_view name) {
-    for (auto& [key, axes] : *this) {
-      if (key == name) {
-        return axes;
+  AxisList& operator[](const Name& name) {
+    for (Entry& entry : *this) {
+      if (entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str()) {
+        return entry.axes;
       }
     }
-    if (size_ == kCapacity) {
-      throw std::logic_error("AxesByName: more than 16 dim names");
-    }
-    entries_[size_] = {name, AxisList{}};
-    return entries_[size_++].second;
+    return add({&name.str(), name.str(), {}});
   }
-  void erase(std::string_view name) {
+  AxisList& operator[](const std::string& name) {
+    for (Entry& entry : *this) {
+      if (entry.text == name) {
+        return entry.axes;
+      }
+    }
+    return add({nullptr, name, {}});
+  }
+  void erase(const std::string& name) {
     size_ = static_cast<size_t>(
-        std::remove_if(begin(), end(), [name](const auto& entry) { return entry.first == name; }) -
+        std::remove_if(begin(), end(), [&](const Entry& entry) { return entry.text == name; }) -
         begin());
   }
 
  private:
   // Dims of the output plus contracted dims (kept inline: no heap allocation).
   static constexpr size_t kCapacity = 16;
-  using Entry = std::pair<std::string_view, AxisList>;
+  struct Entry {
+    const std::string* interned = nullptr;  // the Name's text, when the key is a Name
+    std::string_view text;
+    AxisList axes;
+  };
+  AxisList& add(const Entry& entry) {
+    if (size_ == kCapacity) {
+      throw std::logic_error("AxesByName: more than 16 dim names");
+    }
+    entries_[size_] = entry;
+    return entries_[size_++].axes;
+  }
   const Entry* begin() const { return entries_.data(); }
   const Entry* end() const { return entries_.data() + size_; }
   Entry* begin() { return entries_.data(); }
@@ -112,10 +127,9 @@ inline std::string joined(std::string_view first, std::string_view second,
   return text;
 }
 
-// A dim as the partitioner plans with it: name (a view of a global tensor's dim name or of the
-// op's attributes) and mesh axes.
+// A dim as the partitioner plans with it: name and mesh axes.
 struct PlanDim {
-  std::string_view name;
+  Name name;
   AxisList axes;
 };
 
@@ -280,9 +294,8 @@ class Partitioner {
             const AxisList& partial, ReduceOp reduce = ReduceOp::kSum);
 
   // As emit(), with each output's own partial-sum axes.
-  void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                          const Layouts& computed, const AxisLists& partials,
-                          ReduceOp reduce = ReduceOp::kSum);
+  void emit_with_partials(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
+                          const AxisLists& partials, ReduceOp reduce = ReduceOp::kSum);
 
   // Axes of `input`'s dims that `output` lacks: an output that sums over those dims (a norm
   // scale's gradient sums over batch and length) holds partial sums over these axes.

@@ -76,9 +76,8 @@ struct Region {
 // std::deque allocates a 512-byte block, i.e. one block per Op (368 bytes): the partitioner
 // builds thousands of programs of hundreds of ops, and that was one heap allocation per op.
 template <typename T, size_t kBlock>
-using BlockDeque =
-    boost::container::deque<T, void,
-                            boost::container::deque_options_t<boost::container::block_size<kBlock>>>;
+using BlockDeque = boost::container::deque<
+    T, void, boost::container::deque_options_t<boost::container::block_size<kBlock>>>;
 
 class Graph {
  public:
@@ -134,8 +133,8 @@ class Graph {
   std::string to_text(int only_region = -1) const;
 
  private:
-  // Block deques: adding a tensor, op or region never moves the existing ones, so references to them
-  // stay valid while a builder extends the graph.
+  // Block deques: adding a tensor, op or region never moves the existing ones, so references to
+  // them stay valid while a builder extends the graph.
   Regions regions_;
   Tensors tensors_;
   Ops ops_;
