@@ -418,7 +418,7 @@ void Partitioner::partition_op(const Op& op) {
       PlanDims one_hot = plan_dims(op.inputs[0]);
       const Tensor& table = global_.tensor(op.inputs[1]);
       one_hot.push_back({table.dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[1]}, {std::move(one_hot), plan_dims(op.inputs[1])},
+      partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])},
                        {table.dims[0].name});
       return;
     }
@@ -426,7 +426,7 @@ void Partitioner::partition_op(const Op& op) {
       // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
       PlanDims one_hot = plan_dims(op.inputs[1]);
       one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[0]}, {std::move(one_hot), plan_dims(op.inputs[0])},
+      partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])},
                        {"batch", "length"});
       return;
     }
