@@ -96,9 +96,12 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
         make_local(output, computed, op.region, partial.empty() ? "/computed" : "/partial"));
     pending.emplace_back(index, partial);
   }
-  add_op(op.kind, op.name, inputs, outputs, op.attrs, op.region);
+  // The outputs are moved into the op and read back from it (ops never move in the graph).
+  const int id =
+      add_op(op.kind, op.name, std::move(inputs), std::move(outputs), op.attrs, op.region);
+  const std::vector<TensorId>& written = out_.ops()[static_cast<size_t>(id)].outputs;
   for (const auto& [index, partial] : pending) {
-    finish_output(op.outputs[index], outputs[index], computed_layouts[index], partial, op.region,
+    finish_output(op.outputs[index], written[index], computed_layouts[index], partial, op.region,
                   ReduceOp::kSum);
   }
 }

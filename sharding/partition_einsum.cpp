@@ -3,7 +3,7 @@
 namespace tpusim::partitioner_internal {
 
 void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& operands,
-                                   const std::array<std::vector<PlanDim>, 2>& operand_dims,
+                                   const std::array<PlanDims, 2>& operand_dims,
                                    const std::vector<std::string>& contracted) {
   const TensorId output = op.outputs[0];
   const Layout& out_layout = layout(output);

@@ -47,8 +47,8 @@ void Partitioner::partition_reduction(const Op& op, const std::string& reduced_d
   const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,
                                    stat_layout, split, op.region, reduce);
   inputs.push_back(full);
-  std::vector<Layout> computed;
-  std::vector<AxisList> partials;
+  Layouts computed;
+  AxisLists partials;
   for (const TensorId output : op.outputs) {
     computed.push_back(follow(output, reference));
     partials.push_back(op.kind == OpKind::kNormGrad && output != op.outputs[0]

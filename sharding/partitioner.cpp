@@ -97,7 +97,7 @@ PartitionedProgram Partitioner::run() {
   program.graph = std::move(out_);
   program.mesh = mesh_;
   program.padding = std::move(padding_);
-  program.local_of_global = local_;
+  program.local_of_global = std::move(local_);
   return program;
 }
 
@@ -140,6 +140,7 @@ TensorId Partitioner::collective(OpKind kind, const std::string& name, TensorId 
   const TensorId output =
       into >= 0 ? into : make_local(global, result_layout, region, joined("/", name));
   OpAttrs attrs;
+  attrs.mesh_axes.reserve(axes.size());
   for (const int axis : axes) {
     attrs.mesh_axes.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
   }
@@ -155,9 +156,8 @@ TensorId Partitioner::reshard(TensorId global, const Layout& target_in, int regi
   if (current == target) {
     return local(global);
   }
-  const std::pair<TensorId, Layout> key{global, target};
-  if (const auto found = alternates_.find(key); found != alternates_.end()) {
-    return found->second;
+  if (const TensorId known = alternates_.find(global, target); known >= 0) {
+    return known;
   }
   const Tensor& tensor = global_.tensor(global);
   // Axes that leave one dim and shard another: all-to-all.
@@ -200,7 +200,7 @@ TensorId Partitioner::reshard(TensorId global, const Layout& target_in, int regi
     add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {sliced}, {}, region);
     value = sliced;
   }
-  alternates_[key] = value;
+  alternates_.set(global, target, value);
   return value;
 }
 
@@ -209,8 +209,8 @@ Layout Partitioner::follow(TensorId global, const AxesByName& reference,
   const Tensor& tensor = global_.tensor(global);
   Layout result = layout(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-    const std::string& name = tensor.dims[dim].name;
-    if (must_be_whole.contains(name)) {
+    const Name& name = tensor.dims[dim].name;
+    if (must_be_whole.contains(name.str())) {
       result[dim].clear();
     } else if (const AxisList* found = reference.find(name); found != nullptr) {
       result[dim] = *found;
@@ -242,16 +242,15 @@ AxesByName Partitioner::by_name(TensorId global, const Layout& layout_in) const 
   return names;
 }
 
-void Partitioner::emit(const Op& op, std::vector<TensorId> inputs,
-                       const std::vector<Layout>& computed, const AxisList& partial,
-                       ReduceOp reduce) {
-  emit_with_partials(op, std::move(inputs), computed,
-                     std::vector<AxisList>(op.outputs.size(), partial), reduce);
+void Partitioner::emit(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
+                       const AxisList& partial, ReduceOp reduce) {
+  emit_with_partials(op, std::move(inputs), computed, AxisLists(op.outputs.size(), partial),
+                     reduce);
 }
 
 void Partitioner::emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                                     const std::vector<Layout>& computed,
-                                     const std::vector<AxisList>& partials, ReduceOp reduce) {
+                                     const Layouts& computed, const AxisLists& partials,
+                                     ReduceOp reduce) {
   // An output computed in its own layout with nothing to reduce is written directly.
   auto direct = [&](size_t index) {
     return computed[index] == layout(op.outputs[index]) && partials[index].empty();
@@ -266,12 +265,15 @@ void Partitioner::emit_with_partials(const Op& op, std::vector<TensorId> inputs,
                            : make_local(global_.tensor(global), computed[index], op.region,
                                         partial.empty() ? "/computed" : "/partial"));
   }
-  add_op(op.kind, op.name, std::move(inputs), outputs, op.attrs, op.region);
+  // The outputs are moved into the op and read back from it (ops never move in the graph).
+  const int id =
+      add_op(op.kind, op.name, std::move(inputs), std::move(outputs), op.attrs, op.region);
+  const std::vector<TensorId>& written = out_.ops()[static_cast<size_t>(id)].outputs;
   for (size_t index = 0; index < op.outputs.size(); ++index) {
     if (direct(index)) {
       continue;
     }
-    finish_output(op.outputs[index], outputs[index], computed[index], partials[index], op.region,
+    finish_output(op.outputs[index], written[index], computed[index], partials[index], op.region,
                   reduce);
   }
 }
@@ -345,16 +347,15 @@ void Partitioner::finish_output(TensorId global, TensorId value, const Layout& c
   }
   if (sliced) {
     // The unsliced value stays reusable in this region.
-    alternates_[{global, after_reduce}] = value;
+    alternates_.set(global, after_reduce, value);
     add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {local(global)}, {},
            region);
   }
 }
 
-std::vector<PlanDim> Partitioner::plan_dims(TensorId global) const {
-  std::vector<PlanDim> dims;
+PlanDims Partitioner::plan_dims(TensorId global) const {
+  PlanDims dims;
   const Tensor& tensor = global_.tensor(global);
-  dims.reserve(tensor.dims.size() + 1);  // + the vocab of a lookup's one-hot operand
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
     dims.push_back({tensor.dims[dim].name, layout(global)[dim]});
   }
@@ -373,10 +374,8 @@ void Partitioner::partition_following_output(const Op& op,
   for (const TensorId input : op.inputs) {
     inputs.push_back(reshard(input, follow(input, reference, must_be_whole), op.region));
   }
-  std::vector<Layout> computed;
-  std::vector<AxisList> partials;
-  computed.reserve(op.outputs.size());
-  partials.reserve(op.outputs.size());
+  Layouts computed;
+  AxisLists partials;
   for (const TensorId output : op.outputs) {
     computed.push_back(follow(output, reference, must_be_whole));
     // A norm's scale gradient, a router's bias gradient and a compressor's position-bias gradient
@@ -416,18 +415,18 @@ void Partitioner::partition_op(const Op& op) {
     }
     case OpKind::kEmbeddingLookup: {
       // = einsum(one_hot(tokens)[batch, length, vocab], table[vocab, embed]) over vocab.
-      std::vector<PlanDim> one_hot = plan_dims(op.inputs[0]);
+      PlanDims one_hot = plan_dims(op.inputs[0]);
       const Tensor& table = global_.tensor(op.inputs[1]);
       one_hot.push_back({table.dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[1]}, {std::move(one_hot), plan_dims(op.inputs[1])},
+      partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])},
                        {table.dims[0].name});
       return;
     }
     case OpKind::kEmbeddingGrad: {
       // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
-      std::vector<PlanDim> one_hot = plan_dims(op.inputs[1]);
+      PlanDims one_hot = plan_dims(op.inputs[1]);
       one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[0]}, {std::move(one_hot), plan_dims(op.inputs[0])},
+      partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])},
                        {"batch", "length"});
       return;
     }

@@ -17,7 +17,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -25,6 +24,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <boost/container/small_vector.hpp>
 
 #include "common/error.h"
 #include "sharding/layout.h"
@@ -59,40 +60,55 @@ inline Layout normalized(const std::vector<std::vector<int>>& axes_per_dim) {
 }
 
 // Axes by dim name. A tensor has a few dims, so a linear search over names beats a std::map of
-// strings; the names are views of dim names in the global graph (or of the op's attributes).
+// strings. Dim names are interned (model/ir/name.h), so a key given as a Name is matched to a Name
+// by pointer; a key given as text (an op attribute's contracted dim, a dim that must stay whole)
+// is matched by its text.
 class AxesByName {
  public:
-  const AxisList* find(std::string_view name) const {
-    for (const auto& [key, axes] : *this) {
-      if (key == name) {
-        return &axes;
-      }
-    }
-    return nullptr;
+  const AxisList* find(const Name& name) const {
+    const Entry* found = std::find_if(begin(), end(), [&](const Entry& entry) {
+      return entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str();
+    });
+    return found == end() ? nullptr : &found->axes;
   }
   // The entry for `name`, added empty if missing (as std::map::operator[]).
-  AxisList& operator[](std::string_view name) {
-    for (auto& [key, axes] : *this) {
-      if (key == name) {
-        return axes;
+  AxisList& operator[](const Name& name) {
+    for (Entry& entry : *this) {
+      if (entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str()) {
+        return entry.axes;
       }
     }
-    if (size_ == kCapacity) {
-      throw std::logic_error("AxesByName: more than 16 dim names");
-    }
-    entries_[size_] = {name, AxisList{}};
-    return entries_[size_++].second;
+    return add({&name.str(), name.str(), {}});
   }
-  void erase(std::string_view name) {
+  AxisList& operator[](const std::string& name) {
+    for (Entry& entry : *this) {
+      if (entry.text == name) {
+        return entry.axes;
+      }
+    }
+    return add({nullptr, name, {}});
+  }
+  void erase(const std::string& name) {
     size_ = static_cast<size_t>(
-        std::remove_if(begin(), end(), [name](const auto& entry) { return entry.first == name; }) -
+        std::remove_if(begin(), end(), [&](const Entry& entry) { return entry.text == name; }) -
         begin());
   }
 
  private:
   // Dims of the output plus contracted dims (kept inline: no heap allocation).
   static constexpr size_t kCapacity = 16;
-  using Entry = std::pair<std::string_view, AxisList>;
+  struct Entry {
+    const std::string* interned = nullptr;  // the Name's text, when the key is a Name
+    std::string_view text;
+    AxisList axes;
+  };
+  AxisList& add(const Entry& entry) {
+    if (size_ == kCapacity) {
+      throw std::logic_error("AxesByName: more than 16 dim names");
+    }
+    entries_[size_] = entry;
+    return entries_[size_++].axes;
+  }
   const Entry* begin() const { return entries_.data(); }
   const Entry* end() const { return entries_.data() + size_; }
   Entry* begin() { return entries_.data(); }
@@ -111,11 +127,70 @@ inline std::string joined(std::string_view first, std::string_view second,
   return text;
 }
 
-// A dim as the partitioner plans with it: name (a view of a global tensor's dim name or of the
-// op's attributes) and mesh axes.
+// A dim as the partitioner plans with it: name and mesh axes.
 struct PlanDim {
-  std::string_view name;
+  Name name;
   AxisList axes;
+};
+
+// A tensor's dims as planned, plus a lookup's one-hot dim: kept inline (fixed capacity, as
+// Layout), so planning an operand allocates nothing.
+class PlanDims {
+ public:
+  static constexpr size_t kCapacity = Layout::kCapacity + 1;
+
+  void push_back(const PlanDim& dim) {
+    if (size_ == kCapacity) {
+      throw std::logic_error("PlanDims: an operand with more than 9 dims");
+    }
+    dims_[size_++] = dim;
+  }
+  const PlanDim* begin() const { return dims_.data(); }
+  const PlanDim* end() const { return dims_.data() + size_; }
+
+ private:
+  std::array<PlanDim, kCapacity> dims_;  // the first size_ are used
+  size_t size_ = 0;
+};
+
+// One entry per output of an op (most have one, attention's gradient up to six), inline.
+using Layouts = boost::container::small_vector<Layout, 3>;
+using AxisLists = boost::container::small_vector<AxisList, 3>;
+
+// The local tensors a region has made of a global tensor in other layouts than its own (gathered,
+// exchanged or sliced copies), so that a second reader in that layout reuses them. A region makes
+// a few dozen: a flat list searched by tensor id first, reused from region to region.
+class Alternates {
+ public:
+  // The local tensor of `global` in `layout`, or -1.
+  TensorId find(TensorId global, const Layout& layout) const {
+    for (const Entry& entry : entries_) {
+      if (entry.global == global && entry.layout == layout) {
+        return entry.local;
+      }
+    }
+    return -1;
+  }
+  // Records (or replaces) the local tensor of `global` in `layout`.
+  void set(TensorId global, const Layout& layout, TensorId local) {
+    for (Entry& entry : entries_) {
+      if (entry.global == global && entry.layout == layout) {
+        entry.local = local;
+        return;
+      }
+    }
+    entries_.push_back({global, layout, local});
+  }
+  // Forgets every entry, keeping the storage.
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    TensorId global = -1;
+    Layout layout;
+    TensorId local = -1;
+  };
+  std::vector<Entry> entries_;
 };
 
 // Values per row a norm (or its gradient) needs when its reduced dim is split across devices.
@@ -215,13 +290,12 @@ class Partitioner {
 
   // Emits `op` computed with its outputs in `computed` layouts, then reduces partial sums over
   // `partial` axes into each output's own layout.
-  void emit(const Op& op, std::vector<TensorId> inputs, const std::vector<Layout>& computed,
+  void emit(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
             const AxisList& partial, ReduceOp reduce = ReduceOp::kSum);
 
   // As emit(), with each output's own partial-sum axes.
-  void emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                          const std::vector<Layout>& computed,
-                          const std::vector<AxisList>& partials, ReduceOp reduce = ReduceOp::kSum);
+  void emit_with_partials(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
+                          const AxisLists& partials, ReduceOp reduce = ReduceOp::kSum);
 
   // Axes of `input`'s dims that `output` lacks: an output that sums over those dims (a norm
   // scale's gradient sums over batch and length) holds partial sums over these axes.
@@ -234,10 +308,10 @@ class Partitioner {
   // Einsum over named dims; `lhs_dims`/`rhs_dims` describe the operands (virtual one-hot operands
   // of lookups have no tensor: their id is -1).
   void partition_einsum(const Op& op, const std::vector<TensorId>& operands,
-                        const std::array<std::vector<PlanDim>, 2>& operand_dims,
+                        const std::array<PlanDims, 2>& operand_dims,
                         const std::vector<std::string>& contracted);
 
-  std::vector<PlanDim> plan_dims(TensorId global) const;
+  PlanDims plan_dims(TensorId global) const;
 
   // Generic op: computed in its first output's layout; inputs follow by dim name, dims in
   // `must_be_whole` are gathered.
@@ -288,8 +362,7 @@ class Partitioner {
   Graph extra_;  // global descriptions of tensors the partitioner invents (statistics)
   std::vector<Layout> layouts_;
   std::vector<TensorId> local_;
-  std::map<std::pair<TensorId, Layout>, TensorId> alternates_;  // (global, layout) -> local,
-                                                                // per region
+  Alternates alternates_;  // per region
   std::vector<PaddingNote> padding_;
   Phase current_phase_ = Phase::kForward;
   // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no

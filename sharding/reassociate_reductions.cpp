@@ -1,7 +1,6 @@
 #include "sharding/reassociate_reductions.h"
 
 #include <algorithm>
-#include <deque>
 #include <utility>
 #include <vector>
 
@@ -41,7 +40,7 @@ bool same_reduction(const Op& a, const Op& b) {
 }  // namespace
 
 int reassociate_reductions(Graph& graph) {
-  const std::deque<Op>& ops = graph.ops();
+  const Graph::Ops& ops = graph.ops();
   const size_t tensors = graph.tensors().size();
   // Who reads each tensor; a carry's source is read after its region (never a sole reader).
   std::vector<int> readers(tensors, 0);
@@ -110,8 +109,7 @@ int reassociate_reductions(Graph& graph) {
     return reduction_of[index] >= 0 && rewritten_sum[static_cast<size_t>(reader[index])];
   };
   std::vector<TensorId> partial_of(tensors, -1);
-  std::vector<Op> program;
-  program.reserve(ops.size());
+  Graph::Ops program;
   int removed = 0;
   for (const Op& op : ops) {
     if (is_summing_reduction(op) && held(op.outputs[0])) {

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <vector>
+
+#include <boost/container/deque.hpp>
+#include <boost/container/options.hpp>
 
 #include "model/ir/op.h"
 #include "model/ir/tensor.h"
@@ -69,8 +71,22 @@ struct Region {
   }
 };
 
+// A deque that allocates `kBlock` elements at a time. Adding an element never moves the others
+// (references stay valid while a builder extends the graph), as with std::deque, but libstdc++'s
+// std::deque allocates a 512-byte block, i.e. one block per Op (368 bytes): the partitioner
+// builds thousands of programs of hundreds of ops, and that was one heap allocation per op.
+template <typename T, size_t kBlock>
+using BlockDeque = boost::container::deque<
+    T, void, boost::container::deque_options_t<boost::container::block_size<kBlock>>>;
+
 class Graph {
  public:
+  // Blocks of 32 ops (about 12 KB) and 64 tensors (about 7 KB): a per-device program has a few
+  // hundred of each.
+  using Ops = BlockDeque<Op, 32>;
+  using Tensors = BlockDeque<Tensor, 64>;
+  using Regions = BlockDeque<Region, 16>;
+
   int add_region(const std::string& name, int64_t repeat, Phase phase, int forward_region = -1,
                  bool shared_parameters = false);
 
@@ -83,10 +99,10 @@ class Graph {
 
   const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }
   Tensor& mutable_tensor(TensorId id) { return tensors_.at(static_cast<size_t>(id)); }
-  const std::deque<Tensor>& tensors() const { return tensors_; }
-  const std::deque<Op>& ops() const { return ops_; }
+  const Tensors& tensors() const { return tensors_; }
+  const Ops& ops() const { return ops_; }
   Op& mutable_op(int id) { return ops_.at(static_cast<size_t>(id)); }
-  const std::deque<Region>& regions() const { return regions_; }
+  const Regions& regions() const { return regions_; }
   const Region& region(int id) const { return regions_.at(static_cast<size_t>(id)); }
   Region& mutable_region(int id) { return regions_.at(static_cast<size_t>(id)); }
 
@@ -94,8 +110,9 @@ class Graph {
   int producer(TensorId id) const;
 
   // Replaces every op by `ops`, in that order (a rewrite of the program); each keeps its phase and
-  // gets its index as id.
-  void replace_ops(std::vector<Op> ops);
+  // gets its index as id. Taken as the graph's own storage, so a rewrite that moves the kept ops
+  // into it moves each op once.
+  void replace_ops(Ops ops);
 
   // A carry: the value of `from` when its region ends becomes `to` (the residual stream between
   // regions, and from one iteration of a repeated region to the next when from and to share it).
@@ -116,11 +133,11 @@ class Graph {
   std::string to_text(int only_region = -1) const;
 
  private:
-  // Deques: adding a tensor, op or region never moves the existing ones, so references to them
-  // stay valid while a builder extends the graph.
-  std::deque<Region> regions_;
-  std::deque<Tensor> tensors_;
-  std::deque<Op> ops_;
+  // Block deques: adding a tensor, op or region never moves the existing ones, so references to
+  // them stay valid while a builder extends the graph.
+  Regions regions_;
+  Tensors tensors_;
+  Ops ops_;
   std::vector<int> producer_;  // by tensor id
   std::vector<Carry> carries_;
 };
