@@ -14,7 +14,7 @@ double step_of(double microbatch, double optimizer, int64_t accumulation_steps) 
 }
 
 ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
-                                  const std::deque<Region>& regions, int64_t accumulation_steps) {
+                                  const Graph::Regions& regions, int64_t accumulation_steps) {
   ComputeBounds result;
   for (const std::vector<double>& passes : region_seconds) {
     double microbatch = 0;

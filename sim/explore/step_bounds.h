@@ -30,12 +30,12 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "model/ir/graph.h"
 #include "sharding/step_program.h"
 #include "sim/perf/op_cost.h"
 
@@ -68,7 +68,7 @@ double step_of(double microbatch, double optimizer, int64_t accumulation_steps);
 // passes take `region_seconds` (ComputeBounds::region_seconds): what tensorcore_lower_bounds gives
 // for it, bit for bit (it sums the same way). Fills step, microbatch, optimizer, region_seconds.
 ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
-                                  const std::deque<Region>& regions, int64_t accumulation_steps);
+                                  const Graph::Regions& regions, int64_t accumulation_steps);
 
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
