@@ -13,7 +13,13 @@ std::optional<ClassSeconds> ClassBounds::find(const std::vector<std::vector<int6
     if (kept == kept_.end()) {
       return std::nullopt;
     }
-    found.region_seconds.resize(kept->second.seconds.size(), std::vector<double>(keys.size()));
+    if (region == 0) {
+      found.region_seconds.resize(kept->second.seconds.size(), std::vector<double>(keys.size()));
+    } else if (kept->second.seconds.size() != found.region_seconds.size()) {
+      // Kept under other cost contexts (the explore's contexts are one list today): no bound
+      // rather than seconds padded or cut to fit.
+      return std::nullopt;
+    }
     for (size_t context = 0; context < kept->second.seconds.size(); ++context) {
       found.region_seconds[context][region] = kept->second.seconds[context];
     }

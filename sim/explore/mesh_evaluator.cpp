@@ -542,8 +542,30 @@ bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
 void MeshEvaluator::remember_class(const MeshPlan& plan, const BatchWork& batch,
                                    const ComputeBounds& none) const {
   const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
-  if (!keys.empty()) {
-    context_.class_bounds.offer(keys, none.region_seconds, context_.schedule);
+  if (keys.empty()) {
+    return;
+  }
+  if (context_.facts.checking()) {
+    check_class_bound(keys, batch, none);
+  }
+  context_.class_bounds.offer(keys, none.region_seconds, context_.schedule);
+}
+
+void MeshEvaluator::check_class_bound(const std::vector<std::vector<int64_t>>& keys,
+                                      const BatchWork& batch, const ComputeBounds& none) const {
+  // What bounded_by_class would have derived for this batch from the seconds kept so far must be
+  // the bound of the program just built, bit for bit, or the class argument is wrong.
+  const std::optional<ClassSeconds> found = context_.class_bounds.find(keys, context_.schedule);
+  if (!found.has_value()) {
+    return;
+  }
+  const TrainingStep& step = *context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
+  if (bounds_from_regions(found->region_seconds, step.graph.regions(),
+                          batch.choice->accumulation_steps)
+          .step != none.step) {
+    throw std::logic_error(
+        "explore: a batch's TensorCore bound derived from its region classes differs from its "
+        "own program's");
   }
 }
 

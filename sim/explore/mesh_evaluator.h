@@ -192,6 +192,10 @@ class MeshEvaluator {
   // (checking mode: compares them with those kept, std::logic_error when they differ).
   void remember_class(const MeshPlan& plan, const BatchWork& batch,
                       const ComputeBounds& none) const;
+  // With check_equivalent_meshes: throws std::logic_error when the bound bounded_by_class would
+  // derive from the kept seconds differs from `none`, the built program's.
+  void check_class_bound(const std::vector<std::vector<int64_t>>& keys, const BatchWork& batch,
+                         const ComputeBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
