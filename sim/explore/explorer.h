@@ -97,10 +97,12 @@ struct ExploreOptions {
   // slice ranks like tokens/s/chip; the objectives listed are tokens per unit of currency.
   double price_per_chip_hour = 0;
   // Tests: build every program even where an equivalent mesh's (mesh_equivalence.h) memory and
-  // compute bounds would skip it, and check that they agree bit for bit (std::logic_error else).
+  // compute bounds, or a batch's region classes (batch_classes.h), would skip it, and check that
+  // they agree bit for bit with the built program's (std::logic_error else).
   bool check_equivalent_meshes = false;
-  // Bound a batch's remat_policy=none program from another batch of its class on the same mesh
-  // (batch_classes.h) instead of partitioning it. Tests turn it off to compare.
+  // Bound a batch's remat_policy=none program from the region classes of programs already built
+  // (batch_classes.h, class_bounds.h: other batches, equivalent meshes, other pipeline schedules)
+  // instead of partitioning it. Tests turn it off to compare.
   bool batch_classes = true;
 };
 

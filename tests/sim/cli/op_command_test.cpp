@@ -55,8 +55,11 @@ TEST(OpCommand, GroupedMatmulPadsShortGroupsToTheRowTile) {
   const nlohmann::json short_tiles = time("128");
   const nlohmann::json long_tiles = time("256");
   EXPECT_EQ(short_tiles["groups"], 128);
-  EXPECT_GT(long_tiles["kernel_seconds"].get<double>(),
-            1.25 * short_tiles["kernel_seconds"].get<double>());
+  // 1.97x with gmm_v2_one_tensorcore; 1.34x without it, so the window tells the two apart.
+  const double ratio =
+      long_tiles["kernel_seconds"].get<double>() / short_tiles["kernel_seconds"].get<double>();
+  EXPECT_GT(ratio, 1.8);
+  EXPECT_LT(ratio, 2.05);
 }
 
 TEST(OpCommand, BadInputExits2) {
