@@ -8,10 +8,15 @@
 #include "sim/perf/op_cost.h"
 
 namespace tpusim {
+namespace {
 
+// One context's step bound: the forward and backward regions run once per microbatch, the
+// optimizer's once per step.
 double step_of(double microbatch, double optimizer, int64_t accumulation_steps) {
   return microbatch * static_cast<double>(accumulation_steps) + optimizer;
 }
+
+}  // namespace
 
 ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
                                   const Graph::Regions& regions, int64_t accumulation_steps) {
@@ -24,8 +29,6 @@ ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_second
       const double total = passes[region] * static_cast<double>(info.repeat);
       (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
     }
-    result.microbatch.push_back(microbatch);
-    result.optimizer.push_back(optimizer);
     result.step.push_back(step_of(microbatch, optimizer, accumulation_steps));
   }
   result.region_seconds = std::move(region_seconds);
@@ -82,8 +85,6 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
   ComputeBounds sums =
       bounds_from_regions(std::move(region_seconds), graph.regions(), program.accumulation_steps);
   result.step = std::move(sums.step);
-  result.microbatch = std::move(sums.microbatch);
-  result.optimizer = std::move(sums.optimizer);
   result.region_seconds = std::move(sums.region_seconds);
   return result;
 }

@@ -43,15 +43,11 @@ namespace tpusim {
 
 struct ComputeBounds {
   std::vector<double> step;  // seconds per cost context
-  // Per context, the two sums `step` is made of: step = microbatch x accumulation_steps +
-  // optimizer (the forward and backward regions run once per microbatch, the optimizer's once per
-  // step). A program of the same per-microbatch ops at another accumulation count has the bound
-  // microbatch x its count + optimizer (batch_classes.h).
-  std::vector<double> microbatch;
-  std::vector<double> optimizer;
-  // Per context, per region: the seconds of one pass over the region's compute ops, what the two
-  // sums add up times each region's repeat. A program of the same compute ops per pass with other
-  // repeats (another pipeline schedule) has the bounds bounds_from_regions gives (batch_classes.h).
+  // Per context, per region: the seconds of one pass over the region's compute ops. `step` is
+  // their sum times each region's repeat, the forward and backward regions' once more per
+  // microbatch of the accumulation (the optimizer's once per step). A program of the same compute
+  // ops per pass with other repeats (another pipeline schedule) has the bounds bounds_from_regions
+  // gives (batch_classes.h).
   std::vector<std::vector<double>> region_seconds;
   // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
   // an op name seen twice in a region keeps its cheaper cost.
@@ -61,12 +57,9 @@ struct ComputeBounds {
   std::vector<double> op_seconds;
 };
 
-// One context's step bound from its two sums (ComputeBounds::microbatch and ::optimizer).
-double step_of(double microbatch, double optimizer, int64_t accumulation_steps);
-
 // The step bounds of a program whose regions (repeat and phase) are `regions` and whose region
 // passes take `region_seconds` (ComputeBounds::region_seconds): what tensorcore_lower_bounds gives
-// for it, bit for bit (it sums the same way). Fills step, microbatch, optimizer, region_seconds.
+// for it, bit for bit (it sums the same way). Fills step and region_seconds.
 ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
                                   const Graph::Regions& regions, int64_t accumulation_steps);
 
