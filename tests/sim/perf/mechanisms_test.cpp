@@ -827,7 +827,7 @@ TEST(GmmV2WeightPrefetch, AnExpertWithMoreThanOneRowTileWaitsForItsWeights) {
 // switched off, v5p's kernel runs at the device's rate.
 TEST(GmmV2OneTensorCore, OnAMegacoreDeviceTheKernelHasHalfTheMxus) {
   const Graph graph = grouped_matmul_graph(16, 512, 1024, 1024);
-  for (const char* name : {"v5p", "v7x"}) {
+  for (const char* name : {"v4", "v5p", "v7x"}) {
     const ChipSpec& spec = chip(name);
     const double cores_per_device = spec.tensorcores_per_chip / spec.devices_per_chip;
     const double fill = fill_drain_seconds(spec);
@@ -844,6 +844,7 @@ TEST(GmmV2OneTensorCore, OnAMegacoreDeviceTheKernelHasHalfTheMxus) {
     EXPECT_NEAR(off.mxu_seconds, fill + matmul + steps, 1e-12) << name;
     EXPECT_DOUBLE_EQ(on.hbm_seconds, off.hbm_seconds) << name;
   }
+  EXPECT_EQ(chip("v4").tensorcores_per_chip / chip("v4").devices_per_chip, 2.0);
   EXPECT_EQ(chip("v5p").tensorcores_per_chip / chip("v5p").devices_per_chip, 2.0);
 }
 
