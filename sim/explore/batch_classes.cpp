@@ -87,38 +87,31 @@ constexpr int64_t kMaxDims = 64;
 
 }  // namespace
 
-BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep>& step,
-                                        const std::vector<uint32_t>& atoms,
-                                        const LogicalAxisRules& rules) {
+BatchClasses::Member BatchClasses::member_of(size_t index, const Graph& graph) const {
+  const Reference& reference = references_[index];
   Member member;
-  if (routes_experts(step->graph)) {
-    return member;
-  }
-  const Graph& graph = step->graph;
-  for (size_t index = 0; index < references_.size(); ++index) {
-    const Reference& reference = references_[index];
-    if (reference.atoms != atoms || !same_but_sizes(reference.step->graph, graph)) {
-      continue;
-    }
-    member.reference = static_cast<int64_t>(index);
-    for (size_t tensor = 0; tensor < graph.tensors().size(); ++tensor) {
-      const std::vector<Dim>& dims = graph.tensors()[tensor].dims;
-      const std::vector<Dim>& reference_dims = reference.step->graph.tensors()[tensor].dims;
-      for (size_t dim = 0; dim < dims.size(); ++dim) {
-        if (dims[dim].size == reference_dims[dim].size) {
-          continue;
-        }
-        const auto found = std::find(reference.group_names.begin(), reference.group_names.end(),
-                                     logical_names_key(dims));
-        member.varying.push_back(
-            {static_cast<int64_t>(tensor) * kMaxDims + static_cast<int64_t>(dim),
-             static_cast<size_t>(found - reference.group_names.begin()), dim, dims[dim].size,
-             reference_dims[dim].size});
+  member.reference = static_cast<int64_t>(index);
+  for (size_t tensor = 0; tensor < graph.tensors().size(); ++tensor) {
+    const std::vector<Dim>& dims = graph.tensors()[tensor].dims;
+    const std::vector<Dim>& reference_dims = reference.step->graph.tensors()[tensor].dims;
+    for (size_t dim = 0; dim < dims.size(); ++dim) {
+      if (dims[dim].size == reference_dims[dim].size) {
+        continue;
       }
+      const auto found = std::find(reference.group_names.begin(), reference.group_names.end(),
+                                   logical_names_key(dims));
+      member.varying.push_back({static_cast<int64_t>(tensor) * kMaxDims + static_cast<int64_t>(dim),
+                                static_cast<size_t>(found - reference.group_names.begin()), dim,
+                                dims[dim].size, reference_dims[dim].size});
     }
-    return member;
   }
-  // A new reference: it is its own class's origin (no dim differs from itself).
+  return member;
+}
+
+std::optional<BatchClasses::Reference> BatchClasses::new_reference(
+    const std::shared_ptr<const TrainingStep>& step, const std::vector<uint32_t>& atoms,
+    const LogicalAxisRules& rules) {
+  const Graph& graph = step->graph;
   Reference reference;
   reference.step = step;
   reference.atoms = atoms;
@@ -136,7 +129,7 @@ BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep
   }
   for (const Tensor& tensor : graph.tensors()) {
     if (tensor.dims.size() >= static_cast<size_t>(kMaxDims)) {
-      return member;  // positions would collide: no key
+      return std::nullopt;  // positions would collide: no key
     }
     const std::string names = logical_names_key(tensor.dims);
     if (std::find(reference.group_names.begin(), reference.group_names.end(), names) ==
@@ -145,8 +138,29 @@ BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep
       reference.group_axes.push_back(rules.shard_dims_on_every_axis(tensor.dims));
     }
   }
+  return reference;
+}
+
+BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep>& step,
+                                        const std::vector<uint32_t>& atoms,
+                                        const LogicalAxisRules& rules) {
+  if (routes_experts(step->graph)) {
+    return {};
+  }
+  for (size_t index = 0; index < references_.size(); ++index) {
+    const Reference& reference = references_[index];
+    if (reference.atoms == atoms && same_but_sizes(reference.step->graph, step->graph)) {
+      return member_of(index, step->graph);
+    }
+  }
+  // A new reference: it is its own class's origin (no dim differs from itself).
+  std::optional<Reference> reference = new_reference(step, atoms, rules);
+  if (!reference) {
+    return {};
+  }
+  Member member;
   member.reference = static_cast<int64_t>(references_.size());
-  references_.push_back(std::move(reference));
+  references_.push_back(std::move(*reference));
   return member;
 }
 

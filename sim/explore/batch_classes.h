@@ -100,6 +100,12 @@ class BatchClasses {
   // the reference's local size there (the dim then leaves the key alone).
   std::optional<int64_t> differing_local_size(const Reference& reference, const Varying& varying,
                                               const MeshShape& mesh) const;
+  // `graph` as a member of reference `index` (the same graph but for dim sizes).
+  Member member_of(size_t index, const Graph& graph) const;
+  // `step` as the origin of a new class; none when its dims cannot be given positions.
+  static std::optional<Reference> new_reference(const std::shared_ptr<const TrainingStep>& step,
+                                                const std::vector<uint32_t>& atoms,
+                                                const LogicalAxisRules& rules);
   // The member for `step`: against the first reference it is the same as but for sizes, else as
   // a new reference.
   Member join(const std::shared_ptr<const TrainingStep>& step, const std::vector<uint32_t>& atoms,
