@@ -30,6 +30,8 @@ class Config;
 struct LogicalRule {
   std::string logical;
   std::vector<std::string> mesh_axes;
+
+  bool operator==(const LogicalRule&) const = default;
 };
 
 class LogicalAxisRules {

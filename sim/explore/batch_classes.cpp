@@ -115,6 +115,7 @@ std::optional<BatchClasses::Reference> BatchClasses::new_reference(
   Reference reference;
   reference.step = step;
   reference.atoms = atoms;
+  reference.rules = rules.rules();
   reference.regions = graph.regions().size();
   reference.regions_of_tensor.resize(graph.tensors().size());
   for (const Op& op : graph.ops()) {
@@ -149,7 +150,8 @@ BatchClasses::Member BatchClasses::join(const std::shared_ptr<const TrainingStep
   }
   for (size_t index = 0; index < references_.size(); ++index) {
     const Reference& reference = references_[index];
-    if (reference.atoms == atoms && same_but_sizes(reference.step->graph, step->graph)) {
+    if (reference.atoms == atoms && reference.rules == rules.rules() &&
+        same_but_sizes(reference.step->graph, step->graph)) {
       return member_of(index, step->graph);
     }
   }

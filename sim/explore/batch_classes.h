@@ -73,6 +73,7 @@ class BatchClasses {
   struct Reference {
     std::shared_ptr<const TrainingStep> step;
     std::vector<uint32_t> atoms;
+    std::vector<LogicalRule> rules;  // what group_axes was read from
     // The tensors' distinct logical names (logical_names_key) and the rules' axes of each of their
     // dims, by group (Varying::group).
     std::vector<std::string> group_names;
