@@ -24,53 +24,36 @@ bool routes_experts(const Graph& graph) {
 // the stage hand-over collectives (sharding/partition_pipeline.cpp), not for compute ops, and the
 // bounds take each program's own repeats (bounds_from_regions).
 bool same_regions(const Graph& a, const Graph& b) {
-  if (a.regions().size() != b.regions().size()) {
-    return false;
-  }
-  for (size_t index = 0; index < a.regions().size(); ++index) {
-    const Region& x = a.regions()[index];
-    const Region& y = b.regions()[index];
-    if (x.name != y.name || x.phase != y.phase || x.forward_region != y.forward_region ||
-        x.shared_parameters != y.shared_parameters || x.pipelined() != y.pipelined()) {
-      return false;
-    }
-  }
-  return true;
+  return std::equal(a.regions().begin(), a.regions().end(), b.regions().begin(), b.regions().end(),
+                    [](const Region& x, const Region& y) {
+                      return x.name == y.name && x.phase == y.phase &&
+                             x.forward_region == y.forward_region &&
+                             x.shared_parameters == y.shared_parameters &&
+                             x.pipelined() == y.pipelined();
+                    });
 }
 
 bool same_tensors_but_sizes(const Graph& a, const Graph& b) {
-  if (a.tensors().size() != b.tensors().size()) {
-    return false;
-  }
-  for (size_t index = 0; index < a.tensors().size(); ++index) {
-    const Tensor& x = a.tensors()[index];
-    const Tensor& y = b.tensors()[index];
-    if (x.name != y.name || x.dtype != y.dtype || x.kind != y.kind || x.region != y.region ||
-        x.remat_name != y.remat_name || x.dims.size() != y.dims.size()) {
-      return false;
-    }
-    for (size_t dim = 0; dim < x.dims.size(); ++dim) {
-      if (x.dims[dim].name != y.dims[dim].name || x.dims[dim].logical != y.dims[dim].logical) {
-        return false;
-      }
-    }
-  }
-  return true;
+  const auto same_dim_names = [](const Dim& x, const Dim& y) {
+    return x.name == y.name && x.logical == y.logical;
+  };
+  return std::equal(a.tensors().begin(), a.tensors().end(), b.tensors().begin(), b.tensors().end(),
+                    [&](const Tensor& x, const Tensor& y) {
+                      return x.name == y.name && x.dtype == y.dtype && x.kind == y.kind &&
+                             x.region == y.region && x.remat_name == y.remat_name &&
+                             std::equal(x.dims.begin(), x.dims.end(), y.dims.begin(), y.dims.end(),
+                                        same_dim_names);
+                    });
 }
 
 bool same_ops(const Graph& a, const Graph& b) {
-  if (a.ops().size() != b.ops().size() || a.carries().size() != b.carries().size()) {
-    return false;
-  }
-  for (size_t index = 0; index < a.ops().size(); ++index) {
-    const Op& x = a.ops()[index];
-    const Op& y = b.ops()[index];
-    if (x.kind != y.kind || x.name != y.name || x.inputs != y.inputs || x.outputs != y.outputs ||
-        x.phase != y.phase || x.region != y.region || x.attrs != y.attrs) {
-      return false;
-    }
-  }
-  return std::equal(a.carries().begin(), a.carries().end(), b.carries().begin(),
+  return std::equal(a.ops().begin(), a.ops().end(), b.ops().begin(), b.ops().end(),
+                    [](const Op& x, const Op& y) {
+                      return x.kind == y.kind && x.name == y.name && x.inputs == y.inputs &&
+                             x.outputs == y.outputs && x.phase == y.phase && x.region == y.region &&
+                             x.attrs == y.attrs;
+                    }) &&
+         std::equal(a.carries().begin(), a.carries().end(), b.carries().begin(), b.carries().end(),
                     [](const Graph::Carry& x, const Graph::Carry& y) {
                       return x.from == y.from && x.to == y.to;
                     });

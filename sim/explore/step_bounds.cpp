@@ -8,16 +8,6 @@
 #include "sim/perf/op_cost.h"
 
 namespace tpusim {
-namespace {
-
-// One context's step bound: the forward and backward regions run once per microbatch, the
-// optimizer's once per step.
-double step_of(double microbatch, double optimizer, int64_t accumulation_steps) {
-  return microbatch * static_cast<double>(accumulation_steps) + optimizer;
-}
-
-}  // namespace
-
 ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_seconds,
                                   const Graph::Regions& regions, int64_t accumulation_steps) {
   ComputeBounds result;
@@ -29,7 +19,8 @@ ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_second
       const double total = passes[region] * static_cast<double>(info.repeat);
       (info.phase == Phase::kOptimizer ? optimizer : microbatch) += total;
     }
-    result.step.push_back(step_of(microbatch, optimizer, accumulation_steps));
+    // The forward and backward regions run once per microbatch, the optimizer's once per step.
+    result.step.push_back(microbatch * static_cast<double>(accumulation_steps) + optimizer);
   }
   result.region_seconds = std::move(region_seconds);
   return result;
