@@ -141,6 +141,8 @@ struct MeshEvaluator::BatchWork {
   size_t index = 0;
   const BatchChoice* choice = nullptr;
   double tokens = 0;
+  // Its ClassBounds keys on the plan's mesh (class_keys), once the none program is needed.
+  std::vector<std::vector<int64_t>> class_keys;
 };
 
 MeshEvaluator::MeshEvaluator(const ExploreContext& context)
@@ -449,11 +451,14 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
-    } else if (bounded_by_class(plan, batch, out)) {
-      ++out.phases.batch_class_skips;
-      bounded_out = true;
     } else {
-      bounded_out = none_bounds_out(plan, batch, none, out);
+      batch.class_keys = class_keys(plan, batch.index);
+      if (bounded_by_class(plan, batch, out)) {
+        ++out.phases.batch_class_skips;
+        bounded_out = true;
+      } else {
+        bounded_out = none_bounds_out(plan, batch, none, out);
+      }
     }
     if (bounded_out) {
       ++out.phases.bounded_out_programs;
@@ -513,60 +518,54 @@ std::vector<std::vector<int64_t>> MeshEvaluator::class_keys(const MeshPlan& plan
   return keys;
 }
 
-bool MeshEvaluator::bounded_by_class(MeshPlan& plan, const BatchWork& batch,
+std::optional<MeshEvaluator::ClassStep> MeshEvaluator::class_step(const BatchWork& batch) const {
+  if (batch.class_keys.empty()) {
+    return std::nullopt;
+  }
+  const std::optional<ClassSeconds> found =
+      context_.class_bounds.find(batch.class_keys, context_.schedule);
+  if (!found.has_value()) {
+    return std::nullopt;
+  }
+  const TrainingStep& none = *context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
+  return ClassStep{bounds_from_regions(found->region_seconds, none.graph.regions(),
+                                       batch.choice->accumulation_steps)
+                       .step,
+                   found->other_schedule};
+}
+
+bool MeshEvaluator::bounded_by_class(const MeshPlan& plan, const BatchWork& batch,
                                      WorkerResult& out) const {
   if (context_.facts.checking()) {
     return false;
   }
-  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
-  if (keys.empty()) {
-    return false;
-  }
-  const std::optional<ClassSeconds> found = context_.class_bounds.find(keys, context_.schedule);
-  if (!found.has_value()) {
-    return false;
-  }
-  const TrainingStep& none = *context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
-  const std::vector<double> step = bounds_from_regions(found->region_seconds, none.graph.regions(),
-                                                       batch.choice->accumulation_steps)
-                                       .step;
-  if (!cannot_reach(best_possible(batch, lowest(step)), context_.threshold.get())) {
+  const std::optional<ClassStep> derived = class_step(batch);
+  if (!derived.has_value() ||
+      !cannot_reach(best_possible(batch, lowest(derived->step)), context_.threshold.get())) {
     return false;
   }
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
-                       {step, 0, kUnknown, {}});
-  out.phases.schedule_class_skips += found->other_schedule ? 1 : 0;
+                       {derived->step, 0, kUnknown, {}});
+  out.phases.schedule_class_skips += derived->other_schedule ? 1 : 0;
   return true;
 }
 
-void MeshEvaluator::remember_class(const MeshPlan& plan, const BatchWork& batch,
-                                   const ComputeBounds& none) const {
-  const std::vector<std::vector<int64_t>> keys = class_keys(plan, batch.index);
-  if (keys.empty()) {
+void MeshEvaluator::remember_class(const BatchWork& batch, const ComputeBounds& none) const {
+  if (batch.class_keys.empty()) {
     return;
   }
+  // In checking mode, what bounded_by_class would have derived for this batch from the seconds
+  // kept so far must be the bound of the program just built, bit for bit, or the class argument
+  // is wrong.
   if (context_.facts.checking()) {
-    check_class_bound(keys, batch, none);
+    const std::optional<ClassStep> derived = class_step(batch);
+    if (derived.has_value() && derived->step != none.step) {
+      throw std::logic_error(
+          "explore: a batch's TensorCore bound derived from its region classes differs from its "
+          "own program's");
+    }
   }
-  context_.class_bounds.offer(keys, none.region_seconds, context_.schedule);
-}
-
-void MeshEvaluator::check_class_bound(const std::vector<std::vector<int64_t>>& keys,
-                                      const BatchWork& batch, const ComputeBounds& none) const {
-  // What bounded_by_class would have derived for this batch from the seconds kept so far must be
-  // the bound of the program just built, bit for bit, or the class argument is wrong.
-  const std::optional<ClassSeconds> found = context_.class_bounds.find(keys, context_.schedule);
-  if (!found.has_value()) {
-    return;
-  }
-  const TrainingStep& step = *context_.steps.get(batch.index, TrainingStepCache::kNoRemat);
-  if (bounds_from_regions(found->region_seconds, step.graph.regions(),
-                          batch.choice->accumulation_steps)
-          .step != none.step) {
-    throw std::logic_error(
-        "explore: a batch's TensorCore bound derived from its region classes differs from its "
-        "own program's");
-  }
+  context_.class_bounds.offer(batch.class_keys, none.region_seconds, context_.schedule);
 }
 
 bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
@@ -593,7 +592,7 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
   }
   const PhaseTimer timer(out.phases.bounds_s);
-  remember_class(plan, batch, none->compute);
+  remember_class(batch, none->compute);
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {none->compute.step, 0, kUnknown, {}});
   bool bounded_out =

@@ -184,18 +184,20 @@ class MeshEvaluator {
   // another batch or under another pipeline schedule) gave the TensorCore bound of this batch's
   // remat_policy=none program and that alone cannot beat the top N: no program is built (the
   // bound is offered as the program's facts, as none_bounds_out does).
-  bool bounded_by_class(MeshPlan& plan, const BatchWork& batch, WorkerResult& out) const;
+  bool bounded_by_class(const MeshPlan& plan, const BatchWork& batch, WorkerResult& out) const;
   // The ClassBounds keys of (batch, this search's schedule) on the plan's mesh, by region: its
   // equivalence key, then the region's class key (empty: no class).
   std::vector<std::vector<int64_t>> class_keys(const MeshPlan& plan, size_t batch) const;
-  // Keeps none's seconds per region pass for the batch's class on this mesh's equivalence key
-  // (checking mode: compares them with those kept, std::logic_error when they differ).
-  void remember_class(const MeshPlan& plan, const BatchWork& batch,
-                      const ComputeBounds& none) const;
-  // With check_equivalent_meshes: throws std::logic_error when the bound bounded_by_class would
-  // derive from the kept seconds differs from `none`, the built program's.
-  void check_class_bound(const std::vector<std::vector<int64_t>>& keys, const BatchWork& batch,
-                         const ComputeBounds& none) const;
+  // The TensorCore bound per context the batch takes from the seconds kept for its class keys,
+  // when every region's are known, and whether some came from another schedule's program.
+  struct ClassStep {
+    std::vector<double> step;
+    bool other_schedule = false;
+  };
+  std::optional<ClassStep> class_step(const BatchWork& batch) const;
+  // Keeps none's seconds per region pass under the batch's class keys (checking mode: first
+  // compares the bound class_step derives with none's, std::logic_error when they differ).
+  void remember_class(const BatchWork& batch, const ComputeBounds& none) const;
   // Bounds the batch from the remat_policy=none program (built, or kept from an equivalent mesh):
   // true when no policy can beat the top N; `none` gets its bounds.
   bool none_bounds_out(MeshPlan& plan, const BatchWork& batch, std::optional<NoneBounds>& none,
