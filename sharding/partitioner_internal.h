@@ -66,19 +66,15 @@ inline Layout normalized(const std::vector<std::vector<int>>& axes_per_dim) {
 class AxesByName {
  public:
   const AxisList* find(const Name& name) const {
-    const Entry* found = std::find_if(begin(), end(), [&](const Entry& entry) {
-      return entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str();
-    });
+    const Entry* found =
+        std::find_if(begin(), end(), [&](const Entry& entry) { return entry.matches(name); });
     return found == end() ? nullptr : &found->axes;
   }
   // The entry for `name`, added empty if missing (as std::map::operator[]).
   AxisList& operator[](const Name& name) {
-    for (Entry& entry : *this) {
-      if (entry.interned != nullptr ? entry.interned == &name.str() : entry.text == name.str()) {
-        return entry.axes;
-      }
-    }
-    return add({&name.str(), name.str(), {}});
+    Entry* found =
+        std::find_if(begin(), end(), [&](const Entry& entry) { return entry.matches(name); });
+    return found != end() ? found->axes : add({&name.str(), name.str(), {}});
   }
   AxisList& operator[](const std::string& name) {
     for (Entry& entry : *this) {
@@ -101,6 +97,10 @@ class AxesByName {
     const std::string* interned = nullptr;  // the Name's text, when the key is a Name
     std::string_view text;
     AxisList axes;
+
+    bool matches(const Name& name) const {
+      return interned != nullptr ? interned == &name.str() : text == name.str();
+    }
   };
   AxisList& add(const Entry& entry) {
     if (size_ == kCapacity) {
@@ -161,36 +161,38 @@ using AxisLists = boost::container::small_vector<AxisList, 3>;
 // exchanged or sliced copies), so that a second reader in that layout reuses them. A region makes
 // a few dozen: a flat list searched by tensor id first, reused from region to region.
 class Alternates {
- public:
-  // The local tensor of `global` in `layout`, or -1.
-  TensorId find(TensorId global, const Layout& layout) const {
-    for (const Entry& entry : entries_) {
-      if (entry.global == global && entry.layout == layout) {
-        return entry.local;
-      }
-    }
-    return -1;
-  }
-  // Records (or replaces) the local tensor of `global` in `layout`.
-  void set(TensorId global, const Layout& layout, TensorId local) {
-    for (Entry& entry : entries_) {
-      if (entry.global == global && entry.layout == layout) {
-        entry.local = local;
-        return;
-      }
-    }
-    entries_.push_back({global, layout, local});
-  }
-  // Forgets every entry, keeping the storage.
-  void clear() { entries_.clear(); }
-
- private:
   struct Entry {
     TensorId global = -1;
     Layout layout;
     TensorId local = -1;
   };
+  // The entry of (global, layout) in `self`'s entries, or null (for the const and the mutable
+  // caller alike).
+  template <typename Self>
+  static auto* find_entry(Self& self, TensorId global, const Layout& layout) {
+    const auto found = std::find_if(
+        self.entries_.begin(), self.entries_.end(),
+        [&](const Entry& entry) { return entry.global == global && entry.layout == layout; });
+    return found == self.entries_.end() ? nullptr : &*found;
+  }
   std::vector<Entry> entries_;
+
+ public:
+  // The local tensor of `global` in `layout`, or -1.
+  TensorId find(TensorId global, const Layout& layout) const {
+    const Entry* entry = find_entry(*this, global, layout);
+    return entry != nullptr ? entry->local : -1;
+  }
+  // Records (or replaces) the local tensor of `global` in `layout`.
+  void set(TensorId global, const Layout& layout, TensorId local) {
+    if (Entry* entry = find_entry(*this, global, layout)) {
+      entry->local = local;
+    } else {
+      entries_.push_back({global, layout, local});
+    }
+  }
+  // Forgets every entry, keeping the storage.
+  void clear() { entries_.clear(); }
 };
 
 // Values per row a norm (or its gradient) needs when its reduced dim is split across devices.
