@@ -143,6 +143,7 @@ struct MeshEvaluator::BatchWork {
   double tokens = 0;
   // Its ClassBounds keys on the plan's mesh (class_keys), once the none program is needed.
   std::vector<std::vector<int64_t>> class_keys;
+  bool resized = false;  // a kept program re-sized for the plan's mesh (bounded_by_resize)
 };
 
 MeshEvaluator::MeshEvaluator(const ExploreContext& context)
@@ -456,6 +457,9 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       if (bounded_by_class(plan, batch, out)) {
         ++out.phases.batch_class_skips;
         bounded_out = true;
+      } else if (bounded_by_resize(plan, batch)) {
+        ++out.phases.resized_program_skips;
+        bounded_out = true;
       } else {
         bounded_out = none_bounds_out(plan, batch, none, out);
       }
@@ -550,6 +554,51 @@ bool MeshEvaluator::bounded_by_class(const MeshPlan& plan, const BatchWork& batc
   return true;
 }
 
+std::optional<ComputeBounds> MeshEvaluator::resized_bounds(const MeshPlan& plan,
+                                                           const BatchWork& batch) const {
+  std::optional<ComputeBounds> bounds;
+  context_.resizable.with_resized(batch.index, *plan.mesh, [&](const Graph& graph) {
+    bounds = tensorcore_lower_bounds(graph, batch.choice->accumulation_steps, contexts_);
+  });
+  return bounds;
+}
+
+bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const {
+  if (!context_.options.resized_programs || context_.facts.checking()) {
+    return false;
+  }
+  const std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
+  batch.resized = resized.has_value();
+  if (!resized.has_value() ||
+      !cannot_reach(best_possible(batch, lowest(resized->step)), context_.threshold.get())) {
+    return false;
+  }
+  remember_class(batch, *resized);
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {resized->step, 0, kUnknown, {}});
+  return true;
+}
+
+void MeshEvaluator::keep_resizable(const MeshPlan& plan, const BatchWork& batch,
+                                   const ComputeBounds& built) const {
+  if (!context_.options.resized_programs || batch.resized) {
+    return;
+  }
+  if (context_.facts.checking()) {
+    // The re-sizing argument (sharding/program_resize.h) checked on every program built.
+    const std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
+    if (resized.has_value()) {
+      if (resized->step != built.step || resized->region_seconds != built.region_seconds) {
+        throw std::logic_error(
+            "explore: a program re-sized for this mesh gives another TensorCore bound than the "
+            "mesh's own partition");
+      }
+      return;
+    }
+  }
+  context_.resizable.offer(batch.index, plan.program.program, *plan.mesh);
+}
+
 void MeshEvaluator::remember_class(const BatchWork& batch, const ComputeBounds& none) const {
   if (batch.class_keys.empty()) {
     return;
@@ -590,6 +639,7 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     ++out.phases.bound_programs;
     const PhaseTimer timer(out.phases.bounds_s);
     none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+    keep_resizable(plan, batch, none->compute);
   }
   const PhaseTimer timer(out.phases.bounds_s);
   remember_class(batch, none->compute);

@@ -48,6 +48,7 @@
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/mesh_equivalence.h"
+#include "sim/explore/resizable_programs.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/explore/worker_result.h"
@@ -118,6 +119,7 @@ struct ExploreContext {
   const BatchClasses& classes;
   size_t schedule;  // this search's number in `classes`
   ClassBounds& class_bounds;
+  ResizablePrograms& resizable;
 };
 
 class MeshEvaluator {
@@ -195,6 +197,18 @@ class MeshEvaluator {
     bool other_schedule = false;
   };
   std::optional<ClassStep> class_step(const BatchWork& batch) const;
+  // The TensorCore bounds of the batch's remat_policy=none program on the plan's mesh from a kept
+  // program re-sized for it (resizable_programs.h); nullopt when none re-sizes.
+  std::optional<ComputeBounds> resized_bounds(const MeshPlan& plan, const BatchWork& batch) const;
+  // True when resized_bounds alone cannot beat the top N: no program is built (the bound is
+  // offered as the program's facts and class seconds, as none_bounds_out does). Notes in `batch`
+  // whether a kept program re-sized.
+  bool bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const;
+  // Keeps the none program just built (bounds `built`) for other meshes to re-size, unless one kept
+  // re-sizes for this mesh already (checking mode: then compares its bounds with `built`,
+  // std::logic_error when they differ).
+  void keep_resizable(const MeshPlan& plan, const BatchWork& batch,
+                      const ComputeBounds& built) const;
   // Keeps none's seconds per region pass under the batch's class keys (checking mode: first
   // compares the bound class_step derives with none's, std::logic_error when they differ).
   void remember_class(const BatchWork& batch, const ComputeBounds& none) const;
