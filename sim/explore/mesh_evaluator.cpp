@@ -143,7 +143,9 @@ struct MeshEvaluator::BatchWork {
   double tokens = 0;
   // Its ClassBounds keys on the plan's mesh (class_keys), once the none program is needed.
   std::vector<std::vector<int64_t>> class_keys;
-  bool resized = false;  // a kept program re-sized for the plan's mesh (bounded_by_resize)
+  // The bounds of a kept program re-sized for the plan's mesh (bounded_by_resize), when they did
+  // not bound the batch out: those of the program none_bounds_out then builds, bit for bit.
+  std::optional<ComputeBounds> resized;
 };
 
 MeshEvaluator::MeshEvaluator(const ExploreContext& context)
@@ -558,7 +560,8 @@ std::optional<ComputeBounds> MeshEvaluator::resized_bounds(const MeshPlan& plan,
                                                            const BatchWork& batch) const {
   std::optional<ComputeBounds> bounds;
   context_.resizable.with_resized(batch.index, *plan.mesh, [&](const Graph& graph) {
-    bounds = tensorcore_lower_bounds(graph, batch.choice->accumulation_steps, contexts_);
+    bounds = tensorcore_lower_bounds(graph, batch.choice->accumulation_steps, contexts_,
+                                     /*keep_forward_ops=*/true);
   });
   return bounds;
 }
@@ -567,10 +570,12 @@ bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) co
   if (!context_.options.resized_programs || context_.facts.checking()) {
     return false;
   }
-  const std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
-  batch.resized = resized.has_value();
-  if (!resized.has_value() ||
-      !cannot_reach(best_possible(batch, lowest(resized->step)), context_.threshold.get())) {
+  std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
+  if (!resized.has_value()) {
+    return false;
+  }
+  if (!cannot_reach(best_possible(batch, lowest(resized->step)), context_.threshold.get())) {
+    batch.resized = std::move(resized);  // none_bounds_out builds the program: its bounds
     return false;
   }
   remember_class(batch, *resized);
@@ -581,14 +586,15 @@ bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) co
 
 void MeshEvaluator::keep_resizable(const MeshPlan& plan, const BatchWork& batch,
                                    const ComputeBounds& built) const {
-  if (!context_.options.resized_programs || batch.resized) {
+  if (!context_.options.resized_programs || batch.resized.has_value()) {
     return;
   }
   if (context_.facts.checking()) {
     // The re-sizing argument (sharding/program_resize.h) checked on every program built.
     const std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
     if (resized.has_value()) {
-      if (resized->step != built.step || resized->region_seconds != built.region_seconds) {
+      if (resized->step != built.step || resized->region_seconds != built.region_seconds ||
+          resized->op_seconds != built.op_seconds || resized->forward_ops != built.forward_ops) {
         throw std::logic_error(
             "explore: a program re-sized for this mesh gives another TensorCore bound than the "
             "mesh's own partition");
@@ -638,7 +644,11 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     build(plan, batch.index, TrainingStepCache::kNoRemat, out);
     ++out.phases.bound_programs;
     const PhaseTimer timer(out.phases.bounds_s);
-    none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+    // A kept program re-sized for this mesh is this program, op for op: its bounds are these.
+    none->compute =
+        batch.resized.has_value()
+            ? *batch.resized
+            : tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
     keep_resizable(plan, batch, none->compute);
   }
   const PhaseTimer timer(out.phases.bounds_s);

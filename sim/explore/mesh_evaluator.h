@@ -201,8 +201,8 @@ class MeshEvaluator {
   // program re-sized for it (resizable_programs.h); nullopt when none re-sizes.
   std::optional<ComputeBounds> resized_bounds(const MeshPlan& plan, const BatchWork& batch) const;
   // True when resized_bounds alone cannot beat the top N: no program is built (the bound is
-  // offered as the program's facts and class seconds, as none_bounds_out does). Notes in `batch`
-  // whether a kept program re-sized.
+  // offered as the program's facts and class seconds, as none_bounds_out does). Else keeps the
+  // re-sized program's bounds in `batch` for none_bounds_out.
   bool bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const;
   // Keeps the none program just built (bounds `built`) for other meshes to re-size, unless one kept
   // re-sizes for this mesh already (checking mode: then compares its bounds with `built`,
