@@ -11,7 +11,8 @@
 // are not rewritten.
 //
 // Example:
-//   std::optional<ResizableProgram> kept = ResizableProgram::from(program, mesh_a.shape);  // copies
+//   // copies the program:
+//   std::optional<ResizableProgram> kept = ResizableProgram::from(program, mesh_a.shape);
 //   if (kept.has_value() && kept->resize(mesh_b.shape)) {
 //     kept->graph();  // mesh_b's program as partition() builds it (collective group sizes aside)
 //   }

@@ -645,10 +645,9 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     ++out.phases.bound_programs;
     const PhaseTimer timer(out.phases.bounds_s);
     // A kept program re-sized for this mesh is this program, op for op: its bounds are these.
-    none->compute =
-        batch.resized.has_value()
-            ? *batch.resized
-            : tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+    none->compute = batch.resized.has_value() ? *batch.resized
+                                              : tensorcore_lower_bounds(plan.program, contexts_,
+                                                                        /*keep_forward_ops=*/true);
     keep_resizable(plan, batch, none->compute);
   }
   const PhaseTimer timer(out.phases.bounds_s);

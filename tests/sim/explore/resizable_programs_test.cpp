@@ -7,8 +7,6 @@
 // resizable. And explore with re-sizing finds the same top N as without it, from a bar that bounds
 // most batches out, building fewer programs; a run that builds every program checks each re-sized
 // program's bounds against the built one's (std::logic_error).
-#include "sharding/program_resize.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -25,6 +23,7 @@
 #include "sharding/device_mesh.h"
 #include "sharding/divisibility.h"
 #include "sharding/partitioner.h"
+#include "sharding/program_resize.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/search_space.h"
 #include "sim/explore/step_bounds.h"
@@ -211,8 +210,8 @@ TEST(ProgramResize, MoeRoutingIsNotResizable) {
   TrainingStepCache steps(config, space);
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   const MeshShape& mesh = space.meshes.front();
-  EXPECT_FALSE(ResizableProgram::from(partitioned(space, *steps.get(0, 0), rules, mesh), mesh)
-                   .has_value());
+  EXPECT_FALSE(
+      ResizableProgram::from(partitioned(space, *steps.get(0, 0), rules, mesh), mesh).has_value());
 }
 
 ExploreResult explore_with(const Config& config, double bar, bool resized, bool check) {
