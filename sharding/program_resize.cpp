@@ -17,6 +17,14 @@ int64_t split_of(uint32_t axes, const MeshShape& mesh) {
   return split;
 }
 
+uint32_t axis_bits(const DimAxes& axes) {
+  uint32_t bits = 0;
+  for (const Name& axis : axes) {
+    bits |= 1U << static_cast<unsigned>(mesh_axis_index(axis.str()));
+  }
+  return bits;
+}
+
 }  // namespace
 
 std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram& program,
@@ -25,20 +33,26 @@ std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram&
     return std::nullopt;
   }
   ResizableProgram result;
-  result.graph_ = program.graph;
-  result.decisions_ = program.size_decisions;
+  result.program_ = program;
   result.structure_ = axes_above_one(mesh);
-  for (const Tensor& tensor : result.graph_.tensors()) {
+  result.primary_tensors_ = program.local_of_global.size();
+  for (const Tensor& tensor : program.graph.tensors()) {
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       const Dim& info = tensor.dims[dim];
-      uint32_t axes = 0;
-      for (const Name& axis : info.sharded_over) {
-        axes |= 1U << static_cast<unsigned>(mesh_axis_index(axis.str()));
-      }
+      const uint32_t axes = axis_bits(info.sharded_over);
       if (info.global_size > 0 && axes != 0) {
         result.split_dims_.push_back(
             {tensor.id, static_cast<uint32_t>(dim), axes, info.global_size});
       }
+    }
+  }
+  for (const Op& op : program.graph.ops()) {
+    if (!op.attrs.mesh_axes.empty()) {
+      uint32_t axes = 0;
+      for (const std::string& axis : op.attrs.mesh_axes) {
+        axes |= 1U << static_cast<unsigned>(mesh_axis_index(axis));
+      }
+      result.group_ops_.push_back({op.id, axes});
     }
   }
   return result;
@@ -58,17 +72,40 @@ bool ResizableProgram::resize(const MeshShape& mesh) {
   if (axes_above_one(mesh) != structure_) {
     return false;
   }
+  Graph& graph = program_.graph;
   for (const SplitDim& split_dim : split_dims_) {
     const int64_t split = split_of(split_dim.axes, mesh);
-    graph_.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size =
+    graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size =
         (split_dim.global + split - 1) / split;
   }
-  for (const SizeDecision& decision : decisions_.recorded) {
+  for (const SizeDecision& decision : program_.size_decisions.recorded) {
     if (!holds(decision, mesh)) {
       return false;
     }
   }
+  for (const GroupOp& group : group_ops_) {
+    graph.mutable_op(group.op).attrs.group_size = split_of(group.axes, mesh);
+  }
+  note_padding(mesh);
   return true;
+}
+
+void ResizableProgram::note_padding(const MeshShape& mesh) {
+  // As make_local notes them: the global tensors' own local tensors, in order, each dim an axis
+  // split does not divide.
+  program_.padding.clear();
+  for (const SplitDim& split_dim : split_dims_) {
+    if (static_cast<size_t>(split_dim.tensor) >= primary_tensors_) {
+      break;  // split_dims_ follow the tensor ids
+    }
+    const int64_t split = split_of(split_dim.axes, mesh);
+    if (split > 1 && split_dim.global % split != 0) {
+      const Tensor& tensor = program_.graph.tensor(split_dim.tensor);
+      const int64_t local = tensor.dims[split_dim.dim].size;
+      program_.padding.push_back({tensor.name, tensor.dims[split_dim.dim].name.str(),
+                                  split_dim.global, split, local * split});
+    }
+  }
 }
 
 bool ResizableProgram::holds(const SizeDecision& decision, const MeshShape& mesh) const {
@@ -76,14 +113,15 @@ bool ResizableProgram::holds(const SizeDecision& decision, const MeshShape& mesh
   switch (decision.kind) {
     case SizeDecision::Kind::kBytesLess:
       // The partitioner's own expression (partition_einsum.cpp), so that the two round alike.
-      outcome = decision.factor * static_cast<double>(graph_.tensor(decision.a).bytes()) <
-                static_cast<double>(graph_.tensor(decision.b).bytes());
+      outcome = decision.factor * static_cast<double>(program_.graph.tensor(decision.a).bytes()) <
+                static_cast<double>(program_.graph.tensor(decision.b).bytes());
       break;
     case SizeDecision::Kind::kDivides:
       outcome = decision.value % split_of(decision.axes, mesh) == 0;
       break;
     case SizeDecision::Kind::kShapesEqual:
-      outcome = same_local_shape(graph_.tensor(decision.a), graph_.tensor(decision.b));
+      outcome =
+          same_local_shape(program_.graph.tensor(decision.a), program_.graph.tensor(decision.b));
       break;
   }
   return outcome == decision.outcome;

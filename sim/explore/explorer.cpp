@@ -512,7 +512,8 @@ constexpr std::array kPhaseCounts = {
     PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs},
     PhaseCount{"batch_class_skips", &ExplorePhases::batch_class_skips},
     PhaseCount{"schedule_class_skips", &ExplorePhases::schedule_class_skips},
-    PhaseCount{"resized_program_skips", &ExplorePhases::resized_program_skips}};
+    PhaseCount{"resized_program_skips", &ExplorePhases::resized_program_skips},
+    PhaseCount{"resized_programs", &ExplorePhases::resized_programs}};
 
 }  // namespace
 

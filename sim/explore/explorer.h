@@ -208,6 +208,9 @@ struct ExplorePhases {
   // same axes larger than 1, re-sized for this one (resizable_programs.h), gave its TensorCore
   // bound, which alone cannot beat the top N.
   int64_t resized_program_skips = 0;
+  // Programs not partitioned: a program kept from a mesh with the same axes larger than 1 and the
+  // same size choices, re-sized for this mesh, is its own (copied instead; not in programs_built).
+  int64_t resized_programs = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

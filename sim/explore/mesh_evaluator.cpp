@@ -394,12 +394,42 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   plan.program.microbatch = choice.microbatch;
   plan.program.accumulation_steps = choice.accumulation_steps;
   plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
-  {
-    const PhaseTimer timer(out.phases.partition_s);
-    plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
-  }
   plan.signature = 0;
+  const PhaseTimer timer(out.phases.partition_s);
+  if (!context_.facts.checking() && copy_resized(plan, batch, remat)) {
+    ++out.phases.resized_programs;
+    return;
+  }
+  plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
   ++out.programs;
+  if (!context_.options.resized_programs) {
+    return;
+  }
+  if (context_.facts.checking()) {
+    // The re-sizing argument (sharding/program_resize.h) checked on every program partitioned.
+    PartitionedProgram built = std::move(plan.program.program);
+    if (copy_resized(plan, batch, remat) &&
+        (plan.program.program.graph.to_text() != built.graph.to_text() ||
+         plan.program.program.padding.size() != built.padding.size())) {
+      throw std::logic_error(
+          "explore: a program re-sized for this mesh differs from the mesh's own partition");
+    }
+    plan.program.program = std::move(built);
+  }
+  context_.resizable.offer(batch, remat, plan.program.program, *plan.mesh);
+}
+
+bool MeshEvaluator::copy_resized(MeshPlan& plan, size_t batch, size_t remat) const {
+  if (!context_.options.resized_programs) {
+    return false;
+  }
+  const bool copied = context_.resizable.with_resized(
+      batch, remat, *plan.mesh,
+      [&](const PartitionedProgram& resized) { plan.program.program = resized; });
+  if (copied) {
+    plan.program.program.mesh = plan.program.mesh;
+  }
+  return copied;
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
@@ -559,10 +589,11 @@ bool MeshEvaluator::bounded_by_class(const MeshPlan& plan, const BatchWork& batc
 std::optional<ComputeBounds> MeshEvaluator::resized_bounds(const MeshPlan& plan,
                                                            const BatchWork& batch) const {
   std::optional<ComputeBounds> bounds;
-  context_.resizable.with_resized(batch.index, *plan.mesh, [&](const Graph& graph) {
-    bounds = tensorcore_lower_bounds(graph, batch.choice->accumulation_steps, contexts_,
-                                     /*keep_forward_ops=*/true);
-  });
+  context_.resizable.with_resized(
+      batch.index, TrainingStepCache::kNoRemat, *plan.mesh, [&](const PartitionedProgram& program) {
+        bounds = tensorcore_lower_bounds(program.graph, batch.choice->accumulation_steps, contexts_,
+                                         /*keep_forward_ops=*/true);
+      });
   return bounds;
 }
 
@@ -582,27 +613,6 @@ bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) co
   context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
                        {resized->step, 0, kUnknown, {}});
   return true;
-}
-
-void MeshEvaluator::keep_resizable(const MeshPlan& plan, const BatchWork& batch,
-                                   const ComputeBounds& built) const {
-  if (!context_.options.resized_programs || batch.resized.has_value()) {
-    return;
-  }
-  if (context_.facts.checking()) {
-    // The re-sizing argument (sharding/program_resize.h) checked on every program built.
-    const std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
-    if (resized.has_value()) {
-      if (resized->step != built.step || resized->region_seconds != built.region_seconds ||
-          resized->op_seconds != built.op_seconds || resized->forward_ops != built.forward_ops) {
-        throw std::logic_error(
-            "explore: a program re-sized for this mesh gives another TensorCore bound than the "
-            "mesh's own partition");
-      }
-      return;
-    }
-  }
-  context_.resizable.offer(batch.index, plan.program.program, *plan.mesh);
 }
 
 void MeshEvaluator::remember_class(const BatchWork& batch, const ComputeBounds& none) const {
@@ -648,7 +658,6 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     none->compute = batch.resized.has_value() ? *batch.resized
                                               : tensorcore_lower_bounds(plan.program, contexts_,
                                                                         /*keep_forward_ops=*/true);
-    keep_resizable(plan, batch, none->compute);
   }
   const PhaseTimer timer(out.phases.bounds_s);
   remember_class(batch, none->compute);

@@ -204,11 +204,6 @@ class MeshEvaluator {
   // offered as the program's facts and class seconds, as none_bounds_out does). Else keeps the
   // re-sized program's bounds in `batch` for none_bounds_out.
   bool bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const;
-  // Keeps the none program just built (bounds `built`) for other meshes to re-size, unless one kept
-  // re-sizes for this mesh already (checking mode: then compares its bounds with `built`,
-  // std::logic_error when they differ).
-  void keep_resizable(const MeshPlan& plan, const BatchWork& batch,
-                      const ComputeBounds& built) const;
   // Keeps none's seconds per region pass under the batch's class keys (checking mode: first
   // compares the bound class_step derives with none's, std::logic_error when they differ).
   void remember_class(const BatchWork& batch, const ComputeBounds& none) const;
@@ -227,8 +222,13 @@ class MeshEvaluator {
   // The batches that divide and the distinct placements of the mesh; false if no batch divides.
   bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
   // Makes plan.program the program of (batch, remat), partitioning only when its training step
-  // is not the one it already holds.
+  // is not the one it already holds and no kept program re-sizes for the mesh
+  // (resizable_programs.h); keeps what it partitions for other meshes (checking mode: compares it
+  // with a kept program re-sized for the mesh, std::logic_error when they differ).
   void build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out);
+  // plan.program.program from a kept program of (batch, remat) re-sized for the plan's mesh; false
+  // when none re-sizes (or re-sizing is off).
+  bool copy_resized(MeshPlan& plan, size_t batch, size_t remat) const;
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)

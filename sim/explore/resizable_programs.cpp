@@ -9,21 +9,23 @@ std::vector<std::shared_ptr<ResizablePrograms::Slot>> ResizablePrograms::slots(
   return found == kept_.end() ? std::vector<std::shared_ptr<Slot>>() : found->second;
 }
 
-bool ResizablePrograms::with_resized(size_t batch, const MeshShape& mesh,
-                                     const std::function<void(const Graph&)>& use) const {
-  for (const std::shared_ptr<Slot>& slot : slots({batch, ResizableProgram::axes_above_one(mesh)})) {
+bool ResizablePrograms::with_resized(
+    size_t batch, size_t remat, const MeshShape& mesh,
+    const std::function<void(const PartitionedProgram&)>& use) const {
+  for (const std::shared_ptr<Slot>& slot :
+       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
     const std::lock_guard<std::mutex> lock(slot->mutex);
     if (slot->program.resize(mesh)) {
-      use(slot->program.graph());
+      use(slot->program.program());
       return true;
     }
   }
   return false;
 }
 
-void ResizablePrograms::offer(size_t batch, const PartitionedProgram& program,
+void ResizablePrograms::offer(size_t batch, size_t remat, const PartitionedProgram& program,
                               const MeshShape& mesh) {
-  const Key key{batch, ResizableProgram::axes_above_one(mesh)};
+  const Key key{batch, remat, ResizableProgram::axes_above_one(mesh)};
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     const auto found = kept_.find(key);

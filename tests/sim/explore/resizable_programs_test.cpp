@@ -2,11 +2,12 @@
 // partitioner: on random pairs of meshes with the same axes larger than 1 but different sizes
 // (dense, GQA with kv heads a wide tensor split does not divide, multislice, a 2-stage pipeline),
 // mesh A's program re-sized for mesh B, wherever its recorded size choices hold on B, must be B's
-// own partition: the same ops with the same tensors, the same local sizes, and the same TensorCore
-// bounds bit for bit. Where a choice comes out otherwise the re-size is refused. MoE routing is not
-// resizable. And explore with re-sizing finds the same top N as without it, from a bar that bounds
-// most batches out, building fewer programs; a run that builds every program checks each re-sized
-// program's bounds against the built one's (std::logic_error).
+// own partition: the same `tpusim program` text (ops, tensors, local sizes, collectives with their
+// group sizes), the same padding notes, and the same TensorCore bounds bit for bit. Where a choice
+// comes out otherwise the re-size is refused. MoE routing is not resizable. And explore with
+// re-sizing finds the same top N as without it, from a bar that bounds most batches out,
+// partitioning fewer programs; a run that partitions every program checks each against a kept
+// program re-sized for its mesh (std::logic_error).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -50,28 +51,22 @@ PartitionedProgram partitioned(const SearchSpace& space, const TrainingStep& ste
   return partition(step, rules, place_mesh(mesh, space.slice));
 }
 
-// The ops, tensors and local sizes of two per-device programs (collectives' group sizes aside).
-void expect_same_program(const Graph& resized, const Graph& built, const std::string& where) {
-  ASSERT_EQ(resized.ops().size(), built.ops().size()) << where;
-  ASSERT_EQ(resized.tensors().size(), built.tensors().size()) << where;
-  for (size_t index = 0; index < built.ops().size(); ++index) {
-    const Op& a = resized.ops()[index];
-    const Op& b = built.ops()[index];
-    ASSERT_EQ(a.kind, b.kind) << where << " op " << b.name;
-    ASSERT_EQ(a.name, b.name) << where;
-    ASSERT_EQ(a.inputs, b.inputs) << where << " op " << b.name;
-    ASSERT_EQ(a.outputs, b.outputs) << where << " op " << b.name;
-    ASSERT_EQ(a.region, b.region) << where << " op " << b.name;
+// The same per-device program: ops, tensors, local sizes and collectives (`tpusim program`'s
+// text, group sizes included), and the same padding notes.
+void expect_same_program(const PartitionedProgram& resized, const PartitionedProgram& built,
+                         const std::string& where) {
+  ASSERT_EQ(resized.graph.to_text(), built.graph.to_text()) << where;
+  ASSERT_EQ(resized.padding.size(), built.padding.size()) << where;
+  for (size_t index = 0; index < built.padding.size(); ++index) {
+    const PaddingNote& a = resized.padding[index];
+    const PaddingNote& b = built.padding[index];
+    EXPECT_EQ(a.tensor, b.tensor) << where;
+    EXPECT_EQ(a.dim, b.dim) << where;
+    EXPECT_EQ(a.global_size, b.global_size) << where;
+    EXPECT_EQ(a.shards, b.shards) << where;
+    EXPECT_EQ(a.padded_size, b.padded_size) << where;
   }
-  for (size_t index = 0; index < built.tensors().size(); ++index) {
-    const Tensor& a = resized.tensors()[index];
-    const Tensor& b = built.tensors()[index];
-    ASSERT_EQ(a.dims.size(), b.dims.size()) << where << " " << b.name;
-    for (size_t dim = 0; dim < b.dims.size(); ++dim) {
-      ASSERT_EQ(a.dims[dim].size, b.dims[dim].size) << where << " " << b.name << " dim " << dim;
-      ASSERT_EQ(a.dims[dim].sharded_over, b.dims[dim].sharded_over) << where << " " << b.name;
-    }
-  }
+  EXPECT_EQ(resized.local_of_global, built.local_of_global) << where;
 }
 
 TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
@@ -124,7 +119,7 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
       const PartitionedProgram built = partitioned(space, step, rules, b);
       const std::string where = overrides[0] + " " + a.describe() + " -> " + b.describe() + " " +
                                 space.remats[remat].label() + " batch " + std::to_string(batch);
-      expect_same_program(from->graph(), built.graph, where);
+      expect_same_program(from->program(), built, where);
       const int64_t accumulation = space.batches[batch].accumulation_steps;
       const ComputeBounds want = tensorcore_lower_bounds(built.graph, accumulation, contexts);
       const ComputeBounds got = tensorcore_lower_bounds(from->graph(), accumulation, contexts);
@@ -163,7 +158,7 @@ TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
   ASSERT_TRUE(from.has_value());
   EXPECT_FALSE(from->resize(sixteen));
   ASSERT_TRUE(from->resize(two));
-  expect_same_program(from->graph(), partitioned(space, step, rules, two).graph, "tensor 4 -> 2");
+  expect_same_program(from->program(), partitioned(space, step, rules, two), "tensor 4 -> 2");
 }
 
 // A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
@@ -240,11 +235,14 @@ TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
     EXPECT_EQ(with.top[index].step_time_s, without.top[index].step_time_s) << index;
     EXPECT_EQ(with.top[index].args, unbounded.top[index].args) << index;
   }
-  std::printf("programs %lld re-sizing, %lld without; %lld batches bounded by a re-sized program\n",
-              static_cast<long long>(with.programs_built),
-              static_cast<long long>(without.programs_built),
-              static_cast<long long>(with.phases.resized_program_skips));
+  std::printf(
+      "programs partitioned %lld re-sizing, %lld without; %lld batches bounded by a re-sized "
+      "program, %lld programs copied re-sized\n",
+      static_cast<long long>(with.programs_built), static_cast<long long>(without.programs_built),
+      static_cast<long long>(with.phases.resized_program_skips),
+      static_cast<long long>(with.phases.resized_programs));
   EXPECT_GT(with.phases.resized_program_skips, 0);
+  EXPECT_GT(with.phases.resized_programs, 0);
   EXPECT_EQ(without.phases.resized_program_skips, 0);
   EXPECT_LT(with.programs_built, without.programs_built);
   // Every program built, each one a kept program re-sizes for compared with the built one's
