@@ -361,8 +361,8 @@ int64_t SearchSpace::variants_per_placement() const {
   int64_t variants = 0;
   for (const std::string& kind : attention_kinds) {
     const size_t blocks = kind == "flash" ? flash_blocks.size() : 1;
-    variants += static_cast<int64_t>(blocks * sparse_core_values.size() *
-                                     collective_matmul_values.size());
+    variants +=
+        static_cast<int64_t>(blocks * sparse_core_values.size() * collective_matmul_values.size());
   }
   return variants;
 }
