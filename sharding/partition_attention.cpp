@@ -22,9 +22,13 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   if (kv_dim >= 0) {
     const AxisList& kv_axes = layout(key)[static_cast<size_t>(kv_dim)];
     const int64_t kv_heads = global_.tensor(key).dims[static_cast<size_t>(kv_dim)].size;
-    if (!kv_axes.empty() && kv_heads % shards(kv_axes) != 0) {
-      whole_length.insert("kv_heads");
-      kv_gathered = true;
+    if (!kv_axes.empty()) {
+      const bool divides = kv_heads % shards(kv_axes) == 0;
+      decisions_.divides(kv_heads, axis_bits(kv_axes), divides);
+      if (!divides) {
+        whole_length.insert("kv_heads");
+        kv_gathered = true;
+      }
     }
   }
   const size_t key_begin = first_forward + 1;

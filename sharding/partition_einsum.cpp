@@ -45,10 +45,14 @@ void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& op
             continue;
           }
           const TensorId operand = operands[which];
-          const double operand_bytes =
-              operand < 0 ? 0.0 : static_cast<double>(out_.tensor(local(operand)).bytes());
+          if (operand < 0) {
+            continue;
+          }
+          const double operand_bytes = static_cast<double>(out_.tensor(local(operand)).bytes());
           const double output_bytes = 2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
-          if (operand >= 0 && output_bytes < operand_bytes) {
+          const bool slice = output_bytes < operand_bytes;
+          decisions_.bytes_less(2.0, local(output), local(operand), slice);
+          if (slice) {
             chosen.push_back(axis);
           }
         }
@@ -80,7 +84,9 @@ void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& op
           }
           const double operand_bytes =
               static_cast<double>(out_.tensor(local(operands[which])).bytes());
-          if (output_bytes < operand_bytes) {
+          const bool keep_split = output_bytes < operand_bytes;
+          decisions_.bytes_less(1.0, local(output), local(operands[which]), keep_split);
+          if (keep_split) {
             computed[dim].push_back(axis);
             used.push_back(axis);
           }

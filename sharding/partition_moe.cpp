@@ -7,6 +7,7 @@ void Partitioner::size_dropless_buffers() {
     if (op.kind != OpKind::kMoeDispatch || op.outputs.size() != 2) {
       continue;
     }
+    decisions_.resizable = false;  // the buffers are sized from the tokens (not recorded)
     const Tensor& grouped = global_.tensor(op.outputs[0]);
     const Tensor& routing = global_.tensor(op.inputs[1]);
     const Layout& grouped_layout = layout(op.outputs[0]);
@@ -82,6 +83,7 @@ TensorId Partitioner::exchange(TensorId value, const Tensor& global, const Layou
 }
 
 void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_input) {
+  decisions_.resizable = false;  // routed fractions and capacities follow the tokens
   Op op = global_op;
   const bool dispatch = op.kind == OpKind::kMoeDispatch;
   const bool ragged = op.attrs.capacity_factor <= 0;

@@ -91,14 +91,23 @@ PartitionedProgram Partitioner::run() {
   }
   gather_pipeline_weights_once();
   if (mechanisms_.enabled(Mechanism::kReductionReassociation)) {
-    reassociate_reductions(out_);
+    reassociate_reductions(out_, &decisions_);
   }
   PartitionedProgram program;
   program.graph = std::move(out_);
   program.mesh = mesh_;
   program.padding = std::move(padding_);
   program.local_of_global = std::move(local_);
+  program.size_decisions = std::move(decisions_);
   return program;
+}
+
+uint32_t Partitioner::axis_bits(const AxisList& axes) {
+  uint32_t bits = 0;
+  for (const int axis : axes) {
+    bits |= 1U << static_cast<unsigned>(axis);
+  }
+  return bits;
 }
 
 int64_t Partitioner::shards(const AxisList& axes) const {

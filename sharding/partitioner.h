@@ -37,6 +37,7 @@
 #include "model/autodiff/training_step.h"
 #include "sharding/device_mesh.h"
 #include "sharding/logical_rules.h"
+#include "sharding/size_decisions.h"
 
 namespace tpusim {
 
@@ -55,6 +56,9 @@ struct PartitionedProgram {
   DeviceMesh mesh;
   std::vector<PaddingNote> padding;
   std::vector<TensorId> local_of_global;  // global tensor id -> its local tensor
+  // The choices that compared sizes, with their outcomes (sharding/program_resize.h re-sizes the
+  // program for another mesh where they come out the same).
+  SizeDecisions size_decisions;
 };
 
 // `mechanisms`: reduction_reassociation rewrites the program unless switched off.

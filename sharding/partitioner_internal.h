@@ -251,6 +251,7 @@ class Partitioner {
  private:
   int axis_size(int axis) const { return mesh_.shape.size(axis); }
   int64_t shards(const AxisList& axes) const;
+  static uint32_t axis_bits(const AxisList& axes);
   TensorId local(TensorId global) const { return local_[static_cast<size_t>(global)]; }
   const Layout& layout(TensorId global) const { return layouts_[static_cast<size_t>(global)]; }
 
@@ -366,6 +367,7 @@ class Partitioner {
   std::vector<TensorId> local_;
   Alternates alternates_;  // per region
   std::vector<PaddingNote> padding_;
+  SizeDecisions decisions_;  // the choices that compare sizes (size_decisions.h)
   Phase current_phase_ = Phase::kForward;
   // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no
   // dropless MoE), and the fraction of the rows balanced routing fills.

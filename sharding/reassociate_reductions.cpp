@@ -19,7 +19,15 @@ bool is_summing_reduction(const Op& op) {
          op.inputs.size() == 1 && op.outputs.size() == 1;
 }
 
-bool same_shape(const Tensor& a, const Tensor& b) {
+bool same_reduction(const Op& a, const Op& b) {
+  return a.kind == b.kind && a.attrs.mesh_axes == b.attrs.mesh_axes &&
+         a.attrs.group_size == b.attrs.group_size && a.attrs.every == b.attrs.every &&
+         a.attrs.iteration_share == b.attrs.iteration_share;
+}
+
+}  // namespace
+
+bool same_local_shape(const Tensor& a, const Tensor& b) {
   if (a.dtype != b.dtype || a.dims.size() != b.dims.size()) {
     return false;
   }
@@ -31,15 +39,7 @@ bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-bool same_reduction(const Op& a, const Op& b) {
-  return a.kind == b.kind && a.attrs.mesh_axes == b.attrs.mesh_axes &&
-         a.attrs.group_size == b.attrs.group_size && a.attrs.every == b.attrs.every &&
-         a.attrs.iteration_share == b.attrs.iteration_share;
-}
-
-}  // namespace
-
-int reassociate_reductions(Graph& graph) {
+int reassociate_reductions(Graph& graph, SizeDecisions* decisions) {
   const Graph::Ops& ops = graph.ops();
   const size_t tensors = graph.tensors().size();
   // Who reads each tensor; a carry's source is read after its region (never a sole reader).
@@ -66,6 +66,14 @@ int reassociate_reductions(Graph& graph) {
   // Analysis, in program order: a value is "reduced" when it is a summing reduction's result (or a
   // rewritten sum's) that only a sum reads; reduction_of gives the reduction it stands for. A sum
   // of two reduced values of the same reduction and shapes is rewritten.
+  // Local sizes decide whether two partial sums add up (a choice kept in `decisions`).
+  auto same_shape = [&](TensorId a, TensorId b) {
+    const bool same = same_local_shape(graph.tensor(a), graph.tensor(b));
+    if (decisions != nullptr) {
+      decisions->shapes_equal(a, b, same);
+    }
+    return same;
+  };
   std::vector<int> reduction_of(tensors, -1);
   std::vector<bool> rewritten_sum(ops.size(), false);
   for (const Op& op : ops) {
@@ -86,12 +94,10 @@ int reassociate_reductions(Graph& graph) {
     }
     const Op& left_reduction = ops[static_cast<size_t>(left)];
     const Op& right_reduction = ops[static_cast<size_t>(right)];
-    const Tensor& sum = graph.tensor(op.outputs[0]);
+    const TensorId sum = op.outputs[0];
     if (!same_reduction(left_reduction, right_reduction) ||
-        !same_shape(graph.tensor(left_reduction.inputs[0]),
-                    graph.tensor(right_reduction.inputs[0])) ||
-        !same_shape(graph.tensor(op.inputs[0]), sum) ||
-        !same_shape(graph.tensor(op.inputs[1]), sum)) {
+        !same_shape(left_reduction.inputs[0], right_reduction.inputs[0]) ||
+        !same_shape(op.inputs[0], sum) || !same_shape(op.inputs[1], sum)) {
       continue;
     }
     rewritten_sum[static_cast<size_t>(op.id)] = true;

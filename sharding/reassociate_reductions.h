@@ -23,10 +23,15 @@
 #pragma once
 
 #include "model/ir/graph.h"
+#include "sharding/size_decisions.h"
 
 namespace tpusim {
 
 // Rewrites `graph` in place; returns how many reductions it removed (0: the graph is unchanged).
-int reassociate_reductions(Graph& graph);
+// Each comparison of two partial sums' local shapes goes to `decisions` when given.
+int reassociate_reductions(Graph& graph, SizeDecisions* decisions = nullptr);
+
+// Same dtype, dim names and local sizes: two partial sums that can be added before one reduction.
+bool same_local_shape(const Tensor& a, const Tensor& b);
 
 }  // namespace tpusim

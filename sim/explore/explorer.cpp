@@ -26,6 +26,7 @@
 #include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/mesh_evaluator.h"
 #include "sim/explore/pipeline_schedules.h"
+#include "sim/explore/resizable_programs.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/explore/worker_result.h"
 #include "sim/perf/step_simulator.h"
@@ -338,12 +339,13 @@ ExploreResult explore_one_schedule(const Config& config, const ExploreOptions& o
   const std::shared_ptr<const TrainingStep> first_step = steps.get(0, 0);
   const MeshEquivalence equivalence({none_step.get(), first_step.get()}, rules);
   SharedProgramFacts facts(options.check_equivalent_meshes);
+  ResizablePrograms resizable;
   const size_t schedule =
       join_batch_classes(options, space, steps, equivalence, rules, shared.classes);
   const ExploreContext context{config,         settings,     space,           options,
                                rules,          steps,        flops_per_batch, base_perf,
                                threshold,      divisibility, equivalence,     facts,
-                               shared.classes, schedule,     shared.bounds};
+                               shared.classes, schedule,     shared.bounds,   resizable};
   WorkerResult merged = search_meshes(context, threads, rank, ranks, my_meshes);
   if (ranks > 1) {
     std::vector<ExploreSample> samples = std::move(merged.samples);
@@ -509,7 +511,9 @@ constexpr std::array kPhaseCounts = {
     PhaseCount{"chain_bounded", &ExplorePhases::chain_bounded},
     PhaseCount{"borrowed_programs", &ExplorePhases::borrowed_programs},
     PhaseCount{"batch_class_skips", &ExplorePhases::batch_class_skips},
-    PhaseCount{"schedule_class_skips", &ExplorePhases::schedule_class_skips}};
+    PhaseCount{"schedule_class_skips", &ExplorePhases::schedule_class_skips},
+    PhaseCount{"resized_program_skips", &ExplorePhases::resized_program_skips},
+    PhaseCount{"resized_programs", &ExplorePhases::resized_programs}};
 
 }  // namespace
 

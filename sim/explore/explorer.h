@@ -104,6 +104,9 @@ struct ExploreOptions {
   // (batch_classes.h, class_bounds.h: other batches, equivalent meshes, other pipeline schedules)
   // instead of partitioning it. Tests turn it off to compare.
   bool batch_classes = true;
+  // Bound a batch's remat_policy=none program by re-sizing one built for a mesh with the same axes
+  // larger than 1 (resizable_programs.h) instead of partitioning it. Tests turn it off to compare.
+  bool resized_programs = true;
 };
 
 // One evaluated candidate, for plots: timed (it fits) or built and found not to fit (no time).
@@ -201,6 +204,13 @@ struct ExplorePhases {
   int64_t batch_class_skips = 0;
   // Of those, the batches whose class's bound came from another pipeline schedule's program.
   int64_t schedule_class_skips = 0;
+  // remat_policy=none programs not built to bound a batch: a program built for a mesh with the
+  // same axes larger than 1, re-sized for this one (resizable_programs.h), gave its TensorCore
+  // bound, which alone cannot beat the top N.
+  int64_t resized_program_skips = 0;
+  // Programs not partitioned: a program kept from a mesh with the same axes larger than 1 and the
+  // same size choices, re-sized for this mesh, is its own (copied instead; not in programs_built).
+  int64_t resized_programs = 0;
 
   void add(const ExplorePhases& other);
   std::vector<double> as_numbers() const;  // for merge_ranks

@@ -143,6 +143,9 @@ struct MeshEvaluator::BatchWork {
   double tokens = 0;
   // Its ClassBounds keys on the plan's mesh (class_keys), once the none program is needed.
   std::vector<std::vector<int64_t>> class_keys;
+  // The bounds of a kept program re-sized for the plan's mesh (bounded_by_resize), when they did
+  // not bound the batch out: those of the program none_bounds_out then builds, bit for bit.
+  std::optional<ComputeBounds> resized;
 };
 
 MeshEvaluator::MeshEvaluator(const ExploreContext& context)
@@ -391,12 +394,42 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   plan.program.microbatch = choice.microbatch;
   plan.program.accumulation_steps = choice.accumulation_steps;
   plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
-  {
-    const PhaseTimer timer(out.phases.partition_s);
-    plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
-  }
   plan.signature = 0;
+  const PhaseTimer timer(out.phases.partition_s);
+  if (!context_.facts.checking() && copy_resized(plan, batch, remat)) {
+    ++out.phases.resized_programs;
+    return;
+  }
+  plan.program.program = partition(*plan.program.step, context_.rules, plan.program.mesh);
   ++out.programs;
+  if (!context_.options.resized_programs) {
+    return;
+  }
+  if (context_.facts.checking()) {
+    // The re-sizing argument (sharding/program_resize.h) checked on every program partitioned.
+    PartitionedProgram built = std::move(plan.program.program);
+    if (copy_resized(plan, batch, remat) &&
+        (plan.program.program.graph.to_text() != built.graph.to_text() ||
+         plan.program.program.padding.size() != built.padding.size())) {
+      throw std::logic_error(
+          "explore: a program re-sized for this mesh differs from the mesh's own partition");
+    }
+    plan.program.program = std::move(built);
+  }
+  context_.resizable.offer(batch, remat, plan.program.program, *plan.mesh);
+}
+
+bool MeshEvaluator::copy_resized(MeshPlan& plan, size_t batch, size_t remat) const {
+  if (!context_.options.resized_programs) {
+    return false;
+  }
+  const bool copied = context_.resizable.with_resized(
+      batch, remat, *plan.mesh,
+      [&](const PartitionedProgram& resized) { plan.program.program = resized; });
+  if (copied) {
+    plan.program.program.mesh = plan.program.mesh;
+  }
+  return copied;
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
@@ -455,6 +488,9 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       batch.class_keys = class_keys(plan, batch.index);
       if (bounded_by_class(plan, batch, out)) {
         ++out.phases.batch_class_skips;
+        bounded_out = true;
+      } else if (bounded_by_resize(plan, batch)) {
+        ++out.phases.resized_program_skips;
         bounded_out = true;
       } else {
         bounded_out = none_bounds_out(plan, batch, none, out);
@@ -550,6 +586,35 @@ bool MeshEvaluator::bounded_by_class(const MeshPlan& plan, const BatchWork& batc
   return true;
 }
 
+std::optional<ComputeBounds> MeshEvaluator::resized_bounds(const MeshPlan& plan,
+                                                           const BatchWork& batch) const {
+  std::optional<ComputeBounds> bounds;
+  context_.resizable.with_resized(
+      batch.index, TrainingStepCache::kNoRemat, *plan.mesh, [&](const PartitionedProgram& program) {
+        bounds = tensorcore_lower_bounds(program.graph, batch.choice->accumulation_steps, contexts_,
+                                         /*keep_forward_ops=*/true);
+      });
+  return bounds;
+}
+
+bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const {
+  if (!context_.options.resized_programs || context_.facts.checking()) {
+    return false;
+  }
+  std::optional<ComputeBounds> resized = resized_bounds(plan, batch);
+  if (!resized.has_value()) {
+    return false;
+  }
+  if (!cannot_reach(best_possible(batch, lowest(resized->step)), context_.threshold.get())) {
+    batch.resized = std::move(resized);  // none_bounds_out builds the program: its bounds
+    return false;
+  }
+  remember_class(batch, *resized);
+  context_.facts.offer(facts_key(plan, batch.index, TrainingStepCache::kNoRemat),
+                       {resized->step, 0, kUnknown, {}});
+  return true;
+}
+
 void MeshEvaluator::remember_class(const BatchWork& batch, const ComputeBounds& none) const {
   if (batch.class_keys.empty()) {
     return;
@@ -589,7 +654,10 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     build(plan, batch.index, TrainingStepCache::kNoRemat, out);
     ++out.phases.bound_programs;
     const PhaseTimer timer(out.phases.bounds_s);
-    none->compute = tensorcore_lower_bounds(plan.program, contexts_, /*keep_forward_ops=*/true);
+    // A kept program re-sized for this mesh is this program, op for op: its bounds are these.
+    none->compute = batch.resized.has_value() ? *batch.resized
+                                              : tensorcore_lower_bounds(plan.program, contexts_,
+                                                                        /*keep_forward_ops=*/true);
   }
   const PhaseTimer timer(out.phases.bounds_s);
   remember_class(batch, none->compute);

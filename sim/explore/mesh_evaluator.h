@@ -48,6 +48,7 @@
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
 #include "sim/explore/mesh_equivalence.h"
+#include "sim/explore/resizable_programs.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/explore/worker_result.h"
@@ -118,6 +119,7 @@ struct ExploreContext {
   const BatchClasses& classes;
   size_t schedule;  // this search's number in `classes`
   ClassBounds& class_bounds;
+  ResizablePrograms& resizable;
 };
 
 class MeshEvaluator {
@@ -195,6 +197,13 @@ class MeshEvaluator {
     bool other_schedule = false;
   };
   std::optional<ClassStep> class_step(const BatchWork& batch) const;
+  // The TensorCore bounds of the batch's remat_policy=none program on the plan's mesh from a kept
+  // program re-sized for it (resizable_programs.h); nullopt when none re-sizes.
+  std::optional<ComputeBounds> resized_bounds(const MeshPlan& plan, const BatchWork& batch) const;
+  // True when resized_bounds alone cannot beat the top N: no program is built (the bound is
+  // offered as the program's facts and class seconds, as none_bounds_out does). Else keeps the
+  // re-sized program's bounds in `batch` for none_bounds_out.
+  bool bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const;
   // Keeps none's seconds per region pass under the batch's class keys (checking mode: first
   // compares the bound class_step derives with none's, std::logic_error when they differ).
   void remember_class(const BatchWork& batch, const ComputeBounds& none) const;
@@ -213,8 +222,13 @@ class MeshEvaluator {
   // The batches that divide and the distinct placements of the mesh; false if no batch divides.
   bool plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const;
   // Makes plan.program the program of (batch, remat), partitioning only when its training step
-  // is not the one it already holds.
+  // is not the one it already holds and no kept program re-sizes for the mesh
+  // (resizable_programs.h); keeps what it partitions for other meshes (checking mode: compares it
+  // with a kept program re-sized for the mesh, std::logic_error when they differ).
   void build(MeshPlan& plan, size_t batch, size_t remat, WorkerResult& out);
+  // plan.program.program from a kept program of (batch, remat) re-sized for the plan's mesh; false
+  // when none re-sizes (or re-sizing is off).
+  bool copy_resized(MeshPlan& plan, size_t batch, size_t remat) const;
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)

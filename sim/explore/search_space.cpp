@@ -356,9 +356,13 @@ std::vector<PerfChoice> SearchSpace::perf_choices(const std::string& attention_k
 }
 
 int64_t SearchSpace::variants_per_placement() const {
+  // perf_choices(kind).size() summed, counted without building the choices (the explorer asks per
+  // batch it prunes).
   int64_t variants = 0;
   for (const std::string& kind : attention_kinds) {
-    variants += static_cast<int64_t>(perf_choices(kind).size());
+    const size_t blocks = kind == "flash" ? flash_blocks.size() : 1;
+    variants +=
+        static_cast<int64_t>(blocks * sparse_core_values.size() * collective_matmul_values.size());
   }
   return variants;
 }

@@ -29,7 +29,13 @@ ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_second
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops) {
-  const Graph& graph = program.program.graph;
+  return tensorcore_lower_bounds(program.program.graph, program.accumulation_steps, contexts,
+                                 keep_forward_ops);
+}
+
+ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
+                                      const std::vector<CostContext>& contexts,
+                                      bool keep_forward_ops) {
   const size_t regions = graph.regions().size();
   ComputeBounds result;
   std::vector<double> shared(regions, 0.0);
@@ -74,7 +80,7 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
     }
   }
   ComputeBounds sums =
-      bounds_from_regions(std::move(region_seconds), graph.regions(), program.accumulation_steps);
+      bounds_from_regions(std::move(region_seconds), graph.regions(), accumulation_steps);
   result.step = std::move(sums.step);
   result.region_seconds = std::move(sums.region_seconds);
   return result;

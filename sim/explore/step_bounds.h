@@ -66,6 +66,11 @@ ComputeBounds bounds_from_regions(std::vector<std::vector<double>> region_second
 ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops = false);
+// The same for a per-device program `graph` run `accumulation_steps` microbatches a step (a
+// program re-sized for another mesh: sharding/program_resize.h).
+ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
+                                      const std::vector<CostContext>& contexts,
+                                      bool keep_forward_ops = false);
 
 // A forward op that a remat policy recomputes in backward (the clone keeps the op's name), by the
 // forward region it comes from, with the repeat of the backward region that runs the clone.

@@ -1,0 +1,130 @@
+#include "sharding/program_resize.h"
+
+#include <utility>
+
+#include "sharding/reassociate_reductions.h"
+
+namespace tpusim {
+namespace {
+
+int64_t split_of(uint32_t axes, const MeshShape& mesh) {
+  int64_t split = 1;
+  for (int axis = 0; axes != 0; ++axis, axes >>= 1U) {
+    if ((axes & 1U) != 0) {
+      split *= mesh.size(axis);
+    }
+  }
+  return split;
+}
+
+uint32_t axis_bits(const DimAxes& axes) {
+  uint32_t bits = 0;
+  for (const Name& axis : axes) {
+    bits |= 1U << static_cast<unsigned>(mesh_axis_index(axis.str()));
+  }
+  return bits;
+}
+
+}  // namespace
+
+std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram& program,
+                                                       const MeshShape& mesh) {
+  if (!program.size_decisions.resizable) {
+    return std::nullopt;
+  }
+  ResizableProgram result;
+  result.program_ = program;
+  result.structure_ = axes_above_one(mesh);
+  result.primary_tensors_ = program.local_of_global.size();
+  for (const Tensor& tensor : program.graph.tensors()) {
+    for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
+      const Dim& info = tensor.dims[dim];
+      const uint32_t axes = axis_bits(info.sharded_over);
+      if (info.global_size > 0 && axes != 0) {
+        result.split_dims_.push_back(
+            {tensor.id, static_cast<uint32_t>(dim), axes, info.global_size});
+      }
+    }
+  }
+  for (const Op& op : program.graph.ops()) {
+    if (!op.attrs.mesh_axes.empty()) {
+      uint32_t axes = 0;
+      for (const std::string& axis : op.attrs.mesh_axes) {
+        axes |= 1U << static_cast<unsigned>(mesh_axis_index(axis));
+      }
+      result.group_ops_.push_back({op.id, axes});
+    }
+  }
+  return result;
+}
+
+uint32_t ResizableProgram::axes_above_one(const MeshShape& mesh) {
+  uint32_t axes = 0;
+  for (int axis = 0; axis < kNumMeshAxes; ++axis) {
+    if (mesh.size(axis) > 1) {
+      axes |= 1U << static_cast<unsigned>(axis);
+    }
+  }
+  return axes;
+}
+
+bool ResizableProgram::resize(const MeshShape& mesh) {
+  if (axes_above_one(mesh) != structure_) {
+    return false;
+  }
+  Graph& graph = program_.graph;
+  for (const SplitDim& split_dim : split_dims_) {
+    const int64_t split = split_of(split_dim.axes, mesh);
+    graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size =
+        (split_dim.global + split - 1) / split;
+  }
+  for (const SizeDecision& decision : program_.size_decisions.recorded) {
+    if (!holds(decision, mesh)) {
+      return false;
+    }
+  }
+  for (const GroupOp& group : group_ops_) {
+    graph.mutable_op(group.op).attrs.group_size = split_of(group.axes, mesh);
+  }
+  note_padding(mesh);
+  return true;
+}
+
+void ResizableProgram::note_padding(const MeshShape& mesh) {
+  // As make_local notes them: the global tensors' own local tensors, in order, each dim an axis
+  // split does not divide.
+  program_.padding.clear();
+  for (const SplitDim& split_dim : split_dims_) {
+    if (static_cast<size_t>(split_dim.tensor) >= primary_tensors_) {
+      break;  // split_dims_ follow the tensor ids
+    }
+    const int64_t split = split_of(split_dim.axes, mesh);
+    if (split > 1 && split_dim.global % split != 0) {
+      const Tensor& tensor = program_.graph.tensor(split_dim.tensor);
+      const int64_t local = tensor.dims[split_dim.dim].size;
+      program_.padding.push_back({tensor.name, tensor.dims[split_dim.dim].name.str(),
+                                  split_dim.global, split, local * split});
+    }
+  }
+}
+
+bool ResizableProgram::holds(const SizeDecision& decision, const MeshShape& mesh) const {
+  bool outcome = false;
+  switch (decision.kind) {
+    case SizeDecision::Kind::kBytesLess:
+      // The partitioner's own expression (partition_einsum.cpp), so that the two round alike.
+      outcome = decision.factor * static_cast<double>(program_.graph.tensor(decision.a).bytes()) <
+                static_cast<double>(program_.graph.tensor(decision.b).bytes());
+      break;
+    case SizeDecision::Kind::kDivides:
+      outcome = decision.value % split_of(decision.axes, mesh) == 0;
+      break;
+    case SizeDecision::Kind::kShapesEqual:
+      outcome =
+          same_local_shape(program_.graph.tensor(decision.a), program_.graph.tensor(decision.b));
+      break;
+  }
+  return outcome == decision.outcome;
+}
+
+}  // namespace tpusim

@@ -1,0 +1,74 @@
+// sharding/program_resize.h: a partitioned program re-sized for another mesh, without partitioning
+// again, where the partitioner would make the same choices there.
+//
+// Two meshes with the same axes larger than 1 give the partitioner the same layouts (the rules drop
+// only axes of size 1), so it takes the same path through the step but where a choice compares
+// sizes (sharding/size_decisions.h). When every recorded choice comes out the same on the other
+// mesh, partitioning there gives the same ops, the same tensors and the same layouts; what differs
+// is each local dim, ceil(global size / product of its axes' sizes) on that mesh, each
+// collective's group size (the product of its axes' sizes) and the padding notes. resize()
+// rewrites those three, so the program is then partition()'s on the other mesh, to the text
+// (`tpusim program`); only its DeviceMesh (the placement) is the caller's to set.
+//
+// Example:
+//   // copies the program:
+//   std::optional<ResizableProgram> kept = ResizableProgram::from(program, mesh_a.shape);
+//   if (kept.has_value() && kept->resize(mesh_b.shape)) {
+//     PartitionedProgram b = kept->program();  // partition()'s on mesh_b but for b.mesh
+//   }
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "model/ir/graph.h"
+#include "sharding/mesh.h"
+#include "sharding/partitioner.h"
+#include "sharding/size_decisions.h"
+
+namespace tpusim {
+
+class ResizableProgram {
+ public:
+  // The program of `mesh`; nullopt when it made a size-dependent choice that is not recorded.
+  static std::optional<ResizableProgram> from(const PartitionedProgram& program,
+                                              const MeshShape& mesh);
+
+  // Bit per mesh axis larger than 1.
+  static uint32_t axes_above_one(const MeshShape& mesh);
+
+  const PartitionedProgram& program() const { return program_; }
+  const Graph& graph() const { return program_.graph; }
+  uint32_t structure() const { return structure_; }
+
+  // Rewrites the local sizes, group sizes and padding for `mesh` in place; true when `mesh` has
+  // this program's axes larger than 1 and every recorded choice comes out the same there, i.e.
+  // when program() is then the one partition() builds on `mesh` (false: program() is of no mesh
+  // until the next resize).
+  bool resize(const MeshShape& mesh);
+
+ private:
+  // A local dim to re-size: ceil(global / product of the sizes of `axes`).
+  struct SplitDim {
+    TensorId tensor = -1;
+    uint32_t dim = 0;
+    uint32_t axes = 0;  // bit per mesh axis index
+    int64_t global = 0;
+  };
+  // A collective over mesh axes: its group size is the product of their sizes.
+  struct GroupOp {
+    int op = -1;
+    uint32_t axes = 0;
+  };
+  bool holds(const SizeDecision& decision, const MeshShape& mesh) const;
+  void note_padding(const MeshShape& mesh);
+
+  PartitionedProgram program_;
+  std::vector<SplitDim> split_dims_;
+  std::vector<GroupOp> group_ops_;
+  size_t primary_tensors_ = 0;  // local tensors [0, n) are the global tensors' own (padding notes)
+  uint32_t structure_ = 0;
+};
+
+}  // namespace tpusim

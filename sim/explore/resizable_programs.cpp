@@ -1,0 +1,50 @@
+#include "sim/explore/resizable_programs.h"
+
+namespace tpusim {
+
+std::vector<std::shared_ptr<ResizablePrograms::Slot>> ResizablePrograms::slots(
+    const Key& key) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = kept_.find(key);
+  return found == kept_.end() ? std::vector<std::shared_ptr<Slot>>() : found->second;
+}
+
+bool ResizablePrograms::with_resized(
+    size_t batch, size_t remat, const MeshShape& mesh,
+    const std::function<void(const PartitionedProgram&)>& use) const {
+  for (const std::shared_ptr<Slot>& slot :
+       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
+    const std::lock_guard<std::mutex> lock(slot->mutex);
+    if (slot->program.resize(mesh)) {
+      use(slot->program.program());
+      return true;
+    }
+  }
+  return false;
+}
+
+void ResizablePrograms::offer(size_t batch, size_t remat, const PartitionedProgram& program,
+                              const MeshShape& mesh) {
+  const Key key{batch, remat, ResizableProgram::axes_above_one(mesh)};
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = kept_.find(key);
+    if (count_ >= kMaxKept || (found != kept_.end() && found->second.size() >= kPerKey)) {
+      return;
+    }
+  }
+  std::optional<ResizableProgram> resizable = ResizableProgram::from(program, mesh);
+  if (!resizable.has_value()) {
+    return;
+  }
+  auto slot = std::make_shared<Slot>();
+  slot->program = std::move(*resizable);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<Slot>>& kept = kept_[key];
+  if (count_ < kMaxKept && kept.size() < kPerKey) {
+    kept.push_back(std::move(slot));
+    ++count_;
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,58 @@
+// sim/explore/resizable_programs.h: per-device programs the explorer partitioned, kept by (batch,
+// remat policy, axes larger than 1) so that other meshes get theirs by re-sizing one
+// (sharding/program_resize.h: the same program partition() would build there) instead of
+// partitioning. Shared by the worker threads of one schedule's search (a schedule has its own
+// training steps).
+//
+// A mesh of another equivalence key but the same axes larger than 1 takes the partitioner down
+// the same path wherever the recorded size choices come out the same; the kept program, re-sized
+// for that mesh, is then the mesh's own program: its TensorCore bound (step_bounds.h) needs no
+// copy, and a copy of it replaces the partition. Memory is capped: kPerKey programs per key and
+// kMaxKept in all; a program over the caps is not kept.
+//
+// Example:
+//   ResizablePrograms kept;
+//   kept.offer(batch, remat, program, mesh_a);  // after partitioning on mesh_a
+//   kept.with_resized(batch, remat, mesh_b, [&](const PartitionedProgram& program) { ... });
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "sharding/program_resize.h"
+
+namespace tpusim {
+
+class ResizablePrograms {
+ public:
+  static constexpr size_t kPerKey = 3;
+  static constexpr size_t kMaxKept = 1024;
+
+  // Calls `use` with the first kept program of (batch, remat) that re-sizes for `mesh` (under that
+  // program's lock; its DeviceMesh is the kept one's); false when none does.
+  bool with_resized(size_t batch, size_t remat, const MeshShape& mesh,
+                    const std::function<void(const PartitionedProgram&)>& use) const;
+  // Keeps `program`, partitioned for (batch, remat) on `mesh`, unless a cap is reached or it made
+  // a size choice that is not recorded.
+  void offer(size_t batch, size_t remat, const PartitionedProgram& program, const MeshShape& mesh);
+
+ private:
+  struct Slot {
+    std::mutex mutex;  // the program is re-sized in place
+    ResizableProgram program;
+  };
+  using Key = std::tuple<size_t, size_t, uint32_t>;  // batch, remat, axes larger than 1
+  std::vector<std::shared_ptr<Slot>> slots(const Key& key) const;
+
+  mutable std::mutex mutex_;
+  std::map<Key, std::vector<std::shared_ptr<Slot>>> kept_;
+  size_t count_ = 0;
+};
+
+}  // namespace tpusim

@@ -1,0 +1,256 @@
+// Re-sized programs (sharding/program_resize.h, sim/explore/resizable_programs.h) against the
+// partitioner: on random pairs of meshes with the same axes larger than 1 but different sizes
+// (dense, GQA with kv heads a wide tensor split does not divide, multislice, a 2-stage pipeline),
+// mesh A's program re-sized for mesh B, wherever its recorded size choices hold on B, must be B's
+// own partition: the same `tpusim program` text (ops, tensors, local sizes, collectives with their
+// group sizes), the same padding notes, and the same TensorCore bounds bit for bit. Where a choice
+// comes out otherwise the re-size is refused. MoE routing is not resizable. And explore with
+// re-sizing finds the same top N as without it, from a bar that bounds most batches out,
+// partitioning fewer programs; a run that partitions every program checks each against a kept
+// program re-sized for its mesh (std::logic_error).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+#include "sharding/device_mesh.h"
+#include "sharding/divisibility.h"
+#include "sharding/partitioner.h"
+#include "sharding/program_resize.h"
+#include "sim/explore/explorer.h"
+#include "sim/explore/search_space.h"
+#include "sim/explore/step_bounds.h"
+#include "sim/explore/training_step_cache.h"
+#include "sim/perf/step_simulator.h"
+
+namespace tpusim {
+namespace {
+
+const std::vector<std::vector<std::string>> kSettings = {
+    {"model_name=tiny-llama", "compile_topology=v5e-8", "max_target_length=256"},
+    {"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=2048"},
+    // 8 kv heads: tensor splits of 16 gather them (a size choice of attention).
+    {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=4096"},
+    {"model_name=gemma2-2b", "compile_topology=v6e-16", "max_target_length=2048"},
+    {"model_name=llama2-7b", "compile_topology=v5e-8", "compile_topology_num_slices=2",
+     "max_target_length=1024"},
+    {"model_name=tiny-llama", "compile_topology=v5e-8", "compile_topology_num_slices=2",
+     "dcn_pipeline_parallelism=2", "max_target_length=256"},
+};
+
+PartitionedProgram partitioned(const SearchSpace& space, const TrainingStep& step,
+                               const LogicalAxisRules& rules, const MeshShape& mesh) {
+  return partition(step, rules, place_mesh(mesh, space.slice));
+}
+
+// The same per-device program: ops, tensors, local sizes and collectives (`tpusim program`'s
+// text, group sizes included), and the same padding notes.
+void expect_same_program(const PartitionedProgram& resized, const PartitionedProgram& built,
+                         const std::string& where) {
+  ASSERT_EQ(resized.graph.to_text(), built.graph.to_text()) << where;
+  ASSERT_EQ(resized.padding.size(), built.padding.size()) << where;
+  for (size_t index = 0; index < built.padding.size(); ++index) {
+    const PaddingNote& a = resized.padding[index];
+    const PaddingNote& b = built.padding[index];
+    EXPECT_EQ(a.tensor, b.tensor) << where;
+    EXPECT_EQ(a.dim, b.dim) << where;
+    EXPECT_EQ(a.global_size, b.global_size) << where;
+    EXPECT_EQ(a.shards, b.shards) << where;
+    EXPECT_EQ(a.padded_size, b.padded_size) << where;
+  }
+  EXPECT_EQ(resized.local_of_global, built.local_of_global) << where;
+}
+
+TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
+  std::mt19937 random(58);
+  int resized = 0;
+  int refused = 0;
+  for (const std::vector<std::string>& overrides : kSettings) {
+    const Config config = Config::load("", overrides);
+    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
+    const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+    TrainingStepCache steps(config, space);
+    const Divisibility divisibility(*steps.get(0, 0), rules);
+    std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+    for (const MeshShape& mesh : space.meshes) {
+      if (divisibility.parameters_divide(mesh)) {
+        by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+      }
+    }
+    const CostContext base = perf_options_from_config(config, *space.slice.chip).cost;
+    std::vector<CostContext> contexts = {base, base};
+    contexts[0].flash_attention = true;
+    contexts[1].flash_attention = false;
+    int in_setting = 0;
+    for (int draw = 0; draw < 400 && in_setting < 40; ++draw) {
+      auto group = by_structure.begin();
+      std::advance(group, static_cast<long>(random() % by_structure.size()));
+      const std::vector<const MeshShape*>& meshes = group->second;
+      if (meshes.size() < 2) {
+        continue;
+      }
+      const MeshShape& a = *meshes[random() % meshes.size()];
+      const MeshShape& b = *meshes[random() % meshes.size()];
+      const size_t batch = random() % space.batches.size();
+      const size_t remat = random() % space.remats.size();
+      const int64_t loaded = space.batches[batch].loaded_microbatch;
+      if (&a == &b || !divisibility.batch_divides(a, loaded) ||
+          !divisibility.batch_divides(b, loaded)) {
+        continue;
+      }
+      ++in_setting;
+      const TrainingStep& step = *steps.get(batch, remat);
+      std::optional<ResizableProgram> from =
+          ResizableProgram::from(partitioned(space, step, rules, a), a);
+      ASSERT_TRUE(from.has_value()) << overrides[0];
+      if (!from->resize(b)) {
+        ++refused;
+        continue;
+      }
+      ++resized;
+      const PartitionedProgram built = partitioned(space, step, rules, b);
+      const std::string where = overrides[0] + " " + a.describe() + " -> " + b.describe() + " " +
+                                space.remats[remat].label() + " batch " + std::to_string(batch);
+      expect_same_program(from->program(), built, where);
+      const int64_t accumulation = space.batches[batch].accumulation_steps;
+      const ComputeBounds want = tensorcore_lower_bounds(built.graph, accumulation, contexts);
+      const ComputeBounds got = tensorcore_lower_bounds(from->graph(), accumulation, contexts);
+      EXPECT_EQ(got.step, want.step) << where;
+      EXPECT_EQ(got.region_seconds, want.region_seconds) << where;
+    }
+  }
+  std::printf("%d pairs re-sized and compared, %d refused by a size choice\n", resized, refused);
+  EXPECT_GE(resized, 100);
+}
+
+MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
+  MeshShape mesh;
+  mesh.ici.fill(1);
+  mesh.dcn.fill(1);
+  for (const auto& [axis, size] : sizes) {
+    mesh.ici[static_cast<size_t>(mesh_axis_index(axis))] = size;
+  }
+  return mesh;
+}
+
+// llama3.1-8b has 8 kv heads: a tensor split of 16 gathers them whole (attention's size choice),
+// one of 4 keeps them split. The same axes are larger than 1 in both meshes.
+TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  TrainingStepCache steps(config, space);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
+  const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
+  const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
+  const MeshShape sixteen = ici_mesh({{"fsdp", 2}, {"tensor", 16}});
+  std::optional<ResizableProgram> from =
+      ResizableProgram::from(partitioned(space, step, rules, four), four);
+  ASSERT_TRUE(from.has_value());
+  EXPECT_FALSE(from->resize(sixteen));
+  ASSERT_TRUE(from->resize(two));
+  expect_same_program(from->program(), partitioned(space, step, rules, two), "tensor 4 -> 2");
+}
+
+// A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
+// the mesh the program was built for (the first mesh of the space that records each kind).
+TEST(ProgramResize, EveryKindOfChoiceIsChecked) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  TrainingStepCache steps(config, space);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
+  std::map<SizeDecision::Kind, int> checked;
+  for (const MeshShape& mesh : space.meshes) {
+    if (!divisibility.parameters_divide(mesh) || checked.size() == 3) {
+      continue;
+    }
+    const PartitionedProgram program =
+        partitioned(space, *steps.get(0, TrainingStepCache::kNoRemat), rules, mesh);
+    for (size_t index = 0; index < program.size_decisions.recorded.size(); ++index) {
+      if (checked.contains(program.size_decisions.recorded[index].kind)) {
+        continue;
+      }
+      PartitionedProgram flipped = program;
+      SizeDecision& decision = flipped.size_decisions.recorded[index];
+      decision.outcome = !decision.outcome;
+      std::optional<ResizableProgram> from = ResizableProgram::from(flipped, mesh);
+      ASSERT_TRUE(from.has_value());
+      EXPECT_FALSE(from->resize(mesh)) << mesh.describe() << " " << static_cast<int>(decision.kind);
+      ++checked[decision.kind];
+    }
+    std::optional<ResizableProgram> same = ResizableProgram::from(program, mesh);
+    ASSERT_TRUE(same.has_value());
+    EXPECT_TRUE(same->resize(mesh)) << mesh.describe();
+  }
+  // Einsum byte comparisons, attention's kv split, and the tensor-parallel reductions of q, k and
+  // v's input gradients that reassociation compares.
+  EXPECT_EQ(checked.size(), 3U);
+}
+
+TEST(ProgramResize, MoeRoutingIsNotResizable) {
+  const Config config = Config::load(
+      "", {"model_name=mixtral-8x7b", "compile_topology=v5p-16", "max_target_length=1024"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 2});
+  TrainingStepCache steps(config, space);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  const MeshShape& mesh = space.meshes.front();
+  EXPECT_FALSE(
+      ResizableProgram::from(partitioned(space, *steps.get(0, 0), rules, mesh), mesh).has_value());
+}
+
+ExploreResult explore_with(const Config& config, double bar, bool resized, bool check) {
+  ExploreOptions options;
+  options.objective = ExploreObjective::kTokensPerSecondPerChip;
+  options.top = 3;
+  options.threads = 2;
+  options.initial_bar = bar;
+  options.resized_programs = resized;
+  options.check_equivalent_meshes = check;
+  return explore(config, options);
+}
+
+TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  const ExploreResult unbounded = explore_with(config, -1e300, false, false);
+  ASSERT_EQ(unbounded.top.size(), 3U);
+  // A bar just under the third best: the top 3 stays, most batches are bounded out.
+  const double bar = unbounded.top.back().objective * (1 - 1e-9);
+  const ExploreResult without = explore_with(config, bar, false, false);
+  const ExploreResult with = explore_with(config, bar, true, false);
+  ASSERT_EQ(with.top.size(), without.top.size());
+  for (size_t index = 0; index < with.top.size(); ++index) {
+    EXPECT_EQ(with.top[index].args, without.top[index].args) << index;
+    EXPECT_EQ(with.top[index].step_time_s, without.top[index].step_time_s) << index;
+    EXPECT_EQ(with.top[index].args, unbounded.top[index].args) << index;
+  }
+  std::printf(
+      "programs partitioned %lld re-sizing, %lld without; %lld batches bounded by a re-sized "
+      "program, %lld programs copied re-sized\n",
+      static_cast<long long>(with.programs_built), static_cast<long long>(without.programs_built),
+      static_cast<long long>(with.phases.resized_program_skips),
+      static_cast<long long>(with.phases.resized_programs));
+  EXPECT_GT(with.phases.resized_program_skips, 0);
+  EXPECT_GT(with.phases.resized_programs, 0);
+  EXPECT_EQ(without.phases.resized_program_skips, 0);
+  EXPECT_LT(with.programs_built, without.programs_built);
+  // Every program built, each one a kept program re-sizes for compared with the built one's
+  // bounds (throws if one differed).
+  const ExploreResult checked = explore_with(config, bar, true, true);
+  ASSERT_EQ(checked.top.size(), with.top.size());
+  EXPECT_EQ(checked.top.front().args, with.top.front().args);
+}
+
+}  // namespace
+}  // namespace tpusim
