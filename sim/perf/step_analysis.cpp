@@ -66,6 +66,23 @@ void StepSimulator::Analysis::find_collective_classes(const Graph& graph) {
   }
 }
 
+void StepSimulator::Analysis::find_chain_links(const Graph& graph) {
+  if (!chain_producer_begin.empty()) {
+    return;
+  }
+  chain_producer_begin.reserve(graph.ops().size() + 1);
+  for (const Op& op : graph.ops()) {
+    chain_producer_begin.push_back(static_cast<int>(chain_producers.size()));
+    for (const TensorId input : op.inputs) {
+      const int producer = graph.producer(input);
+      if (producer >= 0 && graph.ops()[static_cast<size_t>(producer)].region == op.region) {
+        chain_producers.push_back(producer);
+      }
+    }
+  }
+  chain_producer_begin.push_back(static_cast<int>(chain_producers.size()));
+}
+
 StepSimulator::Analysis::ContextCosts& StepSimulator::Analysis::context_costs(
     const Graph& graph, const CostContext& context) {
   auto found = std::find_if(costs.begin(), costs.end(),

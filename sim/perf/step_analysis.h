@@ -91,6 +91,10 @@ struct StepSimulator::Analysis {
   // The costs kept for `context` (added on first use; the reference stays valid).
   ContextCosts& context_costs(const Graph& graph, const CostContext& context);
 
+  // StepSimulator::chain_bound's links, found on first need: each op's producers in its own
+  // region (what a chain walk waits for), by op id.
+  void find_chain_links(const Graph& graph);
+
   // Before a run on `mesh` under `mechanisms`: the cached collective times stay valid only on the
   // same placement and mechanisms.
   void use_mesh(const DeviceMesh& mesh, const MechanismSet& mechanisms);
@@ -139,6 +143,13 @@ struct StepSimulator::Analysis {
   // StepSimulator::chain_bound over several contexts: each compute op's least cost over them.
   std::vector<CostContext> cheapest_of;
   std::vector<double> cheapest;  // by op id
+  // find_chain_links: op id's producers in its region are chain_producers[begin[id], begin[id+1]).
+  std::vector<int> chain_producer_begin;
+  std::vector<int> chain_producers;
+  // A chain walk's state, by op id: when its outputs are ready, and an overlapped all-gather's
+  // last chunk (-inf for every other op).
+  std::vector<double> chain_output_ready;
+  std::vector<double> chain_finish_not_before;
   // A run's working state, kept between runs so that its storage is reused.
   std::vector<double> ready;                       // by tensor id
   std::vector<double> finish_not_before;           // by tensor id

@@ -174,9 +174,10 @@ bool runs_as_pallas_kernel(const Graph& graph, const Op& op, const CostContext& 
 
 class Simulator {
  public:
-  // What a Simulator is made for: collective_sums plans each op alone, so it needs none of the
-  // scheduler's per-tensor and per-op state (timelines, ready times, plans).
-  enum class Use { kSchedule, kCollectiveBounds };
+  // What a Simulator is made for: collective_sums and chain_bound plan each op as they reach it,
+  // so they need none of the scheduler's per-tensor and per-op state (timelines, ready times,
+  // plans); chain_bound keeps its own, by op (Analysis::chain_*).
+  enum class Use { kSchedule, kCollectiveBounds, kChainBound };
 
   Simulator(const StepProgram& program, const PerfOptions& options,
             StepSimulator::Analysis& analysis, Use use = Use::kSchedule)
@@ -193,7 +194,7 @@ class Simulator {
         finish_not_before_(analysis.finish_not_before),
         op_span_(analysis.op_span),
         timelines_(analysis.timelines) {
-    const bool schedules = use == Use::kSchedule;
+    const bool schedules = use == Use::kSchedule;  // the others keep no per-op state here
     if (schedules) {
       for (Timeline& resource : timelines_) {
         resource.clear();
@@ -280,6 +281,13 @@ class Simulator {
   // compute op (not a collective the TensorCore drives) costs its entry instead, by op id.
   double chain_bound(const std::vector<double>* cheapest = nullptr) {
     cheapest_ = cheapest;
+    analysis_.find_chain_links(graph_);
+    // A walk reads only what it wrote: an op not reached yet reads as the scheduler's fresh
+    // state (ready at 0, no chunk pending, a span of nothing).
+    const size_t ops = graph_.ops().size();
+    analysis_.chain_output_ready.assign(ops, 0.0);
+    analysis_.chain_finish_not_before.assign(ops, -std::numeric_limits<double>::infinity());
+    op_span_.assign(ops, {0.0, 0.0});
     double microbatch = 0;
     double optimizer = 0;
     double deferred = 0;
@@ -404,24 +412,21 @@ class Simulator {
   // TensorCore, each ready no earlier (a timeline only delays a transfer).
   double chain_iteration(int region, double& deferred) {
     constexpr double kLongAgo = -1e300;  // finite, so that spans stay free of inf - inf
-    plan_region(region);
     const Region& info = graph_.region(region);
+    std::vector<double>& output_ready = analysis_.chain_output_ready;            // by op id
+    std::vector<double>& finish_not_before = analysis_.chain_finish_not_before;  // by op id
     double tensorcore = 0;
     for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
       const auto id = static_cast<size_t>(op->id);
-      OpPlan& plan = plans_[id];
-      if (cheapest_ != nullptr && is_compute(op->kind)) {
-        plan.seconds = (*cheapest_)[id] * share_of_iterations(*op);
-      }
+      const OpPlan plan = chain_plan(*op);
       double ready = kLongAgo;
-      double finish_not_before = kLongAgo;  // an overlapped all-gather's last chunk
-      for (const TensorId input : op->inputs) {
-        const int producer = graph_.producer(input);
-        if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].region == region) {
-          ready = std::max(ready, ready_[static_cast<size_t>(input)]);
-          finish_not_before =
-              std::max(finish_not_before, finish_not_before_[static_cast<size_t>(input)]);
-        }
+      double chunks_end = kLongAgo;  // an overlapped all-gather's last chunk
+      const auto begin = static_cast<size_t>(analysis_.chain_producer_begin[id]);
+      const auto stop = static_cast<size_t>(analysis_.chain_producer_begin[id + 1]);
+      for (size_t link = begin; link < stop; ++link) {
+        const auto producer = static_cast<size_t>(analysis_.chain_producers[link]);
+        ready = std::max(ready, output_ready[producer]);
+        chunks_end = std::max(chunks_end, finish_not_before[producer]);
       }
       if (weight_only_[id]) {
         ready = kLongAgo;  // issued ahead
@@ -446,23 +451,30 @@ class Simulator {
         end = ready;
       } else if (plan.kind == OpPlan::Kind::kCompute) {
         start = std::max(ready, tensorcore);
-        end = std::max(start + plan.seconds, finish_not_before);
+        end = std::max(start + plan.seconds, chunks_end);
         tensorcore = end;
       }
       op_span_[id] = {start, end};
-      double output_ready = end;
+      output_ready[id] = end;
       if (plan.overlapped_with_matmul && op->kind == OpKind::kAllGather) {
-        output_ready =
+        output_ready[id] =
             start + (end - start) / static_cast<double>(std::max<int64_t>(1, op->attrs.group_size));
-        for (const TensorId output : op->outputs) {
-          finish_not_before_[static_cast<size_t>(output)] = end;
-        }
-      }
-      for (const TensorId output : op->outputs) {
-        ready_[static_cast<size_t>(output)] = output_ready;
+        finish_not_before[id] = end;
       }
     }
     return tensorcore;
+  }
+
+  // An op's plan for chain_iteration: the scheduler's, or with `cheapest_` a compute op's given
+  // cost (the rest of a compute op's plan is not read there).
+  OpPlan chain_plan(const Op& op) {
+    if (cheapest_ == nullptr || !is_compute(op.kind)) {
+      return plan_op(op);
+    }
+    OpPlan plan;
+    plan.kind = OpPlan::Kind::kCompute;
+    plan.seconds = (*cheapest_)[static_cast<size_t>(op.id)] * share_of_iterations(op);
+    return plan;
   }
 
   // Works out the cost of every op of a region, before its first iteration.
@@ -980,7 +992,7 @@ CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
 double StepSimulator::chain_bound(const PerfOptions& options) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, *analysis_).chain_bound();
+  return Simulator(program_, lean, *analysis_, Simulator::Use::kChainBound).chain_bound();
 }
 
 double StepSimulator::chain_bound(const PerfOptions& options,
@@ -1007,7 +1019,8 @@ double StepSimulator::chain_bound(const PerfOptions& options,
                                   const std::vector<double>& op_seconds) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, *analysis_).chain_bound(&op_seconds);
+  return Simulator(program_, lean, *analysis_, Simulator::Use::kChainBound)
+      .chain_bound(&op_seconds);
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {
