@@ -113,6 +113,13 @@ struct StepSimulator::Analysis {
     double driven_optimizer = 0;   // the same in the optimizer update
     double busiest_link = 0;
   };
+  // Of those sums, the continuation-fused steps the compute ops carry: the same on every mesh
+  // where some collective is TensorCore-driven, by cost context (use_mesh keeps them).
+  struct DrivenSums {
+    CostContext cost;
+    double microbatch = 0;
+    double optimizer = 0;
+  };
   // The sums kept for those options on this mesh, or nullptr.
   const CollectiveSums* collective_sums_for(const CostContext& cost,
                                             bool sparse_core_offload) const;
@@ -137,6 +144,7 @@ struct StepSimulator::Analysis {
   std::vector<CollectiveTime> collective_times;  // by class
   std::vector<bool> collective_known;            // by class
   std::vector<CollectiveSums> collective_sums;   // on that mesh, by options
+  std::vector<DrivenSums> driven_sums;           // on any mesh, by cost context
   // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
   // by SparseCore offload off/on: unknown until a Simulator asks.
   std::array<std::optional<bool>, 2> continuation_fusion;

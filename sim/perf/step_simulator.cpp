@@ -249,32 +249,46 @@ class Simulator {
   }
 
   // StepSimulator::collective_bounds' sums, from the same plans the scheduler runs: every op
-  // but the compute ops, which count only when they carry collective steps.
+  // but the compute ops, which count only when they carry collective steps (their sums depend on
+  // the cost context alone, not the mesh: kept in the analysis, driven_sums).
   StepSimulator::Analysis::CollectiveSums collective_sums() {
     std::array<double, kResources> busy{};
     StepSimulator::Analysis::CollectiveSums sums{options_.cost, options_.sparse_core_offload};
-    auto add = [&](const Op& op) {
-      const OpPlan plan = plan_op(op);
-      const Region& region = graph_.region(op.region);
-      const double repeat = static_cast<double>(region.repeat);
-      if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
-        busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
-      } else if (plan.kind == OpPlan::Kind::kCompute) {  // the collective steps a fusion carries
-        (region.phase == Phase::kOptimizer ? sums.driven_optimizer : sums.driven_microbatch) +=
-            plan.collective_steps_seconds * repeat;
-      }
-    };
     if (continuation_fusion_) {
-      for (const Op& op : graph_.ops()) {
-        add(op);
-      }
-    } else {
-      for (const Op* op : analysis_.not_compute_ops) {
-        add(*op);
+      const StepSimulator::Analysis::DrivenSums& driven = driven_sums();
+      sums.driven_microbatch = driven.microbatch;
+      sums.driven_optimizer = driven.optimizer;
+    }
+    for (const Op* op : analysis_.not_compute_ops) {
+      const OpPlan plan = plan_op(*op);
+      if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
+        busy[static_cast<size_t>(plan.resource)] +=
+            plan.seconds * static_cast<double>(graph_.region(op->region).repeat);
       }
     }
     sums.busiest_link = *std::max_element(busy.begin(), busy.end());
     return sums;
+  }
+
+  // The collective steps the compute ops carry under continuation fusion, by phase, summed in
+  // program order once per cost context.
+  const StepSimulator::Analysis::DrivenSums& driven_sums() {
+    std::vector<StepSimulator::Analysis::DrivenSums>& kept = analysis_.driven_sums;
+    for (const StepSimulator::Analysis::DrivenSums& sums : kept) {
+      if (sums.cost == options_.cost) {
+        return sums;
+      }
+    }
+    StepSimulator::Analysis::DrivenSums sums{options_.cost};
+    for (const Op& op : graph_.ops()) {
+      if (is_compute(op.kind)) {
+        const Region& region = graph_.region(op.region);
+        (region.phase == Phase::kOptimizer ? sums.optimizer : sums.microbatch) +=
+            plan_op(op).collective_steps_seconds * static_cast<double>(region.repeat);
+      }
+    }
+    kept.push_back(sums);
+    return kept.back();
   }
 
   // StepSimulator::chain_bound, from the same plans the scheduler runs; with `cheapest`, each
