@@ -161,7 +161,7 @@ MeshEvaluator::MeshEvaluator(const ExploreContext& context)
           perf.block_kv != choices[choice - 1].block_kv) {
         contexts_.push_back(cost_context(name, perf));
       }
-      variants_.push_back({kind, perf, contexts_.size() - 1});
+      variants_.push_back({kind, perf, contexts_.size() - 1, offload_on(perf)});
     }
   }
 }
@@ -263,7 +263,7 @@ void MeshEvaluator::place(const MeshPlan& plan, const Bounding& target, size_t w
 PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
   PerfOptions perf_options = context_.base_perf;
   perf_options.record_details = false;
-  perf_options.sparse_core_offload = offload_on(variant.perf);
+  perf_options.sparse_core_offload = variant.offload;
   perf_options.collective_matmul = variant.perf.collective_matmul;
   return perf_options;
 }
@@ -277,7 +277,7 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
   double least = std::numeric_limits<double>::infinity();
   for (size_t which = 0; which < collectives.size(); ++which) {
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
+      const bool offload = variant.offload;
       const bool collective_matmul = variant.perf.collective_matmul;
       // Not worked out (bound_none_by_placement): nothing above the compute bound.
       const CollectiveBounds bounds =
@@ -869,7 +869,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }
-      const bool offload = offload_on(variant.perf);
+      const bool offload = variant.offload;
       std::optional<CollectiveBounds>& bounds =
           collective_bounds[offload][variant.perf.collective_matmul];
       if (!bounds.has_value()) {
