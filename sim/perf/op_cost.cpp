@@ -941,6 +941,22 @@ double blocked_matmul_hbm_bytes(const ChipSpec& chip, double m, double k, double
   return lhs * lhs_reads + rhs * rhs_reads + out;
 }
 
+bool same_outside_attention(const CostContext& a, const CostContext& b) {
+  CostContext masked = b;
+  masked.flash_attention = a.flash_attention;
+  masked.block_q = a.block_q;
+  masked.block_kv = a.block_kv;
+  masked.block_kv_compute = a.block_kv_compute;
+  masked.block_kv_dkv = a.block_kv_dkv;
+  masked.block_kv_dkv_compute = a.block_kv_dkv_compute;
+  masked.local_block_q = a.local_block_q;
+  masked.local_block_kv = a.local_block_kv;
+  masked.local_block_kv_compute = a.local_block_kv_compute;
+  masked.local_block_kv_dkv = a.local_block_kv_dkv;
+  masked.local_block_kv_dkv_compute = a.local_block_kv_dkv_compute;
+  return masked == a;
+}
+
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused) {
   const ChipSpec& chip = *context.chip;
   switch (op.kind) {

@@ -84,7 +84,8 @@ struct StepSimulator::Analysis {
   void find_collective_classes(const Graph& graph);
 
   struct ContextCosts;
-  // cost_compute_op of `op` under `context`, computed once per (op, context).
+  // cost_compute_op of `op` under `context`, computed once per (op, context), and once for all
+  // contexts that differ only in attention when `op` is not an attention op.
   const OpCost& compute_cost(const Graph& graph, const Op& op, const CostContext& context);
   // The same with the context's costs looked up once (context_costs) for many ops.
   const OpCost& compute_cost(const Graph& graph, const Op& op, ContextCosts& context);
@@ -128,6 +129,9 @@ struct StepSimulator::Analysis {
     CostContext context;
     std::vector<OpCost> cost;  // by op id
     std::vector<bool> known;   // by op id
+    // The first kept context that differs from this one only in attention
+    // (same_outside_attention): its entries serve every other op (this one's if none).
+    ContextCosts* outside_attention = nullptr;
   };
   std::vector<std::vector<const Op*>> region_ops;  // by region, in program order
   std::vector<TensorId> carry_source;              // by tensor id: the last carry into it
