@@ -78,32 +78,63 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules
   }
   for (Group& group : groups_) {
     group.axes = rules.shard_dims_on_every_axis(group.dims);
+    const size_t rank = group.dims.size();
+    group.per_shape.assign(rank == 0 ? 1 : group.shapes.size() / rank, ShapeBytes{});
+    for (const Term& term : group.terms) {
+      ShapeBytes& merged = group.per_shape[term.shape];
+      (term.state ? merged.state : merged.saved) +=
+          static_cast<int64_t>(term.bytes_per_element) * static_cast<int64_t>(term.copies);
+    }
+  }
+}
+
+void MemoryFloor::local_elements(const Group& group, const MeshShape& mesh,
+                                 std::vector<double>& elements) {
+  const std::vector<std::vector<int>>& axes = group.axes;
+  const size_t rank = axes.size();
+  elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
+  for (size_t dim = 0; dim < rank; ++dim) {
+    int64_t split = 1;
+    for (const int axis : axes[dim]) {
+      split *= mesh.size(axis);
+    }
+    if (split == 1) {
+      // Most dims are not split: a division costs more than the test.
+      for (size_t shape = 0; shape < elements.size(); ++shape) {
+        elements[shape] *= static_cast<double>(group.shapes[shape * rank + dim]);
+      }
+      continue;
+    }
+    for (size_t shape = 0; shape < elements.size(); ++shape) {
+      const int64_t size = group.shapes[shape * rank + dim];
+      elements[shape] *= static_cast<double>((size + split - 1) / split);  // padded up
+    }
   }
 }
 
 MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
   Bytes total;
-  std::vector<int64_t> splits;
-  std::vector<double> elements;  // by distinct shape: local elements on this mesh
+  std::vector<double> elements;  // by distinct shape of a group: local elements on this mesh
   for (const Group& group : groups_) {
-    const std::vector<std::vector<int>>& axes = group.axes;
-    const size_t rank = axes.size();
-    splits.assign(rank, 1);
-    for (size_t dim = 0; dim < rank; ++dim) {
-      for (const int axis : axes[dim]) {
-        splits[dim] *= mesh.size(axis);
-      }
-    }
-    elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
+    local_elements(group, mesh, elements);
     for (size_t shape = 0; shape < elements.size(); ++shape) {
-      for (size_t dim = 0; dim < rank; ++dim) {
-        const int64_t size = group.shapes[shape * rank + dim];
-        const int64_t split = splits[dim];
-        // Padded up; most dims are not split, and a division costs more than the test.
-        const int64_t local = split == 1 ? size : (size + split - 1) / split;
-        elements[shape] *= static_cast<double>(local);
-      }
+      total.state += elements[shape] * static_cast<double>(group.per_shape[shape].state);
+      total.saved += elements[shape] * static_cast<double>(group.per_shape[shape].saved);
     }
+  }
+  // Below 2^52 every product and partial sum is a whole number held exactly (ShapeBytes).
+  constexpr double kExactBelow = 4503599627370496.0;  // 2^52
+  if (total.state < kExactBelow && total.saved < kExactBelow) {
+    return total;
+  }
+  return bytes_by_term(mesh);
+}
+
+MemoryFloor::Bytes MemoryFloor::bytes_by_term(const MeshShape& mesh) const {
+  Bytes total;
+  std::vector<double> elements;
+  for (const Group& group : groups_) {
+    local_elements(group, mesh, elements);
     for (const Term& term : group.terms) {
       (term.state ? total.state : total.saved) +=
           elements[term.shape] * term.bytes_per_element * term.copies;
