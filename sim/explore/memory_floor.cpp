@@ -1,5 +1,7 @@
 #include "sim/explore/memory_floor.h"
 
+#include <array>
+#include <cstddef>
 #include <map>
 #include <utility>
 
@@ -78,12 +80,31 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules
   }
   for (Group& group : groups_) {
     group.axes = rules.shard_dims_on_every_axis(group.dims);
+  }
+  merge_terms();
+}
+
+void MemoryFloor::merge_terms() {
+  for (const Group& group : groups_) {
     const size_t rank = group.dims.size();
-    group.per_shape.assign(rank == 0 ? 1 : group.shapes.size() / rank, ShapeBytes{});
+    merged_all_ = merged_all_ && rank <= kMostMergedRank;
+    const size_t shapes = rank == 0 ? 1 : group.shapes.size() / rank;
+    std::vector<std::array<int64_t, 2>> per_shape(shapes, {0, 0});  // state, saved
     for (const Term& term : group.terms) {
-      ShapeBytes& merged = group.per_shape[term.shape];
-      (term.state ? merged.state : merged.saved) +=
+      per_shape[term.shape][term.state ? 0 : 1] +=
           static_cast<int64_t>(term.bytes_per_element) * static_cast<int64_t>(term.copies);
+    }
+    merged_.push_back(static_cast<int64_t>(rank));
+    merged_.push_back(static_cast<int64_t>(shapes));
+    for (const std::vector<int>& axes : group.axes) {
+      merged_.push_back(static_cast<int64_t>(axes.size()));
+      merged_.insert(merged_.end(), axes.begin(), axes.end());
+    }
+    for (size_t shape = 0; shape < shapes; ++shape) {
+      merged_.insert(merged_.end(),
+                     group.shapes.begin() + static_cast<std::ptrdiff_t>(shape * rank),
+                     group.shapes.begin() + static_cast<std::ptrdiff_t>((shape + 1) * rank));
+      merged_.insert(merged_.end(), per_shape[shape].begin(), per_shape[shape].end());
     }
   }
 }
@@ -113,16 +134,36 @@ void MemoryFloor::local_elements(const Group& group, const MeshShape& mesh,
 }
 
 MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
+  if (!merged_all_) {
+    return bytes_by_term(mesh);
+  }
   Bytes total;
-  std::vector<double> elements;  // by distinct shape of a group: local elements on this mesh
-  for (const Group& group : groups_) {
-    local_elements(group, mesh, elements);
-    for (size_t shape = 0; shape < elements.size(); ++shape) {
-      total.state += elements[shape] * static_cast<double>(group.per_shape[shape].state);
-      total.saved += elements[shape] * static_cast<double>(group.per_shape[shape].saved);
+  std::array<int64_t, kMostMergedRank> splits{};
+  const int64_t* at = merged_.data();
+  const int64_t* const end = at + merged_.size();
+  while (at < end) {
+    const auto rank = static_cast<size_t>(*at++);
+    const int64_t shapes = *at++;
+    for (size_t dim = 0; dim < rank; ++dim) {
+      const int64_t axes = *at++;
+      int64_t split = 1;
+      for (int64_t axis = 0; axis < axes; ++axis) {
+        split *= mesh.size(static_cast<int>(*at++));
+      }
+      splits[dim] = split;
+    }
+    for (int64_t shape = 0; shape < shapes; ++shape) {
+      double elements = 1.0;  // local, as local_elements multiplies them (dim by dim)
+      for (size_t dim = 0; dim < rank; ++dim) {
+        const int64_t size = *at++;
+        elements *=
+            static_cast<double>(splits[dim] == 1 ? size : (size + splits[dim] - 1) / splits[dim]);
+      }
+      total.state += elements * static_cast<double>(*at++);
+      total.saved += elements * static_cast<double>(*at++);
     }
   }
-  // Below 2^52 every product and partial sum is a whole number held exactly (ShapeBytes).
+  // Below 2^52 every product and partial sum is a whole number held exactly (merged_).
   constexpr double kExactBelow = 4503599627370496.0;  // 2^52
   if (total.state < kExactBelow && total.saved < kExactBelow) {
     return total;

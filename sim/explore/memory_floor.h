@@ -59,25 +59,27 @@ class MemoryFloor {
   // Tensors whose dims carry the same logical names split the same way: resolved once per mesh.
   // Their global sizes repeat (every layer's weights), so each distinct one is split once per
   // mesh: shapes holds them one after another, rank sizes each.
-  // Every term's bytes are whole: local elements x bytes per element x copies, integers. Below
-  // 2^52 bytes in all, a double adds integers exactly in any order, so bytes() takes each
-  // distinct shape once with its terms' bytes per element x copies summed (an integer too), and
-  // gives the sums bytes_by_term gives bit for bit; above, it takes the terms one by one.
-  struct ShapeBytes {
-    int64_t state = 0;  // sum over the shape's state terms of bytes per element x copies
-    int64_t saved = 0;
-  };
   struct Group {
     std::vector<Dim> dims;               // a representative's (the rules read the logical names)
     std::vector<std::vector<int>> axes;  // the rules' axes for dims, on every mesh
     std::vector<int64_t> shapes;         // the distinct global sizes, flattened
     std::vector<Term> terms;
-    std::vector<ShapeBytes> per_shape;  // by distinct shape: its terms merged
   };
   // Local elements of each distinct shape of `group` on `mesh` into `elements` (resized).
   static void local_elements(const Group& group, const MeshShape& mesh,
                              std::vector<double>& elements);
+  // Every term's bytes are whole: local elements x bytes per element x copies, integers. Below
+  // 2^52 bytes in all, a double adds integers exactly in any order, so bytes() takes each
+  // distinct shape once with its terms' bytes per element x copies summed (an integer too), and
+  // gives the sums bytes_by_term gives bit for bit; above, it takes the terms one by one.
+  // The explorer asks for floors of many steps on many meshes, so they are read from one array
+  // (merged_), group after group: rank, distinct shapes; per dim its axis count and axes; per
+  // shape its rank sizes, then its state and saved bytes per element x copies.
+  void merge_terms();
   std::vector<Group> groups_;
+  std::vector<int64_t> merged_;
+  static constexpr size_t kMostMergedRank = 16;  // a group of higher rank: term by term
+  bool merged_all_ = true;
 };
 
 }  // namespace tpusim
