@@ -37,6 +37,12 @@ namespace tpusim {
 enum class Resource { kIci, kDcn, kSparseCore, kSparseCoreReduce, kHost, kCompute };
 constexpr size_t kResources = 6;
 
+// Where a collective runs and for how long, before its share of the iterations.
+struct LinkTime {
+  Resource resource = Resource::kIci;
+  double seconds = 0;
+};
+
 struct StepSimulator::Analysis {
   Analysis(const Graph& graph, bool matmul_output_fusion) {
     const size_t tensors = graph.tensors().size();
@@ -140,15 +146,16 @@ struct StepSimulator::Analysis {
   std::vector<bool> weight_only;                   // by op id
   std::vector<bool> fused;                         // by op id
   std::deque<ContextCosts> costs;
-  std::optional<DeviceMesh> collective_mesh;     // the mesh collective_times are for
-  MechanismSet collective_mechanisms;            // and the mechanisms
-  std::vector<int> collective_class;             // by op id: its class, -1 if not a collective
-  std::vector<const Op*> class_op;               // by class: its first op
-  std::vector<double> class_bytes;               // by class: collective_bytes
-  std::vector<CollectiveTime> collective_times;  // by class
-  std::vector<bool> collective_known;            // by class
-  std::vector<CollectiveSums> collective_sums;   // on that mesh, by options
-  std::vector<DrivenSums> driven_sums;           // on any mesh, by cost context
+  std::optional<DeviceMesh> collective_mesh;         // the mesh collective_times are for
+  MechanismSet collective_mechanisms;                // and the mechanisms
+  std::vector<int> collective_class;                 // by op id: its class, -1 if not a collective
+  std::vector<const Op*> class_op;                   // by class: its first op
+  std::vector<double> class_bytes;                   // by class: collective_bytes
+  std::vector<CollectiveTime> collective_times;      // by class
+  std::vector<bool> collective_known;                // by class
+  std::vector<CollectiveSums> collective_sums;       // on that mesh, by options
+  std::vector<DrivenSums> driven_sums;               // on any mesh, by cost context
+  std::vector<std::optional<LinkTime>> class_links;  // by class: a collective_sums call's own
   // Whether some collective the TensorCore drives crosses ICI on that mesh (continuation fusion),
   // by SparseCore offload off/on: unknown until a Simulator asks.
   std::array<std::optional<bool>, 2> continuation_fusion;

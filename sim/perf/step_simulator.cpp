@@ -259,12 +259,31 @@ class Simulator {
       sums.driven_microbatch = driven.microbatch;
       sums.driven_optimizer = driven.optimizer;
     }
+    // plan_op's link and seconds for each collective, with its class's link worked out once.
+    std::vector<std::optional<LinkTime>>& links = analysis_.class_links;
+    links.assign(analysis_.class_op.size(), std::nullopt);
     for (const Op* op : analysis_.not_compute_ops) {
-      const OpPlan plan = plan_op(*op);
-      if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
-        busy[static_cast<size_t>(plan.resource)] +=
-            plan.seconds * static_cast<double>(graph_.region(op->region).repeat);
+      const double repeat = static_cast<double>(graph_.region(op->region).repeat);
+      if (!is_collective(op->kind)) {
+        const OpPlan plan = plan_op(*op);  // a host transfer
+        busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
+        continue;
       }
+      const CollectiveTime& time = analysis_.collective(*op, program_.mesh, program_.slice);
+      if (deferred_gradient_reduction(graph_, *op, time)) {
+        continue;  // its bytes go in the combined reduction, on no link of the iterations
+      }
+      std::optional<LinkTime>& link =
+          links[static_cast<size_t>(analysis_.collective_class[static_cast<size_t>(op->id)])];
+      if (!link.has_value()) {
+        link = link_time(op->kind, time);
+      }
+      double seconds = link->seconds;
+      const double share = share_of_iterations(*op);
+      if (share != 1) {
+        seconds *= share;  // as plan_op
+      }
+      busy[static_cast<size_t>(link->resource)] += seconds * repeat;
     }
     sums.busiest_link = *std::max_element(busy.begin(), busy.end());
     return sums;
@@ -514,6 +533,30 @@ class Simulator {
     return plan;
   }
 
+  // Where a collective that is not deferred runs and for how long (before its share of the
+  // iterations), from its kind and its class's time on the mesh: the same for every op of a class.
+  LinkTime link_time(OpKind kind, const CollectiveTime& time) const {
+    LinkTime link;
+    link.seconds = time.seconds;
+    const bool offloaded = options_.sparse_core_offload && kind != OpKind::kAllToAll;
+    const bool sparsecore_reduction =
+        options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
+    const bool reduction = sparsecore_reduction && is_reducing_collective(kind);
+    link.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
+                    : !offloaded                        ? Resource::kIci
+                    : reduction                         ? Resource::kSparseCoreReduce
+                                                        : Resource::kSparseCore;
+    if (offloaded && sparsecore_reduction) {
+      // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
+      const double reduce_share = kind == OpKind::kReduceScatter ? 1.0
+                                  : kind == OpKind::kAllReduce   ? 0.5
+                                                                 : 0.0;
+      link.seconds += reduce_share * time.ici_seconds *
+                      (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
+    }
+    return link;
+  }
+
   OpPlan plan_op_once(const Op& op) {
     OpPlan plan;
     plan.wait_label = idle_label_;
@@ -548,22 +591,9 @@ class Simulator {
         return plan;
       }
       plan.kind = OpPlan::Kind::kCollective;
-      const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      const bool sparsecore_reduction =
-          options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
-      const bool reduction = sparsecore_reduction && is_reducing_collective(op.kind);
-      plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
-                      : !offloaded                        ? Resource::kIci
-                      : reduction                         ? Resource::kSparseCoreReduce
-                                                          : Resource::kSparseCore;
-      if (offloaded && sparsecore_reduction) {
-        // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
-        const double reduce_share = op.kind == OpKind::kReduceScatter ? 1.0
-                                    : op.kind == OpKind::kAllReduce   ? 0.5
-                                                                      : 0.0;
-        plan.seconds += reduce_share * time.ici_seconds *
-                        (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
-      }
+      const LinkTime on_link = link_time(op.kind, time);
+      plan.resource = on_link.resource;
+      plan.seconds = on_link.seconds;
       if (details_) {
         plan.wait_label = labels_.intern(BreakdownKey::exposed(time.link, op.attrs.mesh_axes));
         // One lane per link and mesh axes, as the trace viewers show a link each. A collective
