@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "common/mechanisms.h"
 #include "hw/attention_kernel_table.h"
 #include "model/ir/op_flops.h"
@@ -116,8 +118,9 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
     bool rhs;
     bool out;
   };
-  std::vector<Named> dims;
-  dims.reserve(lhs.dims.size() + rhs.dims.size());
+  // On the stack for the usual ranks: every costed einsum builds one (explore costs millions).
+  constexpr size_t kUsualDims = 12;
+  boost::container::small_vector<Named, kUsualDims> dims;
   auto find = [&dims](const Name& name) {
     return std::find_if(dims.begin(), dims.end(),
                         [&name](const Named& dim) { return dim.name == name; });
