@@ -194,8 +194,13 @@ void MeshEvaluator::mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double
 }
 
 void MeshEvaluator::prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  // Summed first, then added to the reason's entry once (a lookup by string).
+  int64_t fitted = 0;
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
-    out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+    fitted += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+  }
+  if (!plan.per_kind.empty()) {
+    out.pruned[kPrunedCannotBeatTop] += fitted;
   }
 }
 
@@ -400,9 +405,19 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  // Summed by reason first, then added to each reason's entry that a kind reached (once each).
+  std::array<int64_t, 2> by_reason{};  // cannot beat the top N, does not fit
+  std::array<bool, 2> reached{};
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
-    out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
-        plan.per_kind[kind];
+    const size_t reason = plan.fitted[remat][kind] ? 0 : 1;
+    by_reason[reason] += plan.per_kind[kind];
+    reached[reason] = true;
+  }
+  if (reached[0]) {
+    out.pruned[kPrunedCannotBeatTop] += by_reason[0];
+  }
+  if (reached[1]) {
+    out.pruned[kPrunedDoesNotFitHbm] += by_reason[1];
   }
 }
 
