@@ -44,17 +44,17 @@ void ClassBounds::offer(const std::vector<std::vector<int64_t>>& keys,
                         const std::vector<std::vector<double>>& region_seconds, size_t schedule) {
   const std::lock_guard<std::mutex> lock(mutex_);
   for (size_t region = 0; region < keys.size(); ++region) {
-    const auto known = kept_.find(keys[region]);
-    if (known != kept_.end() && !check_) {
+    const auto [found, added] = kept_.try_emplace(keys[region]);  // one lookup either way
+    if (!added && !check_) {
       continue;  // the first offer stays (the check below compares the later ones)
     }
     Kept offered{{}, schedule};
     for (const std::vector<double>& by_region : region_seconds) {
       offered.seconds.push_back(by_region.at(region));
     }
-    if (known == kept_.end()) {
-      kept_.emplace(keys[region], std::move(offered));
-    } else if (known->second.seconds != offered.seconds) {
+    if (added) {
+      found->second = std::move(offered);
+    } else if (found->second.seconds != offered.seconds) {
       throw std::logic_error(
           "explore: two remat_policy=none programs of one region class gave different "
           "TensorCore seconds for a pass over that region");

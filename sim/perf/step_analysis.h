@@ -59,9 +59,11 @@ struct StepSimulator::Analysis {
       source = carry.from;
     }
     weight_only.assign(ops, false);
+    compute.assign(ops, false);
     region_ops.resize(graph.regions().size());
     for (const Op& op : graph.ops()) {
       region_ops[static_cast<size_t>(op.region)].push_back(&op);
+      compute[static_cast<size_t>(op.id)] = is_compute(op.kind);
       if (!is_compute(op.kind)) {
         not_compute_ops.push_back(&op);
       }
@@ -144,6 +146,7 @@ struct StepSimulator::Analysis {
   std::vector<TensorId> entry_source;              // by tensor id: the carry before, if two
   std::vector<const Op*> not_compute_ops;          // collectives, transfers: in program order
   std::vector<bool> weight_only;                   // by op id
+  std::vector<bool> compute;                       // by op id: is_compute(kind), asked per walk
   std::vector<bool> fused;                         // by op id
   std::deque<ContextCosts> costs;
   std::optional<DeviceMesh> collective_mesh;         // the mesh collective_times are for

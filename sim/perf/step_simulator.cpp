@@ -501,7 +501,7 @@ class Simulator {
   // An op's plan for chain_iteration: the scheduler's, or with `cheapest_` a compute op's given
   // cost (the rest of a compute op's plan is not read there).
   OpPlan chain_plan(const Op& op) {
-    if (cheapest_ == nullptr || !is_compute(op.kind)) {
+    if (cheapest_ == nullptr || !analysis_.compute[static_cast<size_t>(op.id)]) {
       return plan_op(op);
     }
     OpPlan plan;
