@@ -128,7 +128,8 @@ void MemoryFloor::local_elements(const Group& group, const MeshShape& mesh,
     }
     for (size_t shape = 0; shape < elements.size(); ++shape) {
       const int64_t size = group.shapes[shape * rank + dim];
-      elements[shape] *= static_cast<double>((size + split - 1) / split);  // padded up
+      const int64_t local = (size + split - 1) / split;  // padded up
+      elements[shape] *= static_cast<double>(local);
     }
   }
 }
@@ -156,8 +157,10 @@ MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
       double elements = 1.0;  // local, as local_elements multiplies them (dim by dim)
       for (size_t dim = 0; dim < rank; ++dim) {
         const int64_t size = *at++;
-        elements *=
-            static_cast<double>(splits[dim] == 1 ? size : (size + splits[dim] - 1) / splits[dim]);
+        const int64_t split = splits[dim];
+        // Padded up; most dims are not split, and a division costs more than the test.
+        const int64_t local = split == 1 ? size : (size + split - 1) / split;
+        elements *= static_cast<double>(local);
       }
       total.state += elements * static_cast<double>(*at++);
       total.saved += elements * static_cast<double>(*at++);
