@@ -5,17 +5,6 @@
 
 namespace tpusim {
 
-size_t ClassBounds::KeyHash::operator()(const std::vector<int64_t>& key) const {
-  // FNV-1a over the numbers (the keys are small integers and addresses: any mix will do).
-  constexpr uint64_t kOffset = 14695981039346656037ULL;
-  constexpr uint64_t kPrime = 1099511628211ULL;
-  uint64_t hash = kOffset;
-  for (const int64_t value : key) {
-    hash = (hash ^ static_cast<uint64_t>(value)) * kPrime;
-  }
-  return static_cast<size_t>(hash);
-}
-
 std::optional<ClassSeconds> ClassBounds::find(const std::vector<std::vector<int64_t>>& keys,
                                               size_t schedule) const {
   ClassSeconds found;

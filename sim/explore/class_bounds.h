@@ -14,9 +14,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 namespace tpusim {
@@ -43,14 +43,9 @@ class ClassBounds {
     std::vector<double> seconds;  // per context
     size_t schedule = 0;
   };
-  // Keys run to dozens of numbers and an explore keeps thousands: one hash per lookup costs less
-  // than a tree's dozen key comparisons.
-  struct KeyHash {
-    size_t operator()(const std::vector<int64_t>& key) const;
-  };
   bool check_ = false;
   mutable std::mutex mutex_;
-  std::unordered_map<std::vector<int64_t>, Kept, KeyHash> kept_;
+  std::map<std::vector<int64_t>, Kept> kept_;
 };
 
 }  // namespace tpusim
