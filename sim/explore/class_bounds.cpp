@@ -1,6 +1,7 @@
 #include "sim/explore/class_bounds.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace tpusim {
 
@@ -32,12 +33,17 @@ void ClassBounds::offer(const std::vector<std::vector<int64_t>>& keys,
                         const std::vector<std::vector<double>>& region_seconds, size_t schedule) {
   const std::lock_guard<std::mutex> lock(mutex_);
   for (size_t region = 0; region < keys.size(); ++region) {
+    const auto [found, added] = kept_.try_emplace(keys[region]);  // one lookup either way
+    if (!added && !check_) {
+      continue;  // the first offer stays (the check below compares the later ones)
+    }
     Kept offered{{}, schedule};
     for (const std::vector<double>& by_region : region_seconds) {
       offered.seconds.push_back(by_region.at(region));
     }
-    const auto [found, added] = kept_.try_emplace(keys[region], offered);
-    if (!added && check_ && found->second.seconds != offered.seconds) {
+    if (added) {
+      found->second = std::move(offered);
+    } else if (found->second.seconds != offered.seconds) {
       throw std::logic_error(
           "explore: two remat_policy=none programs of one region class gave different "
           "TensorCore seconds for a pass over that region");

@@ -1,5 +1,7 @@
 #include "sim/explore/memory_floor.h"
 
+#include <array>
+#include <cstddef>
 #include <map>
 #include <utility>
 
@@ -79,31 +81,104 @@ MemoryFloor::MemoryFloor(const TrainingStep& step, const LogicalAxisRules& rules
   for (Group& group : groups_) {
     group.axes = rules.shard_dims_on_every_axis(group.dims);
   }
+  merge_terms();
+}
+
+void MemoryFloor::merge_terms() {
+  for (const Group& group : groups_) {
+    const size_t rank = group.dims.size();
+    merged_all_ = merged_all_ && rank <= kMostMergedRank;
+    const size_t shapes = rank == 0 ? 1 : group.shapes.size() / rank;
+    std::vector<std::array<int64_t, 2>> per_shape(shapes, {0, 0});  // state, saved
+    for (const Term& term : group.terms) {
+      per_shape[term.shape][term.state ? 0 : 1] +=
+          static_cast<int64_t>(term.bytes_per_element) * static_cast<int64_t>(term.copies);
+    }
+    merged_.push_back(static_cast<int64_t>(rank));
+    merged_.push_back(static_cast<int64_t>(shapes));
+    for (const std::vector<int>& axes : group.axes) {
+      merged_.push_back(static_cast<int64_t>(axes.size()));
+      merged_.insert(merged_.end(), axes.begin(), axes.end());
+    }
+    for (size_t shape = 0; shape < shapes; ++shape) {
+      merged_.insert(merged_.end(),
+                     group.shapes.begin() + static_cast<std::ptrdiff_t>(shape * rank),
+                     group.shapes.begin() + static_cast<std::ptrdiff_t>((shape + 1) * rank));
+      merged_.insert(merged_.end(), per_shape[shape].begin(), per_shape[shape].end());
+    }
+  }
+}
+
+void MemoryFloor::local_elements(const Group& group, const MeshShape& mesh,
+                                 std::vector<double>& elements) {
+  const std::vector<std::vector<int>>& axes = group.axes;
+  const size_t rank = axes.size();
+  elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
+  for (size_t dim = 0; dim < rank; ++dim) {
+    int64_t split = 1;
+    for (const int axis : axes[dim]) {
+      split *= mesh.size(axis);
+    }
+    if (split == 1) {
+      // Most dims are not split: a division costs more than the test.
+      for (size_t shape = 0; shape < elements.size(); ++shape) {
+        elements[shape] *= static_cast<double>(group.shapes[shape * rank + dim]);
+      }
+      continue;
+    }
+    for (size_t shape = 0; shape < elements.size(); ++shape) {
+      const int64_t size = group.shapes[shape * rank + dim];
+      const int64_t local = (size + split - 1) / split;  // padded up
+      elements[shape] *= static_cast<double>(local);
+    }
+  }
 }
 
 MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
+  if (!merged_all_) {
+    return bytes_by_term(mesh);
+  }
   Bytes total;
-  std::vector<int64_t> splits;
-  std::vector<double> elements;  // by distinct shape: local elements on this mesh
-  for (const Group& group : groups_) {
-    const std::vector<std::vector<int>>& axes = group.axes;
-    const size_t rank = axes.size();
-    splits.assign(rank, 1);
+  std::array<int64_t, kMostMergedRank> splits{};
+  const int64_t* at = merged_.data();
+  const int64_t* const end = at + merged_.size();
+  while (at < end) {
+    const auto rank = static_cast<size_t>(*at++);
+    const int64_t shapes = *at++;
     for (size_t dim = 0; dim < rank; ++dim) {
-      for (const int axis : axes[dim]) {
-        splits[dim] *= mesh.size(axis);
+      const int64_t axes = *at++;
+      int64_t split = 1;
+      for (int64_t axis = 0; axis < axes; ++axis) {
+        split *= mesh.size(static_cast<int>(*at++));
       }
+      splits[dim] = split;
     }
-    elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
-    for (size_t shape = 0; shape < elements.size(); ++shape) {
+    for (int64_t shape = 0; shape < shapes; ++shape) {
+      double elements = 1.0;  // local, as local_elements multiplies them (dim by dim)
       for (size_t dim = 0; dim < rank; ++dim) {
-        const int64_t size = group.shapes[shape * rank + dim];
+        const int64_t size = *at++;
         const int64_t split = splits[dim];
         // Padded up; most dims are not split, and a division costs more than the test.
         const int64_t local = split == 1 ? size : (size + split - 1) / split;
-        elements[shape] *= static_cast<double>(local);
+        elements *= static_cast<double>(local);
       }
+      total.state += elements * static_cast<double>(*at++);
+      total.saved += elements * static_cast<double>(*at++);
     }
+  }
+  // Below 2^52 every product and partial sum is a whole number held exactly (merged_).
+  constexpr double kExactBelow = 4503599627370496.0;  // 2^52
+  if (total.state < kExactBelow && total.saved < kExactBelow) {
+    return total;
+  }
+  return bytes_by_term(mesh);
+}
+
+MemoryFloor::Bytes MemoryFloor::bytes_by_term(const MeshShape& mesh) const {
+  Bytes total;
+  std::vector<double> elements;
+  for (const Group& group : groups_) {
+    local_elements(group, mesh, elements);
     for (const Term& term : group.terms) {
       (term.state ? total.state : total.saved) +=
           elements[term.shape] * term.bytes_per_element * term.copies;

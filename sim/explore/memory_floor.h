@@ -44,6 +44,8 @@ class MemoryFloor {
     double total() const { return state + saved; }
   };
   Bytes bytes(const MeshShape& mesh) const;
+  // The same sums term by term, in the step's tensor order (what bytes() falls back to).
+  Bytes bytes_by_term(const MeshShape& mesh) const;
 
  private:
   // One tensor: its global dim sizes (by index into its group's shapes), bytes per element and
@@ -63,7 +65,21 @@ class MemoryFloor {
     std::vector<int64_t> shapes;         // the distinct global sizes, flattened
     std::vector<Term> terms;
   };
+  // Local elements of each distinct shape of `group` on `mesh` into `elements` (resized).
+  static void local_elements(const Group& group, const MeshShape& mesh,
+                             std::vector<double>& elements);
+  // Every term's bytes are whole: local elements x bytes per element x copies, integers. Below
+  // 2^52 bytes in all, a double adds integers exactly in any order, so bytes() takes each
+  // distinct shape once with its terms' bytes per element x copies summed (an integer too), and
+  // gives the sums bytes_by_term gives bit for bit; above, it takes the terms one by one.
+  // The explorer asks for floors of many steps on many meshes, so they are read from one array
+  // (merged_), group after group: rank, distinct shapes; per dim its axis count and axes; per
+  // shape its rank sizes, then its state and saved bytes per element x copies.
+  void merge_terms();
   std::vector<Group> groups_;
+  std::vector<int64_t> merged_;
+  static constexpr size_t kMostMergedRank = 16;  // a group of higher rank: term by term
+  bool merged_all_ = true;
 };
 
 }  // namespace tpusim

@@ -164,7 +164,7 @@ MeshEvaluator::MeshEvaluator(const ExploreContext& context)
           perf.block_kv != choices[choice - 1].block_kv) {
         contexts_.push_back(cost_context(name, perf));
       }
-      variants_.push_back({kind, perf, contexts_.size() - 1});
+      variants_.push_back({kind, perf, contexts_.size() - 1, offload_on(perf)});
     }
   }
 }
@@ -197,8 +197,13 @@ void MeshEvaluator::mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double
 }
 
 void MeshEvaluator::prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  // Summed first, then added to the reason's entry once (a lookup by string).
+  int64_t fitted = 0;
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
-    out.pruned[kPrunedCannotBeatTop] += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+    fitted += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
+  }
+  if (!plan.per_kind.empty()) {
+    out.pruned[kPrunedCannotBeatTop] += fitted;
   }
 }
 
@@ -266,7 +271,7 @@ void MeshEvaluator::place(const MeshPlan& plan, const Bounding& target, size_t w
 PerfOptions MeshEvaluator::switch_options(const Variant& variant) const {
   PerfOptions perf_options = context_.base_perf;
   perf_options.record_details = false;
-  perf_options.sparse_core_offload = offload_on(variant.perf);
+  perf_options.sparse_core_offload = variant.offload;
   perf_options.collective_matmul = variant.perf.collective_matmul;
   return perf_options;
 }
@@ -280,7 +285,7 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
   double least = std::numeric_limits<double>::infinity();
   for (size_t which = 0; which < collectives.size(); ++which) {
     for (const Variant& variant : variants_) {
-      const bool offload = offload_on(variant.perf);
+      const bool offload = variant.offload;
       const bool collective_matmul = variant.perf.collective_matmul;
       // Not worked out (bound_none_by_placement): nothing above the compute bound.
       const CollectiveBounds bounds =
@@ -433,9 +438,19 @@ bool MeshEvaluator::copy_resized(MeshPlan& plan, size_t batch, size_t remat) con
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
+  // Summed by reason first, then added to each reason's entry that a kind reached (once each).
+  std::array<int64_t, 2> by_reason{};  // cannot beat the top N, does not fit
+  std::array<bool, 2> reached{};
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
-    out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
-        plan.per_kind[kind];
+    const size_t reason = plan.fitted[remat][kind] ? 0 : 1;
+    by_reason[reason] += plan.per_kind[kind];
+    reached[reason] = true;
+  }
+  if (reached[0]) {
+    out.pruned[kPrunedCannotBeatTop] += by_reason[0];
+  }
+  if (reached[1]) {
+    out.pruned[kPrunedDoesNotFitHbm] += by_reason[1];
   }
 }
 
@@ -937,7 +952,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
         out.pruned[kPrunedCannotBeatTop] += 1;
         continue;
       }
-      const bool offload = offload_on(variant.perf);
+      const bool offload = variant.offload;
       std::optional<CollectiveBounds>& bounds =
           collective_bounds[offload][variant.perf.collective_matmul];
       if (!bounds.has_value()) {

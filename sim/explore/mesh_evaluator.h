@@ -137,7 +137,8 @@ class MeshEvaluator {
   struct Variant {
     size_t kind = 0;  // index into SearchSpace::attention_kinds
     PerfChoice perf;
-    size_t context = 0;  // index into contexts_
+    size_t context = 0;    // index into contexts_
+    bool offload = false;  // offload_on(perf), worked out once (bounds read it per placement)
   };
   // A variant of the program under one placement that its bounds leave open: the best objective
   // it could reach.

@@ -43,6 +43,7 @@ ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_s
   std::vector<double> seconds(contexts.size());
   if (keep_forward_ops) {
     result.op_seconds.assign(graph.ops().size(), 0.0);
+    result.forward_ops = ForwardOpSeconds(contexts.size());
   }
   for (const Op& op : graph.ops()) {
     if (!is_compute(op.kind)) {
@@ -64,15 +65,10 @@ ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_s
           *std::min_element(seconds.begin(), seconds.end());
     }
     if (keep_forward_ops && op.phase == Phase::kForward) {
-      // A name seen twice in a region keeps its cheaper cost (the bound stays a lower bound).
-      const auto [entry, added] = result.forward_ops.try_emplace({op.region, op.name}, seconds);
-      if (!added) {
-        for (size_t context = 0; context < contexts.size(); ++context) {
-          entry->second[context] = std::min(entry->second[context], seconds[context]);
-        }
-      }
+      result.forward_ops.add(op.region, op.name, seconds.data());
     }
   }
+  result.forward_ops.finish();  // a name seen twice in a region keeps its cheaper cost
   std::vector<std::vector<double>> region_seconds(contexts.size(), std::vector<double>(regions));
   for (size_t context = 0; context < contexts.size(); ++context) {
     for (size_t region = 0; region < regions; ++region) {
@@ -117,13 +113,13 @@ std::vector<double> remat_bounds(const ComputeBounds& none, const std::vector<Re
                                  int64_t accumulation_steps) {
   std::vector<double> bounds = none.step;
   for (const RecomputedOp& op : ops) {
-    const auto found = none.forward_ops.find({op.forward_region, op.name});
-    if (found == none.forward_ops.end()) {
+    const double* found = none.forward_ops.find(op.forward_region, op.name);
+    if (found == nullptr) {
       continue;
     }
     for (size_t context = 0; context < bounds.size(); ++context) {
-      bounds[context] += found->second[context] * static_cast<double>(op.repeat) *
-                         static_cast<double>(accumulation_steps);
+      bounds[context] +=
+          found[context] * static_cast<double>(op.repeat) * static_cast<double>(accumulation_steps);
     }
   }
   return bounds;

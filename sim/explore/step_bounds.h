@@ -30,13 +30,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "model/ir/graph.h"
 #include "sharding/step_program.h"
+#include "sim/explore/forward_op_seconds.h"
 #include "sim/perf/op_cost.h"
 
 namespace tpusim {
@@ -51,7 +50,7 @@ struct ComputeBounds {
   std::vector<std::vector<double>> region_seconds;
   // With keep_forward_ops: each forward compute op's seconds per context, by (region, op name);
   // an op name seen twice in a region keeps its cheaper cost.
-  std::map<std::pair<int, std::string>, std::vector<double>> forward_ops;
+  ForwardOpSeconds forward_ops;
   // With keep_forward_ops: each compute op's least cost over the contexts, by op id (fusible ops
   // charged as fused), for StepSimulator::chain_bound.
   std::vector<double> op_seconds;

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "common/mechanisms.h"
 #include "hw/attention_kernel_table.h"
 #include "model/ir/op_flops.h"
@@ -116,8 +118,9 @@ EinsumShape einsum_shape(const Tensor& lhs, const Tensor& rhs, const Tensor& out
     bool rhs;
     bool out;
   };
-  std::vector<Named> dims;
-  dims.reserve(lhs.dims.size() + rhs.dims.size());
+  // On the stack for the usual ranks: every costed einsum builds one (explore costs millions).
+  constexpr size_t kUsualDims = 12;
+  boost::container::small_vector<Named, kUsualDims> dims;
   auto find = [&dims](const Name& name) {
     return std::find_if(dims.begin(), dims.end(),
                         [&name](const Named& dim) { return dim.name == name; });
@@ -939,6 +942,22 @@ double blocked_matmul_hbm_bytes(const ChipSpec& chip, double m, double k, double
     return lhs + rhs + out;
   }
   return lhs * lhs_reads + rhs * rhs_reads + out;
+}
+
+bool same_outside_attention(const CostContext& a, const CostContext& b) {
+  CostContext masked = b;
+  masked.flash_attention = a.flash_attention;
+  masked.block_q = a.block_q;
+  masked.block_kv = a.block_kv;
+  masked.block_kv_compute = a.block_kv_compute;
+  masked.block_kv_dkv = a.block_kv_dkv;
+  masked.block_kv_dkv_compute = a.block_kv_dkv_compute;
+  masked.local_block_q = a.local_block_q;
+  masked.local_block_kv = a.local_block_kv;
+  masked.local_block_kv_compute = a.local_block_kv_compute;
+  masked.local_block_kv_dkv = a.local_block_kv_dkv;
+  masked.local_block_kv_dkv_compute = a.local_block_kv_dkv_compute;
+  return masked == a;
 }
 
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused) {

@@ -149,6 +149,10 @@ struct OpCost {
 // Cost of a non-collective op. `fused` marks an elementwise op fused into its producer.
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused);
 
+// True when `a` and `b` differ at most in the attention kernel and its splash blocks, which only
+// attention ops' costs read (op_kind_traits' attention): every other op costs the same under both.
+bool same_outside_attention(const CostContext& a, const CostContext& b);
+
 // The MXU rate of a matmul per device, FLOP/s: the quantization's narrow type when `narrow` (chips
 // without that MXU mode run it at the bf16 rate), else bf16.
 double peak_flops_per_device(const CostContext& context, bool narrow);

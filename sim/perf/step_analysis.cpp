@@ -66,14 +66,39 @@ void StepSimulator::Analysis::find_collective_classes(const Graph& graph) {
   }
 }
 
+void StepSimulator::Analysis::find_chain_links(const Graph& graph) {
+  if (!chain_producer_begin.empty()) {
+    return;
+  }
+  chain_producer_begin.reserve(graph.ops().size() + 1);
+  for (const Op& op : graph.ops()) {
+    chain_producer_begin.push_back(static_cast<int>(chain_producers.size()));
+    for (const TensorId input : op.inputs) {
+      const int producer = graph.producer(input);
+      if (producer >= 0 && graph.ops()[static_cast<size_t>(producer)].region == op.region) {
+        chain_producers.push_back(producer);
+      }
+    }
+  }
+  chain_producer_begin.push_back(static_cast<int>(chain_producers.size()));
+}
+
 StepSimulator::Analysis::ContextCosts& StepSimulator::Analysis::context_costs(
     const Graph& graph, const CostContext& context) {
   auto found = std::find_if(costs.begin(), costs.end(),
                             [&](const ContextCosts& entry) { return entry.context == context; });
   if (found == costs.end()) {
+    // Found before the new entry is added: a deque keeps references to its entries valid.
+    const auto shared = std::find_if(costs.begin(), costs.end(), [&](const ContextCosts& entry) {
+      return same_outside_attention(entry.context, context);
+    });
+    ContextCosts* outside_attention = shared == costs.end() ? nullptr : &*shared;
     costs.push_back({context, std::vector<OpCost>(graph.ops().size()),
-                     std::vector<bool>(graph.ops().size(), false)});
+                     std::vector<bool>(graph.ops().size(), false), outside_attention});
     found = costs.end() - 1;
+    if (found->outside_attention == nullptr) {
+      found->outside_attention = &*found;
+    }
   }
   return *found;
 }
@@ -81,11 +106,12 @@ StepSimulator::Analysis::ContextCosts& StepSimulator::Analysis::context_costs(
 const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,
                                                     ContextCosts& context) {
   const auto id = static_cast<size_t>(op.id);
-  if (!context.known[id]) {
-    context.cost[id] = cost_compute_op(graph, op, context.context, fused[id]);
-    context.known[id] = true;
+  ContextCosts& kept = op_kind_traits(op.kind).attention ? context : *context.outside_attention;
+  if (!kept.known[id]) {
+    kept.cost[id] = cost_compute_op(graph, op, kept.context, fused[id]);
+    kept.known[id] = true;
   }
-  return context.cost[id];
+  return kept.cost[id];
 }
 
 const OpCost& StepSimulator::Analysis::compute_cost(const Graph& graph, const Op& op,

@@ -174,9 +174,10 @@ bool runs_as_pallas_kernel(const Graph& graph, const Op& op, const CostContext& 
 
 class Simulator {
  public:
-  // What a Simulator is made for: collective_sums plans each op alone, so it needs none of the
-  // scheduler's per-tensor and per-op state (timelines, ready times, plans).
-  enum class Use { kSchedule, kCollectiveBounds };
+  // What a Simulator is made for: collective_sums and chain_bound plan each op as they reach it,
+  // so they need none of the scheduler's per-tensor and per-op state (timelines, ready times,
+  // plans); chain_bound keeps its own, by op (Analysis::chain_*).
+  enum class Use { kSchedule, kCollectiveBounds, kChainBound };
 
   Simulator(const StepProgram& program, const PerfOptions& options,
             StepSimulator::Analysis& analysis, Use use = Use::kSchedule)
@@ -193,7 +194,7 @@ class Simulator {
         finish_not_before_(analysis.finish_not_before),
         op_span_(analysis.op_span),
         timelines_(analysis.timelines) {
-    const bool schedules = use == Use::kSchedule;
+    const bool schedules = use == Use::kSchedule;  // the others keep no per-op state here
     if (schedules) {
       for (Timeline& resource : timelines_) {
         resource.clear();
@@ -248,38 +249,78 @@ class Simulator {
   }
 
   // StepSimulator::collective_bounds' sums, from the same plans the scheduler runs: every op
-  // but the compute ops, which count only when they carry collective steps.
+  // but the compute ops, which count only when they carry collective steps (their sums depend on
+  // the cost context alone, not the mesh: kept in the analysis, driven_sums).
   StepSimulator::Analysis::CollectiveSums collective_sums() {
     std::array<double, kResources> busy{};
     StepSimulator::Analysis::CollectiveSums sums{options_.cost, options_.sparse_core_offload};
-    auto add = [&](const Op& op) {
-      const OpPlan plan = plan_op(op);
-      const Region& region = graph_.region(op.region);
-      const double repeat = static_cast<double>(region.repeat);
-      if (plan.kind == OpPlan::Kind::kCollective || plan.kind == OpPlan::Kind::kHostTransfer) {
-        busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
-      } else if (plan.kind == OpPlan::Kind::kCompute) {  // the collective steps a fusion carries
-        (region.phase == Phase::kOptimizer ? sums.driven_optimizer : sums.driven_microbatch) +=
-            plan.collective_steps_seconds * repeat;
-      }
-    };
     if (continuation_fusion_) {
-      for (const Op& op : graph_.ops()) {
-        add(op);
+      const StepSimulator::Analysis::DrivenSums& driven = driven_sums();
+      sums.driven_microbatch = driven.microbatch;
+      sums.driven_optimizer = driven.optimizer;
+    }
+    // plan_op's link and seconds for each collective, with its class's link worked out once.
+    std::vector<std::optional<LinkTime>>& links = analysis_.class_links;
+    links.assign(analysis_.class_op.size(), std::nullopt);
+    for (const Op* op : analysis_.not_compute_ops) {
+      const double repeat = static_cast<double>(graph_.region(op->region).repeat);
+      if (!is_collective(op->kind)) {
+        const OpPlan plan = plan_op(*op);  // a host transfer
+        busy[static_cast<size_t>(plan.resource)] += plan.seconds * repeat;
+        continue;
       }
-    } else {
-      for (const Op* op : analysis_.not_compute_ops) {
-        add(*op);
+      const CollectiveTime& time = analysis_.collective(*op, program_.mesh, program_.slice);
+      if (deferred_gradient_reduction(graph_, *op, time)) {
+        continue;  // its bytes go in the combined reduction, on no link of the iterations
       }
+      std::optional<LinkTime>& link =
+          links[static_cast<size_t>(analysis_.collective_class[static_cast<size_t>(op->id)])];
+      if (!link.has_value()) {
+        link = link_time(op->kind, time);
+      }
+      double seconds = link->seconds;
+      const double share = share_of_iterations(*op);
+      if (share != 1) {
+        seconds *= share;  // as plan_op
+      }
+      busy[static_cast<size_t>(link->resource)] += seconds * repeat;
     }
     sums.busiest_link = *std::max_element(busy.begin(), busy.end());
     return sums;
+  }
+
+  // The collective steps the compute ops carry under continuation fusion, by phase, summed in
+  // program order once per cost context.
+  const StepSimulator::Analysis::DrivenSums& driven_sums() {
+    std::vector<StepSimulator::Analysis::DrivenSums>& kept = analysis_.driven_sums;
+    for (const StepSimulator::Analysis::DrivenSums& sums : kept) {
+      if (sums.cost == options_.cost) {
+        return sums;
+      }
+    }
+    StepSimulator::Analysis::DrivenSums sums{options_.cost};
+    for (const Op& op : graph_.ops()) {
+      if (is_compute(op.kind)) {
+        const Region& region = graph_.region(op.region);
+        (region.phase == Phase::kOptimizer ? sums.optimizer : sums.microbatch) +=
+            plan_op(op).collective_steps_seconds * static_cast<double>(region.repeat);
+      }
+    }
+    kept.push_back(sums);
+    return kept.back();
   }
 
   // StepSimulator::chain_bound, from the same plans the scheduler runs; with `cheapest`, each
   // compute op (not a collective the TensorCore drives) costs its entry instead, by op id.
   double chain_bound(const std::vector<double>* cheapest = nullptr) {
     cheapest_ = cheapest;
+    analysis_.find_chain_links(graph_);
+    // A walk reads only what it wrote: an op not reached yet reads as the scheduler's fresh
+    // state (ready at 0, no chunk pending, a span of nothing).
+    const size_t ops = graph_.ops().size();
+    analysis_.chain_output_ready.assign(ops, 0.0);
+    analysis_.chain_finish_not_before.assign(ops, -std::numeric_limits<double>::infinity());
+    op_span_.assign(ops, {0.0, 0.0});
     double microbatch = 0;
     double optimizer = 0;
     double deferred = 0;
@@ -404,24 +445,21 @@ class Simulator {
   // TensorCore, each ready no earlier (a timeline only delays a transfer).
   double chain_iteration(int region, double& deferred) {
     constexpr double kLongAgo = -1e300;  // finite, so that spans stay free of inf - inf
-    plan_region(region);
     const Region& info = graph_.region(region);
+    std::vector<double>& output_ready = analysis_.chain_output_ready;            // by op id
+    std::vector<double>& finish_not_before = analysis_.chain_finish_not_before;  // by op id
     double tensorcore = 0;
     for (const Op* op : region_ops_[static_cast<size_t>(region)]) {
       const auto id = static_cast<size_t>(op->id);
-      OpPlan& plan = plans_[id];
-      if (cheapest_ != nullptr && is_compute(op->kind)) {
-        plan.seconds = (*cheapest_)[id] * share_of_iterations(*op);
-      }
+      const OpPlan plan = chain_plan(*op);
       double ready = kLongAgo;
-      double finish_not_before = kLongAgo;  // an overlapped all-gather's last chunk
-      for (const TensorId input : op->inputs) {
-        const int producer = graph_.producer(input);
-        if (producer >= 0 && graph_.ops()[static_cast<size_t>(producer)].region == region) {
-          ready = std::max(ready, ready_[static_cast<size_t>(input)]);
-          finish_not_before =
-              std::max(finish_not_before, finish_not_before_[static_cast<size_t>(input)]);
-        }
+      double chunks_end = kLongAgo;  // an overlapped all-gather's last chunk
+      const auto begin = static_cast<size_t>(analysis_.chain_producer_begin[id]);
+      const auto stop = static_cast<size_t>(analysis_.chain_producer_begin[id + 1]);
+      for (size_t link = begin; link < stop; ++link) {
+        const auto producer = static_cast<size_t>(analysis_.chain_producers[link]);
+        ready = std::max(ready, output_ready[producer]);
+        chunks_end = std::max(chunks_end, finish_not_before[producer]);
       }
       if (weight_only_[id]) {
         ready = kLongAgo;  // issued ahead
@@ -446,23 +484,30 @@ class Simulator {
         end = ready;
       } else if (plan.kind == OpPlan::Kind::kCompute) {
         start = std::max(ready, tensorcore);
-        end = std::max(start + plan.seconds, finish_not_before);
+        end = std::max(start + plan.seconds, chunks_end);
         tensorcore = end;
       }
       op_span_[id] = {start, end};
-      double output_ready = end;
+      output_ready[id] = end;
       if (plan.overlapped_with_matmul && op->kind == OpKind::kAllGather) {
-        output_ready =
+        output_ready[id] =
             start + (end - start) / static_cast<double>(std::max<int64_t>(1, op->attrs.group_size));
-        for (const TensorId output : op->outputs) {
-          finish_not_before_[static_cast<size_t>(output)] = end;
-        }
-      }
-      for (const TensorId output : op->outputs) {
-        ready_[static_cast<size_t>(output)] = output_ready;
+        finish_not_before[id] = end;
       }
     }
     return tensorcore;
+  }
+
+  // An op's plan for chain_iteration: the scheduler's, or with `cheapest_` a compute op's given
+  // cost (the rest of a compute op's plan is not read there).
+  OpPlan chain_plan(const Op& op) {
+    if (cheapest_ == nullptr || !analysis_.compute[static_cast<size_t>(op.id)]) {
+      return plan_op(op);
+    }
+    OpPlan plan;
+    plan.kind = OpPlan::Kind::kCompute;
+    plan.seconds = (*cheapest_)[static_cast<size_t>(op.id)] * share_of_iterations(op);
+    return plan;
   }
 
   // Works out the cost of every op of a region, before its first iteration.
@@ -486,6 +531,30 @@ class Simulator {
       plan.trace_dcn_seconds *= share;
     }
     return plan;
+  }
+
+  // Where a collective that is not deferred runs and for how long (before its share of the
+  // iterations), from its kind and its class's time on the mesh: the same for every op of a class.
+  LinkTime link_time(OpKind kind, const CollectiveTime& time) const {
+    LinkTime link;
+    link.seconds = time.seconds;
+    const bool offloaded = options_.sparse_core_offload && kind != OpKind::kAllToAll;
+    const bool sparsecore_reduction =
+        options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
+    const bool reduction = sparsecore_reduction && is_reducing_collective(kind);
+    link.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
+                    : !offloaded                        ? Resource::kIci
+                    : reduction                         ? Resource::kSparseCoreReduce
+                                                        : Resource::kSparseCore;
+    if (offloaded && sparsecore_reduction) {
+      // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
+      const double reduce_share = kind == OpKind::kReduceScatter ? 1.0
+                                  : kind == OpKind::kAllReduce   ? 0.5
+                                                                 : 0.0;
+      link.seconds += reduce_share * time.ici_seconds *
+                      (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
+    }
+    return link;
   }
 
   OpPlan plan_op_once(const Op& op) {
@@ -522,22 +591,9 @@ class Simulator {
         return plan;
       }
       plan.kind = OpPlan::Kind::kCollective;
-      const bool offloaded = options_.sparse_core_offload && op.kind != OpKind::kAllToAll;
-      const bool sparsecore_reduction =
-          options_.cost.mechanisms.enabled(Mechanism::kSparseCoreReduction);
-      const bool reduction = sparsecore_reduction && is_reducing_collective(op.kind);
-      plan.resource = time.dcn_seconds > time.ici_seconds ? Resource::kDcn
-                      : !offloaded                        ? Resource::kIci
-                      : reduction                         ? Resource::kSparseCoreReduce
-                                                          : Resource::kSparseCore;
-      if (offloaded && sparsecore_reduction) {
-        // The SparseCores reduce what a reduce-scatter receives, slower than the links deliver.
-        const double reduce_share = op.kind == OpKind::kReduceScatter ? 1.0
-                                    : op.kind == OpKind::kAllReduce   ? 0.5
-                                                                      : 0.0;
-        plan.seconds += reduce_share * time.ici_seconds *
-                        (program_.slice.chip->sparsecore_reduce_scatter_time_factor - 1.0);
-      }
+      const LinkTime on_link = link_time(op.kind, time);
+      plan.resource = on_link.resource;
+      plan.seconds = on_link.seconds;
       if (details_) {
         plan.wait_label = labels_.intern(BreakdownKey::exposed(time.link, op.attrs.mesh_axes));
         // One lane per link and mesh axes, as the trace viewers show a link each. A collective
@@ -980,7 +1036,7 @@ CollectiveBounds StepSimulator::collective_bounds(const PerfOptions& options) {
 double StepSimulator::chain_bound(const PerfOptions& options) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, *analysis_).chain_bound();
+  return Simulator(program_, lean, *analysis_, Simulator::Use::kChainBound).chain_bound();
 }
 
 double StepSimulator::chain_bound(const PerfOptions& options,
@@ -1007,7 +1063,8 @@ double StepSimulator::chain_bound(const PerfOptions& options,
                                   const std::vector<double>& op_seconds) {
   PerfOptions lean = options;
   lean.record_details = false;
-  return Simulator(program_, lean, *analysis_).chain_bound(&op_seconds);
+  return Simulator(program_, lean, *analysis_, Simulator::Use::kChainBound)
+      .chain_bound(&op_seconds);
 }
 
 StepTiming simulate_step(const StepProgram& program, const PerfOptions& options) {

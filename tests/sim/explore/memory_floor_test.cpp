@@ -1,7 +1,8 @@
 // The explorer's memory floor (sim/explore/memory_floor.h) against the memory model of the
 // partitioned program it stands in for, over random candidates (models, slices, meshes that
 // divide, batches, remat policies, both attention kinds): its state equals the model's weights
-// plus optimizer state, and state plus saved activations never exceed the peak, always.
+// plus optimizer state, and state plus saved activations never exceed the peak, always; and its
+// sums by shape are its sums term by term, bit for bit.
 #include "sim/explore/memory_floor.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,10 @@ TEST(MemoryFloor, IsTheModelsStateAndNeverExceedsThePeak) {
       program.global_batch = program.microbatch * program.accumulation_steps;
       program.program = partition(*program.step, rules, program.mesh);
       const MemoryFloor::Bytes floor = steps.memory_floor(batch, remat).bytes(mesh);
+      // Terms merged by shape add up to the term-by-term sums bit for bit.
+      const MemoryFloor::Bytes by_term = steps.memory_floor(batch, remat).bytes_by_term(mesh);
+      EXPECT_EQ(floor.state, by_term.state);
+      EXPECT_EQ(floor.saved, by_term.saved);
       for (const bool scores_in_hbm : {false, true}) {
         program.attention_scores_in_hbm = scores_in_hbm;
         const MemoryEstimate memory = estimate_memory(program);

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "hw/slice.h"
 #include "model/config.h"
+#include "model/ir/op_kind_traits.h"
 #include "model/maxtext_keys.h"
 #include "sharding/step_program.h"
 #include "sim/estimate/estimate.h"
@@ -491,6 +492,46 @@ TEST(StepSimulator, EveryRunEqualsAFreshSimulation) {
     }
   }
   EXPECT_EQ(runs, 24);
+}
+
+// Contexts that differ only in the attention kernel and its blocks cost every other op alike
+// (StepSimulator's analysis costs those once for all such contexts); any other field tells them
+// apart.
+TEST(OpCost, OnlyAttentionReadsTheAttentionFields) {
+  Config config = Config::load("", {"model_name=llama2-7b", "compile_topology=v5p-8",
+                                    "ici_fsdp_parallelism=4", "max_target_length=2048"});
+  const StepProgram program = build_step_program(config);
+  const CostContext base = perf_options_from_config(config, *program.slice.chip).cost;
+  CostContext other = base;
+  other.flash_attention = !base.flash_attention;
+  other.block_q = base.block_q * 2;
+  other.block_kv_dkv_compute = base.block_kv_dkv_compute / 2;
+  other.local_block_kv = 256;
+  ASSERT_TRUE(same_outside_attention(base, other));
+  CostContext quantized = base;
+  quantized.fp8_matmuls = !base.fp8_matmuls;
+  EXPECT_FALSE(same_outside_attention(base, quantized));
+  CostContext slower = base;
+  slower.program_efficiency = base.program_efficiency * 0.5;
+  EXPECT_FALSE(same_outside_attention(base, slower));
+  const Graph& graph = program.program.graph;
+  int compared = 0;
+  int attention = 0;
+  for (const Op& op : graph.ops()) {
+    if (!is_compute(op.kind)) {
+      continue;
+    }
+    const double here = cost_compute_op(graph, op, base, false).seconds;
+    const double there = cost_compute_op(graph, op, other, false).seconds;
+    if (op_kind_traits(op.kind).attention) {
+      attention += here != there ? 1 : 0;  // the fields do change attention
+      continue;
+    }
+    EXPECT_EQ(here, there) << op.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 20);
+  EXPECT_GT(attention, 0);
 }
 
 // local_sa_block_* give the sliding-window layers their own splash blocks. gemma3-4b at 8192
