@@ -2,9 +2,9 @@
 
 namespace tpusim::partitioner_internal {
 
-void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& operands,
+void Partitioner::partition_einsum(const Op& op, const std::array<TensorId, 2>& operands,
                                    const std::array<PlanDims, 2>& operand_dims,
-                                   const std::vector<std::string>& contracted) {
+                                   std::span<const std::string> contracted) {
   const TensorId output = op.outputs[0];
   const Layout& out_layout = layout(output);
   const Tensor& out_tensor = global_.tensor(output);
@@ -92,12 +92,11 @@ void Partitioner::partition_einsum(const Op& op, const std::vector<TensorId>& op
   for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
     iteration[out_tensor.dims[dim].name] = computed[dim];
   }
-  std::vector<TensorId> inputs;
-  inputs.reserve(op.inputs.size());
+  TensorIds inputs;
   for (const TensorId operand : op.inputs) {
     inputs.push_back(reshard(operand, follow(operand, iteration), op.region));
   }
-  emit(op, std::move(inputs), {computed}, partial);
+  emit(op, inputs, {computed}, partial);
 }
 
 }  // namespace tpusim::partitioner_internal

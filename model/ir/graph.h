@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/container/deque.hpp>
@@ -97,6 +99,13 @@ class Graph {
   int add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
              std::vector<TensorId> outputs, OpAttrs attrs, int region);
 
+  // As add_tensor and add_op, with the texts and lists copied straight into the new tensor or op
+  // (the partitioner's names and operand lists are built in reused buffers).
+  TensorId add_tensor_copy(std::string_view name, std::span<const Dim> dims, DType dtype,
+                           TensorKind kind, int region, std::string_view remat_name = {});
+  int add_op_copy(OpKind kind, std::string_view name, std::span<const TensorId> inputs,
+                  std::span<const TensorId> outputs, const OpAttrs& attrs, int region);
+
   const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }
   Tensor& mutable_tensor(TensorId id) { return tensors_.at(static_cast<size_t>(id)); }
   const Tensors& tensors() const { return tensors_; }
@@ -133,6 +142,9 @@ class Graph {
   std::string to_text(int only_region = -1) const;
 
  private:
+  // Records op `id` as the producer of `outputs` (each written by one op only).
+  void set_producer(std::span<const TensorId> outputs, int id);
+
   // Block deques: adding a tensor, op or region never moves the existing ones, so references to
   // them stay valid while a builder extends the graph.
   Regions regions_;
