@@ -8,6 +8,14 @@ void Partitioner::partition_einsum(const Op& op, const std::array<TensorId, 2>& 
   const TensorId output = op.outputs[0];
   const Layout& out_layout = layout(output);
   const Tensor& out_tensor = global_.tensor(output);
+  // Local sizes, read in the loops below (nothing is added to the program before they end).
+  const double output_bytes = static_cast<double>(out_.tensor(local(output)).bytes());
+  std::array<double, 2> operand_bytes{};
+  for (size_t which = 0; which < operands.size(); ++which) {
+    if (operands[which] >= 0) {
+      operand_bytes[which] = static_cast<double>(out_.tensor(local(operands[which])).bytes());
+    }
+  }
   AxesByName iteration;
   AxisList used;
   for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
@@ -19,13 +27,15 @@ void Partitioner::partition_einsum(const Op& op, const std::array<TensorId, 2>& 
     // The operand dims named `name`: both operands contract it when there are exactly two.
     std::array<const AxisList*, 2> sharding{};
     size_t found = 0;
+    const Name* interned = nullptr;  // the dim's Name, so that lookups by it compare pointers
     for (const auto& dims : operand_dims) {
       for (const PlanDim& dim : dims) {
-        if (dim.name == name) {
+        if (*dim.name == name) {
           if (found < sharding.size()) {
             sharding[found] = &dim.axes;
           }
           ++found;
+          interned = dim.name;
         }
       }
     }
@@ -44,17 +54,13 @@ void Partitioner::partition_einsum(const Op& op, const std::array<TensorId, 2>& 
           if (contains(chosen, axis) || contains(used, axis) || contains(partial, axis)) {
             continue;
           }
-          const TensorId operand = operands[which];
-          const double operand_bytes =
-              operand < 0 ? 0.0 : static_cast<double>(out_.tensor(local(operand)).bytes());
-          const double output_bytes = 2.0 * static_cast<double>(out_.tensor(local(output)).bytes());
-          if (operand >= 0 && output_bytes < operand_bytes) {
+          if (operands[which] >= 0 && 2.0 * output_bytes < operand_bytes[which]) {
             chosen.push_back(axis);
           }
         }
       }
     }
-    iteration[name] = chosen;
+    (interned != nullptr ? iteration[*interned] : iteration[name]) = chosen;
     partial.append(chosen);
   }
   // Output dims lose the partial axes (they come back through reduce-scatter).
@@ -64,23 +70,20 @@ void Partitioner::partition_einsum(const Op& op, const std::array<TensorId, 2>& 
   }
   // An output dim an operand splits over an axis the output leaves free: keep the split and
   // gather the (smaller) result instead of gathering the operand, as XLA would.
-  const double output_bytes = static_cast<double>(out_.tensor(local(output)).bytes());
   for (size_t dim = 0; dim < out_tensor.dims.size(); ++dim) {
     for (size_t which = 0; which < operands.size(); ++which) {
       if (operands[which] < 0) {
         continue;
       }
       for (const PlanDim& plan : operand_dims[which]) {
-        if (plan.name != out_tensor.dims[dim].name) {
+        if (*plan.name != out_tensor.dims[dim].name) {
           continue;
         }
         for (const int axis : plan.axes) {
           if (contains(used, axis) || contains(partial, axis)) {
             continue;
           }
-          const double operand_bytes =
-              static_cast<double>(out_.tensor(local(operands[which])).bytes());
-          if (output_bytes < operand_bytes) {
+          if (output_bytes < operand_bytes[which]) {
             computed[dim].push_back(axis);
             used.push_back(axis);
           }

@@ -129,6 +129,7 @@ TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, 
       out_.add_tensor_copy(tensor_name_, global.dims, global.dtype, global.kind, region,
                            global.remat_name);
   std::vector<Dim>& dims = out_.mutable_tensor(id).dims;
+  const std::array<Name, kNumMeshAxes>& axis_names = interned_mesh_axis_names();
   for (size_t index = 0; index < dims.size(); ++index) {
     Dim& dim = dims[index];
     if (dim.name == kExpertTokens && dropless_expert_tokens_ > 0) {
@@ -138,7 +139,7 @@ TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, 
     dim.global_size = dim.size;
     dim.sharded_over.clear();
     for (const int axis : layout_in[index]) {
-      dim.sharded_over.push_back(interned_mesh_axis_names()[static_cast<size_t>(axis)]);
+      dim.sharded_over.push_back(axis_names[static_cast<size_t>(axis)]);
     }
     const int64_t local_size = (dim.size + split - 1) / split;
     if (split > 1 && dim.size % split != 0 && suffix.empty()) {
@@ -368,7 +369,7 @@ PlanDims Partitioner::plan_dims(TensorId global) const {
   PlanDims dims;
   const Tensor& tensor = global_.tensor(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-    dims.push_back({tensor.dims[dim].name, layout(global)[dim]});
+    dims.push_back({&tensor.dims[dim].name, layout(global)[dim]});
   }
   return dims;
 }
@@ -429,7 +430,7 @@ void Partitioner::partition_op(const Op& op) {
       // = einsum(one_hot(tokens)[batch, length, vocab], table[vocab, embed]) over vocab.
       PlanDims one_hot = plan_dims(op.inputs[0]);
       const Tensor& table = global_.tensor(op.inputs[1]);
-      one_hot.push_back({table.dims[0].name, {}});
+      one_hot.push_back({&table.dims[0].name, {}});
       const std::array<std::string, 1> vocab = {table.dims[0].name};
       partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])}, vocab);
       return;
@@ -437,7 +438,7 @@ void Partitioner::partition_op(const Op& op) {
     case OpKind::kEmbeddingGrad: {
       // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
       PlanDims one_hot = plan_dims(op.inputs[1]);
-      one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
+      one_hot.push_back({&global_.tensor(op.outputs[0]).dims[0].name, {}});
       const std::array<std::string, 2> tokens = {"batch", "length"};
       partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])}, tokens);
       return;

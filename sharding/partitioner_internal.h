@@ -94,8 +94,10 @@ class AxesByName {
  private:
   // Dims of the output plus contracted dims (kept inline: no heap allocation).
   static constexpr size_t kCapacity = 16;
+  // No default member initializers: the array of them is made for every op partitioned, and
+  // only the first size_ are ever read.
   struct Entry {
-    const std::string* interned = nullptr;  // the Name's text, when the key is a Name
+    const std::string* interned;  // the Name's text, when the key is a Name
     std::string_view text;
     AxisList axes;
 
@@ -128,9 +130,11 @@ inline std::string joined(std::string_view first, std::string_view second) {
 }
 
 
-// A dim as the partitioner plans with it: name and mesh axes.
+// A dim as the partitioner plans with it: name (a global tensor's dim's, which outlives the
+// plan: a pointer, so that an array of them is made without constructing a Name each) and mesh
+// axes.
 struct PlanDim {
-  Name name;
+  const Name* name;
   AxisList axes;
 };
 
