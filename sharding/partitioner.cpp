@@ -228,15 +228,29 @@ Layout Partitioner::follow(TensorId global, const AxesByName& reference,
   Layout result = layout(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
     const Name& name = tensor.dims[dim].name;
-    if (must_be_whole.contains(name.str())) {
+    if (!must_be_whole.empty() && must_be_whole.contains(name.str())) {
       result[dim].clear();
     } else if (const AxisList* found = reference.find(name); found != nullptr) {
       result[dim] = *found;
     }
   }
-  // An axis may shard only one dim: drop later repeats.
+  // An axis may shard only one dim: drop later repeats. A dim's axes are then sorted (mesh order),
+  // rebuilt only when an axis repeats or is out of order (rarely: most already are).
   uint32_t used = 0;  // bit per mesh axis
   for (AxisList& axes : result) {
+    uint32_t own = 0;
+    bool rebuild = false;
+    int previous = -1;
+    for (const int axis : axes) {
+      const uint32_t bit = 1U << static_cast<unsigned>(axis);
+      rebuild = rebuild || ((used | own) & bit) != 0 || axis < previous;
+      own |= bit;
+      previous = axis;
+    }
+    if (!rebuild) {
+      used |= own;
+      continue;
+    }
     AxisList kept;
     for (const int axis : axes) {
       const uint32_t bit = 1U << static_cast<unsigned>(axis);
