@@ -125,9 +125,8 @@ TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, 
                                  std::string_view suffix) {
   static const Name kExpertTokens("expert_tokens");
   tensor_name_.assign(global.name).append(suffix);
-  const TensorId id =
-      out_.add_tensor_copy(tensor_name_, global.dims, global.dtype, global.kind, region,
-                           global.remat_name);
+  const TensorId id = out_.add_tensor_copy(tensor_name_, global.dims, global.dtype, global.kind,
+                                           region, global.remat_name);
   std::vector<Dim>& dims = out_.mutable_tensor(id).dims;
   const std::array<Name, kNumMeshAxes>& axis_names = interned_mesh_axis_names();
   for (size_t index = 0; index < dims.size(); ++index) {
@@ -279,9 +278,8 @@ void Partitioner::emit(const Op& op, const TensorIds& inputs, const Layouts& com
   emit_with_partials(op, inputs, computed, AxisLists(op.outputs.size(), partial), reduce);
 }
 
-void Partitioner::emit_with_partials(const Op& op, const TensorIds& inputs,
-                                     const Layouts& computed, const AxisLists& partials,
-                                     ReduceOp reduce) {
+void Partitioner::emit_with_partials(const Op& op, const TensorIds& inputs, const Layouts& computed,
+                                     const AxisLists& partials, ReduceOp reduce) {
   // An output computed in its own layout with nothing to reduce is written directly.
   auto direct = [&](size_t index) {
     return computed[index] == layout(op.outputs[index]) && partials[index].empty();

@@ -129,7 +129,6 @@ inline std::string joined(std::string_view first, std::string_view second) {
   return text;
 }
 
-
 // A dim as the partitioner plans with it: name (a global tensor's dim's, which outlives the
 // plan: a pointer, so that an array of them is made without constructing a Name each) and mesh
 // axes.
@@ -300,8 +299,8 @@ class Partitioner {
 
   // Emits `op` computed with its outputs in `computed` layouts, then reduces partial sums over
   // `partial` axes into each output's own layout.
-  void emit(const Op& op, const TensorIds& inputs, const Layouts& computed,
-            const AxisList& partial, ReduceOp reduce = ReduceOp::kSum);
+  void emit(const Op& op, const TensorIds& inputs, const Layouts& computed, const AxisList& partial,
+            ReduceOp reduce = ReduceOp::kSum);
 
   // As emit(), with each output's own partial-sum axes.
   void emit_with_partials(const Op& op, const TensorIds& inputs, const Layouts& computed,
