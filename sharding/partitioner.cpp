@@ -140,7 +140,7 @@ TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, 
     for (const int axis : layout_in[index]) {
       dim.sharded_over.push_back(axis_names[static_cast<size_t>(axis)]);
     }
-    const int64_t local_size = (dim.size + split - 1) / split;
+    const int64_t local_size = split == 1 ? dim.size : (dim.size + split - 1) / split;
     if (split > 1 && dim.size % split != 0 && suffix.empty()) {
       padding_.push_back({global.name, dim.name, dim.size, split, local_size * split});
     }
