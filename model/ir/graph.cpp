@@ -34,7 +34,7 @@ int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
   const int id = static_cast<int>(ops_.size());
   const Phase phase = regions_.at(static_cast<size_t>(region)).phase;
   set_producer(outputs, id);
-  // Built in place: an Op is 368 bytes, and programs add thousands of them.
+  // Built in place: an Op is 400 bytes, and programs add thousands of them.
   Op& op = ops_.emplace_back();
   op.id = id;
   op.kind = kind;

@@ -75,7 +75,7 @@ struct Region {
 
 // A deque that allocates `kBlock` elements at a time. Adding an element never moves the others
 // (references stay valid while a builder extends the graph), as with std::deque, but libstdc++'s
-// std::deque allocates a 512-byte block, i.e. one block per Op (368 bytes): the partitioner
+// std::deque allocates a 512-byte block, i.e. one block per Op (400 bytes): the partitioner
 // builds thousands of programs of hundreds of ops, and that was one heap allocation per op.
 template <typename T, size_t kBlock>
 using BlockDeque = boost::container::deque<
@@ -83,7 +83,7 @@ using BlockDeque = boost::container::deque<
 
 class Graph {
  public:
-  // Blocks of 32 ops (about 12 KB) and 64 tensors (about 7 KB): a per-device program has a few
+  // Blocks of 32 ops (about 13 KB) and 64 tensors (about 7 KB): a per-device program has a few
   // hundred of each.
   using Ops = BlockDeque<Op, 32>;
   using Tensors = BlockDeque<Tensor, 64>;
