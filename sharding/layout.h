@@ -92,8 +92,18 @@ class AxisList {
     return result;
   }
 
+  // A loop, not std::equal: on bytes that becomes a call to memcmp, costly for one or two axes
+  // (layouts are compared for every operand the partitioner reshards).
   friend bool operator==(const AxisList& a, const AxisList& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+    if (a.size_ != b.size_) {
+      return false;
+    }
+    for (size_t index = 0; index < a.size_; ++index) {
+      if (a.axes_[index] != b.axes_[index]) {
+        return false;
+      }
+    }
+    return true;
   }
   friend bool operator<(const AxisList& a, const AxisList& b) {
     return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());

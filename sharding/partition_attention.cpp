@@ -47,8 +47,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   if (sinks) {
     --key_end;
   }
-  std::vector<TensorId> inputs;
-  inputs.reserve(op.inputs.size());
+  TensorIds inputs;
   for (size_t index = 0; index < op.inputs.size(); ++index) {
     const TensorId input = op.inputs[index];
     const bool key_side = (index >= key_begin && index < key_end) || index == blocks_index;
@@ -56,7 +55,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
         input, key_side ? follow(input, {}, whole_length) : follow(input, reference), op.region));
   }
   if (!gradient) {
-    emit(op, std::move(inputs), {follow(op.outputs[0], reference)}, {});
+    emit(op, inputs, {follow(op.outputs[0], reference)}, {});
     return;
   }
   // dq follows q; dk, dv (and dk_rope) are partial sums over the axes splitting q's length,
@@ -69,7 +68,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
   const AxisList heads = heads_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(heads_dim)];
   const int batch_dim = query_tensor.dim_index("batch");
   const AxisList batch = batch_dim < 0 ? AxisList{} : layout(query)[static_cast<size_t>(batch_dim)];
-  std::vector<TensorId> outputs;
+  TensorIds outputs;
   std::vector<std::pair<size_t, AxisList>> pending;
   std::vector<Layout> computed_layouts;
   for (size_t index = 0; index < op.outputs.size(); ++index) {
@@ -100,12 +99,9 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
         make_local(output, computed, op.region, partial.empty() ? "/computed" : "/partial"));
     pending.emplace_back(index, partial);
   }
-  // The outputs are moved into the op and read back from it (ops never move in the graph).
-  const int id =
-      add_op(op.kind, op.name, std::move(inputs), std::move(outputs), op.attrs, op.region);
-  const std::vector<TensorId>& written = out_.ops()[static_cast<size_t>(id)].outputs;
+  add_op(op.kind, op.name, "", inputs, outputs, op.attrs, op.region);
   for (const auto& [index, partial] : pending) {
-    finish_output(op.outputs[index], written[index], computed_layouts[index], partial, op.region,
+    finish_output(op.outputs[index], outputs[index], computed_layouts[index], partial, op.region,
                   ReduceOp::kSum);
   }
 }

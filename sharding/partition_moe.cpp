@@ -74,7 +74,7 @@ Layout Partitioner::tokens_local_layout(TensorId tensor, const AxisList& expert_
 TensorId Partitioner::exchange(TensorId value, const Tensor& global, const Layout& result,
                                const AxisList& expert_axes, int region, bool ragged,
                                TensorId into) {
-  const TensorId output = collective(OpKind::kAllToAll, "all_to_all", value, global, result,
+  const TensorId output = collective(OpKind::kAllToAll, "/all_to_all", value, global, result,
                                      expert_axes, region, ReduceOp::kSum, into);
   if (ragged) {
     out_.mutable_op(out_.producer(output)).attrs.routed_fraction = dropless_fraction_;
@@ -99,15 +99,14 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
   // are), then all-to-all them onto the experts dim.
   const Layout local_grouped = tokens_local_layout(grouped, expert_axes);
   if (dispatch) {
-    std::vector<TensorId> inputs;
-    inputs.reserve(op.inputs.size());
+    TensorIds inputs;
     for (const TensorId input : op.inputs) {
       inputs.push_back(reshard(input, layout(input), op.region));
     }
     // An output already in its own layout (no expert parallelism: the experts dim is unsharded)
     // is written in place: MaxText's permute feeds its sorted rows straight to the grouped matmul,
     // and XLA emits no copy between them.
-    std::vector<TensorId> computed;
+    TensorIds computed;
     for (const TensorId output : op.outputs) {
       const Layout computed_layout = tokens_local_layout(output, expert_axes);
       computed.push_back(
@@ -115,7 +114,7 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
               ? local(output)
               : make_local(global_.tensor(output), computed_layout, op.region, "/local"));
     }
-    add_op(op.kind, op.name, inputs, computed, op.attrs, op.region);
+    add_op(op.kind, op.name, "", inputs, computed, op.attrs, op.region);
     for (size_t index = 0; index < op.outputs.size(); ++index) {
       const TensorId output = op.outputs[index];
       if (computed[index] == local(output)) {
@@ -126,7 +125,7 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
         exchange(computed[index], output_tensor, layout(output), expert_axes, op.region, ragged,
                  local(output));
       } else {
-        add_op(OpKind::kDynamicSlice, output_tensor.name + "/slice", {computed[index]},
+        add_op(OpKind::kDynamicSlice, output_tensor.name, "/slice", {computed[index]},
                {local(output)}, {}, op.region);
       }
     }
@@ -136,8 +135,7 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
   if (!expert_axes.empty()) {
     value = exchange(value, grouped_tensor, local_grouped, expert_axes, op.region, ragged);
   }
-  std::vector<TensorId> inputs;
-  inputs.reserve(op.inputs.size());
+  TensorIds inputs;
   for (size_t index = 0; index < op.inputs.size(); ++index) {
     inputs.push_back(index == grouped_input
                          ? value
@@ -148,7 +146,7 @@ void Partitioner::partition_moe_exchange(const Op& global_op, size_t grouped_inp
   const AxisList partial = op.kind == OpKind::kRouterGrad
                                ? summed_axes(op.inputs[0], layout(op.inputs[0]), op.outputs[0])
                                : AxisList{};
-  emit(op, std::move(inputs), {layout(op.outputs[0])}, partial);
+  emit(op, inputs, {layout(op.outputs[0])}, partial);
 }
 
 }  // namespace tpusim::partitioner_internal

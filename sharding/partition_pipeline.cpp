@@ -23,7 +23,7 @@ TensorId Partitioner::pipeline_hand_over(const Graph::Carry& carry) {
   // stage's output to stage 0's storage; the backward loop sends their gradients back.
   const int64_t forward = region.phase == Phase::kForward ? 1 : -1;
   attrs.ring_shift = forward;
-  add_op(OpKind::kCollectivePermute, local_from.name + "/stage_permute", {source}, {moved}, attrs,
+  add_op(OpKind::kCollectivePermute, local_from.name, "/stage_permute", {source}, {moved}, attrs,
          from.region);
   std::vector<std::pair<std::string, int64_t>> side = {{"/stream_permute", -forward}};
   if (region.pipeline.circular_storage) {
@@ -33,7 +33,7 @@ TensorId Partitioner::pipeline_hand_over(const Graph::Carry& carry) {
     const TensorId buffer = out_.add_tensor(local_from.name + suffix, local_from.dims,
                                             local_from.dtype, TensorKind::kActivation, from.region);
     attrs.ring_shift = shift;
-    add_op(OpKind::kCollectivePermute, local_from.name + suffix, {source}, {buffer}, attrs,
+    add_op(OpKind::kCollectivePermute, local_from.name, suffix, {source}, {buffer}, attrs,
            from.region);
   }
   return region.pipeline.delayed_forwarding ? source : moved;

@@ -14,8 +14,7 @@ void Partitioner::partition_reduction(const Op& op, const std::string& reduced_d
     return;
   }
   const AxesByName reference = by_name(input, layout(input));
-  std::vector<TensorId> inputs;
-  inputs.reserve(op.inputs.size() + 1);
+  TensorIds inputs;
   for (const TensorId operand : op.inputs) {
     inputs.push_back(reshard(operand, follow(operand, reference), op.region));
   }
@@ -43,8 +42,8 @@ void Partitioner::partition_reduction(const Op& op, const std::string& reduced_d
   // Cross-entropy statistics read the logits through the loss's transform (soft cap).
   stat_attrs.logit_soft_cap = op.attrs.logit_soft_cap;
   stat_attrs.logit_multiplier = op.attrs.logit_multiplier;
-  add_op(statistics_kind, joined(op.name, "/statistics"), inputs, {partial}, stat_attrs, op.region);
-  const TensorId full = collective(OpKind::kAllReduce, "all_reduce", partial, stats_info,
+  add_op(statistics_kind, op.name, "/statistics", inputs, {partial}, stat_attrs, op.region);
+  const TensorId full = collective(OpKind::kAllReduce, "/all_reduce", partial, stats_info,
                                    stat_layout, split, op.region, reduce);
   inputs.push_back(full);
   Layouts computed;
@@ -55,7 +54,7 @@ void Partitioner::partition_reduction(const Op& op, const std::string& reduced_d
                            ? summed_axes(input, layout(input), output)
                            : AxisList{});
   }
-  emit_with_partials(op, std::move(inputs), computed, partials);
+  emit_with_partials(op, inputs, computed, partials);
 }
 
 }  // namespace tpusim::partitioner_internal

@@ -1,5 +1,7 @@
 #include "sharding/partitioner.h"
 
+#include <numeric>
+
 #include "common/mechanisms.h"
 #include "model/ir/op_kind_traits.h"
 #include "sharding/partitioner_internal.h"
@@ -78,12 +80,22 @@ PartitionedProgram Partitioner::run() {
     local_[static_cast<size_t>(tensor.id)] =
         make_local(tensor, layouts_[static_cast<size_t>(tensor.id)], tensor.region, "");
   }
-  for (int region = 0; region < static_cast<int>(global_.regions().size()); ++region) {
+  // Region by region, each in program order: the ops sorted by region once (a counting sort),
+  // rather than a pass over all of them per region.
+  std::vector<size_t> region_start(global_.regions().size() + 1, 0);
+  for (const Op& op : global_.ops()) {
+    ++region_start[static_cast<size_t>(op.region) + 1];
+  }
+  std::partial_sum(region_start.begin(), region_start.end(), region_start.begin());
+  std::vector<const Op*> by_region(global_.ops().size());
+  std::vector<size_t> next(region_start.begin(), region_start.end() - 1);
+  for (const Op& op : global_.ops()) {
+    by_region[next[static_cast<size_t>(op.region)]++] = &op;
+  }
+  for (size_t region = 0; region < global_.regions().size(); ++region) {
     alternates_.clear();
-    for (const Op& op : global_.ops()) {
-      if (op.region == region) {
-        partition_op(op);
-      }
+    for (size_t at = region_start[region]; at < region_start[region + 1]; ++at) {
+      partition_op(*by_region[at]);
     }
   }
   for (const Graph::Carry& carry : global_.carries()) {
@@ -119,9 +131,13 @@ int64_t Partitioner::shards(const AxisList& axes) const {
 }
 
 TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, int region,
-                                 const std::string& suffix) {
+                                 std::string_view suffix) {
   static const Name kExpertTokens("expert_tokens");
-  std::vector<Dim> dims = global.dims;
+  tensor_name_.assign(global.name).append(suffix);
+  const TensorId id = out_.add_tensor_copy(tensor_name_, global.dims, global.dtype, global.kind,
+                                           region, global.remat_name);
+  std::vector<Dim>& dims = out_.mutable_tensor(id).dims;
+  const std::array<Name, kNumMeshAxes>& axis_names = interned_mesh_axis_names();
   for (size_t index = 0; index < dims.size(); ++index) {
     Dim& dim = dims[index];
     if (dim.name == kExpertTokens && dropless_expert_tokens_ > 0) {
@@ -131,31 +147,32 @@ TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, 
     dim.global_size = dim.size;
     dim.sharded_over.clear();
     for (const int axis : layout_in[index]) {
-      dim.sharded_over.push_back(interned_mesh_axis_names()[static_cast<size_t>(axis)]);
+      dim.sharded_over.push_back(axis_names[static_cast<size_t>(axis)]);
     }
-    const int64_t local_size = (dim.size + split - 1) / split;
+    const int64_t local_size = split == 1 ? dim.size : (dim.size + split - 1) / split;
     if (split > 1 && dim.size % split != 0 && suffix.empty()) {
       padding_.push_back({global.name, dim.name, dim.size, split, local_size * split});
     }
     dim.size = local_size;
   }
-  return out_.add_tensor(joined(global.name, suffix), std::move(dims), global.dtype, global.kind,
-                         region, global.remat_name);
+  return id;
 }
 
-TensorId Partitioner::collective(OpKind kind, const std::string& name, TensorId input,
+TensorId Partitioner::collective(OpKind kind, std::string_view suffix, TensorId input,
                                  const Tensor& global, const Layout& result_layout,
                                  const AxisList& axes, int region, ReduceOp reduce, TensorId into) {
-  const TensorId output =
-      into >= 0 ? into : make_local(global, result_layout, region, joined("/", name));
-  OpAttrs attrs;
-  attrs.mesh_axes.reserve(axes.size());
-  for (const int axis : axes) {
-    attrs.mesh_axes.push_back(mesh_axis_names()[static_cast<size_t>(axis)]);
+  const TensorId output = into >= 0 ? into : make_local(global, result_layout, region, suffix);
+  // Default attributes but the axes, group and reduction; the axes' strings are kept.
+  std::vector<std::string> mesh_axes = std::move(collective_attrs_.mesh_axes);
+  collective_attrs_ = OpAttrs();
+  mesh_axes.resize(axes.size());
+  for (size_t index = 0; index < axes.size(); ++index) {
+    mesh_axes[index] = mesh_axis_names()[static_cast<size_t>(axes.begin()[index])];
   }
-  attrs.group_size = shards(axes);
-  attrs.reduce = reduce;
-  add_op(kind, joined(global.name, "/", name), {input}, {output}, attrs, region);
+  collective_attrs_.mesh_axes = std::move(mesh_axes);
+  collective_attrs_.group_size = shards(axes);
+  collective_attrs_.reduce = reduce;
+  add_op(kind, global.name, suffix, {input}, {output}, collective_attrs_, region);
   return output;
 }
 
@@ -190,7 +207,7 @@ TensorId Partitioner::reshard(TensorId global, const Layout& target_in, int regi
     for (AxisList& axes : step) {
       axes = without(axes, gathered);
     }
-    value = collective(OpKind::kAllGather, "all_gather", value, tensor, step, gathered, region);
+    value = collective(OpKind::kAllGather, "/all_gather", value, tensor, step, gathered, region);
   }
   if (!moved.empty()) {
     for (size_t dim = 0; dim < step.size(); ++dim) {
@@ -201,12 +218,12 @@ TensorId Partitioner::reshard(TensorId global, const Layout& target_in, int regi
         }
       }
     }
-    value = collective(OpKind::kAllToAll, "all_to_all", value, tensor, step, moved, region);
+    value = collective(OpKind::kAllToAll, "/all_to_all", value, tensor, step, moved, region);
   }
   step = normalized(step);
   if (step != target) {
     const TensorId sliced = make_local(tensor, target, region, "/slice");
-    add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {sliced}, {}, region);
+    add_op(OpKind::kDynamicSlice, tensor.name, "/slice", {value}, {sliced}, {}, region);
     value = sliced;
   }
   alternates_.set(global, target, value);
@@ -219,15 +236,29 @@ Layout Partitioner::follow(TensorId global, const AxesByName& reference,
   Layout result = layout(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
     const Name& name = tensor.dims[dim].name;
-    if (must_be_whole.contains(name.str())) {
+    if (!must_be_whole.empty() && must_be_whole.contains(name.str())) {
       result[dim].clear();
     } else if (const AxisList* found = reference.find(name); found != nullptr) {
       result[dim] = *found;
     }
   }
-  // An axis may shard only one dim: drop later repeats.
+  // An axis may shard only one dim: drop later repeats. A dim's axes are then sorted (mesh order),
+  // rebuilt only when an axis repeats or is out of order (rarely: most already are).
   uint32_t used = 0;  // bit per mesh axis
   for (AxisList& axes : result) {
+    uint32_t own = 0;
+    bool rebuild = false;
+    int previous = -1;
+    for (const int axis : axes) {
+      const uint32_t bit = 1U << static_cast<unsigned>(axis);
+      rebuild = rebuild || ((used | own) & bit) != 0 || axis < previous;
+      own |= bit;
+      previous = axis;
+    }
+    if (!rebuild) {
+      used |= own;
+      continue;
+    }
     AxisList kept;
     for (const int axis : axes) {
       const uint32_t bit = 1U << static_cast<unsigned>(axis);
@@ -251,21 +282,18 @@ AxesByName Partitioner::by_name(TensorId global, const Layout& layout_in) const 
   return names;
 }
 
-void Partitioner::emit(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
+void Partitioner::emit(const Op& op, const TensorIds& inputs, const Layouts& computed,
                        const AxisList& partial, ReduceOp reduce) {
-  emit_with_partials(op, std::move(inputs), computed, AxisLists(op.outputs.size(), partial),
-                     reduce);
+  emit_with_partials(op, inputs, computed, AxisLists(op.outputs.size(), partial), reduce);
 }
 
-void Partitioner::emit_with_partials(const Op& op, std::vector<TensorId> inputs,
-                                     const Layouts& computed, const AxisLists& partials,
-                                     ReduceOp reduce) {
+void Partitioner::emit_with_partials(const Op& op, const TensorIds& inputs, const Layouts& computed,
+                                     const AxisLists& partials, ReduceOp reduce) {
   // An output computed in its own layout with nothing to reduce is written directly.
   auto direct = [&](size_t index) {
     return computed[index] == layout(op.outputs[index]) && partials[index].empty();
   };
-  std::vector<TensorId> outputs;
-  outputs.reserve(op.outputs.size());
+  TensorIds outputs;
   for (size_t index = 0; index < op.outputs.size(); ++index) {
     const TensorId global = op.outputs[index];
     const AxisList& partial = partials[index];
@@ -274,15 +302,12 @@ void Partitioner::emit_with_partials(const Op& op, std::vector<TensorId> inputs,
                            : make_local(global_.tensor(global), computed[index], op.region,
                                         partial.empty() ? "/computed" : "/partial"));
   }
-  // The outputs are moved into the op and read back from it (ops never move in the graph).
-  const int id =
-      add_op(op.kind, op.name, std::move(inputs), std::move(outputs), op.attrs, op.region);
-  const std::vector<TensorId>& written = out_.ops()[static_cast<size_t>(id)].outputs;
+  add_op(op.kind, op.name, "", inputs, outputs, op.attrs, op.region);
   for (size_t index = 0; index < op.outputs.size(); ++index) {
     if (direct(index)) {
       continue;
     }
-    finish_output(op.outputs[index], written[index], computed[index], partials[index], op.region,
+    finish_output(op.outputs[index], outputs[index], computed[index], partials[index], op.region,
                   reduce);
   }
 }
@@ -341,24 +366,23 @@ void Partitioner::finish_output(TensorId global, TensorId value, const Layout& c
   const bool sliced = after_reduce != target;
   if (!gathered.empty()) {
     const bool last = scatter.empty() && all_reduce.empty() && !sliced;
-    value = collective(OpKind::kAllGather, "all_gather", value, tensor, after_gather, gathered,
+    value = collective(OpKind::kAllGather, "/all_gather", value, tensor, after_gather, gathered,
                        region, reduce, last ? local(global) : -1);
   }
   // Reduce-scatter before all-reduce, so the all-reduce (often over DCN) moves only the shard.
   if (!scatter.empty()) {
     const bool last = all_reduce.empty() && !sliced;
-    value = collective(OpKind::kReduceScatter, "reduce_scatter", value, tensor, after_reduce,
+    value = collective(OpKind::kReduceScatter, "/reduce_scatter", value, tensor, after_reduce,
                        scatter, region, reduce, last ? local(global) : -1);
   }
   if (!all_reduce.empty()) {
-    value = collective(OpKind::kAllReduce, "all_reduce", value, tensor, after_reduce, all_reduce,
+    value = collective(OpKind::kAllReduce, "/all_reduce", value, tensor, after_reduce, all_reduce,
                        region, reduce, sliced ? -1 : local(global));
   }
   if (sliced) {
     // The unsliced value stays reusable in this region.
     alternates_.set(global, after_reduce, value);
-    add_op(OpKind::kDynamicSlice, joined(tensor.name, "/slice"), {value}, {local(global)}, {},
-           region);
+    add_op(OpKind::kDynamicSlice, tensor.name, "/slice", {value}, {local(global)}, {}, region);
   }
 }
 
@@ -366,7 +390,7 @@ PlanDims Partitioner::plan_dims(TensorId global) const {
   PlanDims dims;
   const Tensor& tensor = global_.tensor(global);
   for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
-    dims.push_back({tensor.dims[dim].name, layout(global)[dim]});
+    dims.push_back({&tensor.dims[dim].name, layout(global)[dim]});
   }
   return dims;
 }
@@ -378,8 +402,7 @@ void Partitioner::partition_following_output(const Op& op,
   for (const std::string& name : must_be_whole) {
     reference.erase(name);
   }
-  std::vector<TensorId> inputs;
-  inputs.reserve(op.inputs.size());
+  TensorIds inputs;
   for (const TensorId input : op.inputs) {
     inputs.push_back(reshard(input, follow(input, reference, must_be_whole), op.region));
   }
@@ -395,13 +418,15 @@ void Partitioner::partition_following_output(const Op& op,
                            ? summed_axes(op.inputs[0], follow(op.inputs[0], reference), output)
                            : AxisList{});
   }
-  emit_with_partials(op, std::move(inputs), computed, partials);
+  emit_with_partials(op, inputs, computed, partials);
 }
 
-int Partitioner::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
-                        std::vector<TensorId> outputs, OpAttrs attrs, int region) {
-  const int id = out_.add_op(kind, std::move(name), std::move(inputs), std::move(outputs),
-                             std::move(attrs), region);
+int Partitioner::add_op(OpKind kind, std::string_view name, std::string_view suffix,
+                        const TensorIds& inputs, const TensorIds& outputs, const OpAttrs& attrs,
+                        int region) {
+  op_name_.assign(name).append(suffix);
+  const int id = out_.add_op_copy(kind, op_name_, {inputs.data(), inputs.size()},
+                                  {outputs.data(), outputs.size()}, attrs, region);
   out_.mutable_op(id).phase = current_phase_;
   return id;
 }
@@ -426,17 +451,17 @@ void Partitioner::partition_op(const Op& op) {
       // = einsum(one_hot(tokens)[batch, length, vocab], table[vocab, embed]) over vocab.
       PlanDims one_hot = plan_dims(op.inputs[0]);
       const Tensor& table = global_.tensor(op.inputs[1]);
-      one_hot.push_back({table.dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])},
-                       {table.dims[0].name});
+      one_hot.push_back({&table.dims[0].name, {}});
+      const std::array<std::string, 1> vocab = {table.dims[0].name};
+      partition_einsum(op, {-1, op.inputs[1]}, {one_hot, plan_dims(op.inputs[1])}, vocab);
       return;
     }
     case OpKind::kEmbeddingGrad: {
       // dtable = einsum(one_hot(tokens)[batch, length, vocab], dx[batch, length, embed]).
       PlanDims one_hot = plan_dims(op.inputs[1]);
-      one_hot.push_back({global_.tensor(op.outputs[0]).dims[0].name, {}});
-      partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])},
-                       {"batch", "length"});
+      one_hot.push_back({&global_.tensor(op.outputs[0]).dims[0].name, {}});
+      const std::array<std::string, 2> tokens = {"batch", "length"};
+      partition_einsum(op, {-1, op.inputs[0]}, {one_hot, plan_dims(op.inputs[0])}, tokens);
       return;
     }
     case OpKind::kReduceSum: {
@@ -469,7 +494,7 @@ void Partitioner::partition_op(const Op& op) {
         }
         if (!token_axes.empty()) {
           const Tensor& loss = global_.tensor(op.outputs[0]);
-          collective(OpKind::kAllReduce, "all_reduce", local(op.outputs[0]), loss, {}, token_axes,
+          collective(OpKind::kAllReduce, "/all_reduce", local(op.outputs[0]), loss, {}, token_axes,
                      op.region);
         }
       }

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -93,8 +94,10 @@ class AxesByName {
  private:
   // Dims of the output plus contracted dims (kept inline: no heap allocation).
   static constexpr size_t kCapacity = 16;
+  // No default member initializers: the array of them is made for every op partitioned, and
+  // only the first size_ are ever read.
   struct Entry {
-    const std::string* interned = nullptr;  // the Name's text, when the key is a Name
+    const std::string* interned;  // the Name's text, when the key is a Name
     std::string_view text;
     AxisList axes;
 
@@ -118,18 +121,19 @@ class AxesByName {
   size_t size_ = 0;
 };
 
-// `first` + `second` (+ `third`) in one allocation: names of the program's tensors and ops.
-inline std::string joined(std::string_view first, std::string_view second,
-                          std::string_view third = "") {
+// `first` + `second` in one allocation: names of the tensors the partitioner invents.
+inline std::string joined(std::string_view first, std::string_view second) {
   std::string text;
-  text.reserve(first.size() + second.size() + third.size());
-  text.append(first).append(second).append(third);
+  text.reserve(first.size() + second.size());
+  text.append(first).append(second);
   return text;
 }
 
-// A dim as the partitioner plans with it: name and mesh axes.
+// A dim as the partitioner plans with it: name (a global tensor's dim's, which outlives the
+// plan: a pointer, so that an array of them is made without constructing a Name each) and mesh
+// axes.
 struct PlanDim {
-  Name name;
+  const Name* name;
   AxisList axes;
 };
 
@@ -255,8 +259,10 @@ class Partitioner {
   TensorId local(TensorId global) const { return local_[static_cast<size_t>(global)]; }
   const Layout& layout(TensorId global) const { return layouts_[static_cast<size_t>(global)]; }
 
+  // The local tensor of `global` in `layout_in`, named global's name + `suffix` (a padded dim
+  // is noted for the tensor's own local copy, the one without a suffix).
   TensorId make_local(const Tensor& global, const Layout& layout_in, int region,
-                      const std::string& suffix);
+                      std::string_view suffix);
 
   // The source of a carry on this device. In a pipeline stage's loop (forward or backward) the
   // residual stream (or its gradient) goes to the next stage (back to the previous one) after
@@ -276,8 +282,9 @@ class Partitioner {
   // those collectives run in held layers / iterations of its iterations.
   void gather_pipeline_weights_once();
 
-  // Emits a collective over `axes`; writes `into` when given, else a new local tensor.
-  TensorId collective(OpKind kind, const std::string& name, TensorId input, const Tensor& global,
+  // Emits a collective over `axes`, named global's name + `suffix` ("/all_gather"); writes `into`
+  // when given, else a new local tensor of that name.
+  TensorId collective(OpKind kind, std::string_view suffix, TensorId input, const Tensor& global,
                       const Layout& result_layout, const AxisList& axes, int region,
                       ReduceOp reduce = ReduceOp::kSum, TensorId into = -1);
 
@@ -293,11 +300,11 @@ class Partitioner {
 
   // Emits `op` computed with its outputs in `computed` layouts, then reduces partial sums over
   // `partial` axes into each output's own layout.
-  void emit(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
-            const AxisList& partial, ReduceOp reduce = ReduceOp::kSum);
+  void emit(const Op& op, const TensorIds& inputs, const Layouts& computed, const AxisList& partial,
+            ReduceOp reduce = ReduceOp::kSum);
 
   // As emit(), with each output's own partial-sum axes.
-  void emit_with_partials(const Op& op, std::vector<TensorId> inputs, const Layouts& computed,
+  void emit_with_partials(const Op& op, const TensorIds& inputs, const Layouts& computed,
                           const AxisLists& partials, ReduceOp reduce = ReduceOp::kSum);
 
   // Axes of `input`'s dims that `output` lacks: an output that sums over those dims (a norm
@@ -310,9 +317,9 @@ class Partitioner {
 
   // Einsum over named dims; `lhs_dims`/`rhs_dims` describe the operands (virtual one-hot operands
   // of lookups have no tensor: their id is -1).
-  void partition_einsum(const Op& op, const std::vector<TensorId>& operands,
+  void partition_einsum(const Op& op, const std::array<TensorId, 2>& operands,
                         const std::array<PlanDims, 2>& operand_dims,
-                        const std::vector<std::string>& contracted);
+                        std::span<const std::string> contracted);
 
   PlanDims plan_dims(TensorId global) const;
 
@@ -350,10 +357,10 @@ class Partitioner {
   // the routing-weight gradient: 1); dispatch writes it (and, dropless, row_experts) instead.
   void partition_moe_exchange(const Op& global_op, size_t grouped_input = 0);
 
-  // Adds an op to the program in the phase of the op being partitioned (a recompute clone's
-  // collectives are recompute work too).
-  int add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
-             std::vector<TensorId> outputs, OpAttrs attrs, int region);
+  // Adds an op named `name` + `suffix` to the program in the phase of the op being partitioned (a
+  // recompute clone's collectives are recompute work too).
+  int add_op(OpKind kind, std::string_view name, std::string_view suffix, const TensorIds& inputs,
+             const TensorIds& outputs, const OpAttrs& attrs, int region);
 
   void partition_op(const Op& op);
 
@@ -369,6 +376,11 @@ class Partitioner {
   std::vector<PaddingNote> padding_;
   SizeDecisions decisions_;  // the choices that compare sizes (size_decisions.h)
   Phase current_phase_ = Phase::kForward;
+  // Reused from op to op, so that naming a tensor or an op and listing a collective's mesh axes
+  // allocate nothing once they are large enough (the graph copies them into kept buffers).
+  std::string tensor_name_;
+  std::string op_name_;
+  OpAttrs collective_attrs_;
   // Dropless MoE (size_dropless_buffers): the global expert_tokens size the rows need (0: no
   // dropless MoE), and the fraction of the rows balanced routing fills.
   int64_t dropless_expert_tokens_ = 0;

@@ -33,23 +33,58 @@ int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
                   std::vector<TensorId> outputs, OpAttrs attrs, int region) {
   const int id = static_cast<int>(ops_.size());
   const Phase phase = regions_.at(static_cast<size_t>(region)).phase;
+  set_producer(outputs, id);
+  // Built in place: an Op is 400 bytes, and programs add thousands of them.
+  Op& op = ops_.emplace_back();
+  op.id = id;
+  op.kind = kind;
+  op.name = std::move(name);
+  op.inputs.assign(inputs.begin(), inputs.end());
+  op.outputs.assign(outputs.begin(), outputs.end());
+  op.attrs = std::move(attrs);
+  op.region = region;
+  op.phase = phase;
+  return id;
+}
+
+TensorId Graph::add_tensor_copy(std::string_view name, std::span<const Dim> dims, DType dtype,
+                                TensorKind kind, int region, std::string_view remat_name) {
+  Tensor& tensor = tensors_.emplace_back();
+  tensor.id = static_cast<TensorId>(tensors_.size()) - 1;
+  tensor.name.assign(name);
+  tensor.dims.assign(dims.begin(), dims.end());
+  tensor.dtype = dtype;
+  tensor.kind = kind;
+  tensor.region = region;
+  tensor.remat_name.assign(remat_name);
+  producer_.push_back(-1);
+  return tensor.id;
+}
+
+int Graph::add_op_copy(OpKind kind, std::string_view name, std::span<const TensorId> inputs,
+                       std::span<const TensorId> outputs, const OpAttrs& attrs, int region) {
+  const int id = static_cast<int>(ops_.size());
+  const Phase phase = regions_.at(static_cast<size_t>(region)).phase;
+  set_producer(outputs, id);
+  Op& op = ops_.emplace_back();
+  op.id = id;
+  op.kind = kind;
+  op.name.assign(name);
+  op.inputs.assign(inputs.begin(), inputs.end());
+  op.outputs.assign(outputs.begin(), outputs.end());
+  op.attrs = attrs;
+  op.region = region;
+  op.phase = phase;
+  return id;
+}
+
+void Graph::set_producer(std::span<const TensorId> outputs, int id) {
   for (const TensorId output : outputs) {
     if (producer_.at(static_cast<size_t>(output)) >= 0) {
       throw std::logic_error("tensor '" + tensor(output).name + "' is written by two ops");
     }
     producer_[static_cast<size_t>(output)] = id;
   }
-  // Built in place: an Op is 368 bytes, and programs add thousands of them.
-  Op& op = ops_.emplace_back();
-  op.id = id;
-  op.kind = kind;
-  op.name = std::move(name);
-  op.inputs = std::move(inputs);
-  op.outputs = std::move(outputs);
-  op.attrs = std::move(attrs);
-  op.region = region;
-  op.phase = phase;
-  return id;
 }
 
 void Graph::replace_ops(Ops ops) {
@@ -61,12 +96,7 @@ void Graph::replace_ops(Ops ops) {
     if (static_cast<size_t>(op.region) >= regions_.size()) {
       throw std::logic_error("op '" + op.name + "' is in no region of the graph");
     }
-    for (const TensorId output : op.outputs) {
-      if (producer_.at(static_cast<size_t>(output)) >= 0) {
-        throw std::logic_error("tensor '" + tensor(output).name + "' is written by two ops");
-      }
-      producer_[static_cast<size_t>(output)] = op.id;
-    }
+    set_producer({op.outputs.data(), op.outputs.size()}, op.id);
   }
 }
 

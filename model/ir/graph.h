@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/container/deque.hpp>
@@ -73,7 +75,7 @@ struct Region {
 
 // A deque that allocates `kBlock` elements at a time. Adding an element never moves the others
 // (references stay valid while a builder extends the graph), as with std::deque, but libstdc++'s
-// std::deque allocates a 512-byte block, i.e. one block per Op (368 bytes): the partitioner
+// std::deque allocates a 512-byte block, i.e. one block per Op (400 bytes): the partitioner
 // builds thousands of programs of hundreds of ops, and that was one heap allocation per op.
 template <typename T, size_t kBlock>
 using BlockDeque = boost::container::deque<
@@ -81,7 +83,7 @@ using BlockDeque = boost::container::deque<
 
 class Graph {
  public:
-  // Blocks of 32 ops (about 12 KB) and 64 tensors (about 7 KB): a per-device program has a few
+  // Blocks of 32 ops (about 13 KB) and 64 tensors (about 7 KB): a per-device program has a few
   // hundred of each.
   using Ops = BlockDeque<Op, 32>;
   using Tensors = BlockDeque<Tensor, 64>;
@@ -96,6 +98,13 @@ class Graph {
   // Adds an op; its phase is the region's. Returns the op id.
   int add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
              std::vector<TensorId> outputs, OpAttrs attrs, int region);
+
+  // As add_tensor and add_op, with the texts and lists copied straight into the new tensor or op
+  // (the partitioner's names and operand lists are built in reused buffers).
+  TensorId add_tensor_copy(std::string_view name, std::span<const Dim> dims, DType dtype,
+                           TensorKind kind, int region, std::string_view remat_name = {});
+  int add_op_copy(OpKind kind, std::string_view name, std::span<const TensorId> inputs,
+                  std::span<const TensorId> outputs, const OpAttrs& attrs, int region);
 
   const Tensor& tensor(TensorId id) const { return tensors_.at(static_cast<size_t>(id)); }
   Tensor& mutable_tensor(TensorId id) { return tensors_.at(static_cast<size_t>(id)); }
@@ -133,6 +142,9 @@ class Graph {
   std::string to_text(int only_region = -1) const;
 
  private:
+  // Records op `id` as the producer of `outputs` (each written by one op only).
+  void set_producer(std::span<const TensorId> outputs, int id);
+
   // Block deques: adding a tensor, op or region never moves the existing ones, so references to
   // them stay valid while a builder extends the graph.
   Regions regions_;

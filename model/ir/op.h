@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "model/ir/tensor.h"
 
 namespace tpusim {
@@ -210,12 +212,17 @@ struct OpAttrs {
   bool operator==(const OpAttrs& other) const = default;
 };
 
+// An op's inputs or outputs, inline up to 4 (most ops read one to three tensors and write one;
+// attention's gradient reads up to eight): the partitioner adds thousands of ops per program, and
+// two lists on the heap were two allocations each.
+using TensorIds = boost::container::small_vector<TensorId, 4>;
+
 struct Op {
   int id = -1;
   OpKind kind = OpKind::kEinsum;
   std::string name;
-  std::vector<TensorId> inputs;
-  std::vector<TensorId> outputs;
+  TensorIds inputs;
+  TensorIds outputs;
   OpAttrs attrs;
   Phase phase = Phase::kForward;
   int region = 0;

@@ -102,7 +102,7 @@ std::optional<BatchClasses::Reference> BatchClasses::new_reference(
   reference.regions = graph.regions().size();
   reference.regions_of_tensor.resize(graph.tensors().size());
   for (const Op& op : graph.ops()) {
-    for (const std::vector<TensorId>* tensors : {&op.inputs, &op.outputs}) {
+    for (const TensorIds* tensors : {&op.inputs, &op.outputs}) {
       for (const TensorId tensor : *tensors) {
         std::vector<int>& regions = reference.regions_of_tensor[static_cast<size_t>(tensor)];
         if (std::find(regions.begin(), regions.end(), op.region) == regions.end()) {
