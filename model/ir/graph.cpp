@@ -17,20 +17,50 @@ int Graph::add_region(const std::string& name, int64_t repeat, Phase phase, int 
 
 TensorId Graph::add_tensor(std::string name, std::vector<Dim> dims, DType dtype, TensorKind kind,
                            int region, std::string remat_name) {
-  Tensor& tensor = tensors_.emplace_back();
-  tensor.id = static_cast<TensorId>(tensors_.size()) - 1;
+  Tensor& tensor = append_tensor(dtype, kind, region);
   tensor.name = std::move(name);
   tensor.dims = std::move(dims);
-  tensor.dtype = dtype;
-  tensor.kind = kind;
-  tensor.region = region;
   tensor.remat_name = std::move(remat_name);
-  producer_.push_back(-1);
   return tensor.id;
 }
 
 int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
                   std::vector<TensorId> outputs, OpAttrs attrs, int region) {
+  Op& op = append_op(kind, inputs, outputs, region);
+  op.name = std::move(name);
+  op.attrs = std::move(attrs);
+  return op.id;
+}
+
+TensorId Graph::add_tensor_copy(std::string_view name, std::span<const Dim> dims, DType dtype,
+                                TensorKind kind, int region, std::string_view remat_name) {
+  Tensor& tensor = append_tensor(dtype, kind, region);
+  tensor.name.assign(name);
+  tensor.dims.assign(dims.begin(), dims.end());
+  tensor.remat_name.assign(remat_name);
+  return tensor.id;
+}
+
+Tensor& Graph::append_tensor(DType dtype, TensorKind kind, int region) {
+  Tensor& tensor = tensors_.emplace_back();
+  tensor.id = static_cast<TensorId>(tensors_.size()) - 1;
+  tensor.dtype = dtype;
+  tensor.kind = kind;
+  tensor.region = region;
+  producer_.push_back(-1);
+  return tensor;
+}
+
+int Graph::add_op_copy(OpKind kind, std::string_view name, std::span<const TensorId> inputs,
+                       std::span<const TensorId> outputs, const OpAttrs& attrs, int region) {
+  Op& op = append_op(kind, inputs, outputs, region);
+  op.name.assign(name);
+  op.attrs = attrs;
+  return op.id;
+}
+
+Op& Graph::append_op(OpKind kind, std::span<const TensorId> inputs,
+                     std::span<const TensorId> outputs, int region) {
   const int id = static_cast<int>(ops_.size());
   const Phase phase = regions_.at(static_cast<size_t>(region)).phase;
   set_producer(outputs, id);
@@ -38,44 +68,11 @@ int Graph::add_op(OpKind kind, std::string name, std::vector<TensorId> inputs,
   Op& op = ops_.emplace_back();
   op.id = id;
   op.kind = kind;
-  op.name = std::move(name);
   op.inputs.assign(inputs.begin(), inputs.end());
   op.outputs.assign(outputs.begin(), outputs.end());
-  op.attrs = std::move(attrs);
   op.region = region;
   op.phase = phase;
-  return id;
-}
-
-TensorId Graph::add_tensor_copy(std::string_view name, std::span<const Dim> dims, DType dtype,
-                                TensorKind kind, int region, std::string_view remat_name) {
-  Tensor& tensor = tensors_.emplace_back();
-  tensor.id = static_cast<TensorId>(tensors_.size()) - 1;
-  tensor.name.assign(name);
-  tensor.dims.assign(dims.begin(), dims.end());
-  tensor.dtype = dtype;
-  tensor.kind = kind;
-  tensor.region = region;
-  tensor.remat_name.assign(remat_name);
-  producer_.push_back(-1);
-  return tensor.id;
-}
-
-int Graph::add_op_copy(OpKind kind, std::string_view name, std::span<const TensorId> inputs,
-                       std::span<const TensorId> outputs, const OpAttrs& attrs, int region) {
-  const int id = static_cast<int>(ops_.size());
-  const Phase phase = regions_.at(static_cast<size_t>(region)).phase;
-  set_producer(outputs, id);
-  Op& op = ops_.emplace_back();
-  op.id = id;
-  op.kind = kind;
-  op.name.assign(name);
-  op.inputs.assign(inputs.begin(), inputs.end());
-  op.outputs.assign(outputs.begin(), outputs.end());
-  op.attrs = attrs;
-  op.region = region;
-  op.phase = phase;
-  return id;
+  return op;
 }
 
 void Graph::set_producer(std::span<const TensorId> outputs, int id) {

@@ -144,6 +144,13 @@ class Graph {
  private:
   // Records op `id` as the producer of `outputs` (each written by one op only).
   void set_producer(std::span<const TensorId> outputs, int id);
+  // A new tensor with its id, dtype, kind and region, written by no op yet (name, dims and
+  // remat name left to the caller).
+  Tensor& append_tensor(DType dtype, TensorKind kind, int region);
+  // A new op with its id, kind, operands, region and the region's phase (name and attrs left to
+  // the caller).
+  Op& append_op(OpKind kind, std::span<const TensorId> inputs, std::span<const TensorId> outputs,
+                int region);
 
   // Block deques: adding a tensor, op or region never moves the existing ones, so references to
   // them stay valid while a builder extends the graph.
