@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -29,6 +30,7 @@
 #include "sim/explore/search_space.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
+#include "sim/memory/memory_model.h"
 #include "sim/perf/step_simulator.h"
 
 namespace tpusim {
@@ -129,6 +131,142 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
   }
   std::printf("%d pairs re-sized and compared, %d refused by a size choice\n", resized, refused);
   EXPECT_GE(resized, 100);
+}
+
+// Settings the first test lacks: context and tensor_sequence splits under attention, local and
+// global attention (gemma2, gemma3), qwen3 dense (qk norms), MLA attention, fp8 and int8
+// quantization, a custom remat policy that offloads, 4 slices with a 4-stage pipeline, sizes that
+// pad (a length and a vocab no split divides) and a per-device batch below 1.
+struct Setting {
+  std::vector<std::string> overrides;
+  const char* split = nullptr;  // a mesh axis both meshes split (nullptr: any structure)
+};
+
+const std::vector<Setting> kMoreSettings = {
+    {{"model_name=llama3.1-8b", "compile_topology=v5p-32", "max_target_length=8192"}, "context"},
+    {{"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=4096"},
+     "tensor_sequence"},
+    {{"model_name=gemma3-4b", "compile_topology=v6e-16", "max_target_length=3000"}},
+    {{"model_name=gemma3-4b", "compile_topology=v6e-16", "max_target_length=3000"}, "context"},
+    {{"model_name=gemma2-2b", "compile_topology=tpu7x-16", "max_target_length=1536",
+      "quantization=fp8_full"}},
+    {{"model_name=qwen3-0.6b", "compile_topology=v5p-16", "max_target_length=1000",
+      "quantization=int8"}},
+    {{"model_name=qwen3-8b", "compile_topology=v5e-16", "max_target_length=2048",
+      "remat_policy=custom", "decoder_layer_input=offload", "query_proj=offload", "mlpwo=device"}},
+    {{"model_name=llama2-7b", "compile_topology=v5e-16", "compile_topology_num_slices=4",
+      "dcn_pipeline_parallelism=4", "max_target_length=384"}},
+    {{"model_name=tiny-qwen3", "compile_topology=v5e-8", "max_target_length=200",
+      "override_model_config=true", "vocab_size=1001", "per_device_batch_size=0.25"}},
+    {{"model_name=tiny-mla", "compile_topology=v5e-8", "max_target_length=200",
+      "override_model_config=true", "num_experts=1", "num_experts_per_tok=1"}},
+};
+
+// The step program explore evaluates for (batch, mesh) with `program` as its per-device program.
+StepProgram step_program(const SearchSpace& space, const std::shared_ptr<const TrainingStep>& step,
+                         size_t batch, const MeshShape& mesh, PartitionedProgram program) {
+  StepProgram result;
+  result.slice = space.slice;
+  result.mesh = place_mesh(mesh, space.slice);
+  result.step = step;
+  result.program = std::move(program);
+  result.program.mesh = result.mesh;
+  const BatchChoice& choice = space.batches[batch];
+  result.microbatch = choice.microbatch;
+  result.accumulation_steps = choice.accumulation_steps;
+  result.global_batch = choice.microbatch * choice.accumulation_steps;
+  return result;
+}
+
+// Memory and the simulated step of the re-sized program against the built one, bit for bit.
+void expect_same_estimates(const StepProgram& resized, const StepProgram& built,
+                           const PerfOptions& options, const std::string& where) {
+  const MemoryEstimate want = estimate_memory(built);
+  const MemoryEstimate got = estimate_memory(resized);
+  EXPECT_EQ(got.peak_bytes, want.peak_bytes) << where;
+  EXPECT_EQ(got.peak_region, want.peak_region) << where;
+  EXPECT_EQ(got.host_offloaded_bytes, want.host_offloaded_bytes) << where;
+  EXPECT_EQ(got.at_peak.total(), want.at_peak.total()) << where;
+  EXPECT_EQ(got.fits, want.fits) << where;
+  const StepTiming want_time = StepSimulator(built).run(options);
+  const StepTiming got_time = StepSimulator(resized).run(options);
+  ASSERT_GT(want.peak_bytes, 0) << where;
+  ASSERT_GT(want_time.step_seconds, 0) << where;
+  EXPECT_EQ(got_time.step_seconds, want_time.step_seconds) << where;
+  EXPECT_EQ(got_time.hardware_matmul_flops, want_time.hardware_matmul_flops) << where;
+}
+
+struct PairCounts {
+  int resized = 0;
+  int refused = 0;
+};
+
+// Random pairs of meshes of one structure in the setting's space: A's program re-sized for B
+// against B's own partition (program text, padding, memory, simulated step).
+void compare_random_pairs(const Setting& setting, std::mt19937& random, int pairs,
+                          PairCounts& counts) {
+  const std::vector<std::string>& overrides = setting.overrides;
+  const Config config = Config::load("", overrides);
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 2});
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  TrainingStepCache steps(config, space);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
+  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  for (const MeshShape& mesh : space.meshes) {
+    if (divisibility.parameters_divide(mesh) &&
+        (setting.split == nullptr || mesh.size(mesh_axis_index(setting.split)) > 1)) {
+      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+    }
+  }
+  ASSERT_FALSE(by_structure.empty()) << overrides[0];
+  PerfOptions options = perf_options_from_config(config, *space.slice.chip);
+  options.record_details = false;
+  int in_setting = 0;
+  for (int draw = 0; draw < 20 * pairs && in_setting < pairs; ++draw) {
+    auto group = by_structure.begin();
+    std::advance(group, static_cast<long>(random() % by_structure.size()));
+    const std::vector<const MeshShape*>& meshes = group->second;
+    const MeshShape& a = *meshes[random() % meshes.size()];
+    const MeshShape& b = *meshes[random() % meshes.size()];
+    const size_t batch = random() % space.batches.size();
+    const size_t remat = random() % space.remats.size();
+    const int64_t loaded = space.batches[batch].loaded_microbatch;
+    if (&a == &b || !divisibility.batch_divides(a, loaded) ||
+        !divisibility.batch_divides(b, loaded)) {
+      continue;
+    }
+    ++in_setting;
+    const std::shared_ptr<const TrainingStep> step = steps.get(batch, remat);
+    std::optional<ResizableProgram> from =
+        ResizableProgram::from(partitioned(space, *step, rules, a), a);
+    ASSERT_TRUE(from.has_value()) << overrides[0];
+    if (!from->resize(b)) {
+      ++counts.refused;
+      continue;
+    }
+    ++counts.resized;
+    const std::string where = overrides[0] + " " + overrides[1] + " " + a.describe() + " -> " +
+                              b.describe() + " " + space.remats[remat].label() + " batch " +
+                              std::to_string(batch);
+    const StepProgram built =
+        step_program(space, step, batch, b, partitioned(space, *step, rules, b));
+    expect_same_program(from->program(), built.program, where);
+    expect_same_estimates(step_program(space, step, batch, b, from->program()), built, options,
+                          where);
+  }
+}
+
+TEST(ProgramResize, MoreSettingsGiveThePartitionersProgramMemoryAndStep) {
+  std::mt19937 random(4558);
+  PairCounts counts;
+  for (const Setting& setting : kMoreSettings) {
+    const PairCounts before = counts;
+    compare_random_pairs(setting, random, 40, counts);
+    std::printf("%s %s split %s: %d re-sized, %d refused\n", setting.overrides[0].c_str(),
+                setting.overrides[1].c_str(), setting.split == nullptr ? "any" : setting.split,
+                counts.resized - before.resized, counts.refused - before.refused);
+  }
+  EXPECT_GE(counts.resized, 300);
 }
 
 MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
