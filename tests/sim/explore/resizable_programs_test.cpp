@@ -8,8 +8,12 @@
 // re-sizing finds the same top N as without it, from a bar that bounds most batches out,
 // partitioning fewer programs; a run that partitions every program checks each against a kept
 // program re-sized for its mesh (std::logic_error).
+#include "sim/explore/resizable_programs.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <initializer_list>
 #include <iterator>
@@ -18,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -136,10 +141,12 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
 // Settings the first test lacks: context and tensor_sequence splits under attention, local and
 // global attention (gemma2, gemma3), qwen3 dense (qk norms), MLA attention, fp8 and int8
 // quantization, a custom remat policy that offloads, 4 slices with a 4-stage pipeline, sizes that
-// pad (a length and a vocab no split divides) and a per-device batch below 1.
+// pad (a length and a vocab no split divides) and a per-device batch below 1 (a global batch of 4
+// sequences on 8 chips).
 struct Setting {
   std::vector<std::string> overrides;
   const char* split = nullptr;  // a mesh axis both meshes split (nullptr: any structure)
+  int64_t global_batch = 0;     // explore's --global-batch-size (0: per-device batches searched)
 };
 
 const std::vector<Setting> kMoreSettings = {
@@ -157,7 +164,9 @@ const std::vector<Setting> kMoreSettings = {
     {{"model_name=llama2-7b", "compile_topology=v5e-16", "compile_topology_num_slices=4",
       "dcn_pipeline_parallelism=4", "max_target_length=384"}},
     {{"model_name=tiny-qwen3", "compile_topology=v5e-8", "max_target_length=200",
-      "override_model_config=true", "vocab_size=1001", "per_device_batch_size=0.25"}},
+      "override_model_config=true", "vocab_size=1001"},
+     nullptr,
+     4},
     {{"model_name=tiny-mla", "compile_topology=v5e-8", "max_target_length=200",
       "override_model_config=true", "num_experts=1", "num_experts_per_tok=1"}},
 };
@@ -207,7 +216,8 @@ void compare_random_pairs(const Setting& setting, std::mt19937& random, int pair
                           PairCounts& counts) {
   const std::vector<std::string>& overrides = setting.overrides;
   const Config config = Config::load("", overrides);
-  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 2});
+  const SearchSpace space = build_search_space(
+      config, {.global_batch_size = setting.global_batch, .max_per_device_batch = 2});
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   TrainingStepCache steps(config, space);
   const Divisibility divisibility(*steps.get(0, 0), rules);
@@ -240,6 +250,9 @@ void compare_random_pairs(const Setting& setting, std::mt19937& random, int pair
     std::optional<ResizableProgram> from =
         ResizableProgram::from(partitioned(space, *step, rules, a), a);
     ASSERT_TRUE(from.has_value()) << overrides[0];
+    // As a kept program is re-sized for mesh after mesh: first for a third mesh (whether or not
+    // its choices hold there), then for B.
+    from->resize(*meshes[random() % meshes.size()]);
     if (!from->resize(b)) {
       ++counts.refused;
       continue;
@@ -267,6 +280,60 @@ TEST(ProgramResize, MoreSettingsGiveThePartitionersProgramMemoryAndStep) {
                 counts.resized - before.resized, counts.refused - before.refused);
   }
   EXPECT_GE(counts.resized, 300);
+}
+
+// Worker threads share the kept programs: each re-sizes a slot in place under its lock and copies
+// the result. Two threads asking for different meshes of one structure at once must each get
+// their mesh's own partition (run under ThreadSanitizer, a race also reports).
+TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  TrainingStepCache steps(config, space);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
+  const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
+  const int64_t loaded = space.batches[0].loaded_microbatch;
+  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  for (const MeshShape& mesh : space.meshes) {
+    if (divisibility.parameters_divide(mesh) && divisibility.batch_divides(mesh, loaded)) {
+      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+    }
+  }
+  const auto largest = std::max_element(
+      by_structure.begin(), by_structure.end(),
+      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  const std::vector<const MeshShape*>& meshes = largest->second;
+  ASSERT_GE(meshes.size(), 4U);
+  std::vector<std::string> texts;
+  for (const MeshShape* mesh : meshes) {
+    texts.push_back(partitioned(space, step, rules, *mesh).graph.to_text());
+  }
+  ResizablePrograms kept;
+  kept.offer(0, TrainingStepCache::kNoRemat, partitioned(space, step, rules, *meshes[0]),
+             *meshes[0]);
+  std::array<int, 2> resized{};
+  std::array<int, 2> wrong{};
+  auto ask = [&](size_t thread) {
+    for (int round = 0; round < 40; ++round) {
+      const size_t which = (thread == 0 ? static_cast<size_t>(round)
+                                        : meshes.size() * 40 - 1 - static_cast<size_t>(round)) %
+                           meshes.size();
+      std::string text;
+      if (kept.with_resized(
+              0, TrainingStepCache::kNoRemat, *meshes[which],
+              [&](const PartitionedProgram& program) { text = program.graph.to_text(); })) {
+        ++resized[thread];
+        wrong[thread] += text == texts[which] ? 0 : 1;
+      }
+    }
+  };
+  std::thread other(ask, 1);
+  ask(0);
+  other.join();
+  EXPECT_GT(resized[0] + resized[1], 0);
+  EXPECT_EQ(wrong[0], 0);
+  EXPECT_EQ(wrong[1], 0);
 }
 
 MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
