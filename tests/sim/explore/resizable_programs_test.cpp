@@ -7,7 +7,11 @@
 // comes out otherwise the re-size is refused. MoE routing is not resizable. And explore with
 // re-sizing finds the same top N as without it, from a bar that bounds most batches out,
 // partitioning fewer programs; a run that partitions every program checks each against a kept
-// program re-sized for its mesh (std::logic_error).
+// program re-sized for its mesh (std::logic_error). Over more settings (context and
+// tensor_sequence splits, local/global attention, qwen3, MLA, fp8/int8, offloading remat, a
+// 4-stage pipeline over 4 slices, padded sizes, a batch below 1 per device, axes of 3) the re-sized
+// program also gives the same memory estimate and simulated step bit for bit, after being re-sized
+// for another mesh first; threads sharing the kept programs get their own meshes' programs.
 #include "sim/explore/resizable_programs.h"
 
 #include <gtest/gtest.h>
@@ -142,7 +146,7 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
 // global attention (gemma2, gemma3), qwen3 dense (qk norms), MLA attention, fp8 and int8
 // quantization, a custom remat policy that offloads, 4 slices with a 4-stage pipeline, sizes that
 // pad (a length and a vocab no split divides) and a per-device batch below 1 (a global batch of 4
-// sequences on 8 chips).
+// sequences on 8 chips), and axes of size 3.
 struct Setting {
   std::vector<std::string> overrides;
   const char* split = nullptr;  // a mesh axis both meshes split (nullptr: any structure)
@@ -167,6 +171,10 @@ const std::vector<Setting> kMoreSettings = {
       "override_model_config=true", "vocab_size=1001"},
      nullptr,
      4},
+    // Axes of 3 (192 chips; 3 slices): splits that do not divide kv heads, lengths, vocab.
+    {{"model_name=llama3.1-8b", "compile_topology=v5p-384", "max_target_length=1000"}},
+    {{"model_name=gemma2-2b", "compile_topology=v5e-8", "compile_topology_num_slices=3",
+      "max_target_length=1000"}},
     {{"model_name=tiny-mla", "compile_topology=v5e-8", "max_target_length=200",
       "override_model_config=true", "num_experts=1", "num_experts_per_tok=1"}},
 };
@@ -306,6 +314,7 @@ TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
   const std::vector<const MeshShape*>& meshes = largest->second;
   ASSERT_GE(meshes.size(), 4U);
   std::vector<std::string> texts;
+  texts.reserve(meshes.size());
   for (const MeshShape* mesh : meshes) {
     texts.push_back(partitioned(space, step, rules, *mesh).graph.to_text());
   }
@@ -455,6 +464,19 @@ TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
   const ExploreResult checked = explore_with(config, bar, true, true);
   ASSERT_EQ(checked.top.size(), with.top.size());
   EXPECT_EQ(checked.top.front().args, with.top.front().args);
+}
+
+// Explore in checking mode partitions every program and compares each with a kept program
+// re-sized for its mesh (std::logic_error on a difference): over the settings of the randomized
+// test above that explore fastest (tensor_sequence, gemma3 with context, axes of 3 in a slice and
+// over 3 slices), every pair of meshes the search meets.
+TEST(ProgramResize, ExploreChecksEveryResizeOverMoreSettings) {
+  for (const size_t index : {1U, 3U, 9U, 10U}) {
+    const Setting& setting = kMoreSettings[index];
+    const Config config = Config::load("", setting.overrides);
+    const ExploreResult checked = explore_with(config, -1e300, true, true);
+    EXPECT_FALSE(checked.top.empty()) << setting.overrides[0];
+  }
 }
 
 }  // namespace
