@@ -7,16 +7,26 @@
 // comes out otherwise the re-size is refused. MoE routing is not resizable. And explore with
 // re-sizing finds the same top N as without it, from a bar that bounds most batches out,
 // partitioning fewer programs; a run that partitions every program checks each against a kept
-// program re-sized for its mesh (std::logic_error).
+// program re-sized for its mesh (std::logic_error). Over more settings (context and
+// tensor_sequence splits, local/global attention, qwen3, MLA, fp8/int8, offloading remat, a
+// 4-stage pipeline over 4 slices, padded sizes, a batch below 1 per device, axes of 3) the re-sized
+// program also gives the same memory estimate and simulated step bit for bit, after being re-sized
+// for another mesh first; threads sharing the kept programs get their own meshes' programs.
+#include "sim/explore/resizable_programs.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,6 +39,7 @@
 #include "sim/explore/search_space.h"
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
+#include "sim/memory/memory_model.h"
 #include "sim/perf/step_simulator.h"
 
 namespace tpusim {
@@ -129,6 +140,209 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
   }
   std::printf("%d pairs re-sized and compared, %d refused by a size choice\n", resized, refused);
   EXPECT_GE(resized, 100);
+}
+
+// Settings the first test lacks: context and tensor_sequence splits under attention, local and
+// global attention (gemma2, gemma3), qwen3 dense (qk norms), MLA attention, fp8 and int8
+// quantization, a custom remat policy that offloads, 4 slices with a 4-stage pipeline, sizes that
+// pad (a length and a vocab no split divides) and a per-device batch below 1 (a global batch of 4
+// sequences on 8 chips), and axes of size 3.
+struct Setting {
+  std::vector<std::string> overrides;
+  const char* split = nullptr;  // a mesh axis both meshes split (nullptr: any structure)
+  int64_t global_batch = 0;     // explore's --global-batch-size (0: per-device batches searched)
+};
+
+const std::vector<Setting> kMoreSettings = {
+    {{"model_name=llama3.1-8b", "compile_topology=v5p-32", "max_target_length=8192"}, "context"},
+    {{"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=4096"},
+     "tensor_sequence"},
+    {{"model_name=gemma3-4b", "compile_topology=v6e-16", "max_target_length=3000"}},
+    {{"model_name=gemma3-4b", "compile_topology=v6e-16", "max_target_length=3000"}, "context"},
+    {{"model_name=gemma2-2b", "compile_topology=tpu7x-16", "max_target_length=1536",
+      "quantization=fp8_full"}},
+    {{"model_name=qwen3-0.6b", "compile_topology=v5p-16", "max_target_length=1000",
+      "quantization=int8"}},
+    {{"model_name=qwen3-8b", "compile_topology=v5e-16", "max_target_length=2048",
+      "remat_policy=custom", "decoder_layer_input=offload", "query_proj=offload", "mlpwo=device"}},
+    {{"model_name=llama2-7b", "compile_topology=v5e-16", "compile_topology_num_slices=4",
+      "dcn_pipeline_parallelism=4", "max_target_length=384"}},
+    {{"model_name=tiny-qwen3", "compile_topology=v5e-8", "max_target_length=200",
+      "override_model_config=true", "vocab_size=1001"},
+     nullptr,
+     4},
+    // Axes of 3 (192 chips; 3 slices): splits that do not divide kv heads, lengths, vocab.
+    {{"model_name=llama3.1-8b", "compile_topology=v5p-384", "max_target_length=1000"}},
+    {{"model_name=gemma2-2b", "compile_topology=v5e-8", "compile_topology_num_slices=3",
+      "max_target_length=1000"}},
+    {{"model_name=tiny-mla", "compile_topology=v5e-8", "max_target_length=200",
+      "override_model_config=true", "num_experts=1", "num_experts_per_tok=1"}},
+};
+
+// The step program explore evaluates for (batch, mesh) with `program` as its per-device program.
+StepProgram step_program(const SearchSpace& space, const std::shared_ptr<const TrainingStep>& step,
+                         size_t batch, const MeshShape& mesh, PartitionedProgram program) {
+  StepProgram result;
+  result.slice = space.slice;
+  result.mesh = place_mesh(mesh, space.slice);
+  result.step = step;
+  result.program = std::move(program);
+  result.program.mesh = result.mesh;
+  const BatchChoice& choice = space.batches[batch];
+  result.microbatch = choice.microbatch;
+  result.accumulation_steps = choice.accumulation_steps;
+  result.global_batch = choice.microbatch * choice.accumulation_steps;
+  return result;
+}
+
+// Memory and the simulated step of the re-sized program against the built one, bit for bit.
+void expect_same_estimates(const StepProgram& resized, const StepProgram& built,
+                           const PerfOptions& options, const std::string& where) {
+  const MemoryEstimate want = estimate_memory(built);
+  const MemoryEstimate got = estimate_memory(resized);
+  EXPECT_EQ(got.peak_bytes, want.peak_bytes) << where;
+  EXPECT_EQ(got.peak_region, want.peak_region) << where;
+  EXPECT_EQ(got.host_offloaded_bytes, want.host_offloaded_bytes) << where;
+  EXPECT_EQ(got.at_peak.total(), want.at_peak.total()) << where;
+  EXPECT_EQ(got.fits, want.fits) << where;
+  const StepTiming want_time = StepSimulator(built).run(options);
+  const StepTiming got_time = StepSimulator(resized).run(options);
+  ASSERT_GT(want.peak_bytes, 0) << where;
+  ASSERT_GT(want_time.step_seconds, 0) << where;
+  EXPECT_EQ(got_time.step_seconds, want_time.step_seconds) << where;
+  EXPECT_EQ(got_time.hardware_matmul_flops, want_time.hardware_matmul_flops) << where;
+}
+
+struct PairCounts {
+  int resized = 0;
+  int refused = 0;
+};
+
+// Random pairs of meshes of one structure in the setting's space: A's program re-sized for B
+// against B's own partition (program text, padding, memory, simulated step).
+void compare_random_pairs(const Setting& setting, std::mt19937& random, int pairs,
+                          PairCounts& counts) {
+  const std::vector<std::string>& overrides = setting.overrides;
+  const Config config = Config::load("", overrides);
+  const SearchSpace space = build_search_space(
+      config, {.global_batch_size = setting.global_batch, .max_per_device_batch = 2});
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  TrainingStepCache steps(config, space);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
+  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  for (const MeshShape& mesh : space.meshes) {
+    if (divisibility.parameters_divide(mesh) &&
+        (setting.split == nullptr || mesh.size(mesh_axis_index(setting.split)) > 1)) {
+      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+    }
+  }
+  ASSERT_FALSE(by_structure.empty()) << overrides[0];
+  PerfOptions options = perf_options_from_config(config, *space.slice.chip);
+  options.record_details = false;
+  int in_setting = 0;
+  for (int draw = 0; draw < 20 * pairs && in_setting < pairs; ++draw) {
+    auto group = by_structure.begin();
+    std::advance(group, static_cast<long>(random() % by_structure.size()));
+    const std::vector<const MeshShape*>& meshes = group->second;
+    const MeshShape& a = *meshes[random() % meshes.size()];
+    const MeshShape& b = *meshes[random() % meshes.size()];
+    const size_t batch = random() % space.batches.size();
+    const size_t remat = random() % space.remats.size();
+    const int64_t loaded = space.batches[batch].loaded_microbatch;
+    if (&a == &b || !divisibility.batch_divides(a, loaded) ||
+        !divisibility.batch_divides(b, loaded)) {
+      continue;
+    }
+    ++in_setting;
+    const std::shared_ptr<const TrainingStep> step = steps.get(batch, remat);
+    std::optional<ResizableProgram> from =
+        ResizableProgram::from(partitioned(space, *step, rules, a), a);
+    ASSERT_TRUE(from.has_value()) << overrides[0];
+    // As a kept program is re-sized for mesh after mesh: first for a third mesh (whether or not
+    // its choices hold there), then for B.
+    from->resize(*meshes[random() % meshes.size()]);
+    if (!from->resize(b)) {
+      ++counts.refused;
+      continue;
+    }
+    ++counts.resized;
+    const std::string where = overrides[0] + " " + overrides[1] + " " + a.describe() + " -> " +
+                              b.describe() + " " + space.remats[remat].label() + " batch " +
+                              std::to_string(batch);
+    const StepProgram built =
+        step_program(space, step, batch, b, partitioned(space, *step, rules, b));
+    expect_same_program(from->program(), built.program, where);
+    expect_same_estimates(step_program(space, step, batch, b, from->program()), built, options,
+                          where);
+  }
+}
+
+TEST(ProgramResize, MoreSettingsGiveThePartitionersProgramMemoryAndStep) {
+  std::mt19937 random(4558);
+  PairCounts counts;
+  for (const Setting& setting : kMoreSettings) {
+    const PairCounts before = counts;
+    compare_random_pairs(setting, random, 40, counts);
+    std::printf("%s %s split %s: %d re-sized, %d refused\n", setting.overrides[0].c_str(),
+                setting.overrides[1].c_str(), setting.split == nullptr ? "any" : setting.split,
+                counts.resized - before.resized, counts.refused - before.refused);
+  }
+  EXPECT_GE(counts.resized, 300);
+}
+
+// Worker threads share the kept programs: each re-sizes a slot in place under its lock and copies
+// the result. Two threads asking for different meshes of one structure at once must each get
+// their mesh's own partition (run under ThreadSanitizer, a race also reports).
+TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
+  const Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  TrainingStepCache steps(config, space);
+  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  const Divisibility divisibility(*steps.get(0, 0), rules);
+  const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
+  const int64_t loaded = space.batches[0].loaded_microbatch;
+  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  for (const MeshShape& mesh : space.meshes) {
+    if (divisibility.parameters_divide(mesh) && divisibility.batch_divides(mesh, loaded)) {
+      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+    }
+  }
+  const auto largest = std::max_element(
+      by_structure.begin(), by_structure.end(),
+      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  const std::vector<const MeshShape*>& meshes = largest->second;
+  ASSERT_GE(meshes.size(), 4U);
+  std::vector<std::string> texts;
+  texts.reserve(meshes.size());
+  for (const MeshShape* mesh : meshes) {
+    texts.push_back(partitioned(space, step, rules, *mesh).graph.to_text());
+  }
+  ResizablePrograms kept;
+  kept.offer(0, TrainingStepCache::kNoRemat, partitioned(space, step, rules, *meshes[0]),
+             *meshes[0]);
+  std::array<int, 2> resized{};
+  std::array<int, 2> wrong{};
+  auto ask = [&](size_t thread) {
+    for (int round = 0; round < 40; ++round) {
+      const size_t which = (thread == 0 ? static_cast<size_t>(round)
+                                        : meshes.size() * 40 - 1 - static_cast<size_t>(round)) %
+                           meshes.size();
+      std::string text;
+      if (kept.with_resized(
+              0, TrainingStepCache::kNoRemat, *meshes[which],
+              [&](const PartitionedProgram& program) { text = program.graph.to_text(); })) {
+        ++resized[thread];
+        wrong[thread] += text == texts[which] ? 0 : 1;
+      }
+    }
+  };
+  std::thread other(ask, 1);
+  ask(0);
+  other.join();
+  EXPECT_GT(resized[0] + resized[1], 0);
+  EXPECT_EQ(wrong[0], 0);
+  EXPECT_EQ(wrong[1], 0);
 }
 
 MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
@@ -250,6 +464,19 @@ TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
   const ExploreResult checked = explore_with(config, bar, true, true);
   ASSERT_EQ(checked.top.size(), with.top.size());
   EXPECT_EQ(checked.top.front().args, with.top.front().args);
+}
+
+// Explore in checking mode partitions every program and compares each with a kept program
+// re-sized for its mesh (std::logic_error on a difference): over the settings of the randomized
+// test above that explore fastest (tensor_sequence, gemma3 with context, axes of 3 in a slice and
+// over 3 slices), every pair of meshes the search meets.
+TEST(ProgramResize, ExploreChecksEveryResizeOverMoreSettings) {
+  for (const size_t index : {1U, 3U, 9U, 10U}) {
+    const Setting& setting = kMoreSettings[index];
+    const Config config = Config::load("", setting.overrides);
+    const ExploreResult checked = explore_with(config, -1e300, true, true);
+    EXPECT_FALSE(checked.top.empty()) << setting.overrides[0];
+  }
 }
 
 }  // namespace
