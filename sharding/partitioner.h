@@ -49,6 +49,8 @@ struct PaddingNote {
   int64_t global_size = 0;
   int64_t shards = 1;
   int64_t padded_size = 0;  // global size after padding: shards x local
+
+  friend bool operator==(const PaddingNote&, const PaddingNote&) = default;
 };
 
 struct PartitionedProgram {

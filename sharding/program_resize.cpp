@@ -127,4 +127,9 @@ bool ResizableProgram::holds(const SizeDecision& decision, const MeshShape& mesh
   return outcome == decision.outcome;
 }
 
+bool same_program(const PartitionedProgram& a, const PartitionedProgram& b) {
+  return a.padding == b.padding && a.local_of_global == b.local_of_global &&
+         a.graph.to_text() == b.graph.to_text();
+}
+
 }  // namespace tpusim

@@ -71,4 +71,9 @@ class ResizableProgram {
   uint32_t structure_ = 0;
 };
 
+// The same per-device program: `tpusim program`'s text (ops, tensors, local sizes, collectives with
+// their group sizes), the padding notes and the local tensor of every global one (the explorer's
+// checking run compares a re-sized program with the partition this way).
+bool same_program(const PartitionedProgram& a, const PartitionedProgram& b);
+
 }  // namespace tpusim

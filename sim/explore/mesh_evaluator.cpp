@@ -413,9 +413,7 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   if (context_.facts.checking()) {
     // The re-sizing argument (sharding/program_resize.h) checked on every program partitioned.
     PartitionedProgram built = std::move(plan.program.program);
-    if (copy_resized(plan, batch, remat) &&
-        (plan.program.program.graph.to_text() != built.graph.to_text() ||
-         plan.program.program.padding.size() != built.padding.size())) {
+    if (copy_resized(plan, batch, remat) && !same_program(plan.program.program, built)) {
       throw std::logic_error(
           "explore: a program re-sized for this mesh differs from the mesh's own partition");
     }
