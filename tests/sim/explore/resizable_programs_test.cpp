@@ -80,6 +80,33 @@ void expect_same_program(const PartitionedProgram& resized, const PartitionedPro
   EXPECT_EQ(resized.local_of_global, built.local_of_global) << where;
 }
 
+using ByStructure = std::map<uint32_t, std::vector<const MeshShape*>>;
+
+// Two meshes of one structure, drawn from a random group, and a batch and remat policy that both
+// split evenly.
+struct DrawnPair {
+  const std::vector<const MeshShape*>* group = nullptr;
+  const MeshShape* a = nullptr;
+  const MeshShape* b = nullptr;
+  size_t batch = 0;
+  size_t remat = 0;
+};
+
+std::optional<DrawnPair> draw_pair(std::mt19937& random, const ByStructure& by_structure,
+                                   const SearchSpace& space, const Divisibility& divisibility) {
+  auto group = by_structure.begin();
+  std::advance(group, static_cast<long>(random() % by_structure.size()));
+  const std::vector<const MeshShape*>& meshes = group->second;
+  DrawnPair pair{&meshes, meshes[random() % meshes.size()], meshes[random() % meshes.size()],
+                 random() % space.batches.size(), random() % space.remats.size()};
+  const int64_t loaded = space.batches[pair.batch].loaded_microbatch;
+  if (pair.a == pair.b || !divisibility.batch_divides(*pair.a, loaded) ||
+      !divisibility.batch_divides(*pair.b, loaded)) {
+    return std::nullopt;
+  }
+  return pair;
+}
+
 TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
   std::mt19937 random(58);
   int resized = 0;
@@ -90,7 +117,7 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
     const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
     TrainingStepCache steps(config, space);
     const Divisibility divisibility(*steps.get(0, 0), rules);
-    std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+    ByStructure by_structure;
     for (const MeshShape& mesh : space.meshes) {
       if (divisibility.parameters_divide(mesh)) {
         by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
@@ -102,21 +129,14 @@ TEST(ProgramResize, SameChoicesGiveThePartitionersProgram) {
     contexts[1].flash_attention = false;
     int in_setting = 0;
     for (int draw = 0; draw < 400 && in_setting < 40; ++draw) {
-      auto group = by_structure.begin();
-      std::advance(group, static_cast<long>(random() % by_structure.size()));
-      const std::vector<const MeshShape*>& meshes = group->second;
-      if (meshes.size() < 2) {
+      const std::optional<DrawnPair> pair = draw_pair(random, by_structure, space, divisibility);
+      if (!pair.has_value()) {
         continue;
       }
-      const MeshShape& a = *meshes[random() % meshes.size()];
-      const MeshShape& b = *meshes[random() % meshes.size()];
-      const size_t batch = random() % space.batches.size();
-      const size_t remat = random() % space.remats.size();
-      const int64_t loaded = space.batches[batch].loaded_microbatch;
-      if (&a == &b || !divisibility.batch_divides(a, loaded) ||
-          !divisibility.batch_divides(b, loaded)) {
-        continue;
-      }
+      const MeshShape& a = *pair->a;
+      const MeshShape& b = *pair->b;
+      const size_t batch = pair->batch;
+      const size_t remat = pair->remat;
       ++in_setting;
       const TrainingStep& step = *steps.get(batch, remat);
       std::optional<ResizableProgram> from =
@@ -229,7 +249,7 @@ void compare_random_pairs(const Setting& setting, std::mt19937& random, int pair
   const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   TrainingStepCache steps(config, space);
   const Divisibility divisibility(*steps.get(0, 0), rules);
-  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  ByStructure by_structure;
   for (const MeshShape& mesh : space.meshes) {
     if (divisibility.parameters_divide(mesh) &&
         (setting.split == nullptr || mesh.size(mesh_axis_index(setting.split)) > 1)) {
@@ -241,18 +261,15 @@ void compare_random_pairs(const Setting& setting, std::mt19937& random, int pair
   options.record_details = false;
   int in_setting = 0;
   for (int draw = 0; draw < 20 * pairs && in_setting < pairs; ++draw) {
-    auto group = by_structure.begin();
-    std::advance(group, static_cast<long>(random() % by_structure.size()));
-    const std::vector<const MeshShape*>& meshes = group->second;
-    const MeshShape& a = *meshes[random() % meshes.size()];
-    const MeshShape& b = *meshes[random() % meshes.size()];
-    const size_t batch = random() % space.batches.size();
-    const size_t remat = random() % space.remats.size();
-    const int64_t loaded = space.batches[batch].loaded_microbatch;
-    if (&a == &b || !divisibility.batch_divides(a, loaded) ||
-        !divisibility.batch_divides(b, loaded)) {
+    const std::optional<DrawnPair> pair = draw_pair(random, by_structure, space, divisibility);
+    if (!pair.has_value()) {
       continue;
     }
+    const std::vector<const MeshShape*>& meshes = *pair->group;
+    const MeshShape& a = *pair->a;
+    const MeshShape& b = *pair->b;
+    const size_t batch = pair->batch;
+    const size_t remat = pair->remat;
     ++in_setting;
     const std::shared_ptr<const TrainingStep> step = steps.get(batch, remat);
     std::optional<ResizableProgram> from =
@@ -302,7 +319,7 @@ TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
   const Divisibility divisibility(*steps.get(0, 0), rules);
   const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
   const int64_t loaded = space.batches[0].loaded_microbatch;
-  std::map<uint32_t, std::vector<const MeshShape*>> by_structure;
+  ByStructure by_structure;
   for (const MeshShape& mesh : space.meshes) {
     if (divisibility.parameters_divide(mesh) && divisibility.batch_divides(mesh, loaded)) {
       by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
