@@ -30,6 +30,7 @@
 #include "sim/explore/step_bounds.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/perf/step_simulator.h"
+#include "support/same_top.h"
 
 namespace tpusim {
 namespace {
@@ -382,12 +383,7 @@ TEST(BatchClasses, ExploreFindsTheSameTopWithFewerPrograms) {
   const double bar = unbounded.top.back().objective * (1 - 1e-9);
   const ExploreResult without = explore_with(config, bar, false, false);
   const ExploreResult with = explore_with(config, bar, true, false);
-  ASSERT_EQ(with.top.size(), without.top.size());
-  for (size_t index = 0; index < with.top.size(); ++index) {
-    EXPECT_EQ(with.top[index].args, without.top[index].args) << index;
-    EXPECT_EQ(with.top[index].step_time_s, without.top[index].step_time_s) << index;
-    EXPECT_EQ(with.top[index].args, unbounded.top[index].args) << index;
-  }
+  testing::expect_same_top(with, without, unbounded);
   EXPECT_GT(with.phases.batch_class_skips, 0);
   EXPECT_EQ(without.phases.batch_class_skips, 0);
   EXPECT_LT(with.programs_built, without.programs_built);
@@ -408,12 +404,7 @@ TEST(BatchClasses, PipelineSchedulesFindTheSameTopWithFewerPrograms) {
   const double bar = unbounded.top.back().objective * (1 - 1e-9);
   const ExploreResult without = explore_with(config, bar, false, false, 16);
   const ExploreResult with = explore_with(config, bar, true, false, 16);
-  ASSERT_EQ(with.top.size(), without.top.size());
-  for (size_t index = 0; index < with.top.size(); ++index) {
-    EXPECT_EQ(with.top[index].args, without.top[index].args) << index;
-    EXPECT_EQ(with.top[index].step_time_s, without.top[index].step_time_s) << index;
-    EXPECT_EQ(with.top[index].args, unbounded.top[index].args) << index;
-  }
+  testing::expect_same_top(with, without, unbounded);
   ASSERT_EQ(with.pipeline_options.size(), without.pipeline_options.size());
   for (size_t index = 0; index < with.pipeline_options.size(); ++index) {
     const PipelineOption& a = with.pipeline_options[index];

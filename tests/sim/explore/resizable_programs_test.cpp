@@ -41,6 +41,7 @@
 #include "sim/explore/training_step_cache.h"
 #include "sim/memory/memory_model.h"
 #include "sim/perf/step_simulator.h"
+#include "support/same_top.h"
 
 namespace tpusim {
 namespace {
@@ -460,12 +461,7 @@ TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
   const double bar = unbounded.top.back().objective * (1 - 1e-9);
   const ExploreResult without = explore_with(config, bar, false, false);
   const ExploreResult with = explore_with(config, bar, true, false);
-  ASSERT_EQ(with.top.size(), without.top.size());
-  for (size_t index = 0; index < with.top.size(); ++index) {
-    EXPECT_EQ(with.top[index].args, without.top[index].args) << index;
-    EXPECT_EQ(with.top[index].step_time_s, without.top[index].step_time_s) << index;
-    EXPECT_EQ(with.top[index].args, unbounded.top[index].args) << index;
-  }
+  testing::expect_same_top(with, without, unbounded);
   std::printf(
       "programs partitioned %lld re-sizing, %lld without; %lld batches bounded by a re-sized "
       "program, %lld programs copied re-sized\n",
