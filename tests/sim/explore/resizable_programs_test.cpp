@@ -308,16 +308,26 @@ TEST(ProgramResize, MoreSettingsGiveThePartitionersProgramMemoryAndStep) {
   EXPECT_GE(counts.resized, 300);
 }
 
+// llama3.1-8b on tpu7x-32 at 2048 tokens, one sequence per device at most: 8 kv heads, 32
+// devices (tensor splits up to 16 gather them), what the targeted tests below partition.
+struct Llama8bOn32 {
+  Config config = Config::load(
+      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
+  SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
+  TrainingStepCache steps{config, space};
+  LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  Divisibility divisibility{*steps.get(0, 0), rules};
+};
+
 // Worker threads share the kept programs: each re-sizes a slot in place under its lock and copies
 // the result. Two threads asking for different meshes of one structure at once must each get
 // their mesh's own partition (run under ThreadSanitizer, a race also reports).
 TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
-  const Config config = Config::load(
-      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
-  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
-  TrainingStepCache steps(config, space);
-  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
-  const Divisibility divisibility(*steps.get(0, 0), rules);
+  Llama8bOn32 setting;
+  const SearchSpace& space = setting.space;
+  TrainingStepCache& steps = setting.steps;
+  const LogicalAxisRules& rules = setting.rules;
+  const Divisibility& divisibility = setting.divisibility;
   const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
   const int64_t loaded = space.batches[0].loaded_microbatch;
   ByStructure by_structure;
@@ -376,11 +386,10 @@ MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
 // llama3.1-8b has 8 kv heads: a tensor split of 16 gathers them whole (attention's size choice),
 // one of 4 keeps them split. The same axes are larger than 1 in both meshes.
 TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
-  const Config config = Config::load(
-      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
-  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
-  TrainingStepCache steps(config, space);
-  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
+  Llama8bOn32 setting;
+  const SearchSpace& space = setting.space;
+  TrainingStepCache& steps = setting.steps;
+  const LogicalAxisRules& rules = setting.rules;
   const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
   const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
   const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
@@ -396,12 +405,11 @@ TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
 // A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
 // the mesh the program was built for (the first mesh of the space that records each kind).
 TEST(ProgramResize, EveryKindOfChoiceIsChecked) {
-  const Config config = Config::load(
-      "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
-  const SearchSpace space = build_search_space(config, {.max_per_device_batch = 1});
-  TrainingStepCache steps(config, space);
-  const LogicalAxisRules rules = LogicalAxisRules::from_config(config);
-  const Divisibility divisibility(*steps.get(0, 0), rules);
+  Llama8bOn32 setting;
+  const SearchSpace& space = setting.space;
+  TrainingStepCache& steps = setting.steps;
+  const LogicalAxisRules& rules = setting.rules;
+  const Divisibility& divisibility = setting.divisibility;
   std::map<SizeDecision::Kind, int> checked;
   for (const MeshShape& mesh : space.meshes) {
     if (!divisibility.parameters_divide(mesh) || checked.size() == 3) {
