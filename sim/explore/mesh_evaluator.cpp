@@ -70,6 +70,15 @@ std::optional<ProgramFacts> SharedProgramFacts::find(const std::vector<int64_t>&
   return found->second;
 }
 
+std::optional<double> SharedProgramFacts::lowest_compute(const std::vector<int64_t>& key) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = facts_.find(key);
+  if (found == facts_.end() || found->second.compute.empty()) {
+    return std::nullopt;
+  }
+  return lowest(found->second.compute);
+}
+
 namespace {
 
 // Same value, or one of them unknown (NaN; an empty list).
@@ -192,18 +201,18 @@ double MeshEvaluator::usable_of(double capacity_bytes) const {
 void MeshEvaluator::mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double peak,
                                WorkerResult& out) const {
   plan.fitted[remat][kind] = false;
-  out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+  out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
   out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
 }
 
 void MeshEvaluator::prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out) {
-  // Summed first, then added to the reason's entry once (a lookup by string).
+  // Summed first, then added to the reason's entry once.
   int64_t fitted = 0;
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     fitted += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
   }
   if (!plan.per_kind.empty()) {
-    out.pruned[kPrunedCannotBeatTop] += fitted;
+    out.tally[PrunedReason::kCannotBeatTop] += fitted;
   }
 }
 
@@ -301,6 +310,11 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
 }
 
 void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
+  evaluate_mesh(mesh_index, out);
+  out.tally.flush(out.pruned);
+}
+
+void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   MeshPlan plan;
   if (!plan_mesh(mesh_index, plan, out)) {
     return;
@@ -311,7 +325,7 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
   if (state > usable_hbm()) {
     out.capacity = usable_hbm();
     out.smallest_peak = std::min(out.smallest_peak, state);  // the peak is at least this
-    out.pruned[kPrunedWeightsExceedHbm] +=
+    out.tally[PrunedReason::kWeightsExceedHbm] +=
         static_cast<int64_t>(plan.dividing.size()) * plan.per_distinct_batch;
     return;
   }
@@ -326,8 +340,9 @@ void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, Work
   kept_.clear();
   for (size_t at = 0; at < mesh_indices.size(); ++at) {
     more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
-    evaluate(mesh_indices[at], out);
+    evaluate_mesh(mesh_indices[at], out);
   }
+  out.tally.flush(out.pruned);
   kept_.clear();
   more_of_key_ = false;
 }
@@ -346,7 +361,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
         context_.divisibility.batch_divides(mesh, space.batches[batch].loaded_microbatch)) {
       plan.dividing.push_back(batch);
     } else {
-      out.pruned[kPrunedAxisDoesNotDivide] += per_batch;
+      out.tally[PrunedReason::kAxisDoesNotDivide] += per_batch;
     }
   }
   if (plan.dividing.empty()) {
@@ -366,8 +381,9 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
     if (trivial ||
         std::any_of(plan.placed.begin(), plan.placed.end(),
                     [&](const DeviceMesh& other) { return same_layout(other, candidate_mesh); })) {
-      out.pruned[kPrunedSamePlacement] += static_cast<int64_t>(plan.dividing.size()) *
-                                          static_cast<int64_t>(space.remats.size()) * per_placement;
+      out.tally[PrunedReason::kSamePlacement] += static_cast<int64_t>(plan.dividing.size()) *
+                                                 static_cast<int64_t>(space.remats.size()) *
+                                                 per_placement;
       continue;
     }
     plan.placed.push_back(std::move(candidate_mesh));
@@ -445,10 +461,10 @@ void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult
     reached[reason] = true;
   }
   if (reached[0]) {
-    out.pruned[kPrunedCannotBeatTop] += by_reason[0];
+    out.tally[PrunedReason::kCannotBeatTop] += by_reason[0];
   }
   if (reached[1]) {
-    out.pruned[kPrunedDoesNotFitHbm] += by_reason[1];
+    out.tally[PrunedReason::kDoesNotFitHbm] += by_reason[1];
   }
 }
 
@@ -465,7 +481,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   const size_t remats = space.remats.size();
   if (std::none_of(plan.fitted.begin(), plan.fitted.end(), any_fits)) {
     // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
-    out.pruned[kPrunedDoesNotFitHbm] +=
+    out.tally[PrunedReason::kDoesNotFitHbm] +=
         static_cast<int64_t>(plan.dividing.size() - at) * plan.per_distinct_batch;
     return false;
   }
@@ -490,11 +506,10 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
     // The none program of an equivalent mesh has the same TensorCore bound: if that alone cannot
     // beat the top N, this none program need not be built.
     const std::vector<int64_t> none_key = facts_key(plan, batch.index, TrainingStepCache::kNoRemat);
-    const std::optional<ProgramFacts> known =
-        context_.facts.checking() ? std::nullopt : context_.facts.find(none_key);
+    const std::optional<double> known =
+        context_.facts.checking() ? std::nullopt : context_.facts.lowest_compute(none_key);
     bool bounded_out =
-        known.has_value() && !known->compute.empty() &&
-        cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
+        known.has_value() && cannot_reach(best_possible(batch, *known), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
     } else {
@@ -726,7 +741,7 @@ bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     // A kind that did not fit a smaller batch is counted the same way (check_fit does too).
     plan.fitted[remat][kind] = false;
-    out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+    out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
   }
   return true;
 }
@@ -734,7 +749,7 @@ bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t
 bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                    const std::optional<NoneBounds>& none, WorkerResult& out) {
   if (!any_fits(plan.fitted[remat])) {
-    out.pruned[kPrunedDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
+    out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
     return true;
   }
   if (none.has_value()) {
@@ -813,7 +828,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
   std::vector<double> kind_peaks(plan.per_kind.size(), kept.peak);
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     if (!plan.fitted[remat][kind]) {
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
       continue;
     }
     kind_peaks[kind] = kept.kind_peaks[kind];
@@ -836,7 +851,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
     return true;
   }
   // time_variants' bounds on this mesh's layouts, counted only when they leave nothing open.
-  const int64_t cannot_beat_top = out.pruned[kPrunedCannotBeatTop];
+  const int64_t cannot_beat_top = out.tally[PrunedReason::kCannotBeatTop];
   const int64_t chain_bounded = out.phases.chain_bounded;
   {
     StepSimulator& simulator = kept.bounds_simulator();
@@ -848,7 +863,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
       return true;
     }
   }
-  out.pruned[kPrunedCannotBeatTop] = cannot_beat_top;
+  out.tally[PrunedReason::kCannotBeatTop] = cannot_beat_top;
   out.phases.chain_bounded = chain_bounded;
   --out.phases.borrowed_programs;
   build(plan, batch.index, remat, out);
@@ -901,8 +916,8 @@ bool MeshEvaluator::skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t
     if (plan.fitted[remat][kind] && peak > usable) {
       mark_unfit(plan, remat, kind, peak, out);
     } else {
-      out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
-          plan.per_kind[kind];
+      out.tally[plan.fitted[remat][kind] ? PrunedReason::kCannotBeatTop
+                                         : PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
     }
   }
   if (!some_fit) {
@@ -915,7 +930,8 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
                               double usable, std::vector<double>& kind_peaks, WorkerResult& out) {
   for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
     if (!plan.fitted[remat][kind]) {
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];  // a smaller batch did not fit
+      out.tally[PrunedReason::kDoesNotFitHbm] +=
+          plan.per_kind[kind];  // a smaller batch did not fit
       continue;
     }
     double peak = memory.peak_bytes;
@@ -947,7 +963,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
         continue;  // counted in check_fit
       }
       if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold)) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
+        out.tally[PrunedReason::kCannotBeatTop] += 1;
         continue;
       }
       const bool offload = variant.offload;
@@ -963,7 +979,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
                    bounds->busiest_link_seconds);
       const double best = best_possible(batch, step_bound);
       if (cannot_reach(best, threshold)) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
+        out.tally[PrunedReason::kCannotBeatTop] += 1;
         continue;
       }
       open.push_back({which, index, best});
@@ -1028,7 +1044,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const Bounding& target,
                            best_possible(batch, simulator.chain_bound(options) * kRoundingMargin));
     }
     if (cannot_reach(item.best, threshold)) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       ++out.phases.chain_bounded;
       continue;
     }
@@ -1080,11 +1096,11 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
   bool simulated = false;
   for (const Bounded& item : open) {
     if (cannot_reach(item.best, threshold.get())) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       continue;
     }
     if (cannot_reach(item.best, program_best)) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       ++out.phases.below_own_program;
       continue;
     }

@@ -94,6 +94,9 @@ class SharedProgramFacts {
   explicit SharedProgramFacts(bool check) : check_(check) {}
   bool checking() const { return check_; }
   std::optional<ProgramFacts> find(const std::vector<int64_t>& key) const;
+  // The least of the kept TensorCore step bounds (find(key)->compute), without copying the
+  // facts; nullopt when none are kept.
+  std::optional<double> lowest_compute(const std::vector<int64_t>& key) const;
   void offer(const std::vector<int64_t>& key, const ProgramFacts& facts);
 
  private:
@@ -174,6 +177,9 @@ class MeshEvaluator {
     std::vector<SwitchChains> chains;       // per placement
   };
 
+  // evaluate, its pruned counts left in out.tally (evaluate and evaluate_group add them to
+  // out.pruned once at the end).
+  void evaluate_mesh(size_t mesh_index, WorkerResult& out);
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
   // The remat_policy=none program's collective bounds and then dependency chains (SwitchChains,
