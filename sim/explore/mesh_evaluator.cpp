@@ -319,6 +319,34 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   if (!plan_mesh(mesh_index, plan, out)) {
     return;
   }
+  const bool replayable = settled_.replayable && plan.dividing == settled_.dividing;
+  if (replayable && !context_.facts.checking()) {
+    replay_settled(plan, out.tally, out.phases, out.capacity);
+    return;
+  }
+  // Checking mode: the replay's counts must be those of the full evaluation.
+  PrunedTally replayed = out.tally;
+  ExplorePhases replayed_phases = out.phases;
+  double replayed_capacity = out.capacity;
+  if (replayable) {
+    replay_settled(plan, replayed, replayed_phases, replayed_capacity);
+  }
+  const Settled before = settled_counts(out);
+  settling_ = true;
+  settled_bounded_ = 0;
+  evaluate_batches(plan, out);
+  settled_.replayable = false;
+  if (replayable && (!same_counts(replayed, out.tally) || replayed_capacity != out.capacity ||
+                     replayed_phases.floor_skipped_programs != out.phases.floor_skipped_programs)) {
+    throw std::logic_error(
+        "explore: a mesh's counts replayed from an equivalent mesh differ from its own");
+  }
+  if (settling_ && followed_) {
+    record_settled(plan, before, out);
+  }
+}
+
+void MeshEvaluator::evaluate_batches(MeshPlan& plan, WorkerResult& out) {
   // Weights and optimizer state do not depend on batch, remat or attention: the memory floor's
   // state is the memory model's exactly, so no program is needed to see they do not fit.
   const double state = memory_floor(plan, plan.dividing.front(), 0).state;
@@ -336,14 +364,71 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   }
 }
 
+MeshEvaluator::Settled MeshEvaluator::settled_counts(WorkerResult& out) {
+  Settled counts;
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    counts.per_placement[reason] = out.tally.count(kSettledReasons[reason]);
+  }
+  counts.floor_skips = out.phases.floor_skipped_programs;
+  return counts;
+}
+
+void MeshEvaluator::record_settled(const MeshPlan& plan, const Settled& before, WorkerResult& out) {
+  // Every count of a settled mesh is a multiple of its placements (per_kind, per_remat and
+  // per_distinct_batch are): kept per placement.
+  const Settled after = settled_counts(out);
+  const auto placements = static_cast<int64_t>(plan.placed.size());
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    const int64_t added = after.per_placement[reason] - before.per_placement[reason];
+    if (added % placements != 0) {
+      return;  // not a settled mesh's counts: nothing replayed
+    }
+    settled_.per_placement[reason] = added / placements;
+  }
+  settled_.floor_skips = after.floor_skips - before.floor_skips;
+  settled_.capacity = settled_.floor_skips > 0 || settled_.per_placement[2] > 0;
+  settled_.bounded = settled_bounded_;
+  settled_.dividing = plan.dividing;
+  settled_.replayable = true;
+}
+
+void MeshEvaluator::replay_settled(const MeshPlan& plan, PrunedTally& tally, ExplorePhases& phases,
+                                   double& capacity) const {
+  // What evaluate_batches counts for this mesh: the same floors and (through the facts the
+  // settled mesh left) the same compute bounds, which the threshold, only rising since, still
+  // bounds out, now as equivalent_mesh_skips; this mesh's own placements. (smallest_peak took
+  // the floors' bytes from the settled mesh.)
+  const auto placements = static_cast<int64_t>(plan.placed.size());
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    if (settled_.per_placement[reason] != 0) {
+      tally[kSettledReasons[reason]] += settled_.per_placement[reason] * placements;
+    }
+  }
+  phases.floor_skipped_programs += settled_.floor_skips;
+  phases.equivalent_mesh_skips += settled_.bounded;
+  phases.bounded_out_programs += settled_.bounded;
+  if (settled_.capacity) {
+    capacity = usable_hbm();
+  }
+}
+
+bool MeshEvaluator::same_counts(const PrunedTally& a, const PrunedTally& b) {
+  return std::all_of(kSettledReasons.begin(), kSettledReasons.end(),
+                     [&](PrunedReason reason) { return a.count(reason) == b.count(reason); });
+}
+
 void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out) {
   kept_.clear();
+  settled_.replayable = false;
   for (size_t at = 0; at < mesh_indices.size(); ++at) {
-    more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
+    followed_ = at + 1 < mesh_indices.size();
+    more_of_key_ = followed_ && !context_.facts.checking();
     evaluate_mesh(mesh_indices[at], out);
   }
   out.tally.flush(out.pruned);
   kept_.clear();
+  settled_.replayable = false;
+  followed_ = false;
   more_of_key_ = false;
 }
 
@@ -369,6 +454,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   }
   // The distinct placements of this mesh: a choice whose first axis has size 1 here, or that
   // lays every axis where an earlier choice does, is the same candidate again.
+  plan.placed.reserve(space.placements.size());
   for (size_t choice = 0; choice < space.placements.size(); ++choice) {
     const std::vector<int>& first = space.placements[choice];
     DeviceMesh candidate_mesh;
@@ -522,9 +608,14 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         bounded_out = true;
       } else {
         bounded_out = none_bounds_out(plan, batch, none, out);
+        // Settled by its compute bound alone (the facts it offered bound it on the next mesh)?
+        settling_ = settling_ && bounded_out &&
+                    cannot_reach(best_possible(batch, lowest(none->compute.step)),
+                                 context_.threshold.get());
       }
     }
     if (bounded_out) {
+      ++settled_bounded_;
       ++out.phases.bounded_out_programs;
       for (size_t remat = 0; remat < remats; ++remat) {
         if (!floored[remat]) {
@@ -534,6 +625,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       return true;
     }
   }
+  settling_ = settling_ && !some_fit;  // else programs are built and timed
   for (size_t remat = 0; remat < remats; ++remat) {
     if (floored[remat]) {
       continue;  // counted by exceeds_floor

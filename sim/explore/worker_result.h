@@ -67,6 +67,7 @@ class PrunedTally {
     reached_[index] = true;
     return counts_[index];
   }
+  int64_t count(PrunedReason reason) const { return counts_[static_cast<size_t>(reason)]; }
   void flush(std::map<std::string, int64_t>& pruned);
 
  private:
