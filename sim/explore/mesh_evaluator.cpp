@@ -141,7 +141,7 @@ struct MeshEvaluator::MeshPlan {
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
-  std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
+  std::vector<int64_t> key;  // MeshEquivalence::key of the mesh (set for evaluate_batches)
   std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
 };
 
@@ -331,6 +331,9 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   if (replayable) {
     replay_settled(plan, replayed, replayed_phases, replayed_capacity);
   }
+  // Only the batches read the key (floors, facts, classes): most meshes of a bounded-out search
+  // divide no batch or are replayed.
+  plan.key = context_.equivalence.key(*plan.mesh);
   const Settled before = settled_counts(out);
   settling_ = true;
   settled_bounded_ = 0;
@@ -437,7 +440,6 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   const MeshShape& mesh = space.meshes[mesh_index];
   plan.mesh_index = mesh_index;
   plan.mesh = &mesh;
-  plan.key = context_.equivalence.key(mesh);
   const int64_t per_batch = space.candidates_per_mesh_and_batch();
   const auto per_placement = static_cast<int64_t>(variants_.size());
   const bool parameters_divide = context_.divisibility.parameters_divide(mesh);
