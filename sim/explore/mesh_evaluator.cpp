@@ -325,11 +325,13 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
     return;
   }
   // Checking mode: the replay's counts must be those of the full evaluation.
-  PrunedTally replayed = out.tally;
-  ExplorePhases replayed_phases = out.phases;
-  double replayed_capacity = out.capacity;
+  std::optional<WorkerResult> replayed;
   if (replayable) {
-    replay_settled(plan, replayed, replayed_phases, replayed_capacity);
+    replayed.emplace();
+    replayed->tally = out.tally;
+    replayed->phases = out.phases;
+    replayed->capacity = out.capacity;
+    replay_settled(plan, replayed->tally, replayed->phases, replayed->capacity);
   }
   // Only the batches read the key (floors, facts, classes): most meshes of a bounded-out search
   // divide no batch or are replayed.
@@ -339,8 +341,9 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   settled_bounded_ = 0;
   evaluate_batches(plan, out);
   settled_.replayable = false;
-  if (replayable && (!same_counts(replayed, out.tally) || replayed_capacity != out.capacity ||
-                     replayed_phases.floor_skipped_programs != out.phases.floor_skipped_programs)) {
+  if (replayed.has_value() &&
+      (!same_counts(replayed->tally, out.tally) || replayed->capacity != out.capacity ||
+       replayed->phases.floor_skipped_programs != out.phases.floor_skipped_programs)) {
     throw std::logic_error(
         "explore: a mesh's counts replayed from an equivalent mesh differ from its own");
   }
@@ -389,7 +392,8 @@ void MeshEvaluator::record_settled(const MeshPlan& plan, const Settled& before, 
     settled_.per_placement[reason] = added / placements;
   }
   settled_.floor_skips = after.floor_skips - before.floor_skips;
-  settled_.capacity = settled_.floor_skips > 0 || settled_.per_placement[2] > 0;
+  settled_.capacity = settled_.floor_skips > 0 ||
+                      after.per_placement[kSettledWeights] > before.per_placement[kSettledWeights];
   settled_.bounded = settled_bounded_;
   settled_.dividing = plan.dividing;
   settled_.replayable = true;
@@ -1024,8 +1028,8 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
                               double usable, std::vector<double>& kind_peaks, WorkerResult& out) {
   for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
     if (!plan.fitted[remat][kind]) {
-      out.tally[PrunedReason::kDoesNotFitHbm] +=
-          plan.per_kind[kind];  // a smaller batch did not fit
+      // A smaller batch did not fit.
+      out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
       continue;
     }
     double peak = memory.peak_bytes;

@@ -192,13 +192,17 @@ class MeshEvaluator {
   struct Settled {
     bool replayable = false;
     std::vector<size_t> dividing;
-    std::array<int64_t, 3> per_placement{};  // by kSettledReasons, per placement
-    int64_t floor_skips = 0;                 // ExplorePhases::floor_skipped_programs
-    int64_t bounded = 0;                     // batches bounded out (bounded_out_programs)
-    bool capacity = false;                   // a floor set out.capacity
+    // Counts by kSettledReasons per placement (settled_counts: the tally's totals).
+    std::array<int64_t, 3> per_placement{};
+    int64_t floor_skips = 0;  // ExplorePhases::floor_skipped_programs
+    int64_t bounded = 0;      // batches bounded out (bounded_out_programs)
+    bool capacity = false;    // a floor set out.capacity
   };
+  // The reasons a settled mesh counts; kSettledWeights indexes weights_exceed_hbm (its weights'
+  // floor, like a batch's, sets out.capacity).
   static constexpr std::array<PrunedReason, 3> kSettledReasons = {
       PrunedReason::kDoesNotFitHbm, PrunedReason::kCannotBeatTop, PrunedReason::kWeightsExceedHbm};
+  static constexpr size_t kSettledWeights = 2;
   // The counts a settled mesh adds (per_placement: the tally's totals), for record_settled.
   static Settled settled_counts(WorkerResult& out);
   void record_settled(const MeshPlan& plan, const Settled& before, WorkerResult& out);
