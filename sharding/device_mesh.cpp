@@ -17,13 +17,16 @@ struct PhysicalAxis {
   int full = 1;
 };
 
-// Finds whole free axes whose sizes multiply to `size`, preferring fewer axes.
+// Finds whole free axes whose sizes multiply to `size`, preferring fewer axes (the first such set
+// in mask order among the fewest). Masks, not vectors, per set tried: the explorer places every
+// mesh under every placement choice, and a vector per mask was most of place_mesh's allocations.
 std::vector<size_t> whole_axes_for(const std::vector<PhysicalAxis>& axes, int size) {
-  std::vector<size_t> best;
   const size_t count = axes.size();
+  unsigned best = 0;
+  int best_count = 0;
   for (unsigned mask = 1; mask < (1u << count); ++mask) {
     long long product = 1;
-    std::vector<size_t> chosen;
+    int chosen = 0;
     bool usable = true;
     for (size_t bit = 0; bit < count; ++bit) {
       if ((mask & (1u << bit)) == 0) {
@@ -34,13 +37,20 @@ std::vector<size_t> whole_axes_for(const std::vector<PhysicalAxis>& axes, int si
         break;
       }
       product *= axes[bit].full;
-      chosen.push_back(bit);
+      ++chosen;
     }
-    if (usable && product == size && (best.empty() || chosen.size() < best.size())) {
-      best = chosen;
+    if (usable && product == size && (best == 0 || chosen < best_count)) {
+      best = mask;
+      best_count = chosen;
     }
   }
-  return best;
+  std::vector<size_t> whole;
+  for (size_t bit = 0; bit < count; ++bit) {
+    if ((best & (1u << bit)) != 0) {
+      whole.push_back(bit);
+    }
+  }
+  return whole;
 }
 
 }  // namespace
@@ -102,6 +112,7 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
                       const std::vector<int>& placed_first) {
   DeviceMesh mesh;
   mesh.shape = shape;
+  mesh.placement_order.reserve(kNumMeshAxes);
   mesh.placement_order = placed_first;
   for (int axis = kNumMeshAxes - 1; axis >= 0; --axis) {
     if (std::find(placed_first.begin(), placed_first.end(), axis) == placed_first.end()) {
@@ -109,6 +120,7 @@ DeviceMesh place_mesh(const MeshShape& shape, const Slice& slice,
     }
   }
   std::vector<PhysicalAxis> physical;
+  physical.reserve(slice.shape.size() + 1);
   if (slice.devices_per_chip == 2) {
     physical.push_back({kChipletAxis, 2, 2});
   }

@@ -70,6 +70,15 @@ std::optional<ProgramFacts> SharedProgramFacts::find(const std::vector<int64_t>&
   return found->second;
 }
 
+std::optional<double> SharedProgramFacts::lowest_compute(const std::vector<int64_t>& key) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = facts_.find(key);
+  if (found == facts_.end() || found->second.compute.empty()) {
+    return std::nullopt;
+  }
+  return lowest(found->second.compute);
+}
+
 namespace {
 
 // Same value, or one of them unknown (NaN; an empty list).
@@ -132,7 +141,7 @@ struct MeshEvaluator::MeshPlan {
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
-  std::vector<int64_t> key;  // MeshEquivalence::key of the mesh
+  std::vector<int64_t> key;  // MeshEquivalence::key of the mesh (set for evaluate_batches)
   std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
 };
 
@@ -192,18 +201,18 @@ double MeshEvaluator::usable_of(double capacity_bytes) const {
 void MeshEvaluator::mark_unfit(MeshPlan& plan, size_t remat, size_t kind, double peak,
                                WorkerResult& out) const {
   plan.fitted[remat][kind] = false;
-  out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+  out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
   out.sample({0.0, 0.0, peak, false}, context_.options.max_samples);
 }
 
 void MeshEvaluator::prune_fitted(const MeshPlan& plan, size_t remat, WorkerResult& out) {
-  // Summed first, then added to the reason's entry once (a lookup by string).
+  // Summed first, then added to the reason's entry once.
   int64_t fitted = 0;
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     fitted += plan.fitted[remat][kind] ? plan.per_kind[kind] : 0;
   }
   if (!plan.per_kind.empty()) {
-    out.pruned[kPrunedCannotBeatTop] += fitted;
+    out.tally[PrunedReason::kCannotBeatTop] += fitted;
   }
 }
 
@@ -301,17 +310,56 @@ double MeshEvaluator::least_step_bound(const std::vector<double>& compute,
 }
 
 void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
+  evaluate_mesh(mesh_index, out);
+  out.tally.flush(out.pruned);
+}
+
+void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   MeshPlan plan;
   if (!plan_mesh(mesh_index, plan, out)) {
     return;
   }
+  const bool replayable = settled_.replayable && plan.dividing == settled_.dividing;
+  if (replayable && !context_.facts.checking()) {
+    replay_settled(plan, out.tally, out.phases, out.capacity);
+    return;
+  }
+  // Checking mode: the replay's counts must be those of the full evaluation.
+  std::optional<WorkerResult> replayed;
+  if (replayable) {
+    replayed.emplace();
+    replayed->tally = out.tally;
+    replayed->phases = out.phases;
+    replayed->capacity = out.capacity;
+    replay_settled(plan, replayed->tally, replayed->phases, replayed->capacity);
+  }
+  // Only the batches read the key (floors, facts, classes): most meshes of a bounded-out search
+  // divide no batch or are replayed.
+  plan.key = context_.equivalence.key(*plan.mesh);
+  const Settled before = settled_counts(out);
+  settling_ = true;
+  settled_bounded_ = 0;
+  evaluate_batches(plan, out);
+  settled_.replayable = false;
+  if (replayed.has_value() &&
+      (!same_counts(replayed->tally, out.tally) || replayed->capacity != out.capacity ||
+       replayed->phases.floor_skipped_programs != out.phases.floor_skipped_programs)) {
+    throw std::logic_error(
+        "explore: a mesh's counts replayed from an equivalent mesh differ from its own");
+  }
+  if (settling_ && followed_) {
+    record_settled(plan, before, out);
+  }
+}
+
+void MeshEvaluator::evaluate_batches(MeshPlan& plan, WorkerResult& out) {
   // Weights and optimizer state do not depend on batch, remat or attention: the memory floor's
   // state is the memory model's exactly, so no program is needed to see they do not fit.
   const double state = memory_floor(plan, plan.dividing.front(), 0).state;
   if (state > usable_hbm()) {
     out.capacity = usable_hbm();
     out.smallest_peak = std::min(out.smallest_peak, state);  // the peak is at least this
-    out.pruned[kPrunedWeightsExceedHbm] +=
+    out.tally[PrunedReason::kWeightsExceedHbm] +=
         static_cast<int64_t>(plan.dividing.size()) * plan.per_distinct_batch;
     return;
   }
@@ -322,13 +370,72 @@ void MeshEvaluator::evaluate(size_t mesh_index, WorkerResult& out) {
   }
 }
 
+MeshEvaluator::Settled MeshEvaluator::settled_counts(WorkerResult& out) {
+  Settled counts;
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    counts.per_placement[reason] = out.tally.count(kSettledReasons[reason]);
+  }
+  counts.floor_skips = out.phases.floor_skipped_programs;
+  return counts;
+}
+
+void MeshEvaluator::record_settled(const MeshPlan& plan, const Settled& before, WorkerResult& out) {
+  // Every count of a settled mesh is a multiple of its placements (per_kind, per_remat and
+  // per_distinct_batch are): kept per placement.
+  const Settled after = settled_counts(out);
+  const auto placements = static_cast<int64_t>(plan.placed.size());
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    const int64_t added = after.per_placement[reason] - before.per_placement[reason];
+    if (added % placements != 0) {
+      return;  // not a settled mesh's counts: nothing replayed
+    }
+    settled_.per_placement[reason] = added / placements;
+  }
+  settled_.floor_skips = after.floor_skips - before.floor_skips;
+  settled_.capacity = settled_.floor_skips > 0 ||
+                      after.per_placement[kSettledWeights] > before.per_placement[kSettledWeights];
+  settled_.bounded = settled_bounded_;
+  settled_.dividing = plan.dividing;
+  settled_.replayable = true;
+}
+
+void MeshEvaluator::replay_settled(const MeshPlan& plan, PrunedTally& tally, ExplorePhases& phases,
+                                   double& capacity) const {
+  // What evaluate_batches counts for this mesh: the same floors and (through the facts the
+  // settled mesh left) the same compute bounds, which the threshold, only rising since, still
+  // bounds out, now as equivalent_mesh_skips; this mesh's own placements. (smallest_peak took
+  // the floors' bytes from the settled mesh.)
+  const auto placements = static_cast<int64_t>(plan.placed.size());
+  for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
+    if (settled_.per_placement[reason] != 0) {
+      tally[kSettledReasons[reason]] += settled_.per_placement[reason] * placements;
+    }
+  }
+  phases.floor_skipped_programs += settled_.floor_skips;
+  phases.equivalent_mesh_skips += settled_.bounded;
+  phases.bounded_out_programs += settled_.bounded;
+  if (settled_.capacity) {
+    capacity = usable_hbm();
+  }
+}
+
+bool MeshEvaluator::same_counts(const PrunedTally& a, const PrunedTally& b) {
+  return std::all_of(kSettledReasons.begin(), kSettledReasons.end(),
+                     [&](PrunedReason reason) { return a.count(reason) == b.count(reason); });
+}
+
 void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, WorkerResult& out) {
   kept_.clear();
+  settled_.replayable = false;
   for (size_t at = 0; at < mesh_indices.size(); ++at) {
-    more_of_key_ = at + 1 < mesh_indices.size() && !context_.facts.checking();
-    evaluate(mesh_indices[at], out);
+    followed_ = at + 1 < mesh_indices.size();
+    more_of_key_ = followed_ && !context_.facts.checking();
+    evaluate_mesh(mesh_indices[at], out);
   }
+  out.tally.flush(out.pruned);
   kept_.clear();
+  settled_.replayable = false;
+  followed_ = false;
   more_of_key_ = false;
 }
 
@@ -337,7 +444,6 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   const MeshShape& mesh = space.meshes[mesh_index];
   plan.mesh_index = mesh_index;
   plan.mesh = &mesh;
-  plan.key = context_.equivalence.key(mesh);
   const int64_t per_batch = space.candidates_per_mesh_and_batch();
   const auto per_placement = static_cast<int64_t>(variants_.size());
   const bool parameters_divide = context_.divisibility.parameters_divide(mesh);
@@ -346,7 +452,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
         context_.divisibility.batch_divides(mesh, space.batches[batch].loaded_microbatch)) {
       plan.dividing.push_back(batch);
     } else {
-      out.pruned[kPrunedAxisDoesNotDivide] += per_batch;
+      out.tally[PrunedReason::kAxisDoesNotDivide] += per_batch;
     }
   }
   if (plan.dividing.empty()) {
@@ -354,6 +460,7 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
   }
   // The distinct placements of this mesh: a choice whose first axis has size 1 here, or that
   // lays every axis where an earlier choice does, is the same candidate again.
+  plan.placed.reserve(space.placements.size());
   for (size_t choice = 0; choice < space.placements.size(); ++choice) {
     const std::vector<int>& first = space.placements[choice];
     DeviceMesh candidate_mesh;
@@ -366,8 +473,9 @@ bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& o
     if (trivial ||
         std::any_of(plan.placed.begin(), plan.placed.end(),
                     [&](const DeviceMesh& other) { return same_layout(other, candidate_mesh); })) {
-      out.pruned[kPrunedSamePlacement] += static_cast<int64_t>(plan.dividing.size()) *
-                                          static_cast<int64_t>(space.remats.size()) * per_placement;
+      out.tally[PrunedReason::kSamePlacement] += static_cast<int64_t>(plan.dividing.size()) *
+                                                 static_cast<int64_t>(space.remats.size()) *
+                                                 per_placement;
       continue;
     }
     plan.placed.push_back(std::move(candidate_mesh));
@@ -445,10 +553,10 @@ void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult
     reached[reason] = true;
   }
   if (reached[0]) {
-    out.pruned[kPrunedCannotBeatTop] += by_reason[0];
+    out.tally[PrunedReason::kCannotBeatTop] += by_reason[0];
   }
   if (reached[1]) {
-    out.pruned[kPrunedDoesNotFitHbm] += by_reason[1];
+    out.tally[PrunedReason::kDoesNotFitHbm] += by_reason[1];
   }
 }
 
@@ -465,7 +573,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
   const size_t remats = space.remats.size();
   if (std::none_of(plan.fitted.begin(), plan.fitted.end(), any_fits)) {
     // Every policy failed to fit a smaller batch: the larger ones cannot fit either.
-    out.pruned[kPrunedDoesNotFitHbm] +=
+    out.tally[PrunedReason::kDoesNotFitHbm] +=
         static_cast<int64_t>(plan.dividing.size() - at) * plan.per_distinct_batch;
     return false;
   }
@@ -490,11 +598,10 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
     // The none program of an equivalent mesh has the same TensorCore bound: if that alone cannot
     // beat the top N, this none program need not be built.
     const std::vector<int64_t> none_key = facts_key(plan, batch.index, TrainingStepCache::kNoRemat);
-    const std::optional<ProgramFacts> known =
-        context_.facts.checking() ? std::nullopt : context_.facts.find(none_key);
+    const std::optional<double> known =
+        context_.facts.checking() ? std::nullopt : context_.facts.lowest_compute(none_key);
     bool bounded_out =
-        known.has_value() && !known->compute.empty() &&
-        cannot_reach(best_possible(batch, lowest(known->compute)), context_.threshold.get());
+        known.has_value() && cannot_reach(best_possible(batch, *known), context_.threshold.get());
     if (bounded_out) {
       ++out.phases.equivalent_mesh_skips;
     } else {
@@ -507,9 +614,14 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
         bounded_out = true;
       } else {
         bounded_out = none_bounds_out(plan, batch, none, out);
+        // Settled by its compute bound alone (the facts it offered bound it on the next mesh)?
+        settling_ = settling_ && bounded_out &&
+                    cannot_reach(best_possible(batch, lowest(none->compute.step)),
+                                 context_.threshold.get());
       }
     }
     if (bounded_out) {
+      ++settled_bounded_;
       ++out.phases.bounded_out_programs;
       for (size_t remat = 0; remat < remats; ++remat) {
         if (!floored[remat]) {
@@ -519,6 +631,7 @@ bool MeshEvaluator::evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out)
       return true;
     }
   }
+  settling_ = settling_ && !some_fit;  // else programs are built and timed
   for (size_t remat = 0; remat < remats; ++remat) {
     if (floored[remat]) {
       continue;  // counted by exceeds_floor
@@ -726,7 +839,7 @@ bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     // A kind that did not fit a smaller batch is counted the same way (check_fit does too).
     plan.fitted[remat][kind] = false;
-    out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+    out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
   }
   return true;
 }
@@ -734,7 +847,7 @@ bool MeshEvaluator::exceeds_floor(MeshPlan& plan, const BatchWork& batch, size_t
 bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_t remat,
                                    const std::optional<NoneBounds>& none, WorkerResult& out) {
   if (!any_fits(plan.fitted[remat])) {
-    out.pruned[kPrunedDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
+    out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_remat;  // a smaller batch did not fit
     return true;
   }
   if (none.has_value()) {
@@ -813,7 +926,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
   std::vector<double> kind_peaks(plan.per_kind.size(), kept.peak);
   for (size_t kind = 0; kind < plan.per_kind.size(); ++kind) {
     if (!plan.fitted[remat][kind]) {
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];
+      out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
       continue;
     }
     kind_peaks[kind] = kept.kind_peaks[kind];
@@ -836,7 +949,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
     return true;
   }
   // time_variants' bounds on this mesh's layouts, counted only when they leave nothing open.
-  const int64_t cannot_beat_top = out.pruned[kPrunedCannotBeatTop];
+  const int64_t cannot_beat_top = out.tally[PrunedReason::kCannotBeatTop];
   const int64_t chain_bounded = out.phases.chain_bounded;
   {
     StepSimulator& simulator = kept.bounds_simulator();
@@ -848,7 +961,7 @@ bool MeshEvaluator::bound_with_kept(MeshPlan& plan, const BatchWork& batch, size
       return true;
     }
   }
-  out.pruned[kPrunedCannotBeatTop] = cannot_beat_top;
+  out.tally[PrunedReason::kCannotBeatTop] = cannot_beat_top;
   out.phases.chain_bounded = chain_bounded;
   --out.phases.borrowed_programs;
   build(plan, batch.index, remat, out);
@@ -901,8 +1014,8 @@ bool MeshEvaluator::skip_by_facts(MeshPlan& plan, const BatchWork& batch, size_t
     if (plan.fitted[remat][kind] && peak > usable) {
       mark_unfit(plan, remat, kind, peak, out);
     } else {
-      out.pruned[plan.fitted[remat][kind] ? kPrunedCannotBeatTop : kPrunedDoesNotFitHbm] +=
-          plan.per_kind[kind];
+      out.tally[plan.fitted[remat][kind] ? PrunedReason::kCannotBeatTop
+                                         : PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
     }
   }
   if (!some_fit) {
@@ -915,7 +1028,8 @@ void MeshEvaluator::check_fit(MeshPlan& plan, size_t remat, const MemoryEstimate
                               double usable, std::vector<double>& kind_peaks, WorkerResult& out) {
   for (size_t kind = 0; kind < kind_peaks.size(); ++kind) {
     if (!plan.fitted[remat][kind]) {
-      out.pruned[kPrunedDoesNotFitHbm] += plan.per_kind[kind];  // a smaller batch did not fit
+      // A smaller batch did not fit.
+      out.tally[PrunedReason::kDoesNotFitHbm] += plan.per_kind[kind];
       continue;
     }
     double peak = memory.peak_bytes;
@@ -947,7 +1061,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
         continue;  // counted in check_fit
       }
       if (cannot_reach(best_possible(batch, context_bounds[variant.context]), threshold)) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
+        out.tally[PrunedReason::kCannotBeatTop] += 1;
         continue;
       }
       const bool offload = variant.offload;
@@ -963,7 +1077,7 @@ std::vector<MeshEvaluator::Bounded> MeshEvaluator::bound_variants(
                    bounds->busiest_link_seconds);
       const double best = best_possible(batch, step_bound);
       if (cannot_reach(best, threshold)) {
-        out.pruned[kPrunedCannotBeatTop] += 1;
+        out.tally[PrunedReason::kCannotBeatTop] += 1;
         continue;
       }
       open.push_back({which, index, best});
@@ -1028,7 +1142,7 @@ void MeshEvaluator::tighten_by_chains(MeshPlan& plan, const Bounding& target,
                            best_possible(batch, simulator.chain_bound(options) * kRoundingMargin));
     }
     if (cannot_reach(item.best, threshold)) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       ++out.phases.chain_bounded;
       continue;
     }
@@ -1080,11 +1194,11 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
   bool simulated = false;
   for (const Bounded& item : open) {
     if (cannot_reach(item.best, threshold.get())) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       continue;
     }
     if (cannot_reach(item.best, program_best)) {
-      out.pruned[kPrunedCannotBeatTop] += 1;
+      out.tally[PrunedReason::kCannotBeatTop] += 1;
       ++out.phases.below_own_program;
       continue;
     }

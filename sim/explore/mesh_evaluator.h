@@ -15,7 +15,9 @@
 // (SharedProgramFacts). Meshes of one key evaluated in a row (evaluate_group) keep the programs
 // built for the first: the later ones take their memory and TensorCore bounds from them and their
 // collectives and chains on their own layouts (MeshEquivalence::relabeled: the same bounds bit
-// for bit), and build a program only to time a variant.
+// for bit), and build a program only to time a variant. A mesh whose every batch was settled by
+// memory floors or compute bounds alone is replayed for the next meshes of its key with the same
+// dividing batches: its counts per placement times theirs, no batch evaluated again.
 //
 // Example:
 //   SharedThreshold threshold(/*enabled=*/true);
@@ -94,6 +96,9 @@ class SharedProgramFacts {
   explicit SharedProgramFacts(bool check) : check_(check) {}
   bool checking() const { return check_; }
   std::optional<ProgramFacts> find(const std::vector<int64_t>& key) const;
+  // The least of the kept TensorCore step bounds (find(key)->compute), without copying the
+  // facts; nullopt when none are kept.
+  std::optional<double> lowest_compute(const std::vector<int64_t>& key) const;
   void offer(const std::vector<int64_t>& key, const ProgramFacts& facts);
 
  private:
@@ -174,6 +179,37 @@ class MeshEvaluator {
     std::vector<SwitchChains> chains;       // per placement
   };
 
+  // evaluate, its pruned counts left in out.tally (evaluate and evaluate_group add them to
+  // out.pruned once at the end).
+  void evaluate_mesh(size_t mesh_index, WorkerResult& out);
+  // evaluate_mesh after plan_mesh: the weights' floor, then the batches in order.
+  void evaluate_batches(MeshPlan& plan, WorkerResult& out);
+  // A mesh whose every batch was settled by memory floors or by a compute bound (no program
+  // timed, no collective or chain bound needed), counted so that the next mesh of its key in
+  // evaluate_group, with the same dividing batches, replays it: the same floors, and the compute
+  // bounds its facts (SharedProgramFacts) keep bound the same batches out (the threshold only
+  // rises), on that mesh's own placements.
+  struct Settled {
+    bool replayable = false;
+    std::vector<size_t> dividing;
+    // Counts by kSettledReasons per placement (settled_counts: the tally's totals).
+    std::array<int64_t, 3> per_placement{};
+    int64_t floor_skips = 0;  // ExplorePhases::floor_skipped_programs
+    int64_t bounded = 0;      // batches bounded out (bounded_out_programs)
+    bool capacity = false;    // a floor set out.capacity
+  };
+  // The reasons a settled mesh counts; kSettledWeights indexes weights_exceed_hbm (its weights'
+  // floor, like a batch's, sets out.capacity).
+  static constexpr std::array<PrunedReason, 3> kSettledReasons = {
+      PrunedReason::kDoesNotFitHbm, PrunedReason::kCannotBeatTop, PrunedReason::kWeightsExceedHbm};
+  static constexpr size_t kSettledWeights = 2;
+  // The counts a settled mesh adds (per_placement: the tally's totals), for record_settled.
+  static Settled settled_counts(WorkerResult& out);
+  void record_settled(const MeshPlan& plan, const Settled& before, WorkerResult& out);
+  // Adds what evaluate_batches would count for the plan's mesh from settled_.
+  void replay_settled(const MeshPlan& plan, PrunedTally& tally, ExplorePhases& phases,
+                      double& capacity) const;
+  static bool same_counts(const PrunedTally& a, const PrunedTally& b);
   CostContext cost_context(const std::string& attention, const PerfChoice& perf) const;
   bool offload_on(const PerfChoice& perf) const;
   // The remat_policy=none program's collective bounds and then dependency chains (SwitchChains,
@@ -317,7 +353,12 @@ class MeshEvaluator {
     }
   };
   std::map<const TrainingStep*, KeptProgram> kept_;
-  bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows
+  bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows (not checking)
+  bool followed_ = false;     // evaluate_group: another mesh of this key follows
+  // The last mesh of the group evaluated in full, if settled (replayed for the next ones).
+  Settled settled_;
+  bool settling_ = false;        // the mesh being evaluated is settled so far
+  int64_t settled_bounded_ = 0;  // its batches bounded out so far
 };
 
 }  // namespace tpusim

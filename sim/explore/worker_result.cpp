@@ -127,6 +127,19 @@ void WorkerResult::offer(Scored scored, size_t limit) {
   }
 }
 
+void PrunedTally::flush(std::map<std::string, int64_t>& pruned) {
+  static constexpr std::array<const char*, kPrunedReasons> kNames = {
+      kPrunedAxisDoesNotDivide, kPrunedSamePlacement, kPrunedWeightsExceedHbm, kPrunedDoesNotFitHbm,
+      kPrunedCannotBeatTop};
+  for (size_t reason = 0; reason < kPrunedReasons; ++reason) {
+    if (reached_[reason]) {
+      pruned[kNames[reason]] += counts_[reason];
+    }
+  }
+  counts_ = {};
+  reached_ = {};
+}
+
 void WorkerResult::merge(WorkerResult other, size_t limit) {
   evaluated += other.evaluated;
   programs += other.programs;

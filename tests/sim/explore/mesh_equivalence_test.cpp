@@ -259,5 +259,30 @@ TEST(MeshEquivalence, ExploreFindsTheSameTopWhetherItSkipsOrChecksEquivalentMesh
   EXPECT_GT(borrowed, 0);
 }
 
+TEST(MeshEquivalence, SettledMeshesOfAKeyCountTheSameReplayedOrEvaluated) {
+  // Under a bar above the search's best (plan's far slices), most meshes are settled by memory
+  // floors and compute bounds alone; the next meshes of their key replay their counts on their
+  // own placements (MeshEvaluator::evaluate_group). The checking run evaluates every mesh in full
+  // and throws std::logic_error where a replay would have counted otherwise.
+  const Config config =
+      Config::load("", {"model_name=llama3.1-8b", "compile_topology=v5p-32",
+                        "compile_topology_num_slices=2", "max_target_length=4096"});
+  ExploreOptions options;
+  options.top = 5;
+  options.threads = 1;
+  options.limits.max_per_device_batch = 2;
+  options.limits.global_batch_size = 64;
+  const ExploreResult open = explore(config, options);
+  ASSERT_FALSE(open.top.empty());
+  options.initial_bar = open.top.front().objective * 1.001;
+  const ExploreResult skipping = explore(config, options);
+  options.check_equivalent_meshes = true;
+  const ExploreResult checking = explore(config, options);
+  EXPECT_EQ(skipping.pruned, checking.pruned);
+  EXPECT_EQ(skipping.candidates_in_space, checking.candidates_in_space);
+  EXPECT_EQ(skipping.phases.floor_skipped_programs, checking.phases.floor_skipped_programs);
+  EXPECT_GT(skipping.phases.equivalent_mesh_skips, 0);
+}
+
 }  // namespace
 }  // namespace tpusim
