@@ -75,6 +75,7 @@ class ResizableProgram {
     int64_t global = 0;
   };
   void resize_dims(size_t begin, size_t end, const std::vector<int64_t>& splits);
+  void point_sizes();
   // A collective over mesh axes: its group size is the product of their sizes.
   struct GroupOp {
     int op = -1;
@@ -89,6 +90,10 @@ class ResizableProgram {
   std::vector<uint32_t> split_axes_;  // the distinct SplitDim::axes
   std::vector<size_t> tensor_dims_;   // tensor t's split dims: [tensor_dims_[t], [t + 1])
   std::vector<int64_t> splits_;       // scratch: splits_on(the mesh being re-sized for)
+  // Where each split dim's local size is in program_.graph, by split_dims_ index (point_sizes).
+  // Valid while sizes_graph_ is &program_.graph: a copied or moved program points them again.
+  std::vector<int64_t*> sizes_;
+  const Graph* sizes_graph_ = nullptr;
   std::vector<GroupOp> group_ops_;
   size_t primary_tensors_ = 0;  // local tensors [0, n) are the global tensors' own (padding notes)
   uint32_t structure_ = 0;
