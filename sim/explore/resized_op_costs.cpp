@@ -65,9 +65,13 @@ std::optional<ComputeBounds> ResizedOpCosts::bounds(ResizableProgram& program,
   }
   ComputeBounds result = tensorcore_lower_bounds(
       program.graph(), accumulation_steps, contexts.size(), /*keep_forward_ops=*/true,
-      [&](const Op& op, double* seconds) { seconds_of(program, op, seconds); });
+      [&](const Op& op, double* seconds) { seconds_of(program, op, seconds); },
+      forward_like_.has_value() ? &*forward_like_ : nullptr);
   for (Group& group : groups_) {
     group.kept[group.current].complete = true;
+  }
+  if (!forward_like_.has_value()) {
+    forward_like_ = result.forward_ops;  // the same ops, named alike, on every mesh
   }
   return result;
 }

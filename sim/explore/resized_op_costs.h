@@ -80,7 +80,8 @@ class ResizedOpCosts {
 
   size_t kept_per_group_ = kKeptPerGroup;
   std::vector<Group> groups_;
-  std::vector<OpPlace> places_;  // by op id (unused for other ops)
+  std::optional<ForwardOpSeconds> forward_like_;  // the first bounds' forward ops
+  std::vector<OpPlace> places_;                   // by op id (unused for other ops)
   std::vector<CostContext> contexts_;
   std::vector<int64_t> splits_;    // ResizableProgram::splits_on the mesh
   std::vector<int64_t> products_;  // scratch: a group's products on the mesh

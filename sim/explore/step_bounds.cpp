@@ -55,7 +55,8 @@ ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_s
 
 ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
                                       size_t contexts, bool keep_forward_ops,
-                                      const SecondsOfOp& seconds_of) {
+                                      const SecondsOfOp& seconds_of,
+                                      const ForwardOpSeconds* forward_like) {
   const size_t regions = graph.regions().size();
   ComputeBounds result;
   std::vector<double> shared(regions, 0.0);
@@ -63,7 +64,8 @@ ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_s
   std::vector<double> seconds(contexts);
   if (keep_forward_ops) {
     result.op_seconds.assign(graph.ops().size(), 0.0);
-    result.forward_ops = ForwardOpSeconds(contexts);
+    result.forward_ops = forward_like != nullptr ? ForwardOpSeconds(contexts, forward_like)
+                                                 : ForwardOpSeconds(contexts);
   }
   for (const Op& op : graph.ops()) {
     if (!is_compute(op.kind)) {
