@@ -18,16 +18,17 @@ ResizedOpCosts::ResizedOpCosts(const ResizableProgram& program, size_t kept_per_
     : kept_per_group_(kept_per_group) {
   const Graph& graph = program.graph();
   places_.resize(graph.ops().size());
+  std::vector<TensorId> tensors;
   std::vector<uint32_t> sets;
   for (const Op& op : graph.ops()) {
     if (!is_compute(op.kind)) {
       continue;
     }
-    OpPlace& place = places_[static_cast<size_t>(op.id)];
-    tensors_cost_reads(graph, op, place.tensors);
-    sort_unique(place.tensors);
+    tensors.clear();
+    tensors_cost_reads(graph, op, tensors);
+    sort_unique(tensors);
     sets.clear();
-    for (const TensorId tensor : place.tensors) {
+    for (const TensorId tensor : tensors) {
       program.split_sets_of(tensor, sets);
     }
     sort_unique(sets);
@@ -37,11 +38,15 @@ ResizedOpCosts::ResizedOpCosts(const ResizableProgram& program, size_t kept_per_
       group = groups_.emplace(groups_.end());
       group->sets = sets;
     }
-    place.group = static_cast<size_t>(group - groups_.begin());
-    place.index = group->ops++;
+    OpPlace& place = places_[static_cast<size_t>(op.id)];
+    place.group = static_cast<uint32_t>(group - groups_.begin());
+    place.index = static_cast<uint32_t>(group->ops++);
     place.attention = op_kind_traits(op.kind).attention;
-    place.attention_before = group->attention_ops;
+    place.attention_before = static_cast<uint32_t>(group->attention_ops);
     group->attention_ops += place.attention ? 1 : 0;
+    place.tensors_begin = static_cast<uint32_t>(tensors_.size());
+    tensors_.insert(tensors_.end(), tensors.begin(), tensors.end());
+    place.tensors_end = static_cast<uint32_t>(tensors_.size());
   }
 }
 
@@ -112,7 +117,7 @@ void ResizedOpCosts::seconds_of(ResizableProgram& program, const Op& op, double*
   const OpPlace& place = places_[static_cast<size_t>(op.id)];
   Group& group = groups_[place.group];
   double* kept = group.kept[group.current].seconds.data() + place.index +
-                 place.attention_before * (contexts - 1);
+                 static_cast<size_t>(place.attention_before) * (contexts - 1);
   const size_t width = place.attention ? contexts : 1;
   if (!group.costing) {
     std::copy_n(kept, width, seconds);
@@ -120,8 +125,8 @@ void ResizedOpCosts::seconds_of(ResizableProgram& program, const Op& op, double*
     ++found_;
     return;
   }
-  for (const TensorId tensor : place.tensors) {
-    program.resize_tensor(tensor, splits_);
+  for (uint32_t at = place.tensors_begin; at < place.tensors_end; ++at) {
+    program.resize_tensor(tensors_[at], splits_);
   }
   compute_op_seconds(program.graph(), op, contexts_, seconds);
   std::copy_n(seconds, width, kept);

@@ -66,13 +66,14 @@ class ResizedOpCosts {
   };
   // Where a compute op is: its group, its place in the group (its offset into Kept::seconds is
   // that of the ops before it: one each, the attention ops' one per context), and the tensors its
-  // cost reads.
+  // cost reads, tensors_[tensors_begin, tensors_end).
   struct OpPlace {
-    size_t group = 0;
-    size_t index = 0;
-    size_t attention_before = 0;
+    uint32_t group = 0;
+    uint32_t index = 0;
+    uint32_t attention_before = 0;
+    uint32_t tensors_begin = 0;
+    uint32_t tensors_end = 0;
     bool attention = false;
-    std::vector<TensorId> tensors;
   };
 
   void meet(Group& group);  // points group.current at the entry of products_ (new if none)
@@ -82,6 +83,7 @@ class ResizedOpCosts {
   std::vector<Group> groups_;
   std::optional<ForwardOpSeconds> forward_like_;  // the first bounds' forward ops
   std::vector<OpPlace> places_;                   // by op id (unused for other ops)
+  std::vector<TensorId> tensors_;                 // OpPlace's tensors
   std::vector<CostContext> contexts_;
   std::vector<int64_t> splits_;    // ResizableProgram::splits_on the mesh
   std::vector<int64_t> products_;  // scratch: a group's products on the mesh
