@@ -77,8 +77,10 @@ TEST(ForwardOpSeconds, AgreesWithAMapOverRandomOps) {
 TEST(ForwardOpSeconds, ATableMadeLikeAnotherFinishesAsItsOwnAdds) {
   std::mt19937 random(46);
   const std::vector<std::string> names = {"a", "ab", "layers/mlp/wi_0", "layers/mlp/wo", ""};
+  constexpr int kAdds = 100;
   std::vector<std::pair<int, std::string>> adds;
-  for (int op = 0; op < 100; ++op) {
+  adds.reserve(kAdds);
+  for (int op = 0; op < kAdds; ++op) {
     adds.emplace_back(static_cast<int>(random() % 3), names[random() % names.size()]);
   }
   auto seconds_of = [&](size_t contexts) {
