@@ -1,6 +1,7 @@
 #include "sim/explore/resized_op_costs.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "model/ir/op_kind_traits.h"
 
@@ -17,7 +18,6 @@ void sort_unique(auto& values) {
 ResizedOpCosts::ResizedOpCosts(const ResizableProgram& program, size_t kept_per_group)
     : kept_per_group_(kept_per_group) {
   const Graph& graph = program.graph();
-  places_.resize(graph.ops().size());
   std::vector<TensorId> tensors;
   std::vector<uint32_t> sets;
   for (const Op& op : graph.ops()) {
@@ -38,7 +38,8 @@ ResizedOpCosts::ResizedOpCosts(const ResizableProgram& program, size_t kept_per_
       group = groups_.emplace(groups_.end());
       group->sets = sets;
     }
-    OpPlace& place = places_[static_cast<size_t>(op.id)];
+    OpPlace& place = places_.emplace_back();
+    place.op = op.id;
     place.group = static_cast<uint32_t>(group - groups_.begin());
     place.index = static_cast<uint32_t>(group->ops++);
     place.attention = op_kind_traits(op.kind).attention;
@@ -65,6 +66,7 @@ std::optional<ComputeBounds> ResizedOpCosts::bounds(ResizableProgram& program,
     }
   }
   ++calls_;
+  next_place_ = 0;
   for (Group& group : groups_) {
     meet(group);
   }
@@ -114,7 +116,11 @@ void ResizedOpCosts::meet(Group& group) {
 
 void ResizedOpCosts::seconds_of(ResizableProgram& program, const Op& op, double* seconds) {
   const size_t contexts = contexts_.size();
-  const OpPlace& place = places_[static_cast<size_t>(op.id)];
+  // tensorcore_lower_bounds asks for the compute ops in program order.
+  if (next_place_ >= places_.size() || places_[next_place_].op != op.id) {
+    throw std::logic_error("ResizedOpCosts: asked for the ops out of program order");
+  }
+  const OpPlace& place = places_[next_place_++];
   Group& group = groups_[place.group];
   double* kept = group.kept[group.current].seconds.data() + place.index +
                  static_cast<size_t>(place.attention_before) * (contexts - 1);

@@ -70,6 +70,7 @@ class ResizedOpCosts {
   // that of the ops before it: one each, the attention ops' one per context), and the tensors its
   // cost reads, tensors_[tensors_begin, tensors_end).
   struct OpPlace {
+    int op = -1;
     uint32_t group = 0;
     uint32_t index = 0;
     uint32_t attention_before = 0;
@@ -84,11 +85,12 @@ class ResizedOpCosts {
   size_t kept_per_group_ = kKeptPerGroup;
   std::vector<Group> groups_;
   std::optional<ForwardOpSeconds> forward_like_;  // the first bounds' forward ops
-  std::vector<OpPlace> places_;                   // by op id (unused for other ops)
+  std::vector<OpPlace> places_;                   // the compute ops', in program order
   std::vector<TensorId> tensors_;                 // OpPlace's tensors
   std::vector<CostContext> contexts_;
   std::vector<int64_t> splits_;    // ResizableProgram::splits_on the mesh
   std::vector<int64_t> products_;  // scratch: a group's products on the mesh
+  size_t next_place_ = 0;          // the place of the next op seconds_of is asked for
   uint64_t calls_ = 0;
   int64_t costed_ = 0;
   int64_t found_ = 0;
