@@ -1,5 +1,6 @@
 #include "sharding/program_resize.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "sharding/reassociate_reductions.h"
@@ -37,15 +38,17 @@ std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram&
   result.structure_ = axes_above_one(mesh);
   result.primary_tensors_ = program.local_of_global.size();
   for (const Tensor& tensor : program.graph.tensors()) {
+    result.tensor_dims_.push_back(result.split_dims_.size());
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       const Dim& info = tensor.dims[dim];
       const uint32_t axes = axis_bits(info.sharded_over);
       if (info.global_size > 0 && axes != 0) {
         result.split_dims_.push_back(
-            {tensor.id, static_cast<uint32_t>(dim), axes, info.global_size});
+            {tensor.id, static_cast<uint32_t>(dim), axes, result.set_of(axes), info.global_size});
       }
     }
   }
+  result.tensor_dims_.push_back(result.split_dims_.size());
   for (const Op& op : program.graph.ops()) {
     if (!op.attrs.mesh_axes.empty()) {
       uint32_t axes = 0;
@@ -68,29 +71,88 @@ uint32_t ResizableProgram::axes_above_one(const MeshShape& mesh) {
   return axes;
 }
 
+uint32_t ResizableProgram::set_of(uint32_t axes) {
+  const auto found = std::find(split_axes_.begin(), split_axes_.end(), axes);
+  if (found != split_axes_.end()) {
+    return static_cast<uint32_t>(found - split_axes_.begin());
+  }
+  split_axes_.push_back(axes);
+  return static_cast<uint32_t>(split_axes_.size() - 1);
+}
+
+void ResizableProgram::splits_on(const MeshShape& mesh, std::vector<int64_t>& splits) const {
+  splits.resize(split_axes_.size());
+  for (size_t set = 0; set < split_axes_.size(); ++set) {
+    splits[set] = split_of(split_axes_[set], mesh);
+  }
+}
+
+void ResizableProgram::split_sets_of(TensorId tensor, std::vector<uint32_t>& sets) const {
+  const auto id = static_cast<size_t>(tensor);
+  for (size_t at = tensor_dims_[id]; at < tensor_dims_[id + 1]; ++at) {
+    sets.push_back(split_dims_[at].set);
+  }
+}
+
+void ResizableProgram::point_sizes() {
+  sizes_.clear();
+  for (const SplitDim& split_dim : split_dims_) {
+    sizes_.push_back(&program_.graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size);
+  }
+  sizes_graph_ = &program_.graph;
+}
+
+void ResizableProgram::resize_dims(size_t begin, size_t end, const std::vector<int64_t>& splits) {
+  if (sizes_graph_ != &program_.graph) {
+    point_sizes();
+  }
+  for (size_t at = begin; at < end; ++at) {
+    const SplitDim& split_dim = split_dims_[at];
+    const int64_t split = splits[split_dim.set];
+    *sizes_[at] = (split_dim.global + split - 1) / split;
+  }
+}
+
+void ResizableProgram::resize_tensor(TensorId tensor, const std::vector<int64_t>& splits) {
+  const auto id = static_cast<size_t>(tensor);
+  resize_dims(tensor_dims_[id], tensor_dims_[id + 1], splits);
+}
+
+bool ResizableProgram::holds_on(const MeshShape& mesh, const std::vector<int64_t>& splits) {
+  if (axes_above_one(mesh) != structure_) {
+    return false;
+  }
+  for (const SizeDecision& decision : program_.size_decisions.recorded) {
+    if (decision.kind != SizeDecision::Kind::kDivides) {  // compares two tensors' local sizes
+      resize_tensor(decision.a, splits);
+      resize_tensor(decision.b, splits);
+    }
+  }
+  return std::all_of(program_.size_decisions.recorded.begin(),
+                     program_.size_decisions.recorded.end(),
+                     [&](const SizeDecision& decision) { return holds(decision, mesh); });
+}
+
 bool ResizableProgram::resize(const MeshShape& mesh) {
   if (axes_above_one(mesh) != structure_) {
     return false;
   }
-  Graph& graph = program_.graph;
-  for (const SplitDim& split_dim : split_dims_) {
-    const int64_t split = split_of(split_dim.axes, mesh);
-    graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size =
-        (split_dim.global + split - 1) / split;
-  }
+  splits_on(mesh, splits_);
+  resize_dims(0, split_dims_.size(), splits_);
   for (const SizeDecision& decision : program_.size_decisions.recorded) {
     if (!holds(decision, mesh)) {
       return false;
     }
   }
+  Graph& graph = program_.graph;
   for (const GroupOp& group : group_ops_) {
     graph.mutable_op(group.op).attrs.group_size = split_of(group.axes, mesh);
   }
-  note_padding(mesh);
+  note_padding();
   return true;
 }
 
-void ResizableProgram::note_padding(const MeshShape& mesh) {
+void ResizableProgram::note_padding() {
   // As make_local notes them: the global tensors' own local tensors, in order, each dim an axis
   // split does not divide.
   program_.padding.clear();
@@ -98,7 +160,7 @@ void ResizableProgram::note_padding(const MeshShape& mesh) {
     if (static_cast<size_t>(split_dim.tensor) >= primary_tensors_) {
       break;  // split_dims_ follow the tensor ids
     }
-    const int64_t split = split_of(split_dim.axes, mesh);
+    const int64_t split = splits_[split_dim.set];
     if (split > 1 && split_dim.global % split != 0) {
       const Tensor& tensor = program_.graph.tensor(split_dim.tensor);
       const int64_t local = tensor.dims[split_dim.dim].size;

@@ -48,24 +48,52 @@ class ResizableProgram {
   // until the next resize).
   bool resize(const MeshShape& mesh);
 
+  // Piecewise, for a reader of a few tensors (the explorer's TensorCore bound,
+  // sim/explore/resized_op_costs.h): after holds_on(mesh), a tensor re-sized by resize_tensor has
+  // its local sizes on `mesh`; the others, and the group sizes and padding, are of no mesh until
+  // the next resize().
+  //
+  // The distinct sets of mesh axes the program's dims are split over (bit per axis index).
+  const std::vector<uint32_t>& split_axes() const { return split_axes_; }
+  // The product of each split_axes() set's sizes on `mesh`, by the same index, into `splits`.
+  void splits_on(const MeshShape& mesh, std::vector<int64_t>& splits) const;
+  // Indices into split_axes() of `tensor`'s split dims (repeats included), appended to `sets`.
+  void split_sets_of(TensorId tensor, std::vector<uint32_t>& sets) const;
+  // What resize(mesh) returns, re-sizing only the tensors the recorded choices compare; `splits`
+  // is splits_on(mesh).
+  bool holds_on(const MeshShape& mesh, const std::vector<int64_t>& splits);
+  // Rewrites `tensor`'s local sizes for `splits` (splits_on of a mesh).
+  void resize_tensor(TensorId tensor, const std::vector<int64_t>& splits);
+
  private:
   // A local dim to re-size: ceil(global / product of the sizes of `axes`).
   struct SplitDim {
     TensorId tensor = -1;
     uint32_t dim = 0;
     uint32_t axes = 0;  // bit per mesh axis index
+    uint32_t set = 0;   // index of `axes` into split_axes_
     int64_t global = 0;
   };
+  void resize_dims(size_t begin, size_t end, const std::vector<int64_t>& splits);
+  void point_sizes();
   // A collective over mesh axes: its group size is the product of their sizes.
   struct GroupOp {
     int op = -1;
     uint32_t axes = 0;
   };
   bool holds(const SizeDecision& decision, const MeshShape& mesh) const;
-  void note_padding(const MeshShape& mesh);
+  void note_padding();             // for the mesh of splits_
+  uint32_t set_of(uint32_t axes);  // index of `axes` into split_axes_, added if new
 
   PartitionedProgram program_;
-  std::vector<SplitDim> split_dims_;
+  std::vector<SplitDim> split_dims_;  // in tensor id order
+  std::vector<uint32_t> split_axes_;  // the distinct SplitDim::axes
+  std::vector<size_t> tensor_dims_;   // tensor t's split dims: [tensor_dims_[t], [t + 1])
+  std::vector<int64_t> splits_;       // scratch: splits_on(the mesh being re-sized for)
+  // Where each split dim's local size is in program_.graph, by split_dims_ index (point_sizes).
+  // Valid while sizes_graph_ is &program_.graph: a copied or moved program points them again.
+  std::vector<int64_t*> sizes_;
+  const Graph* sizes_graph_ = nullptr;
   std::vector<GroupOp> group_ops_;
   size_t primary_tensors_ = 0;  // local tensors [0, n) are the global tensors' own (padding notes)
   uint32_t structure_ = 0;

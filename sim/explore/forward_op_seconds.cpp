@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 namespace tpusim {
 
 void ForwardOpSeconds::add(int region, std::string_view name, const double* seconds) {
+  if (like_ != nullptr) {
+    ++like_adds_;
+    seconds_.insert(seconds_.end(), seconds, seconds + contexts_);
+    return;
+  }
   regions_.push_back(region);
   names_.append(name);
   name_ends_.push_back(names_.size());
@@ -19,13 +25,17 @@ std::string_view ForwardOpSeconds::name(size_t entry) const {
 }
 
 void ForwardOpSeconds::finish() {
-  std::vector<size_t> order(regions_.size());
-  std::iota(order.begin(), order.end(), size_t{0});
+  if (like_ != nullptr) {
+    finish_like();
+    return;
+  }
+  std::vector<uint32_t> order(regions_.size());
+  std::iota(order.begin(), order.end(), uint32_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return regions_[a] != regions_[b] ? regions_[a] < regions_[b] : name(a) < name(b);
   });
   ForwardOpSeconds sorted(contexts_);
-  for (const size_t entry : order) {
+  for (const uint32_t entry : order) {
     const size_t last = sorted.size();
     if (last > 0 && sorted.regions_[last - 1] == regions_[entry] &&
         sorted.name(last - 1) == name(entry)) {
@@ -34,11 +44,38 @@ void ForwardOpSeconds::finish() {
         double& kept = sorted.seconds_[(last - 1) * contexts_ + context];
         kept = std::min(kept, seconds_[entry * contexts_ + context]);
       }
-      continue;
+    } else {
+      sorted.add(regions_[entry], name(entry), seconds_.data() + entry * contexts_);
     }
-    sorted.add(regions_[entry], name(entry), seconds_.data() + entry * contexts_);
+    sorted.merged_into_.push_back(static_cast<uint32_t>(sorted.size() - 1));
   }
+  sorted.order_ = std::move(order);
   *this = std::move(sorted);
+}
+
+void ForwardOpSeconds::finish_like() {
+  const ForwardOpSeconds& like = *like_;
+  if (like_adds_ != like.order_.size()) {
+    throw std::logic_error("ForwardOpSeconds: a table made like another had other adds");
+  }
+  std::vector<double> merged(like.size() * contexts_);
+  std::vector<bool> seen(like.size(), false);
+  for (size_t at = 0; at < like.order_.size(); ++at) {  // as finish() merged them
+    const size_t entry = like.merged_into_[at];
+    const double* seconds = seconds_.data() + static_cast<size_t>(like.order_[at]) * contexts_;
+    double* kept = merged.data() + entry * contexts_;
+    for (size_t context = 0; context < contexts_; ++context) {
+      kept[context] = seen[entry] ? std::min(kept[context], seconds[context]) : seconds[context];
+    }
+    seen[entry] = true;
+  }
+  regions_ = like.regions_;
+  name_ends_ = like.name_ends_;
+  names_ = like.names_;
+  seconds_ = std::move(merged);
+  order_ = like.order_;
+  merged_into_ = like.merged_into_;
+  like_ = nullptr;
 }
 
 const double* ForwardOpSeconds::find(int region, std::string_view name_of_op) const {

@@ -22,6 +22,12 @@ namespace tpusim {
 class ForwardOpSeconds {
  public:
   explicit ForwardOpSeconds(size_t contexts = 0) : contexts_(contexts) {}
+  // A table to be filled by the same adds as finished table `like` (the same regions and names in
+  // the same order; a program's bounds again, on another mesh): add() keeps only the seconds and
+  // finish() takes like's entries and merges as like's did, without sorting. `like` must outlive
+  // finish().
+  ForwardOpSeconds(size_t contexts, const ForwardOpSeconds* like)
+      : contexts_(contexts), like_(like) {}
   // Adds an op's seconds per context (`seconds` has one per context); before finish().
   void add(int region, std::string_view name, const double* seconds);
   // Sorts the entries and merges each (region, name) into its least seconds per context.
@@ -32,12 +38,18 @@ class ForwardOpSeconds {
 
  private:
   std::string_view name(size_t entry) const;
+  void finish_like();
 
   size_t contexts_ = 0;
   std::vector<int> regions_;       // by entry
   std::vector<size_t> name_ends_;  // by entry: where its name ends in names_
   std::string names_;              // the entries' names one after another
   std::vector<double> seconds_;    // entries x contexts
+  // After finish(): the adds in sorted order, and the entry each merged into, by that order.
+  std::vector<uint32_t> order_;
+  std::vector<uint32_t> merged_into_;
+  const ForwardOpSeconds* like_ = nullptr;
+  size_t like_adds_ = 0;  // adds to a table made like another
 };
 
 }  // namespace tpusim

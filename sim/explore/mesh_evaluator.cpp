@@ -714,13 +714,8 @@ bool MeshEvaluator::bounded_by_class(const MeshPlan& plan, const BatchWork& batc
 
 std::optional<ComputeBounds> MeshEvaluator::resized_bounds(const MeshPlan& plan,
                                                            const BatchWork& batch) const {
-  std::optional<ComputeBounds> bounds;
-  context_.resizable.with_resized(
-      batch.index, TrainingStepCache::kNoRemat, *plan.mesh, [&](const PartitionedProgram& program) {
-        bounds = tensorcore_lower_bounds(program.graph, batch.choice->accumulation_steps, contexts_,
-                                         /*keep_forward_ops=*/true);
-      });
-  return bounds;
+  return context_.resizable.bounds(batch.index, TrainingStepCache::kNoRemat, *plan.mesh,
+                                   batch.choice->accumulation_steps, contexts_);
 }
 
 bool MeshEvaluator::bounded_by_resize(const MeshPlan& plan, BatchWork& batch) const {

@@ -23,6 +23,24 @@ bool ResizablePrograms::with_resized(
   return false;
 }
 
+std::optional<ComputeBounds> ResizablePrograms::bounds(
+    size_t batch, size_t remat, const MeshShape& mesh, int64_t accumulation_steps,
+    const std::vector<CostContext>& contexts) const {
+  for (const std::shared_ptr<Slot>& slot :
+       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
+    const std::lock_guard<std::mutex> lock(slot->mutex);
+    if (slot->costs == nullptr) {
+      slot->costs = std::make_unique<ResizedOpCosts>(slot->program);
+    }
+    std::optional<ComputeBounds> found =
+        slot->costs->bounds(slot->program, mesh, accumulation_steps, contexts);
+    if (found.has_value()) {
+      return found;
+    }
+  }
+  return std::nullopt;
+}
+
 void ResizablePrograms::offer(size_t batch, size_t remat, const PartitionedProgram& program,
                               const MeshShape& mesh) {
   const Key key{batch, remat, ResizableProgram::axes_above_one(mesh)};

@@ -7,8 +7,8 @@
 // A mesh of another equivalence key but the same axes larger than 1 takes the partitioner down
 // the same path wherever the recorded size choices come out the same; the kept program, re-sized
 // for that mesh, is then the mesh's own program: its TensorCore bound (step_bounds.h) needs no
-// copy, and a copy of it replaces the partition. Memory is capped: kPerKey programs per key and
-// kMaxKept in all; a program over the caps is not kept.
+// copy (nor a whole re-size: bounds()), and a copy of it replaces the partition. Memory is capped:
+// kPerKey programs per key and kMaxKept in all; a program over the caps is not kept.
 //
 // Example:
 //   ResizablePrograms kept;
@@ -22,10 +22,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "sharding/program_resize.h"
+#include "sim/explore/resized_op_costs.h"
+#include "sim/explore/step_bounds.h"
 
 namespace tpusim {
 
@@ -38,6 +41,12 @@ class ResizablePrograms {
   // program's lock; its DeviceMesh is the kept one's); false when none does.
   bool with_resized(size_t batch, size_t remat, const MeshShape& mesh,
                     const std::function<void(const PartitionedProgram&)>& use) const;
+  // The TensorCore bounds (keep_forward_ops) of the first kept program of (batch, remat) that
+  // re-sizes for `mesh`, as with_resized would give them, bit for bit, without re-sizing the whole
+  // program (resized_op_costs.h); nullopt when none re-sizes.
+  std::optional<ComputeBounds> bounds(size_t batch, size_t remat, const MeshShape& mesh,
+                                      int64_t accumulation_steps,
+                                      const std::vector<CostContext>& contexts) const;
   // Keeps `program`, partitioned for (batch, remat) on `mesh`, unless a cap is reached or it made
   // a size choice that is not recorded.
   void offer(size_t batch, size_t remat, const PartitionedProgram& program, const MeshShape& mesh);
@@ -46,6 +55,7 @@ class ResizablePrograms {
   struct Slot {
     std::mutex mutex;  // the program is re-sized in place
     ResizableProgram program;
+    std::unique_ptr<ResizedOpCosts> costs;  // made by the first bounds()
   };
   using Key = std::tuple<size_t, size_t, uint32_t>;  // batch, remat, axes larger than 1
   std::vector<std::shared_ptr<Slot>> slots(const Key& key) const;

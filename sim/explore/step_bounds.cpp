@@ -33,31 +33,51 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
                                  keep_forward_ops);
 }
 
+void compute_op_seconds(const Graph& graph, const Op& op, const std::vector<CostContext>& contexts,
+                        double* seconds) {
+  if (op_kind_traits(op.kind).attention) {
+    for (size_t context = 0; context < contexts.size(); ++context) {
+      seconds[context] = cost_compute_op(graph, op, contexts[context], false).seconds;
+    }
+  } else {
+    std::fill_n(seconds, contexts.size(),
+                cost_compute_op(graph, op, contexts.front(), may_fuse(op.kind)).seconds);
+  }
+}
+
 ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops) {
+  return tensorcore_lower_bounds(
+      graph, accumulation_steps, contexts.size(), keep_forward_ops,
+      [&](const Op& op, double* seconds) { compute_op_seconds(graph, op, contexts, seconds); });
+}
+
+ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
+                                      size_t contexts, bool keep_forward_ops,
+                                      const SecondsOfOp& seconds_of,
+                                      const ForwardOpSeconds* forward_like) {
   const size_t regions = graph.regions().size();
   ComputeBounds result;
   std::vector<double> shared(regions, 0.0);
-  std::vector<std::vector<double>> attention(contexts.size(), std::vector<double>(regions, 0.0));
-  std::vector<double> seconds(contexts.size());
+  std::vector<std::vector<double>> attention(contexts, std::vector<double>(regions, 0.0));
+  std::vector<double> seconds(contexts);
   if (keep_forward_ops) {
     result.op_seconds.assign(graph.ops().size(), 0.0);
-    result.forward_ops = ForwardOpSeconds(contexts.size());
+    result.forward_ops = forward_like != nullptr ? ForwardOpSeconds(contexts, forward_like)
+                                                 : ForwardOpSeconds(contexts);
   }
   for (const Op& op : graph.ops()) {
     if (!is_compute(op.kind)) {
       continue;
     }
     const auto region = static_cast<size_t>(op.region);
+    seconds_of(op, seconds.data());
     if (op_kind_traits(op.kind).attention) {
-      for (size_t context = 0; context < contexts.size(); ++context) {
-        seconds[context] = cost_compute_op(graph, op, contexts[context], false).seconds;
+      for (size_t context = 0; context < contexts; ++context) {
         attention[context][region] += seconds[context];
       }
     } else {
-      seconds.assign(contexts.size(),
-                     cost_compute_op(graph, op, contexts.front(), may_fuse(op.kind)).seconds);
       shared[region] += seconds.front();
     }
     if (keep_forward_ops) {
@@ -69,8 +89,8 @@ ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_s
     }
   }
   result.forward_ops.finish();  // a name seen twice in a region keeps its cheaper cost
-  std::vector<std::vector<double>> region_seconds(contexts.size(), std::vector<double>(regions));
-  for (size_t context = 0; context < contexts.size(); ++context) {
+  std::vector<std::vector<double>> region_seconds(contexts, std::vector<double>(regions));
+  for (size_t context = 0; context < contexts; ++context) {
     for (size_t region = 0; region < regions; ++region) {
       region_seconds[context][region] = shared[region] + attention[context][region];
     }

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,20 @@ ComputeBounds tensorcore_lower_bounds(const StepProgram& program,
 ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
                                       const std::vector<CostContext>& contexts,
                                       bool keep_forward_ops = false);
+
+// Fills seconds[context] with compute op `op`'s cost under each of `contexts` (fusible ops charged
+// as fused; only attention ops' costs differ by context): what tensorcore_lower_bounds sums.
+void compute_op_seconds(const Graph& graph, const Op& op, const std::vector<CostContext>& contexts,
+                        double* seconds);
+// The same bounds over `contexts` cost contexts with each compute op's seconds from `seconds_of`
+// (compute_op_seconds, or a memo of it: resized_op_costs.h), summed the same way. With
+// `forward_like`, the forward_ops of an earlier call on a graph of the same ops (the same program
+// on another mesh), forward_ops is made like it (ForwardOpSeconds: no sort).
+using SecondsOfOp = std::function<void(const Op& op, double* seconds)>;
+ComputeBounds tensorcore_lower_bounds(const Graph& graph, int64_t accumulation_steps,
+                                      size_t contexts, bool keep_forward_ops,
+                                      const SecondsOfOp& seconds_of,
+                                      const ForwardOpSeconds* forward_like = nullptr);
 
 // A forward op that a remat policy recomputes in backward (the clone keeps the op's name), by the
 // forward region it comes from, with the repeat of the backward region that runs the clone.

@@ -372,11 +372,11 @@ GroupedMatmulTiles tokamax_tiles(const EinsumShape& shape, MatmulPass pass, doub
 // over the weight, which XLA's sharding propagation computes where the weight is still sharded
 // (a local max and an all-reduce of the scalar or per-channel maxima), before the FSDP all-gather
 // that makes the operand whole. Walks back from the operand through all-gathers and one-input
-// elementwise ops (the cast from the float32 master copy) to the shard.
-double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
+// elementwise ops (the cast from the float32 master copy) to the shard: `visit` is called with
+// each tensor on the way (the operand's own excepted).
+template <typename Visit>
+void walk_weight_scale_chain(const Graph& graph, TensorId operand, const Visit& visit) {
   constexpr int kMaxHops = 4;
-  const double whole = static_cast<double>(graph.tensor(operand).num_elements());
-  double smallest = whole;
   TensorId value = operand;
   for (int hop = 0; hop < kMaxHops; ++hop) {
     const int producer = graph.producer(value);
@@ -390,8 +390,17 @@ double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
       break;
     }
     value = op.inputs[0];
-    smallest = std::min(smallest, static_cast<double>(graph.tensor(value).num_elements()));
+    visit(value);
   }
+}
+
+// The fraction: the smallest tensor on that walk over the operand.
+double weight_scale_read_fraction(const Graph& graph, TensorId operand) {
+  const double whole = static_cast<double>(graph.tensor(operand).num_elements());
+  double smallest = whole;
+  walk_weight_scale_chain(graph, operand, [&](TensorId value) {
+    smallest = std::min(smallest, static_cast<double>(graph.tensor(value).num_elements()));
+  });
   return whole > 0 ? smallest / whole : 1.0;
 }
 
@@ -958,6 +967,14 @@ bool same_outside_attention(const CostContext& a, const CostContext& b) {
   masked.local_block_kv_dkv = a.local_block_kv_dkv;
   masked.local_block_kv_dkv_compute = a.local_block_kv_dkv_compute;
   return masked == a;
+}
+
+void tensors_cost_reads(const Graph& graph, const Op& op, std::vector<TensorId>& tensors) {
+  tensors.insert(tensors.end(), op.inputs.begin(), op.inputs.end());
+  tensors.insert(tensors.end(), op.outputs.begin(), op.outputs.end());
+  for (const TensorId input : op.inputs) {
+    walk_weight_scale_chain(graph, input, [&](TensorId value) { tensors.push_back(value); });
+  }
 }
 
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused) {

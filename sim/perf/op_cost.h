@@ -35,6 +35,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/mechanisms.h"
 #include "hw/chip_spec.h"
@@ -148,6 +149,12 @@ struct OpCost {
 
 // Cost of a non-collective op. `fused` marks an elementwise op fused into its producer.
 OpCost cost_compute_op(const Graph& graph, const Op& op, const CostContext& context, bool fused);
+
+// The tensors whose shapes, dtypes and kinds cost_compute_op reads for `op`, appended to `tensors`
+// (repeats included): its inputs and outputs and, for the scale of a quantized weight, the chain
+// each input is gathered or cast from (weight_scale_on_shard). With the same op attributes and
+// context, the same shapes of these give the same cost (resized_op_costs.h memoizes on it).
+void tensors_cost_reads(const Graph& graph, const Op& op, std::vector<TensorId>& tensors);
 
 // True when `a` and `b` differ at most in the attention kernel and its splash blocks, which only
 // attention ops' costs read (op_kind_traits' attention): every other op costs the same under both.

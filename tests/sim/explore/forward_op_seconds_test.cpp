@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,57 @@ TEST(ForwardOpSeconds, AgreesWithAMapOverRandomOps) {
       }
     }
   }
+}
+
+// A table made like a finished one, from the same regions and names in the same order with other
+// seconds (and another number of contexts), equals the table finished from those adds, and one
+// with another number of adds is refused.
+TEST(ForwardOpSeconds, ATableMadeLikeAnotherFinishesAsItsOwnAdds) {
+  std::mt19937 random(46);
+  const std::vector<std::string> names = {"a", "ab", "layers/mlp/wi_0", "layers/mlp/wo", ""};
+  constexpr int kAdds = 100;
+  std::vector<std::pair<int, std::string>> adds;
+  adds.reserve(kAdds);
+  for (int op = 0; op < kAdds; ++op) {
+    adds.emplace_back(static_cast<int>(random() % 3), names[random() % names.size()]);
+  }
+  auto seconds_of = [&](size_t contexts) {
+    std::vector<double> seconds(adds.size() * contexts);
+    for (double& value : seconds) {
+      value = static_cast<double>(random() % 1000) * 1e-6;
+    }
+    return seconds;
+  };
+  ForwardOpSeconds layout(1);
+  const std::vector<double> first = seconds_of(1);
+  for (size_t at = 0; at < adds.size(); ++at) {
+    layout.add(adds[at].first, adds[at].second, &first[at]);
+  }
+  layout.finish();
+  constexpr size_t kContexts = 2;
+  const std::vector<double> other = seconds_of(kContexts);
+  ForwardOpSeconds own(kContexts);
+  ForwardOpSeconds like(kContexts, &layout);
+  for (size_t at = 0; at < adds.size(); ++at) {
+    own.add(adds[at].first, adds[at].second, &other[at * kContexts]);
+    like.add(adds[at].first, "", &other[at * kContexts]);  // its names are the layout's
+  }
+  own.finish();
+  like.finish();
+  ASSERT_EQ(like.size(), own.size());
+  for (int region = 0; region < 3; ++region) {
+    for (const std::string& name : names) {
+      const double* a = like.find(region, name);
+      const double* b = own.find(region, name);
+      ASSERT_EQ(a == nullptr, b == nullptr) << region << " " << name;
+      for (size_t context = 0; a != nullptr && context < kContexts; ++context) {
+        EXPECT_EQ(a[context], b[context]) << region << " " << name;
+      }
+    }
+  }
+  ForwardOpSeconds short_of(1, &layout);
+  short_of.add(0, "a", first.data());
+  EXPECT_THROW(short_of.finish(), std::logic_error);
 }
 
 }  // namespace

@@ -402,6 +402,30 @@ TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
   expect_same_program(from->program(), partitioned(space, step, rules, two), "tensor 4 -> 2");
 }
 
+// A re-sized program copied, or moved, re-sizes its own tensors, not those of the one it came from
+// (ResizableProgram keeps where each local size is, and points again after a copy or a move).
+TEST(ProgramResize, ACopyResizesItsOwnProgram) {
+  Llama8bOn32 setting;
+  const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
+  const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
+  const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
+  std::optional<ResizableProgram> from =
+      ResizableProgram::from(partitioned(setting.space, step, setting.rules, four), four);
+  ASSERT_TRUE(from.has_value());
+  ASSERT_TRUE(from->resize(four));
+  ResizableProgram copy = *from;
+  ASSERT_TRUE(copy.resize(two));
+  const PartitionedProgram on_four = partitioned(setting.space, step, setting.rules, four);
+  const PartitionedProgram on_two = partitioned(setting.space, step, setting.rules, two);
+  expect_same_program(from->program(), on_four, "the original after its copy's resize");
+  expect_same_program(copy.program(), on_two, "the copy");
+  ResizableProgram moved = std::move(copy);
+  ASSERT_TRUE(moved.resize(four));
+  expect_same_program(moved.program(), on_four, "moved");
+  ASSERT_TRUE(from->resize(two));
+  expect_same_program(moved.program(), on_four, "moved, after the original's resize");
+}
+
 // A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
 // the mesh the program was built for (the first mesh of the space that records each kind).
 TEST(ProgramResize, EveryKindOfChoiceIsChecked) {
