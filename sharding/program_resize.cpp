@@ -95,21 +95,20 @@ void ResizableProgram::split_sets_of(TensorId tensor, std::vector<uint32_t>& set
 }
 
 void ResizableProgram::point_sizes() {
-  sizes_.clear();
+  sizes_.at.clear();
   for (const SplitDim& split_dim : split_dims_) {
-    sizes_.push_back(&program_.graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size);
+    sizes_.at.push_back(&program_.graph.mutable_tensor(split_dim.tensor).dims[split_dim.dim].size);
   }
-  sizes_graph_ = &program_.graph;
 }
 
 void ResizableProgram::resize_dims(size_t begin, size_t end, const std::vector<int64_t>& splits) {
-  if (sizes_graph_ != &program_.graph) {
+  if (sizes_.at.size() != split_dims_.size()) {
     point_sizes();
   }
   for (size_t at = begin; at < end; ++at) {
     const SplitDim& split_dim = split_dims_[at];
     const int64_t split = splits[split_dim.set];
-    *sizes_[at] = (split_dim.global + split - 1) / split;
+    *sizes_.at[at] = (split_dim.global + split - 1) / split;
   }
 }
 

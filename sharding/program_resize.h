@@ -90,10 +90,29 @@ class ResizableProgram {
   std::vector<uint32_t> split_axes_;  // the distinct SplitDim::axes
   std::vector<size_t> tensor_dims_;   // tensor t's split dims: [tensor_dims_[t], [t + 1])
   std::vector<int64_t> splits_;       // scratch: splits_on(the mesh being re-sized for)
-  // Where each split dim's local size is in program_.graph, by split_dims_ index (point_sizes).
-  // Valid while sizes_graph_ is &program_.graph: a copied or moved program points them again.
-  std::vector<int64_t*> sizes_;
-  const Graph* sizes_graph_ = nullptr;
+  // Pointers that a copy or a move of their owner does not take: copied, they would point into
+  // the other program's tensors (even where the copy has the same address as the program it was
+  // copied from: a program given a copy of itself), so the new owner points them again.
+  class SizePointers {
+   public:
+    SizePointers() = default;
+    SizePointers(const SizePointers& /*other*/) {}
+    SizePointers(SizePointers&& other) noexcept { other.at.clear(); }
+    SizePointers& operator=(const SizePointers& /*other*/) {
+      at.clear();
+      return *this;
+    }
+    SizePointers& operator=(SizePointers&& other) noexcept {
+      at.clear();
+      other.at.clear();
+      return *this;
+    }
+    ~SizePointers() = default;
+    std::vector<int64_t*> at;
+  };
+  // Where each split dim's local size is in program_.graph, by split_dims_ index (point_sizes,
+  // on the first re-size of this object).
+  SizePointers sizes_;
   std::vector<GroupOp> group_ops_;
   size_t primary_tensors_ = 0;  // local tensors [0, n) are the global tensors' own (padding notes)
   uint32_t structure_ = 0;

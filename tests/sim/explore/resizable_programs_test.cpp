@@ -426,6 +426,27 @@ TEST(ProgramResize, ACopyResizesItsOwnProgram) {
   expect_same_program(moved.program(), on_four, "moved, after the original's resize");
 }
 
+// A program given a copy of itself (moved back into the object it was copied from, as a container
+// does when it drops an element and puts a copy in its place) re-sizes its own tensors: its table
+// of where each local size is came with the copy and points into the tensors the move freed,
+// although the program's address, which ResizableProgram compares to see a copy or a move, is the
+// same.
+TEST(ProgramResize, AProgramGivenACopyOfItselfResizesItsOwnTensors) {
+  Llama8bOn32 setting;
+  const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
+  const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
+  const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
+  std::optional<ResizableProgram> from =
+      ResizableProgram::from(partitioned(setting.space, step, setting.rules, four), four);
+  ASSERT_TRUE(from.has_value());
+  ASSERT_TRUE(from->resize(four));  // its table points into its own tensors
+  ResizableProgram copy = *from;
+  *from = std::move(copy);
+  ASSERT_TRUE(from->resize(two));
+  expect_same_program(from->program(), partitioned(setting.space, step, setting.rules, two),
+                      "given a copy of itself");
+}
+
 // A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
 // the mesh the program was built for (the first mesh of the space that records each kind).
 TEST(ProgramResize, EveryKindOfChoiceIsChecked) {
