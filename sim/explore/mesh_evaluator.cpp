@@ -331,6 +331,7 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
     replayed->tally = out.tally;
     replayed->phases = out.phases;
     replayed->capacity = out.capacity;
+    replayed->evaluated = out.evaluated;  // a replay times nothing (checking partitions, though)
     replay_settled(plan, replayed->tally, replayed->phases, replayed->capacity);
   }
   // Only the batches read the key (floors, facts, classes): most meshes of a bounded-out search
@@ -343,7 +344,8 @@ void MeshEvaluator::evaluate_mesh(size_t mesh_index, WorkerResult& out) {
   settled_.replayable = false;
   if (replayed.has_value() &&
       (!same_counts(replayed->tally, out.tally) || replayed->capacity != out.capacity ||
-       replayed->phases.floor_skipped_programs != out.phases.floor_skipped_programs)) {
+       replayed->phases.floor_skipped_programs != out.phases.floor_skipped_programs ||
+       replayed->evaluated != out.evaluated)) {
     throw std::logic_error(
         "explore: a mesh's counts replayed from an equivalent mesh differ from its own");
   }

@@ -284,5 +284,25 @@ TEST(MeshEquivalence, SettledMeshesOfAKeyCountTheSameReplayedOrEvaluated) {
   EXPECT_GT(skipping.phases.equivalent_mesh_skips, 0);
 }
 
+TEST(MeshEquivalence, SettledMeshesReplayAlsoWhereTheSearchTimesCandidates) {
+  // Without a bar, the search times candidates on some meshes of a key and settles others by
+  // floors and bounds alone: a mesh that timed or built something must not be replayed. The
+  // checking run throws std::logic_error where a replay would have counted, timed or partitioned
+  // otherwise; both runs find the same top.
+  const Config config =
+      Config::load("", {"model_name=tiny-llama", "compile_topology=v5e-8", "remat_policy=full"});
+  ExploreOptions options;
+  options.top = 5;
+  options.threads = 1;
+  const ExploreResult skipping = explore(config, options);
+  options.check_equivalent_meshes = true;
+  const ExploreResult checking = explore(config, options);
+  ASSERT_FALSE(skipping.top.empty());
+  EXPECT_EQ(skipping.top.front().tokens_per_s_per_chip, checking.top.front().tokens_per_s_per_chip);
+  EXPECT_EQ(skipping.pruned, checking.pruned);
+  EXPECT_GT(skipping.phases.equivalent_mesh_skips, 0);
+  EXPECT_GT(skipping.candidates_evaluated, 0);
+}
+
 }  // namespace
 }  // namespace tpusim
