@@ -372,7 +372,7 @@ void MeshEvaluator::evaluate_batches(MeshPlan& plan, WorkerResult& out) {
   }
 }
 
-MeshEvaluator::Settled MeshEvaluator::settled_counts(WorkerResult& out) {
+MeshEvaluator::Settled MeshEvaluator::settled_counts(const WorkerResult& out) {
   Settled counts;
   for (size_t reason = 0; reason < kSettledReasons.size(); ++reason) {
     counts.per_placement[reason] = out.tally.count(kSettledReasons[reason]);

@@ -203,8 +203,9 @@ class MeshEvaluator {
   static constexpr std::array<PrunedReason, 3> kSettledReasons = {
       PrunedReason::kDoesNotFitHbm, PrunedReason::kCannotBeatTop, PrunedReason::kWeightsExceedHbm};
   static constexpr size_t kSettledWeights = 2;
+  static_assert(kSettledReasons[kSettledWeights] == PrunedReason::kWeightsExceedHbm);
   // The counts a settled mesh adds (per_placement: the tally's totals), for record_settled.
-  static Settled settled_counts(WorkerResult& out);
+  static Settled settled_counts(const WorkerResult& out);
   void record_settled(const MeshPlan& plan, const Settled& before, WorkerResult& out);
   // Adds what evaluate_batches would count for the plan's mesh from settled_.
   void replay_settled(const MeshPlan& plan, PrunedTally& tally, ExplorePhases& phases,
