@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -664,9 +665,44 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, siz
   }
   MemoryFloor::Bytes& kept = (*plan.floors)[batch * remats + remat];
   if (kept.saved < 0) {
-    kept = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
+    fill_floors(plan, batch, remat);
   }
   return kept;
+}
+
+void MeshEvaluator::fill_floors(MeshPlan& plan, size_t batch, size_t remat) const {
+  // evaluate_batch asks for the floor of every policy still fitting at this batch (and
+  // evaluate_batches for one's state just before): worked out together, the tensors' local sizes
+  // once (memory_floor_set.h). No other policy's step is built for it.
+  const size_t remats = context_.space.remats.size();
+  MemoryFloor::Bytes* const row = plan.floors->data() + batch * remats;
+  uint64_t wanted = 0;
+  for (size_t other = 0; other < remats && remats <= kMostSetFloors; ++other) {
+    if (row[other].saved < 0 && (other == remat || any_fits(plan.fitted[other]))) {
+      wanted |= uint64_t{1} << other;
+    }
+  }
+  if (std::popcount(wanted) < 2) {
+    row[remat] = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
+    return;
+  }
+  std::unique_ptr<MemoryFloorSet>& set = floor_sets_[{batch, wanted}];
+  if (set == nullptr) {
+    std::vector<const MemoryFloor*> floors;
+    for (size_t other = 0; other < remats; ++other) {
+      if ((wanted >> other & 1U) != 0) {
+        floors.push_back(&context_.steps.memory_floor(batch, other));
+      }
+    }
+    set = std::make_unique<MemoryFloorSet>(std::move(floors));
+  }
+  set->bytes(*plan.mesh, set_bytes_);
+  size_t next = 0;
+  for (size_t other = 0; other < remats; ++other) {
+    if ((wanted >> other & 1U) != 0) {
+      row[other] = set_bytes_[next++];
+    }
+  }
 }
 
 std::vector<std::vector<int64_t>> MeshEvaluator::class_keys(const MeshPlan& plan,
