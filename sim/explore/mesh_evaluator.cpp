@@ -141,6 +141,9 @@ struct MeshEvaluator::MeshPlan {
   std::vector<int64_t> per_kind;          // a kind's candidates of one (batch, remat)
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
+  // program.program is a kept program lent while active (build): declared after `program`, so
+  // given back before it goes.
+  ResizablePrograms::Loan loan;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh (set for evaluate_batches)
   std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
@@ -503,6 +506,7 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   if (step == plan.program.step) {
     return;  // remat_policy=none serves both as the bound program and as a candidate
   }
+  plan.loan.give_back();  // the program is replaced below
   const BatchChoice& choice = context_.space.batches[batch];
   plan.program.step = std::move(step);
   plan.program.microbatch = choice.microbatch;
@@ -510,7 +514,7 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
   plan.signature = 0;
   const PhaseTimer timer(out.phases.partition_s);
-  if (!context_.facts.checking() && copy_resized(plan, batch, remat)) {
+  if (!context_.facts.checking() && borrow_resized(plan, batch, remat)) {
     ++out.phases.resized_programs;
     return;
   }
@@ -542,6 +546,17 @@ bool MeshEvaluator::copy_resized(MeshPlan& plan, size_t batch, size_t remat) con
     plan.program.program.mesh = plan.program.mesh;
   }
   return copied;
+}
+
+bool MeshEvaluator::borrow_resized(MeshPlan& plan, size_t batch, size_t remat) const {
+  // Lent rather than copied: the copy (a whole Graph) cost ~8% of a near-bar slice. The loan
+  // ends at the next build or with the plan.
+  if (!context_.options.resized_programs ||
+      !context_.resizable.lend(batch, remat, *plan.mesh, plan.program.program, plan.loan)) {
+    return false;
+  }
+  plan.program.program.mesh = plan.program.mesh;
+  return true;
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
@@ -838,9 +853,10 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     auto [keep, added] = kept_.try_emplace(step);
     if (added) {
       keep->second.mesh = *plan.mesh;
-      if (bounded_out) {
+      if (bounded_out && !plan.loan.active()) {
         // Nothing of this batch is left to build from it here (the next batch partitions its own
-        // step): its partitioned program moves to the kept one instead of being copied.
+        // step): its partitioned program moves to the kept one instead of being copied (a lent
+        // one is copied: it goes back to its slot).
         PartitionedProgram partitioned = std::move(plan.program.program);
         plan.program.program = PartitionedProgram();
         keep->second.program = plan.program;

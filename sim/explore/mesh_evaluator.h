@@ -268,6 +268,8 @@ class MeshEvaluator {
   // plan.program.program from a kept program of (batch, remat) re-sized for the plan's mesh; false
   // when none re-sizes (or re-sizing is off).
   bool copy_resized(MeshPlan& plan, size_t batch, size_t remat) const;
+  // As copy_resized, but the kept program is lent to the plan (plan.loan) instead of copied.
+  bool borrow_resized(MeshPlan& plan, size_t batch, size_t remat) const;
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
