@@ -853,14 +853,17 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
     auto [keep, added] = kept_.try_emplace(step);
     if (added) {
       keep->second.mesh = *plan.mesh;
-      if (bounded_out && !plan.loan.active()) {
+      if (bounded_out) {
         // Nothing of this batch is left to build from it here (the next batch partitions its own
         // step): its partitioned program moves to the kept one instead of being copied (a lent
-        // one is copied: it goes back to its slot).
+        // one with its loan, until the group ends).
         PartitionedProgram partitioned = std::move(plan.program.program);
         plan.program.program = PartitionedProgram();
         keep->second.program = plan.program;
         keep->second.program.program = std::move(partitioned);
+        if (plan.loan.active()) {
+          plan.loan.move_to(keep->second.loan, keep->second.program.program);
+        }
         plan.program.step.reset();
       } else {
         keep->second.program = plan.program;

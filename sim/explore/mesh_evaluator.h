@@ -349,6 +349,7 @@ class MeshEvaluator {
   struct KeptProgram {
     MeshShape mesh;
     StepProgram program;
+    ResizablePrograms::Loan loan;        // program.program is lent (goes back before it goes)
     ComputeBounds compute;               // remat_policy=none's (empty otherwise)
     std::vector<double> context_bounds;  // TensorCore bounds per cost context (empty: not yet)
     double capacity = 0;

@@ -40,6 +40,14 @@ bool ResizablePrograms::lend(size_t batch, size_t remat, const MeshShape& mesh,
   return false;
 }
 
+void ResizablePrograms::Loan::move_to(Loan& to, PartitionedProgram& borrower) {
+  to.slot_ = std::move(slot_);
+  to.borrower_ = &borrower;
+  to.kept_mesh_ = std::move(kept_mesh_);
+  slot_.reset();
+  borrower_ = nullptr;
+}
+
 void ResizablePrograms::Loan::give_back() {
   if (slot_ == nullptr) {
     return;

@@ -47,6 +47,8 @@ class ResizablePrograms {
     bool active() const { return slot_ != nullptr; }
     // The borrower's program goes back to the slot (the borrower gets what it held before).
     void give_back();
+    // The borrower's program has moved to `borrower`: `to` (not active) holds the loan now.
+    void move_to(Loan& to, PartitionedProgram& borrower);
 
    private:
     friend class ResizablePrograms;
