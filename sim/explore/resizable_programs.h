@@ -14,6 +14,8 @@
 //   ResizablePrograms kept;
 //   kept.offer(batch, remat, program, mesh_a);  // after partitioning on mesh_a
 //   kept.with_resized(batch, remat, mesh_b, [&](const PartitionedProgram& program) { ... });
+//   ResizablePrograms::Loan loan;
+//   kept.lend(batch, remat, mesh_c, program, loan);  // no copy: back in its slot when loan ends
 #pragma once
 
 #include <cstddef>
