@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "model/ir/graph.h"
@@ -39,6 +40,9 @@ class ResizableProgram {
   static uint32_t axes_above_one(const MeshShape& mesh);
 
   const PartitionedProgram& program() const { return program_; }
+  // Swaps program() with `other` (a lender hands it out for a while, then swaps it back; nothing
+  // else may be called meanwhile).
+  void swap_program(PartitionedProgram& other) { std::swap(program_, other); }
   const Graph& graph() const { return program_.graph; }
   uint32_t structure() const { return structure_; }
 

@@ -48,6 +48,7 @@ class MemoryFloor {
   Bytes bytes_by_term(const MeshShape& mesh) const;
 
  private:
+  friend class MemoryFloorSet;  // merges several floors' groups (memory_floor_set.h)
   // One tensor: its global dim sizes (by index into its group's shapes), bytes per element and
   // how many copies are live.
   struct Term {

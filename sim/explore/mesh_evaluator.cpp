@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -140,6 +141,9 @@ struct MeshEvaluator::MeshPlan {
   std::vector<int64_t> per_kind;          // a kind's candidates of one (batch, remat)
   std::vector<std::vector<bool>> fitted;  // [remat][kind]: a smaller batch fitted
   StepProgram program;
+  // program.program is a kept program lent while active (build): declared after `program`, so
+  // given back before it goes.
+  ResizablePrograms::Loan loan;
   uint64_t signature = 0;    // program_signature of `program`, once needed (0: not yet)
   std::vector<int64_t> key;  // MeshEquivalence::key of the mesh (set for evaluate_batches)
   std::vector<MemoryFloor::Bytes>* floors = nullptr;  // its key's row of floors_ (once needed)
@@ -504,6 +508,7 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   if (step == plan.program.step) {
     return;  // remat_policy=none serves both as the bound program and as a candidate
   }
+  plan.loan.give_back();  // the program is replaced below
   const BatchChoice& choice = context_.space.batches[batch];
   plan.program.step = std::move(step);
   plan.program.microbatch = choice.microbatch;
@@ -511,7 +516,7 @@ void MeshEvaluator::build(MeshPlan& plan, size_t batch, size_t remat, WorkerResu
   plan.program.global_batch = choice.microbatch * choice.accumulation_steps;
   plan.signature = 0;
   const PhaseTimer timer(out.phases.partition_s);
-  if (!context_.facts.checking() && copy_resized(plan, batch, remat)) {
+  if (!context_.facts.checking() && borrow_resized(plan, batch, remat)) {
     ++out.phases.resized_programs;
     return;
   }
@@ -543,6 +548,17 @@ bool MeshEvaluator::copy_resized(MeshPlan& plan, size_t batch, size_t remat) con
     plan.program.program.mesh = plan.program.mesh;
   }
   return copied;
+}
+
+bool MeshEvaluator::borrow_resized(MeshPlan& plan, size_t batch, size_t remat) const {
+  // Lent rather than copied: the copy (a whole Graph) cost ~8% of a near-bar slice. The loan
+  // ends at the next build or with the plan.
+  if (!context_.options.resized_programs ||
+      !context_.resizable.lend(batch, remat, *plan.mesh, plan.program.program, plan.loan)) {
+    return false;
+  }
+  plan.program.program.mesh = plan.program.mesh;
+  return true;
 }
 
 void MeshEvaluator::prune_remat(const MeshPlan& plan, size_t remat, WorkerResult& out) {
@@ -666,9 +682,44 @@ MemoryFloor::Bytes MeshEvaluator::memory_floor(MeshPlan& plan, size_t batch, siz
   }
   MemoryFloor::Bytes& kept = (*plan.floors)[batch * remats + remat];
   if (kept.saved < 0) {
-    kept = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
+    fill_floors(plan, batch, remat);
   }
   return kept;
+}
+
+void MeshEvaluator::fill_floors(MeshPlan& plan, size_t batch, size_t remat) const {
+  // evaluate_batch asks for the floor of every policy still fitting at this batch (and
+  // evaluate_batches for one's state just before): worked out together, the tensors' local sizes
+  // once (memory_floor_set.h). No other policy's step is built for it.
+  const size_t remats = context_.space.remats.size();
+  MemoryFloor::Bytes* const row = plan.floors->data() + batch * remats;
+  uint64_t wanted = 0;
+  for (size_t other = 0; other < remats && remats <= kMostSetFloors; ++other) {
+    if (row[other].saved < 0 && (other == remat || any_fits(plan.fitted[other]))) {
+      wanted |= uint64_t{1} << other;
+    }
+  }
+  if (std::popcount(wanted) < 2) {
+    row[remat] = context_.steps.memory_floor(batch, remat).bytes(*plan.mesh);
+    return;
+  }
+  std::unique_ptr<MemoryFloorSet>& set = floor_sets_[{batch, wanted}];
+  if (set == nullptr) {
+    std::vector<const MemoryFloor*> floors;
+    for (size_t other = 0; other < remats; ++other) {
+      if ((wanted >> other & 1U) != 0) {
+        floors.push_back(&context_.steps.memory_floor(batch, other));
+      }
+    }
+    set = std::make_unique<MemoryFloorSet>(std::move(floors));
+  }
+  set->bytes(*plan.mesh, set_bytes_);
+  size_t next = 0;
+  for (size_t other = 0; other < remats; ++other) {
+    if ((wanted >> other & 1U) != 0) {
+      row[other] = set_bytes_[next++];
+    }
+  }
 }
 
 std::vector<std::vector<int64_t>> MeshEvaluator::class_keys(const MeshPlan& plan,
@@ -806,11 +857,15 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
       keep->second.mesh = *plan.mesh;
       if (bounded_out) {
         // Nothing of this batch is left to build from it here (the next batch partitions its own
-        // step): its partitioned program moves to the kept one instead of being copied.
+        // step): its partitioned program moves to the kept one instead of being copied (a lent
+        // one with its loan, until the group ends).
         PartitionedProgram partitioned = std::move(plan.program.program);
         plan.program.program = PartitionedProgram();
         keep->second.program = plan.program;
         keep->second.program.program = std::move(partitioned);
+        if (plan.loan.active()) {
+          plan.loan.move_to(keep->second.loan, keep->second.program.program);
+        }
         plan.program.step.reset();
       } else {
         keep->second.program = plan.program;

@@ -40,6 +40,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/flops_maxtext.h"
@@ -49,6 +50,7 @@
 #include "sim/explore/class_bounds.h"
 #include "sim/explore/explore_settings.h"
 #include "sim/explore/explorer.h"
+#include "sim/explore/memory_floor_set.h"
 #include "sim/explore/mesh_equivalence.h"
 #include "sim/explore/resizable_programs.h"
 #include "sim/explore/step_bounds.h"
@@ -267,6 +269,8 @@ class MeshEvaluator {
   // plan.program.program from a kept program of (batch, remat) re-sized for the plan's mesh; false
   // when none re-sizes (or re-sizing is off).
   bool copy_resized(MeshPlan& plan, size_t batch, size_t remat) const;
+  // As copy_resized, but the kept program is lent to the plan (plan.loan) instead of copied.
+  bool borrow_resized(MeshPlan& plan, size_t batch, size_t remat) const;
   // False once the mesh needs no more work (nothing fits, or its weights alone do not).
   bool evaluate_batch(MeshPlan& plan, size_t at, WorkerResult& out);
   // True (and the remat's candidates counted as does_not_fit_hbm, marked unfit from here on)
@@ -275,6 +279,9 @@ class MeshEvaluator {
   // The memory floor of (batch, remat) on the plan's mesh, kept per equivalence key (the same on
   // every mesh of one key: mesh_equivalence.h).
   MemoryFloor::Bytes memory_floor(MeshPlan& plan, size_t batch, size_t remat) const;
+  // memory_floor's row entry of (batch, remat), with those of the other policies still fitting
+  // there not yet known (in one pass: memory_floor_set.h).
+  void fill_floors(MeshPlan& plan, size_t batch, size_t remat) const;
   // With the program of (batch, remat) kept from an equivalent mesh (evaluate_group): its memory
   // and bounds on this mesh's layouts; true when they show that no candidate need be timed (all
   // counted), else the program is built and timed. False: nothing kept, nothing done.
@@ -333,11 +340,17 @@ class MeshEvaluator {
   // yet), this worker's own. A mesh finds its key's row once (MeshPlan::floors).
   static constexpr size_t kMaxKeptFloors = size_t{1} << 18;
   mutable std::map<std::vector<int64_t>, std::vector<MemoryFloor::Bytes>> floors_;
+  // fill_floors' sets by batch and policies (a bit each), this worker's own; more policies than
+  // bits: one floor at a time.
+  static constexpr size_t kMostSetFloors = 64;
+  mutable std::map<std::pair<size_t, uint64_t>, std::unique_ptr<MemoryFloorSet>> floor_sets_;
+  mutable std::vector<MemoryFloor::Bytes> set_bytes_;  // fill_floors' scratch
   // evaluate_group: programs built on the group's earlier meshes, by training step (batch and
   // remat), with the mesh they were partitioned on, their TensorCore bounds and memory.
   struct KeptProgram {
     MeshShape mesh;
     StepProgram program;
+    ResizablePrograms::Loan loan;        // program.program is lent (goes back before it goes)
     ComputeBounds compute;               // remat_policy=none's (empty otherwise)
     std::vector<double> context_bounds;  // TensorCore bounds per cost context (empty: not yet)
     double capacity = 0;

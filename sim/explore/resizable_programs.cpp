@@ -15,12 +15,49 @@ bool ResizablePrograms::with_resized(
   for (const std::shared_ptr<Slot>& slot :
        slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
     const std::lock_guard<std::mutex> lock(slot->mutex);
-    if (slot->program.resize(mesh)) {
+    if (!slot->lent && slot->program.resize(mesh)) {
       use(slot->program.program());
       return true;
     }
   }
   return false;
+}
+
+bool ResizablePrograms::lend(size_t batch, size_t remat, const MeshShape& mesh,
+                             PartitionedProgram& borrower, Loan& loan) const {
+  for (const std::shared_ptr<Slot>& slot :
+       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
+    const std::lock_guard<std::mutex> lock(slot->mutex);
+    if (!slot->lent && slot->program.resize(mesh)) {
+      slot->lent = true;
+      slot->program.swap_program(borrower);
+      loan.slot_ = slot;
+      loan.borrower_ = &borrower;
+      loan.kept_mesh_ = std::move(borrower.mesh);
+      return true;
+    }
+  }
+  return false;
+}
+
+void ResizablePrograms::Loan::move_to(Loan& to, PartitionedProgram& borrower) {
+  to.slot_ = std::move(slot_);
+  to.borrower_ = &borrower;
+  to.kept_mesh_ = std::move(kept_mesh_);
+  slot_.reset();
+  borrower_ = nullptr;
+}
+
+void ResizablePrograms::Loan::give_back() {
+  if (slot_ == nullptr) {
+    return;
+  }
+  borrower_->mesh = std::move(kept_mesh_);
+  const std::lock_guard<std::mutex> lock(slot_->mutex);
+  slot_->program.swap_program(*borrower_);
+  slot_->lent = false;
+  slot_.reset();
+  borrower_ = nullptr;
 }
 
 std::optional<ComputeBounds> ResizablePrograms::bounds(
@@ -29,6 +66,9 @@ std::optional<ComputeBounds> ResizablePrograms::bounds(
   for (const std::shared_ptr<Slot>& slot :
        slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
     const std::lock_guard<std::mutex> lock(slot->mutex);
+    if (slot->lent) {
+      continue;
+    }
     if (slot->costs == nullptr) {
       slot->costs = std::make_unique<ResizedOpCosts>(slot->program);
     }

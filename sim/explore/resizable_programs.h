@@ -14,6 +14,8 @@
 //   ResizablePrograms kept;
 //   kept.offer(batch, remat, program, mesh_a);  // after partitioning on mesh_a
 //   kept.with_resized(batch, remat, mesh_b, [&](const PartitionedProgram& program) { ... });
+//   ResizablePrograms::Loan loan;
+//   kept.lend(batch, remat, mesh_c, program, loan);  // no copy: back in its slot when loan ends
 #pragma once
 
 #include <cstddef>
@@ -33,7 +35,30 @@
 namespace tpusim {
 
 class ResizablePrograms {
+  struct Slot;
+
  public:
+  // A kept program lent to a borrower (lend()): its slot is skipped by every other call until the
+  // loan ends (give_back() or destruction), when the program goes back to the slot.
+  class Loan {
+   public:
+    Loan() = default;
+    Loan(const Loan&) = delete;
+    Loan& operator=(const Loan&) = delete;
+    ~Loan() { give_back(); }
+    bool active() const { return slot_ != nullptr; }
+    // The borrower's program goes back to the slot (the borrower gets what it held before).
+    void give_back();
+    // The borrower's program has moved to `borrower`: `to` (not active) holds the loan now.
+    void move_to(Loan& to, PartitionedProgram& borrower);
+
+   private:
+    friend class ResizablePrograms;
+    std::shared_ptr<Slot> slot_;
+    PartitionedProgram* borrower_ = nullptr;
+    DeviceMesh kept_mesh_;  // the program's own, while the borrower sets its mesh
+  };
+
   static constexpr size_t kPerKey = 3;
   static constexpr size_t kMaxKept = 1024;
 
@@ -41,6 +66,11 @@ class ResizablePrograms {
   // program's lock; its DeviceMesh is the kept one's); false when none does.
   bool with_resized(size_t batch, size_t remat, const MeshShape& mesh,
                     const std::function<void(const PartitionedProgram&)>& use) const;
+  // As with_resized, but the re-sized program is swapped into `borrower` (no copy) until `loan`
+  // ends: no other call re-sizes it meanwhile. `loan` must not be active; false when none
+  // re-sizes (or every one that would is lent).
+  bool lend(size_t batch, size_t remat, const MeshShape& mesh, PartitionedProgram& borrower,
+            Loan& loan) const;
   // The TensorCore bounds (keep_forward_ops) of the first kept program of (batch, remat) that
   // re-sizes for `mesh`, as with_resized would give them, bit for bit, without re-sizing the whole
   // program (resized_op_costs.h); nullopt when none re-sizes.
@@ -53,7 +83,8 @@ class ResizablePrograms {
 
  private:
   struct Slot {
-    std::mutex mutex;  // the program is re-sized in place
+    std::mutex mutex;   // the program is re-sized in place
+    bool lent = false;  // its program is a borrower's (lend)
     ResizableProgram program;
     std::unique_ptr<ResizedOpCosts> costs;  // made by the first bounds()
   };

@@ -15,6 +15,7 @@
 #include "sharding/device_mesh.h"
 #include "sharding/divisibility.h"
 #include "sharding/partitioner.h"
+#include "sim/explore/memory_floor_set.h"
 #include "sim/explore/search_space.h"
 #include "sim/explore/training_step_cache.h"
 #include "sim/memory/memory_model.h"
@@ -86,6 +87,45 @@ TEST(MemoryFloor, IsTheModelsStateAndNeverExceedsThePeak) {
     EXPECT_GT(found, 0) << setting.overrides[0];
   }
   EXPECT_GE(checked, 80);
+}
+
+// Several steps' floors in one pass (memory_floor_set.h) are each step's own, bit for bit: every
+// remat policy of a batch, and every other one (the explorer asks for those still fitting).
+TEST(MemoryFloorSet, GivesEachStepsOwnFloorBitForBit) {
+  std::mt19937 random(41);
+  int checked = 0;
+  for (const Setting& setting : kSettings) {
+    const Config config = Config::load("", setting.overrides);
+    const SearchSpace space = build_search_space(config, {.max_per_device_batch = 4});
+    TrainingStepCache steps(config, space);
+    ASSERT_GE(space.remats.size(), 2U) << setting.overrides[0];
+    for (int attempt = 0; attempt < 6; ++attempt) {
+      const MeshShape& mesh = space.meshes[random() % space.meshes.size()];
+      const size_t batch = random() % space.batches.size();
+      for (const size_t stride : {size_t{1}, size_t{2}}) {
+        std::vector<size_t> remats;
+        std::vector<const MemoryFloor*> floors;
+        for (size_t remat = attempt % stride; remat < space.remats.size(); remat += stride) {
+          remats.push_back(remat);
+          floors.push_back(&steps.memory_floor(batch, remat));
+        }
+        const MemoryFloorSet set(floors);
+        std::vector<MemoryFloor::Bytes> bytes;
+        set.bytes(mesh, bytes);
+        ASSERT_EQ(bytes.size(), remats.size());
+        for (size_t at = 0; at < remats.size(); ++at) {
+          const MemoryFloor::Bytes own = floors[at]->bytes(mesh);
+          const std::string where =
+              setting.overrides[0] + " " + mesh.describe() + " " + space.remats[remats[at]].label();
+          EXPECT_EQ(bytes[at].state, own.state) << where;
+          EXPECT_EQ(bytes[at].saved, own.saved) << where;
+          EXPECT_GT(own.saved, 0) << where;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 200);
 }
 
 }  // namespace

@@ -373,6 +373,64 @@ TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
   EXPECT_EQ(wrong[1], 0);
 }
 
+// A lent program (lend) is the borrower's mesh's own partition, its slot is skipped by every
+// other call while lent, and it goes back at give_back or with the loan (the borrower gets what it
+// held before).
+TEST(ResizablePrograms, ALentProgramIsTheMeshsOwnAndGoesBack) {
+  Llama8bOn32 setting;
+  const SearchSpace& space = setting.space;
+  const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
+  const int64_t loaded = space.batches[0].loaded_microbatch;
+  ByStructure by_structure;
+  for (const MeshShape& mesh : space.meshes) {
+    if (setting.divisibility.parameters_divide(mesh) &&
+        setting.divisibility.batch_divides(mesh, loaded)) {
+      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+    }
+  }
+  const auto largest = std::max_element(
+      by_structure.begin(), by_structure.end(),
+      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  const std::vector<const MeshShape*>& meshes = largest->second;
+  ASSERT_GE(meshes.size(), 3U);
+  const size_t none = TrainingStepCache::kNoRemat;
+  ResizablePrograms kept;
+  kept.offer(0, none, partitioned(space, step, setting.rules, *meshes[0]), *meshes[0]);
+  const CostContext base = perf_options_from_config(setting.config, *space.slice.chip).cost;
+  const std::vector<CostContext> contexts = {base};
+  auto own_text = [&](size_t which) {
+    return partitioned(space, step, setting.rules, *meshes[which]).graph.to_text();
+  };
+  auto resized_text = [&](size_t which) {
+    std::string text;
+    kept.with_resized(0, none, *meshes[which],
+                      [&](const PartitionedProgram& program) { text = program.graph.to_text(); });
+    return text;
+  };
+  ASSERT_FALSE(own_text(1) == own_text(2));
+  PartitionedProgram borrower;  // holds no program before it borrows one
+  const std::string held = borrower.graph.to_text();
+  {
+    ResizablePrograms::Loan loan;
+    ASSERT_TRUE(kept.lend(0, none, *meshes[1], borrower, loan));
+    EXPECT_TRUE(loan.active());
+    EXPECT_TRUE(borrower.graph.to_text() == own_text(1));
+    EXPECT_TRUE(resized_text(2).empty());  // skipped while lent
+    EXPECT_FALSE(kept.bounds(0, none, *meshes[2], 1, contexts).has_value());
+    ResizablePrograms::Loan other;
+    EXPECT_FALSE(kept.lend(0, none, *meshes[2], borrower, other));
+    loan.give_back();
+    EXPECT_FALSE(loan.active());
+    EXPECT_TRUE(borrower.graph.to_text() == held);
+    EXPECT_TRUE(resized_text(2) == own_text(2));
+    ASSERT_TRUE(kept.lend(0, none, *meshes[2], borrower, loan));
+    EXPECT_TRUE(borrower.graph.to_text() == own_text(2));
+  }  // the loan ends with it
+  EXPECT_TRUE(borrower.graph.to_text() == held);
+  EXPECT_TRUE(resized_text(1) == own_text(1));
+  EXPECT_TRUE(kept.bounds(0, none, *meshes[2], 1, contexts).has_value());
+}
+
 MeshShape ici_mesh(std::initializer_list<std::pair<const char*, int>> sizes) {
   MeshShape mesh;
   mesh.ici.fill(1);
