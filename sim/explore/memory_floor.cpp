@@ -139,33 +139,11 @@ MemoryFloor::Bytes MemoryFloor::bytes(const MeshShape& mesh) const {
     return bytes_by_term(mesh);
   }
   Bytes total;
-  std::array<int64_t, kMostMergedRank> splits{};
-  const int64_t* at = merged_.data();
-  const int64_t* const end = at + merged_.size();
-  while (at < end) {
-    const auto rank = static_cast<size_t>(*at++);
-    const int64_t shapes = *at++;
-    for (size_t dim = 0; dim < rank; ++dim) {
-      const int64_t axes = *at++;
-      int64_t split = 1;
-      for (int64_t axis = 0; axis < axes; ++axis) {
-        split *= mesh.size(static_cast<int>(*at++));
-      }
-      splits[dim] = split;
-    }
-    for (int64_t shape = 0; shape < shapes; ++shape) {
-      double elements = 1.0;  // local, as local_elements multiplies them (dim by dim)
-      for (size_t dim = 0; dim < rank; ++dim) {
-        const int64_t size = *at++;
-        const int64_t split = splits[dim];
-        // Padded up; most dims are not split, and a division costs more than the test.
-        const int64_t local = split == 1 ? size : (size + split - 1) / split;
-        elements *= static_cast<double>(local);
-      }
-      total.state += elements * static_cast<double>(*at++);
-      total.saved += elements * static_cast<double>(*at++);
-    }
-  }
+  walk_merged(merged_, mesh, [&total](double elements, const int64_t* at) {
+    total.state += elements * static_cast<double>(*at++);
+    total.saved += elements * static_cast<double>(*at++);
+    return at;
+  });
   // Below 2^52 every product and partial sum is a whole number held exactly (merged_).
   constexpr double kExactBelow = 4503599627370496.0;  // 2^52
   if (total.state < kExactBelow && total.saved < kExactBelow) {

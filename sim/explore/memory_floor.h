@@ -21,6 +21,7 @@
 //   bytes.state + bytes.saved <= estimate_memory(program).peak_bytes
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,6 +78,39 @@ class MemoryFloor {
   // (merged_), group after group: rank, distinct shapes; per dim its axis count and axes; per
   // shape its rank sizes, then its state and saved bytes per element x copies.
   void merge_terms();
+  // Walks such an array on `mesh`: per distinct shape, its local elements (padded up, multiplied
+  // dim by dim as local_elements does) and a cursor on the values after its sizes, which
+  // `per_shape(elements, at)` reads and returns past. MemoryFloorSet's array has the same layout
+  // with one (state, saved) pair per step.
+  template <typename PerShape>
+  static void walk_merged(const std::vector<int64_t>& merged, const MeshShape& mesh,
+                          PerShape&& per_shape) {
+    std::array<int64_t, kMostMergedRank> splits{};
+    const int64_t* at = merged.data();
+    const int64_t* const end = at + merged.size();
+    while (at < end) {
+      const auto rank = static_cast<size_t>(*at++);
+      const int64_t shapes = *at++;
+      for (size_t dim = 0; dim < rank; ++dim) {
+        const int64_t axes = *at++;
+        int64_t split = 1;
+        for (int64_t axis = 0; axis < axes; ++axis) {
+          split *= mesh.size(static_cast<int>(*at++));
+        }
+        splits[dim] = split;
+      }
+      for (int64_t shape = 0; shape < shapes; ++shape) {
+        double elements = 1.0;
+        for (size_t dim = 0; dim < rank; ++dim) {
+          const int64_t size = *at++;
+          const int64_t split = splits[dim];
+          // Padded up; most dims are not split, and a division costs more than the test.
+          elements *= static_cast<double>(split == 1 ? size : (size + split - 1) / split);
+        }
+        at = per_shape(elements, at);
+      }
+    }
+  }
   std::vector<Group> groups_;
   std::vector<int64_t> merged_;
   static constexpr size_t kMostMergedRank = 16;  // a group of higher rank: term by term

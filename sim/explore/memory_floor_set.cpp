@@ -77,33 +77,13 @@ void MemoryFloorSet::bytes(const MeshShape& mesh, std::vector<MemoryFloor::Bytes
     }
     return;
   }
-  std::array<int64_t, MemoryFloor::kMostMergedRank> splits{};
-  const int64_t* at = merged_.data();
-  const int64_t* const end = at + merged_.size();
-  while (at < end) {
-    const auto rank = static_cast<size_t>(*at++);
-    const int64_t shapes = *at++;
-    for (size_t dim = 0; dim < rank; ++dim) {
-      const int64_t axes = *at++;
-      int64_t split = 1;
-      for (int64_t axis = 0; axis < axes; ++axis) {
-        split *= mesh.size(static_cast<int>(*at++));
-      }
-      splits[dim] = split;
+  MemoryFloor::walk_merged(merged_, mesh, [&bytes](double elements, const int64_t* at) {
+    for (MemoryFloor::Bytes& step : bytes) {
+      step.state += elements * static_cast<double>(*at++);
+      step.saved += elements * static_cast<double>(*at++);
     }
-    for (int64_t shape = 0; shape < shapes; ++shape) {
-      double elements = 1.0;  // local, as MemoryFloor::bytes multiplies them
-      for (size_t dim = 0; dim < rank; ++dim) {
-        const int64_t size = *at++;
-        const int64_t split = splits[dim];
-        elements *= static_cast<double>(split == 1 ? size : (size + split - 1) / split);
-      }
-      for (MemoryFloor::Bytes& step : bytes) {
-        step.state += elements * static_cast<double>(*at++);
-        step.saved += elements * static_cast<double>(*at++);
-      }
-    }
-  }
+    return at;
+  });
   // Whole numbers below 2^52 add exactly in any order: each step's own bytes() gives the same
   // sums. Above, its own bytes() decides (term by term).
   constexpr double kExactBelow = 4503599627370496.0;  // 2^52
