@@ -161,6 +161,17 @@ std::string plan_recommendation(const PlanResult& result) {
               ? " within the " + fixed(request.deadline_days, 0) + "-day deadline"
               : std::string()) +
          "): " + point_summary(result, pick) + ".";
+  if (!result.near_pick.empty()) {
+    text += " Within " + fixed(kNearPick * 100, 0) + "% of its " +
+            plan_objective_name(request.objective) +
+            " among the slices searched, a difference tpusim does not resolve:";
+    for (size_t at = 0; at < result.near_pick.size(); ++at) {
+      const PlanPoint& near = result.points[result.near_pick[at]];
+      text += std::string(at == 0 ? " " : ", ") + near.slice.label() + " (" + days_text(near.days) +
+              " days)";
+    }
+    text += ".";
+  }
   if (result.fastest && *result.fastest != *result.pick) {
     const PlanPoint& fastest = result.points[*result.fastest];
     text += " The fastest found: " + fastest.slice.label() + ", " + days_text(fastest.days) +
@@ -244,6 +255,11 @@ nlohmann::json plan_json(const PlanResult& result) {
   nlohmann::json json;
   json["model_name"] = result.model_name;
   json["recommendation"] = plan_recommendation(result);
+  nlohmann::json near = nlohmann::json::array();
+  for (const size_t index : result.near_pick) {
+    near.push_back(result.points[index].slice.label());
+  }
+  json["near_pick"] = near;
   json["tokens"] = request.tokens;
   json["deadline_days"] =
       request.deadline_days > 0 ? nlohmann::json(request.deadline_days) : nlohmann::json(nullptr);

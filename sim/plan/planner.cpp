@@ -36,18 +36,6 @@ struct Pending {
   double optimistic = 0;        // the objective at the bound (smaller is better)
 };
 
-double objective_of(PlanObjective objective, const PlanPoint& point) {
-  switch (objective) {
-    case PlanObjective::kTime:
-      return point.days;
-    case PlanObjective::kCost:
-      return point.cost.value_or(std::numeric_limits<double>::infinity());
-    case PlanObjective::kChipHours:
-      break;
-  }
-  return point.chip_hours;
-}
-
 // The objective a slice would reach at `tokens_per_s_per_chip` (smaller is better).
 double objective_at(PlanObjective objective, const PlanRequest& request, const Pending& pending,
                     double tokens_per_s_per_chip) {
@@ -244,6 +232,31 @@ std::optional<size_t> best_by(const std::vector<PlanPoint>& points, PlanObjectiv
 
 }  // namespace
 
+double objective_of(PlanObjective objective, const PlanPoint& point) {
+  switch (objective) {
+    case PlanObjective::kTime:
+      return point.days;
+    case PlanObjective::kCost:
+      return point.cost.value_or(std::numeric_limits<double>::infinity());
+    case PlanObjective::kChipHours:
+      break;
+  }
+  return point.chip_hours;
+}
+
+std::vector<size_t> points_near_pick(const std::vector<PlanPoint>& points, size_t pick,
+                                     PlanObjective objective) {
+  const double picked = objective_of(objective, points.at(pick));
+  std::vector<size_t> near;
+  for (size_t index = 0; index < points.size(); ++index) {
+    if (index != pick && points[index].meets_deadline &&
+        objective_of(objective, points[index]) <= picked * (1 + kNearPick)) {
+      near.push_back(index);
+    }
+  }
+  return near;
+}
+
 PlanObjective parse_plan_objective(const std::string& name) {
   if (name == "time") {
     return PlanObjective::kTime;
@@ -330,6 +343,9 @@ PlanResult plan(const Config& config, const PlanRequest& request) {
   result.front = pareto_front(costs);
   result.pick = best_by(result.points, request.objective, true);
   result.fastest = best_by(result.points, PlanObjective::kTime, false);
+  if (result.pick) {
+    result.near_pick = points_near_pick(result.points, *result.pick, request.objective);
+  }
   result.elapsed_s = seconds_since(started);
   return result;
 }

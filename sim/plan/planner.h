@@ -115,10 +115,25 @@ struct PlanResult {
   std::vector<size_t> front;   // indices into points: days against chip-hours (or cost)
   std::optional<size_t> pick;  // best on the objective among those meeting the deadline
   std::optional<size_t> fastest;
+  // Other points meeting the deadline whose objective is within kNearPick of the pick's: a
+  // difference tpusim does not resolve (its predicted A/B differences err by several points,
+  // reports/validation.md), so the recommendation names them, with their days.
+  std::vector<size_t> near_pick;
   double flops_per_token = 0;
   double elapsed_s = 0;
   bool front_by_cost = false;  // every point has a cost: the front is days against cost
 };
+
+// Relative distance on the objective within which another point is named beside the pick.
+constexpr double kNearPick = 0.01;
+
+// A point's value on `objective` (days, chip-hours or cost; smaller is better).
+double objective_of(PlanObjective objective, const PlanPoint& point);
+
+// The points other than `pick` meeting the deadline within kNearPick of it on `objective`, in
+// order (PlanResult::near_pick).
+std::vector<size_t> points_near_pick(const std::vector<PlanPoint>& points, size_t pick,
+                                     PlanObjective objective);
 
 // UserError for bad requests (tokens <= 0, a negative deadline, --objective cost without prices
 // for some kind, compile_topology given: plan chooses the slice).

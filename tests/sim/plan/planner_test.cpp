@@ -207,5 +207,35 @@ TEST(Planner, BadRequestsAreRefused) {
   EXPECT_THROW(plan(config, request), UserError);
 }
 
+// The points named beside the pick: those meeting the deadline within 1% of it on the objective
+// (a 0.9% and a 1.0% point; not a 1.1% one, nor a 0.5% one past the deadline); the
+// recommendation names each with its days, and says nothing when there is none.
+TEST(Planner, PointsNearThePickAreNamed) {
+  std::vector<PlanPoint> points(5);
+  const double chip_hours[] = {100.0, 100.9, 101.1, 100.5, 101.0};
+  for (size_t index = 0; index < points.size(); ++index) {
+    points[index].chip_hours = chip_hours[index];
+    points[index].days = 10.0 + static_cast<double>(index);
+    points[index].meets_deadline = index != 3;
+  }
+  EXPECT_EQ(points_near_pick(points, 0, PlanObjective::kChipHours), (std::vector<size_t>{1, 4}));
+  EXPECT_EQ(points_near_pick(points, 2, PlanObjective::kChipHours), (std::vector<size_t>{0, 1, 4}));
+  EXPECT_EQ(points_near_pick(points, 0, PlanObjective::kTime), (std::vector<size_t>{}));
+
+  PlanResult result =
+      plan(Config::load("", kToyArgs), toy_request(PlanObjective::kChipHours, true));
+  ASSERT_TRUE(result.pick.has_value());
+  ASSERT_GE(result.points.size(), 2U);
+  EXPECT_EQ(result.near_pick,
+            points_near_pick(result.points, *result.pick, PlanObjective::kChipHours));
+  const size_t other = *result.pick == 0 ? 1 : 0;
+  result.near_pick = {other};
+  const std::string text = plan_recommendation(result);
+  EXPECT_NE(text.find("Within 1% of its chip_hours"), std::string::npos) << text;
+  EXPECT_NE(text.find(result.points[other].slice.label() + " ("), std::string::npos) << text;
+  result.near_pick.clear();
+  EXPECT_EQ(plan_recommendation(result).find("Within 1%"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tpusim
