@@ -317,6 +317,21 @@ struct Llama8bOn32 {
   TrainingStepCache steps{config, space};
   LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   Divisibility divisibility{*steps.get(0, 0), rules};
+
+  // The meshes dividing the first batch that share the most common structure (axes above 1).
+  std::vector<const MeshShape*> largest_structure() const {
+    const int64_t loaded = space.batches[0].loaded_microbatch;
+    ByStructure by_structure;
+    for (const MeshShape& mesh : space.meshes) {
+      if (divisibility.parameters_divide(mesh) && divisibility.batch_divides(mesh, loaded)) {
+        by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
+      }
+    }
+    const auto largest = std::max_element(
+        by_structure.begin(), by_structure.end(),
+        [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    return largest->second;
+  }
 };
 
 // Worker threads share the kept programs: each re-sizes a slot in place under its lock and copies
@@ -327,19 +342,8 @@ TEST(ResizablePrograms, ThreadsGetTheirOwnMeshesPrograms) {
   const SearchSpace& space = setting.space;
   TrainingStepCache& steps = setting.steps;
   const LogicalAxisRules& rules = setting.rules;
-  const Divisibility& divisibility = setting.divisibility;
   const TrainingStep& step = *steps.get(0, TrainingStepCache::kNoRemat);
-  const int64_t loaded = space.batches[0].loaded_microbatch;
-  ByStructure by_structure;
-  for (const MeshShape& mesh : space.meshes) {
-    if (divisibility.parameters_divide(mesh) && divisibility.batch_divides(mesh, loaded)) {
-      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
-    }
-  }
-  const auto largest = std::max_element(
-      by_structure.begin(), by_structure.end(),
-      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-  const std::vector<const MeshShape*>& meshes = largest->second;
+  const std::vector<const MeshShape*> meshes = setting.largest_structure();
   ASSERT_GE(meshes.size(), 4U);
   std::vector<std::string> texts;
   texts.reserve(meshes.size());
@@ -380,18 +384,7 @@ TEST(ResizablePrograms, ALentProgramIsTheMeshsOwnAndGoesBack) {
   Llama8bOn32 setting;
   const SearchSpace& space = setting.space;
   const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
-  const int64_t loaded = space.batches[0].loaded_microbatch;
-  ByStructure by_structure;
-  for (const MeshShape& mesh : space.meshes) {
-    if (setting.divisibility.parameters_divide(mesh) &&
-        setting.divisibility.batch_divides(mesh, loaded)) {
-      by_structure[ResizableProgram::axes_above_one(mesh)].push_back(&mesh);
-    }
-  }
-  const auto largest = std::max_element(
-      by_structure.begin(), by_structure.end(),
-      [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-  const std::vector<const MeshShape*>& meshes = largest->second;
+  const std::vector<const MeshShape*> meshes = setting.largest_structure();
   ASSERT_GE(meshes.size(), 3U);
   const size_t none = TrainingStepCache::kNoRemat;
   ResizablePrograms kept;
