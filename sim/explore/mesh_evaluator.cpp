@@ -435,14 +435,12 @@ void MeshEvaluator::evaluate_group(const std::vector<size_t>& mesh_indices, Work
   settled_.replayable = false;
   for (size_t at = 0; at < mesh_indices.size(); ++at) {
     followed_ = at + 1 < mesh_indices.size();
-    more_of_key_ = followed_ && !context_.facts.checking();
     evaluate_mesh(mesh_indices[at], out);
   }
   out.tally.flush(out.pruned);
   kept_.clear();
   settled_.replayable = false;
   followed_ = false;
-  more_of_key_ = false;
 }
 
 bool MeshEvaluator::plan_mesh(size_t mesh_index, MeshPlan& plan, WorkerResult& out) const {
@@ -851,7 +849,7 @@ bool MeshEvaluator::none_bounds_out(MeshPlan& plan, const BatchWork& batch,
                       least_step_bound(none->compute.step, none->collectives, &none->chains)),
         context_.threshold.get());
   }
-  if (more_of_key_ && !borrowed) {
+  if (more_of_key() && !borrowed) {
     auto [keep, added] = kept_.try_emplace(step);
     if (added) {
       keep->second.mesh = *plan.mesh;
@@ -937,7 +935,7 @@ bool MeshEvaluator::evaluate_remat(MeshPlan& plan, const BatchWork& batch, size_
     }
   }
   context_.facts.offer(facts_key(plan, batch.index, remat), facts);
-  if (more_of_key_) {
+  if (more_of_key()) {
     auto [kept, added] = kept_.try_emplace(plan.program.step.get());
     if (added) {
       kept->second.mesh = *plan.mesh;

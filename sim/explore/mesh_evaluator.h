@@ -367,8 +367,9 @@ class MeshEvaluator {
     }
   };
   std::map<const TrainingStep*, KeptProgram> kept_;
-  bool more_of_key_ = false;  // evaluate_group: another mesh of this key follows (not checking)
-  bool followed_ = false;     // evaluate_group: another mesh of this key follows
+  bool followed_ = false;  // evaluate_group: another mesh of this key follows
+  // Programs are kept for the next mesh of the key (not in checking mode, which builds each).
+  bool more_of_key() const { return followed_ && !context_.facts.checking(); }
   // The last mesh of the group evaluated in full, if settled (replayed for the next ones).
   Settled settled_;
   bool settling_ = false;        // the mesh being evaluated is settled so far
