@@ -3,7 +3,13 @@
 // `with`'s is the top N of a search with no bar at all (`unbounded`).
 //
 // Example:
-//   testing::expect_same_top(with_classes, without_classes, unbounded);
+//   ExploreOptions options;
+//   options.batch_classes = false;
+//   const ExploreResult unbounded = testing::explore_top3(config, -1e300, options);
+//   const ExploreResult without = testing::explore_top3(config,
+//   testing::bar_under_third(unbounded),
+//                                                       options);
+//   testing::expect_same_top(with_classes, without, unbounded);
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +17,20 @@
 #include "sim/explore/explorer.h"
 
 namespace tpusim::testing {
+
+// The top 3 by tokens/s/chip above `bar` (-1e300: no bar), with the caller's other options.
+inline ExploreResult explore_top3(const Config& config, double bar, ExploreOptions options) {
+  options.objective = ExploreObjective::kTokensPerSecondPerChip;
+  options.top = 3;
+  options.initial_bar = bar;
+  return explore(config, options);
+}
+
+// A bar just under the third best of a search with none: the top 3 stays above it, most batches
+// are bounded out.
+inline double bar_under_third(const ExploreResult& unbounded) {
+  return unbounded.top.back().objective * (1 - 1e-9);
+}
 
 inline void expect_same_top(const ExploreResult& with, const ExploreResult& without,
                             const ExploreResult& unbounded) {

@@ -365,13 +365,10 @@ ExploreResult explore_with(const Config& config, double bar, bool classes, bool 
                            int64_t global_batch = 8) {
   ExploreOptions options;
   options.limits.global_batch_size = global_batch;
-  options.objective = ExploreObjective::kTokensPerSecondPerChip;
-  options.top = 3;
   options.threads = 1;
-  options.initial_bar = bar;
   options.batch_classes = classes;
   options.check_equivalent_meshes = check;
-  return explore(config, options);
+  return testing::explore_top3(config, bar, options);
 }
 
 TEST(BatchClasses, ExploreFindsTheSameTopWithFewerPrograms) {
@@ -379,8 +376,7 @@ TEST(BatchClasses, ExploreFindsTheSameTopWithFewerPrograms) {
       "", {"model_name=llama2-7b", "compile_topology=v5p-32", "max_target_length=2048"});
   const ExploreResult unbounded = explore_with(config, -1e300, false, false);
   ASSERT_EQ(unbounded.top.size(), 3U);
-  // A bar just under the third best: the top 3 stays, most batches are bounded out.
-  const double bar = unbounded.top.back().objective * (1 - 1e-9);
+  const double bar = testing::bar_under_third(unbounded);
   const ExploreResult without = explore_with(config, bar, false, false);
   const ExploreResult with = explore_with(config, bar, true, false);
   testing::expect_same_top(with, without, unbounded);
@@ -401,7 +397,7 @@ TEST(BatchClasses, PipelineSchedulesFindTheSameTopWithFewerPrograms) {
                         "compile_topology_num_slices=2", "max_target_length=1024"});
   const ExploreResult unbounded = explore_with(config, -1e300, false, false, 16);
   ASSERT_EQ(unbounded.top.size(), 3U);
-  const double bar = unbounded.top.back().objective * (1 - 1e-9);
+  const double bar = testing::bar_under_third(unbounded);
   const ExploreResult without = explore_with(config, bar, false, false, 16);
   const ExploreResult with = explore_with(config, bar, true, false, 16);
   testing::expect_same_top(with, without, unbounded);

@@ -318,6 +318,20 @@ struct Llama8bOn32 {
   LogicalAxisRules rules = LogicalAxisRules::from_config(config);
   Divisibility divisibility{*steps.get(0, 0), rules};
 
+  // The remat_policy=none program partitioned on `mesh`.
+  PartitionedProgram none_on(const MeshShape& mesh) {
+    return partitioned(space, *steps.get(0, TrainingStepCache::kNoRemat), rules, mesh);
+  }
+  // That program kept to re-size and re-sized once onto its own mesh (its table of local sizes
+  // then points into its own tensors); nullopt if either step refuses.
+  std::optional<ResizableProgram> kept_on(const MeshShape& mesh) {
+    std::optional<ResizableProgram> kept = ResizableProgram::from(none_on(mesh), mesh);
+    if (!kept.has_value() || !kept->resize(mesh)) {
+      return std::nullopt;
+    }
+    return kept;
+  }
+
   // The meshes dividing the first batch that share the most common structure (axes above 1).
   std::vector<const MeshShape*> largest_structure() const {
     const int64_t loaded = space.batches[0].loaded_microbatch;
@@ -457,17 +471,14 @@ TEST(ProgramResize, KvHeadsASplitDoesNotDivideRefuseTheResize) {
 // (ResizableProgram keeps where each local size is, and points again after a copy or a move).
 TEST(ProgramResize, ACopyResizesItsOwnProgram) {
   Llama8bOn32 setting;
-  const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
   const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
   const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
-  std::optional<ResizableProgram> from =
-      ResizableProgram::from(partitioned(setting.space, step, setting.rules, four), four);
+  std::optional<ResizableProgram> from = setting.kept_on(four);
   ASSERT_TRUE(from.has_value());
-  ASSERT_TRUE(from->resize(four));
   ResizableProgram copy = *from;
   ASSERT_TRUE(copy.resize(two));
-  const PartitionedProgram on_four = partitioned(setting.space, step, setting.rules, four);
-  const PartitionedProgram on_two = partitioned(setting.space, step, setting.rules, two);
+  const PartitionedProgram on_four = setting.none_on(four);
+  const PartitionedProgram on_two = setting.none_on(two);
   expect_same_program(from->program(), on_four, "the original after its copy's resize");
   expect_same_program(copy.program(), on_two, "the copy");
   ResizableProgram moved = std::move(copy);
@@ -484,18 +495,14 @@ TEST(ProgramResize, ACopyResizesItsOwnProgram) {
 // same.
 TEST(ProgramResize, AProgramGivenACopyOfItselfResizesItsOwnTensors) {
   Llama8bOn32 setting;
-  const TrainingStep& step = *setting.steps.get(0, TrainingStepCache::kNoRemat);
   const MeshShape four = ici_mesh({{"fsdp", 8}, {"tensor", 4}});
   const MeshShape two = ici_mesh({{"fsdp", 16}, {"tensor", 2}});
-  std::optional<ResizableProgram> from =
-      ResizableProgram::from(partitioned(setting.space, step, setting.rules, four), four);
+  std::optional<ResizableProgram> from = setting.kept_on(four);  // its table: its own tensors
   ASSERT_TRUE(from.has_value());
-  ASSERT_TRUE(from->resize(four));  // its table points into its own tensors
   ResizableProgram copy = *from;
   *from = std::move(copy);
   ASSERT_TRUE(from->resize(two));
-  expect_same_program(from->program(), partitioned(setting.space, step, setting.rules, two),
-                      "given a copy of itself");
+  expect_same_program(from->program(), setting.none_on(two), "given a copy of itself");
 }
 
 // A recorded choice of each kind that comes out otherwise on the mesh refuses the resize, even on
@@ -547,13 +554,10 @@ TEST(ProgramResize, MoeRoutingIsNotResizable) {
 
 ExploreResult explore_with(const Config& config, double bar, bool resized, bool check) {
   ExploreOptions options;
-  options.objective = ExploreObjective::kTokensPerSecondPerChip;
-  options.top = 3;
   options.threads = 2;
-  options.initial_bar = bar;
   options.resized_programs = resized;
   options.check_equivalent_meshes = check;
-  return explore(config, options);
+  return testing::explore_top3(config, bar, options);
 }
 
 TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
@@ -561,8 +565,7 @@ TEST(ProgramResize, ExploreFindsTheSameTopWithFewerPrograms) {
       "", {"model_name=llama3.1-8b", "compile_topology=tpu7x-32", "max_target_length=2048"});
   const ExploreResult unbounded = explore_with(config, -1e300, false, false);
   ASSERT_EQ(unbounded.top.size(), 3U);
-  // A bar just under the third best: the top 3 stays, most batches are bounded out.
-  const double bar = unbounded.top.back().objective * (1 - 1e-9);
+  const double bar = testing::bar_under_third(unbounded);
   const ExploreResult without = explore_with(config, bar, false, false);
   const ExploreResult with = explore_with(config, bar, true, false);
   testing::expect_same_top(with, without, unbounded);
