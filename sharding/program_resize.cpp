@@ -133,16 +133,11 @@ bool ResizableProgram::holds_on(const MeshShape& mesh, const std::vector<int64_t
 }
 
 bool ResizableProgram::resize(const MeshShape& mesh) {
-  if (axes_above_one(mesh) != structure_) {
+  splits_on(mesh, splits_);
+  if (!holds_on(mesh, splits_)) {
     return false;
   }
-  splits_on(mesh, splits_);
   resize_dims(0, split_dims_.size(), splits_);
-  for (const SizeDecision& decision : program_.size_decisions.recorded) {
-    if (!holds(decision, mesh)) {
-      return false;
-    }
-  }
   Graph& graph = program_.graph;
   for (const GroupOp& group : group_ops_) {
     graph.mutable_op(group.op).attrs.group_size = split_of(group.axes, mesh);

@@ -44,7 +44,6 @@ class ResizableProgram {
   // else may be called meanwhile).
   void swap_program(PartitionedProgram& other) { std::swap(program_, other); }
   const Graph& graph() const { return program_.graph; }
-  uint32_t structure() const { return structure_; }
 
   // Rewrites the local sizes, group sizes and padding for `mesh` in place; true when `mesh` has
   // this program's axes larger than 1 and every recorded choice comes out the same there, i.e.
