@@ -12,32 +12,28 @@ std::vector<std::shared_ptr<ResizablePrograms::Slot>> ResizablePrograms::slots(
 bool ResizablePrograms::with_resized(
     size_t batch, size_t remat, const MeshShape& mesh,
     const std::function<void(const PartitionedProgram&)>& use) const {
-  for (const std::shared_ptr<Slot>& slot :
-       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
-    const std::lock_guard<std::mutex> lock(slot->mutex);
-    if (!slot->lent && slot->program.resize(mesh)) {
-      use(slot->program.program());
-      return true;
+  return first_slot(batch, remat, mesh, [&](const std::shared_ptr<Slot>& slot) {
+    if (!slot->program.resize(mesh)) {
+      return false;
     }
-  }
-  return false;
+    use(slot->program.program());
+    return true;
+  });
 }
 
 bool ResizablePrograms::lend(size_t batch, size_t remat, const MeshShape& mesh,
                              PartitionedProgram& borrower, Loan& loan) const {
-  for (const std::shared_ptr<Slot>& slot :
-       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
-    const std::lock_guard<std::mutex> lock(slot->mutex);
-    if (!slot->lent && slot->program.resize(mesh)) {
-      slot->lent = true;
-      slot->program.swap_program(borrower);
-      loan.slot_ = slot;
-      loan.borrower_ = &borrower;
-      loan.kept_mesh_ = std::move(borrower.mesh);
-      return true;
+  return first_slot(batch, remat, mesh, [&](const std::shared_ptr<Slot>& slot) {
+    if (!slot->program.resize(mesh)) {
+      return false;
     }
-  }
-  return false;
+    slot->lent = true;
+    slot->program.swap_program(borrower);
+    loan.slot_ = slot;
+    loan.borrower_ = &borrower;
+    loan.kept_mesh_ = std::move(borrower.mesh);
+    return true;
+  });
 }
 
 void ResizablePrograms::Loan::move_to(Loan& to, PartitionedProgram& borrower) {
@@ -63,22 +59,15 @@ void ResizablePrograms::Loan::give_back() {
 std::optional<ComputeBounds> ResizablePrograms::bounds(
     size_t batch, size_t remat, const MeshShape& mesh, int64_t accumulation_steps,
     const std::vector<CostContext>& contexts) const {
-  for (const std::shared_ptr<Slot>& slot :
-       slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
-    const std::lock_guard<std::mutex> lock(slot->mutex);
-    if (slot->lent) {
-      continue;
-    }
+  std::optional<ComputeBounds> found;
+  first_slot(batch, remat, mesh, [&](const std::shared_ptr<Slot>& slot) {
     if (slot->costs == nullptr) {
       slot->costs = std::make_unique<ResizedOpCosts>(slot->program);
     }
-    std::optional<ComputeBounds> found =
-        slot->costs->bounds(slot->program, mesh, accumulation_steps, contexts);
-    if (found.has_value()) {
-      return found;
-    }
-  }
-  return std::nullopt;
+    found = slot->costs->bounds(slot->program, mesh, accumulation_steps, contexts);
+    return found.has_value();
+  });
+  return found;
 }
 
 void ResizablePrograms::offer(size_t batch, size_t remat, const PartitionedProgram& program,

@@ -90,6 +90,19 @@ class ResizablePrograms {
   };
   using Key = std::tuple<size_t, size_t, uint32_t>;  // batch, remat, axes larger than 1
   std::vector<std::shared_ptr<Slot>> slots(const Key& key) const;
+  // Offers each slot kept for (batch, remat, the mesh's axes larger than 1) that is not lent to
+  // `try_slot`, under the slot's lock, until it returns true (then true).
+  template <typename TrySlot>
+  bool first_slot(size_t batch, size_t remat, const MeshShape& mesh, TrySlot&& try_slot) const {
+    for (const std::shared_ptr<Slot>& slot :
+         slots({batch, remat, ResizableProgram::axes_above_one(mesh)})) {
+      const std::lock_guard<std::mutex> lock(slot->mutex);
+      if (!slot->lent && try_slot(slot)) {
+        return true;
+      }
+    }
+    return false;
+  }
 
   mutable std::mutex mutex_;
   std::map<Key, std::vector<std::shared_ptr<Slot>>> kept_;
