@@ -93,7 +93,6 @@ void ResizedOpCosts::meet(Group& group) {
     if (kept.complete && kept.products == products_) {
       kept.last_met = calls_;
       group.current = at;
-      group.costing = false;
       return;
     }
   }
@@ -111,7 +110,6 @@ void ResizedOpCosts::meet(Group& group) {
   kept.seconds.assign(group.ops + group.attention_ops * (contexts_.size() - 1), 0.0);
   kept.last_met = calls_;
   kept.complete = false;
-  group.costing = true;
 }
 
 void ResizedOpCosts::seconds_of(ResizableProgram& program, const Op& op, double* seconds) {
@@ -122,10 +120,11 @@ void ResizedOpCosts::seconds_of(ResizableProgram& program, const Op& op, double*
   }
   const OpPlace& place = places_[next_place_++];
   Group& group = groups_[place.group];
-  double* kept = group.kept[group.current].seconds.data() + place.index +
+  Kept& current = group.kept[group.current];
+  double* kept = current.seconds.data() + place.index +
                  static_cast<size_t>(place.attention_before) * (contexts - 1);
   const size_t width = place.attention ? contexts : 1;
-  if (!group.costing) {
+  if (current.complete) {  // met complete (meet); a row being costed completes after the call
     std::copy_n(kept, width, seconds);
     std::fill(seconds + width, seconds + contexts, *kept);  // the others': the same in every one
     ++found_;

@@ -63,8 +63,7 @@ class ResizedOpCosts {
     size_t ops = 0;
     size_t attention_ops = 0;
     std::vector<Kept> kept;
-    size_t current = 0;    // the kept entry of the mesh of this bounds() call
-    bool costing = false;  // its seconds are being costed in this call
+    size_t current = 0;  // the kept entry of the mesh of this bounds() call
   };
   // Where a compute op is: its group, its place in the group (its offset into Kept::seconds is
   // that of the ops before it: one each, the attention ops' one per context), and the tensors its
