@@ -59,23 +59,21 @@ void ForwardOpSeconds::finish_like() {
     throw std::logic_error("ForwardOpSeconds: a table made like another had other adds");
   }
   std::vector<double> merged(like.size() * contexts_);
-  std::vector<bool> seen(like.size(), false);
   for (size_t at = 0; at < like.order_.size(); ++at) {  // as finish() merged them
     const size_t entry = like.merged_into_[at];
+    // finish() appends entries in order: an entry met before was the previous add's.
+    const bool seen = at > 0 && like.merged_into_[at - 1] == entry;
     const double* seconds = seconds_.data() + static_cast<size_t>(like.order_[at]) * contexts_;
     double* kept = merged.data() + entry * contexts_;
     for (size_t context = 0; context < contexts_; ++context) {
-      kept[context] = seen[entry] ? std::min(kept[context], seconds[context]) : seconds[context];
+      kept[context] = seen ? std::min(kept[context], seconds[context]) : seconds[context];
     }
-    seen[entry] = true;
   }
   regions_ = like.regions_;
   name_ends_ = like.name_ends_;
   names_ = like.names_;
   seconds_ = std::move(merged);
-  order_ = like.order_;
-  merged_into_ = like.merged_into_;
-  like_ = nullptr;
+  like_ = nullptr;  // no order of its own: a table made like it must be made like `like`
 }
 
 const double* ForwardOpSeconds::find(int region, std::string_view name_of_op) const {

@@ -25,7 +25,7 @@ class ForwardOpSeconds {
   // A table to be filled by the same adds as finished table `like` (the same regions and names in
   // the same order; a program's bounds again, on another mesh): add() keeps only the seconds and
   // finish() takes like's entries and merges as like's did, without sorting. `like` must outlive
-  // finish().
+  // finish() and be finished by the plain finish() (a table made like another keeps no order).
   ForwardOpSeconds(size_t contexts, const ForwardOpSeconds* like)
       : contexts_(contexts), like_(like) {}
   // Adds an op's seconds per context (`seconds` has one per context); before finish().
