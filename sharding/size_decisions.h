@@ -40,6 +40,8 @@ struct SizeDecision {
   TensorId b = -1;
   int64_t value = 0;
   uint32_t axes = 0;  // bit per mesh axis index
+
+  bool operator==(const SizeDecision&) const = default;
 };
 
 struct SizeDecisions {
@@ -48,13 +50,22 @@ struct SizeDecisions {
   bool resizable = true;
 
   void bytes_less(double factor, TensorId a, TensorId b, bool outcome) {
-    recorded.push_back({SizeDecision::Kind::kBytesLess, outcome, factor, a, b, 0, 0});
+    record({SizeDecision::Kind::kBytesLess, outcome, factor, a, b, 0, 0});
   }
   void divides(int64_t value, uint32_t axes, bool outcome) {
-    recorded.push_back({SizeDecision::Kind::kDivides, outcome, 1, -1, -1, value, axes});
+    record({SizeDecision::Kind::kDivides, outcome, 1, -1, -1, value, axes});
   }
   void shapes_equal(TensorId a, TensorId b, bool outcome) {
-    recorded.push_back({SizeDecision::Kind::kShapesEqual, outcome, 1, a, b, 0, 0});
+    record({SizeDecision::Kind::kShapesEqual, outcome, 1, a, b, 0, 0});
+  }
+
+ private:
+  // The same choice asked again in a row (an einsum compares the same two tensors once per axis)
+  // adds nothing: every re-size checks each record.
+  void record(const SizeDecision& decision) {
+    if (recorded.empty() || !(recorded.back() == decision)) {
+      recorded.push_back(decision);
+    }
   }
 };
 
