@@ -8,19 +8,11 @@
 namespace tpusim {
 namespace {
 
-int64_t shards_on(const std::vector<int>& axes, const MeshShape& mesh) {
-  int64_t product = 1;
-  for (const int axis : axes) {
-    product *= mesh.size(axis);
-  }
-  return product;
-}
-
 std::optional<UnevenSplit> first_uneven(const std::vector<UnevenSplit>& dims, const MeshShape& mesh,
                                         int64_t batch) {
   for (const UnevenSplit& dim : dims) {
     const int64_t size = batch > 0 ? batch : dim.size;
-    const int64_t shards = shards_on(dim.axes, mesh);
+    const int64_t shards = mesh.product_of(dim.axes);
     if (size % shards != 0) {
       UnevenSplit uneven = dim;
       uneven.size = size;

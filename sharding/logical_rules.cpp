@@ -9,21 +9,18 @@
 namespace tpusim {
 
 LogicalAxisRules LogicalAxisRules::from_rules(std::vector<LogicalRule> rules) {
-  static_assert(kNumMeshAxes <= 32, "rule_axis_bits_ holds one bit per mesh axis");
   LogicalAxisRules result;
   for (const LogicalRule& rule : rules) {
     std::vector<int> axes;
-    uint32_t bits = 0;
     for (const std::string& axis : rule.mesh_axes) {
       try {
         axes.push_back(mesh_axis_index(axis));
       } catch (const UserError& error) {
         throw UserError("logical_axis_rules: rule '" + rule.logical + "' names " + error.what());
       }
-      bits |= 1U << static_cast<unsigned>(axes.back());
     }
+    result.rule_axis_bits_.push_back(mesh_axis_bits(axes));
     result.rule_axes_.push_back(std::move(axes));
-    result.rule_axis_bits_.push_back(bits);
   }
   result.rules_ = std::move(rules);
   return result;

@@ -24,7 +24,7 @@ void Partitioner::partition_attention(const Op& op, bool gradient) {
     const int64_t kv_heads = global_.tensor(key).dims[static_cast<size_t>(kv_dim)].size;
     if (!kv_axes.empty()) {
       const bool divides = kv_heads % shards(kv_axes) == 0;
-      decisions_.divides(kv_heads, axis_bits(kv_axes), divides);
+      decisions_.divides(kv_heads, mesh_axis_bits(kv_axes), divides);
       if (!divides) {
         whole_length.insert("kv_heads");
         kv_gathered = true;

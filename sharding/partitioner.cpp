@@ -114,22 +114,6 @@ PartitionedProgram Partitioner::run() {
   return program;
 }
 
-uint32_t Partitioner::axis_bits(const AxisList& axes) {
-  uint32_t bits = 0;
-  for (const int axis : axes) {
-    bits |= 1U << static_cast<unsigned>(axis);
-  }
-  return bits;
-}
-
-int64_t Partitioner::shards(const AxisList& axes) const {
-  int64_t product = 1;
-  for (const int axis : axes) {
-    product *= axis_size(axis);
-  }
-  return product;
-}
-
 TensorId Partitioner::make_local(const Tensor& global, const Layout& layout_in, int region,
                                  std::string_view suffix) {
   static const Name kExpertTokens("expert_tokens");

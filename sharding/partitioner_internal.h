@@ -253,9 +253,7 @@ class Partitioner {
   PartitionedProgram run();
 
  private:
-  int axis_size(int axis) const { return mesh_.shape.size(axis); }
-  int64_t shards(const AxisList& axes) const;
-  static uint32_t axis_bits(const AxisList& axes);
+  int64_t shards(const AxisList& axes) const { return mesh_.shape.product_of(axes); }
   TensorId local(TensorId global) const { return local_[static_cast<size_t>(global)]; }
   const Layout& layout(TensorId global) const { return layouts_[static_cast<size_t>(global)]; }
 

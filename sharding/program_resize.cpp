@@ -6,27 +6,6 @@
 #include "sharding/reassociate_reductions.h"
 
 namespace tpusim {
-namespace {
-
-int64_t split_of(uint32_t axes, const MeshShape& mesh) {
-  int64_t split = 1;
-  for (int axis = 0; axes != 0; ++axis, axes >>= 1U) {
-    if ((axes & 1U) != 0) {
-      split *= mesh.size(axis);
-    }
-  }
-  return split;
-}
-
-uint32_t axis_bits(const DimAxes& axes) {
-  uint32_t bits = 0;
-  for (const Name& axis : axes) {
-    bits |= 1U << static_cast<unsigned>(mesh_axis_index(axis.str()));
-  }
-  return bits;
-}
-
-}  // namespace
 
 std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram& program,
                                                        const MeshShape& mesh) {
@@ -41,7 +20,7 @@ std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram&
     result.tensor_dims_.push_back(result.split_dims_.size());
     for (size_t dim = 0; dim < tensor.dims.size(); ++dim) {
       const Dim& info = tensor.dims[dim];
-      const uint32_t axes = axis_bits(info.sharded_over);
+      const uint32_t axes = mesh_axis_bits(info.sharded_over);
       if (info.global_size > 0 && axes != 0) {
         result.split_dims_.push_back(
             {tensor.id, static_cast<uint32_t>(dim), axes, result.set_of(axes), info.global_size});
@@ -51,11 +30,7 @@ std::optional<ResizableProgram> ResizableProgram::from(const PartitionedProgram&
   result.tensor_dims_.push_back(result.split_dims_.size());
   for (const Op& op : program.graph.ops()) {
     if (!op.attrs.mesh_axes.empty()) {
-      uint32_t axes = 0;
-      for (const std::string& axis : op.attrs.mesh_axes) {
-        axes |= 1U << static_cast<unsigned>(mesh_axis_index(axis));
-      }
-      result.group_ops_.push_back({op.id, axes});
+      result.group_ops_.push_back({op.id, mesh_axis_bits(op.attrs.mesh_axes)});
     }
   }
   return result;
@@ -83,7 +58,7 @@ uint32_t ResizableProgram::set_of(uint32_t axes) {
 void ResizableProgram::splits_on(const MeshShape& mesh, std::vector<int64_t>& splits) const {
   splits.resize(split_axes_.size());
   for (size_t set = 0; set < split_axes_.size(); ++set) {
-    splits[set] = split_of(split_axes_[set], mesh);
+    splits[set] = mesh.product_of(split_axes_[set]);
   }
 }
 
@@ -140,7 +115,7 @@ bool ResizableProgram::resize(const MeshShape& mesh) {
   resize_dims(0, split_dims_.size(), splits_);
   Graph& graph = program_.graph;
   for (const GroupOp& group : group_ops_) {
-    graph.mutable_op(group.op).attrs.group_size = split_of(group.axes, mesh);
+    graph.mutable_op(group.op).attrs.group_size = mesh.product_of(group.axes);
   }
   note_padding();
   return true;
@@ -173,7 +148,7 @@ bool ResizableProgram::holds(const SizeDecision& decision, const MeshShape& mesh
                 static_cast<double>(program_.graph.tensor(decision.b).bytes());
       break;
     case SizeDecision::Kind::kDivides:
-      outcome = decision.value % split_of(decision.axes, mesh) == 0;
+      outcome = decision.value % mesh.product_of(decision.axes) == 0;
       break;
     case SizeDecision::Kind::kShapesEqual:
       outcome =

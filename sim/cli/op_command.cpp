@@ -205,10 +205,7 @@ nlohmann::json time_collective(const std::string& kind,
   }
   const Slice slice = slice_from_config(config);
   const DeviceMesh mesh = place_mesh(resolve_mesh(config, slice), slice);
-  int64_t group = 1;
-  for (const std::string& axis : axes) {
-    group *= mesh.shape.size(axis);
-  }
+  const int64_t group = mesh.shape.product_of(mesh_axis_bits(axes));
   if (group < 2) {
     throw UserError("axes=" + text +
                     " spans a single device on this mesh (set its ici_*/dcn_* "

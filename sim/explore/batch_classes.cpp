@@ -172,10 +172,7 @@ const BatchClasses::Member* BatchClasses::member_with_key(size_t schedule, size_
 std::optional<int64_t> BatchClasses::differing_local_size(const Reference& reference,
                                                           const Varying& varying,
                                                           const MeshShape& mesh) const {
-  int64_t split = 1;
-  for (const int axis : reference.group_axes[varying.group][varying.dim]) {
-    split *= mesh.size(axis);
-  }
+  const int64_t split = mesh.product_of(reference.group_axes[varying.group][varying.dim]);
   const int64_t local = (varying.size + split - 1) / split;
   if (local == (varying.reference_size + split - 1) / split) {
     return std::nullopt;

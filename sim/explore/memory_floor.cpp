@@ -115,10 +115,7 @@ void MemoryFloor::local_elements(const Group& group, const MeshShape& mesh,
   const size_t rank = axes.size();
   elements.assign(rank == 0 ? 1 : group.shapes.size() / rank, 1.0);
   for (size_t dim = 0; dim < rank; ++dim) {
-    int64_t split = 1;
-    for (const int axis : axes[dim]) {
-      split *= mesh.size(axis);
-    }
+    const int64_t split = mesh.product_of(axes[dim]);
     if (split == 1) {
       // Most dims are not split: a division costs more than the test.
       for (size_t shape = 0; shape < elements.size(); ++shape) {

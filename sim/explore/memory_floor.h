@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -92,12 +93,9 @@ class MemoryFloor {
       const auto rank = static_cast<size_t>(*at++);
       const int64_t shapes = *at++;
       for (size_t dim = 0; dim < rank; ++dim) {
-        const int64_t axes = *at++;
-        int64_t split = 1;
-        for (int64_t axis = 0; axis < axes; ++axis) {
-          split *= mesh.size(static_cast<int>(*at++));
-        }
-        splits[dim] = split;
+        const auto axes = static_cast<size_t>(*at++);
+        splits[dim] = mesh.product_of(std::span<const int64_t>(at, axes));
+        at += axes;
       }
       for (int64_t shape = 0; shape < shapes; ++shape) {
         double elements = 1.0;

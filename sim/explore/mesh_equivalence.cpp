@@ -18,10 +18,7 @@ MeshEquivalence::MeshEquivalence(const std::vector<const TrainingStep*>& steps,
         continue;
       }
       for (const std::vector<int>& axes : rules.shard_dims_on_every_axis(tensor.dims)) {
-        uint32_t bits = 0;
-        for (const int axis : axes) {
-          bits |= 1U << static_cast<unsigned>(axis);
-        }
+        const uint32_t bits = mesh_axis_bits(axes);
         if (bits != 0) {
           sets.insert(bits);
         }
@@ -47,13 +44,7 @@ std::vector<int64_t> MeshEquivalence::key(const MeshShape& mesh) const {
   std::vector<int64_t> products;
   products.reserve(atoms_.size());
   for (const uint32_t bits : atoms_) {
-    int64_t product = 1;
-    for (int axis = 0; axis < kNumMeshAxes; ++axis) {
-      if ((bits >> static_cast<unsigned>(axis) & 1U) != 0) {
-        product *= mesh.size(axis);
-      }
-    }
-    products.push_back(product);
+    products.push_back(mesh.product_of(bits));
   }
   return products;
 }

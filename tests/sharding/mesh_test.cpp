@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "common/error.h"
 #include "hw/slice.h"
 #include "model/config.h"
@@ -88,6 +93,45 @@ TEST(Mesh, PipelineStagesAreMeshAxes) {
 
 // Red-team item 11: a DCN pipeline pinned on fewer slices than stages crashed explore; estimate and
 // train refuse it naming the DCN axis that cannot be placed (one slice per step of the axis).
+// Axis indices in MaxText's order: diloco 0, data 1, stage 2, fsdp 3, ..., tensor 8.
+constexpr int kData = 1;
+constexpr int kFsdp = 3;
+constexpr int kTensor = 8;
+
+TEST(Mesh, ProductOfASetOfAxesMultipliesTheirSizes) {
+  ASSERT_EQ(mesh_axis_index("data"), kData);
+  ASSERT_EQ(mesh_axis_index("fsdp"), kFsdp);
+  ASSERT_EQ(mesh_axis_index("tensor"), kTensor);
+  MeshShape mesh;
+  mesh.ici.fill(1);
+  mesh.dcn.fill(1);
+  mesh.ici[kData] = 2;
+  mesh.ici[kFsdp] = 4;
+  mesh.ici[kTensor] = 8;
+  const MeshAxisBits fsdp_tensor = (1U << 3U) | (1U << 8U);
+  EXPECT_EQ(mesh.product_of(fsdp_tensor), 32);  // 4 x 8
+  EXPECT_EQ(mesh.product_of(MeshAxisBits{0}), 1);
+  EXPECT_EQ(mesh.product_of(MeshAxisBits{0xFFF}), 64);    // every axis: 2 x 4 x 8
+  EXPECT_EQ(mesh.product_of(MeshAxisBits{1U << 0U}), 1);  // diloco, size 1
+  // The same sets as lists of indices, in any order.
+  EXPECT_EQ(mesh.product_of(std::vector<int>{kTensor, kFsdp}), 32);
+  EXPECT_EQ(mesh.product_of(std::vector<int>{kData, kTensor}), 16);
+  EXPECT_EQ(mesh.product_of(std::vector<int>{}), 1);
+  EXPECT_EQ(mesh.product_of(std::array<uint8_t, 1>{kFsdp}), 4);
+  // An axis across slices counts ICI x DCN: data 2 inside x 3 across.
+  mesh.dcn[kData] = 3;
+  EXPECT_EQ(mesh.product_of(MeshAxisBits{(1U << 1U) | (1U << 3U)}), 24);  // 6 x 4
+  EXPECT_EQ(mesh.product_of(std::vector<int>{kData}), 6);
+}
+
+TEST(Mesh, AxisBitsFromIndicesOrNames) {
+  EXPECT_EQ(mesh_axis_bits(std::vector<int>{3, 8}), 264U);  // 8 + 256
+  EXPECT_EQ(mesh_axis_bits(std::vector<int>{8, 3}), 264U);
+  EXPECT_EQ(mesh_axis_bits(std::vector<std::string>{"fsdp", "tensor"}), 264U);
+  EXPECT_EQ(mesh_axis_bits(std::vector<int>{}), 0U);
+  EXPECT_THROW(mesh_axis_bits(std::vector<std::string>{"fdsp"}), UserError);
+}
+
 TEST(RedTeam, Item11_DcnAxisNeedsThatManySlices) {
   for (const int slices : {1, 2}) {
     const std::string message = error_of("v5p-16", slices, {"dcn_pipeline_parallelism=4"});
