@@ -1,6 +1,7 @@
 #include "sim/perf/collective_cost.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "common/mechanisms.h"
 #include "hw/network_model.h"
@@ -65,6 +66,10 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
   bool d2d_only = true;
   double dcn_devices = 1;
   bool all_wrap = true;
+  // The group's extent along each torus axis: mesh axes that split one physical axis share its
+  // links, so the group runs one ring over the product of their portions there, not one ring per
+  // portion (which would count the same links once per mesh axis).
+  std::vector<int> extent(slice.shape.size(), 1);
   for (const std::string& name : mesh_axes) {
     const MeshAxisPlacement& axis = mesh.axis(name);
     dcn_devices *= axis.dcn_size;
@@ -77,14 +82,20 @@ CollectiveTime collective_time(OpKind kind, double bytes, const std::vector<std:
         ici_hops += ring.latency_steps;
         continue;
       }
-      d2d_only = false;
-      const RingPath ring =
-          torus_ring(slice, portion.physical_axis, portion.size, portion.whole_axis);
-      all_wrap = all_wrap && ring.wraps;
-      ici_bandwidth += ring.bandwidth(link);
-      chip_link_bandwidth += ring.bandwidth(link);
-      ici_hops += ring.latency_steps;
+      extent[static_cast<size_t>(portion.physical_axis)] *= portion.size;
     }
+  }
+  for (size_t physical = 0; physical < extent.size(); ++physical) {
+    if (extent[physical] == 1) {
+      continue;
+    }
+    d2d_only = false;
+    const RingPath ring = torus_ring(slice, static_cast<int>(physical), extent[physical],
+                                     extent[physical] == slice.shape[physical]);
+    all_wrap = all_wrap && ring.wraps;
+    ici_bandwidth += ring.bandwidth(link);
+    chip_link_bandwidth += ring.bandwidth(link);
+    ici_hops += ring.latency_steps;
   }
   const double hop_latency = ici_hop_latency_s(slice);
   const double dcn_bandwidth = dcn_achievable_bytes_per_s(slice);

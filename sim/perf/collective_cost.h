@@ -1,6 +1,8 @@
 // sim/perf/collective_cost.h: time of a collective over mesh axes on the physical topology.
 //
-// Each mesh axis is a ring laid on its physical placement (sharding/device_mesh.h). Per
+// A group of mesh axes runs one ring per physical axis it covers, over the positions its mesh axes
+// take there together (sharding/device_mesh.h places them): mesh axes that split one physical axis
+// share its links, so their portions form one ring, not one ring each. Per
 // docs/reference/hardware.md §2, for V = the per-device array gathered, scattered or reduced
 // over a group of N devices:
 //   all-gather / reduce-scatter: T = max(T_hop x hops, (N-1)/N x V / W)

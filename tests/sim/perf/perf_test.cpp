@@ -116,6 +116,39 @@ TEST(CollectiveCost, AllGatherOnWrappedAndOpenRings) {
               (wrapped.seconds - v5e.collective_launch_us * 1e-6) / 4, 1e-9);
 }
 
+// Mesh axes that split one physical axis share its links: a group over all of them is one ring
+// over the positions they cover together, timed as a single mesh axis laid on the same positions
+// (a group over fsdp 2 x tensor 2 x expert 4 of a 16-long wrapped axis is the wrapped 16-ring,
+// not three rings whose links add up to more than the axis has).
+TEST(CollectiveCost, MeshAxesSplittingOnePhysicalAxisShareItsLinks) {
+  const double bytes = 64e6;
+  auto time_of = [&](const std::string& topology, const std::vector<std::string>& mesh_keys,
+                     const std::vector<std::string>& group) {
+    std::vector<std::string> keys = {"compile_topology=" + topology};
+    keys.insert(keys.end(), mesh_keys.begin(), mesh_keys.end());
+    const Slice slice = parse_slice(topology);
+    const DeviceMesh mesh = place_mesh(resolve_mesh(Config::load("", keys), slice), slice);
+    return collective_time(OpKind::kAllGather, bytes, group, mesh, slice).seconds;
+  };
+  const ChipSpec& v5e = chip("v5e");
+  const double link = v5e.ici_link_bandwidth_uni_gbps * 1e9 * v5e.ici_achievable_fraction;
+  const double launch = v5e.collective_launch_us * 1e-6;
+  // v5e-256 is 16x16 with wraparound: the 16-ring is bidirectional, T = 15/16 V / (2 W).
+  const double split = time_of("v5e-256",
+                               {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
+                                "ici_expert_parallelism=4", "ici_data_parallelism=16"},
+                               {"fsdp", "tensor", "expert"});
+  EXPECT_NEAR(split, 15.0 / 16 * bytes / (2 * link) + launch, 1e-9);
+  EXPECT_DOUBLE_EQ(
+      split, time_of("v5e-256", {"ici_fsdp_parallelism=16", "ici_data_parallelism=16"}, {"fsdp"}));
+  // v5e-32 is 4x8 without wraparound: fsdp 2 x tensor 2 on the 4-long axis is one open line of
+  // 4, T = 3/4 V / W.
+  const double line = time_of(
+      "v5e-32", {"ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_data_parallelism=8"},
+      {"fsdp", "tensor"});
+  EXPECT_NEAR(line, 3.0 / 4 * bytes / link + launch, 1e-9);
+}
+
 TEST(CollectiveCost, GpuNodeGathersThroughTheSwitchAndNodesOverInfiniBand) {
   // 8 x H100 behind NVSwitch: every GPU sends and receives on its 18 links at once, so an
   // all-gather of V over the 8 takes 7/8 V / (18 x 25 GB/s x achievable), as [SB-g] writes it.
