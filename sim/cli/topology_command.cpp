@@ -119,8 +119,9 @@ void register_topology_command(CLI::App& app) {
       "Show a slice's physical topology: chips, devices, shape, wraparound, hosts, "
       "links and bandwidths");
   command
-      ->add_option("slice", options->slice_name,
-                   "Slice name, e.g. v5p-128, v6e-256, tpu7x-512, v5p:4x4x8")
+      ->add_option(
+          "slice", options->slice_name,
+          "Slice name, e.g. v5p-128, v6e-256, tpu7x-512, v5p:4x4x8 (or compile_topology=v5p-128)")
       ->required();
   command->add_option("--num-slices", options->num_slices,
                       "Slices joined over DCN (compile_topology_num_slices)");
@@ -135,6 +136,11 @@ void register_topology_command(CLI::App& app) {
       throw UserError(
           "topology: --json and --dot without a FILE both print to stdout; give --dot a "
           "FILE or drop one of them");
+    }
+    // A MaxText user writes the slice as the key (compile_topology=v5e-32): the same slice.
+    const std::string key_prefix = "compile_topology=";
+    if (options->slice_name.rfind(key_prefix, 0) == 0) {
+      options->slice_name.erase(0, key_prefix.size());
     }
     const Slice slice = parse_slice(options->slice_name, options->num_slices);
     if (options->dot) {

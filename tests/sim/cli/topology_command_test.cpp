@@ -36,6 +36,17 @@ TEST(TopologyCommand, JsonContract) {
   EXPECT_EQ(json["chips_per_host"], 4);
 }
 
+// MaxText spells the slice as a key; `topology compile_topology=v5e-32` is that slice (it was
+// "unknown TPU generation 'compile_topology=v5e'").
+TEST(TopologyCommand, AcceptsTheSliceWrittenAsMaxTextsKey) {
+  const auto as_key = run_tpusim({"topology", "compile_topology=v5e-32", "--json"});
+  ASSERT_EQ(as_key.exit_code, 0) << as_key.err;
+  const auto as_name = run_tpusim({"topology", "v5e-32", "--json"});
+  ASSERT_EQ(as_name.exit_code, 0) << as_name.err;
+  EXPECT_EQ(nlohmann::json::parse(as_key.out), nlohmann::json::parse(as_name.out));
+  EXPECT_EQ(nlohmann::json::parse(as_key.out)["chips"], 32);
+}
+
 TEST(TopologyCommand, MultisliceAndHumanOutput) {
   const auto json_result = run_tpusim({"topology", "v5e-256", "--num-slices", "2", "--json"});
   ASSERT_EQ(json_result.exit_code, 0) << json_result.err;
