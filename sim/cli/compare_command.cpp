@@ -10,6 +10,9 @@
 //       --b "remat_policy=save_qkv_proj per_device_batch_size=2"   (one command line)
 #include <iostream>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -35,12 +38,28 @@ struct CompareRequest {
   std::string xla_flags;
 };
 
-// One side's arguments: the shared ones, then its own.
+// The key of a key=value word, "" for a config file.
+std::string override_key(const std::string& word) {
+  const size_t equals = word.find('=');
+  return equals == std::string::npos ? "" : word.substr(0, equals);
+}
+
+// One side's arguments: the shared ones, then its own; a key the side sets replaces the shared
+// word of that key (the later key wins, where one command line would be "given twice").
 std::vector<std::string> side_args(const CompareRequest& request, const std::string& own) {
-  std::vector<std::string> args = request.shared;
-  for (const std::string& word : split_words(own)) {
-    args.push_back(word);
+  const std::vector<std::string> words = split_words(own);
+  std::set<std::string> keys;
+  for (const std::string& word : words) {
+    keys.insert(override_key(word));
   }
+  keys.erase("");
+  std::vector<std::string> args;
+  for (const std::string& word : request.shared) {
+    if (!keys.contains(override_key(word))) {
+      args.push_back(word);
+    }
+  }
+  args.insert(args.end(), words.begin(), words.end());
   return args;
 }
 

@@ -98,6 +98,27 @@ TEST(CompareCommand, EachSideIsItsEstimate) {
   EXPECT_NE(table.out.find("\nMFU "), std::string::npos) << table.out;
 }
 
+// A key that --a or --b sets replaces the shared one (the later key wins, as the command's help
+// says): each side is the estimate with its own value, not "given twice on the command line".
+TEST(CompareCommand, ASideKeyReplacesTheSharedOne) {
+  const auto result = run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                                  "per_device_batch_size=2", "--a", "per_device_batch_size=1",
+                                  "--b", "per_device_batch_size=4", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json comparison = nlohmann::json::parse(result.out);
+  // 4 devices of one v5e-4: 1 and 4 sequences each.
+  EXPECT_EQ(comparison["a"]["estimate"]["global_batch_sequences"], 4);
+  EXPECT_EQ(comparison["b"]["estimate"]["global_batch_sequences"], 16);
+  const auto table = run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                                 "per_device_batch_size=2", "--a", "per_device_batch_size=1", "--b",
+                                 "remat_policy=full"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("A  tpusim estimate model_name=tiny-llama compile_topology=v5e-4 "
+                           "per_device_batch_size=1\n"),
+            std::string::npos)
+      << table.out;
+}
+
 TEST(CompareCommand, BadInputNamesTheSide) {
   expect_user_error({"compare", "model_name=llama2-7b", "--a", "remat_policy=full"}, "--b");
   expect_user_error({"compare", "model_name=llama2-7b", "compile_topology=v5p-32", "--a",
