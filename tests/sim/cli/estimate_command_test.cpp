@@ -559,5 +559,26 @@ TEST(RedTeam, Item17_PageJsonEscapesAngleBrackets) {
   }
 }
 
+// The --json error (and the Python module's ConfigError.key) names the key of a value out of
+// range, not in its list, or a slice that cannot exist: those messages start with the key, and
+// their "key" was null.
+TEST(EstimateCommand, JsonErrorOfABadValueNamesItsKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"per_device_batch_size=-1", "per_device_batch_size"},
+      {"per_device_batch_size=0.001", "per_device_batch_size"},
+      {"max_target_length=0", "max_target_length"},
+      {"remat_policy=fulll", "remat_policy"},
+      {"compile_topology=v5p-7", "compile_topology"},
+      {"compile_topology=v5e:4x4x4", "compile_topology"},
+      {"compile_topology_num_slices=0", "compile_topology_num_slices"}};
+  for (const auto& [arg, key] : cases) {
+    const auto result = run_tpusim({"estimate", "model_name=tiny-llama", arg, "--json"});
+    EXPECT_EQ(result.exit_code, 2) << arg << "\n" << result.err;
+    const nlohmann::json error = nlohmann::json::parse(result.out);
+    EXPECT_EQ(error["key"], key) << arg << ": " << result.out;
+    EXPECT_EQ(error["error"].get<std::string>().rfind(key + ":", 0), 0U) << result.out;
+  }
+}
+
 }  // namespace
 }  // namespace tpusim
