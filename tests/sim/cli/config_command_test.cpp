@@ -87,5 +87,17 @@ TEST(RedTeam, Item20_DuplicateKeysAndEveryUnknownKeyAreReported) {
   EXPECT_EQ(std::count(several.err.begin(), several.err.end(), '\n'), 1) << several.err;
 }
 
+// An empty or null model_name estimated MaxText's default model, labelled "" ("model  on
+// v5p-8"), with exit 0; MaxText loads configs/models/<model_name>.yml for any name but "default".
+TEST(RedTeam, S60_EmptyOrNullModelNameIsBadInput) {
+  for (const char* command : {"config", "estimate"}) {
+    expect_user_error({command, "model_name="}, "model_name: empty");
+  }
+  const std::string file = ::testing::TempDir() + "/s60_null_model.yml";
+  std::ofstream(file) << "model_name: null\nper_device_batch_size: 2\n";
+  expect_user_error({"estimate", file}, "model_name: empty");
+  EXPECT_EQ(run_tpusim({"config", "model_name=default"}).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace tpusim
