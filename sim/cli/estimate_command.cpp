@@ -3,10 +3,12 @@
 // a fits/OOM verdict. A run that does not fit says so on the first line (the step time of a run
 // that would not start is no answer); under --require-fit it then exits 3 (2 stays bad input).
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -100,6 +102,21 @@ void print_human(const nlohmann::json& json) {
   }
 }
 
+// --trace and --html naming one file wrote the page over the trace; a negative --profile listed
+// nothing, silently.
+void check_output_options(const std::string& trace_path, const std::string& html_path,
+                          int profile) {
+  if (!trace_path.empty() && !html_path.empty() &&
+      std::filesystem::weakly_canonical(trace_path) ==
+          std::filesystem::weakly_canonical(html_path)) {
+    throw UserError("--trace and --html both name '" + html_path + "': give each its own file");
+  }
+  if (profile < 0) {
+    throw UserError("--profile: " + std::to_string(profile) +
+                    " is negative (the number of costliest ops to list)");
+  }
+}
+
 }  // namespace
 
 EstimateRun run_estimate(const EstimateRequest& request, std::ostream& notes) {
@@ -145,6 +162,7 @@ void register_estimate_command(CLI::App& app) {
   add_without_option(*command, *without);
   command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without,
                      require_fit] {
+    check_output_options(*trace_path, *html_path, *profile);
     const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);
     const Estimate& estimate = run.estimate;
     if (!trace_path->empty()) {

@@ -580,5 +580,27 @@ TEST(EstimateCommand, JsonErrorOfABadValueNamesItsKey) {
   }
 }
 
+// Options that did nothing, or undid each other, without a word: a negative --profile (no
+// list), a negative --layer (the whole program), --trace and --html naming one file (the page
+// replaced the trace).
+TEST(RedTeam, S60_ContradictoryOrNegativeOutputOptionsAreBadInput) {
+  const std::vector<std::string> run = {"model_name=tiny-llama", "compile_topology=v5e-4"};
+  auto with = [&run](const std::string& command, const std::vector<std::string>& options) {
+    std::vector<std::string> args = {command};
+    args.insert(args.end(), run.begin(), run.end());
+    args.insert(args.end(), options.begin(), options.end());
+    return args;
+  };
+  expect_user_error(with("estimate", {"--profile", "-1"}), "--profile: -1");
+  expect_user_error(with("program", {"--layer", "-2"}), "--layer: -2");
+  const std::string path = ::testing::TempDir() + "/s60_same_output";
+  std::filesystem::remove(path);
+  expect_user_error(with("estimate", {"--trace", path, "--html", path}), "--trace and --html");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // --profile 0 and --layer 0 stay what they were: no list, the first layer group.
+  EXPECT_EQ(testing::run_tpusim(with("estimate", {"--profile", "0"})).exit_code, 0);
+  EXPECT_EQ(testing::run_tpusim(with("program", {"--layer", "0"})).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace tpusim
