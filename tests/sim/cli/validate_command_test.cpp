@@ -120,6 +120,16 @@ TEST(ValidateCommand, BadFilesExit2) {
                                        "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
                                        "v5e,compile_topology=v5e-8 remat_polcy=full,1.0,\n")},
                     "remat_polcy");
+  // A header without rows printed "median |error| 0.0% ... over 0 rows" (--pairs: an empty
+  // summary), exit 0.
+  expect_user_error(
+      {"validate",
+       write("header_only.csv", "id,hardware,args,measured_step_s,measured_tokens_s_chip\n")},
+      "no rows under the header");
+  expect_user_error({"validate", "--pairs",
+                     write("header_only_pairs.csv",
+                           "id,level,quantity,a,b,measured_a,measured_b,source,config_note\n")},
+                    "no rows under the header");
 }
 
 // validate --pairs on the public pairs: every pair's prediction is the estimate (or op timing) of
