@@ -47,6 +47,26 @@ TEST(TrainCommand, MetricsFileContract) {
   EXPECT_TRUE(saw_eval);
 }
 
+// steps=-1 trained nothing, exit 0: in MaxText it takes learning_rate_schedule_steps, and both -1
+// leave no step count.
+TEST(RedTeam, S60_StepsMinusOneTakesTheScheduleSteps) {
+  const std::string metrics = ::testing::TempDir() + "/s60_steps_minus_one.jsonl";
+  std::filesystem::remove(metrics);
+  const auto result = run_tpusim({"train", "model_name=tiny-llama", "compile_topology=v5e-1",
+                                  "per_device_batch_size=1", "max_target_length=32", "steps=-1",
+                                  "learning_rate_schedule_steps=2", "metrics_file=" + metrics});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(stream, line)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
+  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5e-1", "steps=-1"},
+                    "steps: -1");
+}
+
 // A diverging run (learning rate 1000) reaches a NaN gradient norm at step 4, a step before the
 // loss would show it: training stops with exit 2 naming the step, as MaxText's abort_on_nan_loss
 // does for the loss; switched off, it runs on.
