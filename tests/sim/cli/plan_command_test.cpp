@@ -75,6 +75,17 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
   expect_user_error(toy_with({"--max-per-device-batch", "-1"}), "--max-per-device-batch: -1");
 }
 
+// A trillion tokens, the README's --tokens 1e12, was written "1e+03G tokens".
+TEST(RedTeam, S60_ATrillionTokensIsWritten1T) {
+  const auto result =
+      testing::run_tpusim({"plan", "model_name=llama3.1-8b", "--tokens", "1e12", "--deadline",
+                           "30d", "--hardware", "v6e", "--max-chips", "8"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("trains 1T tokens within 30 days"), std::string::npos) << result.out;
+  const std::string first_line = result.out.substr(0, result.out.find('\n'));
+  EXPECT_EQ(first_line.find("e+"), std::string::npos) << first_line;
+}
+
 TEST(PlanCommand, JsonCsvAndHtml) {
   const std::string prices =
       write_temp("plan_toy_prices.yml",
