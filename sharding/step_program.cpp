@@ -1,5 +1,8 @@
 #include "sharding/step_program.h"
 
+#include <algorithm>
+#include <string>
+
 #include "common/error.h"
 #include "model/batch_plan.h"
 #include "model/config.h"
@@ -18,6 +21,18 @@ Slice slice_from_config(const Config& config) {
     throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
                         " must be -1 (one slice) or a positive count",
                     "compile_topology_num_slices");
+  }
+  // MaxText's num_slices, when set, overrides the slice count at run time (max_utils.py
+  // get_num_slices); tpusim reads compile_topology_num_slices, so the two must agree (num_slices=2
+  // alone estimated one slice, without a word).
+  if (const int64_t runtime_slices = config.get_int("num_slices");
+      runtime_slices != -1 && runtime_slices != std::max<int64_t>(1, num_slices)) {
+    throw UserError("num_slices: " + std::to_string(runtime_slices) +
+                        " but compile_topology_num_slices is " + std::to_string(num_slices) +
+                        ": tpusim takes the slice count from compile_topology_num_slices; set it "
+                        "to " +
+                        std::to_string(runtime_slices) + " (or num_slices=-1)",
+                    "num_slices");
   }
   Slice slice = parse_slice(topology, static_cast<int>(std::max<int64_t>(1, num_slices)));
   // MaxText's `hardware` must agree with the slice: a GPU node runs hardware=gpu (or

@@ -99,5 +99,20 @@ TEST(RedTeam, S60_EmptyOrNullModelNameIsBadInput) {
   EXPECT_EQ(run_tpusim({"config", "model_name=default"}).exit_code, 0);
 }
 
+// MaxText's num_slices overrides the slice count at run time; tpusim estimated one slice for
+// num_slices=2 without a word. It must agree with compile_topology_num_slices.
+TEST(RedTeam, S60_NumSlicesMustAgreeWithCompileTopologyNumSlices) {
+  expect_user_error({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=2"},
+                    "num_slices: 2 but compile_topology_num_slices is -1");
+  EXPECT_EQ(run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4",
+                        "compile_topology_num_slices=2", "num_slices=2"})
+                .exit_code,
+            0);
+  EXPECT_EQ(
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=1"})
+          .exit_code,
+      0);
+}
+
 }  // namespace
 }  // namespace tpusim
