@@ -447,6 +447,15 @@ TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
             (nlohmann::json{"LIBTPU_INIT_ARGS"}));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("xla_oops"), std::string::npos) << bad.err;
+  // --xla-flags wins over the environment where both set a switch (the environment's value won).
+  ::setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_async_collective_fusion=false", 1);
+  const auto both =
+      run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5p-8", "--xla-flags",
+                  "--xla_tpu_enable_async_collective_fusion=true", "--json"});
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_EQ(nlohmann::json::parse(both.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=true"}));
 }
 
 // An XLA flag name that is not UTF-8 could not be printed in --json (nlohmann's dump threw, exit
