@@ -75,6 +75,19 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
   expect_user_error(toy_with({"--max-per-device-batch", "-1"}), "--max-per-device-batch: -1");
 }
 
+// --consumption without --prices changed nothing, exit 0 (explore did not even check the value).
+TEST(RedTeam, S60_ConsumptionNeedsPrices) {
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-4", "--consumption", "foo"},
+      "--consumption: unknown 'foo'");
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-4", "--consumption", "spot"},
+      "--consumption spot: picks a column of --prices");
+  expect_user_error({"plan", "model_name=tiny-llama", "--tokens", "1e9", "--hardware", "v5e",
+                     "--max-chips", "4", "--consumption", "spot"},
+                    "--consumption spot: picks a column of --prices");
+}
+
 // A trillion tokens, the README's --tokens 1e12, was written "1e+03G tokens".
 TEST(RedTeam, S60_ATrillionTokensIsWritten1T) {
   const auto result =
