@@ -58,6 +58,8 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "notakeyvalue"}, "notakeyvalue");
   expect_user_error({"config", "/nonexistent/base.yml"}, "/nonexistent/base.yml");
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
+  // A rule naming an unknown mesh axis: printed with exit 0, though estimate refuses it.
+  expect_user_error({"config", "logical_axis_rules=[[embed, fsdpp]]"}, "'fsdpp'");
 }
 
 // Red-team item 7: 4294967298 slices were narrowed to 2 (exit 0); the slice count is checked
