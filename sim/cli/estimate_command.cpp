@@ -65,7 +65,12 @@ void print_human(const nlohmann::json& json) {
             << json["mfu_peak_tflops_per_device"].get<double>()
             << " TFLOP/s/device (bf16 peak, MaxText's FLOP convention); hardware FLOP "
                "utilization "
-            << 100 * json["hardware_flop_utilization"].get<double>() << "%\n";
+            << 100 * json["hardware_flop_utilization"].get<double>() << "%";
+  if (const double peak = json["hardware_peak_tflops_per_device"].get<double>();
+      std::abs(peak - json["mfu_peak_tflops_per_device"].get<double>()) > 1e-9 * peak) {
+    std::cout << " of " << peak << " (the catalog's peak)";
+  }
+  std::cout << "\n";
   std::cout << "TFLOP/s    " << json["tflops_per_chip"].get<double>() << " per chip, "
             << json["tflops_per_device"].get<double>() << " per device\n";
   std::cout << "tokens/s   " << json["tokens_per_s_per_chip"].get<double>() << " per chip, "
@@ -75,7 +80,9 @@ void print_human(const nlohmann::json& json) {
             << ", hardware (with remat"
             << (json["uncounted_tflop_per_device_step"].get<double>() > 0 ? " and one-hot embedding"
                                                                           : "")
-            << ") " << json["hardware_tflop_per_device_step"].get<double>() << "\n";
+            << ") " << json["hardware_tflop_per_device_step"].get<double>() << ", executed "
+            << json["executed_tflop_per_device_step"].get<double>()
+            << " (hardware FLOP utilization's count: attention as its kernels run it)\n";
   std::cout << "breakdown (s per step)\n";
   for (const auto& [key, value] : json["breakdown"].items()) {
     std::cout << "  " << std::left << std::setw(36) << key << std::right << std::setprecision(4)
