@@ -342,13 +342,14 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
   for (const std::string& text : overrides) {
     const auto [key, value] = split_override(text);
     if (!seen_on_command_line.insert(key).second) {
-      throw UserError("'" + key + "' is given twice on the command line");
+      throw UserError("'" + key + "' is given twice on the command line", key);
     }
     if (preset_keys.contains(key) && !allow_model_override) {
-      throw UserError("'" + key +
-                      "' is set by the model preset (model_name=" + get_string("model_name") +
-                      ") and on the command line; pass override_model_config=true to override it, "
-                      "as in MaxText");
+      throw UserError(
+          "'" + key + "' is set by the model preset (model_name=" + get_string("model_name") +
+              ") and on the command line; pass override_model_config=true to override it, "
+              "as in MaxText",
+          key);
     }
     set(key, value, kCommandLine);
   }

@@ -579,13 +579,15 @@ TEST(EstimateCommand, JsonErrorOfABadValueNamesItsKey) {
       {"remat_policy=fulll", "remat_policy"},
       {"compile_topology=v5p-7", "compile_topology"},
       {"compile_topology=v5e:4x4x4", "compile_topology"},
-      {"compile_topology_num_slices=0", "compile_topology_num_slices"}};
+      {"compile_topology_num_slices=0", "compile_topology_num_slices"},
+      {"base_emb_dim=128", "base_emb_dim"},      // set by tiny-llama's preset
+      {"model_name=tiny-llama", "model_name"}};  // given twice
   for (const auto& [arg, key] : cases) {
     const auto result = run_tpusim({"estimate", "model_name=tiny-llama", arg, "--json"});
     EXPECT_EQ(result.exit_code, 2) << arg << "\n" << result.err;
     const nlohmann::json error = nlohmann::json::parse(result.out);
     EXPECT_EQ(error["key"], key) << arg << ": " << result.out;
-    EXPECT_EQ(error["error"].get<std::string>().rfind(key + ":", 0), 0U) << result.out;
+    EXPECT_NE(error["error"].get<std::string>().find(key), std::string::npos) << result.out;
   }
 }
 
