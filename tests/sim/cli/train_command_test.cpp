@@ -244,6 +244,11 @@ TEST(TrainCommand, TokenCacheAndViewKeysExit2NamingTheKey) {
   std::vector<std::string> directory = with("token_viz_file=/tmp");
   directory.emplace_back("eval_interval=1");
   expect_user_error(directory, "token_viz_file");
+  // One file for the metrics and the page: each evaluation's page replaced the metrics, exit 0.
+  const std::string same = ::testing::TempDir() + "/s60_metrics_and_page";
+  std::vector<std::string> shared = with("token_viz_file=" + same);
+  shared.insert(shared.end(), {"eval_interval=1", "metrics_file=" + same});
+  expect_user_error(shared, "is metrics_file too");
 }
 
 }  // namespace
