@@ -252,5 +252,34 @@ TEST(RedTeam, Item11_ZeroLayersPerPipelineStageIsExit2) {
   }
 }
 
+// --no-branch-and-bound "times every candidate that fits": variants that could not beat another
+// variant of their own per-device program were still skipped and counted as cannot_beat_top (948
+// of tiny-llama's 1100 on v5e-1). The top N stays the same.
+TEST(RedTeam, S60_NoBranchAndBoundTimesEveryFittingCandidate) {
+  const std::vector<std::string> args = {"explore",
+                                         "model_name=tiny-llama",
+                                         "compile_topology=v5e-1",
+                                         "--top",
+                                         "5",
+                                         "--json",
+                                         "--threads",
+                                         "1"};
+  const auto bounded = run_tpusim(args);
+  std::vector<std::string> every = args;
+  every.emplace_back("--no-branch-and-bound");
+  const auto timed = run_tpusim(every);
+  ASSERT_EQ(bounded.exit_code, 0) << bounded.err;
+  ASSERT_EQ(timed.exit_code, 0) << timed.err;
+  const nlohmann::json with_bounds = nlohmann::json::parse(bounded.out);
+  const nlohmann::json without = nlohmann::json::parse(timed.out);
+  EXPECT_FALSE(without["pruned"].contains("cannot_beat_top")) << without["pruned"];
+  EXPECT_GT(without["candidates_evaluated"].get<int64_t>(),
+            with_bounds["candidates_evaluated"].get<int64_t>());
+  ASSERT_EQ(with_bounds["top"].size(), without["top"].size());
+  for (size_t rank = 0; rank < without["top"].size(); ++rank) {
+    EXPECT_EQ(with_bounds["top"][rank]["args"], without["top"][rank]["args"]) << rank;
+  }
+}
+
 }  // namespace
 }  // namespace tpusim
