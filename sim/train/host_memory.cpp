@@ -15,6 +15,7 @@
 #include "model/model_dims.h"
 #include "sharding/device_mesh.h"
 #include "sim/functional/execution_slots.h"
+#include "sim/train/train_settings.h"
 #include "sim/train/trainer.h"
 
 namespace tpusim {
@@ -146,12 +147,10 @@ double attention_scores_bytes(const StepProgram& program, double devices, double
   return largest;
 }
 
-// The attention kernels' Scalar in bytes: double for the fp32 reference
-// (functional_precision=reference without bf16 matmuls), float otherwise (attention.cpp).
-double scalar_bytes(const Config& config) {
-  const bool reference = config.get_string("functional_precision") == "reference" &&
-                         config.get_string("functional_dtype") != "bfloat16_matmul";
-  return reference ? 2 * kFloatBytes : kFloatBytes;
+// The attention kernels' Scalar in bytes: double for the fp32 reference (neither bf16 matmul
+// inputs nor the fast kernels), float otherwise (attention.cpp's run_attention).
+double scalar_bytes(const FunctionalSettings& numerics) {
+  return numerics.bf16_matmul_inputs || numerics.fast_kernels ? kFloatBytes : 2 * kFloatBytes;
 }
 
 }  // namespace
@@ -212,8 +211,9 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
   const auto devices =
       static_cast<double>(std::count(owner.begin(), owner.end(), transport.rank()));
   const MemoryBreakdown device = engine_bytes_per_device(program);
-  const auto threads = static_cast<double>(
-      resolve_num_threads(config.get_int("num_threads"), transport.ranks_on_host()));
+  const FunctionalSettings numerics = FunctionalSettings::from_config(config);
+  const auto threads =
+      static_cast<double>(resolve_num_threads(numerics.num_threads, transport.ranks_on_host()));
   HostMemoryNeed need;
   const double activations =
       device.saved_activations + device.gathered_weights + device.temporaries;
@@ -228,7 +228,7 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
                 {"activations", devices * activations},
                 {"buffers kept for reuse", devices * activations},
                 {"attention scores",
-                 attention_scores_bytes(program, devices, threads, scalar_bytes(config))}};
+                 attention_scores_bytes(program, devices, threads, scalar_bytes(numerics))}};
   if (!options.verify && !options.checkpoint_staging) {
     return need;
   }
