@@ -83,6 +83,24 @@ std::string legal_sizes_hint(const ChipSpec& chip) {
   return hint;
 }
 
+// The shapes an explicit shape may take: the listed small ones, and on a cube rule every dim a
+// multiple of 4 ("v5p:16x16x35" was refused with "legal sizes: ... or a multiple of 128",
+// though its 17920 cores are one).
+std::string legal_shapes_hint(const ChipSpec& chip) {
+  std::string hint;
+  for (const std::vector<int>& shape : chip.slice.small_shapes) {
+    std::string text;
+    for (const int dim : shape) {
+      text += (text.empty() ? "" : "x") + std::to_string(dim);
+    }
+    hint += (hint.empty() ? "" : ", ") + text;
+  }
+  if (chip.slice.shape_rule == ShapeRule::kCube) {
+    hint += ", or every dim a multiple of " + std::to_string(kCubeEdge);
+  }
+  return hint;
+}
+
 }  // namespace
 
 std::vector<int> shape_for_chip_count(const ChipSpec& chip, int chips, std::string_view name) {
@@ -188,7 +206,7 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
     if (slice.shape.size() != rank || !(listed || cube_ok)) {
       throw UserError("compile_topology: '" + std::string(name) + "' is not a legal " + chip->name +
                           " shape (" + std::to_string(rank) +
-                          "D; legal sizes: " + legal_sizes_hint(*chip) + ")",
+                          "D; legal shapes: " + legal_shapes_hint(*chip) + ")",
                       "compile_topology");
     }
     // Checked before it is narrowed to the int chip count: an overflowing product wrapped to 0
