@@ -119,6 +119,20 @@ TEST(CompareCommand, ASideKeyReplacesTheSharedOne) {
       << table.out;
 }
 
+// A side's config file beats the shared words too: --a a.yml setting per_device_batch_size was
+// overridden by the shared per_device_batch_size=2 (a command-line key beats a file), silently.
+TEST(CompareCommand, ASideConfigFileReplacesTheSharedKey) {
+  const std::string file = ::testing::TempDir() + "/compare_side_batch.yml";
+  std::ofstream(file) << "per_device_batch_size: 1\n";
+  const auto result =
+      run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                  "per_device_batch_size=2", "--a", file, "--b", "remat_policy=full", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json comparison = nlohmann::json::parse(result.out);
+  EXPECT_EQ(comparison["a"]["estimate"]["global_batch_sequences"], 4);
+  EXPECT_EQ(comparison["b"]["estimate"]["global_batch_sequences"], 8);
+}
+
 TEST(CompareCommand, BadInputNamesTheSide) {
   expect_user_error({"compare", "model_name=llama2-7b", "--a", "remat_policy=full"}, "--b");
   expect_user_error({"compare", "model_name=llama2-7b", "compile_topology=v5p-32", "--a",
