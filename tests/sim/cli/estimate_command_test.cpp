@@ -608,6 +608,17 @@ TEST(RedTeam, S60_ContradictoryOrNegativeOutputOptionsAreBadInput) {
   std::filesystem::remove(path);
   expect_user_error(with("estimate", {"--trace", path, "--html", path}), "--trace and --html");
   EXPECT_FALSE(std::filesystem::exists(path));
+  // --profile with --json was dropped: the JSON has the same ops as the text's list.
+  const auto listed = testing::run_tpusim(with("estimate", {"--profile", "3"}));
+  const auto json = testing::run_tpusim(with("estimate", {"--profile", "3", "--json"}));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json profile = nlohmann::json::parse(json.out)["profile"];
+  ASSERT_EQ(profile.size(), 3U);
+  for (const auto& op : profile) {
+    EXPECT_NE(listed.out.find(op["region"].get<std::string>() + ": " + op["op"].get<std::string>()),
+              std::string::npos)
+        << op;
+  }
   // --profile 0 and --layer 0 stay what they were: no list, the first layer group.
   EXPECT_EQ(testing::run_tpusim(with("estimate", {"--profile", "0"})).exit_code, 0);
   EXPECT_EQ(testing::run_tpusim(with("program", {"--layer", "0"})).exit_code, 0);
