@@ -98,6 +98,10 @@ TEST(TrainCommand, BadInputExits2) {
                      "ici_fsdp_parallelism=1", "ici_data_parallelism=-1"},
                     "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
+  // A file where --dump writes a directory: refused before the run, naming --dump (it failed
+  // after the first step as "cannot create checkpoint directory").
+  expect_user_error({"train", "model_name=tiny-llama", "--dump", "/etc/passwd"},
+                    "--dump: '/etc/passwd' exists and is not a directory");
   // Inputs that are not regular files fail at once instead of failing late (a directory) or
   // never ending (/dev/zero); a value that is not UTF-8 cannot reach the JSON output.
   expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/tmp"},
