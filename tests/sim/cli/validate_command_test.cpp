@@ -246,5 +246,22 @@ TEST(ValidatePairs, BadPairsExit2) {
   expect_user_error({"validate"}, "--pairs");
 }
 
+// A CSV saved by a spreadsheet starts with a UTF-8 byte order mark: it was read into the first
+// column's name ("missing column 'id'", exit 2, naming a column the file has).
+TEST(RedTeam, S60_ACsvWithAByteOrderMarkReadsAsWithout) {
+  const std::string row =
+      "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,v5e,model_name=tiny-llama "
+      "compile_topology=v5e-4,1.0,\n";
+  const std::string plain = ::testing::TempDir() + "/s60_plain.csv";
+  const std::string marked = ::testing::TempDir() + "/s60_bom.csv";
+  std::ofstream(plain) << row;
+  std::ofstream(marked) << "\xEF\xBB\xBF" << row;
+  const auto expected = run_tpusim({"validate", plain, "--json"});
+  const auto result = run_tpusim({"validate", marked, "--json"});
+  ASSERT_EQ(expected.exit_code, 0) << expected.err;
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["rows"], nlohmann::json::parse(expected.out)["rows"]);
+}
+
 }  // namespace
 }  // namespace tpusim
