@@ -35,12 +35,12 @@ TEST(EstimateCommand, OutOfMemorySaysSoFirstAndRequireFitExits3) {
   EXPECT_TRUE(first_line(plain.out).starts_with("OUT OF MEMORY: peak HBM per device "))
       << plain.out;
   std::vector<std::string> required = kOutOfMemory;
-  required.push_back("--require-fit");
+  required.emplace_back("--require-fit");
   const auto refused = run_tpusim(required);
   EXPECT_EQ(refused.exit_code, 3) << refused.err;
   EXPECT_EQ(refused.out, plain.out);  // the report is still printed
   EXPECT_NE(refused.err.find("--require-fit: OUT OF MEMORY"), std::string::npos) << refused.err;
-  required.push_back("--json");
+  required.emplace_back("--json");
   const auto json = run_tpusim(required);
   EXPECT_EQ(json.exit_code, 3);
   EXPECT_FALSE(nlohmann::json::parse(json.out)["fits"].get<bool>());
@@ -67,7 +67,7 @@ TEST(CompareCommand, EachSideIsItsEstimate) {
     std::vector<std::string> estimate_args = {"estimate"};
     estimate_args.insert(estimate_args.end(), shared.begin(), shared.end());
     estimate_args.insert(estimate_args.end(), extra.begin(), extra.end());
-    estimate_args.push_back("--json");
+    estimate_args.emplace_back("--json");
     const auto estimate = run_tpusim(estimate_args);
     ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
     estimates[side] = nlohmann::json::parse(estimate.out);

@@ -56,7 +56,7 @@ TEST(ExploreCommand, JsonContractAndTheArgsReproduceTheEstimate) {
   for (std::string word; words >> word;) {
     estimate_args.push_back(word);
   }
-  estimate_args.push_back("--json");
+  estimate_args.emplace_back("--json");
   const auto estimate = run_tpusim(estimate_args);
   ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
   const nlohmann::json reproduced = nlohmann::json::parse(estimate.out);
@@ -148,7 +148,7 @@ TEST(ExploreCommand, CsvAndHumanOutput) {
                                          "--top",
                                          "2"};
   auto csv_args = base;
-  csv_args.push_back("--csv");
+  csv_args.emplace_back("--csv");
   const auto csv = run_tpusim(csv_args);
   ASSERT_EQ(csv.exit_code, 0) << csv.err;
   EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 3) << csv.out;
