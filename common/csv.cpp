@@ -23,6 +23,12 @@ size_t CsvTable::column(std::string_view name) const {
 }
 
 CsvTable parse_csv(std::string_view text, std::string_view origin) {
+  // A UTF-8 byte order mark, as spreadsheets save CSV, is not part of the first column's name
+  // (with it, "missing column 'id'" named a column the file has).
+  constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+  if (text.starts_with(kByteOrderMark)) {
+    text.remove_prefix(kByteOrderMark.size());
+  }
   CsvTable table;
   table.origin = std::string(origin);
   std::vector<std::string> row;

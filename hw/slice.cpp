@@ -83,6 +83,24 @@ std::string legal_sizes_hint(const ChipSpec& chip) {
   return hint;
 }
 
+// The shapes an explicit shape may take: the listed small ones, and on a cube rule every dim a
+// multiple of 4 ("v5p:16x16x35" was refused with "legal sizes: ... or a multiple of 128",
+// though its 17920 cores are one).
+std::string legal_shapes_hint(const ChipSpec& chip) {
+  std::string hint;
+  for (const std::vector<int>& shape : chip.slice.small_shapes) {
+    std::string text;
+    for (const int dim : shape) {
+      text += (text.empty() ? "" : "x") + std::to_string(dim);
+    }
+    hint += (hint.empty() ? "" : ", ") + text;
+  }
+  if (chip.slice.shape_rule == ShapeRule::kCube) {
+    hint += ", or every dim a multiple of " + std::to_string(kCubeEdge);
+  }
+  return hint;
+}
+
 }  // namespace
 
 std::vector<int> shape_for_chip_count(const ChipSpec& chip, int chips, std::string_view name) {
@@ -99,7 +117,8 @@ std::vector<int> shape_for_chip_count(const ChipSpec& chip, int chips, std::stri
     return shape;
   }
   throw UserError("compile_topology: '" + std::string(name) + "' is not a " + chip.name +
-                  " slice size (legal sizes: " + legal_sizes_hint(chip) + ")");
+                      " slice size (legal sizes: " + legal_sizes_hint(chip) + ")",
+                  "compile_topology");
 }
 
 std::vector<bool> wraparound_for_shape(const ChipSpec& chip, const std::vector<int>& shape) {
@@ -128,7 +147,8 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
   constexpr int kMaxSlices = 10000;
   if (num_slices < 1 || num_slices > kMaxSlices) {
     throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
-                    " must be from 1 to " + std::to_string(kMaxSlices));
+                        " must be from 1 to " + std::to_string(kMaxSlices),
+                    "compile_topology_num_slices");
   }
   // A GPU node is named alone ("a3"): one node of the listed GPUs, nodes over the fabric.
   if (const ChipSpec* node = catalog.chip_for_slice_prefix(name);
@@ -152,18 +172,21 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
   const size_t split = explicit_shape ? colon : dash;
   if (name.empty() || split == std::string_view::npos || split == 0 || split + 1 >= name.size()) {
     throw UserError("compile_topology: '" + std::string(name) +
-                    "' is not a slice name like v5p-128, v6e-256, tpu7x-512, v5p:4x4x8 or a3");
+                        "' is not a slice name like v5p-128, v6e-256, tpu7x-512, v5p:4x4x8 or a3",
+                    "compile_topology");
   }
   const std::string_view prefix = name.substr(0, split);
   const ChipSpec* chip = catalog.chip_for_slice_prefix(prefix);
   if (chip != nullptr && chip->slice.shape_rule == ShapeRule::kSwitched) {
     throw UserError("compile_topology: '" + std::string(name) + "': a GPU node is named alone ('" +
-                    std::string(prefix) +
-                    "'); give the number of nodes as compile_topology_num_slices");
+                        std::string(prefix) +
+                        "'); give the number of nodes as compile_topology_num_slices",
+                    "compile_topology");
   }
   if (chip == nullptr) {
     throw UserError("compile_topology: unknown TPU generation '" + std::string(prefix) + "' in '" +
-                    std::string(name) + "'" + did_you_mean(prefix, catalog.slice_prefixes()));
+                        std::string(name) + "'" + did_you_mean(prefix, catalog.slice_prefixes()),
+                    "compile_topology");
   }
 
   Slice slice;
@@ -182,18 +205,20 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
         chip->slice.shape_rule == ShapeRule::kCube && is_full_cube_shape(slice.shape);
     if (slice.shape.size() != rank || !(listed || cube_ok)) {
       throw UserError("compile_topology: '" + std::string(name) + "' is not a legal " + chip->name +
-                      " shape (" + std::to_string(rank) +
-                      "D; legal sizes: " + legal_sizes_hint(*chip) + ")");
+                          " shape (" + std::to_string(rank) +
+                          "D; legal shapes: " + legal_shapes_hint(*chip) + ")",
+                      "compile_topology");
     }
     // Checked before it is narrowed to the int chip count: an overflowing product wrapped to 0
     // chips (a division by zero below) or to a negative count.
     const long long chips = checked_product(slice.shape);
     if (chips > static_cast<long long>(chip->max_slice_chips)) {
       throw UserError("compile_topology: '" + std::string(name) + "' has " +
-                      (chips == std::numeric_limits<long long>::max() ? std::string("too many")
-                                                                      : std::to_string(chips)) +
-                      " chips, more than the largest " + chip->name + " slice (" +
-                      std::to_string(static_cast<long long>(chip->max_slice_chips)) + " chips)");
+                          (chips == std::numeric_limits<long long>::max() ? std::string("too many")
+                                                                          : std::to_string(chips)) +
+                          " chips, more than the largest " + chip->name + " slice (" +
+                          std::to_string(static_cast<long long>(chip->max_slice_chips)) + " chips)",
+                      "compile_topology");
     }
     slice.chips = static_cast<int>(chips);
   } else {
@@ -202,29 +227,33 @@ Slice parse_slice(std::string_view name, int num_slices, const HardwareCatalog& 
     if (error != std::errc() || ptr != rest.data() + rest.size() || count <= 0 ||
         count > std::numeric_limits<int>::max()) {
       throw UserError("compile_topology: '" + std::string(name) + "': '" + std::string(rest) +
-                      "' is not a positive core or chip count");
+                          "' is not a positive core or chip count",
+                      "compile_topology");
     }
     long long chips = count;
     if (chip->slice.name_counts == SliceNameUnit::kTensorCores) {
       const auto cores_per_chip = static_cast<long long>(chip->tensorcores_per_chip);
       if (count % cores_per_chip != 0) {
         throw UserError("compile_topology: '" + std::string(name) +
-                        "' counts TensorCores and must be a multiple of " +
-                        std::to_string(cores_per_chip));
+                            "' counts TensorCores and must be a multiple of " +
+                            std::to_string(cores_per_chip),
+                        "compile_topology");
       }
       chips = count / cores_per_chip;
     }
     if (chips > static_cast<long long>(chip->max_slice_chips)) {
       throw UserError("compile_topology: '" + std::string(name) + "' has " + std::to_string(chips) +
-                      " chips, more than the largest " + chip->name + " slice (" +
-                      std::to_string(static_cast<long long>(chip->max_slice_chips)) + " chips)");
+                          " chips, more than the largest " + chip->name + " slice (" +
+                          std::to_string(static_cast<long long>(chip->max_slice_chips)) + " chips)",
+                      "compile_topology");
     }
     slice.shape = shape_for_chip_count(*chip, static_cast<int>(chips), name);
     slice.chips = static_cast<int>(chips);
   }
   if (slice.chips > static_cast<int>(chip->max_slice_chips)) {
     throw UserError("compile_topology: '" + std::string(name) + "' is larger than the largest " +
-                    chip->name + " slice");
+                        chip->name + " slice",
+                    "compile_topology");
   }
   slice.wraparound = wraparound_for_shape(*chip, slice.shape);
   slice.chips_per_host = std::min(slice.chips, static_cast<int>(chip->chips_per_host));

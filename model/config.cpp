@@ -197,10 +197,11 @@ Config Config::load_files(const std::vector<std::string>& paths,
   }
   // Find the model preset the same way MaxText does: the command line's model_name wins, then
   // the last file that names one, then base.yml's.
-  std::string model_name;
+  std::optional<std::string> model_name;
   for (const ConfigFileLayer& layer : files) {
-    if (layer.root["model_name"] && layer.root["model_name"].IsScalar()) {
-      model_name = layer.root["model_name"].Scalar();
+    if (const YAML::Node name = layer.root["model_name"];
+        name && (name.IsScalar() || name.IsNull())) {
+      model_name = name.IsNull() ? "" : name.Scalar();
     }
   }
   for (const std::string& text : overrides) {
@@ -209,23 +210,31 @@ Config Config::load_files(const std::vector<std::string>& paths,
       model_name = value;
     }
   }
+  // MaxText loads configs/models/<model_name>.yml for any name but "default": an empty or null
+  // one is no model, not the default (tpusim estimated the default model, labelled "").
+  if (model_name && model_name->empty()) {
+    throw UserError(
+        "model_name: empty; name a model preset (e.g. model_name=llama3.1-8b) or "
+        "model_name=default",
+        "model_name");
+  }
   const std::string last_path = paths.empty() ? "" : paths.back();
   std::map<std::string, std::string> presets;
-  if (!model_name.empty() && model_name != kDefaultModelName) {
-    const std::string beside = preset_path_beside(last_path, model_name);
-    const std::string embedded_path = "configs/models/" + model_name + ".yml";
+  if (model_name && *model_name != kDefaultModelName) {
+    const std::string beside = preset_path_beside(last_path, *model_name);
+    const std::string embedded_path = "configs/models/" + *model_name + ".yml";
     if (!beside.empty() && std::filesystem::exists(beside)) {
       presets[beside] = read_config_text(beside);
     } else if (const auto text = embedded_file(embedded_path)) {
       presets[embedded_path] = std::string(*text);
-    } else if (const std::string missing = unbuilt_preset_reason(model_name); !missing.empty()) {
-      throw UserError("model_name: '" + model_name +
+    } else if (const std::string missing = unbuilt_preset_reason(*model_name); !missing.empty()) {
+      throw UserError("model_name: '" + *model_name +
                           "' is a MaxText preset tpusim does not build yet: " + missing +
                           " (configs/maxtext/presets_not_built.tsv lists these presets)",
                       "model_name");
     } else {
-      throw UserError("model_name: unknown model '" + model_name + "'" +
-                          did_you_mean(model_name, available_model_presets(last_path)),
+      throw UserError("model_name: unknown model '" + *model_name + "'" +
+                          did_you_mean(*model_name, available_model_presets(last_path)),
                       "model_name");
     }
   }
@@ -333,13 +342,14 @@ void Config::finish_loading(const std::map<std::string, std::string>& presets,
   for (const std::string& text : overrides) {
     const auto [key, value] = split_override(text);
     if (!seen_on_command_line.insert(key).second) {
-      throw UserError("'" + key + "' is given twice on the command line");
+      throw UserError("'" + key + "' is given twice on the command line", key);
     }
     if (preset_keys.contains(key) && !allow_model_override) {
-      throw UserError("'" + key +
-                      "' is set by the model preset (model_name=" + get_string("model_name") +
-                      ") and on the command line; pass override_model_config=true to override it, "
-                      "as in MaxText");
+      throw UserError(
+          "'" + key + "' is set by the model preset (model_name=" + get_string("model_name") +
+              ") and on the command line; pass override_model_config=true to override it, "
+              "as in MaxText",
+          key);
     }
     set(key, value, kCommandLine);
   }

@@ -223,7 +223,8 @@ void check_enum(const Config& config, const EnumRule& rule) {
   }
   if (std::find(rule.values.begin(), rule.values.end(), value) == rule.values.end()) {
     throw UserError(rule.key + ": '" + value + "' is not one of " + join(rule.values) +
-                    did_you_mean(value, rule.values));
+                        did_you_mean(value, rule.values),
+                    rule.key);
   }
 }
 
@@ -232,8 +233,9 @@ void check_range(const Config& config, const RangeRule& rule) {
   const bool too_small = rule.min_exclusive ? value <= rule.min : value < rule.min;
   if (too_small || value > rule.max) {
     throw UserError(rule.key + ": " + format_number(value) + " is out of range (" +
-                    (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) +
-                    " and <= " + format_number(rule.max) + ")");
+                        (rule.min_exclusive ? "> " : ">= ") + format_number(rule.min) +
+                        " and <= " + format_number(rule.max) + ")",
+                    rule.key);
   }
 }
 
@@ -290,7 +292,8 @@ void check_cross_key_rules(const Config& config) {
   if (!is_power_of_two(config.get_int("global_parameter_scale"))) {
     throw UserError(
         "global_parameter_scale: " + std::to_string(config.get_int("global_parameter_scale")) +
-        " must be a power of two (MaxText get_individual_scales)");
+            " must be a power of two (MaxText get_individual_scales)",
+        "global_parameter_scale");
   }
   if (config.get_int("base_moe_mlp_dim") == 0) {
     throw UserError("base_moe_mlp_dim: 0 is out of range (-1 for base_mlp_dim, or >= 1)",
@@ -309,16 +312,19 @@ void check_cross_key_rules(const Config& config) {
   const int64_t top_k = config.get_int("num_experts_per_tok");
   if (top_k > experts) {
     throw UserError("num_experts_per_tok: " + std::to_string(top_k) + " exceeds num_experts (" +
-                    std::to_string(experts) + ")");
+                        std::to_string(experts) + ")",
+                    "num_experts_per_tok");
   }
   if (config.get_int("first_num_dense_layers") > config.get_int("base_num_decoder_layers")) {
-    throw UserError("first_num_dense_layers: exceeds base_num_decoder_layers");
+    throw UserError("first_num_dense_layers: exceeds base_num_decoder_layers",
+                    "first_num_dense_layers");
   }
   static const std::vector<std::string> kActivations = {"silu",    "linear", "relu",     "gelu",
                                                         "sigmoid", "swish",  "gelu_tanh"};
   const std::vector<std::string> activations = config.get_string_list("mlp_activations");
   if (activations.empty()) {
-    throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]");
+    throw UserError("mlp_activations: must name at least one activation, e.g. [silu, linear]",
+                    "mlp_activations");
   }
   // One activation per gated branch of the MLP (MaxText's MlpBlock makes a wi_<i> matmul for
   // each): real models use one or two. Past kMaxMlpActivations the list is a mistake, and 10,000
@@ -332,7 +338,8 @@ void check_cross_key_rules(const Config& config) {
   for (const std::string& activation : activations) {
     if (std::find(kActivations.begin(), kActivations.end(), activation) == kActivations.end()) {
       throw UserError("mlp_activations: '" + activation + "' is not one of " + join(kActivations) +
-                      did_you_mean(activation, kActivations));
+                          did_you_mean(activation, kActivations),
+                      "mlp_activations");
     }
   }
   if (decoder_family(parse_decoder_block(config.get_string("decoder_block")))
@@ -364,7 +371,8 @@ void check_cross_key_rules(const Config& config) {
   if (config.get_float("per_device_batch_size") * sequence < 1.0) {
     throw UserError(
         "per_device_batch_size: " + format_number(config.get_float("per_device_batch_size")) +
-        " x max_target_length is less than one token per device");
+            " x max_target_length is less than one token per device",
+        "per_device_batch_size");
   }
 }
 

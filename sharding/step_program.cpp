@@ -1,5 +1,8 @@
 #include "sharding/step_program.h"
 
+#include <algorithm>
+#include <string>
+
 #include "common/error.h"
 #include "model/batch_plan.h"
 #include "model/config.h"
@@ -10,12 +13,26 @@ namespace tpusim {
 Slice slice_from_config(const Config& config) {
   const std::string topology = config.get_string("compile_topology");
   if (topology.empty()) {
-    throw UserError("compile_topology: no slice given (e.g. compile_topology=v5p-128)");
+    throw UserError("compile_topology: no slice given (e.g. compile_topology=v5p-128)",
+                    "compile_topology");
   }
   const int64_t num_slices = config.get_int("compile_topology_num_slices");
   if (num_slices == 0 || num_slices < -1) {
     throw UserError("compile_topology_num_slices: " + std::to_string(num_slices) +
-                    " must be -1 (one slice) or a positive count");
+                        " must be -1 (one slice) or a positive count",
+                    "compile_topology_num_slices");
+  }
+  // MaxText's num_slices, when set, overrides the slice count at run time (max_utils.py
+  // get_num_slices); tpusim reads compile_topology_num_slices, so the two must agree (num_slices=2
+  // alone estimated one slice, without a word).
+  if (const int64_t runtime_slices = config.get_int("num_slices");
+      runtime_slices != -1 && runtime_slices != std::max<int64_t>(1, num_slices)) {
+    throw UserError("num_slices: " + std::to_string(runtime_slices) +
+                        " but compile_topology_num_slices is " + std::to_string(num_slices) +
+                        ": tpusim takes the slice count from compile_topology_num_slices; set it "
+                        "to " +
+                        std::to_string(runtime_slices) + " (or num_slices=-1)",
+                    "num_slices");
   }
   Slice slice = parse_slice(topology, static_cast<int>(std::max<int64_t>(1, num_slices)));
   // MaxText's `hardware` must agree with the slice: a GPU node runs hardware=gpu (or
@@ -67,8 +84,9 @@ StepProgram build_step_program(const Config& config, const MechanismSet& mechani
       plan_batch(per_device, result.slice.total_devices(), settings.gradient_accumulation_steps);
   if (batch.microbatch < 1) {
     throw UserError("per_device_batch_size: " + std::to_string(per_device) + " x " +
-                    std::to_string(result.slice.total_devices()) +
-                    " devices is less than one sequence per step");
+                        std::to_string(result.slice.total_devices()) +
+                        " devices is less than one sequence per step",
+                    "per_device_batch_size");
   }
   result.microbatch = batch.microbatch;
   result.accumulation_steps = batch.accumulation_steps;

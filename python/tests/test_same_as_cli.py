@@ -52,6 +52,18 @@ def test_a_dict_with_overrides_is_the_same_config_as_the_cli_arguments(cli):
     assert estimate.mechanisms_off == expected["mechanisms_off"]
 
 
+def test_an_override_replaces_the_same_key_of_the_config(cli):
+    """overrides are applied last: a key the config dict (or a key=value string) also sets takes
+    the override's value, as the CLI's one command line with that value."""
+    code, expected = cli(["estimate", "model_name=llama3.1-8b", "compile_topology=v5p-16",
+                          "per_device_batch_size=1", "--json"])
+    assert code == 0, expected
+    base = {"model_name": "llama3.1-8b", "compile_topology": "v5p-8", "per_device_batch_size": 2}
+    for config in (base, [f"{key}={value}" for key, value in base.items()]):
+        estimate = tpusim.estimate(config, compile_topology="v5p-16", per_device_batch_size=1)
+        assert differences(expected, estimate.to_dict()) == []
+
+
 def test_a_yaml_file_then_overrides_as_on_the_command_line(cli, tmp_path):
     config = tmp_path / "run.yml"
     config.write_text("model_name: llama2-7b\ncompile_topology: v5e-16\nper_device_batch_size: 1\n")

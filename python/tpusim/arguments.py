@@ -23,9 +23,14 @@ INT64_MAX = 2**63 - 1
 
 
 def command_args(config, overrides):
-    """argv tokens (bytes) for `config` followed by `overrides` (a dict)."""
+    """argv tokens (bytes) for `config` followed by `overrides` (a dict). An override replaces
+    the config's `key=value` of the same key (applied last, it wins; the CLI refuses a key given
+    twice on one command line)."""
     tokens = []
     _add_config(config, tokens, depth=0)
+    replaced = {key.encode("utf-8", "surrogateescape") + b"=" for key in overrides
+                if isinstance(key, str)}
+    tokens = [token for token in tokens if token[:token.find(b"=") + 1] not in replaced]
     _add_mapping(overrides, tokens)
     return tokens
 

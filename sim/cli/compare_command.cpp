@@ -10,11 +10,17 @@
 //       --b "remat_policy=save_qkv_proj per_device_batch_size=2"   (one command line)
 #include <iostream>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/mechanisms.h"
 #include "model/config.h"
+#include "model/config_files.h"
 #include "sim/cli/command_args.h"
 #include "sim/cli/commands.h"
 #include "sim/cli/table_values.h"
@@ -35,12 +41,46 @@ struct CompareRequest {
   std::string xla_flags;
 };
 
-// One side's arguments: the shared ones, then its own.
-std::vector<std::string> side_args(const CompareRequest& request, const std::string& own) {
-  std::vector<std::string> args = request.shared;
-  for (const std::string& word : split_words(own)) {
-    args.push_back(word);
+// The key of a key=value word, "" for a config file.
+std::string override_key(const std::string& word) {
+  const size_t equals = word.find('=');
+  return equals == std::string::npos ? "" : word.substr(0, equals);
+}
+
+// The keys a side sets: its key=value words' and the top-level keys of its config files (a file
+// that cannot be read or parsed is left to the load, which names it).
+std::set<std::string> side_keys(const std::vector<std::string>& words) {
+  std::set<std::string> keys;
+  for (const std::string& word : words) {
+    if (const std::string key = override_key(word); !key.empty()) {
+      keys.insert(key);
+      continue;
+    }
+    try {
+      const YAML::Node root = YAML::Load(config_internal::read_config_text(word));
+      for (const auto& item : root.IsMap() ? root : YAML::Node()) {
+        keys.insert(item.first.as<std::string>());
+      }
+    } catch (const UserError&) {        // unreadable: load_command_config says so
+    } catch (const YAML::Exception&) {  // malformed: likewise
+    }
   }
+  return keys;
+}
+
+// One side's arguments: the shared ones, then its own; a key the side sets (in a word or a
+// config file) replaces the shared word of that key: the later key wins, where one command line
+// would be "given twice" and a shared word would beat the side's file.
+std::vector<std::string> side_args(const CompareRequest& request, const std::string& own) {
+  const std::vector<std::string> words = split_words(own);
+  const std::set<std::string> keys = side_keys(words);
+  std::vector<std::string> args;
+  for (const std::string& word : request.shared) {
+    if (!keys.contains(override_key(word))) {
+      args.push_back(word);
+    }
+  }
+  args.insert(args.end(), words.begin(), words.end());
   return args;
 }
 

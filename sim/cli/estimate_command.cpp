@@ -3,10 +3,13 @@
 // a fits/OOM verdict. A run that does not fit says so on the first line (the step time of a run
 // that would not start is no answer); under --require-fit it then exits 3 (2 stays bad input).
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -63,7 +66,12 @@ void print_human(const nlohmann::json& json) {
             << json["mfu_peak_tflops_per_device"].get<double>()
             << " TFLOP/s/device (bf16 peak, MaxText's FLOP convention); hardware FLOP "
                "utilization "
-            << 100 * json["hardware_flop_utilization"].get<double>() << "%\n";
+            << 100 * json["hardware_flop_utilization"].get<double>() << "%";
+  if (const double peak = json["hardware_peak_tflops_per_device"].get<double>();
+      std::abs(peak - json["mfu_peak_tflops_per_device"].get<double>()) > 1e-9 * peak) {
+    std::cout << " of " << peak << " (the catalog's peak)";
+  }
+  std::cout << "\n";
   std::cout << "TFLOP/s    " << json["tflops_per_chip"].get<double>() << " per chip, "
             << json["tflops_per_device"].get<double>() << " per device\n";
   std::cout << "tokens/s   " << json["tokens_per_s_per_chip"].get<double>() << " per chip, "
@@ -73,7 +81,9 @@ void print_human(const nlohmann::json& json) {
             << ", hardware (with remat"
             << (json["uncounted_tflop_per_device_step"].get<double>() > 0 ? " and one-hot embedding"
                                                                           : "")
-            << ") " << json["hardware_tflop_per_device_step"].get<double>() << "\n";
+            << ") " << json["hardware_tflop_per_device_step"].get<double>() << ", executed "
+            << json["executed_tflop_per_device_step"].get<double>()
+            << " (hardware FLOP utilization's count: attention as its kernels run it)\n";
   std::cout << "breakdown (s per step)\n";
   for (const auto& [key, value] : json["breakdown"].items()) {
     std::cout << "  " << std::left << std::setw(36) << key << std::right << std::setprecision(4)
@@ -98,6 +108,49 @@ void print_human(const nlohmann::json& json) {
               << note["dim"].get<std::string>() << ": " << note["size"] << " over "
               << note["shards"] << " shards -> " << note["padded_to"] << "\n";
   }
+}
+
+// --trace and --html naming one file wrote the page over the trace; a negative --profile listed
+// nothing, silently.
+void check_output_options(const std::string& trace_path, const std::string& html_path,
+                          int profile) {
+  if (!trace_path.empty() && !html_path.empty() &&
+      std::filesystem::weakly_canonical(trace_path) ==
+          std::filesystem::weakly_canonical(html_path)) {
+    throw UserError("--trace and --html both name '" + html_path + "': give each its own file");
+  }
+  if (profile < 0) {
+    throw UserError("--profile: " + std::to_string(profile) +
+                    " is negative (the number of costliest ops to list)");
+  }
+}
+
+// The `count` costliest compute ops, as --profile lists them.
+void print_profile(const std::vector<OpProfile>& ops, int count) {
+  std::cout << "top ops (seconds per step, calls, bound)\n";
+  for (size_t index = 0; index < ops.size() && static_cast<int>(index) < count; ++index) {
+    // Calls per step are whole in a program without fractional repeats; %g keeps the
+    // exceptions readable (a layer count divided by a scan group) without trailing zeros.
+    std::ostringstream calls;
+    calls << "x" << std::defaultfloat << std::setprecision(6) << ops[index].calls;
+    std::cout << "  " << std::fixed << std::setw(9) << std::setprecision(4) << ops[index].seconds
+              << "  " << std::left << std::setw(7) << calls.str() << std::setw(5)
+              << ops[index].bound << std::right << " " << ops[index].region << ": " << ops[index].op
+              << "\n";
+  }
+}
+
+// The same ops for --json: [{"region", "op", "bound", "seconds", "calls"}, ...].
+nlohmann::json profile_json(const std::vector<OpProfile>& ops, int count) {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t index = 0; index < ops.size() && static_cast<int>(index) < count; ++index) {
+    list.push_back({{"region", ops[index].region},
+                    {"op", ops[index].op},
+                    {"bound", ops[index].bound},
+                    {"seconds", ops[index].seconds},
+                    {"calls", ops[index].calls}});
+  }
+  return list;
 }
 
 }  // namespace
@@ -138,48 +191,44 @@ void register_estimate_command(CLI::App& app) {
       "Write a self-contained HTML page: summary, breakdown, HBM, timeline by lane");
   command->add_flag("--require-fit", *require_fit,
                     "Exit 3 (after the report) when peak HBM per device exceeds the usable HBM");
-  command->add_option("--profile", *profile, "Also list the N compute ops that take the most time");
+  command->add_option(
+      "--profile", *profile,
+      "Also list the N compute ops that take the most time (--json: as \"profile\")");
   command->add_option(
       "--xla-flags", *xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
   add_without_option(*command, *without);
-  command->callback([args, json_output, trace_path, html_path, profile, xla_flags, without,
-                     require_fit] {
-    const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);
-    const Estimate& estimate = run.estimate;
-    if (!trace_path->empty()) {
-      write_file_atomically(*trace_path, chrome_trace(estimate));
-    }
-    if (!html_path->empty()) {
-      std::string command_line = "tpusim estimate";
-      for (const std::string& arg : *args) {
-        command_line += " " + arg;
-      }
-      write_file_atomically(*html_path, step_html(estimate, command_line));
-    }
-    if (*json_output) {
-      std::cout << run.json.dump(2) << "\n";
-    } else {
-      print_human(estimate.json);
-    }
-    if (*profile > 0 && !*json_output) {
-      std::cout << "top ops (seconds per step, calls, bound)\n";
-      const auto& ops = estimate.timing.profile;
-      for (size_t index = 0; index < ops.size() && static_cast<int>(index) < *profile; ++index) {
-        // Calls per step are whole in a program without fractional repeats; %g keeps the
-        // exceptions readable (a layer count divided by a scan group) without trailing zeros.
-        std::ostringstream calls;
-        calls << "x" << std::defaultfloat << std::setprecision(6) << ops[index].calls;
-        std::cout << "  " << std::fixed << std::setw(9) << std::setprecision(4)
-                  << ops[index].seconds << "  " << std::left << std::setw(7) << calls.str()
-                  << std::setw(5) << ops[index].bound << std::right << " " << ops[index].region
-                  << ": " << ops[index].op << "\n";
-      }
-    }
-    if (*require_fit && !estimate.memory.fits) {
-      throw VerifyFailure("--require-fit: " + out_of_memory_verdict(estimate.json));
-    }
-  });
+  command->callback(
+      [args, json_output, trace_path, html_path, profile, xla_flags, without, require_fit] {
+        check_output_options(*trace_path, *html_path, *profile);
+        const EstimateRun run = run_estimate({*args, *xla_flags, *without}, std::cerr);
+        const Estimate& estimate = run.estimate;
+        if (!trace_path->empty()) {
+          write_file_atomically(*trace_path, chrome_trace(estimate));
+        }
+        if (!html_path->empty()) {
+          std::string command_line = "tpusim estimate";
+          for (const std::string& arg : *args) {
+            command_line += " " + arg;
+          }
+          write_file_atomically(*html_path, step_html(estimate, command_line));
+        }
+        if (*json_output) {
+          nlohmann::json json = run.json;
+          if (*profile > 0) {  // --profile with --json was dropped without a word
+            json["profile"] = profile_json(estimate.timing.profile, *profile);
+          }
+          std::cout << json.dump(2) << "\n";
+        } else {
+          print_human(estimate.json);
+          if (*profile > 0) {
+            print_profile(estimate.timing.profile, *profile);
+          }
+        }
+        if (*require_fit && !estimate.memory.fits) {
+          throw VerifyFailure("--require-fit: " + out_of_memory_verdict(estimate.json));
+        }
+      });
 }
 
 }  // namespace tpusim

@@ -76,6 +76,15 @@ void check_request(const GenerateRequest& request) {
   if (request.seed < 0) {
     throw UserError("generate: --seed " + std::to_string(request.seed) + ": expected >= 0");
   }
+  // Options that change nothing where they are given, refused rather than dropped without a word.
+  if (options.temperature == 0 && (options.top_k > 0 || request.seed > 0)) {
+    throw UserError(std::string("generate: ") + (options.top_k > 0 ? "--top-k" : "--seed") +
+                    " applies to sampling, but --temperature is 0 (greedy): give --temperature "
+                    "> 0");
+  }
+  if (request.with_logits && !request.json) {
+    throw UserError("generate: --with-logits adds the logits to --json's object: give --json");
+  }
 }
 
 // Whether the arguments set `key` themselves.

@@ -248,7 +248,9 @@ nlohmann::json time_op(const std::string& kind, const std::vector<std::string>& 
   for (const std::string& arg : args) {
     const auto [key, value] = split_override(arg);
     if (std::find(own_keys.begin(), own_keys.end(), key) != own_keys.end()) {
-      op_keys[key] = value;
+      if (!op_keys.emplace(key, value).second) {  // as a config key given twice
+        throw UserError("'" + key + "' is given twice on the command line", key);
+      }
     } else if (std::find(other_keys.begin(), other_keys.end(), key) != other_keys.end()) {
       throw UserError("op " + kind + ": " + key + "= is a key of " +
                           (kind == "matmul" ? "a collective" : "a matmul") +

@@ -26,6 +26,7 @@
 #include "sim/plan/plan_html.h"
 #include "sim/plan/plan_output.h"
 #include "sim/plan/planner.h"
+#include "sim/plan/prices.h"
 
 namespace tpusim {
 namespace {
@@ -90,6 +91,10 @@ PlanRequest plan_request(const PlanCommandRequest& flags) {
   request.max_chips = flags.max_chips;
   request.max_slices = flags.max_slices;
   request.consumption = parse_consumption(flags.consumption);
+  if (flags.prices.empty() && request.consumption != Consumption::kOnDemand) {
+    throw UserError("--consumption " + flags.consumption +
+                    ": picks a column of --prices, which is not given (--prices FILE)");
+  }
   if (!flags.prices.empty()) {
     request.prices = PriceTable::read(flags.prices);
   }

@@ -23,11 +23,16 @@ void register_program_command(CLI::App& app) {
   command->add_option(
       "--xla-flags", *xla_flags,
       "XLA/libtpu flags of the recipe (also read from LIBTPU_INIT_ARGS, XLA_FLAGS)");
-  command->add_option("--layer", *layer,
-                      "Print only layer group N (0 = first decoder layer kind): its forward, "
-                      "backward and optimizer regions");
+  CLI::Option* layer_option =
+      command->add_option("--layer", *layer,
+                          "Print only layer group N (0 = first decoder layer kind): its forward, "
+                          "backward and optimizer regions");
   command->add_flag("--global", *global, "Print the global (unpartitioned) step instead");
-  command->callback([args, layer, global, xla_flags] {
+  command->callback([args, layer, layer_option, global, xla_flags] {
+    if (layer_option->count() > 0 && *layer < 0) {
+      throw UserError("--layer: " + std::to_string(*layer) +
+                      " is negative (layer groups count from 0)");
+    }
     const Config config = load_command_config(*args, *xla_flags);
     const StepProgram built = build_step_program(config);
     const Graph& graph = *global ? built.step->graph : built.program.graph;

@@ -8,6 +8,7 @@
 // (mpi_transport.h); any failure on a rank ends the whole job: exit 2 for bad input, 1 otherwise,
 // or mpirun's own status when a rank dies.
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string_view>
@@ -65,6 +66,12 @@ void register_train_command(CLI::App& app) {
                       "After the first step, write the weights before and after it, the "
                       "gradients and the batch to this directory (for reference comparisons)");
   command->callback([args, verify, quiet, dump] {
+    // Checked before the run: a file there failed after the first step, as "cannot create
+    // checkpoint directory", naming no option.
+    if (std::error_code error; !dump->empty() && std::filesystem::exists(*dump, error) &&
+                               !std::filesystem::is_directory(*dump, error)) {
+      throw UserError("--dump: '" + *dump + "' exists and is not a directory");
+    }
     TrainOptions options;
     options.verify = *verify;
     options.progress = !*quiet;

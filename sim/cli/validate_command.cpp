@@ -41,6 +41,9 @@ nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechani
   const size_t hardware_column = gpu_column.has_value() && !table.find_column("hardware")
                                      ? *gpu_column
                                      : table.column("hardware");
+  if (table.rows.empty()) {  // a median of no errors printed as 0.0%
+    throw UserError(path + ": no rows under the header: nothing to validate");
+  }
   nlohmann::json rows = nlohmann::json::array();
   std::vector<double> errors;
   for (size_t index = 0; index < table.rows.size(); ++index) {

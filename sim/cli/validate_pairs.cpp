@@ -217,6 +217,9 @@ nlohmann::json validate_pairs(const std::string& path, const MechanismSet& mecha
   for (const std::string& column : columns) {
     at[column] = table.column(column);
   }
+  if (table.rows.empty()) {  // printed an empty summary, exit 0
+    throw UserError(path + ": no rows under the header: nothing to validate");
+  }
   nlohmann::json pairs = nlohmann::json::array();
   for (size_t index = 0; index < table.rows.size(); ++index) {
     const auto& row = table.rows[index];

@@ -126,7 +126,9 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
     const std::vector<Flag> parsed = parse_flags(text, source);
     all.insert(all.end(), parsed.begin(), parsed.end());
   };
-  take(flags, "--xla-flags");
+  // The environment first, then --xla-flags: where they set one switch both ways, the command
+  // line wins (the environment's won, so a recipe's exported LIBTPU_INIT_ARGS silently undid
+  // --xla-flags).
   if (read_environment) {
     for (const char* variable : {"LIBTPU_INIT_ARGS", "XLA_FLAGS"}) {
       if (const char* value = std::getenv(variable)) {
@@ -134,6 +136,7 @@ XlaFlagReport xla_flag_overrides(const std::string& flags,
       }
     }
   }
+  take(flags, "--xla-flags");
   // The switches the modeled flags set: the offload is on when any collective kind is offloaded
   // (tpusim's switch covers all kinds); for async collective fusion the last flag wins.
   std::optional<bool> sparse_core_offload;

@@ -31,8 +31,9 @@ struct XlaFlagReport {
 };
 
 // Parses `flags` (whitespace-separated --name[=value], quotes kept whole) and, when
-// `read_environment`, the environment's LIBTPU_INIT_ARGS and XLA_FLAGS. `user_overrides`
-// (key=value) win over a flag. UserError naming a token that is not a --flag.
+// `read_environment`, the environment's LIBTPU_INIT_ARGS and XLA_FLAGS, read before `flags` (a
+// switch the two set both ways takes the value of `flags`). `user_overrides` (key=value) win
+// over a flag. UserError naming a token that is not a --flag.
 XlaFlagReport xla_flag_overrides(const std::string& flags,
                                  const std::vector<std::string>& user_overrides,
                                  bool read_environment = true);

@@ -100,6 +100,9 @@ Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   json["mfu"] = estimate.mfu;
   json["mfu_peak_tflops_per_device"] = chip.mfu_peak_bf16_tflops_per_device;
   json["hardware_flop_utilization"] = estimate.hardware_utilization;
+  // Its denominator: the catalog's bf16 peak, which MaxText's MFU peak may round (v7x: 1150
+  // against 1153.5 TFLOP/s per device).
+  json["hardware_peak_tflops_per_device"] = chip.peak_bf16_flops_per_device() / kTera;
   json["tflops_per_device"] = estimate.tflops_per_device;
   json["tflops_per_chip"] = estimate.tflops_per_chip;
   json["tokens_per_s"] = estimate.tokens_per_s;
@@ -110,6 +113,10 @@ Estimate estimate_config(const Config& config, const MechanismSet& mechanisms) {
   json["recompute_tflop_per_device_step"] = estimate.flops.recompute_matmul / kTera;
   json["uncounted_tflop_per_device_step"] = estimate.flops.uncounted_matmul / kTera;
   json["vector_tflop_per_device_step"] = estimate.flops.vector / kTera;
+  // The numerator of hardware_flop_utilization: the matmul FLOPs as the timing runs them
+  // (attention as its kernels run it: flash attention's backward recomputes the scores), which is
+  // not hardware_tflop_per_device_step, the program's count.
+  json["executed_tflop_per_device_step"] = estimate.timing.hardware_matmul_flops / kTera;
   json["breakdown"] = rendered_breakdown(estimate.timing.breakdown);
   json["microbatch_time_s"] = estimate.timing.microbatch_seconds;
   json["optimizer_time_s"] = estimate.timing.optimizer_seconds;

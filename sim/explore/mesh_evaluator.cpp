@@ -1247,7 +1247,8 @@ void MeshEvaluator::time_variants(MeshPlan& plan, const BatchWork& batch, size_t
       out.tally[PrunedReason::kCannotBeatTop] += 1;
       continue;
     }
-    if (cannot_reach(item.best, program_best)) {
+    // Not under --no-branch-and-bound, which times every candidate that fits.
+    if (threshold.enabled() && cannot_reach(item.best, program_best)) {
       out.tally[PrunedReason::kCannotBeatTop] += 1;
       ++out.phases.below_own_program;
       continue;

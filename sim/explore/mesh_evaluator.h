@@ -72,6 +72,7 @@ class SharedThreshold {
   // Disabled: stays at -infinity, so nothing is ever bounded out.
   explicit SharedThreshold(bool enabled) : enabled_(enabled) {}
   double get() const { return value_.load(std::memory_order_relaxed); }
+  bool enabled() const { return enabled_; }  // false under --no-branch-and-bound
   void raise(double value);
 
  private:

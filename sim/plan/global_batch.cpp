@@ -130,9 +130,13 @@ int64_t global_batch_sequences(const GlobalBatchRange& range, int64_t max_target
 
 std::string tokens_text(double tokens) {
   char text[32];
-  if (tokens >= 1e9) {
+  // The unit is picked on the value as printed: 999.7G with 3 digits is "1e+03G", so it is 1T.
+  constexpr double kRoundsUp = 0.9995;
+  if (tokens >= kRoundsUp * 1e12) {
+    std::snprintf(text, sizeof(text), "%.4gT", tokens / 1e12);  // 1T, 15T, 1500T
+  } else if (tokens >= kRoundsUp * 1e9) {
     std::snprintf(text, sizeof(text), "%.3gG", tokens / 1e9);
-  } else if (tokens >= 1e6) {
+  } else if (tokens >= kRoundsUp * 1e6) {
     std::snprintf(text, sizeof(text), "%.3gM", tokens / 1e6);
   } else {
     std::snprintf(text, sizeof(text), "%.6g", tokens);  // 65536, or 0.5 as typed

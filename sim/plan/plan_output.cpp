@@ -1,6 +1,7 @@
 #include "sim/plan/plan_output.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -13,6 +14,18 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 std::string fixed(double value, int digits) {
   std::ostringstream text;
   text << std::fixed << std::setprecision(digits) << value;
+  return text.str();
+}
+
+// A deadline as the user would write it: whole days, else hours (a deadline of 1h was "0
+// days"); `adjective`: "30-day", "12-hour", else "30 days", "1 hour".
+std::string deadline_text(double days, bool adjective) {
+  constexpr double kHoursPerDay = 24;
+  const bool whole_days = days >= 1 && std::abs(days - std::round(days)) < 1e-9;
+  const double value = whole_days ? days : days * kHoursPerDay;
+  std::ostringstream text;
+  text << std::setprecision(4) << value << (adjective ? "-" : " ") << (whole_days ? "day" : "hour")
+       << (adjective || value == 1 ? "" : "s");
   return text.str();
 }
 
@@ -150,15 +163,15 @@ std::string plan_recommendation(const PlanResult& result) {
            " hardware kind(s) up to " + std::to_string(request.max_chips) + " chips";
     text += request.deadline_days > 0
                 ? " trains " + tokens_text(request.tokens) + " tokens within " +
-                      fixed(request.deadline_days, 0) +
-                      " days (raise --max-chips or --max-slices, or relax the deadline)."
+                      deadline_text(request.deadline_days, false) +
+                      " (raise --max-chips or --max-slices, or relax the deadline)."
                 : " fits (see the slices below).";
     return text;
   }
   const PlanPoint& pick = result.points[*result.pick];
   text = "Recommendation (least " + std::string(plan_objective_name(request.objective)) +
          (request.deadline_days > 0
-              ? " within the " + fixed(request.deadline_days, 0) + "-day deadline"
+              ? " within the " + deadline_text(request.deadline_days, true) + " deadline"
               : std::string()) +
          "): " + point_summary(result, pick) + ".";
   if (!result.near_pick.empty()) {

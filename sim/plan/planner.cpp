@@ -311,6 +311,16 @@ PlanResult plan(const Config& config, const PlanRequest& request) {
   }
   result.global_batch_sequences =
       global_batch_sequences(result.request.global_batch, result.max_target_length);
+  // Fewer tokens than one optimizer step takes: the plan's days and chip-hours were those of a
+  // fraction of a step (tiny-llama, --tokens 1e6: 5.9e-07 days for 1/8 of an 8.39M-token batch).
+  if (const double batch_tokens = static_cast<double>(result.global_batch_sequences) *
+                                  static_cast<double>(result.max_target_length);
+      request.tokens < batch_tokens) {
+    throw UserError("--tokens: " + tokens_text(request.tokens) +
+                    " is less than one global batch (" + tokens_text(batch_tokens) + " tokens, " +
+                    result.request.global_batch.source +
+                    "); give more tokens or a smaller --global-batch-tokens");
+  }
   std::vector<Pending> pending = pending_slices(config, request);
   result.front_by_cost =
       request.prices && std::all_of(pending.begin(), pending.end(),

@@ -14,6 +14,8 @@
 #include "model/builder/layer_plan.h"
 #include "model/model_dims.h"
 #include "sharding/device_mesh.h"
+#include "sim/functional/execution_slots.h"
+#include "sim/train/train_settings.h"
 #include "sim/train/trainer.h"
 
 namespace tpusim {
@@ -105,6 +107,52 @@ std::pair<double, std::string> cgroup_room() {
   return {-1, ""};
 }
 
+// The square matrices sim/functional/kernels/attention.cpp holds for one (batch, query head) item
+// of an attention op: the scores/probabilities P, the copy the matmul with v reads, and in the
+// backward pass dP and dS. Measured with `/usr/bin/time -f %M` on tiny-llama, one device: 4.05
+// matrices per item at once (train, max_target_length=4096: 259 MiB more resident per extra
+// thread; generate, a 6000-token prompt: 556 MiB per extra thread).
+constexpr double kAttentionMatricesPerItem = 4;
+
+// The local size of `tensor`'s dim `name`, 1 without one.
+double size_of(const Tensor& tensor, const char* name) {
+  const int index = tensor.dim_index(name);
+  return index < 0 ? 1.0 : static_cast<double>(tensor.dims[static_cast<size_t>(index)].size);
+}
+
+// Bytes the attention kernels hold beyond the program's tensors (which the memory model counts
+// as flash attention's, without the length x length scores): kAttentionMatricesPerItem
+// matrices of query rows x keys per item, for as many items as run at once: one per computing
+// thread, at most the (batch, head) items of the process's devices. `scalar_bytes`: the
+// kernels' Scalar, 8 (double) under functional_precision=reference, else 4.
+double attention_scores_bytes(const StepProgram& program, double devices, double threads,
+                              double scalar_bytes) {
+  const Graph& graph = program.program.graph;
+  double largest = 0;
+  for (const Op& op : graph.ops()) {
+    if (op.kind != OpKind::kAttention && op.kind != OpKind::kAttentionGrad) {
+      continue;
+    }
+    const size_t first = op.kind == OpKind::kAttentionGrad ? 1 : 0;
+    const Tensor& query = graph.tensor(op.inputs.at(first));
+    const Tensor& key = graph.tensor(op.inputs.at(first + 1));
+    double keys = size_of(key, "length");
+    if (op.attrs.compress_ratio > 0) {  // a block of compress_ratio tokens joins the keys
+      keys += std::ceil(keys / static_cast<double>(op.attrs.compress_ratio));
+    }
+    const double items = devices * size_of(query, "batch") * size_of(query, "heads");
+    largest = std::max(largest, std::min(threads, items) * kAttentionMatricesPerItem *
+                                    size_of(query, "length") * keys * scalar_bytes);
+  }
+  return largest;
+}
+
+// The attention kernels' Scalar in bytes: double for the fp32 reference (neither bf16 matmul
+// inputs nor the fast kernels), float otherwise (attention.cpp's run_attention).
+double scalar_bytes(const FunctionalSettings& numerics) {
+  return numerics.bf16_matmul_inputs || numerics.fast_kernels ? kFloatBytes : 2 * kFloatBytes;
+}
+
 }  // namespace
 
 double HostMemoryNeed::total() const {
@@ -163,6 +211,9 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
   const auto devices =
       static_cast<double>(std::count(owner.begin(), owner.end(), transport.rank()));
   const MemoryBreakdown device = engine_bytes_per_device(program);
+  const FunctionalSettings numerics = FunctionalSettings::from_config(config);
+  const auto threads =
+      static_cast<double>(resolve_num_threads(numerics.num_threads, transport.ranks_on_host()));
   HostMemoryNeed need;
   const double activations =
       device.saved_activations + device.gathered_weights + device.temporaries;
@@ -175,16 +226,22 @@ HostMemoryNeed training_host_memory(const Config& config, const HostMemoryOption
                 {"gradients", devices * device.gradients},
                 {"gradient sums", devices * device.weights},
                 {"activations", devices * activations},
-                {"buffers kept for reuse", devices * activations}};
+                {"buffers kept for reuse", devices * activations},
+                {"attention scores",
+                 attention_scores_bytes(program, devices, threads, scalar_bytes(numerics))}};
   if (!options.verify && !options.checkpoint_staging) {
     return need;
   }
   // The unsharded model: the --verify reference, and the size of the global arrays a checkpoint
   // is gathered into and encoded from (two copies).
-  const MemoryBreakdown whole = engine_bytes_per_device(build_step_program(
-      unsharded_reference_config(config), MechanismSet(), train_layer_order(config)));
+  const StepProgram whole_program = build_step_program(unsharded_reference_config(config),
+                                                       MechanismSet(), train_layer_order(config));
+  const MemoryBreakdown whole = engine_bytes_per_device(whole_program);
   if (options.verify && transport.rank() == 0) {
-    need.parts.emplace_back("--verify reference", whole.total());
+    // The reference runs in functional_precision=reference: its attention in double.
+    need.parts.emplace_back(
+        "--verify reference",
+        whole.total() + attention_scores_bytes(whole_program, 1, threads, 2 * kFloatBytes));
   }
   if (options.checkpoint_staging && transport.rank() == 0) {
     const double state =

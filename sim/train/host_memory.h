@@ -10,8 +10,10 @@
 // microbatches and the buffers it released, for reuse, up to its largest live set (about one more
 // working set of activations). A process executes its block of the mesh's devices, each with its
 // own copy of that per-device state. On top of that: the unsharded reference of --verify, the
-// global copies a checkpoint is staged through (gathered, then encoded), and for decoding a KV
-// cache (kv_cache_host_bytes).
+// global copies a checkpoint is staged through (gathered, then encoded), for decoding a KV cache
+// (kv_cache_host_bytes), and the attention kernels' length x length score matrices (P, dP, dS:
+// about 4 per (batch, head) item, one item per computing thread), which the memory model, counting
+// flash attention, leaves out: 256 MiB per thread at max_target_length=4096.
 //
 // What is available is the smallest of MemAvailable (/proc/meminfo), the cgroup's limit less its
 // usage (v2 memory.max - memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes) and,

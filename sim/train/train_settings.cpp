@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/error.h"
 #include "model/builder/build_options.h"
 
 namespace tpusim {
@@ -71,6 +72,15 @@ TrainSettings TrainSettings::from_config(const Config& config) {
   settings.metrics_file = config.get_string("metrics_file");
   settings.token_viz_file = config.get_string("token_viz_file");
   settings.collective_timeout_seconds = config.get_float("collective_timeout_seconds");
+  if (settings.steps == -1) {  // MaxText: steps -1 inherits learning_rate_schedule_steps
+    settings.steps = settings.schedule.schedule_steps;
+    if (settings.steps < 0) {
+      throw UserError(
+          "steps: -1 takes learning_rate_schedule_steps (as in MaxText), which is -1 "
+          "too: give steps=N",
+          "steps");
+    }
+  }
   return settings;
 }
 

@@ -401,12 +401,21 @@ Config unsharded_reference_config(const Config& config) {
 
 namespace {
 
-void check_token_viz_file(const std::string& path, int64_t eval_interval) {
+void check_token_viz_file(const std::string& path, int64_t eval_interval,
+                          const std::string& metrics_file) {
   if (eval_interval <= 0) {
     throw UserError("token_viz_file: needs eval_interval > 0 (the view is drawn at evaluations)",
                     "token_viz_file");
   }
   std::error_code error;
+  // One file for both: each evaluation's page replaced the metrics, exit 0.
+  if (!metrics_file.empty() && std::filesystem::weakly_canonical(path, error) ==
+                                   std::filesystem::weakly_canonical(metrics_file, error)) {
+    throw UserError("token_viz_file: '" + path +
+                        "' is metrics_file too (the page would replace the metrics): give each "
+                        "its own file",
+                    "token_viz_file");
+  }
   const auto status = std::filesystem::status(path, error);
   if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
     throw UserError("token_viz_file: '" + path + "' exists and is not a regular file",
@@ -764,7 +773,7 @@ double evaluate(const TrainSettings& settings, const Dataset& data, ShardedModel
 
 // The token view the run draws at its evaluations (token_viz_file), its file checked first.
 TokenViz token_viz_of(const TrainSettings& settings) {
-  check_token_viz_file(settings.token_viz_file, settings.eval_interval);
+  check_token_viz_file(settings.token_viz_file, settings.eval_interval, settings.metrics_file);
   TokenViz viz;
   viz.title = "tpusim train: " + settings.model_name + ", token probabilities";
   viz.tokenizer_path = settings.tokenizer_path;

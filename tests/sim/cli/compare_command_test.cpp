@@ -35,12 +35,12 @@ TEST(EstimateCommand, OutOfMemorySaysSoFirstAndRequireFitExits3) {
   EXPECT_TRUE(first_line(plain.out).starts_with("OUT OF MEMORY: peak HBM per device "))
       << plain.out;
   std::vector<std::string> required = kOutOfMemory;
-  required.push_back("--require-fit");
+  required.emplace_back("--require-fit");
   const auto refused = run_tpusim(required);
   EXPECT_EQ(refused.exit_code, 3) << refused.err;
   EXPECT_EQ(refused.out, plain.out);  // the report is still printed
   EXPECT_NE(refused.err.find("--require-fit: OUT OF MEMORY"), std::string::npos) << refused.err;
-  required.push_back("--json");
+  required.emplace_back("--json");
   const auto json = run_tpusim(required);
   EXPECT_EQ(json.exit_code, 3);
   EXPECT_FALSE(nlohmann::json::parse(json.out)["fits"].get<bool>());
@@ -67,7 +67,7 @@ TEST(CompareCommand, EachSideIsItsEstimate) {
     std::vector<std::string> estimate_args = {"estimate"};
     estimate_args.insert(estimate_args.end(), shared.begin(), shared.end());
     estimate_args.insert(estimate_args.end(), extra.begin(), extra.end());
-    estimate_args.push_back("--json");
+    estimate_args.emplace_back("--json");
     const auto estimate = run_tpusim(estimate_args);
     ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
     estimates[side] = nlohmann::json::parse(estimate.out);
@@ -96,6 +96,41 @@ TEST(CompareCommand, EachSideIsItsEstimate) {
       << table.out;
   EXPECT_NE(table.out.find("\nstep time "), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("\nMFU "), std::string::npos) << table.out;
+}
+
+// A key that --a or --b sets replaces the shared one (the later key wins, as the command's help
+// says): each side is the estimate with its own value, not "given twice on the command line".
+TEST(CompareCommand, ASideKeyReplacesTheSharedOne) {
+  const auto result = run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                                  "per_device_batch_size=2", "--a", "per_device_batch_size=1",
+                                  "--b", "per_device_batch_size=4", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json comparison = nlohmann::json::parse(result.out);
+  // 4 devices of one v5e-4: 1 and 4 sequences each.
+  EXPECT_EQ(comparison["a"]["estimate"]["global_batch_sequences"], 4);
+  EXPECT_EQ(comparison["b"]["estimate"]["global_batch_sequences"], 16);
+  const auto table = run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                                 "per_device_batch_size=2", "--a", "per_device_batch_size=1", "--b",
+                                 "remat_policy=full"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("A  tpusim estimate model_name=tiny-llama compile_topology=v5e-4 "
+                           "per_device_batch_size=1\n"),
+            std::string::npos)
+      << table.out;
+}
+
+// A side's config file beats the shared words too: --a a.yml setting per_device_batch_size was
+// overridden by the shared per_device_batch_size=2 (a command-line key beats a file), silently.
+TEST(CompareCommand, ASideConfigFileReplacesTheSharedKey) {
+  const std::string file = ::testing::TempDir() + "/compare_side_batch.yml";
+  std::ofstream(file) << "per_device_batch_size: 1\n";
+  const auto result =
+      run_tpusim({"compare", "model_name=tiny-llama", "compile_topology=v5e-4",
+                  "per_device_batch_size=2", "--a", file, "--b", "remat_policy=full", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json comparison = nlohmann::json::parse(result.out);
+  EXPECT_EQ(comparison["a"]["estimate"]["global_batch_sequences"], 4);
+  EXPECT_EQ(comparison["b"]["estimate"]["global_batch_sequences"], 8);
 }
 
 TEST(CompareCommand, BadInputNamesTheSide) {

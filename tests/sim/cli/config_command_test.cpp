@@ -58,6 +58,8 @@ TEST(ConfigCommand, EveryBadInputClassExits2) {
   expect_user_error({"config", "notakeyvalue"}, "notakeyvalue");
   expect_user_error({"config", "/nonexistent/base.yml"}, "/nonexistent/base.yml");
   expect_user_error({"config", "remat_policy=fulll"}, "remat_policy");
+  // A rule naming an unknown mesh axis: printed with exit 0, though estimate refuses it.
+  expect_user_error({"config", "logical_axis_rules=[[embed, fsdpp]]"}, "'fsdpp'");
 }
 
 // Red-team item 7: 4294967298 slices were narrowed to 2 (exit 0); the slice count is checked
@@ -85,6 +87,33 @@ TEST(RedTeam, Item20_DuplicateKeysAndEveryUnknownKeyAreReported) {
     EXPECT_NE(several.err.find(key), std::string::npos) << key << "\n" << several.err;
   }
   EXPECT_EQ(std::count(several.err.begin(), several.err.end(), '\n'), 1) << several.err;
+}
+
+// An empty or null model_name estimated MaxText's default model, labelled "" ("model  on
+// v5p-8"), with exit 0; MaxText loads configs/models/<model_name>.yml for any name but "default".
+TEST(RedTeam, S60_EmptyOrNullModelNameIsBadInput) {
+  for (const char* command : {"config", "estimate"}) {
+    expect_user_error({command, "model_name="}, "model_name: empty");
+  }
+  const std::string file = ::testing::TempDir() + "/s60_null_model.yml";
+  std::ofstream(file) << "model_name: null\nper_device_batch_size: 2\n";
+  expect_user_error({"estimate", file}, "model_name: empty");
+  EXPECT_EQ(run_tpusim({"config", "model_name=default"}).exit_code, 0);
+}
+
+// MaxText's num_slices overrides the slice count at run time; tpusim estimated one slice for
+// num_slices=2 without a word. It must agree with compile_topology_num_slices.
+TEST(RedTeam, S60_NumSlicesMustAgreeWithCompileTopologyNumSlices) {
+  expect_user_error({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=2"},
+                    "num_slices: 2 but compile_topology_num_slices is -1");
+  EXPECT_EQ(run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4",
+                        "compile_topology_num_slices=2", "num_slices=2"})
+                .exit_code,
+            0);
+  EXPECT_EQ(
+      run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=1"})
+          .exit_code,
+      0);
 }
 
 }  // namespace

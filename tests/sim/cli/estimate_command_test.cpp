@@ -447,6 +447,15 @@ TEST(EstimateCommand, XlaFlagsSetTheSwitchesTheyModel) {
             (nlohmann::json{"LIBTPU_INIT_ARGS"}));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("xla_oops"), std::string::npos) << bad.err;
+  // --xla-flags wins over the environment where both set a switch (the environment's value won).
+  ::setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_async_collective_fusion=false", 1);
+  const auto both =
+      run_tpusim({"estimate", "model_name=llama2-7b", "compile_topology=v5p-8", "--xla-flags",
+                  "--xla_tpu_enable_async_collective_fusion=true", "--json"});
+  ::unsetenv("LIBTPU_INIT_ARGS");
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_EQ(nlohmann::json::parse(both.out)["xla_flags"]["overrides"],
+            (nlohmann::json{"collective_matmul=true"}));
 }
 
 // An XLA flag name that is not UTF-8 could not be printed in --json (nlohmann's dump threw, exit
@@ -557,6 +566,85 @@ TEST(RedTeam, Item17_PageJsonEscapesAngleBrackets) {
     // The page's own script follows the data block intact.
     EXPECT_NE(page.find("document.body.dataset.rendered", end), std::string::npos);
   }
+}
+
+// The --json error (and the Python module's ConfigError.key) names the key of a value out of
+// range, not in its list, or a slice that cannot exist: those messages start with the key, and
+// their "key" was null.
+TEST(EstimateCommand, JsonErrorOfABadValueNamesItsKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"per_device_batch_size=-1", "per_device_batch_size"},
+      {"per_device_batch_size=0.001", "per_device_batch_size"},
+      {"max_target_length=0", "max_target_length"},
+      {"remat_policy=fulll", "remat_policy"},
+      {"compile_topology=v5p-7", "compile_topology"},
+      {"compile_topology=v5e:4x4x4", "compile_topology"},
+      {"compile_topology_num_slices=0", "compile_topology_num_slices"},
+      {"base_emb_dim=128", "base_emb_dim"},      // set by tiny-llama's preset
+      {"model_name=tiny-llama", "model_name"}};  // given twice
+  for (const auto& [arg, key] : cases) {
+    const auto result = run_tpusim({"estimate", "model_name=tiny-llama", arg, "--json"});
+    EXPECT_EQ(result.exit_code, 2) << arg << "\n" << result.err;
+    const nlohmann::json error = nlohmann::json::parse(result.out);
+    EXPECT_EQ(error["key"], key) << arg << ": " << result.out;
+    EXPECT_NE(error["error"].get<std::string>().find(key), std::string::npos) << result.out;
+  }
+}
+
+// Options that did nothing, or undid each other, without a word: a negative --profile (no
+// list), a negative --layer (the whole program), --trace and --html naming one file (the page
+// replaced the trace).
+TEST(RedTeam, S60_ContradictoryOrNegativeOutputOptionsAreBadInput) {
+  const std::vector<std::string> run = {"model_name=tiny-llama", "compile_topology=v5e-4"};
+  auto with = [&run](const std::string& command, const std::vector<std::string>& options) {
+    std::vector<std::string> args = {command};
+    args.insert(args.end(), run.begin(), run.end());
+    args.insert(args.end(), options.begin(), options.end());
+    return args;
+  };
+  expect_user_error(with("estimate", {"--profile", "-1"}), "--profile: -1");
+  expect_user_error(with("program", {"--layer", "-2"}), "--layer: -2");
+  const std::string path = ::testing::TempDir() + "/s60_same_output";
+  std::filesystem::remove(path);
+  expect_user_error(with("estimate", {"--trace", path, "--html", path}), "--trace and --html");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // --profile with --json was dropped: the JSON has the same ops as the text's list.
+  const auto listed = testing::run_tpusim(with("estimate", {"--profile", "3"}));
+  const auto json = testing::run_tpusim(with("estimate", {"--profile", "3", "--json"}));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json profile = nlohmann::json::parse(json.out)["profile"];
+  ASSERT_EQ(profile.size(), 3U);
+  for (const auto& op : profile) {
+    EXPECT_NE(listed.out.find(op["region"].get<std::string>() + ": " + op["op"].get<std::string>()),
+              std::string::npos)
+        << op;
+  }
+  // --profile 0 and --layer 0 stay what they were: no list, the first layer group.
+  EXPECT_EQ(testing::run_tpusim(with("estimate", {"--profile", "0"})).exit_code, 0);
+  EXPECT_EQ(testing::run_tpusim(with("program", {"--layer", "0"})).exit_code, 0);
+}
+
+// The hardware FLOP utilization was the only figure of the summary a reader could not rebuild
+// from the others: its numerator (the matmul FLOPs as timed, with flash attention's backward
+// recompute) and on v7x its denominator (the catalog's 1153.5 TFLOP/s per device, not MaxText's
+// 1150) were printed nowhere; "hardware (with remat)" TFLOP over the step and the MFU peak gave
+// 63.9% where 64.8% was printed (llama3.1-8b on v5p-8).
+TEST(RedTeam, S60_HardwareFlopUtilizationIsItsPrintedFiguresRatio) {
+  for (const char* slice : {"compile_topology=v5p-8", "compile_topology=tpu7x-8"}) {
+    const auto result = run_tpusim(
+        {"estimate", "model_name=llama3.1-8b", slice, "per_device_batch_size=2", "--json"});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    const nlohmann::json json = nlohmann::json::parse(result.out);
+    const double executed = json["executed_tflop_per_device_step"].get<double>();
+    EXPECT_GT(executed, json["hardware_tflop_per_device_step"].get<double>());  // flash recompute
+    EXPECT_NEAR(executed / json["step_time_s"].get<double>() /
+                    json["hardware_peak_tflops_per_device"].get<double>(),
+                json["hardware_flop_utilization"].get<double>(), 1e-12);
+  }
+  const auto text = run_tpusim({"estimate", "model_name=llama3.1-8b", "compile_topology=tpu7x-8",
+                                "per_device_batch_size=2"});
+  EXPECT_NE(text.out.find(" of 1153.5 (the catalog's peak)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(", executed "), std::string::npos) << text.out;
 }
 
 }  // namespace

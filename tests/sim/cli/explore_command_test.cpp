@@ -56,7 +56,7 @@ TEST(ExploreCommand, JsonContractAndTheArgsReproduceTheEstimate) {
   for (std::string word; words >> word;) {
     estimate_args.push_back(word);
   }
-  estimate_args.push_back("--json");
+  estimate_args.emplace_back("--json");
   const auto estimate = run_tpusim(estimate_args);
   ASSERT_EQ(estimate.exit_code, 0) << estimate.err;
   const nlohmann::json reproduced = nlohmann::json::parse(estimate.out);
@@ -148,7 +148,7 @@ TEST(ExploreCommand, CsvAndHumanOutput) {
                                          "--top",
                                          "2"};
   auto csv_args = base;
-  csv_args.push_back("--csv");
+  csv_args.emplace_back("--csv");
   const auto csv = run_tpusim(csv_args);
   ASSERT_EQ(csv.exit_code, 0) << csv.err;
   EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 3) << csv.out;
@@ -249,6 +249,35 @@ TEST(RedTeam, Item11_ZeroLayersPerPipelineStageIsExit2) {
                          "compile_topology_num_slices=2", axis, "num_layers_per_pipeline_stage=0"},
                         "num_layers_per_pipeline_stage=0");
     }
+  }
+}
+
+// --no-branch-and-bound "times every candidate that fits": variants that could not beat another
+// variant of their own per-device program were still skipped and counted as cannot_beat_top (948
+// of tiny-llama's 1100 on v5e-1). The top N stays the same.
+TEST(RedTeam, S60_NoBranchAndBoundTimesEveryFittingCandidate) {
+  const std::vector<std::string> args = {"explore",
+                                         "model_name=tiny-llama",
+                                         "compile_topology=v5e-1",
+                                         "--top",
+                                         "5",
+                                         "--json",
+                                         "--threads",
+                                         "1"};
+  const auto bounded = run_tpusim(args);
+  std::vector<std::string> every = args;
+  every.emplace_back("--no-branch-and-bound");
+  const auto timed = run_tpusim(every);
+  ASSERT_EQ(bounded.exit_code, 0) << bounded.err;
+  ASSERT_EQ(timed.exit_code, 0) << timed.err;
+  const nlohmann::json with_bounds = nlohmann::json::parse(bounded.out);
+  const nlohmann::json without = nlohmann::json::parse(timed.out);
+  EXPECT_FALSE(without["pruned"].contains("cannot_beat_top")) << without["pruned"];
+  EXPECT_GT(without["candidates_evaluated"].get<int64_t>(),
+            with_bounds["candidates_evaluated"].get<int64_t>());
+  ASSERT_EQ(with_bounds["top"].size(), without["top"].size());
+  for (size_t rank = 0; rank < without["top"].size(); ++rank) {
+    EXPECT_EQ(with_bounds["top"][rank]["args"], without["top"][rank]["args"]) << rank;
   }
 }
 

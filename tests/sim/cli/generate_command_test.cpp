@@ -138,6 +138,13 @@ TEST(GenerateCommand, RefusesBadInput) {
                     "max_target_length");
   // Another model than the checkpoint's.
   expect_user_error({"generate", checkpoint, "--prompt", "a", "base_emb_dim=32"}, "base_emb_dim");
+  // Options that changed nothing, exit 0: sampling's without sampling, --with-logits without the
+  // JSON object it adds to.
+  expect_user_error({"generate", checkpoint, "--prompt", "a", "--seed", "5"},
+                    "--seed applies to sampling");
+  expect_user_error({"generate", checkpoint, "--prompt", "a", "--top-k", "40"},
+                    "--top-k applies to sampling");
+  expect_user_error({"generate", checkpoint, "--prompt", "a", "--with-logits"}, "give --json");
 }
 
 }  // namespace

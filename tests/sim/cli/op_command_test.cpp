@@ -79,6 +79,10 @@ TEST(OpCommand, BadInputExits2) {
   expect_user_error({"op", "matmul", "m=8", "n=8", "k=8", "bytes=5"}, "bytes=");
   expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdp", "m=8"}, "m=");
   expect_user_error({"op", "matmul", "m=8", "n=8", "k=8", "quantization=int4"}, "int4");
+  // An op key given twice is refused like a config key given twice (the last one was timed).
+  expect_user_error({"op", "matmul", "m=8192", "n=8", "k=8", "m=4"}, "'m' is given twice");
+  expect_user_error({"op", "all_gather", "bytes=100", "axes=fsdp", "bytes=200"},
+                    "'bytes' is given twice");
 }
 
 // Each quantization value runs in one format everywhere (hw/matmul_format.h): intmp is AQT int8

@@ -75,6 +75,42 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
   expect_user_error(toy_with({"--max-per-device-batch", "-1"}), "--max-per-device-batch: -1");
 }
 
+// A deadline under a day was written "within 0 days"; a token budget below one global batch
+// planned a fraction of a step (tiny-llama, 1e6 tokens against 8.39M per step: 5.9e-07 days).
+TEST(RedTeam, S60_PlanDeadlineInHoursAndBudgetBelowOneBatch) {
+  const auto hour = run_tpusim({"plan", "model_name=llama3.1-8b", "--tokens", "1e11", "--deadline",
+                                "1h", "--hardware", "v5e", "--max-chips", "16"});
+  ASSERT_EQ(hour.exit_code, 0) << hour.err;
+  EXPECT_NE(hour.out.find("trains 100G tokens within 1 hour "), std::string::npos) << hour.out;
+  expect_user_error(
+      {"plan", "model_name=tiny-llama", "--tokens", "1e6", "--hardware", "v5e", "--max-chips", "4"},
+      "--tokens: 1M is less than one global batch (8.39M tokens");
+}
+
+// --consumption without --prices changed nothing, exit 0 (explore did not even check the value).
+TEST(RedTeam, S60_ConsumptionNeedsPrices) {
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-4", "--consumption", "foo"},
+      "--consumption: unknown 'foo'");
+  expect_user_error(
+      {"explore", "model_name=tiny-llama", "compile_topology=v5e-4", "--consumption", "spot"},
+      "--consumption spot: picks a column of --prices");
+  expect_user_error({"plan", "model_name=tiny-llama", "--tokens", "1e9", "--hardware", "v5e",
+                     "--max-chips", "4", "--consumption", "spot"},
+                    "--consumption spot: picks a column of --prices");
+}
+
+// A trillion tokens, the README's --tokens 1e12, was written "1e+03G tokens".
+TEST(RedTeam, S60_ATrillionTokensIsWritten1T) {
+  const auto result =
+      testing::run_tpusim({"plan", "model_name=llama3.1-8b", "--tokens", "1e12", "--deadline",
+                           "30d", "--hardware", "v6e", "--max-chips", "8"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("trains 1T tokens within 30 days"), std::string::npos) << result.out;
+  const std::string first_line = result.out.substr(0, result.out.find('\n'));
+  EXPECT_EQ(first_line.find("e+"), std::string::npos) << first_line;
+}
+
 TEST(PlanCommand, JsonCsvAndHtml) {
   const std::string prices =
       write_temp("plan_toy_prices.yml",

@@ -93,6 +93,14 @@ TEST(TopologyCommand, InvalidInputsExit2) {
 // Red-team item 12: a slice whose chip product overflows 32 bits (2^32 chips -> 0) crashed with
 // SIGFPE in parse_slice, and one that wraps negative printed -1,530,494,976 chips with exit 0;
 // every command that reads compile_topology goes through the same parse.
+// An explicit shape was refused with the name's size rule ("legal sizes: 8, 16, 32, 64, or a
+// multiple of 128"), which v5p:16x16x35's 17920 cores meet: the rule for a shape is its dims.
+TEST(RedTeam, S60_AnIllegalShapeIsToldTheShapeRule) {
+  expect_user_error({"topology", "v5p:16x16x35"}, "every dim a multiple of 4");
+  expect_user_error({"topology", "v5p:8x8x6"}, "legal shapes: 2x2x1");
+  EXPECT_EQ(run_tpusim({"topology", "v5p:16x16x32"}).exit_code, 0);
+}
+
 TEST(RedTeam, Item12_SliceChipProductOverflowIsExit2) {
   expect_user_error({"topology", "v5p:1024x2048x2048"}, "v5p:1024x2048x2048");
   expect_user_error({"topology", "v5p:100000x100000x100000"}, "v5p:100000x100000x100000");

@@ -47,6 +47,26 @@ TEST(TrainCommand, MetricsFileContract) {
   EXPECT_TRUE(saw_eval);
 }
 
+// steps=-1 trained nothing, exit 0: in MaxText it takes learning_rate_schedule_steps, and both -1
+// leave no step count.
+TEST(RedTeam, S60_StepsMinusOneTakesTheScheduleSteps) {
+  const std::string metrics = ::testing::TempDir() + "/s60_steps_minus_one.jsonl";
+  std::filesystem::remove(metrics);
+  const auto result = run_tpusim({"train", "model_name=tiny-llama", "compile_topology=v5e-1",
+                                  "per_device_batch_size=1", "max_target_length=32", "steps=-1",
+                                  "learning_rate_schedule_steps=2", "metrics_file=" + metrics});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream stream(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(stream, line)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
+  expect_user_error({"train", "model_name=tiny-llama", "compile_topology=v5e-1", "steps=-1"},
+                    "steps: -1");
+}
+
 // A diverging run (learning rate 1000) reaches a NaN gradient norm at step 4, a step before the
 // loss would show it: training stops with exit 2 naming the step, as MaxText's abort_on_nan_loss
 // does for the loss; switched off, it runs on.
@@ -78,6 +98,10 @@ TEST(TrainCommand, BadInputExits2) {
                      "ici_fsdp_parallelism=1", "ici_data_parallelism=-1"},
                     "v5p-256");
   expect_user_error({"train", "model_name=tiny-llama", "steps=many"}, "steps");
+  // A file where --dump writes a directory: refused before the run, naming --dump (it failed
+  // after the first step as "cannot create checkpoint directory").
+  expect_user_error({"train", "model_name=tiny-llama", "--dump", "/etc/passwd"},
+                    "--dump: '/etc/passwd' exists and is not a directory");
   // Inputs that are not regular files fail at once instead of failing late (a directory) or
   // never ending (/dev/zero); a value that is not UTF-8 cannot reach the JSON output.
   expect_user_error({"train", "model_name=tiny-llama", "dataset_type=text", "dataset_path=/tmp"},
@@ -224,6 +248,11 @@ TEST(TrainCommand, TokenCacheAndViewKeysExit2NamingTheKey) {
   std::vector<std::string> directory = with("token_viz_file=/tmp");
   directory.emplace_back("eval_interval=1");
   expect_user_error(directory, "token_viz_file");
+  // One file for the metrics and the page: each evaluation's page replaced the metrics, exit 0.
+  const std::string same = ::testing::TempDir() + "/s60_metrics_and_page";
+  std::vector<std::string> shared = with("token_viz_file=" + same);
+  shared.insert(shared.end(), {"eval_interval=1", "metrics_file=" + same});
+  expect_user_error(shared, "is metrics_file too");
 }
 
 }  // namespace

@@ -120,6 +120,16 @@ TEST(ValidateCommand, BadFilesExit2) {
                                        "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
                                        "v5e,compile_topology=v5e-8 remat_polcy=full,1.0,\n")},
                     "remat_polcy");
+  // A header without rows printed "median |error| 0.0% ... over 0 rows" (--pairs: an empty
+  // summary), exit 0.
+  expect_user_error(
+      {"validate",
+       write("header_only.csv", "id,hardware,args,measured_step_s,measured_tokens_s_chip\n")},
+      "no rows under the header");
+  expect_user_error({"validate", "--pairs",
+                     write("header_only_pairs.csv",
+                           "id,level,quantity,a,b,measured_a,measured_b,source,config_note\n")},
+                    "no rows under the header");
 }
 
 // validate --pairs on the public pairs: every pair's prediction is the estimate (or op timing) of
@@ -234,6 +244,23 @@ TEST(ValidatePairs, BadPairsExit2) {
                     "matmull");
   expect_user_error({"validate", "--pairs", directory + "/missing.csv"}, "missing.csv");
   expect_user_error({"validate"}, "--pairs");
+}
+
+// A CSV saved by a spreadsheet starts with a UTF-8 byte order mark: it was read into the first
+// column's name ("missing column 'id'", exit 2, naming a column the file has).
+TEST(RedTeam, S60_ACsvWithAByteOrderMarkReadsAsWithout) {
+  const std::string row =
+      "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,v5e,model_name=tiny-llama "
+      "compile_topology=v5e-4,1.0,\n";
+  const std::string plain = ::testing::TempDir() + "/s60_plain.csv";
+  const std::string marked = ::testing::TempDir() + "/s60_bom.csv";
+  std::ofstream(plain) << row;
+  std::ofstream(marked) << "\xEF\xBB\xBF" << row;
+  const auto expected = run_tpusim({"validate", plain, "--json"});
+  const auto result = run_tpusim({"validate", marked, "--json"});
+  ASSERT_EQ(expected.exit_code, 0) << expected.err;
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(result.out)["rows"], nlohmann::json::parse(expected.out)["rows"]);
 }
 
 }  // namespace

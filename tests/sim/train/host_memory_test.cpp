@@ -147,6 +147,33 @@ TEST(HostMemory, VerifyAndCheckpointsAddTheirCopies) {
   EXPECT_NEAR(staged.parts.back().second / weights_only.parts.back().second, 3.0, 1e-9);
 }
 
+// The attention kernels hold length x length matrices per (batch, head) item beyond the
+// program's tensors: P, the copy the matmul with v reads, dP and dS, 4 of them (resident memory
+// of `tpusim train model_name=tiny-llama max_target_length=4096` grew by 259 MiB per extra
+// thread, 4 x 4096^2 x 4 bytes = 256 MiB). Without them a 30000-token `generate` prompt was
+// allowed 0.3 GiB, then killed by the OOM killer at 24 GB.
+TEST(HostMemory, CountsTheAttentionScoreMatrices) {
+  auto scores = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> overrides = {"model_name=tiny-llama", "compile_topology=v5e-1",
+                                          "per_device_batch_size=1", "max_target_length=4096"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    const LocalTransport transport;
+    const HostMemoryNeed need =
+        training_host_memory(Config::load("", overrides), {.verify = true}, transport);
+    double bytes = 0;
+    for (const auto& [name, part] : need.parts) {
+      bytes += name == "attention scores" ? part : 0;
+    }
+    return bytes;
+  };
+  constexpr double kMatrix = 4096.0 * 4096.0 * 4;  // float32
+  EXPECT_DOUBLE_EQ(scores({"num_threads=1"}), 4 * kMatrix);
+  EXPECT_DOUBLE_EQ(scores({"num_threads=2"}), 2 * 4 * kMatrix);  // two (batch, head) items
+  EXPECT_DOUBLE_EQ(scores({"num_threads=1", "functional_precision=reference"}), 2 * 4 * kMatrix);
+  // tiny-llama has 4 query heads: no more than 4 items of its one sequence run at once.
+  EXPECT_DOUBLE_EQ(scores({"num_threads=16"}), 4 * 4 * kMatrix);
+}
+
 // A KV cache: keys and values of every layer, kv heads x head_dim each, in float32. tiny-llama
 // (configs/models/tiny-llama.yml): 2 layers, 2 kv heads of 16.
 TEST(HostMemory, KvCacheBytes) {
