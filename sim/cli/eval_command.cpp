@@ -120,10 +120,17 @@ struct EvalReport {
   std::string model_name;
   std::string dataset;  // dataset_path, or "synthetic"
   int64_t eval_steps = 0;
-  int64_t sequences = 0;  // per batch
-  int64_t tokens = 0;
+  int64_t sequences = 0;        // per batch
+  int64_t tokens = 0;           // target tokens scored, a window scored twice counted twice
   std::optional<double> bytes;  // text data only
+  std::optional<int64_t> held_out_windows;  // text data: the windows the held-out split has
   double loss = 0;
+
+  // Text data whose held-out split has fewer windows than the batches take: they wrap around and
+  // score the same windows again (the loss is their mean all the same).
+  bool repeats_windows() const {
+    return held_out_windows && *held_out_windows < eval_steps * sequences;
+  }
 
   std::optional<double> bits_per_byte() const {
     if (!bytes || *bytes <= 0) {
@@ -221,6 +228,7 @@ EvalReport evaluate_weights(const std::string& path, const Config& config,
   report.tokens = static_cast<int64_t>(targets.size());
   if (!synthetic) {
     report.bytes = text_bytes(settings.tokenizer_path, targets);
+    report.held_out_windows = data.eval_windows();
   }
   if (root && !options.tokens_page.empty()) {
     viz.eval_loss.emplace_back(report.step.value_or(0), report.loss);
@@ -242,6 +250,8 @@ nlohmann::json report_json(const EvalReport& report) {
           {"sequences_per_batch", report.sequences},
           {"tokens", report.tokens},
           {"bytes", optional(report.bytes)},
+          {"held_out_windows", optional(report.held_out_windows)},
+          {"repeats_windows", report.repeats_windows()},
           {"loss", report.loss},
           {"perplexity", std::exp(report.loss)},
           {"bits_per_byte", optional(report.bits_per_byte())}};
@@ -257,6 +267,12 @@ void print_human(const EvalReport& report) {
             << report.tokens << " tokens";
   if (report.bytes) {
     std::cout << ", " << std::fixed << std::setprecision(0) << *report.bytes << " bytes";
+  }
+  if (report.repeats_windows()) {
+    std::cout << " (the held-out split has " << *report.held_out_windows << " window"
+              << (*report.held_out_windows > 1 ? "s" : "") << " for "
+              << report.eval_steps * report.sequences
+              << " sequences: the batches score them again, and count them again)";
   }
   std::cout << "\n"
             << std::setprecision(std::numeric_limits<double>::max_digits10) << std::defaultfloat

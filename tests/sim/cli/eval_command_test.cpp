@@ -115,7 +115,31 @@ TEST_F(EvalCommand, EqualsTheEvalLossTrainRecordedBitwise) {
     EXPECT_EQ(result["bytes"].get<double>(), 2 * 4 * 32);
     EXPECT_DOUBLE_EQ(result["bits_per_byte"].get<double>(), loss / std::log(2.0));
     EXPECT_DOUBLE_EQ(result["perplexity"].get<double>(), std::exp(loss));
+    // The text's windows of 32 tokens (and the next-token target) in one era, the last tenth
+    // held out (dataset.h): no repeats.
+    const auto windows = static_cast<int64_t>((std::filesystem::file_size(text_) - 1) / 32);
+    EXPECT_EQ(result["held_out_windows"], windows / 10);
+    EXPECT_EQ(result["repeats_windows"], false);
   }
+  // A text of 12 windows holds out one: the 8 sequences of 2 batches score it 8 times, which
+  // the report says (tokens count each time; the loss is the window's all the same).
+  const std::string short_text = base_ + "/short.txt";
+  std::ofstream(short_text) << sample_text(12 * 32 + 1);
+  std::vector<std::string> short_args = {base_ + "/r/checkpoints/4"};
+  for (const std::string& key : run_keys) {
+    short_args.push_back(key.starts_with("dataset_path") ? "dataset_path=" + short_text : key);
+  }
+  const nlohmann::json repeated = eval_json(short_args);
+  ASSERT_TRUE(repeated.is_object());
+  EXPECT_EQ(repeated["held_out_windows"], 1);
+  EXPECT_EQ(repeated["repeats_windows"], true);
+  EXPECT_EQ(repeated["tokens"], 2 * 4 * 32);
+  short_args.insert(short_args.begin(), "eval");
+  const auto short_printed = run_tpusim(short_args);
+  ASSERT_EQ(short_printed.exit_code, 0) << short_printed.err;
+  EXPECT_NE(short_printed.out.find("the held-out split has 1 window for 8 sequences"),
+            std::string::npos)
+      << short_printed.out;
   // Training moved the loss (the two evaluations are not the same number twice).
   EXPECT_NE(recorded.begin()->second, recorded.rbegin()->second);
   // The same weights exported to Hugging Face names and evaluated from there.
