@@ -28,6 +28,28 @@
 namespace tpusim {
 namespace {
 
+// A row's hardware and chip count describe the run its args give, or the row is refused: a typo
+// in either (chips=7 for a v4-128, hardware=v9) was printed as the row's label and validated the
+// args' run without a word. The hardware names the catalog chip, perhaps with a suffix
+// ("h100-sxm-80g" for h100-sxm).
+void check_row_describes_its_args(const std::vector<std::string>& row, size_t hardware_column,
+                                  std::optional<size_t> chips_column, const Estimate& estimate,
+                                  const std::string& where) {
+  const std::string chip = estimate.json.at("chip").get<std::string>();
+  if (!row[hardware_column].starts_with(chip)) {
+    throw UserError(where + " hardware: '" + row[hardware_column] + "' but its args run on " +
+                    chip);
+  }
+  if (chips_column && !row[*chips_column].empty()) {
+    const double chips = parse_table_number(row[*chips_column], where + " chips");
+    const auto run_chips = estimate.json.at("chips").get<int64_t>();
+    if (chips != static_cast<double>(run_chips)) {
+      throw UserError(where + " chips: '" + row[*chips_column] + "' but its args run on " +
+                      std::to_string(run_chips) + " chips");
+    }
+  }
+}
+
 nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechanisms) {
   note_input(path);
   const CsvTable table = parse_csv(read_text_file(path), path);
@@ -41,6 +63,11 @@ nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechani
   const size_t hardware_column = gpu_column.has_value() && !table.find_column("hardware")
                                      ? *gpu_column
                                      : table.column("hardware");
+  // Optional: the chip count (published.csv "chips", gpu_published.csv "gpus").
+  std::optional<size_t> chips_column = table.find_column("chips");
+  if (!chips_column) {
+    chips_column = table.find_column("gpus");
+  }
   if (table.rows.empty()) {  // a median of no errors printed as 0.0%
     throw UserError(path + ": no rows under the header: nothing to validate");
   }
@@ -66,6 +93,7 @@ nlohmann::json validate_csv(const std::string& path, const MechanismSet& mechani
       }
     }();
     const Estimate estimate = estimate_config(config, mechanisms);
+    check_row_describes_its_args(row, hardware_column, chips_column, estimate, where);
     const double error = (estimate.step_seconds - measured) / measured;
     errors.push_back(std::abs(error));
     nlohmann::json entry = {{"id", row[id_column]},

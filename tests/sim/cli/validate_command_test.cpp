@@ -120,6 +120,16 @@ TEST(ValidateCommand, BadFilesExit2) {
                                        "id,hardware,args,measured_step_s,measured_tokens_s_chip\nA,"
                                        "v5e,compile_topology=v5e-8 remat_polcy=full,1.0,\n")},
                     "remat_polcy");
+  // A row's hardware and chips describe its args' run (chips=7 or hardware=v9 for a v5e-8 run
+  // were printed as its label and validated without a word).
+  expect_user_error({"validate", write("wrong_chips.csv",
+                                       "id,hardware,chips,args,measured_step_s\nA,v5e,7,"
+                                       "compile_topology=v5e-8,1.0\n")},
+                    "row 2 (A) chips: '7' but its args run on 8 chips");
+  expect_user_error({"validate", write("wrong_hardware.csv",
+                                       "id,hardware,chips,args,measured_step_s\nA,v9,8,"
+                                       "compile_topology=v5e-8,1.0\n")},
+                    "row 2 (A) hardware: 'v9' but its args run on v5e");
   // A header without rows printed "median |error| 0.0% ... over 0 rows" (--pairs: an empty
   // summary), exit 0.
   expect_user_error(
