@@ -127,7 +127,12 @@ PriceTable PriceTable::from_yaml(std::string_view text, const std::string& origi
 }
 
 PriceTable PriceTable::read(const std::string& path) {
-  return from_yaml(read_text_file(path), path);
+  try {
+    return from_yaml(read_text_file(path), path);
+  } catch (const UserError& error) {
+    // The file is the --prices option's (explore, plan): say so ("cannot read file" alone did not).
+    throw UserError("--prices: " + std::string(error.what()), error.key());
+  }
 }
 
 std::optional<double> PriceTable::per_chip_hour(const Slice& slice, Consumption consumption) const {

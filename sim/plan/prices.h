@@ -38,6 +38,7 @@ class PriceTable {
   // that is not a number or is negative, a kind with no price at all.
   static PriceTable from_yaml(std::string_view text, const std::string& origin,
                               const HardwareCatalog& catalog = HardwareCatalog::builtin());
+  // The file of the --prices option (explore, plan): its errors start with "--prices: ".
   static PriceTable read(const std::string& path);
 
   // The price of one chip-hour of `slice`'s chips, or nullopt when the file has none for its

@@ -70,6 +70,9 @@ TEST(PlanCommand, BadInputExitsTwoNamingTheValue) {
   const std::string negative =
       write_temp("plan_negative_prices.yml", "hardware:\n  v5e: {per: chip_hour, spot: -1}\n");
   expect_user_error(toy_with({"--prices", negative}), "hardware.v5e.spot");
+  // A prices file that cannot be read names the option ("cannot read file" alone did not).
+  expect_user_error(toy_with({"--prices", "/nonexistent/prices.yml"}),
+                    "--prices: cannot read file '/nonexistent/prices.yml'");
   // Search limits are refused before any slice is searched (not noted slice by slice, exit 0).
   expect_user_error(toy_with({"--min-hbm-headroom", "1.5"}), "--min-hbm-headroom: 1.5");
   expect_user_error(toy_with({"--max-per-device-batch", "-1"}), "--max-per-device-batch: -1");
