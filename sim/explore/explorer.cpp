@@ -580,6 +580,13 @@ ExploreResult explore(const Config& config, const ExploreOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::string> schedule_keys;
   const std::vector<ScheduleChoice> choices = pipeline_schedule_choices(config, schedule_keys);
+  if (options.exact_schedules && choices.size() == 1) {
+    // It changes how later schedules are searched; with one there is nothing to change.
+    throw UserError(
+        "--exact-schedules: this search has one pipeline schedule, so the flag changes nothing; "
+        "explore searches several only over multislice (compile_topology_num_slices > 1) with "
+        "no pipeline key pinned and decoder layers of one kind");
+  }
   SharedClasses shared{{}, ClassBounds(options.check_equivalent_meshes)};
   if (choices.size() == 1 && choices.front().stages == 1) {
     ExploreResult result = explore_one_schedule(config, options, shared, options.initial_bar);
