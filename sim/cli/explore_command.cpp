@@ -214,11 +214,7 @@ ExploreOptions explore_options(const ExploreRequest& request, const Config* conf
   if (request.threads < 0) {
     throw UserError("--threads: " + std::to_string(request.threads) + " must be 0 (all) or more");
   }
-  const Consumption consumption = parse_consumption(request.consumption);
-  if (request.prices.empty() && consumption != Consumption::kOnDemand) {
-    throw UserError("--consumption " + request.consumption +
-                    ": picks a column of --prices, which is not given (--prices FILE)");
-  }
+  const Consumption consumption = consumption_option(request.consumption, request.prices);
   if (!request.prices.empty() && config != nullptr) {
     // The user's prices (sim/plan/prices.h): one chip-hour of this slice's hardware.
     const Slice slice = slice_from_config(*config);

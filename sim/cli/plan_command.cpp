@@ -90,11 +90,7 @@ PlanRequest plan_request(const PlanCommandRequest& flags) {
   request.kinds = parse_hardware_kinds(flags.hardware);
   request.max_chips = flags.max_chips;
   request.max_slices = flags.max_slices;
-  request.consumption = parse_consumption(flags.consumption);
-  if (flags.prices.empty() && request.consumption != Consumption::kOnDemand) {
-    throw UserError("--consumption " + flags.consumption +
-                    ": picks a column of --prices, which is not given (--prices FILE)");
-  }
+  request.consumption = consumption_option(flags.consumption, flags.prices);
   if (!flags.prices.empty()) {
     request.prices = PriceTable::read(flags.prices);
   }

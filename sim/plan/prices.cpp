@@ -47,6 +47,15 @@ Consumption parse_consumption(std::string_view name) {
                   "' (on_demand, spot, committed)");
 }
 
+Consumption consumption_option(std::string_view name, const std::string& prices_path) {
+  const Consumption consumption = parse_consumption(name);
+  if (prices_path.empty() && consumption != Consumption::kOnDemand) {
+    throw UserError("--consumption " + std::string(name) +
+                    ": picks a column of --prices, which is not given (--prices FILE)");
+  }
+  return consumption;
+}
+
 const char* consumption_name(Consumption consumption) {
   switch (consumption) {
     case Consumption::kSpot:

@@ -29,6 +29,10 @@ enum class Consumption { kOnDemand, kSpot, kCommitted };
 
 // "on_demand", "spot", "committed"; UserError naming the value otherwise.
 Consumption parse_consumption(std::string_view name);
+// The --consumption option of explore and plan: parse_consumption(name), and a UserError when it
+// is not on_demand and `prices_path` (--prices) is empty: it picks a column of that file, so
+// without one it would change nothing. consumption_option("spot", "") throws.
+Consumption consumption_option(std::string_view name, const std::string& prices_path);
 const char* consumption_name(Consumption consumption);
 
 class PriceTable {

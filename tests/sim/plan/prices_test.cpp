@@ -69,6 +69,16 @@ TEST(Prices, BadFilesNameTheKeyAndValue) {
   EXPECT_NE(error_of([] { parse_consumption("reserved"); }).find("'reserved'"), std::string::npos);
 }
 
+// --consumption picks a column of --prices: other than on_demand without the file it is refused
+// (explore and plan share this check).
+TEST(ConsumptionOption, NeedsPricesUnlessOnDemand) {
+  EXPECT_EQ(consumption_option("on_demand", ""), Consumption::kOnDemand);
+  EXPECT_EQ(consumption_option("spot", "p.yml"), Consumption::kSpot);
+  EXPECT_NE(error_of([] { consumption_option("spot", ""); }).find("--consumption spot: picks"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { consumption_option("foo", "p.yml"); }).find("'foo'"), std::string::npos);
+}
+
 TEST(HardwareKinds, UnknownOrRepeatedKindsAreRefused) {
   EXPECT_EQ(parse_hardware_kinds("v5p,tpu7x,a3").size(), 3U);
   EXPECT_NE(error_of([] { parse_hardware_kinds("v5p,v9"); }).find("'v9'"), std::string::npos);
