@@ -12,9 +12,10 @@
 // --json prints one object instead: {"prompt_tokens", "tokens", "text", "stop", "devices"} and,
 // with --with-logits, the logits each token was chosen from ("logits": [[...], ...]).
 // Exit 0 on success, 2 on bad input (an unknown model directory, an empty prompt, --max-tokens
-// <= 0 or above 65536, --temperature < 0, --top-k < 0, a prompt longer than max_target_length)
-// and when the run would not fit in host memory (the pre-flight of sim/train/host_memory.h,
-// checked before the engine allocates; its line goes to stderr).
+// <= 0 or above 65536, --temperature < 0, --top-k < 0, a prompt longer than max_target_length,
+// --top-k or --seed with greedy decoding, --with-logits without --json) and when the run would not
+// fit in host memory (the pre-flight of sim/train/host_memory.h, checked before the engine
+// allocates; its line goes to stderr).
 //
 // Example:
 //   tpusim generate runs/a/checkpoints/200 --prompt "Once upon a time" --max-tokens 64
