@@ -101,11 +101,16 @@ void check_request(const Config& config, const PlanRequest& request) {
   if (request.deadline_days < 0 || !std::isfinite(request.deadline_days)) {
     throw UserError("--deadline: must be positive");
   }
-  if (config.origin("compile_topology") == kCommandLineOrigin ||
-      config.origin("compile_topology_num_slices") == kCommandLineOrigin) {
-    throw UserError(
-        "plan: compile_topology is what plan chooses; name the hardware with --hardware "
-        "(and --max-chips, --max-slices), or run `tpusim explore` on one slice");
+  // The slice and its count are what plan chooses. num_slices (MaxText's run-time count) is
+  // refused wherever it is set: it must equal compile_topology_num_slices, which plan varies.
+  for (const std::string key : {"compile_topology", "compile_topology_num_slices", "num_slices"}) {
+    if (config.origin(key) == kCommandLineOrigin ||
+        (key == "num_slices" && config.get_int(key) != -1)) {
+      throw UserError("plan: " + key +
+                          " is what plan chooses; name the hardware with --hardware (and "
+                          "--max-chips, --max-slices), or run `tpusim explore` on one slice",
+                      key);
+    }
   }
   if (request.kinds.empty()) {
     throw UserError("--hardware: no hardware kind given (e.g. v5p,v6e,tpu7x)");

@@ -103,6 +103,19 @@ TEST(RedTeam, S60_ConsumptionNeedsPrices) {
                     "--consumption spot: picks a column of --prices");
 }
 
+// plan chooses the slice count: num_slices (which must equal compile_topology_num_slices) was
+// refused for the first slice plan tried, advising compile_topology_num_slices, which plan
+// refuses; and compile_topology_num_slices was refused as "compile_topology".
+TEST(RedTeam, S60_PlanRefusesTheSliceCountKeysByName) {
+  const std::vector<std::string> plan = {
+      "plan", "model_name=tiny-llama", "--tokens", "1e9", "--hardware", "v5e", "--max-chips", "4"};
+  for (const std::string key : {"num_slices", "compile_topology_num_slices"}) {
+    std::vector<std::string> args = plan;
+    args.push_back(key + "=2");
+    expect_user_error(args, "plan: " + key + " is what plan chooses");
+  }
+}
+
 // A trillion tokens, the README's --tokens 1e12, was written "1e+03G tokens".
 TEST(RedTeam, S60_ATrillionTokensIsWritten1T) {
   const auto result =
