@@ -18,6 +18,7 @@
 #include "common/input_files.h"
 #include "common/mechanisms.h"
 #include "common/yaml_text.h"
+#include "hw/catalog.h"
 #include "model/config.h"
 #include "sim/cli/command_json.h"
 #include "sim/cli/commands.h"
@@ -28,15 +29,27 @@
 namespace tpusim {
 namespace {
 
+// Whether a row's hardware names `chip`: its catalog name or one of its slice-name prefixes
+// ("tpu7x" for v7x, "v5litepod" for v5e), perhaps with a suffix ("h100-sxm-80g", "v5e-256").
+bool hardware_names_chip(const std::string& hardware, const std::string& chip) {
+  std::vector<std::string> names = {chip};
+  for (const ChipSpec& spec : HardwareCatalog::builtin().chips()) {
+    if (spec.name == chip) {
+      names.insert(names.end(), spec.slice.name_prefixes.begin(), spec.slice.name_prefixes.end());
+    }
+  }
+  return std::any_of(names.begin(), names.end(),
+                     [&](const std::string& name) { return hardware.starts_with(name); });
+}
+
 // A row's hardware and chip count describe the run its args give, or the row is refused: a typo
 // in either (chips=7 for a v4-128, hardware=v9) was printed as the row's label and validated the
-// args' run without a word. The hardware names the catalog chip, perhaps with a suffix
-// ("h100-sxm-80g" for h100-sxm).
+// args' run without a word. The hardware is read by hardware_names_chip.
 void check_row_describes_its_args(const std::vector<std::string>& row, size_t hardware_column,
                                   std::optional<size_t> chips_column, const Estimate& estimate,
                                   const std::string& where) {
   const std::string chip = estimate.json.at("chip").get<std::string>();
-  if (!row[hardware_column].starts_with(chip)) {
+  if (!hardware_names_chip(row[hardware_column], chip)) {
     throw UserError(where + " hardware: '" + row[hardware_column] + "' but its args run on " +
                     chip);
   }

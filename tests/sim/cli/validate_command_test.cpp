@@ -130,6 +130,18 @@ TEST(ValidateCommand, BadFilesExit2) {
                                        "id,hardware,chips,args,measured_step_s\nA,v9,8,"
                                        "compile_topology=v5e-8,1.0\n")},
                     "row 2 (A) hardware: 'v9' but its args run on v5e");
+  // The hardware may be a slice-name prefix of the chip, as GCP names the slices (tpu7x for v7x,
+  // v5litepod for v5e): that check refused them as "but its args run on v7x".
+  for (const auto& [hardware, slice] : std::vector<std::pair<std::string, std::string>>{
+           {"tpu7x", "tpu7x-8"}, {"v5litepod-16", "v5litepod-16"}}) {
+    const auto named =
+        run_tpusim({"validate", write("prefix_" + hardware + ".csv",
+                                      "id,hardware,args,measured_step_s\nA," + hardware +
+                                          ",model_name=tiny-llama "
+                                          "compile_topology=" +
+                                          slice + ",1.0\n")});
+    EXPECT_EQ(named.exit_code, 0) << named.err;
+  }
   // A header without rows printed "median |error| 0.0% ... over 0 rows" (--pairs: an empty
   // summary), exit 0.
   expect_user_error(
