@@ -491,9 +491,6 @@ TEST(Explorer, EmptyFeasibleSetReportsTheSmallestFootprint) {
 namespace tpusim {
 namespace {
 
-// On a multislice slice explore weighs pipelining over DCN against data/FSDP there: one search
-// per schedule (no pipeline; 2 stages circular or one pass, each with 2, 4 and 8 microbatches),
-// merged by the objective. Each schedule's best is a real estimate of its own command line.
 // exact_schedules changes how later pipeline schedules are searched; a search with one schedule
 // (a single slice) refuses it rather than accept a flag that does nothing (it did, exit 0).
 TEST(Explorer, ExactSchedulesWithOneScheduleIsBadInput) {
@@ -510,6 +507,9 @@ TEST(Explorer, ExactSchedulesWithOneScheduleIsBadInput) {
   }
 }
 
+// On a multislice slice explore weighs pipelining over DCN against data/FSDP there: one search
+// per schedule (no pipeline; 2 stages circular or one pass, each with 2, 4 and 8 microbatches),
+// merged by the objective. Each schedule's best is a real estimate of its own command line.
 TEST(Explorer, RanksPipelinesOverDcnAgainstDataParallelism) {
   const Config config = Config::load(
       "", {"model_name=tiny-llama", "compile_topology=v5e-4", "compile_topology_num_slices=2",
