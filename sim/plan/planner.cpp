@@ -101,11 +101,11 @@ void check_request(const Config& config, const PlanRequest& request) {
   if (request.deadline_days < 0 || !std::isfinite(request.deadline_days)) {
     throw UserError("--deadline: must be positive");
   }
-  // The slice and its count are what plan chooses. num_slices (MaxText's run-time count) is
-  // refused wherever it is set: it must equal compile_topology_num_slices, which plan varies.
+  // The slice and its count are what plan chooses. num_slices (MaxText's run-time count) must
+  // equal compile_topology_num_slices, which plan varies (set in a config file, the slice check
+  // refuses it on the first slice).
   for (const std::string key : {"compile_topology", "compile_topology_num_slices", "num_slices"}) {
-    if (config.origin(key) == kCommandLineOrigin ||
-        (key == "num_slices" && config.get_int(key) != -1)) {
+    if (config.origin(key) == kCommandLineOrigin) {
       throw UserError("plan: " + key +
                           " is what plan chooses; name the hardware with --hardware (and "
                           "--max-chips, --max-slices), or run `tpusim explore` on one slice",
