@@ -175,4 +175,13 @@ void write_files_atomically(const std::vector<std::pair<std::string, std::string
   }
 }
 
+bool same_output_path(const std::string& a, const std::string& b) {
+  const auto resolved = [](const std::string& path) {
+    std::error_code error;
+    std::filesystem::path canonical = std::filesystem::weakly_canonical(path, error);
+    return error ? std::filesystem::path(path).lexically_normal() : canonical;
+  };
+  return resolved(a) == resolved(b);
+}
+
 }  // namespace tpusim

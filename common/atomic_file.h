@@ -34,6 +34,12 @@ void write_file_durably(const std::string& path, std::string_view content);
 // Best effort: returns how many it removed.
 int remove_stale_temporaries(const std::string& directory);
 
+// True when two output paths name one file (another spelling, "./", "..", a symbolic link in a
+// directory on the way): both resolved with std::filesystem::weakly_canonical. A path that does
+// not resolve (a permission error on the way) is compared as written, so a failure never makes
+// two different paths equal.
+bool same_output_path(const std::string& a, const std::string& b);
+
 // Several files that belong together (a Hugging Face export's weights and config): every
 // content is written to its temporary first, and only when all are complete are they renamed
 // into place, so a failure leaves every previous file as it was.

@@ -114,9 +114,7 @@ void print_human(const nlohmann::json& json) {
 // nothing, silently.
 void check_output_options(const std::string& trace_path, const std::string& html_path,
                           int profile) {
-  if (!trace_path.empty() && !html_path.empty() &&
-      std::filesystem::weakly_canonical(trace_path) ==
-          std::filesystem::weakly_canonical(html_path)) {
+  if (!trace_path.empty() && !html_path.empty() && same_output_path(trace_path, html_path)) {
     throw UserError("--trace and --html both name '" + html_path + "': give each its own file");
   }
   if (profile < 0) {

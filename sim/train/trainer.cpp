@@ -409,8 +409,7 @@ void check_token_viz_file(const std::string& path, int64_t eval_interval,
   }
   std::error_code error;
   // One file for both: each evaluation's page replaced the metrics, exit 0.
-  if (!metrics_file.empty() && std::filesystem::weakly_canonical(path, error) ==
-                                   std::filesystem::weakly_canonical(metrics_file, error)) {
+  if (!metrics_file.empty() && same_output_path(path, metrics_file)) {
     throw UserError("token_viz_file: '" + path +
                         "' is metrics_file too (the page would replace the metrics): give each "
                         "its own file",

@@ -84,6 +84,22 @@ TEST(AtomicFile, OutputThatIsAnInputIsRefused) {
   std::filesystem::remove_all(directory);
 }
 
+// Two spellings of one output path are one file; different paths are not, also when neither
+// exists yet or one cannot be resolved.
+TEST(AtomicFile, SameOutputPathSeesThroughSpellingsAndLinks) {
+  const std::filesystem::path directory =
+      std::filesystem::path(::testing::TempDir()) / ("same_output_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory / "sub");
+  const std::string file = (directory / "out.json").string();
+  EXPECT_TRUE(same_output_path(file, (directory / "sub" / ".." / "out.json").string()));
+  EXPECT_TRUE(same_output_path(file, (directory / "." / "out.json").string()));
+  std::filesystem::create_directory_symlink(directory, directory / "link");
+  EXPECT_TRUE(same_output_path(file, (directory / "link" / "out.json").string()));
+  EXPECT_FALSE(same_output_path(file, (directory / "other.json").string()));
+  EXPECT_FALSE(same_output_path(file, std::string(4096, 'x')));  // does not resolve: not equal
+  std::filesystem::remove_all(directory);
+}
+
 TEST(AtomicFile, SeveralFilesMoveInOnlyWhenAllAreWritten) {
   const auto directory = std::filesystem::temp_directory_path() / "tpusim_atomic_several_test";
   std::filesystem::remove_all(directory);
