@@ -25,8 +25,13 @@ Slice slice_from_config(const Config& config) {
   // MaxText's num_slices, when set, overrides the slice count at run time (max_utils.py
   // get_num_slices); tpusim reads compile_topology_num_slices, so the two must agree (num_slices=2
   // alone estimated one slice, without a word).
-  if (const int64_t runtime_slices = config.get_int("num_slices");
-      runtime_slices != -1 && runtime_slices != std::max<int64_t>(1, num_slices)) {
+  const int64_t runtime_slices = config.get_int("num_slices");
+  if (runtime_slices == 0 || runtime_slices < -1) {
+    throw UserError("num_slices: " + std::to_string(runtime_slices) +
+                        " must be -1 (compile_topology_num_slices decides) or a positive count",
+                    "num_slices");
+  }
+  if (runtime_slices != -1 && runtime_slices != std::max<int64_t>(1, num_slices)) {
     throw UserError("num_slices: " + std::to_string(runtime_slices) +
                         " but compile_topology_num_slices is " + std::to_string(num_slices) +
                         ": tpusim takes the slice count from compile_topology_num_slices; set it "

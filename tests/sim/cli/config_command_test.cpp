@@ -106,6 +106,9 @@ TEST(RedTeam, S60_EmptyOrNullModelNameIsBadInput) {
 TEST(RedTeam, S60_NumSlicesMustAgreeWithCompileTopologyNumSlices) {
   expect_user_error({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=2"},
                     "num_slices: 2 but compile_topology_num_slices is -1");
+  // 0 is no slice count (it was told "set it to 0").
+  expect_user_error({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4", "num_slices=0"},
+                    "num_slices: 0 must be -1 (compile_topology_num_slices decides) or a positive");
   EXPECT_EQ(run_tpusim({"estimate", "model_name=tiny-llama", "compile_topology=v5e-4",
                         "compile_topology_num_slices=2", "num_slices=2"})
                 .exit_code,
