@@ -43,8 +43,7 @@ struct CompareRequest {
 
 // The key of a key=value word, "" for a config file.
 std::string override_key(const std::string& word) {
-  const size_t equals = word.find('=');
-  return equals == std::string::npos ? "" : word.substr(0, equals);
+  return word.find('=') == std::string::npos ? "" : split_override(word).first;
 }
 
 // The keys a side sets: its key=value words' and the top-level keys of its config files (a file
