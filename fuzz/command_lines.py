@@ -470,7 +470,9 @@ class Generator:
             self.rng.choice(["--trace", "--html"]), path]
 
     def topology(self):
-        args = ["topology", self.rng.choice(SLICES_GOOD + SLICES_BAD)]
+        slice_name = self.rng.choice(SLICES_GOOD + SLICES_BAD)
+        # MaxText's spelling of the slice (compile_topology=...) is accepted as the slice.
+        args = ["topology", ("compile_topology=" if self.rng.random() < 0.2 else "") + slice_name]
         if self.rng.random() < 0.5:
             args += ["--num-slices", self.rng.choice(["0", "1", "2", "-1", "64", "10000",
                                                       "10001", "2147483648", "x", "1e3"])]
